@@ -1,0 +1,264 @@
+/* fc_config.c: config dicts to C structs. One generic parser over declarative key tables, so
+ * every method's keys get the same checks and the same error messages. */
+#include "fc_config.h"
+
+#include <math.h>
+#include <string.h>
+
+static const char *const residual_dtypes[] = {"fp32", "bf16", NULL};
+static const char *const nonfinite_modes[] = {"pass", "zero", NULL};
+static const char *const transports[] = {"auto", "torch", "nccl", NULL};
+
+const fc_key fc_common_keys[] = {
+    FC_BOOL(fc_common, error_feedback, 0,
+            "keep e = g' - D(C(g')) per unit and add it to the next gradient"),
+    FC_CHOICE(fc_common, residual_dtype, 0, residual_dtypes, "dtype the residuals are kept in"),
+    FC_INT(fc_common, seed, 0, 0, 9007199254740991.0, 0,
+           "seed of the counter-based generator (stochastic rounding, random choices)"),
+    FC_INT(fc_common, min_numel, 0, 0, 9007199254740991.0, 0,
+           "units with fewer elements go uncompressed (sent as `none`)"),
+    FC_BOOL(fc_common, compress_own_chunk, 0,
+            "also compress the chunk this rank keeps (one-GPU experiments; counted as sent)"),
+    FC_INT(fc_common, error_stats_every, 8, 0, 2147483647.0, 0,
+           "sample the compression error every this many calls (0: never)"),
+    FC_CHOICE(fc_common, nonfinite, 0, nonfinite_modes,
+              "NaN/Inf in a gradient: pass them through, or zero them (both counted)"),
+    FC_CHOICE(fc_common, transport, 0, transports,
+              "collective backend: torch.distributed, or the C-side NCCL path for CUDA tensors"),
+    FC_KEYS_END,
+};
+
+static const fc_key *find_key(const fc_key *keys, const char *name)
+{
+    for (const fc_key *k = keys; k != NULL && k->name != NULL; k++)
+        if (strcmp(k->name, name) == 0)
+            return k;
+    return NULL;
+}
+
+static void set_defaults(const fc_key *keys, void *dst)
+{
+    for (const fc_key *k = keys; k->name != NULL; k++) {
+        char *p = (char *)dst + k->offset;
+        switch (k->kind) {
+        case FC_KEY_BOOL:
+        case FC_KEY_CHOICE:
+            *(int *)p = (int)k->def;
+            break;
+        case FC_KEY_INT:
+            *(int64_t *)p = (int64_t)k->def;
+            break;
+        case FC_KEY_FLOAT:
+            *(double *)p = k->def;
+            break;
+        default:
+            break;
+        }
+    }
+}
+
+static int choices_text(const fc_key *k, char *buf, size_t cap)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (const char *const *c = k->choices; *c != NULL; c++)
+        used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "%s'%s'",
+                                 c == k->choices ? "" : ", ", *c);
+    return FC_OK;
+}
+
+static int parse_value(const char *method, const fc_key *k, PyObject *v, void *dst, fc_err *err)
+{
+    char *p = (char *)dst + k->offset;
+    const char *tname = Py_TYPE(v)->tp_name;
+    switch (k->kind) {
+    case FC_KEY_BOOL:
+        if (!PyBool_Check(v))
+            return fc_fail(err, FC_ERR_VALUE, "%s config key '%s' must be true or false, got %s",
+                           method, k->name, tname);
+        *(int *)p = v == Py_True;
+        return FC_OK;
+    case FC_KEY_INT: {
+        if (!PyLong_Check(v) || PyBool_Check(v))
+            return fc_fail(err, FC_ERR_VALUE, "%s config key '%s' must be an integer, got %s",
+                           method, k->name, tname);
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (x == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            overflow = 1;
+        }
+        if (overflow)
+            return fc_fail(err, FC_ERR_VALUE, "%s config key '%s' must be in [%.17g, %.17g], got an "
+                           "integer beyond 64 bits", method, k->name, k->lo, k->hi);
+        if ((double)x < k->lo || (double)x > k->hi)
+            return fc_fail(err, FC_ERR_VALUE, "%s config key '%s' must be in [%.17g, %.17g], got %lld",
+                           method, k->name, k->lo, k->hi, x);
+        if ((k->flags & FC_KEY_POW2) && (x & (x - 1)) != 0)
+            return fc_fail(err, FC_ERR_VALUE, "%s config key '%s' must be a power of two, got %lld",
+                           method, k->name, x);
+        *(int64_t *)p = (int64_t)x;
+        return FC_OK;
+    }
+    case FC_KEY_FLOAT: {
+        if ((!PyFloat_Check(v) && !PyLong_Check(v)) || PyBool_Check(v))
+            return fc_fail(err, FC_ERR_VALUE, "%s config key '%s' must be a number, got %s",
+                           method, k->name, tname);
+        double x = PyFloat_AsDouble(v);
+        if (x == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return fc_fail(err, FC_ERR_VALUE, "%s config key '%s' is out of range", method, k->name);
+        }
+        int low_bad = (k->flags & FC_KEY_OPEN_LO) ? !(x > k->lo) : !(x >= k->lo);
+        if (!isfinite(x) || low_bad || !(x <= k->hi))
+            return fc_fail(err, FC_ERR_VALUE, "%s config key '%s' must be in %s%.9g, %.9g], got %.9g",
+                           method, k->name, (k->flags & FC_KEY_OPEN_LO) ? "(" : "[", k->lo, k->hi, x);
+        *(double *)p = x;
+        return FC_OK;
+    }
+    case FC_KEY_CHOICE: {
+        char opts[256];
+        choices_text(k, opts, sizeof(opts));
+        if (!PyUnicode_Check(v))
+            return fc_fail(err, FC_ERR_VALUE, "%s config key '%s' must be one of %s, got %s",
+                           method, k->name, opts, tname);
+        const char *s = PyUnicode_AsUTF8(v);
+        if (s == NULL) {
+            PyErr_Clear();
+            return fc_fail(err, FC_ERR_VALUE, "%s config key '%s' is not valid text", method, k->name);
+        }
+        for (int i = 0; k->choices[i] != NULL; i++)
+            if (strcmp(k->choices[i], s) == 0) {
+                *(int *)p = i;
+                return FC_OK;
+            }
+        return fc_fail(err, FC_ERR_VALUE, "%s config key '%s' must be one of %s, got '%s'",
+                       method, k->name, opts, s);
+    }
+    default:
+        return fc_fail(err, FC_ERR_VALUE, "internal: key '%s' has no kind", k->name);
+    }
+}
+
+int fc_config_parse(const fc_method *m, PyObject *config, fc_common *common, void *cfg, fc_err *err)
+{
+    set_defaults(fc_common_keys, common);
+    common->error_feedback = (m->flags & FC_EF_DEFAULT) != 0;
+    memset(cfg, 0, FC_CFG_MAX);
+    set_defaults(m->keys, cfg);
+    if (config == NULL || config == Py_None)
+        return m->check ? m->check(cfg, err) : FC_OK;
+    if (!PyDict_Check(config))
+        return fc_fail(err, FC_ERR_TYPE, "config must be a dict (or None), got %s",
+                       Py_TYPE(config)->tp_name);
+    PyObject *key, *value; /* borrowed */
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(config, &pos, &key, &value)) {
+        if (!PyUnicode_Check(key))
+            return fc_fail(err, FC_ERR_VALUE, "config keys must be strings, got %s",
+                           Py_TYPE(key)->tp_name);
+        const char *name = PyUnicode_AsUTF8(key);
+        if (name == NULL) {
+            PyErr_Clear();
+            return fc_fail(err, FC_ERR_VALUE, "config key is not valid text");
+        }
+        const fc_key *k = find_key(m->keys, name);
+        void *dst = cfg;
+        if (k == NULL) {
+            k = find_key(fc_common_keys, name);
+            dst = common;
+        }
+        if (k == NULL) {
+            char known[768];
+            size_t used = 0;
+            known[0] = '\0';
+            const fc_key *tables[2] = {m->keys, fc_common_keys};
+            for (int t = 0; t < 2; t++)
+                for (const fc_key *q = tables[t]; q->name != NULL; q++)
+                    used += (size_t)snprintf(known + used, used < sizeof(known) ? sizeof(known) - used : 0,
+                                             "%s%s", used ? ", " : "", q->name);
+            return fc_fail(err, FC_ERR_VALUE, "unknown config key '%s' for method '%s'; valid keys: %s",
+                           name, m->name, known);
+        }
+        int rc = parse_value(m->name, k, value, dst, err);
+        if (rc != FC_OK)
+            return rc;
+    }
+    return m->check ? m->check(cfg, err) : FC_OK;
+}
+
+int fc_config_to_dict(const fc_key *keys, const void *src, PyObject *into)
+{
+    for (const fc_key *k = keys; k->name != NULL; k++) {
+        const char *p = (const char *)src + k->offset;
+        PyObject *v = NULL;
+        switch (k->kind) {
+        case FC_KEY_BOOL:
+            v = PyBool_FromLong(*(const int *)p);
+            break;
+        case FC_KEY_CHOICE:
+            v = PyUnicode_FromString(k->choices[*(const int *)p]);
+            break;
+        case FC_KEY_INT:
+            v = PyLong_FromLongLong(*(const int64_t *)p);
+            break;
+        case FC_KEY_FLOAT:
+            v = PyFloat_FromDouble(*(const double *)p);
+            break;
+        default:
+            break;
+        }
+        if (v == NULL || PyDict_SetItemString(into, k->name, v) < 0) {
+            Py_XDECREF(v);
+            return -1;
+        }
+        Py_DECREF(v);
+    }
+    return 0;
+}
+
+PyObject *fc_keys_info(const fc_key *keys)
+{
+    static const char *const kinds[] = {"", "bool", "int", "float", "choice"};
+    PyObject *list = PyList_New(0);
+    if (list == NULL)
+        return NULL;
+    for (const fc_key *k = keys; k->name != NULL; k++) {
+        PyObject *choices = Py_None, *def = NULL, *item = NULL;
+        Py_INCREF(Py_None);
+        if (k->kind == FC_KEY_CHOICE) {
+            Py_DECREF(choices);
+            choices = PyList_New(0);
+            for (int i = 0; choices != NULL && k->choices[i] != NULL; i++) {
+                PyObject *s = PyUnicode_FromString(k->choices[i]);
+                if (s == NULL || PyList_Append(choices, s) < 0) {
+                    Py_XDECREF(s);
+                    Py_CLEAR(choices);
+                    break;
+                }
+                Py_DECREF(s);
+            }
+            def = choices ? PyUnicode_FromString(k->choices[(int)k->def]) : NULL;
+        } else if (k->kind == FC_KEY_BOOL) {
+            def = PyBool_FromLong(k->def != 0);
+        } else if (k->kind == FC_KEY_INT) {
+            def = PyLong_FromLongLong((long long)k->def);
+        } else {
+            def = PyFloat_FromDouble(k->def);
+        }
+        if (choices != NULL && def != NULL)
+            item = Py_BuildValue("{s:s,s:s,s:O,s:d,s:d,s:O,s:O,s:s}", "name", k->name, "type",
+                                 kinds[k->kind], "default", def, "min", k->lo, "max", k->hi,
+                                 "power_of_two", (k->flags & FC_KEY_POW2) ? Py_True : Py_False,
+                                 "choices", choices, "doc", k->doc ? k->doc : "");
+        Py_XDECREF(def);
+        Py_XDECREF(choices);
+        if (item == NULL || PyList_Append(list, item) < 0) {
+            Py_XDECREF(item);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(item);
+    }
+    return list;
+}

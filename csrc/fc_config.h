@@ -1,0 +1,21 @@
+/* fc_config.h: parses a method's JSON-like config dict against its key tables. */
+#ifndef FC_CONFIG_H
+#define FC_CONFIG_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include "fc_core.h"
+#include "fc_method.h"
+
+/* The keys every method takes, stored in fc_common. */
+extern const fc_key fc_common_keys[];
+
+/* Fills common + method cfg from `config` (a dict or None). Every key of the dict must be a
+ * common key or one of the method's; each value is type- and range-checked. */
+int fc_config_parse(const fc_method *m, PyObject *config, fc_common *common, void *cfg, fc_err *err);
+/* {key: value} of everything resolved, defaults included, into `into`. */
+int fc_config_to_dict(const fc_key *keys, const void *src, PyObject *into);
+/* [{name, type, default, min, max, choices, doc}] describing a key table. */
+PyObject *fc_keys_info(const fc_key *keys);
+
+#endif

@@ -1,0 +1,559 @@
+/* fc_core.c: the driver of the compressed reduce-scatter on the CPU, method-agnostic. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include "fc_core.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fc_half.h"
+#include "fc_quant.h"
+#include "fc_wire.h"
+
+extern const fc_method fc_method_none;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- dtype conversion loops (one per dtype so each vectorises) ---- */
+
+static void load_f32(const void *src, int dt, int64_t off, int64_t n, float *dst)
+{
+    if (dt == FC_F32) {
+        memcpy(dst, (const float *)src + off, (size_t)n * 4);
+    } else if (dt == FC_BF16) {
+        const uint16_t *s = (const uint16_t *)src + off;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = fc_bf16_to_f32(s[i]);
+    } else {
+        const uint16_t *s = (const uint16_t *)src + off;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = fc_f16_to_f32(s[i]);
+    }
+}
+
+static void add_f32(const void *src, int dt, int64_t off, int64_t n, float *dst)
+{
+    if (dt == FC_F32) {
+        const float *s = (const float *)src + off;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] += s[i];
+    } else {
+        const uint16_t *s = (const uint16_t *)src + off;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] += dt == FC_BF16 ? fc_bf16_to_f32(s[i]) : fc_f16_to_f32(s[i]);
+    }
+}
+
+/* ---- lifetime ---- */
+
+void fc_core_init(fc_core *s, const fc_method *m, const fc_common *common, const void *cfg)
+{
+    memset(s, 0, sizeof(*s));
+    s->method = m;
+    s->common = *common;
+    memcpy(s->cfg, cfg, m->cfg_size);
+}
+
+void fc_core_free(fc_core *s)
+{
+    free(s->units);
+    free(s->x);
+    free(s->acc);
+    free(s->dec);
+    free(s->mscr);
+    s->units = NULL;
+    s->x = s->acc = s->dec = NULL;
+    s->mscr = NULL;
+    s->n_units = s->cap_units = 0;
+    s->x_cap = s->acc_cap = s->dec_cap = 0;
+    s->mscr_cap = 0;
+}
+
+/* Grows a reusable buffer; buffers only grow, so steady-state calls never allocate. */
+static int grow(void **p, size_t *cap, size_t need, fc_err *err)
+{
+    if (need <= *cap)
+        return FC_OK;
+    size_t want = need + need / 4 + 64;
+    want = (want + 63) / 64 * 64;
+    void *q = aligned_alloc(64, want);
+    if (q == NULL)
+        return fc_fail(err, FC_ERR_NOMEM, "could not allocate %zu bytes of scratch", want);
+    free(*p);
+    *p = q;
+    *cap = want;
+    return FC_OK;
+}
+
+static int grow_f32(float **p, int64_t *cap, int64_t n, fc_err *err)
+{
+    size_t c = (size_t)*cap * 4;
+    int rc = grow((void **)p, &c, (size_t)(n > 0 ? n : 1) * 4, err);
+    *cap = (int64_t)(c / 4);
+    return rc;
+}
+
+/* ---- geometry ---- */
+
+const fc_method *fc_core_unit_method(const fc_core *s, int64_t numel)
+{
+    return numel < s->common.min_numel ? &fc_method_none : s->method;
+}
+
+void fc_chunk_span(int64_t n, int world, int c, int64_t *start, int64_t *len)
+{
+    int64_t per = (n + world - 1) / world;
+    int64_t a = per * c, b = a + per;
+    if (a > n)
+        a = n;
+    if (b > n)
+        b = n;
+    *start = a;
+    *len = b - a;
+}
+
+static fc_chunk make_chunk(const fc_core *s, const fc_method *m, int64_t n, int world, int dtype,
+                           uint32_t unit, uint32_t chunk, int rank)
+{
+    fc_chunk c;
+    c.cfg = m == s->method ? (const void *)s->cfg : NULL;
+    c.n = n;
+    c.world = world;
+    c.wire_dtype = dtype;
+    uint64_t seed = (uint64_t)s->common.seed;
+    c.rng_shared.key0 = (uint32_t)seed;
+    c.rng_shared.key1 = (uint32_t)(seed >> 32);
+    c.rng_shared.chunk = chunk;
+    c.rng_shared.unit = unit;
+    c.rng_shared.step = s->step;
+    /* The sender's own stream: stochastic rounding on different ranks must not be correlated. */
+    c.rng = c.rng_shared;
+    c.rng.key1 ^= 0x85EBCA6Bu * (uint32_t)(rank + 1);
+    c.scratch = s->mscr;
+    return c;
+}
+
+int64_t fc_payload_bytes(const fc_core *s, const fc_method *m, int64_t n, int dtype)
+{
+    if (n == 0)
+        return 0;
+    fc_chunk c = make_chunk(s, m, n, 1, dtype, 0, 0, 0);
+    fc_layout l;
+    m->layout(&c, &l);
+    return fc_align_up(FC_HEADER_BYTES + fc_layout_bytes(&l));
+}
+
+void fc_core_plan(const fc_core *s, int64_t numel, int dtype, int world, int rank,
+                  int64_t *send_splits, int64_t *recv_splits)
+{
+    const fc_method *m = fc_core_unit_method(s, numel);
+    int64_t start, own;
+    fc_chunk_span(numel, world, rank, &start, &own);
+    int64_t p_own = fc_payload_bytes(s, m, own, dtype);
+    for (int c = 0; c < world; c++) {
+        int64_t len;
+        fc_chunk_span(numel, world, c, &start, &len);
+        int skip = c == rank && !s->common.compress_own_chunk;
+        send_splits[c] = skip ? 0 : fc_payload_bytes(s, m, len, dtype);
+        recv_splits[c] = skip ? 0 : p_own;
+    }
+}
+
+/* ---- units and steps ---- */
+
+int fc_core_begin(fc_core *s, int64_t numel, uint32_t *unit, fc_err *err)
+{
+    uint32_t u = s->cursor;
+    if ((int32_t)u < s->n_units) {
+        if (s->units[u].numel != numel)
+            return fc_fail(err, FC_ERR_STATE,
+                           "unit %u of step %u has %lld elements but had %lld in the first step: "
+                           "the hook is keyed by call order, which must be the same every step "
+                           "(call end_step() after each backward if the hook runs outside one)",
+                           u, s->step, (long long)numel, (long long)s->units[u].numel);
+    } else {
+        if (s->n_units == s->cap_units) {
+            int32_t cap = s->cap_units ? 2 * s->cap_units : 16;
+            fc_unit *p = (fc_unit *)realloc(s->units, (size_t)cap * sizeof(fc_unit));
+            if (p == NULL)
+                return fc_fail(err, FC_ERR_NOMEM, "could not grow the unit table");
+            s->units = p;
+            s->cap_units = cap;
+        }
+        memset(&s->units[u], 0, sizeof(fc_unit));
+        s->units[u].numel = numel;
+        s->n_units = (int32_t)u + 1;
+    }
+    s->cursor = u + 1;
+    *unit = u;
+    return FC_OK;
+}
+
+void fc_core_end_step(fc_core *s)
+{
+    s->cursor = 0;
+    s->step++;
+}
+
+/* ---- encode ---- */
+
+/* g' = g (+ e) into s->x; counts non-finite values and zeroes them when asked. */
+static int64_t load_chunk(fc_core *s, const fc_buf *grad, const fc_buf *res, int64_t start, int64_t n)
+{
+    float *x = s->x;
+    load_f32(grad->data, grad->dtype, start, n, x);
+    if (res != NULL)
+        add_f32(res->data, res->dtype, start, n, x);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++)
+        bad += !(fc_abs_bits(x[i]) < 0x7f800000u);
+    if (bad && s->common.nonfinite == FC_NONFINITE_ZERO)
+        for (int64_t i = 0; i < n; i++)
+            if (!(fc_abs_bits(x[i]) < 0x7f800000u))
+                x[i] = 0.0f;
+    return bad;
+}
+
+static void write_header(uint8_t *p, const fc_method *m, int dtype, uint32_t unit, uint32_t step,
+                         int64_t n, int64_t body)
+{
+    fc_header h;
+    memset(&h, 0, sizeof(h));
+    h.magic = FC_MAGIC;
+    h.version = FC_WIRE_VERSION;
+    h.method = m->id;
+    h.dtype = (uint8_t)dtype;
+    h.unit = unit;
+    h.step = step;
+    h.numel = (uint64_t)n;
+    h.body_bytes = (uint64_t)body;
+    memcpy(p, &h, sizeof(h));
+}
+
+/* Encodes x (s->x, n values) as one payload at p; returns its padded size in *size. */
+static int encode_one(fc_core *s, const fc_method *m, const fc_chunk *c, uint8_t *p, int64_t cap,
+                      int64_t *size, fc_layout *used, fc_err *err)
+{
+    int64_t full = fc_payload_bytes(s, m, c->n, c->wire_dtype);
+    if (full > cap)
+        return fc_fail(err, FC_ERR_VALUE, "payload buffer holds %lld bytes, need %lld",
+                       (long long)cap, (long long)full);
+    int rc = m->encode(c, s->x, p + FC_HEADER_BYTES, used, err);
+    if (rc != FC_OK)
+        return rc;
+    int64_t body = fc_layout_bytes(used);
+    write_header(p, m, c->wire_dtype, c->rng_shared.unit, c->rng_shared.step, c->n, body);
+    int64_t end = FC_HEADER_BYTES + body;
+    memset(p + end, 0, (size_t)(full - end)); /* padding: no uninitialised bytes on the wire */
+    *size = full;
+    return FC_OK;
+}
+
+static int64_t header_body_bytes(const uint8_t *p)
+{
+    fc_header h;
+    memcpy(&h, p, sizeof(h));
+    return (int64_t)h.body_bytes;
+}
+
+static void count_payload(fc_counters *k, const fc_layout *l, int64_t size, int64_t n)
+{
+    k->chunks_sent++;
+    k->bytes_sent += size;
+    k->header_bytes += size - fc_layout_bytes(l);
+    k->meta_bytes += l->meta_bytes;
+    k->index_bytes += l->index_bytes;
+    k->value_bytes += l->value_bytes;
+    k->kept += l->kept;
+    k->sent_elements += n;
+}
+
+/* After encode, turns s->x into e = g' - D(C(g')) and stores it; returns ||e||^2.
+ * x . e is needed for the cosine and is recomputed here from the untouched inputs. */
+static int update_residual(fc_core *s, const fc_method *m, const fc_chunk *c, const uint8_t *p,
+                           const fc_buf *grad, fc_buf *res, int64_t start, double *e_sq,
+                           double *x_sq, double *x_dot_e, fc_err *err)
+{
+    int rc = m->decode_add(c, p + FC_HEADER_BYTES, header_body_bytes(p), -1.0f, s->x, err);
+    if (rc != FC_OK)
+        return rc;
+    double ee = 0, xx = 0, xe = 0;
+    const int64_t n = c->n;
+    /* g' again, into the decode scratch, to pair it with e */
+    float *g = s->dec;
+    load_f32(grad->data, grad->dtype, start, n, g);
+    add_f32(res->data, res->dtype, start, n, g);
+    for (int64_t i = 0; i < n; i++) {
+        double e = s->x[i], x = g[i];
+        ee += e * e;
+        xx += x * x;
+        xe += x * e;
+    }
+    if (res->dtype == FC_F32) {
+        memcpy((float *)res->data + start, s->x, (size_t)n * 4);
+    } else {
+        uint16_t *r = (uint16_t *)res->data + start;
+        for (int64_t i = 0; i < n; i++)
+            r[i] = fc_f32_to_bf16(s->x[i]);
+    }
+    *e_sq = ee;
+    *x_sq = xx;
+    *x_dot_e = xe;
+    return FC_OK;
+}
+
+/* Without error feedback: decode into scratch and compare, on the sampled calls only. */
+static int sample_error(fc_core *s, const fc_method *m, const fc_chunk *c, const uint8_t *p, fc_err *err)
+{
+    memset(s->dec, 0, (size_t)c->n * 4);
+    int rc = m->decode_add(c, p + FC_HEADER_BYTES, header_body_bytes(p), 1.0f, s->dec, err);
+    if (rc != FC_OK)
+        return rc;
+    double dd = 0, xx = 0, xd = 0, ee = 0;
+    for (int64_t i = 0; i < c->n; i++) {
+        double x = s->x[i], d = s->dec[i];
+        xx += x * x;
+        dd += d * d;
+        xd += x * d;
+        ee += (x - d) * (x - d);
+    }
+    if (isfinite(xx) && isfinite(ee)) {
+        s->ctr.err_sq += ee;
+        s->ctr.ref_sq += xx;
+        s->ctr.cos_sum += (xx > 0 && dd > 0) ? xd / sqrt(xx * dd) : (xx == 0 && dd == 0);
+        s->ctr.stats_samples++;
+    }
+    return FC_OK;
+}
+
+int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual, int world,
+                   int rank, uint32_t unit, fc_err *err)
+{
+    int rc = FC_OK;
+    const double t0 = now_s();
+    const int64_t N = grad->numel;
+    const fc_method *m = fc_core_unit_method(s, N);
+    const int use_ef = m == s->method && s->common.error_feedback && residual != NULL;
+    const int sample = !use_ef && m == s->method && s->common.error_stats_every > 0 &&
+                       s->ctr.calls % s->common.error_stats_every == 0;
+    int64_t per = (N + world - 1) / world;
+    FC_TRY(grow_f32(&s->x, &s->x_cap, per, err));
+    FC_TRY(grow_f32(&s->dec, &s->dec_cap, per, err));
+    if (m->scratch_bytes != NULL)
+        FC_TRY(grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, per), err));
+
+    uint8_t *out = (uint8_t *)send->data;
+    int64_t off = 0, raw = 0;
+    double unit_e_sq = 0;
+    int sampled = 0;
+    for (int ci = 0; ci < world; ci++) {
+        int64_t start, n;
+        fc_chunk_span(N, world, ci, &start, &n);
+        if ((ci == rank && !s->common.compress_own_chunk) || n == 0)
+            continue;
+        fc_chunk c = make_chunk(s, m, n, world, grad->dtype, unit, (uint32_t)ci, rank);
+        c.scratch = s->mscr;
+        int64_t bad = load_chunk(s, grad, use_ef ? residual : NULL, start, n);
+        s->ctr.nonfinite_in += bad;
+        int64_t size;
+        fc_layout used;
+        FC_TRY(encode_one(s, m, &c, out + off, send->numel - off, &size, &used, err));
+        count_payload(&s->ctr, &used, size, n);
+        raw += n * fc_dtype_size(grad->dtype);
+        if (use_ef && !bad) { /* a non-finite chunk keeps its old residual: never poisoned */
+            double ee, xx, xe;
+            FC_TRY(update_residual(s, m, &c, out + off, grad, residual, start, &ee, &xx, &xe, err));
+            unit_e_sq += ee;
+            if (!sampled && s->common.error_stats_every > 0 &&
+                s->ctr.calls % s->common.error_stats_every == 0) {
+                /* D = x - e: ||x - D||^2 = ||e||^2, x . D = ||x||^2 - x . e */
+                double xd = xx - xe, dd = xx - 2 * xe + ee;
+                s->ctr.err_sq += ee;
+                s->ctr.ref_sq += xx;
+                s->ctr.cos_sum += (xx > 0 && dd > 0) ? xd / sqrt(xx * dd) : (xx == 0 && dd == 0);
+                s->ctr.stats_samples++;
+                sampled = 1;
+            }
+        } else if (sample && !sampled && !bad) {
+            FC_TRY(sample_error(s, m, &c, out + off, err));
+            sampled = 1;
+        }
+        off += size;
+    }
+    if (use_ef) {
+        s->units[unit].residual_sq = unit_e_sq;
+        s->units[unit].residual_elems = residual->numel;
+    }
+    s->ctr.calls++;
+    s->ctr.calls_uncompressed += m != s->method;
+    s->ctr.elements += N;
+    s->ctr.bytes_raw += raw;
+    s->ctr.compress_s += now_s() - t0;
+    return FC_OK;
+error:
+    return rc;
+}
+
+/* ---- decode ---- */
+
+static int check_header(const fc_header *h, const fc_method *m, int dtype, uint32_t unit,
+                        uint32_t step, int64_t n, int64_t slot, int src, fc_err *err)
+{
+    if (h->magic != FC_MAGIC)
+        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: bad magic 0x%08x (not a "
+                       "fsdpcomp payload, or corrupted)", src, h->magic);
+    if (h->version != FC_WIRE_VERSION)
+        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: wire version %d, expected %d",
+                       src, h->version, FC_WIRE_VERSION);
+    if (h->method != m->id)
+        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: method id %d, expected %d (%s): "
+                       "ranks use different methods", src, h->method, m->id, m->name);
+    if (h->dtype != dtype || h->reserved != 0)
+        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: dtype code %d, expected %d",
+                       src, h->dtype, dtype);
+    if (h->unit != unit || h->step != step)
+        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d is for unit %u of step %u, this "
+                       "rank is at unit %u of step %u: ranks called the hook in different orders",
+                       src, h->unit, h->step, unit, step);
+    if (h->numel != (uint64_t)n)
+        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: %llu elements, expected %lld",
+                       src, (unsigned long long)h->numel, (long long)n);
+    if (h->body_bytes > (uint64_t)(slot - FC_HEADER_BYTES))
+        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: body of %llu bytes does not fit "
+                       "its %lld-byte slot (truncated?)", src,
+                       (unsigned long long)h->body_bytes, (long long)slot);
+    return FC_OK;
+}
+
+/* Validates a payload for chunk c and adds alpha * its decode to acc. */
+static int decode_one(fc_core *s, const fc_method *m, const fc_chunk *c, const uint8_t *p,
+                      int64_t slot, int src, float alpha, float *acc, fc_err *err)
+{
+    if (slot < FC_HEADER_BYTES)
+        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: %lld bytes, shorter than the "
+                       "%d-byte header", src, (long long)slot, FC_HEADER_BYTES);
+    fc_header h;
+    memcpy(&h, p, sizeof(h));
+    int rc = check_header(&h, m, c->wire_dtype, c->rng_shared.unit, c->rng_shared.step, c->n,
+                          slot, src, err);
+    if (rc != FC_OK)
+        return rc;
+    if (!(m->flags & FC_VARSIZE)) {
+        fc_layout l;
+        m->layout(c, &l);
+        if ((int64_t)h.body_bytes != fc_layout_bytes(&l))
+            return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: body of %llu bytes, the "
+                           "method's layout has %lld", src, (unsigned long long)h.body_bytes,
+                           (long long)fc_layout_bytes(&l));
+    }
+    (void)s;
+    return m->decode_add(c, p + FC_HEADER_BYTES, (int64_t)h.body_bytes, alpha, acc, err);
+}
+
+int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *out, int world,
+                   int rank, uint32_t unit, fc_err *err)
+{
+    int rc = FC_OK;
+    const double t0 = now_s();
+    const int64_t N = grad->numel;
+    const fc_method *m = fc_core_unit_method(s, N);
+    int64_t start, n;
+    fc_chunk_span(N, world, rank, &start, &n);
+    if (out->numel < n)
+        return fc_fail(err, FC_ERR_VALUE, "output has %lld elements, the shard needs %lld",
+                       (long long)out->numel, (long long)n);
+    FC_TRY(grow_f32(&s->acc, &s->acc_cap, n, err));
+    if (m->scratch_bytes != NULL)
+        FC_TRY(grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err));
+    int64_t sends[FC_MAX_WORLD], recvs[FC_MAX_WORLD];
+    fc_core_plan(s, N, grad->dtype, world, rank, sends, recvs);
+    int64_t total = 0;
+    for (int r = 0; r < world; r++)
+        total += recvs[r];
+    if (recv->numel != total)
+        return fc_fail(err, FC_ERR_PAYLOAD, "receive buffer has %lld bytes, the plan for %lld "
+                       "elements over %d ranks needs %lld", (long long)recv->numel, (long long)N,
+                       world, (long long)total);
+    float *acc = s->acc;
+    memset(acc, 0, (size_t)n * 4);
+    /* Rank order, starting from zero: the same summation order on every rank and as a plain
+     * sequential reference, so `none` is exact against it. */
+    const uint8_t *p = (const uint8_t *)recv->data;
+    for (int r = 0; r < world; r++) {
+        if (n == 0)
+            break;
+        if (recvs[r] == 0) { /* the own chunk, exact */
+            add_f32(grad->data, grad->dtype, start, n, acc);
+            continue;
+        }
+        fc_chunk c = make_chunk(s, m, n, world, grad->dtype, unit, (uint32_t)rank, r);
+        FC_TRY(decode_one(s, m, &c, p, recvs[r], r, 1.0f, acc, err));
+        p += recvs[r];
+    }
+    /* average, cast, count what overflowed */
+    const float w = (float)world;
+    int64_t bad = 0;
+    if (out->dtype == FC_F32) {
+        float *o = (float *)out->data;
+        for (int64_t i = 0; i < n; i++) {
+            o[i] = acc[i] / w;
+            bad += !(fc_abs_bits(o[i]) < 0x7f800000u);
+        }
+    } else {
+        uint16_t *o = (uint16_t *)out->data;
+        for (int64_t i = 0; i < n; i++) {
+            float v = acc[i] / w;
+            o[i] = out->dtype == FC_BF16 ? fc_f32_to_bf16(v) : fc_f32_to_f16(v);
+            bad += !(fc_abs_bits(out->dtype == FC_BF16 ? fc_bf16_to_f32(o[i])
+                                                            : fc_f16_to_f32(o[i])) < 0x7f800000u);
+        }
+    }
+    /* FSDP pads `out` only when the shard is the padded one; anything past the shard is zero. */
+    if (out->numel > n)
+        memset((uint8_t *)out->data + n * fc_dtype_size(out->dtype), 0,
+               (size_t)((out->numel - n) * fc_dtype_size(out->dtype)));
+    s->ctr.nonfinite_out += bad;
+    s->ctr.decompress_s += now_s() - t0;
+    return FC_OK;
+error:
+    return rc;
+}
+
+/* ---- single chunk, for tests and benchmarks ---- */
+
+int fc_core_compress(fc_core *s, const float *x, int64_t n, uint8_t *payload, int64_t cap,
+                     uint32_t unit, uint32_t chunk, int world, int rank, int64_t *written, fc_err *err)
+{
+    int rc = FC_OK;
+    const fc_method *m = s->method;
+    FC_TRY(grow_f32(&s->x, &s->x_cap, n, err));
+    if (m->scratch_bytes != NULL)
+        FC_TRY(grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err));
+    memcpy(s->x, x, (size_t)n * 4);
+    fc_chunk c = make_chunk(s, m, n, world, FC_F32, unit, chunk, rank);
+    fc_layout used;
+    FC_TRY(encode_one(s, m, &c, payload, cap, written, &used, err));
+    return FC_OK;
+error:
+    return rc;
+}
+
+int fc_core_decompress(fc_core *s, const uint8_t *payload, int64_t bytes, int64_t n, float alpha,
+                       float *acc, uint32_t unit, uint32_t chunk, int world, fc_err *err)
+{
+    int rc = FC_OK;
+    const fc_method *m = s->method;
+    if (m->scratch_bytes != NULL)
+        FC_TRY(grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err));
+    fc_chunk c = make_chunk(s, m, n, world, FC_F32, unit, chunk, 0);
+    FC_TRY(decode_one(s, m, &c, payload, bytes, 0, alpha, acc, err));
+    return FC_OK;
+error:
+    return rc;
+}

@@ -1,0 +1,87 @@
+/* fc_core.h: the compressed reduce-scatter of one state, on plain pointers (no Python here).
+ * Encode: g' = g + e per outgoing chunk, payload per chunk, residual update. Decode: sum in
+ * fp32, in rank order, of the own exact chunk and the W-1 decoded payloads, divided by W. */
+#ifndef FC_CORE_H
+#define FC_CORE_H
+
+#include <stdint.h>
+#include "fc_counters.h"
+#include "fc_method.h"
+#include "fc_status.h"
+
+#define FC_MAX_WORLD 1024 /* ranks per process group the CPU driver plans for */
+
+typedef enum { FC_NONFINITE_PASS = 0, FC_NONFINITE_ZERO = 1 } fc_nonfinite_mode;
+typedef enum { FC_TRANSPORT_AUTO = 0, FC_TRANSPORT_TORCH = 1, FC_TRANSPORT_NCCL = 2 } fc_transport;
+
+/* The keys every method accepts (fc_config.c parses them like a method's own). */
+typedef struct {
+    int error_feedback;
+    int residual_dtype; /* 0: fp32, 1: bf16 */
+    int64_t seed;
+    int64_t min_numel;
+    int compress_own_chunk;
+    int64_t error_stats_every;
+    int nonfinite;
+    int transport;
+} fc_common;
+
+typedef struct {
+    int64_t numel;      /* fixed the first time the unit is seen; later calls must match */
+    double residual_sq; /* ||e||^2 after the unit's latest update */
+    int64_t residual_elems;
+} fc_unit;
+
+/* A gradient, output, residual or wire buffer, already validated by the glue. */
+typedef struct {
+    void *data;
+    int64_t numel;
+    int dtype; /* fc_dtype */
+} fc_buf;
+
+typedef struct {
+    const fc_method *method;
+    fc_common common;
+    _Alignas(64) unsigned char cfg[FC_CFG_MAX];
+    fc_counters ctr;
+    uint32_t step;
+    uint32_t cursor; /* index of the next unit within this step */
+    fc_unit *units;
+    int32_t n_units, cap_units;
+    float *x;      /* g' of one chunk, reused */
+    float *acc;    /* fp32 accumulator of the own chunk, reused */
+    float *dec;    /* decode for the sampled error statistics */
+    void *mscr;    /* method scratch */
+    int64_t x_cap, acc_cap, dec_cap;
+    size_t mscr_cap;
+} fc_core;
+
+void fc_core_init(fc_core *s, const fc_method *m, const fc_common *common, const void *cfg);
+void fc_core_free(fc_core *s);
+
+/* The method a unit of n elements uses: `none` below min_numel. */
+const fc_method *fc_core_unit_method(const fc_core *s, int64_t numel);
+/* Chunk c of W over n elements: ceil(n / W) each, the last ones shorter or empty. */
+void fc_chunk_span(int64_t n, int world, int c, int64_t *start, int64_t *len);
+/* Header + body, padded: 0 for an empty chunk. */
+int64_t fc_payload_bytes(const fc_core *s, const fc_method *m, int64_t n, int dtype);
+/* Bytes this rank sends to / receives from each rank for a unit of `numel` elements. */
+void fc_core_plan(const fc_core *s, int64_t numel, int dtype, int world, int rank,
+                  int64_t *send_splits, int64_t *recv_splits);
+
+/* Claims the next unit index of this step, checking its size against the first step's. */
+int fc_core_begin(fc_core *s, int64_t numel, uint32_t *unit, fc_err *err);
+void fc_core_end_step(fc_core *s);
+
+int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual, int world,
+                   int rank, uint32_t unit, fc_err *err);
+int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *out, int world,
+                   int rank, uint32_t unit, fc_err *err);
+
+/* One chunk, outside any collective (tests, benchmarks): x fp32 in, payload out. */
+int fc_core_compress(fc_core *s, const float *x, int64_t n, uint8_t *payload, int64_t cap,
+                     uint32_t unit, uint32_t chunk, int world, int rank, int64_t *written, fc_err *err);
+int fc_core_decompress(fc_core *s, const uint8_t *payload, int64_t bytes, int64_t n, float alpha,
+                       float *acc, uint32_t unit, uint32_t chunk, int world, fc_err *err);
+
+#endif

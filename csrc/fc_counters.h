@@ -1,0 +1,30 @@
+/* fc_counters.h: what a state counts. Cumulative since the last reset; the glue turns it into
+ * the Python dict that results.jsonl and the Jupyter table read. */
+#ifndef FC_COUNTERS_H
+#define FC_COUNTERS_H
+
+#include <stdint.h>
+
+typedef struct {
+    int64_t calls;            /* reduce-scatter calls */
+    int64_t calls_uncompressed; /* calls whose unit fell below min_numel */
+    int64_t elements;         /* gradient elements handed to the hook */
+    int64_t chunks_sent;
+    int64_t bytes_raw;        /* what an uncompressed collective would have sent from this rank */
+    int64_t bytes_sent;       /* every byte this rank put on the wire */
+    int64_t header_bytes;     /* headers and padding */
+    int64_t meta_bytes;       /* scales, norms, counts */
+    int64_t index_bytes;      /* sparse coordinates */
+    int64_t value_bytes;      /* codes and values */
+    int64_t kept;             /* coordinates carried by the payloads */
+    int64_t sent_elements;    /* coordinates that were to be carried */
+    int64_t nonfinite_in;     /* non-finite gradient elements seen by encode */
+    int64_t nonfinite_out;    /* non-finite elements written to the output */
+    int64_t extra_collectives;
+    int64_t stats_samples;
+    double compress_s, decompress_s, comm_s, extra_collective_s;
+    double err_sq, ref_sq; /* sampled ||g' - D(C(g'))||^2 and ||g'||^2 */
+    double cos_sum;        /* sum over samples of cos(g', D(C(g'))) */
+} fc_counters;
+
+#endif

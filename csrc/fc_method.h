@@ -1,0 +1,108 @@
+/* fc_method.h: the compressor table. Each method is one C file that fills one fc_method: its
+ * config keys, its payload layout (a pure function of config and chunk size), encode and
+ * decode-accumulate. The reduce-scatter driver (fc_core.c) knows nothing method-specific. */
+#ifndef FC_METHOD_H
+#define FC_METHOD_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "fc_rng.h"
+#include "fc_status.h"
+
+/* ---- config keys: one table per method, parsed and validated by fc_config.c ---- */
+
+typedef enum { FC_KEY_END = 0, FC_KEY_BOOL, FC_KEY_INT, FC_KEY_FLOAT, FC_KEY_CHOICE } fc_key_kind;
+
+#define FC_KEY_POW2 1u     /* INT: must be a power of two */
+#define FC_KEY_OPEN_LO 2u  /* FLOAT: lower bound excluded */
+
+typedef struct {
+    const char *name;
+    fc_key_kind kind;
+    size_t offset; /* BOOL and CHOICE: int; INT: int64_t; FLOAT: double */
+    double def;    /* CHOICE: index into choices */
+    double lo, hi; /* inclusive range for INT and FLOAT */
+    unsigned flags;
+    const char *const *choices; /* NULL-terminated, CHOICE only */
+    const char *doc;
+} fc_key;
+
+#define FC_BOOL(T, f, def, doc) {#f, FC_KEY_BOOL, offsetof(T, f), (def), 0, 1, 0, NULL, doc}
+#define FC_INT(T, f, def, lo, hi, fl, doc) {#f, FC_KEY_INT, offsetof(T, f), (def), (lo), (hi), (fl), NULL, doc}
+#define FC_FLOAT(T, f, def, lo, hi, fl, doc) {#f, FC_KEY_FLOAT, offsetof(T, f), (def), (lo), (hi), (fl), NULL, doc}
+#define FC_CHOICE(T, f, def, ch, doc) {#f, FC_KEY_CHOICE, offsetof(T, f), (def), 0, 0, 0, (ch), doc}
+#define FC_KEYS_END {NULL, FC_KEY_END, 0, 0, 0, 0, 0, NULL, NULL}
+
+/* ---- element types of gradients and residuals ---- */
+
+typedef enum { FC_F32 = 0, FC_BF16 = 1, FC_F16 = 2, FC_U8 = 3, FC_DTYPE_COUNT } fc_dtype;
+
+static inline int64_t fc_dtype_size(int dt)
+{
+    return dt == FC_F32 ? 4 : dt == FC_U8 ? 1 : 2;
+}
+
+/* ---- one chunk's worth of context handed to a method ---- */
+
+typedef struct {
+    const void *cfg;  /* the method's own parsed config struct */
+    int64_t n;        /* elements in this chunk */
+    int world;        /* W: fp16 pre-divides by it, as torch's FSDP does */
+    int wire_dtype;   /* fc_dtype of the gradient (`none` sends it as is) */
+    fc_rng rng;        /* the sender's own stream, (seed, rank, step, unit, chunk): rounding */
+    fc_rng rng_shared; /* the same on every rank, (seed, step, unit, chunk): shared choices */
+    void *scratch;    /* scratch_bytes(cfg, n) bytes, 64-byte aligned, or NULL */
+} fc_chunk;
+
+/* Where a payload body's bytes go; the header is counted apart. */
+typedef struct {
+    int64_t value_bytes; /* codes or values */
+    int64_t meta_bytes;  /* scales, norms, counts */
+    int64_t index_bytes; /* coordinates of sparse entries */
+    int64_t kept;        /* coordinates carried (n for dense methods): density = kept / n */
+} fc_layout;
+
+static inline int64_t fc_layout_bytes(const fc_layout *l)
+{
+    return l->value_bytes + l->meta_bytes + l->index_bytes;
+}
+
+#define FC_UNBIASED 1u    /* E[D(C(x))] = x */
+#define FC_LINEAR 2u      /* payloads of different ranks may be summed before one decode */
+#define FC_RANDOM 4u      /* uses the counter-based RNG */
+#define FC_VARSIZE 8u     /* body size is data-dependent: layout() is an upper bound */
+#define FC_EF_DEFAULT 16u /* error feedback on unless the config turns it off */
+
+#define FC_CFG_MAX 256 /* bytes reserved for any method's config struct */
+
+typedef struct fc_method {
+    const char *name;
+    uint8_t id; /* on the wire; stable across versions */
+    unsigned flags;
+    const char *summary; /* one line for methods_info() and README's table */
+    size_t cfg_size;
+    const fc_key *keys;
+    /* Cross-key checks after parsing; NULL when every key stands alone. */
+    int (*check)(void *cfg, fc_err *err);
+    /* Exact body layout for a chunk of c->n elements (an upper bound for FC_VARSIZE). */
+    void (*layout)(const fc_chunk *c, fc_layout *out);
+    /* Scratch the method needs per chunk; NULL for none. */
+    size_t (*scratch_bytes)(const void *cfg, int64_t n);
+    /* x: c->n finite-or-not fp32 values. Writes the body, and the layout actually used. */
+    int (*encode)(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err);
+    /* acc[i] += alpha * D(body)[i]. body_bytes comes from the (validated) header; the decoder
+     * must check anything in the body that could send it out of bounds. */
+    int (*decode_add)(const fc_chunk *c, const uint8_t *body, int64_t body_bytes, float alpha,
+                      float *acc, fc_err *err);
+    /* FC_LINEAR only, may be NULL: acc_body += body in the compressed domain. */
+    int (*aggregate)(const fc_chunk *c, uint8_t *acc_body, const uint8_t *body, int64_t body_bytes,
+                     fc_err *err);
+} fc_method;
+
+/* The table (methods.c). */
+const fc_method *fc_method_by_name(const char *name);
+const fc_method *fc_method_by_id(int id);
+int fc_method_count(void);
+const fc_method *fc_method_at(int i);
+
+#endif

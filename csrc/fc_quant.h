@@ -1,0 +1,35 @@
+/* fc_quant.h: scalar pieces the block quantisers share, written once for the CPU reference and
+ * the CUDA kernels. Rounding avoids libm so that both paths, and every compiler, agree bit for
+ * bit (the build disables FMA contraction for the same reason). */
+#ifndef FC_QUANT_H
+#define FC_QUANT_H
+
+#include <stdint.h>
+#include "fc_half.h"
+#include "fc_hostdev.h"
+
+/* Round to nearest, ties to even, for |v| < 2^22: the 1.5 * 2^23 trick. */
+FC_HOSTDEV float fc_round_even(float v)
+{
+    const float magic = 12582912.0f;
+    /* Not folded away: the build never enables -ffast-math / --use_fast_math. */
+    return (v + magic) - magic;
+}
+
+/* floor(v) for |v| < 2^31 without libm. */
+FC_HOSTDEV int32_t fc_floor_i32(float v)
+{
+    int32_t t = (int32_t)v;
+    return t - ((float)t > v);
+}
+
+/* |x| as bits: for non-negative floats integer order is float order, and any NaN compares
+ * above +Inf (0x7f800000), so a block's absmax and its "has a NaN" test are one integer max. */
+FC_HOSTDEV uint32_t fc_abs_bits(float x)
+{
+    return fc_f32_bits(x) & 0x7fffffffu;
+}
+
+#define FC_INF_BITS 0x7f800000u
+
+#endif

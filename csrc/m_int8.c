@@ -1,0 +1,106 @@
+/* m_int8.c: `int8`, symmetric block-wise absmax quantisation. Per block of block_size elements
+ * s = amax / 127 and q = round(x / s), to nearest (biased, error <= s/2) or stochastically
+ * (unbiased, error < s). Body: nblocks fp32 scales, then n int8 codes. 8 bits + 32/B. */
+#include <math.h>
+#include "fc_method.h"
+#include "fc_quant.h"
+
+typedef struct {
+    int64_t block_size;
+    int stochastic;
+} int8_cfg;
+
+static const fc_key int8_keys[] = {
+    FC_INT(int8_cfg, block_size, 256, 8, 1 << 24, FC_KEY_POW2,
+           "elements per scale; a power of two"),
+    FC_BOOL(int8_cfg, stochastic, 0, "stochastic rounding (unbiased) instead of nearest"),
+    FC_KEYS_END,
+};
+
+static int64_t int8_blocks(const fc_chunk *c)
+{
+    const int8_cfg *cfg = (const int8_cfg *)c->cfg;
+    return (c->n + cfg->block_size - 1) / cfg->block_size;
+}
+
+static void int8_layout(const fc_chunk *c, fc_layout *out)
+{
+    out->meta_bytes = 4 * int8_blocks(c);
+    out->value_bytes = c->n;
+    out->index_bytes = 0;
+    out->kept = c->n;
+}
+
+static int int8_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
+{
+    (void)err;
+    const int8_cfg *cfg = (const int8_cfg *)c->cfg;
+    const int64_t bs = cfg->block_size, nb = int8_blocks(c);
+    float *scales = (float *)body;
+    int8_t *codes = (int8_t *)(body + 4 * nb);
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t lo = b * bs, hi = lo + bs < c->n ? lo + bs : c->n;
+        uint32_t amax_bits = 0;
+        for (int64_t i = lo; i < hi; i++) {
+            uint32_t a = fc_abs_bits(x[i]);
+            amax_bits = a > amax_bits ? a : amax_bits;
+        }
+        if (amax_bits >= FC_INF_BITS || amax_bits == 0) {
+            /* Non-finite block: a NaN scale makes every decoded value NaN, so the problem is
+             * passed through (and counted by the driver) instead of becoming silent zeros. */
+            scales[b] = amax_bits == 0 ? 0.0f : NAN;
+            for (int64_t i = lo; i < hi; i++)
+                codes[i] = 0;
+            continue;
+        }
+        const float amax = fc_bits_f32(amax_bits);
+        const float inv = 127.0f / amax;
+        scales[b] = amax / 127.0f;
+        if (!cfg->stochastic) {
+            for (int64_t i = lo; i < hi; i++) {
+                float q = fc_round_even(x[i] * inv);
+                q = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
+                codes[i] = (int8_t)(int32_t)q;
+            }
+        } else {
+            for (int64_t i = lo; i < hi; i++) {
+                const float u = fc_u01(fc_rng_u32(&c->rng, (uint64_t)i));
+                int32_t q = fc_floor_i32(x[i] * inv + u);
+                q = q > 127 ? 127 : q < -127 ? -127 : q;
+                codes[i] = (int8_t)q;
+            }
+        }
+    }
+    int8_layout(c, used);
+    return FC_OK;
+}
+
+static int int8_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_bytes, float alpha,
+                           float *acc, fc_err *err)
+{
+    (void)body_bytes;
+    (void)err;
+    const int8_cfg *cfg = (const int8_cfg *)c->cfg;
+    const int64_t bs = cfg->block_size, nb = int8_blocks(c);
+    const float *scales = (const float *)body;
+    const int8_t *codes = (const int8_t *)(body + 4 * nb);
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t lo = b * bs, hi = lo + bs < c->n ? lo + bs : c->n;
+        const float s = alpha * scales[b];
+        for (int64_t i = lo; i < hi; i++)
+            acc[i] += s * (float)codes[i];
+    }
+    return FC_OK;
+}
+
+const fc_method fc_method_int8 = {
+    .name = "int8",
+    .id = 3,
+    .flags = FC_RANDOM, /* unbiased only with stochastic rounding */
+    .summary = "block-wise absmax int8, nearest or stochastic rounding; 8 bits + 32/block_size",
+    .cfg_size = sizeof(int8_cfg),
+    .keys = int8_keys,
+    .layout = int8_layout,
+    .encode = int8_encode,
+    .decode_add = int8_decode_add,
+};

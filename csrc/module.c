@@ -1,0 +1,977 @@
+/* module.c: the CPython face of fsdpcomp._C: the State type (one compressor, its residuals
+ * and counters), the method table queries, and the one translator from fc_err to exceptions. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <string.h>
+
+#include "fc_config.h"
+#include "fc_core.h"
+#include "fc_tensor.h"
+#include "fc_wire.h"
+
+typedef struct {
+    PyTypeObject *state_type;
+    PyObject *payload_error; /* ValueError subclass: malformed wire data */
+    PyObject *cuda_error;    /* RuntimeError subclass */
+    PyObject *nccl_error;    /* RuntimeError subclass */
+} module_state;
+
+typedef struct {
+    PyObject_HEAD
+    fc_core core;
+    PyObject *allocator; /* callable(numel, dtype_name, like) -> zeroed tensor */
+    PyObject *residuals; /* list, one entry per unit: a tensor or None */
+    PyObject *config;    /* dict: the resolved config, defaults included */
+    int busy;            /* set while a call runs without the GIL */
+} StateObject;
+
+static module_state *state_of_type(PyTypeObject *tp)
+{
+    return (module_state *)PyType_GetModuleState(tp);
+}
+
+/* The one translator from a C status to a Python exception. Returns NULL for `return`. */
+static PyObject *raise_err(module_state *st, const fc_err *err)
+{
+    PyObject *exc;
+    switch (err->code) {
+    case FC_ERR_TYPE:
+        exc = PyExc_TypeError;
+        break;
+    case FC_ERR_NOMEM:
+        exc = PyExc_MemoryError;
+        break;
+    case FC_ERR_PAYLOAD:
+        exc = st->payload_error;
+        break;
+    case FC_ERR_CUDA:
+        exc = st->cuda_error;
+        break;
+    case FC_ERR_NCCL:
+        exc = st->nccl_error;
+        break;
+    case FC_ERR_STATE:
+        exc = PyExc_RuntimeError;
+        break;
+    case FC_ERR_PYTHON:
+        return NULL; /* already set */
+    default:
+        exc = PyExc_ValueError;
+        break;
+    }
+    PyErr_SetString(exc, err->msg[0] ? err->msg : "fsdpcomp: unknown error");
+    return NULL;
+}
+
+#define STATE_ERR(self, err) raise_err(state_of_type(Py_TYPE(self)), (err))
+
+/* ---------------------------------------------------------------- State: lifetime */
+
+static int State_init(StateObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"method", "config", "allocator", NULL};
+    const char *name;
+    PyObject *config = Py_None, *allocator = Py_None; /* borrowed */
+    fc_err err = {0};
+    fc_common common;
+    _Alignas(64) unsigned char cfg[FC_CFG_MAX];
+    PyObject *resolved = NULL;
+
+    if (self->core.method != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "State is already initialised");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|OO:State", kwlist, &name, &config, &allocator))
+        return -1;
+    const fc_method *m = fc_method_by_name(name);
+    if (m == NULL) {
+        PyObject *names = PyUnicode_FromString("");
+        for (int i = 0; names != NULL && i < fc_method_count(); i++) {
+            PyObject *joined = PyUnicode_FromFormat("%U%s'%s'", names, i ? ", " : "",
+                                                    fc_method_at(i)->name);
+            Py_SETREF(names, joined);
+        }
+        if (names != NULL)
+            PyErr_Format(PyExc_ValueError, "unknown compression method '%s'; valid methods: %U",
+                         name, names);
+        Py_XDECREF(names);
+        return -1;
+    }
+    if (allocator != Py_None && !PyCallable_Check(allocator)) {
+        PyErr_Format(PyExc_TypeError, "allocator must be callable or None, got %s",
+                     Py_TYPE(allocator)->tp_name);
+        return -1;
+    }
+    if (fc_config_parse(m, config, &common, cfg, &err) != FC_OK) {
+        STATE_ERR(self, &err);
+        return -1;
+    }
+    resolved = PyDict_New();
+    if (resolved == NULL || fc_config_to_dict(m->keys, cfg, resolved) < 0 ||
+        fc_config_to_dict(fc_common_keys, &common, resolved) < 0)
+        goto error;
+    self->residuals = PyList_New(0);
+    if (self->residuals == NULL)
+        goto error;
+    fc_core_init(&self->core, m, &common, cfg);
+    Py_INCREF(allocator);
+    self->allocator = allocator;
+    self->config = resolved;
+    return 0;
+error:
+    Py_XDECREF(resolved);
+    return -1;
+}
+
+static int State_traverse(StateObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->allocator);
+    Py_VISIT(self->residuals);
+    Py_VISIT(self->config);
+    return 0;
+}
+
+static int State_clear(StateObject *self)
+{
+    Py_CLEAR(self->allocator);
+    Py_CLEAR(self->residuals);
+    Py_CLEAR(self->config);
+    return 0;
+}
+
+static void State_dealloc(StateObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    State_clear(self);
+    fc_core_free(&self->core);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+static int ready(StateObject *self)
+{
+    if (self->core.method == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "State.__init__ was not called");
+        return 0;
+    }
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "State is in use by another thread: one state serves "
+                        "one training loop");
+        return 0;
+    }
+    return 1;
+}
+
+static int check_world(int world, int rank, fc_err *err)
+{
+    if (world < 1 || world > FC_MAX_WORLD)
+        return fc_fail(err, FC_ERR_VALUE, "world must be in [1, %d], got %d", FC_MAX_WORLD, world);
+    if (rank < 0 || rank >= world)
+        return fc_fail(err, FC_ERR_VALUE, "rank must be in [0, %d), got %d", world, rank);
+    return FC_OK;
+}
+
+static int check_cpu(const fc_view *v, const char *arg, fc_err *err)
+{
+    if (v->device_type != kDLCPU)
+        return fc_fail(err, FC_ERR_TYPE, "%s is a CUDA tensor, but this build of fsdpcomp has no "
+                       "CUDA part (rebuild with nvcc found, FSDPCOMP_CUDA=1)", arg);
+    return FC_OK;
+}
+
+static int check_aligned(const fc_view *v, const char *arg, fc_err *err)
+{
+    if (((uintptr_t)v->buf.data) % FC_ALIGN != 0)
+        return fc_fail(err, FC_ERR_VALUE, "%s must start on a %d-byte boundary (a fresh tensor "
+                       "does; a sliced view may not)", arg, FC_ALIGN);
+    return FC_OK;
+}
+
+static int check_unit(StateObject *self, long long unit, int64_t numel, fc_err *err)
+{
+    if (unit < 0 || unit >= self->core.n_units)
+        return fc_fail(err, FC_ERR_VALUE, "unit must be in [0, %d) (from begin()), got %lld",
+                       self->core.n_units, unit);
+    if (self->core.units[unit].numel != numel)
+        return fc_fail(err, FC_ERR_VALUE, "grad has %lld elements but unit %lld has %lld",
+                       (long long)numel, unit, (long long)self->core.units[unit].numel);
+    return FC_OK;
+}
+
+static int64_t plan_total(const int64_t *splits, int world)
+{
+    int64_t t = 0;
+    for (int r = 0; r < world; r++)
+        t += splits[r];
+    return t;
+}
+
+/* The residual tensor of a unit, allocated through the allocator on first use. New ref. */
+static PyObject *residual_for(StateObject *self, uint32_t unit, PyObject *grad, int64_t numel,
+                              fc_view *rv, fc_err *err)
+{
+    PyObject *res = NULL;
+    const int rdt = self->core.common.residual_dtype == 0 ? FC_F32 : FC_BF16;
+    while (PyList_GET_SIZE(self->residuals) <= (Py_ssize_t)unit)
+        if (PyList_Append(self->residuals, Py_None) < 0) {
+            fc_fail(err, FC_ERR_PYTHON, "");
+            return NULL;
+        }
+    res = PyList_GET_ITEM(self->residuals, unit); /* borrowed */
+    if (res == Py_None) {
+        if (self->allocator == Py_None) {
+            fc_fail(err, FC_ERR_STATE, "error feedback needs a residual allocator (State(..., "
+                    "allocator=...)); fsdpcomp.CommState provides one");
+            return NULL;
+        }
+        res = PyObject_CallFunction(self->allocator, "Lso", (long long)numel, fc_dtype_name(rdt), grad);
+        if (res == NULL) {
+            fc_fail(err, FC_ERR_PYTHON, "");
+            return NULL;
+        }
+        if (PyList_SetItem(self->residuals, unit, res) < 0) { /* steals res */
+            fc_fail(err, FC_ERR_PYTHON, "");
+            return NULL;
+        }
+    }
+    Py_INCREF(res);
+    if (fc_view_get(res, "residual", 1u << rdt, rv, err) != FC_OK || rv->buf.numel != numel) {
+        if (err->code == FC_OK)
+            fc_fail(err, FC_ERR_VALUE, "residual of unit %u has %lld elements, expected %lld",
+                    unit, (long long)rv->buf.numel, (long long)numel);
+        fc_view_release(rv);
+        Py_DECREF(res);
+        return NULL;
+    }
+    return res;
+}
+
+/* ---------------------------------------------------------------- State: the collective */
+
+PyDoc_STRVAR(State_plan_doc,
+"plan(grad, world, rank) -> (send_splits, recv_splits)\n\n"
+"Payload bytes this rank sends to and receives from each rank for `grad`: the split sizes of\n"
+"the all-to-all. A pure function of method, config, size, dtype and world size.");
+
+static PyObject *State_plan(StateObject *self, PyObject *args)
+{
+    PyObject *grad, *send = NULL, *recv = NULL;
+    int world, rank;
+    fc_err err = {0};
+    fc_view g;
+    int64_t ss[FC_MAX_WORLD], rs[FC_MAX_WORLD];
+    if (!ready(self) || !PyArg_ParseTuple(args, "Oii:plan", &grad, &world, &rank))
+        return NULL;
+    if (check_world(world, rank, &err) != FC_OK || fc_view_get(grad, "grad", FC_DT_FLOATS, &g, &err) != FC_OK)
+        return STATE_ERR(self, &err);
+    fc_core_plan(&self->core, g.buf.numel, g.buf.dtype, world, rank, ss, rs);
+    fc_view_release(&g);
+    send = PyTuple_New(world);
+    recv = PyTuple_New(world);
+    if (send == NULL || recv == NULL)
+        goto error;
+    for (int r = 0; r < world; r++) {
+        PyObject *a = PyLong_FromLongLong(ss[r]), *b = PyLong_FromLongLong(rs[r]);
+        if (a == NULL || b == NULL) {
+            Py_XDECREF(a);
+            Py_XDECREF(b);
+            goto error;
+        }
+        PyTuple_SET_ITEM(send, r, a);
+        PyTuple_SET_ITEM(recv, r, b);
+    }
+    return Py_BuildValue("(NN)", send, recv);
+error:
+    Py_XDECREF(send);
+    Py_XDECREF(recv);
+    return NULL;
+}
+
+PyDoc_STRVAR(State_begin_doc,
+"begin(numel) -> unit\n\n"
+"Claims the next unit index of this step (units are keyed by call order within a step) and\n"
+"checks that a unit seen before still has the same number of elements.");
+
+static PyObject *State_begin(StateObject *self, PyObject *arg)
+{
+    fc_err err = {0};
+    uint32_t unit;
+    if (!ready(self))
+        return NULL;
+    long long numel = PyLong_AsLongLong(arg);
+    if (numel == -1 && PyErr_Occurred())
+        return NULL;
+    if (numel < 0) {
+        PyErr_Format(PyExc_ValueError, "numel must be >= 0, got %lld", numel);
+        return NULL;
+    }
+    if (fc_core_begin(&self->core, (int64_t)numel, &unit, &err) != FC_OK)
+        return STATE_ERR(self, &err);
+    return PyLong_FromUnsignedLong(unit);
+}
+
+PyDoc_STRVAR(State_end_step_doc, "end_step()\n\nMarks the end of a backward pass: the next begin() is unit 0 of the next step.");
+
+static PyObject *State_end_step(StateObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (!ready(self))
+        return NULL;
+    fc_core_end_step(&self->core);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(State_encode_doc,
+"encode(grad, send, world, rank, unit)\n\n"
+"Encodes every outgoing chunk of the flat gradient `grad` into the uint8 buffer `send`\n"
+"(laid out by plan()), applying and updating the unit's error-feedback residual.");
+
+static PyObject *State_encode(StateObject *self, PyObject *args)
+{
+    PyObject *grad, *send, *res = NULL;
+    int world, rank, rc;
+    long long unit;
+    fc_err err = {0};
+    fc_view g = {0}, s = {0}, r = {0};
+    int64_t ss[FC_MAX_WORLD], rs[FC_MAX_WORLD];
+    if (!ready(self) || !PyArg_ParseTuple(args, "OOiiL:encode", &grad, &send, &world, &rank, &unit))
+        return NULL;
+    if (fc_view_get(grad, "grad", FC_DT_FLOATS, &g, &err) != FC_OK ||
+        fc_view_get(send, "send", FC_DT_U8, &s, &err) != FC_OK || check_cpu(&g, "grad", &err) ||
+        check_cpu(&s, "send", &err) || check_aligned(&s, "send", &err) ||
+        check_world(world, rank, &err) || check_unit(self, unit, g.buf.numel, &err))
+        goto error;
+    fc_core_plan(&self->core, g.buf.numel, g.buf.dtype, world, rank, ss, rs);
+    if (s.buf.numel != plan_total(ss, world)) {
+        fc_fail(&err, FC_ERR_VALUE, "send has %lld bytes, plan() needs %lld",
+                (long long)s.buf.numel, (long long)plan_total(ss, world));
+        goto error;
+    }
+    const int use_ef = self->core.common.error_feedback &&
+                       fc_core_unit_method(&self->core, g.buf.numel) == self->core.method;
+    if (use_ef) {
+        res = residual_for(self, (uint32_t)unit, grad, g.buf.numel, &r, &err);
+        if (res == NULL)
+            goto error;
+        if (check_cpu(&r, "residual", &err) != FC_OK)
+            goto error;
+    }
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fc_core_encode(&self->core, &g.buf, &s.buf, use_ef ? &r.buf : NULL, world, rank,
+                        (uint32_t)unit, &err);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    if (rc != FC_OK)
+        goto error;
+    fc_view_release(&g);
+    fc_view_release(&s);
+    fc_view_release(&r);
+    Py_XDECREF(res);
+    Py_RETURN_NONE;
+error:
+    fc_view_release(&g);
+    fc_view_release(&s);
+    fc_view_release(&r);
+    Py_XDECREF(res);
+    return STATE_ERR(self, &err);
+}
+
+PyDoc_STRVAR(State_decode_doc,
+"decode(recv, grad, out, world, rank, unit)\n\n"
+"Sums, in fp32 and in rank order, this rank's exact chunk of `grad` and the payloads in\n"
+"`recv`, divides by `world` and writes every element of `out`.");
+
+static PyObject *State_decode(StateObject *self, PyObject *args)
+{
+    PyObject *recv, *grad, *out;
+    int world, rank, rc;
+    long long unit;
+    fc_err err = {0};
+    fc_view v = {0}, g = {0}, o = {0};
+    if (!ready(self) || !PyArg_ParseTuple(args, "OOOiiL:decode", &recv, &grad, &out, &world, &rank, &unit))
+        return NULL;
+    if (fc_view_get(recv, "recv", FC_DT_U8, &v, &err) != FC_OK ||
+        fc_view_get(grad, "grad", FC_DT_FLOATS, &g, &err) != FC_OK ||
+        fc_view_get(out, "output", FC_DT_FLOATS, &o, &err) != FC_OK ||
+        check_cpu(&v, "recv", &err) || check_cpu(&g, "grad", &err) || check_cpu(&o, "output", &err) ||
+        check_aligned(&v, "recv", &err) || check_world(world, rank, &err) ||
+        check_unit(self, unit, g.buf.numel, &err))
+        goto error;
+    if (o.read_only) {
+        fc_fail(&err, FC_ERR_VALUE, "output is read-only");
+        goto error;
+    }
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fc_core_decode(&self->core, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    if (rc != FC_OK)
+        goto error;
+    fc_view_release(&v);
+    fc_view_release(&g);
+    fc_view_release(&o);
+    Py_RETURN_NONE;
+error:
+    fc_view_release(&v);
+    fc_view_release(&g);
+    fc_view_release(&o);
+    return STATE_ERR(self, &err);
+}
+
+/* ---------------------------------------------------------------- State: one chunk */
+
+PyDoc_STRVAR(State_payload_bytes_doc,
+"payload_bytes(n) -> int\n\nBytes of one fp32 chunk of n elements on the wire: header, body and padding.");
+
+static PyObject *State_payload_bytes(StateObject *self, PyObject *arg)
+{
+    if (!ready(self))
+        return NULL;
+    long long n = PyLong_AsLongLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 0) {
+        PyErr_Format(PyExc_ValueError, "n must be >= 0, got %lld", n);
+        return NULL;
+    }
+    return PyLong_FromLongLong(fc_payload_bytes(&self->core, self->core.method, n, FC_F32));
+}
+
+PyDoc_STRVAR(State_layout_doc,
+"layout(n) -> dict\n\nThe documented payload formula for an fp32 chunk of n elements:\n"
+"value_bytes, meta_bytes, index_bytes, header_bytes (header + padding) and total.");
+
+static PyObject *State_layout(StateObject *self, PyObject *arg)
+{
+    if (!ready(self))
+        return NULL;
+    long long n = PyLong_AsLongLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n <= 0) {
+        PyErr_Format(PyExc_ValueError, "n must be > 0, got %lld", n);
+        return NULL;
+    }
+    fc_chunk c;
+    memset(&c, 0, sizeof(c));
+    c.cfg = self->core.cfg;
+    c.n = n;
+    c.world = 1;
+    c.wire_dtype = FC_F32;
+    fc_layout l;
+    self->core.method->layout(&c, &l);
+    int64_t total = fc_payload_bytes(&self->core, self->core.method, n, FC_F32);
+    return Py_BuildValue("{s:L,s:L,s:L,s:L,s:L,s:L}", "value_bytes", (long long)l.value_bytes,
+                         "meta_bytes", (long long)l.meta_bytes, "index_bytes",
+                         (long long)l.index_bytes, "header_bytes",
+                         (long long)(total - fc_layout_bytes(&l)), "kept", (long long)l.kept,
+                         "total", (long long)total);
+}
+
+PyDoc_STRVAR(State_compress_doc,
+"compress(x, payload, unit=0, chunk=0, world=1, rank=0) -> int\n\n"
+"Encodes the fp32 CPU tensor x as one payload into the uint8 tensor `payload`; returns its\n"
+"size. The RNG stream is keyed by (seed, rank, step, unit, chunk) as in the collective.");
+
+static PyObject *State_compress(StateObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "payload", "unit", "chunk", "world", "rank", NULL};
+    PyObject *x, *payload;
+    unsigned int unit = 0, chunk = 0;
+    int world = 1, rank = 0, rc;
+    int64_t written = 0;
+    fc_err err = {0};
+    fc_view xv = {0}, pv = {0};
+    if (!ready(self) || !PyArg_ParseTupleAndKeywords(args, kwds, "OO|IIii:compress", kwlist, &x,
+                                                     &payload, &unit, &chunk, &world, &rank))
+        return NULL;
+    if (fc_view_get(x, "x", FC_DT_F32, &xv, &err) || fc_view_get(payload, "payload", FC_DT_U8, &pv, &err) ||
+        check_cpu(&xv, "x", &err) || check_cpu(&pv, "payload", &err) ||
+        check_aligned(&pv, "payload", &err) || check_world(world, rank, &err))
+        goto error;
+    if (xv.buf.numel == 0) {
+        fc_fail(&err, FC_ERR_VALUE, "x must have at least one element");
+        goto error;
+    }
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fc_core_compress(&self->core, (const float *)xv.buf.data, xv.buf.numel,
+                          (uint8_t *)pv.buf.data, pv.buf.numel, unit, chunk, world, rank, &written, &err);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    if (rc != FC_OK)
+        goto error;
+    fc_view_release(&xv);
+    fc_view_release(&pv);
+    return PyLong_FromLongLong(written);
+error:
+    fc_view_release(&xv);
+    fc_view_release(&pv);
+    return STATE_ERR(self, &err);
+}
+
+PyDoc_STRVAR(State_decompress_doc,
+"decompress(payload, acc, alpha=1.0, unit=0, chunk=0, world=1)\n\n"
+"Validates one payload for a chunk of acc.numel() elements and adds alpha times its decode to\n"
+"the fp32 CPU tensor acc. A malformed payload raises PayloadError and leaves acc untouched\n"
+"when the header is at fault.");
+
+static PyObject *State_decompress(StateObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"payload", "acc", "alpha", "unit", "chunk", "world", NULL};
+    PyObject *payload, *acc;
+    double alpha = 1.0;
+    unsigned int unit = 0, chunk = 0;
+    int world = 1, rc;
+    fc_err err = {0};
+    fc_view pv = {0}, av = {0};
+    if (!ready(self) || !PyArg_ParseTupleAndKeywords(args, kwds, "OO|dIIi:decompress", kwlist,
+                                                     &payload, &acc, &alpha, &unit, &chunk, &world))
+        return NULL;
+    if (fc_view_get(payload, "payload", FC_DT_U8, &pv, &err) || fc_view_get(acc, "acc", FC_DT_F32, &av, &err) ||
+        check_cpu(&pv, "payload", &err) || check_cpu(&av, "acc", &err) ||
+        check_aligned(&pv, "payload", &err) || check_world(world, 0, &err))
+        goto error;
+    if (av.buf.numel == 0) {
+        fc_fail(&err, FC_ERR_VALUE, "acc must have at least one element");
+        goto error;
+    }
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fc_core_decompress(&self->core, (const uint8_t *)pv.buf.data, pv.buf.numel, av.buf.numel,
+                            (float)alpha, (float *)av.buf.data, unit, chunk, world, &err);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    if (rc != FC_OK)
+        goto error;
+    fc_view_release(&pv);
+    fc_view_release(&av);
+    Py_RETURN_NONE;
+error:
+    fc_view_release(&pv);
+    fc_view_release(&av);
+    return STATE_ERR(self, &err);
+}
+
+/* ---------------------------------------------------------------- State: counters */
+
+PyDoc_STRVAR(State_counters_doc, "counters() -> dict\n\nEverything counted since the last reset_counters().");
+
+static PyObject *State_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (!ready(self))
+        return NULL;
+    const fc_counters *k = &self->core.ctr;
+    double res_sq = 0;
+    long long res_bytes = 0;
+    for (int32_t u = 0; u < self->core.n_units; u++)
+        res_sq += self->core.units[u].residual_sq;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(self->residuals); i++) {
+        PyObject *t = PyList_GET_ITEM(self->residuals, i); /* borrowed */
+        if (t != Py_None)
+            res_bytes += (long long)self->core.units[i].numel *
+                         (self->core.common.residual_dtype == 0 ? 4 : 2);
+    }
+    double ratio = k->bytes_sent > 0 ? (double)k->bytes_raw / (double)k->bytes_sent : 1.0;
+    double rel = k->ref_sq > 0 ? sqrt(k->err_sq / k->ref_sq) : 0.0;
+    PyObject *rel_o = k->stats_samples ? PyFloat_FromDouble(rel) : (Py_INCREF(Py_None), Py_None);
+    PyObject *cos_o = k->stats_samples ? PyFloat_FromDouble(k->cos_sum / (double)k->stats_samples)
+                                       : (Py_INCREF(Py_None), Py_None);
+    if (rel_o == NULL || cos_o == NULL) {
+        Py_XDECREF(rel_o);
+        Py_XDECREF(cos_o);
+        return NULL;
+    }
+    return Py_BuildValue(
+        "{s:s,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d,s:d,s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:L,"
+        "s:N,s:N,s:L,s:d,s:L,s:I,s:i}",
+        "method", self->core.method->name,
+        "calls", (long long)k->calls,
+        "calls_uncompressed", (long long)k->calls_uncompressed,
+        "elements", (long long)k->elements,
+        "chunks_sent", (long long)k->chunks_sent,
+        "bytes_raw", (long long)k->bytes_raw,
+        "bytes_sent", (long long)k->bytes_sent,
+        "bytes_compressed", (long long)(k->bytes_sent),
+        "header_bytes", (long long)k->header_bytes,
+        "meta_bytes", (long long)k->meta_bytes,
+        "index_bytes", (long long)k->index_bytes,
+        "ratio", ratio,
+        "density", k->sent_elements ? (double)k->kept / (double)k->sent_elements : 1.0,
+        "value_bytes", (long long)k->value_bytes,
+        "nonfinite_in", (long long)k->nonfinite_in,
+        "nonfinite_out", (long long)k->nonfinite_out,
+        "compress_time_s", k->compress_s,
+        "decompress_time_s", k->decompress_s,
+        "comm_time_s", k->comm_s,
+        "extra_collective_time_s", k->extra_collective_s,
+        "extra_collectives", (long long)k->extra_collectives,
+        "grad_rel_error", rel_o,
+        "grad_cos_sim", cos_o,
+        "error_samples", (long long)k->stats_samples,
+        "residual_norm", sqrt(res_sq),
+        "residual_bytes", res_bytes,
+        "step", self->core.step,
+        "units", self->core.n_units);
+}
+
+PyDoc_STRVAR(State_reset_counters_doc, "reset_counters()\n\nZeroes every counter (residuals and units are kept).");
+
+static PyObject *State_reset_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (!ready(self))
+        return NULL;
+    memset(&self->core.ctr, 0, sizeof(self->core.ctr));
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(State_add_comm_doc,
+"add_comm(seconds, bytes_sent=0, bytes_raw=0, extra=False)\n\n"
+"Adds a collective measured by the caller: its time, and for collectives beyond the\n"
+"all-to-all (size exchanges, the all-gather of an all-reduce) its bytes.");
+
+static PyObject *State_add_comm(StateObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"seconds", "bytes_sent", "bytes_raw", "extra", NULL};
+    double seconds;
+    long long sent = 0, raw = 0;
+    int extra = 0;
+    if (!ready(self) || !PyArg_ParseTupleAndKeywords(args, kwds, "d|LLp:add_comm", kwlist, &seconds,
+                                                     &sent, &raw, &extra))
+        return NULL;
+    if (!(seconds >= 0) || sent < 0 || raw < 0) {
+        PyErr_SetString(PyExc_ValueError, "add_comm: seconds and byte counts must be >= 0");
+        return NULL;
+    }
+    fc_counters *k = &self->core.ctr;
+    if (extra) {
+        k->extra_collectives++;
+        k->extra_collective_s += seconds;
+    }
+    k->comm_s += seconds;
+    k->bytes_sent += sent;
+    k->bytes_raw += raw;
+    k->header_bytes += 0;
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------- State: checkpoints */
+
+PyDoc_STRVAR(State_units_doc, "units() -> list[int]\n\nElements of each unit, in call order.");
+
+static PyObject *State_units(StateObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (!ready(self))
+        return NULL;
+    PyObject *list = PyList_New(self->core.n_units);
+    for (int32_t u = 0; list != NULL && u < self->core.n_units; u++) {
+        PyObject *v = PyLong_FromLongLong(self->core.units[u].numel);
+        if (v == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, u, v);
+    }
+    return list;
+}
+
+PyDoc_STRVAR(State_residuals_doc, "residuals() -> list\n\nThe residual tensor of each unit (None where there is none yet). The tensors are the live ones.");
+
+static PyObject *State_residuals(StateObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (!ready(self))
+        return NULL;
+    return PyList_GetSlice(self->residuals, 0, PyList_GET_SIZE(self->residuals));
+}
+
+PyDoc_STRVAR(State_restore_doc,
+"restore(units, residuals, step)\n\n"
+"Loads a checkpoint: the unit sizes, one residual (tensor or None) per unit, and the step.\n"
+"Everything is validated before anything is changed.");
+
+static PyObject *State_restore(StateObject *self, PyObject *args)
+{
+    PyObject *units, *residuals, *new_list = NULL;
+    unsigned long step;
+    fc_unit *table = NULL;
+    if (!ready(self) || !PyArg_ParseTuple(args, "O!O!k:restore", &PyList_Type, &units, &PyList_Type,
+                                          &residuals, &step))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(units);
+    const int rdt = self->core.common.residual_dtype == 0 ? FC_F32 : FC_BF16;
+    if (PyList_GET_SIZE(residuals) > n) {
+        PyErr_Format(PyExc_ValueError, "restore: %zd residuals for %zd units", PyList_GET_SIZE(residuals), n);
+        return NULL;
+    }
+    table = (fc_unit *)calloc((size_t)(n > 0 ? n : 1), sizeof(fc_unit));
+    new_list = PyList_New(0);
+    if (table == NULL || new_list == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (Py_ssize_t u = 0; u < n; u++) {
+        long long numel = PyLong_AsLongLong(PyList_GET_ITEM(units, u));
+        if ((numel == -1 && PyErr_Occurred()) || numel < 0) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "restore: units[%zd] must be a non-negative int", u);
+            goto error;
+        }
+        table[u].numel = numel;
+        PyObject *r = u < PyList_GET_SIZE(residuals) ? PyList_GET_ITEM(residuals, u) : Py_None;
+        if (r != Py_None) {
+            fc_view v;
+            fc_err err = {0};
+            if (fc_view_get(r, "residual", 1u << rdt, &v, &err) != FC_OK) {
+                STATE_ERR(self, &err);
+                goto error;
+            }
+            int64_t got = v.buf.numel;
+            fc_view_release(&v);
+            if (got != numel) {
+                PyErr_Format(PyExc_ValueError, "restore: residual %zd has %lld elements, unit has %lld",
+                             u, (long long)got, numel);
+                goto error;
+            }
+        }
+        if (PyList_Append(new_list, r) < 0)
+            goto error;
+    }
+    free(self->core.units);
+    self->core.units = table;
+    self->core.n_units = self->core.cap_units = (int32_t)(n > 0 ? n : 1);
+    self->core.n_units = (int32_t)n;
+    self->core.step = (uint32_t)step;
+    self->core.cursor = 0;
+    Py_SETREF(self->residuals, new_list);
+    Py_RETURN_NONE;
+error:
+    free(table);
+    Py_XDECREF(new_list);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- State: attributes */
+
+static PyObject *State_get_method(StateObject *self, void *Py_UNUSED(c))
+{
+    if (!ready(self))
+        return NULL;
+    return PyUnicode_FromString(self->core.method->name);
+}
+
+static PyObject *State_get_config(StateObject *self, void *Py_UNUSED(c))
+{
+    if (!ready(self))
+        return NULL;
+    return PyDict_Copy(self->config);
+}
+
+static PyObject *State_get_step(StateObject *self, void *Py_UNUSED(c))
+{
+    return PyLong_FromUnsignedLong(self->core.step);
+}
+
+static PyObject *State_get_cursor(StateObject *self, void *Py_UNUSED(c))
+{
+    return PyLong_FromUnsignedLong(self->core.cursor);
+}
+
+static PyObject *State_get_flags(StateObject *self, void *Py_UNUSED(c))
+{
+    if (!ready(self))
+        return NULL;
+    unsigned f = self->core.method->flags;
+    return Py_BuildValue("{s:O,s:O,s:O,s:O}", "unbiased", (f & FC_UNBIASED) ? Py_True : Py_False,
+                         "linear", (f & FC_LINEAR) ? Py_True : Py_False, "random",
+                         (f & FC_RANDOM) ? Py_True : Py_False, "varsize",
+                         (f & FC_VARSIZE) ? Py_True : Py_False);
+}
+
+static PyGetSetDef State_getset[] = {
+    {"method", (getter)State_get_method, NULL, "the method's name", NULL},
+    {"config", (getter)State_get_config, NULL, "the resolved config (a copy)", NULL},
+    {"step", (getter)State_get_step, NULL, "backward passes completed (end_step calls)", NULL},
+    {"cursor", (getter)State_get_cursor, NULL, "the next unit index within this step", NULL},
+    {"flags", (getter)State_get_flags, NULL, "the method's properties", NULL},
+    {NULL},
+};
+
+static PyMethodDef State_methods[] = {
+    {"plan", (PyCFunction)State_plan, METH_VARARGS, State_plan_doc},
+    {"begin", (PyCFunction)State_begin, METH_O, State_begin_doc},
+    {"end_step", (PyCFunction)State_end_step, METH_NOARGS, State_end_step_doc},
+    {"encode", (PyCFunction)State_encode, METH_VARARGS, State_encode_doc},
+    {"decode", (PyCFunction)State_decode, METH_VARARGS, State_decode_doc},
+    {"payload_bytes", (PyCFunction)State_payload_bytes, METH_O, State_payload_bytes_doc},
+    {"layout", (PyCFunction)State_layout, METH_O, State_layout_doc},
+    {"compress", (PyCFunction)(void (*)(void))State_compress, METH_VARARGS | METH_KEYWORDS, State_compress_doc},
+    {"decompress", (PyCFunction)(void (*)(void))State_decompress, METH_VARARGS | METH_KEYWORDS, State_decompress_doc},
+    {"counters", (PyCFunction)State_counters, METH_NOARGS, State_counters_doc},
+    {"reset_counters", (PyCFunction)State_reset_counters, METH_NOARGS, State_reset_counters_doc},
+    {"add_comm", (PyCFunction)(void (*)(void))State_add_comm, METH_VARARGS | METH_KEYWORDS, State_add_comm_doc},
+    {"units", (PyCFunction)State_units, METH_NOARGS, State_units_doc},
+    {"residuals", (PyCFunction)State_residuals, METH_NOARGS, State_residuals_doc},
+    {"restore", (PyCFunction)State_restore, METH_VARARGS, State_restore_doc},
+    {NULL},
+};
+
+PyDoc_STRVAR(State_doc,
+"State(method, config=None, allocator=None)\n\n"
+"One compressor with its validated config, error-feedback residuals and counters. The\n"
+"allocator, callable(numel, dtype_name, like_tensor) -> zeroed tensor, provides residual\n"
+"memory from torch's allocator.");
+
+static PyType_Slot State_slots[] = {
+    {Py_tp_doc, (void *)State_doc},
+    {Py_tp_init, State_init},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_dealloc, State_dealloc},
+    {Py_tp_traverse, State_traverse},
+    {Py_tp_clear, State_clear},
+    {Py_tp_methods, State_methods},
+    {Py_tp_getset, State_getset},
+    {0, NULL},
+};
+
+static PyType_Spec State_spec = {
+    .name = "fsdpcomp._C.State",
+    .basicsize = sizeof(StateObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = State_slots,
+};
+
+/* ---------------------------------------------------------------- module functions */
+
+PyDoc_STRVAR(methods_doc, "methods() -> tuple[str, ...]\n\nThe registered compressor names.");
+
+static PyObject *mod_methods(PyObject *mod, PyObject *Py_UNUSED(ignored))
+{
+    (void)mod;
+    PyObject *t = PyTuple_New(fc_method_count());
+    for (int i = 0; t != NULL && i < fc_method_count(); i++) {
+        PyObject *s = PyUnicode_FromString(fc_method_at(i)->name);
+        if (s == NULL) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, s);
+    }
+    return t;
+}
+
+PyDoc_STRVAR(method_info_doc,
+"method_info(name) -> dict\n\nid, summary, properties and config keys (name, type, default,\n"
+"range, choices, doc) of one method; method_info('') describes the common keys.");
+
+static PyObject *mod_method_info(PyObject *mod, PyObject *arg)
+{
+    (void)mod;
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (name == NULL)
+        return NULL;
+    if (name[0] == '\0')
+        return fc_keys_info(fc_common_keys);
+    const fc_method *m = fc_method_by_name(name);
+    if (m == NULL) {
+        PyErr_Format(PyExc_ValueError, "unknown compression method '%s'", name);
+        return NULL;
+    }
+    unsigned f = m->flags;
+    return Py_BuildValue("{s:s,s:i,s:s,s:O,s:O,s:O,s:O,s:O,s:N}", "name", m->name, "id", m->id,
+                         "summary", m->summary, "unbiased", (f & FC_UNBIASED) ? Py_True : Py_False,
+                         "linear", (f & FC_LINEAR) ? Py_True : Py_False, "random",
+                         (f & FC_RANDOM) ? Py_True : Py_False, "varsize",
+                         (f & FC_VARSIZE) ? Py_True : Py_False, "error_feedback_default",
+                         (f & FC_EF_DEFAULT) ? Py_True : Py_False, "keys", fc_keys_info(m->keys));
+}
+
+static PyMethodDef module_functions[] = {
+    {"methods", mod_methods, METH_NOARGS, methods_doc},
+    {"method_info", mod_method_info, METH_O, method_info_doc},
+    {NULL},
+};
+
+/* ---------------------------------------------------------------- module lifecycle */
+
+static int module_exec(PyObject *mod)
+{
+    module_state *st = (module_state *)PyModule_GetState(mod);
+    st->state_type = (PyTypeObject *)PyType_FromModuleAndSpec(mod, &State_spec, NULL);
+    if (st->state_type == NULL || PyModule_AddType(mod, st->state_type) < 0)
+        return -1;
+    st->payload_error = PyErr_NewExceptionWithDoc(
+        "fsdpcomp._C.PayloadError", "A payload on the wire is malformed, truncated or from a rank "
+        "that is out of step.", PyExc_ValueError, NULL);
+    st->cuda_error = PyErr_NewExceptionWithDoc("fsdpcomp._C.CudaError", "A CUDA call failed.",
+                                               PyExc_RuntimeError, NULL);
+    st->nccl_error = PyErr_NewExceptionWithDoc("fsdpcomp._C.NcclError", "An NCCL call failed.",
+                                               PyExc_RuntimeError, NULL);
+    if (st->payload_error == NULL || st->cuda_error == NULL || st->nccl_error == NULL)
+        return -1;
+    if (PyModule_AddObjectRef(mod, "PayloadError", st->payload_error) < 0 ||
+        PyModule_AddObjectRef(mod, "CudaError", st->cuda_error) < 0 ||
+        PyModule_AddObjectRef(mod, "NcclError", st->nccl_error) < 0)
+        return -1;
+    if (PyModule_AddIntConstant(mod, "HEADER_BYTES", FC_HEADER_BYTES) < 0 ||
+        PyModule_AddIntConstant(mod, "ALIGN", FC_ALIGN) < 0 ||
+        PyModule_AddIntConstant(mod, "WIRE_VERSION", FC_WIRE_VERSION) < 0 ||
+        PyModule_AddIntConstant(mod, "MAX_WORLD", FC_MAX_WORLD) < 0)
+        return -1;
+    return 0;
+}
+
+static int module_traverse(PyObject *mod, visitproc visit, void *arg)
+{
+    module_state *st = (module_state *)PyModule_GetState(mod);
+    Py_VISIT(st->state_type);
+    Py_VISIT(st->payload_error);
+    Py_VISIT(st->cuda_error);
+    Py_VISIT(st->nccl_error);
+    return 0;
+}
+
+static int module_clear(PyObject *mod)
+{
+    module_state *st = (module_state *)PyModule_GetState(mod);
+    Py_CLEAR(st->state_type);
+    Py_CLEAR(st->payload_error);
+    Py_CLEAR(st->cuda_error);
+    Py_CLEAR(st->nccl_error);
+    return 0;
+}
+
+static void module_free(void *mod)
+{
+    module_clear((PyObject *)mod);
+}
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+    {0, NULL},
+};
+
+PyDoc_STRVAR(module_doc, "fsdpcomp._C: compressors, residuals, counters and the compressed "
+                         "reduce-scatter, in C.");
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "fsdpcomp._C",
+    .m_doc = module_doc,
+    .m_size = sizeof(module_state),
+    .m_methods = module_functions,
+    .m_slots = module_slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
+};
+
+PyMODINIT_FUNC PyInit__C(void)
+{
+    return PyModuleDef_Init(&module_def);
+}

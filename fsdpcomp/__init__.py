@@ -1,0 +1,2 @@
+"""fsdpcomp"""
+from fsdpcomp import _C

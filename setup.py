@@ -1,0 +1,163 @@
+"""Build of fsdpcomp: the C extension fsdpcomp._C always; the CUDA library from cuda/*.cu when
+nvcc is found (FSDPCOMP_CUDA=auto|0|1). Prints a summary of what was built and why.
+
+Environment:
+  FSDPCOMP_CUDA       auto (default): build CUDA if nvcc is found; 0: never; 1: required
+  FSDPCOMP_CUDA_ARCHS e.g. "80;90;100" (default below), PTX is added for the newest
+  NVCC, CUDA_HOME     where nvcc is looked for, before PATH
+  NCCL_HOME           NCCL headers/library, before the nvidia-nccl-cu* package and the toolkit
+  FSDPCOMP_DEBUG=1    -O0 -g;  FSDPCOMP_SANITIZE=1  ASan + UBSan on the C code
+  FSDPCOMP_NATIVE=1   -march=native for the CPU kernels (not for wheels you ship)
+"""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The architectures torch's own CUDA 13 wheels target; PTX of the last one runs on newer GPUs.
+DEFAULT_ARCHS = "75;80;86;90;100;120"
+
+
+def env_flag(name, default="0"):
+    return os.environ.get(name, default).strip().lower() in ("1", "true", "yes", "on")
+
+
+def c_flags():
+    flags = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden",
+             # One rounding per operation, no FMA contraction: CPU and CUDA bytes must agree.
+             "-ffp-contract=off", "-fno-math-errno"]
+    if env_flag("FSDPCOMP_DEBUG"):
+        flags += ["-O0", "-g3"]
+    else:
+        flags += ["-O3"]
+    if env_flag("FSDPCOMP_NATIVE"):
+        flags += ["-march=native"]
+    if env_flag("FSDPCOMP_SANITIZE"):
+        flags += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g"]
+    return flags
+
+
+def find_nvcc():
+    for cand in (os.environ.get("NVCC"),
+                 os.path.join(os.environ.get("CUDA_HOME", ""), "bin", "nvcc") if os.environ.get("CUDA_HOME") else None,
+                 shutil.which("nvcc"),
+                 "/usr/local/cuda/bin/nvcc"):
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def cuda_home(nvcc):
+    if os.environ.get("CUDA_HOME"):
+        return os.environ["CUDA_HOME"]
+    real = os.path.realpath(nvcc)
+    home = os.path.dirname(os.path.dirname(real))
+    if os.path.isdir(os.path.join(home, "include")):
+        return home
+    return "/usr/local/cuda"
+
+
+def find_nccl(cuda):
+    """(include_dir, lib_dir) holding nccl.h and libnccl.so*, or (None, None)."""
+    cands = []
+    if os.environ.get("NCCL_HOME"):
+        h = os.environ["NCCL_HOME"]
+        cands.append((os.path.join(h, "include"), os.path.join(h, "lib")))
+    for sp in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]} | set(sys.path):
+        nv = os.path.join(sp, "nvidia", "nccl")
+        cands.append((os.path.join(nv, "include"), os.path.join(nv, "lib")))
+    cands.append((os.path.join(cuda, "include"), os.path.join(cuda, "lib64")))
+    cands.append(("/usr/include", "/usr/lib/x86_64-linux-gnu"))
+    for inc, lib in cands:
+        if os.path.isfile(os.path.join(inc, "nccl.h")):
+            return inc, lib
+    return None, None
+
+
+class BuildExt(build_ext):
+    """Builds _C with the flags above, then the CUDA library when asked for and possible."""
+
+    summary = []
+
+    def build_extensions(self):
+        for ext in self.extensions:
+            ext.extra_compile_args = c_flags()
+            if env_flag("FSDPCOMP_SANITIZE"):
+                ext.extra_link_args = ["-fsanitize=address,undefined"]
+        super().build_extensions()
+        BuildExt.summary.append("fsdpcomp._C: built (C, %s)" % " ".join(c_flags()))
+        self.build_cuda()
+        print("\n==== fsdpcomp build summary ====")
+        for line in BuildExt.summary:
+            print("  " + line)
+        print("================================\n")
+
+    def build_cuda(self):
+        mode = os.environ.get("FSDPCOMP_CUDA", "auto").strip().lower()
+        sources = sorted(glob.glob(os.path.join(HERE, "cuda", "*.cu")))
+        if mode in ("0", "off", "no", "false"):
+            BuildExt.summary.append("CUDA: skipped (FSDPCOMP_CUDA=0)")
+            return
+        nvcc = find_nvcc()
+        if nvcc is None or not sources:
+            why = "nvcc not found (NVCC, CUDA_HOME, PATH)" if nvcc is None else "no cuda/*.cu sources"
+            if mode in ("1", "on", "yes", "true"):
+                raise RuntimeError("FSDPCOMP_CUDA=1 but " + why)
+            BuildExt.summary.append("CUDA: skipped, " + why + "; the CPU path is complete without it")
+            return
+        cuda = cuda_home(nvcc)
+        nccl_inc, nccl_lib = find_nccl(cuda)
+        archs = [a.strip() for a in os.environ.get("FSDPCOMP_CUDA_ARCHS", DEFAULT_ARCHS).replace(",", ";").split(";") if a.strip()]
+        gencode = []
+        for a in archs:
+            gencode.append("-gencode=arch=compute_%s,code=sm_%s" % (a, a))
+        gencode.append("-gencode=arch=compute_%s,code=compute_%s" % (archs[-1], archs[-1]))
+        out_dir = os.path.join(self.build_lib, "fsdpcomp")
+        if self.inplace:
+            out_dir = os.path.join(HERE, "fsdpcomp")
+        os.makedirs(out_dir, exist_ok=True)
+        obj_dir = os.path.join(self.build_temp, "cuda")
+        os.makedirs(obj_dir, exist_ok=True)
+        incs = ["-I" + os.path.join(HERE, "csrc"), "-I" + os.path.join(HERE, "cuda")]
+        defs = []
+        if nccl_inc:
+            incs.append("-I" + nccl_inc)
+            defs.append("-DFC_HAVE_NCCL=1")
+        # --fmad=false: no FMA contraction, so decoded values match the CPU reference bit for bit.
+        flags = ["-O3", "-std=c++17", "--fmad=false", "-Xcompiler", "-fPIC,-Wall,-fvisibility=hidden",
+                 "-Werror", "all-warnings"] + gencode + incs + defs
+        if env_flag("FSDPCOMP_DEBUG"):
+            flags += ["-G", "-g"]
+        objs = []
+        for src in sources:
+            obj = os.path.join(obj_dir, os.path.basename(src) + ".o")
+            cmd = [nvcc, "-c", src, "-o", obj] + flags
+            print(" ".join(cmd))
+            subprocess.check_call(cmd)
+            objs.append(obj)
+        lib = os.path.join(out_dir, "_fsdpcomp_cuda.so")
+        # cudart static: no libcudart.so to find at load time; NCCL is resolved at run time
+        # from the copy torch already loaded (dlopen RTLD_NOLOAD first), never linked here.
+        cmd = [nvcc, "-shared", "-o", lib] + objs + gencode + ["-cudart", "static", "-ldl"]
+        print(" ".join(cmd))
+        subprocess.check_call(cmd)
+        BuildExt.summary.append(
+            "CUDA: built %s (nvcc %s, archs %s + PTX %s, NCCL headers %s)"
+            % (os.path.relpath(lib, HERE) if lib.startswith(HERE) else lib, nvcc, ",".join(archs), archs[-1],
+               nccl_inc or "NOT found: NCCL transport disabled"))
+
+
+ext = Extension(
+    "fsdpcomp._C",
+    sources=sorted(glob.glob(os.path.join("csrc", "*.c"))),
+    include_dirs=["csrc"],
+    depends=sorted(glob.glob(os.path.join("csrc", "*.h"))),
+)
+
+setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt})
