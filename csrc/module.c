@@ -229,7 +229,7 @@ static PyObject *residual_for(StateObject *self, uint32_t unit, PyObject *grad, 
                     "allocator=...)); fsdpcomp.CommState provides one");
             return NULL;
         }
-        res = PyObject_CallFunction(self->allocator, "Lso", (long long)numel, fc_dtype_name(rdt), grad);
+        res = PyObject_CallFunction(self->allocator, "LsO", (long long)numel, fc_dtype_name(rdt), grad);
         if (res == NULL) {
             fc_fail(err, FC_ERR_PYTHON, "");
             return NULL;

@@ -1,2 +1,37 @@
-"""fsdpcomp"""
-from fsdpcomp import _C
+"""fsdpcomp: gradient compression for sharded training.
+
+    state = fsdpcomp.register(model, "int8", {"block_size": 256})   # FSDP1 root module
+    ...train...
+    print(state.counters())
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from . import _C
+from ._C import CudaError, NcclError, PayloadError
+from .cli import add_argparse_args, from_args
+from .counters import Counters
+from .hooks import fsdp_hook
+from .register import register
+from .state import CommState
+
+__version__ = "0.1.0"
+
+
+def methods() -> list[str]:
+    """The registered compressor names, as ``--comm_compress`` accepts them."""
+    return list(_C.methods())
+
+
+def method_info(name: str) -> dict[str, Any]:
+    """A method's summary, properties and config keys (with defaults, ranges and docs)."""
+    info = _C.method_info(name)
+    info["common_keys"] = _C.method_info("")
+    return info
+
+
+__all__ = [
+    "CommState", "Counters", "CudaError", "NcclError", "PayloadError", "add_argparse_args",
+    "from_args", "fsdp_hook", "method_info", "methods", "register", "__version__",
+]

@@ -1,0 +1,22 @@
+"""Config input handling: a dict, a JSON string or None, normalised to a dict for the C parser."""
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+
+def normalize_config(config: Mapping[str, Any] | str | None) -> dict[str, Any]:
+    """Returns a plain dict; the C side checks every key and value."""
+    if config is None:
+        return {}
+    if isinstance(config, str):
+        text = config.strip()
+        if not text:
+            return {}
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"comm config is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}): {text!r}") from None
+    if not isinstance(config, Mapping):
+        raise ValueError(f"comm config must be a JSON object / dict, got {type(config).__name__}")
+    return dict(config)

@@ -1,0 +1,33 @@
+"""``fsdpcomp.register(model, method, config)``: attach a compressor to a wrapped model in one line."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+
+from .hooks import fsdp_hook
+from .state import CommState
+
+
+def register(model: torch.nn.Module, method: str | CommState = "none",
+             config: Mapping[str, Any] | str | None = None, *,
+             process_group: dist.ProcessGroup | None = None) -> CommState:
+    """Registers the compressor on ``model`` and returns its CommState.
+
+    FSDP1 (``FullyShardedDataParallel``, the root instance): ``register_comm_hook`` with
+    :func:`fsdp_hook`. HYBRID_SHARD strategies are refused by torch itself for comm hooks.
+    """
+    state = method if isinstance(method, CommState) else CommState(method, config, process_group)
+    if isinstance(method, CommState) and config is not None:
+        raise ValueError("pass either a CommState or a method name with its config, not both")
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    if isinstance(model, FSDP):
+        if state.process_group is None:
+            state.process_group = model.process_group
+        model.register_comm_hook(state, fsdp_hook)
+        return state
+    raise TypeError(
+        f"fsdpcomp.register does not know how to attach to {type(model).__name__}: expected a "
+        "FullyShardedDataParallel root module")

@@ -1,0 +1,171 @@
+"""CommState: one named compressor (its C state: config, residuals, counters) plus the
+process group it reduces over. The FSDP1 hook, the FSDP2 reduce-scatter and the DDP hook all
+drive it; the numerics stay in C, this file only moves buffers through torch.distributed."""
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+from ._config import normalize_config
+from .counters import Counters
+
+_RESIDUAL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _allocate_residual(numel: int, dtype_name: str, like: torch.Tensor) -> torch.Tensor:
+    """Residual memory comes from torch's allocator, on the gradient's device."""
+    return torch.zeros(numel, dtype=_RESIDUAL_DTYPES[dtype_name], device=like.device)
+
+
+class CommState:
+    """A gradient compressor attached to a process group.
+
+    Args:
+        method: a name from ``fsdpcomp.methods()``.
+        config: dict or JSON string of config keys (``fsdpcomp.method_info(method)`` lists them).
+        process_group: the group to reduce over; None means the default group at call time
+            (or a single rank when torch.distributed is not initialised).
+    """
+
+    def __init__(self, method: str = "none", config: Mapping[str, Any] | str | None = None,
+                 process_group: dist.ProcessGroup | None = None):
+        if not isinstance(method, str):
+            raise TypeError(f"method must be a str, got {type(method).__name__}")
+        self._core = _C.State(method, normalize_config(config), _allocate_residual)
+        self.process_group = process_group
+        self._buffers: dict[tuple[str, str], torch.Tensor] = {}
+        self._plans: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self._step_open = False
+
+    # ---- what the user sees
+
+    @property
+    def method(self) -> str:
+        return self._core.method
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The resolved config, defaults included."""
+        return self._core.config
+
+    @property
+    def step(self) -> int:
+        return self._core.step
+
+    def counters(self) -> Counters:
+        return Counters(self._core.counters())
+
+    def reset_counters(self) -> None:
+        self._core.reset_counters()
+
+    def end_step(self) -> None:
+        """Marks the end of a backward pass. Called automatically at the end of every backward
+        that ran the hook; call it yourself only when driving the hook outside autograd."""
+        self._core.end_step()
+        self._step_open = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """Method, config, step, unit sizes and residuals (cloned), for checkpoints."""
+        return {
+            "method": self.method,
+            "config": self.config,
+            "step": self._core.step,
+            "units": self._core.units(),
+            "residuals": [None if r is None else r.detach().clone() for r in self._core.residuals()],
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        for key in ("method", "config", "step", "units", "residuals"):
+            if key not in state_dict:
+                raise ValueError(f"fsdpcomp state_dict is missing '{key}'")
+        if state_dict["method"] != self.method:
+            raise ValueError(f"state_dict is for method '{state_dict['method']}', this state is '{self.method}'")
+        if dict(state_dict["config"]) != self.config:
+            raise ValueError(f"state_dict config {dict(state_dict['config'])} differs from this state's {self.config}")
+        residuals = [None if r is None else r.detach().clone() for r in state_dict["residuals"]]
+        self._core.restore(list(state_dict["units"]), residuals, int(state_dict["step"]))
+        self._step_open = False
+
+    def __repr__(self) -> str:
+        return f"CommState(method={self.method!r}, config={self.config!r})"
+
+    # ---- plumbing shared by the hooks
+
+    def _world_rank(self) -> tuple[int, int]:
+        if not dist.is_available() or not dist.is_initialized():
+            return 1, 0
+        group = self.process_group
+        return dist.get_world_size(group), dist.get_rank(group)
+
+    def _begin(self, numel: int) -> int:
+        """Unit index of this call: call order within the backward pass. The end of the pass is
+        caught with the autograd engine's final callback, as FSDP itself does."""
+        if not self._step_open:
+            try:
+                torch.autograd.Variable._execution_engine.queue_callback(self.end_step)
+                self._step_open = True
+            except RuntimeError:
+                pass  # not inside a backward pass: the caller marks steps with end_step()
+        return self._core.begin(numel)
+
+    def _buffer(self, kind: str, nbytes: int, device: torch.device) -> torch.Tensor:
+        """A reusable uint8 buffer (grown, never shrunk): no allocation per call in steady state."""
+        key = (kind, str(device))
+        buf = self._buffers.get(key)
+        if buf is None or buf.numel() < nbytes:
+            buf = torch.empty(max(nbytes, 1024), dtype=torch.uint8, device=device)
+            self._buffers[key] = buf
+        return buf[:nbytes]
+
+    def _plan(self, grad: torch.Tensor, world: int, rank: int):
+        key = (grad.numel(), grad.dtype, world, rank)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._core.plan(grad, world, rank)
+            self._plans[key] = plan
+        return plan
+
+    def reduce_scatter(self, grad: torch.Tensor, output: torch.Tensor) -> None:
+        """output = (sum over ranks of rank r's chunk of grad) / world, compressed on the wire.
+
+        grad: flat, contiguous, len = world * shard (FSDP pads it); output: the shard.
+        """
+        world, rank = self._world_rank()
+        unit = self._begin(grad.numel())
+        send_splits, recv_splits = self._plan(grad, world, rank)
+        send = self._buffer("send", sum(send_splits), grad.device)
+        recv = self._buffer("recv", sum(recv_splits), grad.device)
+        self._core.encode(grad, send, world, rank, unit)
+        if world > 1:
+            t0 = time.perf_counter()
+            dist.all_to_all_single(recv, send, list(recv_splits), list(send_splits), group=self.process_group)
+            self._core.add_comm(time.perf_counter() - t0)
+        elif recv.numel():
+            recv.copy_(send)  # one rank compressing its own chunk: the payload loops back
+        self._core.decode(recv, grad, output, world, rank, unit)
+
+    def all_reduce(self, grad: torch.Tensor) -> None:
+        """grad = mean over ranks of grad, in place: compressed reduce-scatter, then an
+        all-gather of the reduced shards in grad's dtype."""
+        world, _ = self._world_rank()
+        n = grad.numel()
+        shard = -(-n // world)
+        reduced = self._buffer_like("shard", shard, grad)
+        self.reduce_scatter(grad, reduced)
+        if world == 1:
+            grad.copy_(reduced[:n])
+            return
+        gathered = self._buffer_like("gathered", shard * world, grad)
+        t0 = time.perf_counter()
+        dist.all_gather_into_tensor(gathered, reduced, group=self.process_group)
+        nbytes = (world - 1) * shard * grad.element_size()
+        self._core.add_comm(time.perf_counter() - t0, bytes_sent=nbytes, bytes_raw=nbytes)
+        grad.copy_(gathered[:n].view_as(grad))
+
+    def _buffer_like(self, kind: str, numel: int, like: torch.Tensor) -> torch.Tensor:
+        raw = self._buffer(kind + str(like.dtype), numel * like.element_size(), like.device)
+        return raw.view(like.dtype)
