@@ -1,0 +1,53 @@
+"""Runs a function on W real processes joined by a gloo process group, and collects what each
+rank returns. Every multi-process test goes through here."""
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world, port, outdir, fn, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)  # W ranks share 2 cores
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        result = fn(rank, world, *args)
+        torch.save({"ok": result}, os.path.join(outdir, f"{rank}.pt"))
+    except BaseException:
+        torch.save({"error": traceback.format_exc()}, os.path.join(outdir, f"{rank}.pt"))
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(fn, world: int, *args, timeout: float = 300.0) -> list:
+    """fn(rank, world, *args) on `world` spawned processes; returns [result of rank 0, ...].
+    fn must be a module-level function (it is pickled by name)."""
+    with tempfile.TemporaryDirectory() as outdir:
+        ctx = mp.start_processes(_entry, args=(world, free_port(), outdir, fn, args), nprocs=world,
+                                 join=False, start_method="spawn")
+        try:
+            while not ctx.join(timeout=timeout):
+                pass
+        except mp.ProcessRaisedException as e:
+            raise AssertionError(f"a rank failed:\n{e}") from None
+        results = []
+        for r in range(world):
+            data = torch.load(os.path.join(outdir, f"{r}.pt"), weights_only=False)
+            if "error" in data:
+                raise AssertionError(f"rank {r} failed:\n{data['error']}")
+            results.append(data["ok"])
+        return results
