@@ -42,7 +42,7 @@ typedef struct {
 typedef struct {
     const fc_method *method;
     fc_common common;
-    _Alignas(64) unsigned char cfg[FC_CFG_MAX];
+    _Alignas(16) unsigned char cfg[FC_CFG_MAX]; /* 16: what CPython guarantees for the object holding it */
     fc_counters ctr;
     uint32_t step;
     uint32_t cursor; /* index of the next unit within this step */
