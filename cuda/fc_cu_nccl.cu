@@ -22,7 +22,7 @@ typedef enum { ncclUint8 = 1 } ncclDataType_t;
 
 typedef struct {
     int loaded;
-    char why[256];
+    char why[400];
     ncclResult_t (*get_unique_id)(ncclUniqueId *);
     ncclResult_t (*comm_init_rank)(ncclComm_t *, int, ncclUniqueId, int);
     ncclResult_t (*comm_destroy)(ncclComm_t);
@@ -54,14 +54,16 @@ static void load_nccl(void)
 {
     // The copy torch loaded comes first: two NCCLs in one process do not share state.
     void *lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD);
-    if (lib == NULL && dlsym(RTLD_DEFAULT, "ncclGetUniqueId") == NULL)
+    const int in_process = lib != NULL || dlsym(RTLD_DEFAULT, "ncclGetUniqueId") != NULL;
+    if (!in_process) {
         lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-    if (lib == NULL && dlsym(RTLD_DEFAULT, "ncclGetUniqueId") == NULL) {
-        const char *e = dlerror();
-        snprintf(nccl.why, sizeof(nccl.why), "libnccl.so.2 is not loaded and could not be opened "
-                 "(%s); import torch with CUDA first, or install nvidia-nccl-cu13",
-                 e ? e : "no message");
-        return;
+        if (lib == NULL) {
+            const char *e = dlerror();
+            snprintf(nccl.why, sizeof(nccl.why), "libnccl.so.2 is not loaded and could not be "
+                     "opened (%.150s); import torch with CUDA first, or install nvidia-nccl-cu13",
+                     e ? e : "no message");
+            return;
+        }
     }
     nccl.get_unique_id = (ncclResult_t(*)(ncclUniqueId *))sym(lib, "ncclGetUniqueId");
     nccl.comm_init_rank = (ncclResult_t(*)(ncclComm_t *, int, ncclUniqueId, int))sym(lib, "ncclCommInitRank");
