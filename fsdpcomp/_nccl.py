@@ -20,8 +20,9 @@ def comm_for(group: dist.ProcessGroup | None, device: torch.device):
         world, rank, key = 1, 0, ("single", index)
     else:
         world, rank = dist.get_world_size(group), dist.get_rank(group)
-        key = (id(group) if group is not None else "default", index)
-    comm = _COMMS.get(key)
+        key = (id(group if group is not None else dist.group.WORLD), index)
+    entry = _COMMS.get(key)
+    comm = entry[1] if entry is not None and entry[0] is (group or dist.group.WORLD) else None
     if comm is None:
         uid = [_C.nccl_unique_id() if rank == 0 else None]
         if world > 1:
@@ -29,5 +30,6 @@ def comm_for(group: dist.ProcessGroup | None, device: torch.device):
             dist.broadcast_object_list(uid, src=src, group=group, device=torch.device("cpu")
                                        if dist.get_backend(group) == "gloo" else None)
         comm = _C.nccl_comm_init(uid[0], world, rank, index)
-        _COMMS[key] = comm
+        # the group is kept with its communicator, so its id() cannot be reused meanwhile
+        _COMMS[key] = (group or (dist.group.WORLD if dist.is_initialized() else None), comm)
     return comm
