@@ -38,9 +38,10 @@ def encode(state, grad, world, rank, unit):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("world,rank", [(1, 0), (3, 1), (4, 0)])
 def test_encode_bytes_and_residuals_match_cpu(method, cfg, dtype, world, rank, gen):
-    cpu, gpu = pair(method, cfg, error_feedback=True, compress_own_chunk=(world == 1))
     for n in SIZES:
         n = max(n, world)
+        # fresh states per size: units are keyed by call order and keep their first size
+        cpu, gpu = pair(method, cfg, error_feedback=True, compress_own_chunk=(world == 1))
         for step in range(2):  # the second step encodes with a non-zero residual
             g = (torch.randn(n, generator=gen) * 3).to(dtype)
             u_c, u_g = cpu._core.begin(n), gpu._core.begin(n)
