@@ -85,6 +85,12 @@ class BuildExt(build_ext):
 
     summary = []
 
+    def run(self):
+        # setuptools builds into build_lib with inplace cleared, then copies the extensions;
+        # the CUDA library is no Extension, so remember where it has to go.
+        self.fc_inplace = bool(self.inplace)
+        super().run()
+
     def build_extensions(self):
         for ext in self.extensions:
             ext.extra_compile_args = c_flags()
@@ -119,7 +125,7 @@ class BuildExt(build_ext):
             gencode.append("-gencode=arch=compute_%s,code=sm_%s" % (a, a))
         gencode.append("-gencode=arch=compute_%s,code=compute_%s" % (archs[-1], archs[-1]))
         out_dir = os.path.join(self.build_lib, "fsdpcomp")
-        if self.inplace:
+        if self.inplace or getattr(self, "fc_inplace", False):
             out_dir = os.path.join(HERE, "fsdpcomp")
         os.makedirs(out_dir, exist_ok=True)
         obj_dir = os.path.join(self.build_temp, "cuda")
@@ -129,6 +135,10 @@ class BuildExt(build_ext):
         if nccl_inc:
             incs.append("-I" + nccl_inc)
             defs.append("-DFC_HAVE_NCCL=1")
+        # Without nccl.h the transport still builds from its own ABI declarations; either way
+        # the library is torch's, resolved at run time.
+        info = "archs %s, nccl.h %s" % (",".join(archs), nccl_inc or "absent (built-in declarations)")
+        defs.append('-DFC_CUDA_BUILD_INFO="%s"' % info)
         # --fmad=false: no FMA contraction, so decoded values match the CPU reference bit for bit.
         flags = ["-O3", "-std=c++17", "--fmad=false", "-Xcompiler", "-fPIC,-Wall,-fvisibility=hidden",
                  "-Werror", "all-warnings"] + gencode + incs + defs
@@ -144,20 +154,21 @@ class BuildExt(build_ext):
         lib = os.path.join(out_dir, "_fsdpcomp_cuda.so")
         # cudart static: no libcudart.so to find at load time; NCCL is resolved at run time
         # from the copy torch already loaded (dlopen RTLD_NOLOAD first), never linked here.
-        cmd = [nvcc, "-shared", "-o", lib] + objs + gencode + ["-cudart", "static", "-ldl"]
+        cmd = [nvcc, "-shared", "-o", lib] + objs + gencode + ["-cudart", "static", "-ldl", "-lpthread"]
         print(" ".join(cmd))
         subprocess.check_call(cmd)
         BuildExt.summary.append(
             "CUDA: built %s (nvcc %s, archs %s + PTX %s, NCCL headers %s)"
             % (os.path.relpath(lib, HERE) if lib.startswith(HERE) else lib, nvcc, ",".join(archs), archs[-1],
-               nccl_inc or "NOT found: NCCL transport disabled"))
+               nccl_inc or "not found: built-in NCCL declarations"))
 
 
 ext = Extension(
     "fsdpcomp._C",
     sources=sorted(glob.glob(os.path.join("csrc", "*.c"))),
     include_dirs=["csrc"],
-    depends=sorted(glob.glob(os.path.join("csrc", "*.h"))),
+    depends=sorted(glob.glob(os.path.join("csrc", "*.h"))) + [os.path.join("cuda", "fc_cuda.h")],
+    libraries=["dl", "pthread"],  # dlopen of the CUDA library; a no-op on glibc >= 2.34
 )
 
 setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt})

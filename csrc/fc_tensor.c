@@ -198,3 +198,37 @@ void fc_view_release(fc_view *v)
 {
     Py_CLEAR(v->owner);
 }
+
+int fc_view_stream(PyObject *obj, const fc_view *v, void **stream, fc_err *err)
+{
+    PyObject *mod = NULL, *st = NULL, *handle = NULL;
+    int rc = FC_OK;
+    *stream = NULL;
+    if (v->device_type != kDLCUDA)
+        return FC_OK;
+    const DLPackExchangeAPI *api = exchange_api(obj);
+    if (api != NULL && api->current_work_stream != NULL &&
+        api->current_work_stream(kDLCUDA, v->device_id, stream) == 0)
+        return FC_OK;
+    PyErr_Clear();
+    /* an older producer: ask torch directly */
+    mod = PyImport_ImportModule("torch.cuda");
+    st = mod ? PyObject_CallMethod(mod, "current_stream", "i", v->device_id) : NULL;
+    handle = st ? PyObject_GetAttrString(st, "cuda_stream") : NULL;
+    if (handle == NULL) {
+        PyErr_Clear();
+        rc = fc_fail(err, FC_ERR_CUDA, "could not find the current CUDA stream of cuda:%d",
+                     v->device_id);
+        goto done;
+    }
+    *stream = PyLong_AsVoidPtr(handle);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        rc = fc_fail(err, FC_ERR_CUDA, "torch.cuda.current_stream().cuda_stream is not a pointer");
+    }
+done:
+    Py_XDECREF(mod);
+    Py_XDECREF(st);
+    Py_XDECREF(handle);
+    return rc;
+}

@@ -28,4 +28,8 @@ int fc_view_get(PyObject *obj, const char *arg, unsigned dtypes, fc_view *v, fc_
 void fc_view_release(fc_view *v);
 const char *fc_dtype_name(int dtype);
 
+/* The stream current for the view's CUDA device (the producer's exchange API, else
+ * torch.cuda.current_stream): where work for this call is queued. */
+int fc_view_stream(PyObject *obj, const fc_view *v, void **stream, fc_err *err);
+
 #endif

@@ -24,7 +24,11 @@ typedef struct {
     uint64_t body_bytes;
 } fc_header;
 
+#ifdef __cplusplus /* the CUDA kernels write headers too */
+static_assert(sizeof(fc_header) == FC_HEADER_BYTES, "header layout");
+#else
 _Static_assert(sizeof(fc_header) == FC_HEADER_BYTES, "header layout");
+#endif
 
 static inline int64_t fc_align_up(int64_t v)
 {

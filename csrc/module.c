@@ -7,6 +7,7 @@
 
 #include "fc_config.h"
 #include "fc_core.h"
+#include "fc_cuda_path.h"
 #include "fc_tensor.h"
 #include "fc_wire.h"
 
@@ -24,6 +25,8 @@ typedef struct {
     PyObject *residuals; /* list, one entry per unit: a tensor or None */
     PyObject *config;    /* dict: the resolved config, defaults included */
     int busy;            /* set while a call runs without the GIL */
+    PyObject *cuda_ws;   /* the device workspace (a torch tensor), once a CUDA tensor came */
+    fc_cuda_ctx *cuda_ctx;
 } StateObject;
 
 static module_state *state_of_type(PyTypeObject *tp)
@@ -130,6 +133,7 @@ static int State_traverse(StateObject *self, visitproc visit, void *arg)
     Py_VISIT(self->allocator);
     Py_VISIT(self->residuals);
     Py_VISIT(self->config);
+    Py_VISIT(self->cuda_ws);
     return 0;
 }
 
@@ -138,6 +142,7 @@ static int State_clear(StateObject *self)
     Py_CLEAR(self->allocator);
     Py_CLEAR(self->residuals);
     Py_CLEAR(self->config);
+    Py_CLEAR(self->cuda_ws);
     return 0;
 }
 
@@ -147,6 +152,9 @@ static void State_dealloc(StateObject *self)
     PyObject_GC_UnTrack(self);
     State_clear(self);
     fc_core_free(&self->core);
+    if (self->cuda_ctx != NULL && fc_cuda_api_loaded() != NULL)
+        fc_cuda_api_loaded()->ctx_free(self->cuda_ctx);
+    self->cuda_ctx = NULL;
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
@@ -179,9 +187,59 @@ static int check_world(int world, int rank, fc_err *err)
 static int check_cpu(const fc_view *v, const char *arg, fc_err *err)
 {
     if (v->device_type != kDLCPU)
-        return fc_fail(err, FC_ERR_TYPE, "%s is a CUDA tensor, but this build of fsdpcomp has no "
-                       "CUDA part (rebuild with nvcc found, FSDPCOMP_CUDA=1)", arg);
+        return fc_fail(err, FC_ERR_TYPE, "%s is a CUDA tensor: this entry point runs on CPU "
+                       "tensors (the CUDA path is encode()/decode())", arg);
     return FC_OK;
+}
+
+/* Every tensor of a call lives where the gradient does. */
+static int check_same_device(const fc_view *v, const fc_view *grad, const char *arg, fc_err *err)
+{
+    if (v->device_type != grad->device_type ||
+        (v->device_type == kDLCUDA && v->device_id != grad->device_id))
+        return fc_fail(err, FC_ERR_TYPE, "%s is on %s:%d but grad is on %s:%d: all tensors of a "
+                       "call must share a device", arg, v->device_type == kDLCUDA ? "cuda" : "cpu",
+                       v->device_id, grad->device_type == kDLCUDA ? "cuda" : "cpu", grad->device_id);
+    return FC_OK;
+}
+
+/* Loads the CUDA library, the state's context and device workspace, and the current stream
+ * of grad's device. The workspace comes from the allocator (torch's), never cudaMalloc. */
+static int cuda_prepare(StateObject *self, PyObject *grad, const fc_view *g, fc_cuda_call *k,
+                        fc_err *err)
+{
+    fc_view wv = {0};
+    memset(k, 0, sizeof(*k));
+    k->api = fc_cuda_api_get(err);
+    if (k->api == NULL)
+        return err->code;
+    if (self->cuda_ctx == NULL) {
+        self->cuda_ctx = k->api->ctx_new();
+        if (self->cuda_ctx == NULL)
+            return fc_fail(err, FC_ERR_NOMEM, "could not allocate the CUDA context");
+    }
+    if (self->cuda_ws == NULL) {
+        if (self->allocator == Py_None)
+            return fc_fail(err, FC_ERR_STATE, "the CUDA path needs an allocator (State(..., "
+                           "allocator=...)) for its device workspace; fsdpcomp.CommState provides one");
+        PyObject *ws = PyObject_CallFunction(self->allocator, "LsO",
+                                             (long long)(FC_CUDA_WS_BYTES / 4), "float32", grad);
+        if (ws == NULL)
+            return fc_fail(err, FC_ERR_PYTHON, "");
+        self->cuda_ws = ws;
+    }
+    if (fc_view_get(self->cuda_ws, "workspace", FC_DT_F32, &wv, err) != FC_OK)
+        return err->code;
+    int ok = wv.device_type == kDLCUDA && wv.device_id == g->device_id &&
+             wv.buf.numel * 4 >= FC_CUDA_WS_BYTES;
+    k->ws = (fc_cuda_ws *)wv.buf.data;
+    fc_view_release(&wv); /* the State keeps the tensor alive */
+    if (!ok)
+        return fc_fail(err, FC_ERR_STATE, "this State's CUDA workspace is not on cuda:%d: one "
+                       "State serves one device", g->device_id);
+    k->ctx = self->cuda_ctx;
+    k->device = g->device_id;
+    return fc_view_stream(grad, g, &k->stream, err);
 }
 
 static int check_aligned(const fc_view *v, const char *arg, fc_err *err)
@@ -340,9 +398,10 @@ static PyObject *State_encode(StateObject *self, PyObject *args)
     int64_t ss[FC_MAX_WORLD], rs[FC_MAX_WORLD];
     if (!ready(self) || !PyArg_ParseTuple(args, "OOiiL:encode", &grad, &send, &world, &rank, &unit))
         return NULL;
+    fc_cuda_call k;
     if (fc_view_get(grad, "grad", FC_DT_FLOATS, &g, &err) != FC_OK ||
-        fc_view_get(send, "send", FC_DT_U8, &s, &err) != FC_OK || check_cpu(&g, "grad", &err) ||
-        check_cpu(&s, "send", &err) || check_aligned(&s, "send", &err) ||
+        fc_view_get(send, "send", FC_DT_U8, &s, &err) != FC_OK ||
+        check_same_device(&s, &g, "send", &err) || check_aligned(&s, "send", &err) ||
         check_world(world, rank, &err) || check_unit(self, unit, g.buf.numel, &err))
         goto error;
     fc_core_plan(&self->core, g.buf.numel, g.buf.dtype, world, rank, ss, rs);
@@ -357,13 +416,19 @@ static PyObject *State_encode(StateObject *self, PyObject *args)
         res = residual_for(self, (uint32_t)unit, grad, g.buf.numel, &r, &err);
         if (res == NULL)
             goto error;
-        if (check_cpu(&r, "residual", &err) != FC_OK)
+        if (check_same_device(&r, &g, "residual", &err) != FC_OK)
             goto error;
     }
+    if (g.device_type == kDLCUDA && cuda_prepare(self, grad, &g, &k, &err) != FC_OK)
+        goto error;
     self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
-    rc = fc_core_encode(&self->core, &g.buf, &s.buf, use_ef ? &r.buf : NULL, world, rank,
-                        (uint32_t)unit, &err);
+    if (g.device_type == kDLCUDA)
+        rc = fc_cuda_encode(&self->core, &k, &g.buf, &s.buf, use_ef ? &r.buf : NULL, world, rank,
+                            (uint32_t)unit, &err);
+    else
+        rc = fc_core_encode(&self->core, &g.buf, &s.buf, use_ef ? &r.buf : NULL, world, rank,
+                            (uint32_t)unit, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
     if (rc != FC_OK)
@@ -398,7 +463,7 @@ static PyObject *State_decode(StateObject *self, PyObject *args)
     if (fc_view_get(recv, "recv", FC_DT_U8, &v, &err) != FC_OK ||
         fc_view_get(grad, "grad", FC_DT_FLOATS, &g, &err) != FC_OK ||
         fc_view_get(out, "output", FC_DT_FLOATS, &o, &err) != FC_OK ||
-        check_cpu(&v, "recv", &err) || check_cpu(&g, "grad", &err) || check_cpu(&o, "output", &err) ||
+        check_same_device(&v, &g, "recv", &err) || check_same_device(&o, &g, "output", &err) ||
         check_aligned(&v, "recv", &err) || check_world(world, rank, &err) ||
         check_unit(self, unit, g.buf.numel, &err))
         goto error;
@@ -406,9 +471,15 @@ static PyObject *State_decode(StateObject *self, PyObject *args)
         fc_fail(&err, FC_ERR_VALUE, "output is read-only");
         goto error;
     }
+    fc_cuda_call k;
+    if (g.device_type == kDLCUDA && cuda_prepare(self, grad, &g, &k, &err) != FC_OK)
+        goto error;
     self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
-    rc = fc_core_decode(&self->core, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
+    if (g.device_type == kDLCUDA)
+        rc = fc_cuda_decode(&self->core, &k, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
+    else
+        rc = fc_core_decode(&self->core, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
     if (rc != FC_OK)
@@ -567,11 +638,50 @@ static PyObject *State_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
 {
     if (!ready(self))
         return NULL;
-    const fc_counters *k = &self->core.ctr;
+    fc_counters tot = self->core.ctr;
+    const fc_counters *k = &tot;
     double res_sq = 0;
     long long res_bytes = 0;
+    static fc_cuda_ws dws; /* large: static, and only touched with the GIL held */
+    const int on_cuda = self->cuda_ctx != NULL && self->cuda_ws != NULL;
+    if (on_cuda) {
+        fc_err err = {0};
+        fc_view wv = {0};
+        double sec[FC_TIME_KINDS];
+        const fc_cuda_api *api = fc_cuda_api_get(&err);
+        if (api == NULL || fc_view_get(self->cuda_ws, "workspace", FC_DT_F32, &wv, &err) != FC_OK)
+            return STATE_ERR(self, &err);
+        int rc = api->read_counters(self->cuda_ctx, (const fc_cuda_ws *)wv.buf.data, &dws, sec, &err);
+        fc_view_release(&wv);
+        if (rc != FC_OK)
+            return STATE_ERR(self, &err);
+        /* harvested event times become part of the host totals */
+        self->core.ctr.compress_s += sec[FC_TIME_COMPRESS];
+        self->core.ctr.comm_s += sec[FC_TIME_COMM];
+        self->core.ctr.decompress_s += sec[FC_TIME_DECOMPRESS];
+        tot = self->core.ctr;
+        tot.nonfinite_in += (int64_t)dws.nonfinite_in;
+        tot.nonfinite_out += (int64_t)dws.nonfinite_out;
+        tot.err_sq += dws.err_sq;
+        tot.ref_sq += dws.ref_sq;
+        tot.cos_sum += dws.cos_sum;
+        tot.stats_samples += (int64_t)dws.samples;
+        if (dws.payload_error != 0) {
+            static const char *const what[] = {"", "bad magic", "wrong wire version",
+                                               "another method", "another dtype",
+                                               "another unit or step (ranks called the hook in "
+                                               "different orders)", "another element count",
+                                               "a body that does not fit its slot"};
+            unsigned code = dws.payload_error < 8 ? dws.payload_error : 0;
+            fc_fail(&err, FC_ERR_PAYLOAD, "a CUDA decode rejected the payload from rank %d "
+                    "(header says unit %u, step %u): %s; its output was set to NaN "
+                    "(reset_counters() clears this)", dws.payload_error_rank,
+                    dws.payload_error_unit, dws.payload_error_step, what[code]);
+            return STATE_ERR(self, &err);
+        }
+    }
     for (int32_t u = 0; u < self->core.n_units; u++)
-        res_sq += self->core.units[u].residual_sq;
+        res_sq += on_cuda && u < FC_CUDA_MAX_UNITS ? dws.unit_sq[u] : self->core.units[u].residual_sq;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(self->residuals); i++) {
         PyObject *t = PyList_GET_ITEM(self->residuals, i); /* borrowed */
         if (t != Py_None)
@@ -627,6 +737,17 @@ static PyObject *State_reset_counters(StateObject *self, PyObject *Py_UNUSED(ign
 {
     if (!ready(self))
         return NULL;
+    if (self->cuda_ctx != NULL && self->cuda_ws != NULL) {
+        fc_err err = {0};
+        fc_view wv = {0};
+        const fc_cuda_api *api = fc_cuda_api_get(&err);
+        if (api == NULL || fc_view_get(self->cuda_ws, "workspace", FC_DT_F32, &wv, &err) != FC_OK)
+            return STATE_ERR(self, &err);
+        int rc = api->reset_counters(self->cuda_ctx, (fc_cuda_ws *)wv.buf.data, &err);
+        fc_view_release(&wv);
+        if (rc != FC_OK)
+            return STATE_ERR(self, &err);
+    }
     memset(&self->core.ctr, 0, sizeof(self->core.ctr));
     Py_RETURN_NONE;
 }
@@ -659,6 +780,103 @@ static PyObject *State_add_comm(StateObject *self, PyObject *args, PyObject *kwd
     k->bytes_raw += raw;
     k->header_bytes += 0;
     Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------- State: NCCL transport */
+
+#define NCCL_CAPSULE "fsdpcomp.nccl_comm"
+
+static int splits_from(PyObject *seq, const char *arg, int world, int64_t *out, int64_t *total)
+{
+    PyObject *fast = PySequence_Fast(seq, arg);
+    if (fast == NULL)
+        return -1;
+    int rc = 0;
+    *total = 0;
+    if (PySequence_Fast_GET_SIZE(fast) != world) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd entries, the communicator has %d ranks", arg,
+                     PySequence_Fast_GET_SIZE(fast), world);
+        rc = -1;
+    }
+    for (int r = 0; rc == 0 && r < world; r++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, r));
+        if ((v == -1 && PyErr_Occurred()) || v < 0) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "%s[%d] must be a non-negative int", arg, r);
+            rc = -1;
+        } else {
+            out[r] = v;
+            *total += v;
+        }
+    }
+    Py_DECREF(fast);
+    return rc;
+}
+
+PyDoc_STRVAR(State_nccl_all_to_all_doc,
+"nccl_all_to_all(comm, send, recv, send_splits, recv_splits)\n\n"
+"Queues the all-to-all of payloads as grouped ncclSend/ncclRecv on the current stream of the\n"
+"buffers' device (no host sync); its time is read from CUDA events with counters().");
+
+static PyObject *State_nccl_all_to_all(StateObject *self, PyObject *args)
+{
+    PyObject *cap, *send, *recv, *ss_o, *rs_o;
+    fc_err err = {0};
+    fc_view s = {0}, r = {0};
+    int64_t ss[FC_MAX_WORLD], rs[FC_MAX_WORLD], st = 0, rt = 0;
+    void *stream = NULL;
+    if (!ready(self) || !PyArg_ParseTuple(args, "OOOOO:nccl_all_to_all", &cap, &send, &recv, &ss_o, &rs_o))
+        return NULL;
+    fc_cuda_comm *comm = (fc_cuda_comm *)PyCapsule_GetPointer(cap, NCCL_CAPSULE);
+    if (comm == NULL)
+        return NULL;
+    PyObject *ctx_o = (PyObject *)PyCapsule_GetContext(cap); /* borrowed: (world, rank) */
+    if (ctx_o == NULL || !PyTuple_Check(ctx_o)) {
+        PyErr_SetString(PyExc_TypeError, "comm must come from fsdpcomp._C.nccl_comm_init");
+        return NULL;
+    }
+    int world = (int)PyLong_AsLong(PyTuple_GET_ITEM(ctx_o, 0));
+    if (splits_from(ss_o, "send_splits", world, ss, &st) < 0 ||
+        splits_from(rs_o, "recv_splits", world, rs, &rt) < 0)
+        return NULL;
+    const fc_cuda_api *api = fc_cuda_api_get(&err);
+    if (api == NULL)
+        return STATE_ERR(self, &err);
+    if (fc_view_get(send, "send", FC_DT_U8, &s, &err) || fc_view_get(recv, "recv", FC_DT_U8, &r, &err) ||
+        check_same_device(&r, &s, "recv", &err))
+        goto error;
+    if (s.device_type != kDLCUDA) {
+        fc_fail(&err, FC_ERR_TYPE, "send must be a CUDA tensor for the NCCL transport");
+        goto error;
+    }
+    if (s.buf.numel != st || r.buf.numel != rt) {
+        fc_fail(&err, FC_ERR_VALUE, "send/recv have %lld/%lld bytes, the splits sum to %lld/%lld",
+                (long long)s.buf.numel, (long long)r.buf.numel, (long long)st, (long long)rt);
+        goto error;
+    }
+    if (self->cuda_ctx == NULL) {
+        self->cuda_ctx = api->ctx_new();
+        if (self->cuda_ctx == NULL) {
+            fc_fail(&err, FC_ERR_NOMEM, "could not allocate the CUDA context");
+            goto error;
+        }
+    }
+    if (fc_view_stream(send, &s, &stream, &err) != FC_OK)
+        goto error;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = api->nccl_all_to_all(self->cuda_ctx, comm, s.device_id, stream, (const uint8_t *)s.buf.data,
+                              ss, (uint8_t *)r.buf.data, rs, &err);
+    Py_END_ALLOW_THREADS
+    if (rc != FC_OK)
+        goto error;
+    fc_view_release(&s);
+    fc_view_release(&r);
+    Py_RETURN_NONE;
+error:
+    fc_view_release(&s);
+    fc_view_release(&r);
+    return STATE_ERR(self, &err);
 }
 
 /* ---------------------------------------------------------------- State: checkpoints */
@@ -818,6 +1036,7 @@ static PyMethodDef State_methods[] = {
     {"units", (PyCFunction)State_units, METH_NOARGS, State_units_doc},
     {"residuals", (PyCFunction)State_residuals, METH_NOARGS, State_residuals_doc},
     {"restore", (PyCFunction)State_restore, METH_VARARGS, State_restore_doc},
+    {"nccl_all_to_all", (PyCFunction)State_nccl_all_to_all, METH_VARARGS, State_nccl_all_to_all_doc},
     {NULL},
 };
 
@@ -891,9 +1110,106 @@ static PyObject *mod_method_info(PyObject *mod, PyObject *arg)
                          (f & FC_EF_DEFAULT) ? Py_True : Py_False, "keys", fc_keys_info(m->keys));
 }
 
+static module_state *state_of_module(PyObject *mod)
+{
+    return (module_state *)PyModule_GetState(mod);
+}
+
+PyDoc_STRVAR(cuda_info_doc,
+"cuda_info() -> dict\n\nLoads the CUDA library if it is not yet loaded and says whether that\n"
+"worked: {'available': bool, 'path': str, 'error': str or None, 'build': str or None}.");
+
+static PyObject *mod_cuda_info(PyObject *mod, PyObject *Py_UNUSED(ignored))
+{
+    (void)mod;
+    fc_err err = {0};
+    const fc_cuda_api *api = fc_cuda_api_get(&err);
+    return Py_BuildValue("{s:O,s:s,s:z,s:z}", "available", api ? Py_True : Py_False, "path",
+                         fc_cuda_lib_path(), "error", api ? NULL : err.msg, "build",
+                         api ? api->build : NULL);
+}
+
+PyDoc_STRVAR(cuda_loaded_doc, "cuda_loaded() -> bool\n\nWhether the CUDA library is loaded (never loads it).");
+
+static PyObject *mod_cuda_loaded(PyObject *mod, PyObject *Py_UNUSED(ignored))
+{
+    (void)mod;
+    return PyBool_FromLong(fc_cuda_api_loaded() != NULL);
+}
+
+PyDoc_STRVAR(nccl_unique_id_doc, "nccl_unique_id() -> bytes\n\nA fresh ncclUniqueId (128 bytes), made on rank 0 and shared with the group.");
+
+static PyObject *mod_nccl_unique_id(PyObject *mod, PyObject *Py_UNUSED(ignored))
+{
+    fc_err err = {0};
+    uint8_t id[128];
+    const fc_cuda_api *api = fc_cuda_api_get(&err);
+    if (api == NULL || api->nccl_unique_id(id, &err) != FC_OK)
+        return raise_err(state_of_module(mod), &err);
+    return PyBytes_FromStringAndSize((const char *)id, 128);
+}
+
+static void comm_capsule_free(PyObject *cap)
+{
+    fc_cuda_comm *c = (fc_cuda_comm *)PyCapsule_GetPointer(cap, NCCL_CAPSULE);
+    PyObject *ctx = (PyObject *)PyCapsule_GetContext(cap);
+    if (c != NULL && fc_cuda_api_loaded() != NULL)
+        fc_cuda_api_loaded()->nccl_comm_free(c);
+    Py_XDECREF(ctx);
+    PyErr_Clear();
+}
+
+PyDoc_STRVAR(nccl_comm_init_doc,
+"nccl_comm_init(unique_id, world, rank, device) -> comm\n\n"
+"ncclCommInitRank on `device` (blocks until every rank of the group has joined). The returned\n"
+"capsule destroys the communicator when dropped.");
+
+static PyObject *mod_nccl_comm_init(PyObject *mod, PyObject *args)
+{
+    const char *id;
+    Py_ssize_t id_len;
+    int world, rank, device, rc;
+    fc_err err = {0};
+    fc_cuda_comm *comm = NULL;
+    PyObject *cap = NULL, *ctx = NULL;
+    if (!PyArg_ParseTuple(args, "y#iii:nccl_comm_init", &id, &id_len, &world, &rank, &device))
+        return NULL;
+    if (id_len != 128) {
+        PyErr_Format(PyExc_ValueError, "unique_id must be 128 bytes, got %zd", id_len);
+        return NULL;
+    }
+    if (world < 1 || world > FC_MAX_WORLD || rank < 0 || rank >= world || device < 0) {
+        PyErr_Format(PyExc_ValueError, "nccl_comm_init: rank %d of world %d on device %d is out of "
+                     "range (world <= %d)", rank, world, device, FC_MAX_WORLD);
+        return NULL;
+    }
+    const fc_cuda_api *api = fc_cuda_api_get(&err);
+    if (api == NULL)
+        return raise_err(state_of_module(mod), &err);
+    Py_BEGIN_ALLOW_THREADS
+    rc = api->nccl_comm_init((const uint8_t *)id, world, rank, device, &comm, &err);
+    Py_END_ALLOW_THREADS
+    if (rc != FC_OK)
+        return raise_err(state_of_module(mod), &err);
+    ctx = Py_BuildValue("(ii)", world, rank);
+    cap = ctx ? PyCapsule_New(comm, NCCL_CAPSULE, comm_capsule_free) : NULL;
+    if (cap == NULL || PyCapsule_SetContext(cap, ctx) < 0) {
+        if (cap == NULL)
+            api->nccl_comm_free(comm);
+        Py_XDECREF(cap);
+        Py_XDECREF(ctx);
+        return NULL;
+    }
+    return cap; /* the context tuple is owned by the capsule now */
+}
+
 static PyMethodDef module_functions[] = {
     {"methods", mod_methods, METH_NOARGS, methods_doc},
     {"method_info", mod_method_info, METH_O, method_info_doc},
+    {"cuda_info", mod_cuda_info, METH_NOARGS, cuda_info_doc},
+    {"cuda_loaded", mod_cuda_loaded, METH_NOARGS, cuda_loaded_doc},
+    {"nccl_unique_id", mod_nccl_unique_id, METH_NOARGS, nccl_unique_id_doc},
+    {"nccl_comm_init", mod_nccl_comm_init, METH_VARARGS, nccl_comm_init_doc},
     {NULL},
 };
 

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as dist
 
-from . import _C
+from . import _C, _nccl
 from ._config import normalize_config
 from .counters import Counters
 
@@ -140,7 +140,11 @@ class CommState:
         send = self._buffer("send", sum(send_splits), grad.device)
         recv = self._buffer("recv", sum(recv_splits), grad.device)
         self._core.encode(grad, send, world, rank, unit)
-        if world > 1:
+        if self._core.config["transport"] == "nccl":
+            # the C-side collective: grouped send/recv on the current stream, timed by events
+            self._core.nccl_all_to_all(_nccl.comm_for(self.process_group, grad.device), send, recv,
+                                       send_splits, recv_splits)
+        elif world > 1:
             t0 = time.perf_counter()
             dist.all_to_all_single(recv, send, list(recv_splits), list(send_splits), group=self.process_group)
             self._core.add_comm(time.perf_counter() - t0)

@@ -1,0 +1,122 @@
+// fc_cu_cast.cu: kernels of `none`, `fp16` and `bf16`, element-wise codes (m_none.c, m_cast.c).
+#include "fc_cu.cuh"
+
+// One fused pass per chunk: g' -> code -> body; e = g' - D(code) where the residual is kept.
+template <class M> __global__ void cast_encode(fc_cu_enc e, M m)
+{
+    const int c = blockIdx.y;
+    int64_t start, n;
+    fc_cu_span(e.geo, c, &start, &n);
+    if (!fc_cu_sent(e.geo, c, n))
+        return;
+    uint8_t *body = e.send + fc_cu_send_off(e.geo, c) + FC_HEADER_BYTES;
+    const int ef = e.res != NULL && e.bad[c] == 0;
+    const int sample = c == e.sample_chunk && e.bad[c] == 0;
+    fc_cu_esum sum;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const float x = e.src.x(start + i);
+        m.put(body, i, x);
+        if (ef || sample) {
+            const float r = x + m.term(body, i, -1.0f); // the CPU's decode_add with alpha -1
+            if (ef)
+                fc_cu_store_res(e.res, e.rdt, start + i, r);
+            sum.add(x, r);
+        }
+    }
+    if (ef || sample)
+        sum.flush(e.ws, ef ? e.unit_slot : -1, sample);
+}
+
+struct none_code {
+    int dt; // the gradient's own dtype is the wire dtype
+    __device__ __forceinline__ void put(uint8_t *b, int64_t i, float x) const
+    {
+        if (dt == FC_CU_F32)
+            ((float *)b)[i] = x;
+        else
+            ((uint16_t *)b)[i] = dt == FC_CU_BF16 ? fc_f32_to_bf16(x) : fc_f32_to_f16(x);
+    }
+    __device__ __forceinline__ float term(const uint8_t *b, int64_t i, float alpha) const
+    {
+        return alpha * fc_cu_load(b, dt, i);
+    }
+};
+
+struct fp16_code {
+    float inv_w, w; // pre-division by the world size keeps the sum of W ranks in range
+    __device__ __forceinline__ void put(uint8_t *b, int64_t i, float x) const
+    {
+        ((uint16_t *)b)[i] = fc_f32_to_f16(x * inv_w);
+    }
+    __device__ __forceinline__ float term(const uint8_t *b, int64_t i, float alpha) const
+    {
+        return (alpha * w) * fc_f16_to_f32(((const uint16_t *)b)[i]);
+    }
+};
+
+struct bf16_code {
+    int unused;
+    __device__ __forceinline__ void put(uint8_t *b, int64_t i, float x) const
+    {
+        ((uint16_t *)b)[i] = fc_f32_to_bf16(x);
+    }
+    __device__ __forceinline__ float term(const uint8_t *b, int64_t i, float alpha) const
+    {
+        return alpha * fc_bf16_to_f32(((const uint16_t *)b)[i]);
+    }
+};
+
+template <class M>
+static int cast_launch_encode(const fc_cu_enc *e, const M &m, cudaStream_t s, fc_err *err)
+{
+    int rc = FC_OK;
+    cast_encode<M><<<fc_cu_grid(e->geo.per, FC_CU_THREADS * 4, e->geo.world), FC_CU_THREADS, 0, s>>>(*e, m);
+    FC_CHECK_LAUNCH(err, error);
+error:
+    return rc;
+}
+
+static fp16_code make_fp16(int world)
+{
+    fp16_code m;
+    m.w = (float)world;
+    m.inv_w = 1.0f / (float)world; // the same IEEE division as the CPU encoder's
+    return m;
+}
+
+static int none_encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
+{
+    return cast_launch_encode(e, none_code{a->grad_dtype}, s, err);
+}
+
+static int none_decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
+{
+    return fc_cu_launch_decode_dense(d, none_code{a->grad_dtype}, s, err);
+}
+
+static int fp16_encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
+{
+    return cast_launch_encode(e, make_fp16(a->geo.world), s, err);
+}
+
+static int fp16_decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
+{
+    return fc_cu_launch_decode_dense(d, make_fp16(a->geo.world), s, err);
+}
+
+static int bf16_encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
+{
+    (void)a;
+    return cast_launch_encode(e, bf16_code{0}, s, err);
+}
+
+static int bf16_decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
+{
+    (void)a;
+    return fc_cu_launch_decode_dense(d, bf16_code{0}, s, err);
+}
+
+extern const fc_cu_method fc_cu_none = {0, none_encode, none_decode};
+extern const fc_cu_method fc_cu_fp16 = {1, fp16_encode, fp16_decode};
+extern const fc_cu_method fc_cu_bf16 = {2, bf16_encode, bf16_decode};

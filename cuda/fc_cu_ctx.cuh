@@ -1,0 +1,57 @@
+// fc_cu_ctx.cuh: the per-State CUDA context (event pairs, last stream) and the helpers that
+// switch to a tensor's device for the length of one call.
+#ifndef FC_CU_CTX_CUH
+#define FC_CU_CTX_CUH
+
+#include <stdlib.h>
+#include "fc_cu.cuh"
+
+#define FC_CU_EVENTS 64
+
+typedef struct {
+    cudaEvent_t a, b;
+    int pending;
+} fc_cu_timer;
+
+struct fc_cuda_ctx {
+    fc_cu_timer t[FC_TIME_KINDS][FC_CU_EVENTS];
+    int next[FC_TIME_KINDS];
+    double seconds[FC_TIME_KINDS]; // harvested, not yet handed to the State's counters
+    cudaStream_t last_stream;      // where the workspace was last written
+    int last_device;
+    int have_last;
+};
+
+fc_cuda_ctx *fc_cu_ctx_new(void);
+void fc_cu_ctx_free(fc_cuda_ctx *ctx);
+fc_cu_timer *fc_cu_timer_start(fc_cuda_ctx *ctx, int kind, cudaStream_t s);
+void fc_cu_timer_stop(fc_cu_timer *t, cudaStream_t s);
+void fc_cu_timers_harvest(fc_cuda_ctx *ctx, int wait);
+
+const fc_cu_method *fc_cu_method_by_id(int id);
+
+// Makes `device` current for one call and puts the caller's device back afterwards.
+typedef struct {
+    int prev, changed;
+} fc_cu_device_guard;
+
+static inline int fc_cu_device_enter(fc_cu_device_guard *g, int device, fc_err *err)
+{
+    int rc = FC_OK;
+    g->changed = 0;
+    FC_CHECK_CUDA(cudaGetDevice(&g->prev), err, error);
+    if (g->prev != device) {
+        FC_CHECK_CUDA(cudaSetDevice(device), err, error);
+        g->changed = 1;
+    }
+error:
+    return rc;
+}
+
+static inline void fc_cu_device_leave(const fc_cu_device_guard *g)
+{
+    if (g->changed)
+        cudaSetDevice(g->prev);
+}
+
+#endif

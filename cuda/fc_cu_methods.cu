@@ -1,0 +1,20 @@
+// fc_cu_methods.cu: the CUDA method table. A method's kernels are one fc_cu_<name>.cu plus one
+// line here; a method missing from this list makes CUDA tensors raise a clear TypeError.
+#include "fc_cu.cuh"
+
+extern const fc_cu_method fc_cu_none, fc_cu_fp16, fc_cu_bf16, fc_cu_int8;
+
+static const fc_cu_method *const table[] = {
+    &fc_cu_none,
+    &fc_cu_fp16,
+    &fc_cu_bf16,
+    &fc_cu_int8,
+};
+
+const fc_cu_method *fc_cu_method_by_id(int id)
+{
+    for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
+        if (table[i]->id == id)
+            return table[i];
+    return NULL;
+}
