@@ -325,7 +325,7 @@ def train(args, rank: int, world: int, device: torch.device) -> int:
     prof_rows = None
     if prof is not None:
         prof.stop()
-        prof_rows = profiling.summarize(prof)
+        prof_rows = profiling.summarize(prof, prof_range[0])
         if rank == 0:
             profiling.save(prof_rows, os.path.join(log_dir, "profile_summary.json"))
             print(profiling.table(prof_rows))

@@ -18,7 +18,8 @@ _PATTERNS = {
     "all_to_all": re.compile(r"all_?to_?all|alltoall|SendRecv", re.I),
     "all_reduce": re.compile(r"all_?reduce", re.I),
 }
-_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+# The step ranges ("ProfilerStep#N" while recording; events() renames them "ProfilerStep*").
+_STEP = re.compile(r"^ProfilerStep[#*]")
 
 
 def parse_steps(spec: str, first: int, max_steps: int) -> tuple[int, int]:
@@ -65,18 +66,18 @@ def _clip(iv, lo, hi):
     return [(max(a, lo), min(b, hi)) for a, b in iv if min(b, hi) > max(a, lo)]
 
 
-def summarize(prof: profile) -> list[dict]:
+def summarize(prof: profile, first_step: int) -> list[dict]:
     """Per profiled step: its wall time, the time under each collective (nested events and
     overlaps counted once: union of intervals), all communication, and the rest as compute.
-    Host events are used on CPU; on GPU the NCCL kernels' device time."""
+    Host events are used on CPU; on GPU the NCCL kernels' device time. Steps are numbered
+    from first_step in time order."""
     events = prof.events()
     steps, comm = [], {op: [] for op in OPS}
     use_device = any(getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA and "nccl" in e.name.lower()
                      for e in events)
     for e in events:
-        m = _STEP.match(e.name)
-        if m:
-            steps.append((int(m.group(1)), e.time_range.start, e.time_range.end))
+        if _STEP.match(e.name):
+            steps.append((e.time_range.start, e.time_range.end))
             continue
         op = _classify(e.name)
         if op is None:
@@ -86,7 +87,7 @@ def summarize(prof: profile) -> list[dict]:
             continue
         comm[op].append((e.time_range.start, e.time_range.end))
     rows = []
-    for step, lo, hi in sorted(steps):
+    for step, (lo, hi) in enumerate(sorted(steps), first_step):
         wall = hi - lo
         by_op = {op: _union(_clip(comm[op], lo, hi)) for op in OPS}
         all_comm = _union([iv for op in OPS for iv in _clip(comm[op], lo, hi)])
