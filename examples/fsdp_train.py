@@ -204,6 +204,10 @@ def main(argv=None) -> int:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # ranks share the cores
     try:
         return train(args, rank, world, device)
+    except (textdata.DataError, FileNotFoundError, ValueError) as e:
+        # Bad input: one clear line per rank instead of a traceback.
+        print(f"fsdp_train.py: error (rank {rank}): {e}", file=sys.stderr)
+        return 1
     finally:
         dist.destroy_process_group()
 
