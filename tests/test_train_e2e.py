@@ -106,3 +106,24 @@ def test_bad_data_path_is_named(tmp_path):
                       "--model", "tiny"], world=1)
     assert proc.returncode != 0
     assert f"{missing}: no such file" in proc.stderr
+
+
+def test_notebook_executes(trained, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+
+    from train_utils import EXAMPLES, ROOT
+
+    monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.setenv("FSDPCOMP_RESULTS", str(trained["out"] / "results.jsonl"))
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    nb = nbformat.read(os.path.join(EXAMPLES, "inspect_counters.ipynb"), as_version=4)
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(trained["base"])}}).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    html = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
+    assert any("fsdpcomp-counters" in h and "bytes_sent" in h for h in html)
+    text = "".join(o.get("text", "") for o in outputs)
+    assert "runs in" in text and "full" in text
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 2
