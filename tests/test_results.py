@@ -17,7 +17,7 @@ RUN = {"run_name": "r", "world_size": 2, "model": "tiny", "dataset": "d", "max_l
        "val_ppl": None}
 
 
-def _real_counters(gen, world_rank):
+def _real_counters(gen):
     """Counters of a real int8 state after compressing random gradients as one of 2 ranks."""
     state = fsdpcomp.CommState("int8", {"block_size": 64, "compress_own_chunk": True, "error_stats_every": 1})
     out = torch.empty(512)
@@ -28,7 +28,7 @@ def _real_counters(gen, world_rank):
 
 
 def test_combine_sums_bytes_and_averages_times(gen):
-    a, b = _real_counters(gen, 0), _real_counters(gen, 1)
+    a, b = _real_counters(gen), _real_counters(gen)
     c = combine_counters([a, b])
     assert c["bytes_raw"] == a["bytes_raw"] + b["bytes_raw"] > 0
     assert c["bytes_compressed"] == a["bytes_compressed"] + b["bytes_compressed"]
@@ -39,7 +39,7 @@ def test_combine_sums_bytes_and_averages_times(gen):
 
 
 def test_record_has_every_field_and_nulls_unmeasured(gen):
-    c = combine_counters([_real_counters(gen, 0)])
+    c = combine_counters([_real_counters(gen)])
     rec = build_record(run=RUN, step_times_s=[0.1, 0.2, 0.3], tokens_per_step=32, counters=c)
     assert all(k in rec for k in REQUIRED_FIELDS)
     assert rec["step_time_ms_mean"] == pytest.approx(200.0) and rec["step_time_ms_p50"] == pytest.approx(200.0)
