@@ -14,6 +14,7 @@ from .cli import add_argparse_args, from_args
 from .counters import Counters
 from .hooks import fsdp_hook
 from .register import register
+from .results import append_result, build_record, combine_counters, read_results
 from .state import CommState
 
 __version__ = "0.1.0"
@@ -33,5 +34,6 @@ def method_info(name: str) -> dict[str, Any]:
 
 __all__ = [
     "CommState", "Counters", "CudaError", "NcclError", "PayloadError", "add_argparse_args",
+    "append_result", "build_record", "combine_counters", "read_results",
     "from_args", "fsdp_hook", "method_info", "methods", "register", "__version__",
 ]
