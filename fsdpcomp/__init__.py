@@ -1,6 +1,6 @@
 """fsdpcomp: gradient compression for sharded training.
 
-    state = fsdpcomp.register(model, "int8", {"block_size": 256})   # FSDP1 root module
+    state = fsdpcomp.register(model, "int8", {"block_size": 256})   # FSDP1, FSDP2 or DDP
     ...train...
     print(state.counters())
 """
@@ -12,6 +12,8 @@ from . import _C
 from ._C import CudaError, NcclError, PayloadError
 from .cli import add_argparse_args, from_args
 from .counters import Counters
+from .ddp import ddp_hook
+from .fsdp2 import AllReduceHook, ReduceScatter
 from .hooks import fsdp_hook
 from .register import register
 from .state import CommState
@@ -32,6 +34,6 @@ def method_info(name: str) -> dict[str, Any]:
 
 
 __all__ = [
-    "CommState", "Counters", "CudaError", "NcclError", "PayloadError", "add_argparse_args",
-    "from_args", "fsdp_hook", "method_info", "methods", "register", "__version__",
+    "AllReduceHook", "CommState", "Counters", "CudaError", "NcclError", "PayloadError", "add_argparse_args",
+    "ddp_hook", "from_args", "fsdp_hook", "method_info", "methods", "ReduceScatter", "register", "__version__",
 ]
