@@ -1,7 +1,7 @@
 """The DDP communication hook: ``model.register_comm_hook(state, fsdpcomp.ddp_hook)`` replaces
 each bucket's all-reduce by a compressed reduce-scatter and an all-gather of the reduced shards."""
-from __future__ import annotations
-
+# No `from __future__ import annotations`: DDP's register_comm_hook compares the hook's
+# annotations with dist.GradBucket and Future[Tensor] as objects, and strings fail that check.
 import weakref
 
 import torch
@@ -20,7 +20,7 @@ _ITERATIONS: "weakref.WeakKeyDictionary[CommState, int]" = weakref.WeakKeyDictio
 _WARMUP_ITERATIONS = 1
 
 
-def ddp_hook(state: CommState, bucket: dist.GradBucket) -> torch.futures.Future:
+def ddp_hook(state: CommState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Mean over ranks of the bucket's flat gradient: compressed reduce-scatter, then an
     all-gather of the reduced shards in the bucket's dtype (not compressed). Residuals are
     keyed by bucket (call order, checked against ``bucket.index()`` every step)."""
@@ -38,7 +38,7 @@ def ddp_hook(state: CommState, bucket: dist.GradBucket) -> torch.futures.Future:
         state.all_reduce(buf)
     if bucket.is_last():
         _ITERATIONS[state] = iteration + 1
-    fut: torch.futures.Future = torch.futures.Future()
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(buf)
     return fut
 
