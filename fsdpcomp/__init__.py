@@ -16,6 +16,7 @@ from .ddp import ddp_hook
 from .fsdp2 import AllReduceHook, ReduceScatter
 from .hooks import fsdp_hook
 from .register import register
+from .register_fsdp2 import register_replicate
 from .state import CommState
 
 __version__ = "0.1.0"
@@ -35,5 +36,5 @@ def method_info(name: str) -> dict[str, Any]:
 
 __all__ = [
     "AllReduceHook", "CommState", "Counters", "CudaError", "NcclError", "PayloadError", "add_argparse_args",
-    "ddp_hook", "from_args", "fsdp_hook", "method_info", "methods", "ReduceScatter", "register", "__version__",
+    "ddp_hook", "from_args", "fsdp_hook", "method_info", "methods", "ReduceScatter", "register", "register_replicate", "__version__",
 ]

@@ -115,7 +115,8 @@ def _bind_group(state: CommState, group: dist.ProcessGroup | None) -> None:
 
 
 class AllReduceHook:
-    """``module.set_all_reduce_hook(fsdpcomp.AllReduceHook(state))``: the cross-replica mean of
+    """``module.set_all_reduce_hook(fsdpcomp.AllReduceHook(state))`` (or
+    ``fsdpcomp.register_replicate(model, state)`` on every module): the cross-replica mean of
     the reduce-scatter output, compressed (compressed reduce-scatter + all-gather over
     ``state.process_group``, the replicate group).
 

@@ -32,3 +32,23 @@ def register_fsdp2(model: torch.nn.Module, state: CommState) -> None:
                              "reduce-scatter per module only with a single group")
     for name, module in modules:
         module.set_custom_reduce_scatter(ReduceScatter(state, key=name or "<root>"))
+
+
+def register_replicate(model: torch.nn.Module, state: CommState) -> None:
+    """Hybrid sharding done by hand: ``model`` is sharded with ``fully_shard`` on the 1-D shard
+    mesh and ``state.process_group`` is the replicate group; every FSDPModule gets an
+    AllReduceHook (keyed by its name) that averages its reduce-scatter output across replicas."""
+    from .fsdp2 import AllReduceHook
+
+    modules = fsdp2_modules(model)
+    if not modules:
+        raise TypeError(f"{type(model).__name__} has no fully_shard (FSDPModule) modules")
+    if not hasattr(modules[0][1], "set_all_reduce_hook"):
+        raise RuntimeError(f"torch {torch.__version__} has no FSDPModule.set_all_reduce_hook: upgrade torch")
+    for name, module in modules:
+        if any(group._is_hsdp for group in module._get_fsdp_state()._fsdp_param_groups):
+            raise ValueError(f"FSDPModule '{name or '<root>'}' is sharded on a 2-D (HSDP) mesh: torch runs "
+                             "its own replica all-reduce there and calls the hook after it; shard on "
+                             "the 1-D shard mesh instead")
+    for name, module in modules:
+        module.set_all_reduce_hook(AllReduceHook(state, key=name or "<root>"))

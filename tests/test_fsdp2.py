@@ -169,3 +169,41 @@ def test_register_refuses_unknown_models():
         fsdpcomp.register(torch.nn.Linear(2, 2), "none")
     with pytest.raises(TypeError, match="CommState"):
         fsdpcomp.ReduceScatter("int8")
+
+
+def _hybrid(rank, world):
+    """2 ranks as 2 replicas x 1 shard: fully_shard on the 1-D shard mesh, the replica mean by
+    fsdpcomp.register_replicate. Reference: plain FSDP2 over both ranks (the same mean)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard"))
+    ref, _, _ = _train(rank, STEPS)
+    model = _model(0)
+    for i in (0, 2, 4):
+        fully_shard(model[i], mesh=mesh["shard"])
+    fully_shard(model, mesh=mesh["shard"])
+    state = fsdpcomp.CommState("none", process_group=mesh["replicate"].get_group())
+    fsdpcomp.register_replicate(model, state)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for x, y in _data(rank, STEPS):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    mine = [p.full_tensor().detach().clone() for p in model.parameters()]
+    # torch's own 2-D HSDP has no hook for its replica all-reduce: registering is refused
+    hsdp = _model(0)
+    fully_shard(hsdp, mesh=mesh)
+    try:
+        fsdpcomp.register_replicate(hsdp, fsdpcomp.CommState("none", process_group=mesh["replicate"].get_group()))
+        refused = None
+    except ValueError as e:
+        refused = str(e)
+    return ref, mine, dict(state.counters()), refused
+
+
+def test_hybrid_sharding_replica_all_reduce():
+    for rank, (ref, mine, ctr, refused) in enumerate(run_ranks(_hybrid, 2)):
+        for b, m in zip(ref, mine):
+            assert torch.allclose(b, m, atol=TOL[torch.float32], rtol=0), (rank, (b - m).abs().max().item())
+        assert ctr["calls"] == STEPS * 4 and ctr["step"] == STEPS
+        assert refused is not None and "2-D (HSDP) mesh" in refused
