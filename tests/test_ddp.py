@@ -65,7 +65,7 @@ def _scenarios(rank, world):
     res = {"none": (base, mine, dict(state.counters()), call_order(state).keys)}
     lossy = {"int8": {"block_size": 64}}
     if "topk" in fsdpcomp.methods():
-        lossy["topk"] = {}
+        lossy["topk"] = {"ratio": 0.25, "error_feedback": True}
     for method, config in lossy.items():
         _, losses, state = _train(rank, 40, method, config, lr=0.2)
         res[method] = (losses, dict(state.counters()))
