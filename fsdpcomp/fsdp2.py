@@ -60,7 +60,8 @@ class ReduceScatter(_TorchReduceScatter):
                  group: dist.ProcessGroup | None = None, op=dist.ReduceOp.AVG,
                  async_op: bool = False):
         state = self.state
-        world = dist.get_world_size(group) if dist.is_initialized() else 1
+        reduce_group = group if group is not None else state.process_group
+        world = dist.get_world_size(reduce_group) if dist.is_initialized() else 1
         _check_tensors(output_tensor, input_tensor, world)
         scale = _op_scale(op, world)
         _bind_group(state, group)
