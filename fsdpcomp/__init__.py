@@ -1,6 +1,6 @@
 """fsdpcomp: gradient compression for sharded training.
 
-    state = fsdpcomp.register(model, "int8", {"block_size": 256})   # FSDP1 root module
+    state = fsdpcomp.register(model, "int8", {"block_size": 256})   # FSDP1, FSDP2 or DDP
     ...train...
     print(state.counters())
 """
@@ -12,8 +12,11 @@ from . import _C
 from ._C import CudaError, NcclError, PayloadError
 from .cli import add_argparse_args, from_args
 from .counters import Counters
+from .ddp import ddp_hook
+from .fsdp2 import AllReduceHook, ReduceScatter
 from .hooks import fsdp_hook
 from .register import register
+from .register_fsdp2 import register_replicate
 from .results import append_result, build_record, combine_counters, read_results
 from .state import CommState
 
@@ -33,7 +36,8 @@ def method_info(name: str) -> dict[str, Any]:
 
 
 __all__ = [
-    "CommState", "Counters", "CudaError", "NcclError", "PayloadError", "add_argparse_args",
-    "append_result", "build_record", "combine_counters", "read_results",
-    "from_args", "fsdp_hook", "method_info", "methods", "register", "__version__",
+    "AllReduceHook", "CommState", "Counters", "CudaError", "NcclError", "PayloadError",
+    "ReduceScatter", "__version__", "add_argparse_args", "append_result", "build_record",
+    "combine_counters", "ddp_hook", "from_args", "fsdp_hook", "method_info", "methods",
+    "read_results", "register", "register_replicate",
 ]

@@ -17,6 +17,9 @@ def register(model: torch.nn.Module, method: str | CommState = "none",
 
     FSDP1 (``FullyShardedDataParallel``, the root instance): ``register_comm_hook`` with
     :func:`fsdp_hook`. HYBRID_SHARD strategies are refused by torch itself for comm hooks.
+    FSDP2 (a model whose modules are ``FSDPModule``): a :class:`fsdpcomp.ReduceScatter` set on
+    every one, keyed by the module's name. DDP (``DistributedDataParallel``):
+    ``register_comm_hook`` with :func:`fsdpcomp.ddp_hook`.
     """
     state = method if isinstance(method, CommState) else CommState(method, config, process_group)
     if isinstance(method, CommState) and config is not None:
@@ -28,6 +31,19 @@ def register(model: torch.nn.Module, method: str | CommState = "none",
             state.process_group = model.process_group
         model.register_comm_hook(state, fsdp_hook)
         return state
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        from .ddp import ddp_hook
+
+        if state.process_group is None:
+            state.process_group = model.process_group
+        model.register_comm_hook(state, ddp_hook)
+        return state
+    from .register_fsdp2 import fsdp2_modules, register_fsdp2
+
+    if fsdp2_modules(model):
+        register_fsdp2(model, state)
+        return state
     raise TypeError(
         f"fsdpcomp.register does not know how to attach to {type(model).__name__}: expected a "
-        "FullyShardedDataParallel root module")
+        "FullyShardedDataParallel root module, a model with fully_shard (FSDPModule) modules, or "
+        "a DistributedDataParallel module")
