@@ -323,11 +323,12 @@ def main(argv: list[str] | None = None) -> int:
                     "note": k_note, "rows": cluster},
         "targets": targets, "wrong": wrong,
     }
+    png = os.path.join(args.out_dir, "comm_bench.png")
+    note = plot(result, png)
+    result["meta"]["plot"] = note  # None: the PNG was written
     json_path = os.path.join(args.out_dir, "comm_bench.json")
     with open(json_path, "w") as f:
         json.dump(result, f, indent=1)
-    png = os.path.join(args.out_dir, "comm_bench.png")
-    note = plot(result, png)
     print(f"\nwrote {json_path}" + (f", {png}" if note is None else f" ({note})"))
     if wrong:
         print(f"{wrong} WRONG result(s): see the rel err column", file=sys.stderr)
