@@ -75,7 +75,9 @@ def comm_section(data: dict, rel: str) -> list[str]:
     out += ["### Targets (1 Gbit/s, >= 16M elements)", ""]
     if data["targets"]:
         out += [f"- {'MET' if t['met'] else 'MISSED'}: {t['target']} ({t['how']}, W={t['world']}, "
-                f"{t['numel']} elements): {_f(t['value'], '.2f')}" for t in data["targets"]]
+                f"{t['numel']} elements): {_f(t['value'], '.3f')}"
+                + ("" if t.get("codec_share") is None else f", encode+decode {t['codec_share']:.0%} of the call")
+                for t in data["targets"]]
     else:
         out.append("- no 1 Gbit/s run at 16M elements or more in this file")
     c = data["cluster"]

@@ -142,6 +142,22 @@ class Topology:
             raise
         return self
 
+    def dropped_packets(self) -> int | None:
+        """Packets the shapers dropped (queue full) since setup: TCP recovers, but slowly, so a
+        run with drops measured the shaper as much as the link."""
+        if self.rate_gbit is None:
+            return None
+        total = 0
+        devs = [(n, self.iface) for n in self.names] + [(self.hub, f"{_PREFIX}p{r}") for r in range(self.world)]
+        for netns, dev in devs:
+            proc = subprocess.run(["ip", "netns", "exec", netns, "tc", "-s", "qdisc", "show", "dev", dev],
+                                  capture_output=True, text=True)
+            words = proc.stdout.replace(",", " ").split()
+            for i, w in enumerate(words[:-1]):
+                if w == "dropped" and words[i + 1].isdigit():
+                    total += int(words[i + 1])
+        return total
+
     def close(self) -> None:
         """Deleting a namespace deletes the veth ends and qdiscs in it."""
         for name in reversed(self._made):
