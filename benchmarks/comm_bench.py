@@ -27,7 +27,7 @@ sys.path[:0] = [_HERE, os.path.dirname(_HERE)]  # the benchmark modules, and fsd
 import launch  # noqa: E402
 import projection  # noqa: E402
 from comm_worker import BF16_HOOK, TORCH_RS  # noqa: E402
-from netns import Topology  # noqa: E402
+from netns import Topology, exit_on_sigterm  # noqa: E402
 
 BASELINES = (TORCH_RS, "none", BF16_HOOK)
 
@@ -250,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out_dir", default=os.path.join("benchmarks", "results"))
     p.add_argument("--timeout_s", type=float, default=1800.0, help="per link and world size")
     args = p.parse_args(argv)
+    exit_on_sigterm()
     bad = [w for w in args.world if not 2 <= w <= 8]
     if bad:
         p.error(f"--world takes rank counts from 2 to 8, got {bad[0]}")

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
+import sys
 
 _PREFIX = "fcb"  # every namespace this module makes is named fcb<pid>..., so stale ones can be found
 
@@ -46,6 +48,11 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM (timeout, kill) unwinds like Ctrl-C, so every `with Topology` tears down."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def remove_stale() -> list[str]:

@@ -24,7 +24,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_HERE, os.path.dirname(_HERE)]
 
 import launch  # noqa: E402
-from netns import Topology  # noqa: E402
+from netns import Topology, exit_on_sigterm  # noqa: E402
 
 # What each setting means; every flag can still be overridden on the command line.
 SETTINGS = {
@@ -218,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout_s", type=float, default=3600.0, help="per training run")
     p.add_argument("train_args", nargs=argparse.REMAINDER, help="after --: passed to fsdp_train.py unchanged")
     args = p.parse_args(argv)
+    exit_on_sigterm()
     if args.train_args and args.train_args[0] == "--":
         args.train_args = args.train_args[1:]
     preset = SETTINGS[args.setting]
