@@ -1,0 +1,162 @@
+# Writes docs/results.md from the benchmarks' JSON files (comm_bench.json, train_bench_*.json): machine, date, versions, tables, plots, commands.
+"""    python benchmarks/make_results_md.py [--results_dir benchmarks/results] [--out docs/results.md]
+
+Only numbers found in the JSON files are written; a benchmark whose JSON is missing gets a line
+saying so and the command that produces it."""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+COMM_CMD = "sudo python benchmarks/comm_bench.py --world 2 --sizes 1M 4M 16M --links 1 10 unshaped"
+TRAIN_CMD = {"cpu": "sudo python benchmarks/train_bench.py --setting cpu --seeds 0 1 2",
+             "gpu": "python benchmarks/train_bench.py --setting gpu"}
+
+
+def _bytes(n) -> str:
+    if n is None:
+        return "-"
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _f(x, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def comm_section(data: dict, rel: str) -> list[str]:
+    m = data["meta"]
+    out = ["## Reduce-scatter: bytes and time per call (benchmarks/comm_bench.py)", "",
+           f"Measured {m['date']} on `{m['machine']}` ({m['cpu']}, {m['cores']} cores), torch {m['torch']}, "
+           f"fsdpcomp {m['fsdpcomp']}. Ranks are processes on one machine joined by gloo; shaped links are "
+           "network namespaces on a bridge with tc tbf on every rank's veth pair. Times are per call, the slowest "
+           "rank's, median and p90; every result was checked against the exact fp64 mean first "
+           f"({data['wrong']} wrong).", "", f"- {m['gloo_rs_note']}",
+           "- `torch_bf16_hook` runs the steps of torch's FSDP `bf16_compress_hook` (cast, reduce_scatter_hook, "
+           "cast back) minus its CUDA-only `record_stream`, which fails on CPU tensors.",
+           "- `of ideal`: the speedup over fsdpcomp `none` divided by the ideal one, bytes_raw / bytes_sent.", ""]
+    if not m["namespaces"]:
+        out += [f"**Namespaces could not be made ({m['namespaces_note']}): only unshaped runs were measured; "
+                "the shaped links below are projected.**", ""]
+    for run in data["runs"]:
+        out += [f"### {run['link']}, W={run['world']} (point-to-point check {run['link_check_gbit']:.2f} Gbit/s)", ""]
+        for size in run["sizes"]:
+            out.append(f"{size['numel']} fp32 elements, {size['reps']} timed calls:")
+            out.append("")
+            rows = []
+            for r in size["rows"]:
+                codec = None if r["compress_s"] is None else (r["compress_s"] + r["decompress_s"]) * 1e3
+                rows.append([r["method"], _bytes(r["bytes_sent"]), _bytes(r["wire_tx_bytes"]), f"{r['ratio']:.2f}",
+                             f"{r['median_s'] * 1e3:.2f}", f"{r['p90_s'] * 1e3:.2f}", _f(codec, ".2f"),
+                             _f(r["speedup_vs_torch_reduce_scatter"], ".2f"), _f(r["speedup_vs_none"], ".2f"),
+                             _f(r["speedup_vs_torch_bf16_hook"], ".2f"), _f(r["fraction_of_ideal"], ".0%"),
+                             f"{r['rel_err']:.1e}"])
+            out += _md_table(["method", "payload/rank", "wire/rank", "ratio", "median ms", "p90 ms", "codec ms",
+                              "vs torch rs", "vs none", "vs bf16 hook", "of ideal", "rel err"], rows)
+            out.append("")
+    for proj in data.get("projected", []):
+        out += [f"### PROJECTED (alpha-beta, not measured): {proj['gbit']:g} Gbit/s, W={proj['world']}, "
+                f"alpha {proj['alpha_us']:g} us", ""]
+        rows = [[str(s["numel"]), r["method"], f"{r['ratio']:.2f}", f"{r['time_s'] * 1e3:.2f}",
+                 f"{r['speedup_vs_none']:.2f}", _f(r["fraction_of_ideal"], ".0%")]
+                for s in proj["sizes"] for r in s["rows"]]
+        out += _md_table(["elements", "method", "ratio", "projected ms", "vs none", "of ideal"], rows) + [""]
+    out += ["### Targets (1 Gbit/s, >= 16M elements)", ""]
+    if data["targets"]:
+        out += [f"- {'MET' if t['met'] else 'MISSED'}: {t['target']} ({t['how']}, W={t['world']}, "
+                f"{t['numel']} elements): {_f(t['value'], '.3f')}"
+                + ("" if t.get("codec_share") is None else f", encode+decode {t['codec_share']:.0%} of the call")
+                for t in data["targets"]]
+    else:
+        out.append("- no 1 Gbit/s run at 16M elements or more in this file")
+    c = data["cluster"]
+    out += ["", f"### PROJECTED for GPU clusters (alpha-beta, not measured): {c['numel']} fp32 elements per GPU, "
+            f"alpha {c['alpha_us']:g} us", "", f"{c['note']}." + ("" if c["kernel_times"] else
+            " Codec time is taken as 0, so these speedups are upper bounds."), ""]
+    rows = [[f"{r['gbit']:.0f}", str(r["world"]), r["method"], f"{r['ratio']:.2f}", f"{r['time_s'] * 1e3:.2f}",
+             f"{r['speedup_vs_nccl_rs']:.2f}", f"{r['speedup_vs_none']:.2f}"] for r in c["rows"]]
+    out += _md_table(["Gbit/s", "GPUs", "method", "ratio", "projected ms", "vs NCCL rs", "vs none"], rows)
+    if os.path.exists(os.path.join(os.path.dirname(data["_path"]), "comm_bench.png")):
+        out += ["", f"![reduce-scatter time per call]({rel}/comm_bench.png)"]
+    out += ["", "Reproduce:", "", "```", COMM_CMD, "```", ""]
+    return out
+
+
+def train_section(data: dict, rel: str) -> list[str]:
+    m = data["meta"]
+    out = [f"## Training: quality and time to quality, {m['setting']} setting (benchmarks/train_bench.py)", "",
+           f"Measured {m['date']} on `{m['machine']}` ({m['cores']} cores), torch {m['torch']}, fsdpcomp "
+           f"{m['fsdpcomp']}: {m['title']}.", ""]
+    rows = []
+    for r in data["rows"]:
+        def pm(k, spec):
+            v, s = r.get(k), r.get(k + "_std")
+            return "-" if v is None else format(v, spec) + (f" ± {format(s, spec)}" if s else "")
+        rows.append([r["method"], _f(r["ratio"], ".2f"), pm("val_ppl", ".3f"), pm("delta_ppl_pct", "+.2f"),
+                     pm("tokens_per_s", ".0f"), pm("step_ms_p50", ".1f"), _f(r["comm_share"], ".0%"),
+                     pm("time_to_baseline_ppl_s", ".1f") + ("" if r["reached_baseline_ppl"] == r["runs"]
+                                                             else f" ({r['reached_baseline_ppl']}/{r['runs']})")])
+    out += _md_table(["method", "ratio", "val_ppl", "Δppl vs none %", "tokens/s", "step p50 ms", "comm share",
+                      "time to baseline ppl s"], rows)
+    out += ["", "Targets:", ""]
+    for t in data["targets"]:
+        if t["met"] is None:
+            out.append(f"- n/a: {t['target']}: {t['note']}")
+        else:
+            out.append(f"- {'MET' if t['met'] else 'MISSED'}: {t['target']}: {t['method']} {t['delta_ppl_pct']:+.2f}%"
+                       + (f", misses by {t['miss_by_pct']:.2f} points" if not t["met"] else ""))
+    png = f"train_bench_{m['setting']}.png"
+    if os.path.exists(os.path.join(os.path.dirname(data["_path"]), png)):
+        out += ["", f"![loss curves and ratio vs quality]({rel}/{png})"]
+    out += ["", "Reproduce:", "", "```", TRAIN_CMD.get(m["setting"], "python benchmarks/train_bench.py"), "```", ""]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="docs/results.md from the benchmarks' JSON")
+    p.add_argument("--results_dir", default=os.path.join("benchmarks", "results"))
+    p.add_argument("--out", default=os.path.join("docs", "results.md"))
+    args = p.parse_args(argv)
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    rel = os.path.relpath(os.path.abspath(args.results_dir), out_dir)
+    lines = ["# Results", "",
+             "Generated by `python benchmarks/make_results_md.py` from the JSON files in "
+             f"`{args.results_dir}`; do not edit by hand. Projected numbers are labelled as such.", ""]
+
+    def load(path):
+        with open(path) as f:
+            data = json.load(f)
+        data["_path"] = path
+        return data
+
+    comm = os.path.join(args.results_dir, "comm_bench.json")
+    if os.path.exists(comm):
+        lines += comm_section(load(comm), rel)
+    else:
+        lines += ["## Reduce-scatter", "", f"No {comm} yet: run `{COMM_CMD}`.", ""]
+    trains = sorted(glob.glob(os.path.join(args.results_dir, "train_bench_*.json")))
+    for path in trains:
+        lines += train_section(load(path), rel)
+    if not trains:
+        lines += ["## Training", "", f"No train_bench JSON yet: run `{TRAIN_CMD['cpu']}` "
+                  f"(and `{TRAIN_CMD['gpu']}` on a GPU machine).", ""]
+    os.makedirs(out_dir, exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

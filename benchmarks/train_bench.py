@@ -1,0 +1,290 @@
+# Quality and time to quality: examples/fsdp_train.py for `none` and every method with identical settings, as one table, JSON and plots.
+"""Runs the training example once per method (and seed) with the same data, steps, seed and
+model, reads back each run's results.jsonl line and its metrics.jsonl curve, and prints:
+method, compression ratio, final val_ppl, its change vs `none`, tokens/s, step time p50, comm
+share, and the training time each method needs to reach the baseline's final perplexity.
+
+    sudo python benchmarks/train_bench.py --setting cpu            # 2 ranks, tiny, 1 Gbit/s link
+    python benchmarks/train_bench.py --setting gpu                 # 1 GPU, gpt2-62m, compress_own_chunk
+    sudo python benchmarks/train_bench.py --setting cpu --seeds 0 1 2   # mean ± std over seeds
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_HERE, os.path.dirname(_HERE)]
+
+import launch  # noqa: E402
+from netns import Topology, exit_on_sigterm  # noqa: E402
+
+# What each setting means; every flag can still be overridden on the command line.
+SETTINGS = {
+    "cpu": {"world": 2, "model": "tiny", "link": 1.0, "max_steps": 200, "batch_size": 8, "max_length": 128,
+            "eval_every": 25, "config": {}},
+    "gpu": {"world": 1, "model": "gpt2-62m", "link": None, "max_steps": 1000, "batch_size": 16,
+            "max_length": 256, "eval_every": 100, "config": {"compress_own_chunk": True}},
+}
+
+# The issue's targets: (what, methods or a minimum ratio, allowed val_ppl change in %).
+TARGETS = [("int8, fp8, bf16 within 0.5% of the baseline perplexity", ("int8", "fp8", "bf16"), None, 0.5),
+           ("a method with >= 8x compression within 1%", None, 8.0, 1.0),
+           ("a method with >= 32x compression within 3%", None, 32.0, 3.0)]
+
+
+def mean_std(values: list[float]) -> tuple[float | None, float | None]:
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def read_jsonl(path: str) -> list[dict]:
+    out = []
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        out.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise ValueError(f"{path}:{n} is not JSON: {e}") from None
+    return out
+
+
+def time_to_ppl(curve: list[dict], target: float | None) -> float | None:
+    """Training seconds at the first evaluation whose val_ppl reached `target`."""
+    if target is None:
+        return None
+    for point in curve:
+        if "val_ppl" in point and point["val_ppl"] <= target:
+            return point["train_time_s"]
+    return None
+
+
+def run_training(args, method: str, seed: int, topo: Topology | None, work: str) -> dict:
+    run_name = f"{args.setting}-{method}-s{seed}"
+    out_dir = os.path.join(work, "runs")
+    log_dir = os.path.join(out_dir, "logs", run_name)
+    shutil.rmtree(log_dir, ignore_errors=True)  # metrics.jsonl is appended to: start it afresh
+    config = dict(SETTINGS[args.setting]["config"])
+    config.update(json.loads(args.comm_config_json) if args.comm_config_json else {})
+    results = os.path.join(work, "results.jsonl")
+    argv = [args.train_script, "--comm_compress", method, "--comm_config_json", json.dumps(config),
+            "--model", args.model, "--max_steps", str(args.max_steps), "--batch_size", str(args.batch_size),
+            "--max_length", str(args.max_length), "--seed", str(seed), "--eval_every", str(args.eval_every),
+            "--output_dir", out_dir, "--run_name", run_name, "--results_file", results,
+            "--cache_dir", os.path.join(work, "cache")]
+    if args.data_path:
+        argv += ["--data_path", args.data_path]
+    argv += args.train_args
+    env = {"PYTHONPATH": args.train_repo} if args.train_repo else None
+    launch.run_ranks(argv, args.world, topo, args.timeout_s, os.path.join(work, "launch", run_name), env)
+    records = [r for r in read_jsonl(results) if r.get("run_name") == run_name]
+    if not records:
+        raise RuntimeError(f"{run_name} finished but wrote no line to {results}")
+    return {"method": method, "seed": seed, "record": records[-1],
+            "curve": read_jsonl(os.path.join(log_dir, "metrics.jsonl"))}
+
+
+def summarise(runs: list[dict]) -> list[dict]:
+    """One row per method: mean ± std over seeds, deltas against `none` of the same seed."""
+    base = {r["seed"]: r for r in runs if r["method"] == "none"}
+    rows = []
+    for method in dict.fromkeys(r["method"] for r in runs):
+        mine = [r for r in runs if r["method"] == method]
+        deltas, t_target = [], []
+        for r in mine:
+            b = base.get(r["seed"])
+            if b is not None and b["record"].get("val_ppl") and r["record"].get("val_ppl") is not None:
+                deltas.append((r["record"]["val_ppl"] / b["record"]["val_ppl"] - 1.0) * 100.0)
+                t_target.append(time_to_ppl(r["curve"], b["record"]["val_ppl"]))
+        row = {"method": method, "seeds": [r["seed"] for r in mine],
+               "reached_baseline_ppl": sum(t is not None for t in t_target), "runs": len(mine)}
+        for key, values in (("ratio", [r["record"].get("compression_ratio") for r in mine]),
+                            ("val_ppl", [r["record"].get("val_ppl") for r in mine]),
+                            ("delta_ppl_pct", deltas),
+                            ("tokens_per_s", [r["record"].get("tokens_per_s") for r in mine]),
+                            ("step_ms_p50", [r["record"].get("step_time_ms_p50") for r in mine]),
+                            ("comm_share", [r["record"].get("comm_ratio") for r in mine]),
+                            ("time_to_baseline_ppl_s", t_target)):
+            row[key], row[key + "_std"] = mean_std(values)
+        rows.append(row)
+    return rows
+
+
+def _pm(value, std, spec: str) -> str:
+    if value is None:
+        return "-"
+    return format(value, spec) + (f" ± {format(std, spec)}" if std else "")
+
+
+def table(rows: list[dict], title: str) -> str:
+    head = (f"{'method':<10}{'ratio':>8}{'val_ppl':>18}{'Δppl %':>16}{'tokens/s':>18}{'step p50 ms':>16}"
+            f"{'comm share':>12}{'t to base ppl s':>18}")
+    lines = [title, head, "-" * len(head)]
+    for r in rows:
+        t = _pm(r["time_to_baseline_ppl_s"], r["time_to_baseline_ppl_s_std"], ".1f")
+        if r["reached_baseline_ppl"] < r["runs"]:
+            t = f"{t} ({r['reached_baseline_ppl']}/{r['runs']})"
+        lines.append(f"{r['method']:<10}{_pm(r['ratio'], None, '.2f'):>8}"
+                     f"{_pm(r['val_ppl'], r['val_ppl_std'], '.3f'):>18}"
+                     f"{_pm(r['delta_ppl_pct'], r['delta_ppl_pct_std'], '+.2f'):>16}"
+                     f"{_pm(r['tokens_per_s'], r['tokens_per_s_std'], '.0f'):>18}"
+                     f"{_pm(r['step_ms_p50'], r['step_ms_p50_std'], '.1f'):>16}"
+                     f"{_pm(r['comm_share'], None, '.0%'):>12}{t:>18}")
+    return "\n".join(lines)
+
+
+def check_targets(rows: list[dict]) -> list[dict]:
+    found = []
+    for what, names, min_ratio, limit in TARGETS:
+        cands = [r for r in rows if r["method"] != "none" and r["delta_ppl_pct"] is not None and (
+            (names and r["method"] in names) or (min_ratio and (r["ratio"] or 0) >= min_ratio))]
+        if not cands:
+            found.append({"target": what, "met": None, "note": "no such method ran"})
+        elif names:
+            for r in cands:
+                found.append({"target": what, "method": r["method"], "delta_ppl_pct": r["delta_ppl_pct"],
+                              "met": r["delta_ppl_pct"] <= limit,
+                              "miss_by_pct": max(0.0, r["delta_ppl_pct"] - limit)})
+        else:
+            best = min(cands, key=lambda r: r["delta_ppl_pct"])
+            found.append({"target": what, "method": best["method"], "delta_ppl_pct": best["delta_ppl_pct"],
+                          "ratio": best["ratio"], "met": best["delta_ppl_pct"] <= limit,
+                          "miss_by_pct": max(0.0, best["delta_ppl_pct"] - limit)})
+    return found
+
+
+def plot(runs: list[dict], rows: list[dict], path: str, title: str) -> str | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no plot: matplotlib is not installed"
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    first_seed = runs[0]["seed"]
+    for r in runs:
+        if r["seed"] != first_seed:
+            continue
+        pts = [p for p in r["curve"] if "loss" in p]
+        ax1.plot([p["step"] for p in pts], [p["loss"] for p in pts], label=r["method"], linewidth=1)
+    ax1.set_xlabel("step")
+    ax1.set_ylabel(f"train loss (seed {first_seed})")
+    ax1.grid(alpha=0.3)
+    ax1.legend(fontsize=7)
+    for r in rows:
+        if r["ratio"] and r["delta_ppl_pct"] is not None:
+            ax2.errorbar(r["ratio"], r["delta_ppl_pct"], yerr=r["delta_ppl_pct_std"] or 0, fmt="o")
+            ax2.annotate(r["method"], (r["ratio"], r["delta_ppl_pct"]), fontsize=7)
+    ax2.set_xscale("log", base=2)
+    ax2.set_xlabel("compression ratio (vs fp32)")
+    ax2.set_ylabel("final val_ppl change vs none (%)")
+    ax2.axhline(0, color="grey", linewidth=0.8)
+    ax2.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--setting", choices=list(SETTINGS), default="cpu")
+    p.add_argument("--methods", nargs="+", default=None, help="default: none + every fsdpcomp method")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="e.g. 0 1 2 for mean ± std")
+    p.add_argument("--world", type=int, default=None)
+    p.add_argument("--model", default=None)
+    p.add_argument("--link", default="setting", help="Gbit/s of the shaped link, 'unshaped', or 'setting'")
+    p.add_argument("--max_steps", type=int, default=None)
+    p.add_argument("--batch_size", type=int, default=None)
+    p.add_argument("--max_length", type=int, default=None)
+    p.add_argument("--eval_every", type=int, default=None)
+    p.add_argument("--comm_config_json", default=None, help="config keys added to every method's (e.g. error_feedback)")
+    p.add_argument("--data_path", default=None, help="default: the training example's built-in data")
+    p.add_argument("--train_script", default=os.path.join(launch.REPO, "examples", "fsdp_train.py"))
+    p.add_argument("--train_repo", default=None, help="checkout whose fsdpcomp the runs import (default: this one)")
+    p.add_argument("--out_dir", default=os.path.join("benchmarks", "results"))
+    p.add_argument("--timeout_s", type=float, default=3600.0, help="per training run")
+    p.add_argument("train_args", nargs=argparse.REMAINDER, help="after --: passed to fsdp_train.py unchanged")
+    args = p.parse_args(argv)
+    exit_on_sigterm()
+    if args.train_args and args.train_args[0] == "--":
+        args.train_args = args.train_args[1:]
+    preset = SETTINGS[args.setting]
+    for key in ("world", "model", "max_steps", "batch_size", "max_length", "eval_every"):
+        if getattr(args, key) is None:
+            setattr(args, key, preset[key])
+    link = preset["link"] if args.link == "setting" else (None if args.link == "unshaped" else float(args.link))
+    if not os.path.exists(args.train_script):
+        p.error(f"--train_script {args.train_script} does not exist (examples/fsdp_train.py comes with issue 5)")
+
+    import torch
+    import fsdpcomp
+    methods = args.methods or (["none"] + [m for m in fsdpcomp.methods() if m != "none"])
+    unknown = [m for m in methods if m not in fsdpcomp.methods()]
+    if unknown:
+        p.error(f"unknown method {unknown[0]!r}; fsdpcomp.methods() = {fsdpcomp.methods()}")
+    if "none" not in methods:
+        methods = ["none"] + methods  # every delta is against it
+    link_note = "unshaped (loopback)" if link is None else f"{link:g} Gbit/s (tc tbf)"
+    if link is not None and args.world > 1:
+        ok, why = Topology.available()
+        if not ok:
+            print(f"NOTE: cannot make network namespaces ({why}); training runs UNSHAPED on loopback")
+            link, link_note = None, f"unshaped (loopback): namespaces unavailable: {why}"
+    elif args.world == 1:
+        link, link_note = None, "one process: no link"
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    runs = []
+    with tempfile.TemporaryDirectory() as work:
+        for seed in args.seeds:
+            for method in methods:
+                print(f"== {args.setting}: {method}, seed {seed}, W={args.world}, {link_note}", flush=True)
+                if link is None:
+                    runs.append(run_training(args, method, seed, None, work))
+                else:
+                    with Topology(args.world, link) as topo:
+                        runs.append(run_training(args, method, seed, topo, work))
+    rows = summarise(runs)
+    title = (f"train_bench {args.setting}: {args.model}, W={args.world}, {link_note}, {args.max_steps} steps, "
+             f"batch {args.batch_size}x{args.max_length}, seeds {args.seeds}")
+    print()
+    print(table(rows, title))
+    targets = check_targets(rows)
+    print("\nTargets:")
+    for t in targets:
+        state = "n/a" if t["met"] is None else ("MET" if t["met"] else "MISSED")
+        extra = t.get("note") or f"{t['method']}: {t['delta_ppl_pct']:+.2f}%" + (
+            f" (misses by {t['miss_by_pct']:.2f} points)" if t["met"] is False else "")
+        print(f"  [{state}] {t['target']}: {extra}")
+    png = os.path.join(args.out_dir, f"train_bench_{args.setting}.png")
+    note = plot(runs, rows, png, title)
+    result = {"meta": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                       "machine": platform.node(), "cores": os.cpu_count(), "torch": torch.__version__,
+                       "fsdpcomp": fsdpcomp.__version__, "argv": sys.argv if argv is None else argv,
+                       "setting": args.setting, "model": args.model, "world": args.world, "link": link_note,
+                       "max_steps": args.max_steps, "batch_size": args.batch_size, "max_length": args.max_length,
+                       "seeds": args.seeds, "plot": note, "title": title},
+              "rows": rows, "targets": targets,
+              "runs": [{"method": r["method"], "seed": r["seed"], "record": r["record"], "curve": r["curve"]} for r in runs]}
+    path = os.path.join(args.out_dir, f"train_bench_{args.setting}.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"\nwrote {path}" + (f", {png}" if note is None else f" ({note})"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
