@@ -16,6 +16,10 @@ from .counters import Counters
 _RESIDUAL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+# torch 2.13 renamed all_gather_into_tensor (and deprecates the old name); older torch has only it.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def _allocate_residual(numel: int, dtype_name: str, like: torch.Tensor) -> torch.Tensor:
     """Residual memory comes from torch's allocator, on the gradient's device."""
     return torch.zeros(numel, dtype=_RESIDUAL_DTYPES[dtype_name], device=like.device)
@@ -165,7 +169,7 @@ class CommState:
             return
         gathered = self._buffer_like("gathered", shard * world, grad)
         t0 = time.perf_counter()
-        dist.all_gather_into_tensor(gathered, reduced, group=self.process_group)
+        _all_gather_single(gathered, reduced, group=self.process_group)
         nbytes = (world - 1) * shard * grad.element_size()
         self._core.add_comm(time.perf_counter() - t0, bytes_sent=nbytes, bytes_raw=nbytes)
         grad.copy_(gathered[:n].view_as(grad))
