@@ -67,6 +67,9 @@ void fc_core_free(fc_core *s)
     free(s->acc);
     free(s->dec);
     free(s->mscr);
+    free(s->agg);
+    s->agg = NULL;
+    s->agg_cap = 0;
     s->units = NULL;
     s->x = s->acc = s->dec = NULL;
     s->mscr = NULL;
@@ -248,6 +251,12 @@ static int encode_one(fc_core *s, const fc_method *m, const fc_chunk *c, uint8_t
     if (rc != FC_OK)
         return rc;
     int64_t body = fc_layout_bytes(used);
+    /* a data-dependent body is as long as it is: payloads are packed back to back */
+    if (m->flags & FC_VARSIZE)
+        full = fc_align_up(FC_HEADER_BYTES + body);
+    if (FC_HEADER_BYTES + body > full)
+        return fc_fail(err, FC_ERR_STATE, "internal: %s wrote %lld body bytes past its layout's %lld",
+                       m->name, (long long)body, (long long)(full - FC_HEADER_BYTES));
     write_header(p, m, c->wire_dtype, c->rng_shared.unit, c->rng_shared.step, c->n, body);
     int64_t end = FC_HEADER_BYTES + body;
     memset(p + end, 0, (size_t)(full - end)); /* padding: no uninitialised bytes on the wire */
@@ -333,7 +342,7 @@ static int sample_error(fc_core *s, const fc_method *m, const fc_chunk *c, const
 }
 
 int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual, int world,
-                   int rank, uint32_t unit, fc_err *err)
+                   int rank, uint32_t unit, int64_t *sizes, fc_err *err)
 {
     int rc = FC_OK;
     const double t0 = now_s();
@@ -355,6 +364,7 @@ int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residua
     for (int ci = 0; ci < world; ci++) {
         int64_t start, n;
         fc_chunk_span(N, world, ci, &start, &n);
+        sizes[ci] = 0;
         if ((ci == rank && !s->common.compress_own_chunk) || n == 0)
             continue;
         fc_chunk c = make_chunk(s, m, n, world, grad->dtype, unit, (uint32_t)ci, rank);
@@ -384,6 +394,7 @@ int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residua
             FC_TRY(sample_error(s, m, &c, out + off, err));
             sampled = 1;
         }
+        sizes[ci] = size;
         off += size;
     }
     if (use_ef) {
@@ -431,9 +442,9 @@ static int check_header(const fc_header *h, const fc_method *m, int dtype, uint3
     return FC_OK;
 }
 
-/* Validates a payload for chunk c and adds alpha * its decode to acc. */
-static int decode_one(fc_core *s, const fc_method *m, const fc_chunk *c, const uint8_t *p,
-                      int64_t slot, int src, float alpha, float *acc, fc_err *err)
+/* Validates the payload at p (at most `slot` bytes) for chunk c: its body size in *body. */
+static int check_payload(const fc_method *m, const fc_chunk *c, const uint8_t *p, int64_t slot,
+                         int src, int64_t *body, fc_err *err)
 {
     if (slot < FC_HEADER_BYTES)
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: %lld bytes, shorter than the "
@@ -444,16 +455,31 @@ static int decode_one(fc_core *s, const fc_method *m, const fc_chunk *c, const u
                           slot, src, err);
     if (rc != FC_OK)
         return rc;
-    if (!(m->flags & FC_VARSIZE)) {
-        fc_layout l;
-        m->layout(c, &l);
-        if ((int64_t)h.body_bytes != fc_layout_bytes(&l))
-            return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: body of %llu bytes, the "
-                           "method's layout has %lld", src, (unsigned long long)h.body_bytes,
-                           (long long)fc_layout_bytes(&l));
-    }
-    (void)s;
-    return m->decode_add(c, p + FC_HEADER_BYTES, (int64_t)h.body_bytes, alpha, acc, err);
+    fc_layout l;
+    m->layout(c, &l);
+    if ((m->flags & FC_VARSIZE) ? (int64_t)h.body_bytes > fc_layout_bytes(&l)
+                                : (int64_t)h.body_bytes != fc_layout_bytes(&l))
+        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: body of %llu bytes, the "
+                       "method's layout has %lld", src, (unsigned long long)h.body_bytes,
+                       (long long)fc_layout_bytes(&l));
+    *body = (int64_t)h.body_bytes;
+    return FC_OK;
+}
+
+/* Validates a payload for chunk c and adds alpha * its decode to acc. */
+static int decode_one(const fc_method *m, const fc_chunk *c, const uint8_t *p, int64_t slot,
+                      int src, float alpha, float *acc, fc_err *err)
+{
+    int64_t body;
+    int rc = check_payload(m, c, p, slot, src, &body, err);
+    if (rc != FC_OK)
+        return rc;
+    return m->decode_add(c, p + FC_HEADER_BYTES, body, alpha, acc, err);
+}
+
+static int64_t agg_bytes_of(const fc_method *m, const fc_chunk *c)
+{
+    return m->aggregate != NULL && m->agg_bytes != NULL ? m->agg_bytes(c) : 0;
 }
 
 int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *out, int world,
@@ -473,18 +499,28 @@ int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *o
         FC_TRY(grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err));
     int64_t sends[FC_MAX_WORLD], recvs[FC_MAX_WORLD];
     fc_core_plan(s, N, grad->dtype, world, rank, sends, recvs);
+    const int varsize = (m->flags & FC_VARSIZE) != 0;
     int64_t total = 0;
     for (int r = 0; r < world; r++)
         total += recvs[r];
-    if (recv->numel != total)
+    /* data-dependent sizes: the plan is an upper bound and the payloads lie back to back */
+    if (varsize ? recv->numel > total : recv->numel != total)
         return fc_fail(err, FC_ERR_PAYLOAD, "receive buffer has %lld bytes, the plan for %lld "
-                       "elements over %d ranks needs %lld", (long long)recv->numel, (long long)N,
-                       world, (long long)total);
+                       "elements over %d ranks needs %s%lld", (long long)recv->numel, (long long)N,
+                       world, varsize ? "at most " : "", (long long)total);
     float *acc = s->acc;
     memset(acc, 0, (size_t)n * 4);
+    fc_chunk c0 = make_chunk(s, m, n, world, grad->dtype, unit, (uint32_t)rank, 0);
+    const int64_t ab = n > 0 ? agg_bytes_of(m, &c0) : 0;
+    int senders = 0;
+    if (ab > 0) {
+        FC_TRY(grow(&s->agg, &s->agg_cap, (size_t)ab, err));
+        memset(s->agg, 0, (size_t)ab);
+    }
     /* Rank order, starting from zero: the same summation order on every rank and as a plain
      * sequential reference, so `none` is exact against it. */
     const uint8_t *p = (const uint8_t *)recv->data;
+    const uint8_t *end = p + recv->numel;
     for (int r = 0; r < world; r++) {
         if (n == 0)
             break;
@@ -493,9 +529,21 @@ int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *o
             continue;
         }
         fc_chunk c = make_chunk(s, m, n, world, grad->dtype, unit, (uint32_t)rank, r);
-        FC_TRY(decode_one(s, m, &c, p, recvs[r], r, 1.0f, acc, err));
-        p += recvs[r];
+        int64_t slot = varsize ? (int64_t)(end - p) : recvs[r], body;
+        FC_TRY(check_payload(m, &c, p, slot, r, &body, err));
+        if (ab > 0) {
+            FC_TRY(m->aggregate(&c, (uint8_t *)s->agg, p + FC_HEADER_BYTES, body, err));
+            senders++;
+        } else {
+            FC_TRY(m->decode_add(&c, p + FC_HEADER_BYTES, body, 1.0f, acc, err));
+        }
+        p += varsize ? fc_align_up(FC_HEADER_BYTES + body) : recvs[r];
     }
+    if (p != end && n > 0)
+        return fc_fail(err, FC_ERR_PAYLOAD, "receive buffer has %lld bytes, its payloads use %lld",
+                       (long long)recv->numel, (long long)(p - (const uint8_t *)recv->data));
+    if (senders > 0) /* one decode of the summed compressed payloads */
+        FC_TRY(m->decode_agg(&c0, (const uint8_t *)s->agg, senders, 1.0f, acc, err));
     /* average, cast, count what overflowed */
     const float w = (float)world;
     int64_t bad = 0;
@@ -552,7 +600,7 @@ int fc_core_decompress(fc_core *s, const uint8_t *payload, int64_t bytes, int64_
     if (m->scratch_bytes != NULL)
         FC_TRY(grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err));
     fc_chunk c = make_chunk(s, m, n, world, FC_F32, unit, chunk, 0);
-    FC_TRY(decode_one(s, m, &c, payload, bytes, 0, alpha, acc, err));
+    FC_TRY(decode_one(m, &c, payload, bytes, 0, alpha, acc, err));
     return FC_OK;
 error:
     return rc;

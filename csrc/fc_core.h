@@ -52,6 +52,8 @@ typedef struct {
     float *acc;    /* fp32 accumulator of the own chunk, reused */
     float *dec;    /* decode for the sampled error statistics */
     void *mscr;    /* method scratch */
+    void *agg;     /* the compressed-domain sum of the received payloads (aggregate path) */
+    size_t agg_cap;
     int64_t x_cap, acc_cap, dec_cap;
     size_t mscr_cap;
 } fc_core;
@@ -73,8 +75,10 @@ void fc_core_plan(const fc_core *s, int64_t numel, int dtype, int world, int ran
 int fc_core_begin(fc_core *s, int64_t numel, uint32_t *unit, fc_err *err);
 void fc_core_end_step(fc_core *s);
 
+/* sizes[c]: bytes of the payload for rank c (0 for none); they lie back to back in send. For
+ * FC_VARSIZE methods they are smaller than the plan's bounds. */
 int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual, int world,
-                   int rank, uint32_t unit, fc_err *err);
+                   int rank, uint32_t unit, int64_t *sizes, fc_err *err);
 int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *out, int world,
                    int rank, uint32_t unit, fc_err *err);
 

@@ -94,9 +94,15 @@ typedef struct fc_method {
      * must check anything in the body that could send it out of bounds. */
     int (*decode_add)(const fc_chunk *c, const uint8_t *body, int64_t body_bytes, float alpha,
                       float *acc, fc_err *err);
-    /* FC_LINEAR only, may be NULL: acc_body += body in the compressed domain. */
-    int (*aggregate)(const fc_chunk *c, uint8_t *acc_body, const uint8_t *body, int64_t body_bytes,
+    /* Optional: receivers sum the payloads in a compressed domain, then decode once (linear
+     * methods, and votes). agg_bytes: size of that sum for chunk c (0: no aggregate path);
+     * aggregate: agg += body (agg starts zeroed); decode_agg: acc += alpha * D(agg), where
+     * `senders` payloads were summed. */
+    int64_t (*agg_bytes)(const fc_chunk *c);
+    int (*aggregate)(const fc_chunk *c, uint8_t *agg, const uint8_t *body, int64_t body_bytes,
                      fc_err *err);
+    int (*decode_agg)(const fc_chunk *c, const uint8_t *agg, int senders, float alpha, float *acc,
+                      fc_err *err);
 } fc_method;
 
 /* The table (methods.c). */

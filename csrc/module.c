@@ -326,9 +326,25 @@ static PyObject *State_end_step(StateObject *self, PyObject *Py_UNUSED(ignored))
 }
 
 PyDoc_STRVAR(State_encode_doc,
-"encode(grad, send, world, rank, unit)\n\n"
+"encode(grad, send, world, rank, unit) -> tuple[int, ...]\n\n"
 "Encodes every outgoing chunk of the flat gradient `grad` into the uint8 buffer `send`\n"
-"(laid out by plan()), applying and updating the unit's error-feedback residual.");
+"(sized by plan()), applying and updating the unit's error-feedback residual. Returns the\n"
+"bytes written for each rank; the payloads lie back to back. For a method whose size is\n"
+"data-dependent (flags['varsize']) these are below plan()'s bounds.");
+
+static PyObject *sizes_tuple(const int64_t *sizes, int world)
+{
+    PyObject *t = PyTuple_New(world);
+    for (int r = 0; t != NULL && r < world; r++) {
+        PyObject *v = PyLong_FromLongLong(sizes[r]);
+        if (v == NULL) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, r, v);
+    }
+    return t;
+}
 
 static PyObject *State_encode(StateObject *self, PyObject *args)
 {
@@ -337,7 +353,7 @@ static PyObject *State_encode(StateObject *self, PyObject *args)
     long long unit;
     fc_err err = {0};
     fc_view g = {0}, s = {0}, r = {0};
-    int64_t ss[FC_MAX_WORLD], rs[FC_MAX_WORLD];
+    int64_t ss[FC_MAX_WORLD], rs[FC_MAX_WORLD], sizes[FC_MAX_WORLD];
     if (!ready(self) || !PyArg_ParseTuple(args, "OOiiL:encode", &grad, &send, &world, &rank, &unit))
         return NULL;
     if (fc_view_get(grad, "grad", FC_DT_FLOATS, &g, &err) != FC_OK ||
@@ -363,7 +379,7 @@ static PyObject *State_encode(StateObject *self, PyObject *args)
     self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     rc = fc_core_encode(&self->core, &g.buf, &s.buf, use_ef ? &r.buf : NULL, world, rank,
-                        (uint32_t)unit, &err);
+                        (uint32_t)unit, sizes, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
     if (rc != FC_OK)
@@ -372,7 +388,7 @@ static PyObject *State_encode(StateObject *self, PyObject *args)
     fc_view_release(&s);
     fc_view_release(&r);
     Py_XDECREF(res);
-    Py_RETURN_NONE;
+    return sizes_tuple(sizes, world);
 error:
     fc_view_release(&g);
     fc_view_release(&s);

@@ -40,6 +40,7 @@ class CommState:
         self._buffers: dict[tuple[str, str], torch.Tensor] = {}
         self._plans: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self._step_open = False
+        self._varsize = bool(self._core.flags["varsize"])
 
     # ---- what the user sees
 
@@ -139,7 +140,9 @@ class CommState:
         send_splits, recv_splits = self._plan(grad, world, rank)
         send = self._buffer("send", sum(send_splits), grad.device)
         recv = self._buffer("recv", sum(recv_splits), grad.device)
-        self._core.encode(grad, send, world, rank, unit)
+        sizes = self._core.encode(grad, send, world, rank, unit)
+        if self._varsize:
+            send, recv, send_splits, recv_splits = self._exchange_sizes(sizes, send, recv, world)
         if world > 1:
             t0 = time.perf_counter()
             dist.all_to_all_single(recv, send, list(recv_splits), list(send_splits), group=self.process_group)
@@ -147,6 +150,21 @@ class CommState:
         elif recv.numel():
             recv.copy_(send)  # one rank compressing its own chunk: the payload loops back
         self._core.decode(recv, grad, output, world, rank, unit)
+
+    def _exchange_sizes(self, sizes, send, recv, world):
+        """Data-dependent payload sizes (flags['varsize']): every rank learns what it will receive
+        with one small all-to-all first, counted as an extra collective."""
+        send_splits = tuple(sizes)
+        if world == 1:
+            recv_splits = send_splits
+        else:
+            out_sizes = torch.tensor(send_splits, dtype=torch.int64, device=send.device)
+            in_sizes = torch.empty(world, dtype=torch.int64, device=send.device)
+            t0 = time.perf_counter()
+            dist.all_to_all_single(in_sizes, out_sizes, group=self.process_group)
+            self._core.add_comm(time.perf_counter() - t0, bytes_sent=8 * (world - 1), extra=True)
+            recv_splits = tuple(int(v) for v in in_sizes.tolist())
+        return send[:sum(send_splits)], recv[:sum(recv_splits)], send_splits, recv_splits
 
     def all_reduce(self, grad: torch.Tensor) -> None:
         """grad = mean over ranks of grad, in place: compressed reduce-scatter, then an

@@ -1,0 +1,112 @@
+/* m_intn.c: `intN`, symmetric block-wise absmax quantisation to 2 or 4 bits (config `bits`):
+ * s = amax / qmax with qmax = 2^(bits-1) - 1, q = round(x / s) (nearest, biased) or
+ * floor(x / s + u) (stochastic, unbiased), stored as q + qmax in `bits` bits, packed 8 codes
+ * per `bits` bytes. Body: nblocks fp32 scales, then the packed codes. bits + 32/B. */
+#include <math.h>
+#include "fc_block.h"
+#include "fc_method.h"
+#include "fc_pack.h"
+
+typedef struct {
+    int64_t bits;
+    int64_t block_size;
+    int stochastic;
+} intn_cfg;
+
+static const fc_key intn_keys[] = {
+    FC_INT(intn_cfg, bits, 4, 2, 4, FC_KEY_POW2, "bits per code: 2 or 4"),
+    FC_INT(intn_cfg, block_size, 256, 8, 1 << 24, FC_KEY_POW2, "elements per scale; a power of two"),
+    FC_BOOL(intn_cfg, stochastic, 0, "stochastic rounding (unbiased) instead of nearest"),
+    FC_KEYS_END,
+};
+
+static void intn_layout(const fc_chunk *c, fc_layout *out)
+{
+    const intn_cfg *cfg = (const intn_cfg *)c->cfg;
+    out->meta_bytes = 4 * fc_nblocks(c->n, cfg->block_size);
+    out->value_bytes = fc_pack_bytes(c->n, (int)cfg->bits);
+    out->index_bytes = 0;
+    out->kept = c->n;
+}
+
+static int intn_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
+{
+    (void)err;
+    const intn_cfg *cfg = (const intn_cfg *)c->cfg;
+    const int w = (int)cfg->bits;
+    const int32_t qmax = (1 << (w - 1)) - 1;
+    const int64_t bs = cfg->block_size, nb = fc_nblocks(c->n, bs);
+    float *scales = (float *)body;
+    uint8_t *packed = body + 4 * nb;
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
+        uint32_t amax_bits = fc_amax_bits(x, lo, hi);
+        const int ok = amax_bits < FC_INF_BITS && amax_bits != 0;
+        const float amax = fc_bits_f32(amax_bits);
+        const float inv = ok ? (float)qmax / amax : 0.0f;
+        scales[b] = amax_bits == 0 ? 0.0f : ok ? amax / (float)qmax : NAN;
+        /* blocks are multiples of 8, so every group of 8 lies in one block */
+        for (int64_t g = lo; g < hi; g += 8) {
+            uint32_t codes[8];
+            fc_u32x4 r0 = {{0}}, r1 = {{0}};
+            if (cfg->stochastic) {
+                r0 = fc_rng_draw4(&c->rng, (uint32_t)(g >> 2));
+                r1 = fc_rng_draw4(&c->rng, (uint32_t)(g >> 2) + 1);
+            }
+            for (int j = 0; j < 8; j++) {
+                int32_t q = 0;
+                if (ok && g + j < hi) {
+                    float v = x[g + j] * inv;
+                    if (cfg->stochastic)
+                        q = fc_floor_i32(v + fc_u01(j < 4 ? r0.v[j] : r1.v[j - 4]));
+                    else
+                        q = (int32_t)fc_round_even(v);
+                    q = q > qmax ? qmax : q < -qmax ? -qmax : q;
+                }
+                codes[j] = (uint32_t)(q + qmax);
+            }
+            fc_pack8(codes, w, packed + (g / 8) * w);
+        }
+    }
+    intn_layout(c, used);
+    return FC_OK;
+}
+
+static int intn_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_bytes, float alpha,
+                           float *acc, fc_err *err)
+{
+    (void)body_bytes;
+    const intn_cfg *cfg = (const intn_cfg *)c->cfg;
+    const int w = (int)cfg->bits;
+    const int32_t qmax = (1 << (w - 1)) - 1;
+    const int64_t bs = cfg->block_size, nb = fc_nblocks(c->n, bs);
+    const float *scales = (const float *)body;
+    const uint8_t *packed = body + 4 * nb;
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
+        const float s = alpha * scales[b];
+        for (int64_t g = lo; g < hi; g += 8) {
+            uint32_t codes[8];
+            fc_unpack8(packed + (g / 8) * w, w, codes);
+            for (int j = 0; j < 8 && g + j < hi; j++) {
+                if (codes[j] > (uint32_t)(2 * qmax))
+                    return fc_fail(err, FC_ERR_PAYLOAD, "intN payload: code %u at element %lld is "
+                                   "outside [0, %d] (corrupted)", codes[j], (long long)(g + j), 2 * qmax);
+                acc[g + j] += s * (float)((int32_t)codes[j] - qmax);
+            }
+        }
+    }
+    return FC_OK;
+}
+
+const fc_method fc_method_intn = {
+    .name = "intN",
+    .id = 5,
+    .flags = FC_RANDOM,
+    .summary = "block-wise absmax 2- or 4-bit integers, packed; bits + 32/block_size",
+    .cfg_size = sizeof(intn_cfg),
+    .keys = intn_keys,
+    .layout = intn_layout,
+    .encode = intn_encode,
+    .decode_add = intn_decode_add,
+};
