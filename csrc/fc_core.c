@@ -60,8 +60,20 @@ void fc_core_init(fc_core *s, const fc_method *m, const fc_common *common, const
     memcpy(s->cfg, cfg, m->cfg_size);
 }
 
+void fc_core_free_unit_states(fc_core *s)
+{
+    for (int32_t u = 0; u < s->n_units; u++) {
+        free(s->units[u].ustate);
+        s->units[u].ustate = NULL;
+    }
+}
+
 void fc_core_free(fc_core *s)
 {
+    if (s->units != NULL)
+        fc_core_free_unit_states(s);
+    free(s->loose);
+    s->loose = NULL;
     free(s->units);
     free(s->x);
     free(s->acc);
@@ -102,6 +114,69 @@ static int grow_f32(float **p, int64_t *cap, int64_t n, fc_err *err)
     return rc;
 }
 
+/* The unit's method state, created (identically on every rank) at first use. */
+static int unit_state(fc_core *s, const fc_method *m, uint32_t unit, float **out, fc_err *err)
+{
+    *out = NULL;
+    if (m->unit_floats == NULL)
+        return FC_OK;
+    float **slot;
+    if ((int32_t)unit < s->n_units) {
+        slot = &s->units[unit].ustate;
+    } else { /* compress()/decompress() of a unit the collective has not seen */
+        if (s->loose != NULL && s->loose_unit != (int64_t)unit) {
+            free(s->loose);
+            s->loose = NULL;
+        }
+        slot = &s->loose;
+        s->loose_unit = unit;
+    }
+    if (*slot == NULL) {
+        int64_t nf = m->unit_floats(s->cfg);
+        float *p = (float *)calloc((size_t)nf, 4);
+        if (p == NULL)
+            return fc_fail(err, FC_ERR_NOMEM, "could not allocate %lld floats of unit state",
+                           (long long)nf);
+        uint64_t seed = (uint64_t)s->common.seed;
+        fc_rng r = {(uint32_t)seed, (uint32_t)(seed >> 32), 0xFFFFFFFFu, unit, 0xFFFFFFFFu};
+        m->unit_init(s->cfg, p, &r);
+        *slot = p;
+    }
+    *out = *slot;
+    return FC_OK;
+}
+
+void fc_core_sync_span(fc_core *s, uint32_t unit, float **data, int64_t *len)
+{
+    *data = NULL;
+    *len = 0;
+    if ((int32_t)unit >= s->n_units || s->units[unit].ustate == NULL)
+        return;
+    const fc_method *m = fc_core_unit_method(s, s->units[unit].numel);
+    if (m->sync_floats == NULL)
+        return;
+    int64_t off = 0, n = m->sync_floats(s->cfg, s->step, &off);
+    if (n > 0) {
+        *data = s->units[unit].ustate + off;
+        *len = n;
+    }
+}
+
+int fc_core_sync_apply(fc_core *s, uint32_t unit, const float *sum, int64_t len, fc_err *err)
+{
+    float *data;
+    int64_t want;
+    fc_core_sync_span(s, unit, &data, &want);
+    if (want == 0)
+        return fc_fail(err, FC_ERR_STATE, "unit %u has no state to sync at step %u", unit, s->step);
+    if (len != want)
+        return fc_fail(err, FC_ERR_VALUE, "sync of unit %u needs %lld floats, got %lld", unit,
+                       (long long)want, (long long)len);
+    memcpy(data, sum, (size_t)len * 4);
+    const fc_method *m = fc_core_unit_method(s, s->units[unit].numel);
+    return m->sync_apply(s->cfg, s->units[unit].ustate, err);
+}
+
 /* ---- geometry ---- */
 
 const fc_method *fc_core_unit_method(const fc_core *s, int64_t numel)
@@ -139,6 +214,7 @@ static fc_chunk make_chunk(const fc_core *s, const fc_method *m, int64_t n, int 
     c.rng = c.rng_shared;
     c.rng.key1 ^= 0x85EBCA6Bu * (uint32_t)(rank + 1);
     c.scratch = s->mscr;
+    c.ustate = NULL;
     return c;
 }
 
@@ -357,6 +433,8 @@ int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residua
     if (m->scratch_bytes != NULL)
         FC_TRY(grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, per), err));
 
+    float *ust;
+    FC_TRY(unit_state(s, m, unit, &ust, err));
     uint8_t *out = (uint8_t *)send->data;
     int64_t off = 0, raw = 0;
     double unit_e_sq = 0;
@@ -369,6 +447,7 @@ int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residua
             continue;
         fc_chunk c = make_chunk(s, m, n, world, grad->dtype, unit, (uint32_t)ci, rank);
         c.scratch = s->mscr;
+        c.ustate = ust;
         int64_t bad = load_chunk(s, grad, use_ef ? residual : NULL, start, n);
         s->ctr.nonfinite_in += bad;
         int64_t size;
@@ -510,7 +589,10 @@ int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *o
                        world, varsize ? "at most " : "", (long long)total);
     float *acc = s->acc;
     memset(acc, 0, (size_t)n * 4);
+    float *ust;
+    FC_TRY(unit_state(s, m, unit, &ust, err));
     fc_chunk c0 = make_chunk(s, m, n, world, grad->dtype, unit, (uint32_t)rank, 0);
+    c0.ustate = ust;
     const int64_t ab = n > 0 ? agg_bytes_of(m, &c0) : 0;
     int senders = 0;
     if (ab > 0) {
@@ -529,6 +611,7 @@ int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *o
             continue;
         }
         fc_chunk c = make_chunk(s, m, n, world, grad->dtype, unit, (uint32_t)rank, r);
+        c.ustate = ust;
         int64_t slot = varsize ? (int64_t)(end - p) : recvs[r], body;
         FC_TRY(check_payload(m, &c, p, slot, r, &body, err));
         if (ab > 0) {
@@ -585,6 +668,7 @@ int fc_core_compress(fc_core *s, const float *x, int64_t n, uint8_t *payload, in
         FC_TRY(grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err));
     memcpy(s->x, x, (size_t)n * 4);
     fc_chunk c = make_chunk(s, m, n, world, FC_F32, unit, chunk, rank);
+    FC_TRY(unit_state(s, m, unit, &c.ustate, err));
     fc_layout used;
     FC_TRY(encode_one(s, m, &c, payload, cap, written, &used, err));
     return FC_OK;
@@ -600,6 +684,7 @@ int fc_core_decompress(fc_core *s, const uint8_t *payload, int64_t bytes, int64_
     if (m->scratch_bytes != NULL)
         FC_TRY(grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err));
     fc_chunk c = make_chunk(s, m, n, world, FC_F32, unit, chunk, 0);
+    FC_TRY(unit_state(s, m, unit, &c.ustate, err));
     FC_TRY(decode_one(m, &c, payload, bytes, 0, alpha, acc, err));
     return FC_OK;
 error:

@@ -30,6 +30,7 @@ typedef struct {
     int64_t numel;      /* fixed the first time the unit is seen; later calls must match */
     double residual_sq; /* ||e||^2 after the unit's latest update */
     int64_t residual_elems;
+    float *ustate; /* the method's persistent per-unit state (fc_method.unit_floats), or NULL */
 } fc_unit;
 
 /* A gradient, output, residual or wire buffer, already validated by the glue. */
@@ -54,6 +55,8 @@ typedef struct {
     void *mscr;    /* method scratch */
     void *agg;     /* the compressed-domain sum of the received payloads (aggregate path) */
     size_t agg_cap;
+    float *loose;  /* unit state for compress/decompress of a unit the collective never saw */
+    int64_t loose_unit;
     int64_t x_cap, acc_cap, dec_cap;
     size_t mscr_cap;
 } fc_core;
@@ -81,6 +84,13 @@ int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residua
                    int rank, uint32_t unit, int64_t *sizes, fc_err *err);
 int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *out, int world,
                    int rank, uint32_t unit, fc_err *err);
+
+/* Frees every unit's method state (before the unit table is replaced or freed). */
+void fc_core_free_unit_states(fc_core *s);
+/* After decode: the floats of the unit's state to sum over ranks this step (*len 0: none). */
+void fc_core_sync_span(fc_core *s, uint32_t unit, float **data, int64_t *len);
+/* Stores the sum over ranks into that span and lets the method use it. */
+int fc_core_sync_apply(fc_core *s, uint32_t unit, const float *sum, int64_t len, fc_err *err);
 
 /* One chunk, outside any collective (tests, benchmarks): x fp32 in, payload out. */
 int fc_core_compress(fc_core *s, const float *x, int64_t n, uint8_t *payload, int64_t cap,

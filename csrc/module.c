@@ -575,6 +575,56 @@ error:
     return STATE_ERR(self, &err);
 }
 
+/* ---------------------------------------------------------------- State: unit-state sync */
+
+PyDoc_STRVAR(State_sync_vector_doc,
+"sync_vector(unit) -> bytes | None\n\n"
+"After this step's decode of `unit`: the fp32 values the ranks must sum (all-reduce) and hand\n"
+"to sync_apply(), or None when the method has nothing to sync this step (gradiveq's basis).");
+
+static PyObject *State_sync_vector(StateObject *self, PyObject *arg)
+{
+    if (!ready(self))
+        return NULL;
+    long long unit = PyLong_AsLongLong(arg);
+    if (unit == -1 && PyErr_Occurred())
+        return NULL;
+    if (unit < 0 || unit >= self->core.n_units) {
+        PyErr_Format(PyExc_ValueError, "unit must be in [0, %d), got %lld", self->core.n_units, unit);
+        return NULL;
+    }
+    float *data;
+    int64_t len;
+    fc_core_sync_span(&self->core, (uint32_t)unit, &data, &len);
+    if (len == 0)
+        Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize((const char *)data, (Py_ssize_t)(len * 4));
+}
+
+PyDoc_STRVAR(State_sync_apply_doc,
+"sync_apply(unit, summed)\n\nHands the sum over ranks of sync_vector(unit) (an fp32 CPU tensor) back.");
+
+static PyObject *State_sync_apply(StateObject *self, PyObject *args)
+{
+    PyObject *t;
+    long long unit;
+    fc_err err = {0};
+    fc_view v = {0};
+    if (!ready(self) || !PyArg_ParseTuple(args, "LO:sync_apply", &unit, &t))
+        return NULL;
+    if (unit < 0 || unit >= self->core.n_units) {
+        PyErr_Format(PyExc_ValueError, "unit must be in [0, %d), got %lld", self->core.n_units, unit);
+        return NULL;
+    }
+    if (fc_view_get(t, "summed", FC_DT_F32, &v, &err) != FC_OK || check_cpu(&v, "summed", &err) ||
+        fc_core_sync_apply(&self->core, (uint32_t)unit, (const float *)v.buf.data, v.buf.numel, &err)) {
+        fc_view_release(&v);
+        return STATE_ERR(self, &err);
+    }
+    fc_view_release(&v);
+    Py_RETURN_NONE;
+}
+
 /* ---------------------------------------------------------------- State: counters */
 
 PyDoc_STRVAR(State_counters_doc, "counters() -> dict\n\nEverything counted since the last reset_counters().");
@@ -758,6 +808,7 @@ static PyObject *State_restore(StateObject *self, PyObject *args)
         if (PyList_Append(new_list, r) < 0)
             goto error;
     }
+    fc_core_free_unit_states(&self->core); /* relearned from the shared seed, see gradiveq */
     free(self->core.units);
     self->core.units = table;
     self->core.n_units = self->core.cap_units = (int32_t)(n > 0 ? n : 1);
@@ -828,6 +879,8 @@ static PyMethodDef State_methods[] = {
     {"layout", (PyCFunction)State_layout, METH_O, State_layout_doc},
     {"compress", (PyCFunction)(void (*)(void))State_compress, METH_VARARGS | METH_KEYWORDS, State_compress_doc},
     {"decompress", (PyCFunction)(void (*)(void))State_decompress, METH_VARARGS | METH_KEYWORDS, State_decompress_doc},
+    {"sync_vector", (PyCFunction)State_sync_vector, METH_O, State_sync_vector_doc},
+    {"sync_apply", (PyCFunction)State_sync_apply, METH_VARARGS, State_sync_apply_doc},
     {"counters", (PyCFunction)State_counters, METH_NOARGS, State_counters_doc},
     {"reset_counters", (PyCFunction)State_reset_counters, METH_NOARGS, State_reset_counters_doc},
     {"add_comm", (PyCFunction)(void (*)(void))State_add_comm, METH_VARARGS | METH_KEYWORDS, State_add_comm_doc},

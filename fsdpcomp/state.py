@@ -150,6 +150,23 @@ class CommState:
         elif recv.numel():
             recv.copy_(send)  # one rank compressing its own chunk: the payload loops back
         self._core.decode(recv, grad, output, world, rank, unit)
+        self._sync_unit_state(unit, world, grad.device)
+
+    def _sync_unit_state(self, unit: int, world: int, device: torch.device) -> None:
+        """Method state that must stay identical on all ranks (gradiveq's basis) is rebuilt from
+        a sum over ranks: one all-reduce, counted as an extra collective, on the steps it is due."""
+        vec = self._core.sync_vector(unit)
+        if vec is None:
+            return
+        summed = torch.frombuffer(bytearray(vec), dtype=torch.float32)
+        if world > 1:
+            t = summed.to(device)
+            t0 = time.perf_counter()
+            dist.all_reduce(t, group=self.process_group)
+            nbytes = len(vec) * (world - 1) // world * 2  # ring all-reduce traffic per rank
+            self._core.add_comm(time.perf_counter() - t0, bytes_sent=nbytes, extra=True)
+            summed = t.cpu()
+        self._core.sync_apply(unit, summed)
 
     def _exchange_sizes(self, sizes, send, recv, world):
         """Data-dependent payload sizes (flags['varsize']): every rank learns what it will receive
