@@ -72,6 +72,23 @@ static int intn_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layo
     return FC_OK;
 }
 
+/* One block of packed codes; `w` is a literal at each call, so the unpacking specialises. */
+static inline uint32_t intn_block(const uint8_t *packed, int w, int32_t qmax, float s, int64_t lo,
+                                  int64_t hi, float *acc)
+{
+    uint32_t worst = 0;
+    for (int64_t g = lo; g < hi; g += 8) {
+        uint32_t codes[8];
+        fc_unpack8(packed + (g / 8) * w, w, codes);
+        const int64_t m = hi - g < 8 ? hi - g : 8;
+        for (int64_t j = 0; j < m; j++) {
+            worst = codes[j] > worst ? codes[j] : worst;
+            acc[g + j] += s * (float)((int32_t)codes[j] - qmax);
+        }
+    }
+    return worst;
+}
+
 static int intn_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_bytes, float alpha,
                            float *acc, fc_err *err)
 {
@@ -85,16 +102,11 @@ static int intn_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
         const float s = alpha * scales[b];
-        for (int64_t g = lo; g < hi; g += 8) {
-            uint32_t codes[8];
-            fc_unpack8(packed + (g / 8) * w, w, codes);
-            for (int j = 0; j < 8 && g + j < hi; j++) {
-                if (codes[j] > (uint32_t)(2 * qmax))
-                    return fc_fail(err, FC_ERR_PAYLOAD, "intN payload: code %u at element %lld is "
-                                   "outside [0, %d] (corrupted)", codes[j], (long long)(g + j), 2 * qmax);
-                acc[g + j] += s * (float)((int32_t)codes[j] - qmax);
-            }
-        }
+        uint32_t worst = w == 2 ? intn_block(packed, 2, qmax, s, lo, hi, acc)
+                                : intn_block(packed, 4, qmax, s, lo, hi, acc);
+        if (worst > (uint32_t)(2 * qmax))
+            return fc_fail(err, FC_ERR_PAYLOAD, "intN payload: code %u in block %lld is outside "
+                           "[0, %d] (corrupted)", worst, (long long)b, 2 * qmax);
     }
     return FC_OK;
 }

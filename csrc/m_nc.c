@@ -63,7 +63,6 @@ static int nc_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_by
     const int64_t bs = cfg->block_size, nb = fc_nblocks(c->n, bs);
     const uint32_t *emaxs = (const uint32_t *)body;
     const uint8_t *codes = body + 4 * nb;
-    float lut[256];
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
         const uint32_t emax = emaxs[b];
@@ -75,18 +74,23 @@ static int nc_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_by
                 acc[i] += NAN;
             continue;
         }
-        /* codes decode through a per-block table: 256 entries, reused by the whole block */
+        /* codes decode through a per-block table; impossible codes (exponent above the
+         * block's, or a signed zero code) are flagged by a second table and reported after */
+        float lut[256];
+        uint8_t badc[256];
         for (int v = 0; v < 256; v++) {
             uint32_t cc = (uint32_t)v & 0x7fu;
-            lut[v] = (cc == 0 || cc > emax + 1u) ? 0.0f : alpha * fc_nc_decode((uint8_t)v, emax);
+            badc[v] = (uint8_t)(cc > emax + 1u || (cc == 0 && v != 0));
+            lut[v] = (cc == 0 || badc[v]) ? 0.0f : alpha * fc_nc_decode((uint8_t)v, emax);
         }
+        uint32_t bad = 0;
         for (int64_t i = lo; i < hi; i++) {
-            uint32_t cc = codes[i] & 0x7fu;
-            if (cc > emax + 1u || (cc == 0 && codes[i] != 0))
-                return fc_fail(err, FC_ERR_PAYLOAD, "nc payload: code 0x%02x at element %lld is "
-                               "outside the block's range (corrupted)", codes[i], (long long)i);
+            bad |= badc[codes[i]];
             acc[i] += lut[codes[i]];
         }
+        if (bad)
+            return fc_fail(err, FC_ERR_PAYLOAD, "nc payload: a code in block %lld is outside the "
+                           "block's range (corrupted)", (long long)b);
     }
     return FC_OK;
 }

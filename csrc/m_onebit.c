@@ -35,13 +35,12 @@ static int onebit_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_la
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
         double sp = 0, sn = 0;
         int64_t np = 0;
-        for (int64_t i = lo; i < hi; i++) {
-            int neg = (fc_f32_bits(x[i]) >> 31) != 0;
-            np += !neg;
-            if (neg)
-                sn += x[i];
-            else
-                sp += x[i];
+        for (int64_t i = lo; i < hi; i++) { /* branch-free: the signs are random */
+            const uint32_t neg = fc_f32_bits(x[i]) >> 31;
+            const float v = x[i];
+            np += 1 - (int64_t)neg;
+            sn += neg ? v : 0.0f;
+            sp += neg ? 0.0f : v;
         }
         const int64_t nn = (hi - lo) - np;
         means[2 * b] = np ? (float)(sp / (double)np) : 0.0f;
@@ -68,9 +67,14 @@ static int onebit_decode_add(const fc_chunk *c, const uint8_t *body, int64_t bod
     const uint8_t *bits = body + 8 * nb;
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
-        const float vp = alpha * means[2 * b], vn = alpha * means[2 * b + 1];
-        for (int64_t i = lo; i < hi; i++)
-            acc[i] += (bits[i >> 3] >> (i & 7)) & 1u ? vn : vp;
+        /* a table, not a branch: random signs defeat branch prediction */
+        const float v2[2] = {alpha * means[2 * b], alpha * means[2 * b + 1]};
+        for (int64_t g = lo; g < hi; g += 8) { /* one byte of bits per group of 8 */
+            const uint32_t byte = bits[g >> 3];
+            const int64_t m = hi - g < 8 ? hi - g : 8;
+            for (int64_t j = 0; j < m; j++)
+                acc[g + j] += v2[(byte >> j) & 1u];
+        }
     }
     return FC_OK;
 }

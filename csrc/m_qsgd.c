@@ -58,6 +58,23 @@ static int qsgd_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layo
     return FC_OK;
 }
 
+/* One bucket of packed codes; `w` is a literal at the common call sites, so it specialises. */
+static inline uint32_t qsgd_bucket(const uint8_t *packed, int w, float step, float alpha,
+                                   int64_t lo, int64_t hi, float *acc)
+{
+    uint32_t worst = 0;
+    for (int64_t g = lo; g < hi; g += 8) {
+        uint32_t codes[8];
+        fc_unpack8(packed + (g / 8) * w, w, codes);
+        const int64_t m = hi - g < 8 ? hi - g : 8;
+        for (int64_t j = 0; j < m; j++) {
+            worst = codes[j] > worst ? codes[j] : worst;
+            acc[g + j] += alpha * fc_qsgd_value(codes[j], step);
+        }
+    }
+    return worst;
+}
+
 static int qsgd_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_bytes, float alpha,
                            float *acc, fc_err *err)
 {
@@ -71,17 +88,17 @@ static int qsgd_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
         const float step = norms[b] / (float)cfg->levels;
-        for (int64_t g = lo; g < hi; g += 8) {
-            uint32_t codes[8];
-            fc_unpack8(packed + (g / 8) * w, w, codes);
-            for (int j = 0; j < 8 && g + j < hi; j++) {
-                if (codes[j] > top)
-                    return fc_fail(err, FC_ERR_PAYLOAD, "qsgd payload: level %u at element %lld "
-                                   "exceeds %lld levels (corrupted)", codes[j] >> 1,
-                                   (long long)(g + j), (long long)cfg->levels);
-                acc[g + j] += alpha * fc_qsgd_value(codes[j], step);
-            }
+        uint32_t worst;
+        switch (w) {
+        case 3: worst = qsgd_bucket(packed, 3, step, alpha, lo, hi, acc); break;
+        case 4: worst = qsgd_bucket(packed, 4, step, alpha, lo, hi, acc); break;
+        case 5: worst = qsgd_bucket(packed, 5, step, alpha, lo, hi, acc); break;
+        case 8: worst = qsgd_bucket(packed, 8, step, alpha, lo, hi, acc); break;
+        default: worst = qsgd_bucket(packed, w, step, alpha, lo, hi, acc); break;
         }
+        if (worst > top)
+            return fc_fail(err, FC_ERR_PAYLOAD, "qsgd payload: level %u in bucket %lld exceeds "
+                           "%lld levels (corrupted)", worst >> 1, (long long)b, (long long)cfg->levels);
     }
     return FC_OK;
 }
