@@ -33,15 +33,17 @@ static int onebit_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_la
     uint8_t *bits = body + 8 * nb;
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
-        double sp = 0, sn = 0;
+        /* 8 lanes each, fixed combination order (see fc_block.h); branch-free: random signs */
+        double sp8[FC_LANES] = {0}, sn8[FC_LANES] = {0};
         int64_t np = 0;
-        for (int64_t i = lo; i < hi; i++) { /* branch-free: the signs are random */
+        for (int64_t i = lo; i < hi; i++) {
             const uint32_t neg = fc_f32_bits(x[i]) >> 31;
-            const float v = x[i];
+            const double v = x[i], mn = (double)neg; /* v * 0/1: exact, and no branch */
             np += 1 - (int64_t)neg;
-            sn += neg ? v : 0.0f;
-            sp += neg ? 0.0f : v;
+            sn8[(i - lo) & (FC_LANES - 1)] += v * mn;
+            sp8[(i - lo) & (FC_LANES - 1)] += v * (1.0 - mn);
         }
+        const double sp = fc_lanes_total(sp8), sn = fc_lanes_total(sn8);
         const int64_t nn = (hi - lo) - np;
         means[2 * b] = np ? (float)(sp / (double)np) : 0.0f;
         means[2 * b + 1] = nn ? (float)(sn / (double)nn) : 0.0f;

@@ -38,10 +38,7 @@ static int qsgd_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layo
     uint8_t *packed = body + 4 * nb;
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
-        double sq = 0;
-        for (int64_t i = lo; i < hi; i++)
-            sq += (double)x[i] * (double)x[i];
-        const float norm = (float)sqrt(sq);
+        const float norm = (float)sqrt(fc_sum_sq(x, lo, hi));
         const int ok = norm > 0 && isfinite(norm);
         norms[b] = norm;
         const float inv = ok ? (float)s / norm : 0.0f;

@@ -57,10 +57,8 @@ static int sign_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layo
     float *scales = (float *)body;
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
-        double l1 = 0;
-        for (int64_t i = lo; i < hi; i++)
-            l1 += fabs((double)x[i]);
-        scales[b] = (float)(l1 / (double)(hi - lo)); /* NaN/Inf in, NaN/Inf scale out */
+        /* NaN/Inf in, NaN/Inf scale out */
+        scales[b] = (float)(fc_sum_abs(x, lo, hi) / (double)(hi - lo));
     }
     sign_bits(x, c->n, body + 4 * nb);
     sign_layout(c, used);
