@@ -6,6 +6,8 @@
 
 int fc_top_eigvecs(double *a, int m, int k, double *v, float *u)
 {
+    if (m > 256 || k > m)
+        return -1;
     memset(v, 0, (size_t)m * (size_t)m * sizeof(double));
     for (int i = 0; i < m; i++)
         v[i * m + i] = 1.0;
@@ -51,6 +53,8 @@ int fc_top_eigvecs(double *a, int m, int k, double *v, float *u)
         for (int i = 0; i < m; i++)
             if (!taken[i] && (best < 0 || a[i * m + i] > a[best * m + best]))
                 best = i;
+        if (best < 0) /* k > m: never, gradiveq's check refuses it */
+            break;
         taken[best] = 1;
         int big = 0;
         for (int r = 1; r < m; r++)
