@@ -43,7 +43,9 @@ typedef struct {
 typedef struct {
     const fc_method *method;
     fc_common common;
-    _Alignas(64) unsigned char cfg[FC_CFG_MAX];
+    /* 16, not 64: fc_core lives inside a Python object, which CPython aligns to 16 bytes only
+     * (UBSan flags misaligned access otherwise); method configs need 8 at most. */
+    _Alignas(16) unsigned char cfg[FC_CFG_MAX];
     fc_counters ctr;
     uint32_t step;
     uint32_t cursor; /* index of the next unit within this step */
