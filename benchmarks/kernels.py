@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 
@@ -81,6 +82,11 @@ class CpuBackend:
         state.decompress(payload, acc)
 
 
+def sparse_k(cfg, n):
+    """k of topk/randomk for a chunk of n, as documented: max(1, ceil(ratio * n))."""
+    return min(n, max(1, math.ceil(cfg["ratio"] * n)))
+
+
 def validate(method, cfg, x, backend):
     """Checks one round trip on the benchmark data; returns how many things are wrong."""
     s = backend.state(method, cfg)
@@ -102,13 +108,13 @@ def validate(method, cfg, x, backend):
     if method in limits:
         wrong += int(not rel <= limits[method])
     elif method == "topk":
-        k = max(1, round(cfg["ratio"] * n))
+        k = sparse_k(cfg, n)
         top = xs.abs().topk(k).indices
         wrong += int((ds != 0).sum() != k) + int((ds[top] == 0).sum())
         if cfg.get("quantize", "none") == "none":
             wrong += int((ds[top] != xs[top]).sum())
     elif method == "randomk":
-        wrong += int((ds != 0).sum() > max(1, round(cfg["ratio"] * n)))
+        wrong += int((ds != 0).sum() > sparse_k(cfg, n))
     elif method == "thresholdv":
         wrong += int(((xs.abs() > cfg["threshold"]) != (ds != 0)).sum())
     elif method == "sketch":
