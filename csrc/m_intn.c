@@ -6,6 +6,7 @@
 #include "fc_block.h"
 #include "fc_method.h"
 #include "fc_pack.h"
+#include "fc_rng_batch.h"
 
 typedef struct {
     int64_t bits;
@@ -29,6 +30,20 @@ static void intn_layout(const fc_chunk *c, fc_layout *out)
     out->kept = c->n;
 }
 
+/* Codes of 2 or 4 bits, packed the fc_pack8 way: within a group of 8 little-endian bit order,
+ * groups back to back, so element i sits at bit i * w. Written per byte here: the CPU loops
+ * vectorise, and the bytes equal fc_pack8's, which the CUDA kernels use. */
+static void pack_block(const uint8_t *t, int64_t lo, int64_t hi, int w, uint8_t *packed)
+{
+    const int per = 8 / w; /* codes per byte */
+    for (int64_t i = lo; i < hi; i += per) {
+        uint32_t byte = 0;
+        for (int j = 0; j < per && i + j < hi; j++)
+            byte |= (uint32_t)t[i - lo + j] << (j * w);
+        packed[(i * w) >> 3] = (uint8_t)byte;
+    }
+}
+
 static int intn_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
 {
     (void)err;
@@ -37,54 +52,55 @@ static int intn_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layo
     const int32_t qmax = (1 << (w - 1)) - 1;
     const int64_t bs = cfg->block_size, nb = fc_nblocks(c->n, bs);
     float *scales = (float *)body;
-    uint8_t *packed = body + 4 * nb;
+    uint8_t *restrict packed = body + 4 * nb;
+    uint8_t t[4 * FC_RNG_BATCH]; /* codes of one stretch of the block, before packing */
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
         uint32_t amax_bits = fc_amax_bits(x, lo, hi);
         const int ok = amax_bits < FC_INF_BITS && amax_bits != 0;
         const float amax = fc_bits_f32(amax_bits);
         const float inv = ok ? (float)qmax / amax : 0.0f;
+        const float fq = (float)qmax;
         scales[b] = amax_bits == 0 ? 0.0f : ok ? amax / (float)qmax : NAN;
-        /* blocks are multiples of 8, so every group of 8 lies in one block */
-        for (int64_t g = lo; g < hi; g += 8) {
-            uint32_t codes[8];
-            fc_u32x4 r0 = {{0}}, r1 = {{0}};
-            if (cfg->stochastic) {
-                r0 = fc_rng_draw4(&c->rng, (uint32_t)(g >> 2));
-                r1 = fc_rng_draw4(&c->rng, (uint32_t)(g >> 2) + 1);
-            }
-            for (int j = 0; j < 8; j++) {
-                int32_t q = 0;
-                if (ok && g + j < hi) {
-                    float v = x[g + j] * inv;
-                    if (cfg->stochastic)
-                        q = fc_floor_i32(v + fc_u01(j < 4 ? r0.v[j] : r1.v[j - 4]));
-                    else
-                        q = (int32_t)fc_round_even(v);
+        /* stretches of 64 elements (a multiple of 8: whole bytes), one batched Philox each */
+        for (int64_t g = lo; g < hi; g += 4 * FC_RNG_BATCH) {
+            const int64_t m = hi - g < 4 * FC_RNG_BATCH ? hi - g : 4 * FC_RNG_BATCH;
+            if (!ok) { /* zero or non-finite block: no arithmetic on NaN/Inf, code of 0 */
+                for (int64_t j = 0; j < m; j++)
+                    t[j] = (uint8_t)qmax;
+            } else if (cfg->stochastic) {
+                float u[4 * FC_RNG_BATCH];
+                fc_u01_batch(&c->rng, g, u);
+                for (int64_t j = 0; j < m; j++) {
+                    int32_t q = fc_floor_i32(x[g + j] * inv + u[j]);
                     q = q > qmax ? qmax : q < -qmax ? -qmax : q;
+                    t[j] = (uint8_t)(q + qmax);
                 }
-                codes[j] = (uint32_t)(q + qmax);
+            } else {
+                for (int64_t j = 0; j < m; j++) {
+                    float q = fc_round_even(x[g + j] * inv);
+                    q = q > fq ? fq : q < -fq ? -fq : q;
+                    t[j] = (uint8_t)((int32_t)q + qmax);
+                }
             }
-            fc_pack8(codes, w, packed + (g / 8) * w);
+            pack_block(t, g, g + m, w, packed);
         }
+        /* the last group's unused code slots are zero, as fc_pack8 leaves them */
     }
     intn_layout(c, used);
     return FC_OK;
 }
 
-/* One block of packed codes; `w` is a literal at each call, so the unpacking specialises. */
+/* element i's code at bit i * w; `w` is a literal at each call, so the shifts specialise */
 static inline uint32_t intn_block(const uint8_t *packed, int w, int32_t qmax, float s, int64_t lo,
                                   int64_t hi, float *acc)
 {
     uint32_t worst = 0;
-    for (int64_t g = lo; g < hi; g += 8) {
-        uint32_t codes[8];
-        fc_unpack8(packed + (g / 8) * w, w, codes);
-        const int64_t m = hi - g < 8 ? hi - g : 8;
-        for (int64_t j = 0; j < m; j++) {
-            worst = codes[j] > worst ? codes[j] : worst;
-            acc[g + j] += s * (float)((int32_t)codes[j] - qmax);
-        }
+    const uint32_t mask = (1u << w) - 1u;
+    for (int64_t i = lo; i < hi; i++) {
+        const uint32_t code = ((uint32_t)packed[(i * w) >> 3] >> ((i * w) & 7)) & mask;
+        worst = code > worst ? code : worst;
+        acc[i] += s * (float)((int32_t)code - qmax);
     }
     return worst;
 }
