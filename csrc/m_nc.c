@@ -6,6 +6,7 @@
 #include "fc_block.h"
 #include "fc_method.h"
 #include "fc_nc.h"
+#include "fc_rng_batch.h"
 
 typedef struct {
     int64_t block_size;
@@ -45,10 +46,32 @@ static int nc_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout
                 codes[i] = 0;
             continue;
         }
-        for (int64_t g = lo; g < hi; g += 4) { /* 4 draws per Philox call */
-            fc_u32x4 r = fc_rng_draw4(&c->rng, (uint32_t)(g >> 2));
-            for (int j = 0; j < 4 && g + j < hi; j++)
-                codes[g + j] = fc_nc_encode(x[g + j], emax, r.v[j]);
+        /* smallest exponent of the non-zero elements (zeros count as 255) */
+        uint32_t emin = 255;
+        for (int64_t i = lo; i < hi; i++) {
+            const uint32_t a = fc_abs_bits(x[i]);
+            const uint32_t e = a ? a >> 23 : 255u;
+            emin = e < emin ? e : emin;
+        }
+        const int32_t lo_e = (int32_t)emax + 1 - (FC_NC_SPAN - 1);
+        const int fast = emax < 254 && (int32_t)emin >= (lo_e < 1 ? 1 : lo_e);
+        for (int64_t g = lo; g < hi; g += 4 * FC_RNG_BATCH) { /* 64 draws per batched Philox */
+            uint32_t r[4][FC_RNG_BATCH];
+            fc_rng_draw_batch(&c->rng, (uint32_t)(g >> 2), r);
+            const int64_t m = hi - g < 4 * FC_RNG_BATCH ? hi - g : 4 * FC_RNG_BATCH;
+            if (fast) {
+                /* fc_nc_encode's common case, branch-free so it vectorises: every non-zero
+                 * element is a normal inside the block's range and no rounding reaches 2^128 */
+                for (int64_t j = 0; j < m; j++) {
+                    const uint32_t u = fc_f32_bits(x[g + j]), a = u & 0x7fffffffu;
+                    const uint32_t up = (r[j & 3][j >> 2] >> 9) < (a & 0x7fffffu);
+                    const uint32_t cc = (emax + 2u - ((a >> 23) + up)) | ((u >> 24) & 0x80u);
+                    codes[g + j] = (uint8_t)(a ? cc : 0u);
+                }
+            } else {
+                for (int64_t j = 0; j < m; j++)
+                    codes[g + j] = fc_nc_encode(x[g + j], emax, r[j & 3][j >> 2]);
+            }
         }
     }
     nc_layout(c, used);

@@ -6,6 +6,7 @@
 #include "fc_method.h"
 #include "fc_pack.h"
 #include "fc_qsgd.h"
+#include "fc_rng_batch.h"
 
 typedef struct {
     int64_t levels;
@@ -42,13 +43,14 @@ static int qsgd_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layo
         const int ok = norm > 0 && isfinite(norm);
         norms[b] = norm;
         const float inv = ok ? (float)s / norm : 0.0f;
-        for (int64_t g = lo; g < hi; g += 8) {
-            uint32_t codes[8];
-            fc_u32x4 r0 = fc_rng_draw4(&c->rng, (uint32_t)(g >> 2));
-            fc_u32x4 r1 = fc_rng_draw4(&c->rng, (uint32_t)(g >> 2) + 1);
-            for (int j = 0; j < 8; j++)
-                codes[j] = ok && g + j < hi ? fc_qsgd_code(x[g + j], inv, s, j < 4 ? r0.v[j] : r1.v[j - 4]) : 0;
-            fc_pack8(codes, w, packed + (g / 8) * w);
+        for (int64_t g = lo; g < hi; g += 4 * FC_RNG_BATCH) { /* 64 draws per batched Philox */
+            uint32_t r[4][FC_RNG_BATCH], codes[4 * FC_RNG_BATCH];
+            fc_rng_draw_batch(&c->rng, (uint32_t)(g >> 2), r);
+            const int64_t m = hi - g < 4 * FC_RNG_BATCH ? hi - g : 4 * FC_RNG_BATCH;
+            for (int64_t j = 0; j < 4 * FC_RNG_BATCH; j++)
+                codes[j] = ok && j < m ? fc_qsgd_code(x[g + j], inv, s, r[j & 3][j >> 2]) : 0;
+            for (int64_t j = 0; j < m; j += 8)
+                fc_pack8(codes + j, w, packed + ((g + j) / 8) * w);
         }
     }
     qsgd_layout(c, used);
