@@ -3,6 +3,7 @@
  * (unbiased, error < s). Body: nblocks fp32 scales, then n int8 codes. 8 bits + 32/B. */
 #include <math.h>
 #include "fc_method.h"
+#include "fc_block.h"
 #include "fc_quant.h"
 #include "fc_rng_batch.h"
 
@@ -42,11 +43,7 @@ static int int8_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layo
     int8_t *restrict codes = (int8_t *)(body + 4 * nb);
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = lo + bs < c->n ? lo + bs : c->n;
-        uint32_t amax_bits = 0;
-        for (int64_t i = lo; i < hi; i++) {
-            uint32_t a = fc_abs_bits(x[i]);
-            amax_bits = a > amax_bits ? a : amax_bits;
-        }
+        const uint32_t amax_bits = fc_amax_bits(x, lo, hi);
         if (amax_bits >= FC_INF_BITS || amax_bits == 0) {
             /* Non-finite block: a NaN scale makes every decoded value NaN, so the problem is
              * passed through (and counted by the driver) instead of becoming silent zeros. */
