@@ -60,13 +60,28 @@ void fc_core_init(fc_core *s, const fc_method *m, const fc_common *common, const
     memcpy(s->cfg, cfg, m->cfg_size);
 }
 
+void fc_core_free_unit_states(fc_core *s)
+{
+    for (int32_t u = 0; u < s->n_units; u++) {
+        free(s->units[u].ustate);
+        s->units[u].ustate = NULL;
+    }
+}
+
 void fc_core_free(fc_core *s)
 {
+    if (s->units != NULL)
+        fc_core_free_unit_states(s);
+    free(s->loose);
+    s->loose = NULL;
     free(s->units);
     free(s->x);
     free(s->acc);
     free(s->dec);
     free(s->mscr);
+    free(s->agg);
+    s->agg = NULL;
+    s->agg_cap = 0;
     s->units = NULL;
     s->x = s->acc = s->dec = NULL;
     s->mscr = NULL;
@@ -97,6 +112,69 @@ static int grow_f32(float **p, int64_t *cap, int64_t n, fc_err *err)
     int rc = grow((void **)p, &c, (size_t)(n > 0 ? n : 1) * 4, err);
     *cap = (int64_t)(c / 4);
     return rc;
+}
+
+/* The unit's method state, created (identically on every rank) at first use. */
+static int unit_state(fc_core *s, const fc_method *m, uint32_t unit, float **out, fc_err *err)
+{
+    *out = NULL;
+    if (m->unit_floats == NULL)
+        return FC_OK;
+    float **slot;
+    if ((int32_t)unit < s->n_units) {
+        slot = &s->units[unit].ustate;
+    } else { /* compress()/decompress() of a unit the collective has not seen */
+        if (s->loose != NULL && s->loose_unit != (int64_t)unit) {
+            free(s->loose);
+            s->loose = NULL;
+        }
+        slot = &s->loose;
+        s->loose_unit = unit;
+    }
+    if (*slot == NULL) {
+        int64_t nf = m->unit_floats(s->cfg);
+        float *p = (float *)calloc((size_t)nf, 4);
+        if (p == NULL)
+            return fc_fail(err, FC_ERR_NOMEM, "could not allocate %lld floats of unit state",
+                           (long long)nf);
+        uint64_t seed = (uint64_t)s->common.seed;
+        fc_rng r = {(uint32_t)seed, (uint32_t)(seed >> 32), 0xFFFFFFFFu, unit, 0xFFFFFFFFu};
+        m->unit_init(s->cfg, p, &r);
+        *slot = p;
+    }
+    *out = *slot;
+    return FC_OK;
+}
+
+void fc_core_sync_span(fc_core *s, uint32_t unit, float **data, int64_t *len)
+{
+    *data = NULL;
+    *len = 0;
+    if ((int32_t)unit >= s->n_units || s->units[unit].ustate == NULL)
+        return;
+    const fc_method *m = fc_core_unit_method(s, s->units[unit].numel);
+    if (m->sync_floats == NULL)
+        return;
+    int64_t off = 0, n = m->sync_floats(s->cfg, s->step, &off);
+    if (n > 0) {
+        *data = s->units[unit].ustate + off;
+        *len = n;
+    }
+}
+
+int fc_core_sync_apply(fc_core *s, uint32_t unit, const float *sum, int64_t len, fc_err *err)
+{
+    float *data;
+    int64_t want;
+    fc_core_sync_span(s, unit, &data, &want);
+    if (want == 0)
+        return fc_fail(err, FC_ERR_STATE, "unit %u has no state to sync at step %u", unit, s->step);
+    if (len != want)
+        return fc_fail(err, FC_ERR_VALUE, "sync of unit %u needs %lld floats, got %lld", unit,
+                       (long long)want, (long long)len);
+    memcpy(data, sum, (size_t)len * 4);
+    const fc_method *m = fc_core_unit_method(s, s->units[unit].numel);
+    return m->sync_apply(s->cfg, s->units[unit].ustate, err);
 }
 
 /* ---- geometry ---- */
@@ -136,6 +214,7 @@ static fc_chunk make_chunk(const fc_core *s, const fc_method *m, int64_t n, int 
     c.rng = c.rng_shared;
     c.rng.key1 ^= 0x85EBCA6Bu * (uint32_t)(rank + 1);
     c.scratch = s->mscr;
+    c.ustate = NULL;
     return c;
 }
 
@@ -248,6 +327,12 @@ static int encode_one(fc_core *s, const fc_method *m, const fc_chunk *c, uint8_t
     if (rc != FC_OK)
         return rc;
     int64_t body = fc_layout_bytes(used);
+    /* a data-dependent body is as long as it is: payloads are packed back to back */
+    if (m->flags & FC_VARSIZE)
+        full = fc_align_up(FC_HEADER_BYTES + body);
+    if (FC_HEADER_BYTES + body > full)
+        return fc_fail(err, FC_ERR_STATE, "internal: %s wrote %lld body bytes past its layout's %lld",
+                       m->name, (long long)body, (long long)(full - FC_HEADER_BYTES));
     write_header(p, m, c->wire_dtype, c->rng_shared.unit, c->rng_shared.step, c->n, body);
     int64_t end = FC_HEADER_BYTES + body;
     memset(p + end, 0, (size_t)(full - end)); /* padding: no uninitialised bytes on the wire */
@@ -333,7 +418,7 @@ static int sample_error(fc_core *s, const fc_method *m, const fc_chunk *c, const
 }
 
 int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual, int world,
-                   int rank, uint32_t unit, fc_err *err)
+                   int rank, uint32_t unit, int64_t *sizes, fc_err *err)
 {
     int rc = FC_OK;
     const double t0 = now_s();
@@ -348,6 +433,8 @@ int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residua
     if (m->scratch_bytes != NULL)
         FC_TRY(grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, per), err));
 
+    float *ust;
+    FC_TRY(unit_state(s, m, unit, &ust, err));
     uint8_t *out = (uint8_t *)send->data;
     int64_t off = 0, raw = 0;
     double unit_e_sq = 0;
@@ -355,10 +442,12 @@ int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residua
     for (int ci = 0; ci < world; ci++) {
         int64_t start, n;
         fc_chunk_span(N, world, ci, &start, &n);
+        sizes[ci] = 0;
         if ((ci == rank && !s->common.compress_own_chunk) || n == 0)
             continue;
         fc_chunk c = make_chunk(s, m, n, world, grad->dtype, unit, (uint32_t)ci, rank);
         c.scratch = s->mscr;
+        c.ustate = ust;
         int64_t bad = load_chunk(s, grad, use_ef ? residual : NULL, start, n);
         s->ctr.nonfinite_in += bad;
         int64_t size;
@@ -384,6 +473,7 @@ int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residua
             FC_TRY(sample_error(s, m, &c, out + off, err));
             sampled = 1;
         }
+        sizes[ci] = size;
         off += size;
     }
     if (use_ef) {
@@ -431,9 +521,9 @@ static int check_header(const fc_header *h, const fc_method *m, int dtype, uint3
     return FC_OK;
 }
 
-/* Validates a payload for chunk c and adds alpha * its decode to acc. */
-static int decode_one(fc_core *s, const fc_method *m, const fc_chunk *c, const uint8_t *p,
-                      int64_t slot, int src, float alpha, float *acc, fc_err *err)
+/* Validates the payload at p (at most `slot` bytes) for chunk c: its body size in *body. */
+static int check_payload(const fc_method *m, const fc_chunk *c, const uint8_t *p, int64_t slot,
+                         int src, int64_t *body, fc_err *err)
 {
     if (slot < FC_HEADER_BYTES)
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: %lld bytes, shorter than the "
@@ -444,16 +534,31 @@ static int decode_one(fc_core *s, const fc_method *m, const fc_chunk *c, const u
                           slot, src, err);
     if (rc != FC_OK)
         return rc;
-    if (!(m->flags & FC_VARSIZE)) {
-        fc_layout l;
-        m->layout(c, &l);
-        if ((int64_t)h.body_bytes != fc_layout_bytes(&l))
-            return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: body of %llu bytes, the "
-                           "method's layout has %lld", src, (unsigned long long)h.body_bytes,
-                           (long long)fc_layout_bytes(&l));
-    }
-    (void)s;
-    return m->decode_add(c, p + FC_HEADER_BYTES, (int64_t)h.body_bytes, alpha, acc, err);
+    fc_layout l;
+    m->layout(c, &l);
+    if ((m->flags & FC_VARSIZE) ? (int64_t)h.body_bytes > fc_layout_bytes(&l)
+                                : (int64_t)h.body_bytes != fc_layout_bytes(&l))
+        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: body of %llu bytes, the "
+                       "method's layout has %lld", src, (unsigned long long)h.body_bytes,
+                       (long long)fc_layout_bytes(&l));
+    *body = (int64_t)h.body_bytes;
+    return FC_OK;
+}
+
+/* Validates a payload for chunk c and adds alpha * its decode to acc. */
+static int decode_one(const fc_method *m, const fc_chunk *c, const uint8_t *p, int64_t slot,
+                      int src, float alpha, float *acc, fc_err *err)
+{
+    int64_t body;
+    int rc = check_payload(m, c, p, slot, src, &body, err);
+    if (rc != FC_OK)
+        return rc;
+    return m->decode_add(c, p + FC_HEADER_BYTES, body, alpha, acc, err);
+}
+
+static int64_t agg_bytes_of(const fc_method *m, const fc_chunk *c)
+{
+    return m->aggregate != NULL && m->agg_bytes != NULL ? m->agg_bytes(c) : 0;
 }
 
 int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *out, int world,
@@ -473,18 +578,31 @@ int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *o
         FC_TRY(grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err));
     int64_t sends[FC_MAX_WORLD], recvs[FC_MAX_WORLD];
     fc_core_plan(s, N, grad->dtype, world, rank, sends, recvs);
+    const int varsize = (m->flags & FC_VARSIZE) != 0;
     int64_t total = 0;
     for (int r = 0; r < world; r++)
         total += recvs[r];
-    if (recv->numel != total)
+    /* data-dependent sizes: the plan is an upper bound and the payloads lie back to back */
+    if (varsize ? recv->numel > total : recv->numel != total)
         return fc_fail(err, FC_ERR_PAYLOAD, "receive buffer has %lld bytes, the plan for %lld "
-                       "elements over %d ranks needs %lld", (long long)recv->numel, (long long)N,
-                       world, (long long)total);
+                       "elements over %d ranks needs %s%lld", (long long)recv->numel, (long long)N,
+                       world, varsize ? "at most " : "", (long long)total);
     float *acc = s->acc;
     memset(acc, 0, (size_t)n * 4);
+    float *ust;
+    FC_TRY(unit_state(s, m, unit, &ust, err));
+    fc_chunk c0 = make_chunk(s, m, n, world, grad->dtype, unit, (uint32_t)rank, 0);
+    c0.ustate = ust;
+    const int64_t ab = n > 0 ? agg_bytes_of(m, &c0) : 0;
+    int senders = 0;
+    if (ab > 0) {
+        FC_TRY(grow(&s->agg, &s->agg_cap, (size_t)ab, err));
+        memset(s->agg, 0, (size_t)ab);
+    }
     /* Rank order, starting from zero: the same summation order on every rank and as a plain
      * sequential reference, so `none` is exact against it. */
     const uint8_t *p = (const uint8_t *)recv->data;
+    const uint8_t *end = p + recv->numel;
     for (int r = 0; r < world; r++) {
         if (n == 0)
             break;
@@ -493,9 +611,22 @@ int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *o
             continue;
         }
         fc_chunk c = make_chunk(s, m, n, world, grad->dtype, unit, (uint32_t)rank, r);
-        FC_TRY(decode_one(s, m, &c, p, recvs[r], r, 1.0f, acc, err));
-        p += recvs[r];
+        c.ustate = ust;
+        int64_t slot = varsize ? (int64_t)(end - p) : recvs[r], body;
+        FC_TRY(check_payload(m, &c, p, slot, r, &body, err));
+        if (ab > 0) {
+            FC_TRY(m->aggregate(&c, (uint8_t *)s->agg, p + FC_HEADER_BYTES, body, err));
+            senders++;
+        } else {
+            FC_TRY(m->decode_add(&c, p + FC_HEADER_BYTES, body, 1.0f, acc, err));
+        }
+        p += varsize ? fc_align_up(FC_HEADER_BYTES + body) : recvs[r];
     }
+    if (p != end && n > 0)
+        return fc_fail(err, FC_ERR_PAYLOAD, "receive buffer has %lld bytes, its payloads use %lld",
+                       (long long)recv->numel, (long long)(p - (const uint8_t *)recv->data));
+    if (senders > 0) /* one decode of the summed compressed payloads */
+        FC_TRY(m->decode_agg(&c0, (const uint8_t *)s->agg, senders, 1.0f, acc, err));
     /* average, cast, count what overflowed */
     const float w = (float)world;
     int64_t bad = 0;
@@ -537,6 +668,7 @@ int fc_core_compress(fc_core *s, const float *x, int64_t n, uint8_t *payload, in
         FC_TRY(grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err));
     memcpy(s->x, x, (size_t)n * 4);
     fc_chunk c = make_chunk(s, m, n, world, FC_F32, unit, chunk, rank);
+    FC_TRY(unit_state(s, m, unit, &c.ustate, err));
     fc_layout used;
     FC_TRY(encode_one(s, m, &c, payload, cap, written, &used, err));
     return FC_OK;
@@ -552,7 +684,8 @@ int fc_core_decompress(fc_core *s, const uint8_t *payload, int64_t bytes, int64_
     if (m->scratch_bytes != NULL)
         FC_TRY(grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err));
     fc_chunk c = make_chunk(s, m, n, world, FC_F32, unit, chunk, 0);
-    FC_TRY(decode_one(s, m, &c, payload, bytes, 0, alpha, acc, err));
+    FC_TRY(unit_state(s, m, unit, &c.ustate, err));
+    FC_TRY(decode_one(m, &c, payload, bytes, 0, alpha, acc, err));
     return FC_OK;
 error:
     return rc;

@@ -30,6 +30,7 @@ typedef struct {
     int64_t numel;      /* fixed the first time the unit is seen; later calls must match */
     double residual_sq; /* ||e||^2 after the unit's latest update */
     int64_t residual_elems;
+    float *ustate; /* the method's persistent per-unit state (fc_method.unit_floats), or NULL */
 } fc_unit;
 
 /* A gradient, output, residual or wire buffer, already validated by the glue. */
@@ -42,7 +43,9 @@ typedef struct {
 typedef struct {
     const fc_method *method;
     fc_common common;
-    _Alignas(16) unsigned char cfg[FC_CFG_MAX]; /* 16: what CPython guarantees for the object holding it */
+    /* 16, not 64: fc_core lives inside a Python object, which CPython aligns to 16 bytes only
+     * (UBSan flags misaligned access otherwise); method configs need 8 at most. */
+    _Alignas(16) unsigned char cfg[FC_CFG_MAX];
     fc_counters ctr;
     uint32_t step;
     uint32_t cursor; /* index of the next unit within this step */
@@ -52,6 +55,10 @@ typedef struct {
     float *acc;    /* fp32 accumulator of the own chunk, reused */
     float *dec;    /* decode for the sampled error statistics */
     void *mscr;    /* method scratch */
+    void *agg;     /* the compressed-domain sum of the received payloads (aggregate path) */
+    size_t agg_cap;
+    float *loose;  /* unit state for compress/decompress of a unit the collective never saw */
+    int64_t loose_unit;
     int64_t x_cap, acc_cap, dec_cap;
     size_t mscr_cap;
 } fc_core;
@@ -73,10 +80,19 @@ void fc_core_plan(const fc_core *s, int64_t numel, int dtype, int world, int ran
 int fc_core_begin(fc_core *s, int64_t numel, uint32_t *unit, fc_err *err);
 void fc_core_end_step(fc_core *s);
 
+/* sizes[c]: bytes of the payload for rank c (0 for none); they lie back to back in send. For
+ * FC_VARSIZE methods they are smaller than the plan's bounds. */
 int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual, int world,
-                   int rank, uint32_t unit, fc_err *err);
+                   int rank, uint32_t unit, int64_t *sizes, fc_err *err);
 int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *out, int world,
                    int rank, uint32_t unit, fc_err *err);
+
+/* Frees every unit's method state (before the unit table is replaced or freed). */
+void fc_core_free_unit_states(fc_core *s);
+/* After decode: the floats of the unit's state to sum over ranks this step (*len 0: none). */
+void fc_core_sync_span(fc_core *s, uint32_t unit, float **data, int64_t *len);
+/* Stores the sum over ranks into that span and lets the method use it. */
+int fc_core_sync_apply(fc_core *s, uint32_t unit, const float *sum, int64_t len, fc_err *err);
 
 /* One chunk, outside any collective (tests, benchmarks): x fp32 in, payload out. */
 int fc_core_compress(fc_core *s, const float *x, int64_t n, uint8_t *payload, int64_t cap,

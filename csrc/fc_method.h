@@ -52,6 +52,7 @@ typedef struct {
     fc_rng rng;        /* the sender's own stream, (seed, rank, step, unit, chunk): rounding */
     fc_rng rng_shared; /* the same on every rank, (seed, step, unit, chunk): shared choices */
     void *scratch;    /* scratch_bytes(cfg, n) bytes, 64-byte aligned, or NULL */
+    float *ustate;    /* the unit's persistent method state (unit_floats), or NULL */
 } fc_chunk;
 
 /* Where a payload body's bytes go; the header is counted apart. */
@@ -94,9 +95,25 @@ typedef struct fc_method {
      * must check anything in the body that could send it out of bounds. */
     int (*decode_add)(const fc_chunk *c, const uint8_t *body, int64_t body_bytes, float alpha,
                       float *acc, fc_err *err);
-    /* FC_LINEAR only, may be NULL: acc_body += body in the compressed domain. */
-    int (*aggregate)(const fc_chunk *c, uint8_t *acc_body, const uint8_t *body, int64_t body_bytes,
+    /* Optional: receivers sum the payloads in a compressed domain, then decode once (linear
+     * methods, and votes). agg_bytes: size of that sum for chunk c (0: no aggregate path);
+     * aggregate: agg += body (agg starts zeroed); decode_agg: acc += alpha * D(agg), where
+     * `senders` payloads were summed. */
+    int64_t (*agg_bytes)(const fc_chunk *c);
+    int (*aggregate)(const fc_chunk *c, uint8_t *agg, const uint8_t *body, int64_t body_bytes,
                      fc_err *err);
+    int (*decode_agg)(const fc_chunk *c, const uint8_t *agg, int senders, float alpha, float *acc,
+                      fc_err *err);
+    /* Optional persistent state per unit, identical on every rank (gradiveq's basis):
+     * unit_floats(cfg) floats, filled by unit_init at the unit's first use; `rng` is keyed by
+     * (seed, unit) only. */
+    int64_t (*unit_floats)(const void *cfg);
+    void (*unit_init)(const void *cfg, float *ustate, const fc_rng *rng);
+    /* Optional: after the decode of `step`, sync_floats floats of the unit state from *offset
+     * must be summed over ranks (an extra collective), then sync_apply runs on the sum in place.
+     * Returns 0 when no sync is due. */
+    int64_t (*sync_floats)(const void *cfg, uint32_t step, int64_t *offset);
+    int (*sync_apply)(const void *cfg, float *ustate, fc_err *err);
 } fc_method;
 
 /* The table (methods.c). */

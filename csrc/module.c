@@ -384,9 +384,25 @@ static PyObject *State_end_step(StateObject *self, PyObject *Py_UNUSED(ignored))
 }
 
 PyDoc_STRVAR(State_encode_doc,
-"encode(grad, send, world, rank, unit)\n\n"
+"encode(grad, send, world, rank, unit) -> tuple[int, ...]\n\n"
 "Encodes every outgoing chunk of the flat gradient `grad` into the uint8 buffer `send`\n"
-"(laid out by plan()), applying and updating the unit's error-feedback residual.");
+"(sized by plan()), applying and updating the unit's error-feedback residual. Returns the\n"
+"bytes written for each rank; the payloads lie back to back. For a method whose size is\n"
+"data-dependent (flags['varsize']) these are below plan()'s bounds.");
+
+static PyObject *sizes_tuple(const int64_t *sizes, int world)
+{
+    PyObject *t = PyTuple_New(world);
+    for (int r = 0; t != NULL && r < world; r++) {
+        PyObject *v = PyLong_FromLongLong(sizes[r]);
+        if (v == NULL) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, r, v);
+    }
+    return t;
+}
 
 static PyObject *State_encode(StateObject *self, PyObject *args)
 {
@@ -395,7 +411,7 @@ static PyObject *State_encode(StateObject *self, PyObject *args)
     long long unit;
     fc_err err = {0};
     fc_view g = {0}, s = {0}, r = {0};
-    int64_t ss[FC_MAX_WORLD], rs[FC_MAX_WORLD];
+    int64_t ss[FC_MAX_WORLD], rs[FC_MAX_WORLD], sizes[FC_MAX_WORLD];
     if (!ready(self) || !PyArg_ParseTuple(args, "OOiiL:encode", &grad, &send, &world, &rank, &unit))
         return NULL;
     fc_cuda_call k;
@@ -423,12 +439,15 @@ static PyObject *State_encode(StateObject *self, PyObject *args)
         goto error;
     self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
-    if (g.device_type == kDLCUDA)
+    if (g.device_type == kDLCUDA) {
+        /* the CUDA path has fixed-size methods only: what it writes is the plan */
         rc = fc_cuda_encode(&self->core, &k, &g.buf, &s.buf, use_ef ? &r.buf : NULL, world, rank,
                             (uint32_t)unit, &err);
-    else
+        memcpy(sizes, ss, sizeof(int64_t) * (size_t)world);
+    } else {
         rc = fc_core_encode(&self->core, &g.buf, &s.buf, use_ef ? &r.buf : NULL, world, rank,
-                            (uint32_t)unit, &err);
+                            (uint32_t)unit, sizes, &err);
+    }
     Py_END_ALLOW_THREADS
     self->busy = 0;
     if (rc != FC_OK)
@@ -437,7 +456,7 @@ static PyObject *State_encode(StateObject *self, PyObject *args)
     fc_view_release(&s);
     fc_view_release(&r);
     Py_XDECREF(res);
-    Py_RETURN_NONE;
+    return sizes_tuple(sizes, world);
 error:
     fc_view_release(&g);
     fc_view_release(&s);
@@ -628,6 +647,56 @@ error:
     fc_view_release(&pv);
     fc_view_release(&av);
     return STATE_ERR(self, &err);
+}
+
+/* ---------------------------------------------------------------- State: unit-state sync */
+
+PyDoc_STRVAR(State_sync_vector_doc,
+"sync_vector(unit) -> bytes | None\n\n"
+"After this step's decode of `unit`: the fp32 values the ranks must sum (all-reduce) and hand\n"
+"to sync_apply(), or None when the method has nothing to sync this step (gradiveq's basis).");
+
+static PyObject *State_sync_vector(StateObject *self, PyObject *arg)
+{
+    if (!ready(self))
+        return NULL;
+    long long unit = PyLong_AsLongLong(arg);
+    if (unit == -1 && PyErr_Occurred())
+        return NULL;
+    if (unit < 0 || unit >= self->core.n_units) {
+        PyErr_Format(PyExc_ValueError, "unit must be in [0, %d), got %lld", self->core.n_units, unit);
+        return NULL;
+    }
+    float *data;
+    int64_t len;
+    fc_core_sync_span(&self->core, (uint32_t)unit, &data, &len);
+    if (len == 0)
+        Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize((const char *)data, (Py_ssize_t)(len * 4));
+}
+
+PyDoc_STRVAR(State_sync_apply_doc,
+"sync_apply(unit, summed)\n\nHands the sum over ranks of sync_vector(unit) (an fp32 CPU tensor) back.");
+
+static PyObject *State_sync_apply(StateObject *self, PyObject *args)
+{
+    PyObject *t;
+    long long unit;
+    fc_err err = {0};
+    fc_view v = {0};
+    if (!ready(self) || !PyArg_ParseTuple(args, "LO:sync_apply", &unit, &t))
+        return NULL;
+    if (unit < 0 || unit >= self->core.n_units) {
+        PyErr_Format(PyExc_ValueError, "unit must be in [0, %d), got %lld", self->core.n_units, unit);
+        return NULL;
+    }
+    if (fc_view_get(t, "summed", FC_DT_F32, &v, &err) != FC_OK || check_cpu(&v, "summed", &err) ||
+        fc_core_sync_apply(&self->core, (uint32_t)unit, (const float *)v.buf.data, v.buf.numel, &err)) {
+        fc_view_release(&v);
+        return STATE_ERR(self, &err);
+    }
+    fc_view_release(&v);
+    Py_RETURN_NONE;
 }
 
 /* ---------------------------------------------------------------- State: counters */
@@ -960,6 +1029,7 @@ static PyObject *State_restore(StateObject *self, PyObject *args)
         if (PyList_Append(new_list, r) < 0)
             goto error;
     }
+    fc_core_free_unit_states(&self->core); /* relearned from the shared seed, see gradiveq */
     free(self->core.units);
     self->core.units = table;
     self->core.n_units = self->core.cap_units = (int32_t)(n > 0 ? n : 1);
@@ -1030,6 +1100,8 @@ static PyMethodDef State_methods[] = {
     {"layout", (PyCFunction)State_layout, METH_O, State_layout_doc},
     {"compress", (PyCFunction)(void (*)(void))State_compress, METH_VARARGS | METH_KEYWORDS, State_compress_doc},
     {"decompress", (PyCFunction)(void (*)(void))State_decompress, METH_VARARGS | METH_KEYWORDS, State_decompress_doc},
+    {"sync_vector", (PyCFunction)State_sync_vector, METH_O, State_sync_vector_doc},
+    {"sync_apply", (PyCFunction)State_sync_apply, METH_VARARGS, State_sync_apply_doc},
     {"counters", (PyCFunction)State_counters, METH_NOARGS, State_counters_doc},
     {"reset_counters", (PyCFunction)State_reset_counters, METH_NOARGS, State_reset_counters_doc},
     {"add_comm", (PyCFunction)(void (*)(void))State_add_comm, METH_VARARGS | METH_KEYWORDS, State_add_comm_doc},

@@ -44,6 +44,8 @@ class CommState:
         self._buffers: dict[tuple[str, str], torch.Tensor] = {}
         self._plans: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self._step_open = False
+        self._varsize = bool(self._core.flags["varsize"])
+        self._transport = self._core.config["transport"]  # read once: config() copies a dict
 
     # ---- what the user sees
 
@@ -143,8 +145,10 @@ class CommState:
         send_splits, recv_splits = self._plan(grad, world, rank)
         send = self._buffer("send", sum(send_splits), grad.device)
         recv = self._buffer("recv", sum(recv_splits), grad.device)
-        self._core.encode(grad, send, world, rank, unit)
-        if self._core.config["transport"] == "nccl":
+        sizes = self._core.encode(grad, send, world, rank, unit)
+        if self._varsize:
+            send, recv, send_splits, recv_splits = self._exchange_sizes(sizes, send, recv, world)
+        if self._transport == "nccl":
             # the C-side collective: grouped send/recv on the current stream, timed by events
             self._core.nccl_all_to_all(_nccl.comm_for(self.process_group, grad.device), send, recv,
                                        send_splits, recv_splits)
@@ -155,6 +159,38 @@ class CommState:
         elif recv.numel():
             recv.copy_(send)  # one rank compressing its own chunk: the payload loops back
         self._core.decode(recv, grad, output, world, rank, unit)
+        self._sync_unit_state(unit, world, grad.device)
+
+    def _sync_unit_state(self, unit: int, world: int, device: torch.device) -> None:
+        """Method state that must stay identical on all ranks (gradiveq's basis) is rebuilt from
+        a sum over ranks: one all-reduce, counted as an extra collective, on the steps it is due."""
+        vec = self._core.sync_vector(unit)
+        if vec is None:
+            return
+        summed = torch.frombuffer(bytearray(vec), dtype=torch.float32)
+        if world > 1:
+            t = summed.to(device)
+            t0 = time.perf_counter()
+            dist.all_reduce(t, group=self.process_group)
+            nbytes = len(vec) * (world - 1) // world * 2  # ring all-reduce traffic per rank
+            self._core.add_comm(time.perf_counter() - t0, bytes_sent=nbytes, extra=True)
+            summed = t.cpu()
+        self._core.sync_apply(unit, summed)
+
+    def _exchange_sizes(self, sizes, send, recv, world):
+        """Data-dependent payload sizes (flags['varsize']): every rank learns what it will receive
+        with one small all-to-all first, counted as an extra collective."""
+        send_splits = tuple(sizes)
+        if world == 1:
+            recv_splits = send_splits
+        else:
+            out_sizes = torch.tensor(send_splits, dtype=torch.int64, device=send.device)
+            in_sizes = torch.empty(world, dtype=torch.int64, device=send.device)
+            t0 = time.perf_counter()
+            dist.all_to_all_single(in_sizes, out_sizes, group=self.process_group)
+            self._core.add_comm(time.perf_counter() - t0, bytes_sent=8 * (world - 1), extra=True)
+            recv_splits = tuple(int(v) for v in in_sizes.tolist())
+        return send[:sum(send_splits)], recv[:sum(recv_splits)], send_splits, recv_splits
 
     def all_reduce(self, grad: torch.Tensor) -> None:
         """grad = mean over ranks of grad, in place: compressed reduce-scatter, then an

@@ -1,0 +1,62 @@
+/* fc_block.h: helpers the block-wise methods share on the CPU path: block geometry and the
+ * absmax of a block as bits (NaN above Inf, so one max also detects non-finite blocks). */
+#ifndef FC_BLOCK_H
+#define FC_BLOCK_H
+
+#include <stdint.h>
+#include "fc_quant.h"
+
+static inline int64_t fc_nblocks(int64_t n, int64_t bs)
+{
+    return (n + bs - 1) / bs;
+}
+
+/* 16 independent maxima: one running max is a dependency chain of compare-and-select per
+ * vector, which was half of int8's encode time; max is exact in any order. */
+static inline uint32_t fc_amax_bits(const float *x, int64_t lo, int64_t hi)
+{
+    uint32_t l[16] = {0};
+    int64_t i = lo;
+    for (; i + 16 <= hi; i += 16)
+        for (int j = 0; j < 16; j++) {
+            uint32_t a = fc_abs_bits(x[i + j]);
+            l[j] = a > l[j] ? a : l[j];
+        }
+    uint32_t m = 0;
+    for (; i < hi; i++) {
+        uint32_t a = fc_abs_bits(x[i]);
+        m = a > m ? a : m;
+    }
+    for (int j = 0; j < 16; j++)
+        m = l[j] > m ? l[j] : m;
+    return m;
+}
+
+/* Block reductions in 8 double lanes, combined in a fixed order: no serial dependency chain
+ * (the CPU pipelines it) and the same order anywhere (a CUDA kernel can mirror the lanes). */
+#define FC_LANES 8
+
+static inline double fc_lanes_total(const double *l)
+{
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+static inline double fc_sum_sq(const float *x, int64_t lo, int64_t hi)
+{
+    double l[FC_LANES] = {0};
+    for (int64_t i = lo; i < hi; i++)
+        l[(i - lo) & (FC_LANES - 1)] += (double)x[i] * (double)x[i];
+    return fc_lanes_total(l);
+}
+
+static inline double fc_sum_abs(const float *x, int64_t lo, int64_t hi)
+{
+    double l[FC_LANES] = {0};
+    for (int64_t i = lo; i < hi; i++)
+        l[(i - lo) & (FC_LANES - 1)] += (double)fc_bits_f32(fc_abs_bits(x[i]));
+    return fc_lanes_total(l);
+}
+
+#define FC_BLOCK_END(lo, bs, n) ((lo) + (bs) < (n) ? (lo) + (bs) : (n))
+
+#endif

@@ -1,0 +1,53 @@
+/* fc_nc.h: natural compression (Horvath et al. 2019): stochastic rounding of |x| to one of the
+ * two powers of two around it, unbiased. One byte per element: sign bit + 7-bit exponent code
+ * relative to the block's largest exponent (0: zero). Shared by the CPU path and CUDA. */
+#ifndef FC_NC_H
+#define FC_NC_H
+
+#include <stdint.h>
+#include "fc_half.h"
+#include <string.h>
+#include "fc_hostdev.h"
+
+#define FC_NC_SPAN 126 /* codes 1..126: exponents emax+1 down to emax-124 */
+
+/* Code of x for a block whose largest fp32 exponent field is emax (1..254); r: 32 random bits.
+ * code c means |value| = 2^(emax + 2 - c - 127). */
+FC_HOSTDEV uint8_t fc_nc_encode(float x, uint32_t emax, uint32_t r)
+{
+    uint32_t u = fc_f32_bits(x);
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    uint32_t a = u & 0x7fffffffu;
+    int32_t e = (int32_t)(a >> 23);
+    uint32_t mant = a & 0x7fffffu;
+    int32_t lo = (int32_t)emax + 1 - (FC_NC_SPAN - 1); /* smallest exponent field kept */
+    if (lo < 1)
+        lo = 1; /* fp32 subnormals have no implicit bit: they go through the path below */
+    if (a == 0)
+        return 0;
+    if (e >= lo) {
+        /* 2^e <= |x| < 2^(e+1): up with probability mant / 2^23, exactly */
+        int32_t up = (r >> 9) < mant;
+        if (e + up > 254) /* 2^128 is not a float */
+            up = 0;
+        return (uint8_t)(sign | (uint8_t)((int32_t)emax + 2 - (e + up)));
+    }
+    /* below the range: 0 or 2^lo, with P(2^lo) = |x| / 2^lo, computed in double (exact) */
+    uint64_t bits = (uint64_t)(1023 + 127 - lo) << 52;
+    double scale;
+    memcpy(&scale, &bits, 8);
+    double q = (double)fc_bits_f32(a) * scale;
+    double ur = (double)(r >> 8) * (1.0 / 16777216.0);
+    return ur < q ? (uint8_t)(sign | (uint8_t)((int32_t)emax + 2 - lo)) : (uint8_t)0;
+}
+
+FC_HOSTDEV float fc_nc_decode(uint8_t code, uint32_t emax)
+{
+    uint32_t c = code & 0x7fu;
+    if (c == 0)
+        return 0.0f;
+    uint32_t e = emax + 2u - c;
+    return fc_bits_f32(((uint32_t)(code & 0x80u) << 24) | (e << 23));
+}
+
+#endif

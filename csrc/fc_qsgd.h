@@ -1,0 +1,39 @@
+/* fc_qsgd.h: QSGD's per-element step (Alistarh et al. 2017): level l of s, rounded up with
+ * probability s|x|/||x|| - l, so E[decode] = x. Code = level << 1 | sign, 1 + ceil(log2(s+1))
+ * bits. Shared by the CPU path and CUDA kernels. */
+#ifndef FC_QSGD_H
+#define FC_QSGD_H
+
+#include <stdint.h>
+#include "fc_half.h"
+#include "fc_hostdev.h"
+#include "fc_quant.h"
+#include "fc_rng.h"
+
+FC_HOSTDEV int fc_qsgd_width(int64_t levels)
+{
+    int b = 0;
+    while (((int64_t)1 << b) < levels + 1)
+        b++;
+    return 1 + b;
+}
+
+/* inv = s / ||x|| (finite, > 0); r: 32 random bits. */
+FC_HOSTDEV uint32_t fc_qsgd_code(float x, float inv, int32_t levels, uint32_t r)
+{
+    float p = fc_bits_f32(fc_abs_bits(x)) * inv;
+    int32_t l = fc_floor_i32(p);
+    l += fc_u01(r) < p - (float)l;
+    if (l > levels)
+        l = levels;
+    return ((uint32_t)l << 1) | (fc_f32_bits(x) >> 31);
+}
+
+/* step = ||x|| / s */
+FC_HOSTDEV float fc_qsgd_value(uint32_t code, float step)
+{
+    float v = (float)(code >> 1) * step;
+    return (code & 1u) ? -v : v;
+}
+
+#endif

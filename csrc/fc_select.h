@@ -1,0 +1,12 @@
+/* fc_select.h: exact top-k selection by magnitude on the CPU (top-k and the sketch's heavy
+ * hitters). Ties at the k-th magnitude go to the lowest indices; indices come out ascending. */
+#ifndef FC_SELECT_H
+#define FC_SELECT_H
+
+#include <stdint.h>
+
+/* Writes the k indices of the largest |x| (NaN counts as largest) to idx, ascending.
+ * keys: n uint32 of scratch. 0 < k <= n. */
+void fc_topk_indices(const float *x, int64_t n, int64_t k, uint32_t *keys, uint32_t *idx);
+
+#endif

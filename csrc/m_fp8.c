@@ -1,0 +1,90 @@
+/* m_fp8.c: `fp8`, OCP FP8 (e4m3 or e5m2) with one fp32 scale per block: s = amax / fmax,
+ * code = fp8(x / s), round to nearest even. Biased (error <= half an fp8 ulp of x / s).
+ * Body: nblocks fp32 scales, then n fp8 codes. 8 bits + 32/B. */
+#include <math.h>
+#include "fc_block.h"
+#include "fc_fp8.h"
+#include "fc_method.h"
+
+typedef struct {
+    int format;
+    int64_t block_size;
+} fp8_cfg;
+
+static const char *const fp8_formats[] = {"e4m3", "e5m2", NULL};
+
+static const fc_key fp8_keys[] = {
+    FC_CHOICE(fp8_cfg, format, 0, fp8_formats, "e4m3 (max 448, 3 mantissa bits) or e5m2 (max 57344, 2)"),
+    FC_INT(fp8_cfg, block_size, 256, 8, 1 << 24, FC_KEY_POW2, "elements per scale; a power of two"),
+    FC_KEYS_END,
+};
+
+static void fp8_layout(const fc_chunk *c, fc_layout *out)
+{
+    const fp8_cfg *cfg = (const fp8_cfg *)c->cfg;
+    out->meta_bytes = 4 * fc_nblocks(c->n, cfg->block_size);
+    out->value_bytes = c->n;
+    out->index_bytes = 0;
+    out->kept = c->n;
+}
+
+static int fp8_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
+{
+    (void)err;
+    const fp8_cfg *cfg = (const fp8_cfg *)c->cfg;
+    const int64_t bs = cfg->block_size, nb = fc_nblocks(c->n, bs);
+    const int fmt = cfg->format;
+    const float fmax = fc_fp8_max(fmt);
+    float *scales = (float *)body;
+    uint8_t *codes = body + 4 * nb;
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
+        uint32_t amax_bits = fc_amax_bits(x, lo, hi);
+        if (amax_bits >= FC_INF_BITS || amax_bits == 0) {
+            scales[b] = amax_bits == 0 ? 0.0f : NAN; /* NaN scale: the block decodes to NaN */
+            for (int64_t i = lo; i < hi; i++)
+                codes[i] = 0;
+            continue;
+        }
+        const float amax = fc_bits_f32(amax_bits);
+        const float inv = fmax / amax;
+        scales[b] = amax / fmax;
+        for (int64_t i = lo; i < hi; i++)
+            codes[i] = fc_f32_to_fp8(x[i] * inv, fmt);
+    }
+    fp8_layout(c, used);
+    return FC_OK;
+}
+
+static int fp8_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_bytes, float alpha,
+                          float *acc, fc_err *err)
+{
+    (void)body_bytes;
+    (void)err;
+    const fp8_cfg *cfg = (const fp8_cfg *)c->cfg;
+    const int64_t bs = cfg->block_size, nb = fc_nblocks(c->n, bs);
+    const float *scales = (const float *)body;
+    const uint8_t *codes = body + 4 * nb;
+    float lut[256]; /* 256 decodes once per chunk instead of one conversion per element */
+    for (int v = 0; v < 256; v++)
+        lut[v] = fc_fp8_to_f32((uint8_t)v, cfg->format);
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
+        const float s = alpha * scales[b];
+        for (int64_t i = lo; i < hi; i++)
+            acc[i] += s * lut[codes[i]];
+    }
+    return FC_OK;
+}
+
+const fc_method fc_method_fp8 = {
+    .name = "fp8",
+    .id = 4,
+    .flags = 0,
+    .summary = "OCP FP8 (e4m3/e5m2) with an fp32 absmax scale per block; 8 bits + 32/block_size",
+    .cfg_size = sizeof(fp8_cfg),
+    .keys = fp8_keys,
+    .layout = fp8_layout,
+    .encode = fp8_encode,
+    .decode_add = fp8_decode_add,
+};

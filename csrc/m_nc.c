@@ -1,0 +1,132 @@
+/* m_nc.c: `nc`, natural compression (Horvath et al. 2019): each element rounded
+ * stochastically to one of the two powers of two around it (unbiased, variance <= x^2 / 8).
+ * One byte per element: sign + exponent relative to the block's largest exponent (uint32 per
+ * block; 255 marks a non-finite block, which decodes to NaN). 8 bits + 32/B. */
+#include <math.h>
+#include "fc_block.h"
+#include "fc_method.h"
+#include "fc_nc.h"
+#include "fc_rng_batch.h"
+
+typedef struct {
+    int64_t block_size;
+} nc_cfg;
+
+static const fc_key nc_keys[] = {
+    FC_INT(nc_cfg, block_size, 256, 8, 1 << 24, FC_KEY_POW2,
+           "elements sharing one reference exponent; a power of two"),
+    FC_KEYS_END,
+};
+
+static void nc_layout(const fc_chunk *c, fc_layout *out)
+{
+    const nc_cfg *cfg = (const nc_cfg *)c->cfg;
+    out->meta_bytes = 4 * fc_nblocks(c->n, cfg->block_size);
+    out->value_bytes = c->n;
+    out->index_bytes = 0;
+    out->kept = c->n;
+}
+
+static int nc_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
+{
+    (void)err;
+    const nc_cfg *cfg = (const nc_cfg *)c->cfg;
+    const int64_t bs = cfg->block_size, nb = fc_nblocks(c->n, bs);
+    uint32_t *emaxs = (uint32_t *)body;
+    uint8_t *codes = body + 4 * nb;
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
+        uint32_t amax_bits = fc_amax_bits(x, lo, hi);
+        uint32_t emax = amax_bits >> 23; /* 255: Inf/NaN; 0: zero or only subnormals */
+        if (emax == 0 && amax_bits != 0)
+            emax = 1; /* subnormal-only block: referenced to the smallest normal exponent */
+        emaxs[b] = emax;
+        if (emax == 255 || amax_bits == 0) {
+            for (int64_t i = lo; i < hi; i++)
+                codes[i] = 0;
+            continue;
+        }
+        /* smallest exponent of the non-zero elements (zeros count as 255) */
+        uint32_t emin = 255;
+        for (int64_t i = lo; i < hi; i++) {
+            const uint32_t a = fc_abs_bits(x[i]);
+            const uint32_t e = a ? a >> 23 : 255u;
+            emin = e < emin ? e : emin;
+        }
+        const int32_t lo_e = (int32_t)emax + 1 - (FC_NC_SPAN - 1);
+        const int fast = emax < 254 && (int32_t)emin >= (lo_e < 1 ? 1 : lo_e);
+        for (int64_t g = lo; g < hi; g += 4 * FC_RNG_BATCH) { /* 64 draws per batched Philox */
+            uint32_t r[4][FC_RNG_BATCH];
+            fc_rng_draw_batch(&c->rng, (uint32_t)(g >> 2), r);
+            const int64_t m = hi - g < 4 * FC_RNG_BATCH ? hi - g : 4 * FC_RNG_BATCH;
+            if (fast) {
+                /* fc_nc_encode's common case, branch-free so it vectorises: every non-zero
+                 * element is a normal inside the block's range and no rounding reaches 2^128 */
+                for (int64_t j = 0; j < m; j++) {
+                    const uint32_t u = fc_f32_bits(x[g + j]), a = u & 0x7fffffffu;
+                    const uint32_t up = (r[j & 3][j >> 2] >> 9) < (a & 0x7fffffu);
+                    const uint32_t cc = (emax + 2u - ((a >> 23) + up)) | ((u >> 24) & 0x80u);
+                    codes[g + j] = (uint8_t)(a ? cc : 0u);
+                }
+            } else {
+                for (int64_t j = 0; j < m; j++)
+                    codes[g + j] = fc_nc_encode(x[g + j], emax, r[j & 3][j >> 2]);
+            }
+        }
+    }
+    nc_layout(c, used);
+    return FC_OK;
+}
+
+static int nc_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_bytes, float alpha,
+                         float *acc, fc_err *err)
+{
+    (void)body_bytes;
+    const nc_cfg *cfg = (const nc_cfg *)c->cfg;
+    const int64_t bs = cfg->block_size, nb = fc_nblocks(c->n, bs);
+    const uint32_t *emaxs = (const uint32_t *)body;
+    const uint8_t *codes = body + 4 * nb;
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
+        const uint32_t emax = emaxs[b];
+        if (emax > 255)
+            return fc_fail(err, FC_ERR_PAYLOAD, "nc payload: block %lld has exponent %u > 255 "
+                           "(corrupted)", (long long)b, emax);
+        if (emax == 255) {
+            for (int64_t i = lo; i < hi; i++)
+                acc[i] += NAN;
+            continue;
+        }
+        /* codes decode through a per-block table; impossible codes (exponent above the
+         * block's, or a signed zero code) are flagged by a second table and reported after */
+        float lut[256];
+        uint8_t badc[256];
+        for (int v = 0; v < 256; v++) {
+            uint32_t cc = (uint32_t)v & 0x7fu;
+            badc[v] = (uint8_t)(cc > emax + 1u || (cc == 0 && v != 0));
+            lut[v] = (cc == 0 || badc[v]) ? 0.0f : alpha * fc_nc_decode((uint8_t)v, emax);
+        }
+        uint32_t bad = 0;
+        for (int64_t i = lo; i < hi; i++) {
+            bad |= badc[codes[i]];
+            acc[i] += lut[codes[i]];
+        }
+        if (bad)
+            return fc_fail(err, FC_ERR_PAYLOAD, "nc payload: a code in block %lld is outside the "
+                           "block's range (corrupted)", (long long)b);
+    }
+    return FC_OK;
+}
+
+const fc_method fc_method_nc = {
+    .name = "nc",
+    .id = 7,
+    .flags = FC_UNBIASED | FC_RANDOM,
+    .summary = "natural compression: stochastic rounding to a power of two (unbiased); "
+               "8 bits + 32/block_size",
+    .cfg_size = sizeof(nc_cfg),
+    .keys = nc_keys,
+    .layout = nc_layout,
+    .encode = nc_encode,
+    .decode_add = nc_decode_add,
+};

@@ -1,0 +1,95 @@
+/* m_onebit.c: `onebit`, 1-bit SGD (Seide et al. 2014): one bit per element (set: x < 0) and,
+ * per block, the two reconstruction values: the mean of the entries >= 0 and the mean of those
+ * < 0. Biased; error feedback is on by default. Body: 2 fp32 per block, then the bits. */
+#include <math.h>
+#include "fc_block.h"
+#include "fc_method.h"
+
+typedef struct {
+    int64_t block_size;
+} onebit_cfg;
+
+static const fc_key onebit_keys[] = {
+    FC_INT(onebit_cfg, block_size, 256, 8, 1 << 24, FC_KEY_POW2,
+           "elements per pair of reconstruction values; a power of two"),
+    FC_KEYS_END,
+};
+
+static void onebit_layout(const fc_chunk *c, fc_layout *out)
+{
+    const onebit_cfg *cfg = (const onebit_cfg *)c->cfg;
+    out->meta_bytes = 8 * fc_nblocks(c->n, cfg->block_size);
+    out->value_bytes = (c->n + 7) / 8;
+    out->index_bytes = 0;
+    out->kept = c->n;
+}
+
+static int onebit_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
+{
+    (void)err;
+    const onebit_cfg *cfg = (const onebit_cfg *)c->cfg;
+    const int64_t bs = cfg->block_size, nb = fc_nblocks(c->n, bs);
+    float *means = (float *)body;
+    uint8_t *bits = body + 8 * nb;
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
+        /* 8 lanes each, fixed combination order (see fc_block.h); branch-free: random signs */
+        double sp8[FC_LANES] = {0}, sn8[FC_LANES] = {0};
+        int64_t np = 0;
+        for (int64_t i = lo; i < hi; i++) {
+            const uint32_t neg = fc_f32_bits(x[i]) >> 31;
+            const double v = x[i], mn = (double)neg; /* v * 0/1: exact, and no branch */
+            np += 1 - (int64_t)neg;
+            sn8[(i - lo) & (FC_LANES - 1)] += v * mn;
+            sp8[(i - lo) & (FC_LANES - 1)] += v * (1.0 - mn);
+        }
+        const double sp = fc_lanes_total(sp8), sn = fc_lanes_total(sn8);
+        const int64_t nn = (hi - lo) - np;
+        means[2 * b] = np ? (float)(sp / (double)np) : 0.0f;
+        means[2 * b + 1] = nn ? (float)(sn / (double)nn) : 0.0f;
+    }
+    for (int64_t g = 0; g < c->n; g += 8) {
+        uint32_t byte = 0;
+        for (int j = 0; j < 8 && g + j < c->n; j++)
+            byte |= (fc_f32_bits(x[g + j]) >> 31) << j;
+        bits[g / 8] = (uint8_t)byte;
+    }
+    onebit_layout(c, used);
+    return FC_OK;
+}
+
+static int onebit_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_bytes, float alpha,
+                             float *acc, fc_err *err)
+{
+    (void)body_bytes;
+    (void)err;
+    const onebit_cfg *cfg = (const onebit_cfg *)c->cfg;
+    const int64_t bs = cfg->block_size, nb = fc_nblocks(c->n, bs);
+    const float *means = (const float *)body;
+    const uint8_t *bits = body + 8 * nb;
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
+        /* a table, not a branch: random signs defeat branch prediction */
+        const float v2[2] = {alpha * means[2 * b], alpha * means[2 * b + 1]};
+        for (int64_t g = lo; g < hi; g += 8) { /* one byte of bits per group of 8 */
+            const uint32_t byte = bits[g >> 3];
+            const int64_t m = hi - g < 8 ? hi - g : 8;
+            for (int64_t j = 0; j < m; j++)
+                acc[g + j] += v2[(byte >> j) & 1u];
+        }
+    }
+    return FC_OK;
+}
+
+const fc_method fc_method_onebit = {
+    .name = "onebit",
+    .id = 14,
+    .flags = FC_EF_DEFAULT,
+    .summary = "1-bit SGD: sign bit + mean of the positive and of the negative entries per block; "
+               "1 bit + 64/block_size",
+    .cfg_size = sizeof(onebit_cfg),
+    .keys = onebit_keys,
+    .layout = onebit_layout,
+    .encode = onebit_encode,
+    .decode_add = onebit_decode_add,
+};

@@ -1,0 +1,163 @@
+/* m_sketch.c: `sketch`, a count sketch (as in Sketched-SGD, Ivkin et al. 2019): rows x cols
+ * fp32 table, S[j, h_j(i)] += s_j(i) x_i with hashes from the stream all ranks share. Sketches
+ * add, so receivers sum the tables (the compressed domain) and decode once: estimate every
+ * coordinate as the median over rows of s_j(i) S[j, h_j(i)] and keep the k largest (the heavy
+ * hitters; k = 0 keeps every estimate). Sketched-SGD's second round that fetches the exact
+ * values of those k is not done: the estimates are used. Biased; error feedback by default. */
+#include <string.h>
+#include "fc_hash.h"
+#include "fc_method.h"
+#include "fc_select.h"
+
+typedef struct {
+    int64_t rows;
+    int64_t cols;
+    int64_t k;
+} sketch_cfg;
+
+static const fc_key sketch_keys[] = {
+    FC_INT(sketch_cfg, rows, 3, 1, 15, 0, "hash rows; the estimate is the median over rows"),
+    FC_INT(sketch_cfg, cols, 4096, 1, 1 << 26, 0, "buckets per row"),
+    FC_INT(sketch_cfg, k, 256, 0, 2147483647.0, 0, "heavy hitters kept per chunk (0: every estimate)"),
+    FC_KEYS_END,
+};
+
+static int64_t sketch_k(const fc_chunk *c)
+{
+    const sketch_cfg *cfg = (const sketch_cfg *)c->cfg;
+    return cfg->k == 0 || cfg->k > c->n ? c->n : cfg->k;
+}
+
+static void sketch_layout(const fc_chunk *c, fc_layout *out)
+{
+    const sketch_cfg *cfg = (const sketch_cfg *)c->cfg;
+    out->value_bytes = 4 * cfg->rows * cfg->cols;
+    out->meta_bytes = 0;
+    out->index_bytes = 0;
+    out->kept = sketch_k(c);
+}
+
+static size_t sketch_scratch(const void *cfg, int64_t n)
+{
+    (void)cfg;
+    return (size_t)n * 12 + 64; /* estimates, keys, indices */
+}
+
+/* The row keys: one shared draw per row, so every rank hashes alike. */
+static uint32_t row_key(const fc_chunk *c, int64_t j)
+{
+    return fc_rng_draw4(&c->rng_shared, 0xFFFFFF00u + (uint32_t)(j >> 2)).v[j & 3];
+}
+
+static int sketch_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
+{
+    (void)err;
+    const sketch_cfg *cfg = (const sketch_cfg *)c->cfg;
+    const int64_t r = cfg->rows, cols = cfg->cols;
+    float *t = (float *)body;
+    memset(t, 0, (size_t)(r * cols) * 4);
+    for (int64_t j = 0; j < r; j++) {
+        const uint32_t key = row_key(c, j);
+        float *row = t + j * cols;
+        for (int64_t i = 0; i < c->n; i++) {
+            uint32_t h = fc_sketch_hash((uint64_t)i, key);
+            row[fc_sketch_col(h, (uint32_t)cols)] += fc_sketch_sign(h) * x[i];
+        }
+    }
+    sketch_layout(c, used);
+    return FC_OK;
+}
+
+static float median(float *v, int64_t r)
+{
+    for (int64_t a = 1; a < r; a++) { /* insertion sort: r <= 15 */
+        float key = v[a];
+        int64_t b = a - 1;
+        while (b >= 0 && v[b] > key) {
+            v[b + 1] = v[b];
+            b--;
+        }
+        v[b + 1] = key;
+    }
+    return r & 1 ? v[r / 2] : 0.5f * (v[r / 2 - 1] + v[r / 2]);
+}
+
+/* acc += alpha * the k largest estimates read from table t */
+static int unsketch(const fc_chunk *c, const float *t, float alpha, float *acc)
+{
+    const sketch_cfg *cfg = (const sketch_cfg *)c->cfg;
+    const int64_t r = cfg->rows, cols = cfg->cols, n = c->n, k = sketch_k(c);
+    float *est = (float *)c->scratch;
+    uint32_t *keys = (uint32_t *)(est + n), *idx = keys + n;
+    uint32_t rk[15];
+    for (int64_t j = 0; j < r; j++)
+        rk[j] = row_key(c, j);
+    for (int64_t i = 0; i < n; i++) {
+        float v[15];
+        for (int64_t j = 0; j < r; j++) {
+            uint32_t h = fc_sketch_hash((uint64_t)i, rk[j]);
+            v[j] = fc_sketch_sign(h) * t[j * cols + fc_sketch_col(h, (uint32_t)cols)];
+        }
+        est[i] = median(v, r);
+    }
+    if (k == n) {
+        for (int64_t i = 0; i < n; i++)
+            acc[i] += alpha * est[i];
+        return FC_OK;
+    }
+    fc_topk_indices(est, n, k, keys, idx);
+    for (int64_t j = 0; j < k; j++)
+        acc[idx[j]] += alpha * est[idx[j]];
+    return FC_OK;
+}
+
+static int sketch_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_bytes, float alpha,
+                             float *acc, fc_err *err)
+{
+    (void)body_bytes;
+    (void)err;
+    return unsketch(c, (const float *)body, alpha, acc);
+}
+
+static int64_t sketch_agg_bytes(const fc_chunk *c)
+{
+    const sketch_cfg *cfg = (const sketch_cfg *)c->cfg;
+    return 4 * cfg->rows * cfg->cols;
+}
+
+static int sketch_aggregate(const fc_chunk *c, uint8_t *agg, const uint8_t *body, int64_t body_bytes,
+                            fc_err *err)
+{
+    (void)c;
+    (void)err;
+    float *a = (float *)agg;
+    const float *b = (const float *)body;
+    for (int64_t i = 0; i < body_bytes / 4; i++)
+        a[i] += b[i];
+    return FC_OK;
+}
+
+static int sketch_decode_agg(const fc_chunk *c, const uint8_t *agg, int senders, float alpha,
+                             float *acc, fc_err *err)
+{
+    (void)senders;
+    (void)err;
+    return unsketch(c, (const float *)agg, alpha, acc);
+}
+
+const fc_method fc_method_sketch = {
+    .name = "sketch",
+    .id = 11,
+    .flags = FC_LINEAR | FC_RANDOM | FC_EF_DEFAULT,
+    .summary = "count sketch (rows x cols fp32), summed compressed; heavy hitters of the summed "
+               "sketch decoded (Sketched-SGD style)",
+    .cfg_size = sizeof(sketch_cfg),
+    .keys = sketch_keys,
+    .layout = sketch_layout,
+    .scratch_bytes = sketch_scratch,
+    .encode = sketch_encode,
+    .decode_add = sketch_decode_add,
+    .agg_bytes = sketch_agg_bytes,
+    .aggregate = sketch_aggregate,
+    .decode_agg = sketch_decode_agg,
+};

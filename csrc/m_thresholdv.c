@@ -1,0 +1,117 @@
+/* m_thresholdv.c: `thresholdv` (Strom 2015; Dryden et al. 2016): every element with
+ * |x| > threshold. The count is data-dependent (FC_VARSIZE): layout() is the bound for k = n
+ * and the collective exchanges the real sizes first (an extra collective, counted). Body: the
+ * uint32 count (meta), the ascending indices, the values through the value codec. */
+#include <string.h>
+#include "fc_method.h"
+#include "fc_quant.h"
+#include "fc_sparse.h"
+
+typedef struct {
+    double threshold;
+    int quantize;
+    fc_vcodec vc;
+} thrv_cfg;
+
+static const fc_key thrv_keys[] = {
+    FC_FLOAT(thrv_cfg, threshold, 1e-3, 0.0, 1e30, 0, "v: elements with |x| > v are sent"),
+    FC_CHOICE(thrv_cfg, quantize, 0, fc_sparse_quant_names, "codec of the kept values"),
+    FC_KEYS_END,
+};
+
+static int thrv_check(void *cfg, fc_err *err)
+{
+    thrv_cfg *t = (thrv_cfg *)cfg;
+    t->vc.quantize = t->quantize;
+    return fc_vcodec_init(&t->vc, err);
+}
+
+static void layout_k(const fc_chunk *c, int64_t k, fc_layout *out)
+{
+    const thrv_cfg *cfg = (const thrv_cfg *)c->cfg;
+    fc_vcodec_layout(&cfg->vc, c, k, out);
+    out->meta_bytes += 4;
+    out->index_bytes = fc_index_bytes(c->n, k);
+    out->kept = k;
+}
+
+static void thrv_layout(const fc_chunk *c, fc_layout *out)
+{
+    layout_k(c, c->n, out);
+}
+
+static size_t thrv_scratch(const void *cfg, int64_t n)
+{
+    (void)cfg;
+    return (size_t)n * 8 + 64;
+}
+
+static int thrv_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
+{
+    const thrv_cfg *cfg = (const thrv_cfg *)c->cfg;
+    const int64_t n = c->n;
+    const float v = (float)cfg->threshold;
+    uint32_t *idx = (uint32_t *)c->scratch;
+    float *vals = (float *)(idx + n);
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (!(fc_bits_f32(fc_abs_bits(x[i])) <= v)) { /* NaN is sent: passed through, not lost */
+            idx[k] = (uint32_t)i;
+            vals[k++] = x[i];
+        }
+    uint32_t k32 = (uint32_t)k;
+    memcpy(body, &k32, 4);
+    fc_index_encode(idx, n, k, body + 4);
+    int rc = fc_vcodec_encode(&cfg->vc, c, vals, k, body + 4 + fc_index_bytes(n, k), err);
+    layout_k(c, k, used);
+    return rc;
+}
+
+static int thrv_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_bytes, float alpha,
+                           float *acc, fc_err *err)
+{
+    const thrv_cfg *cfg = (const thrv_cfg *)c->cfg;
+    const int64_t n = c->n;
+    uint32_t k32;
+    if (body_bytes < 4)
+        return fc_fail(err, FC_ERR_PAYLOAD, "thresholdv payload: body of %lld bytes has no count",
+                       (long long)body_bytes);
+    memcpy(&k32, body, 4);
+    const int64_t k = k32;
+    if (k > n)
+        return fc_fail(err, FC_ERR_PAYLOAD, "thresholdv payload: count %lld exceeds the chunk's "
+                       "%lld elements (corrupted)", (long long)k, (long long)n);
+    fc_layout l;
+    layout_k(c, k, &l);
+    if (fc_layout_bytes(&l) != body_bytes)
+        return fc_fail(err, FC_ERR_PAYLOAD, "thresholdv payload: body of %lld bytes, a count of "
+                       "%lld needs %lld (corrupted)", (long long)body_bytes, (long long)k,
+                       (long long)fc_layout_bytes(&l));
+    uint32_t *idx = (uint32_t *)c->scratch;
+    float *vals = (float *)(idx + n);
+    int rc = fc_index_decode(body + 4, n, k, idx, err);
+    if (rc != FC_OK)
+        return rc;
+    memset(vals, 0, (size_t)k * 4);
+    rc = fc_vcodec_decode_add(&cfg->vc, c, body + 4 + fc_index_bytes(n, k), k, alpha, vals, err);
+    if (rc != FC_OK)
+        return rc;
+    for (int64_t j = 0; j < k; j++)
+        acc[idx[j]] += vals[j];
+    return FC_OK;
+}
+
+const fc_method fc_method_thresholdv = {
+    .name = "thresholdv",
+    .id = 10,
+    .flags = FC_VARSIZE | FC_RANDOM,
+    .summary = "every |x| > threshold: data-dependent count (sizes exchanged first), indices + "
+               "values (fp32 or quantize=fp16/int8/qsgd/nc)",
+    .cfg_size = sizeof(thrv_cfg),
+    .keys = thrv_keys,
+    .check = thrv_check,
+    .layout = thrv_layout,
+    .scratch_bytes = thrv_scratch,
+    .encode = thrv_encode,
+    .decode_add = thrv_decode_add,
+};

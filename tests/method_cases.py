@@ -1,0 +1,34 @@
+"""The method configurations the method tests run: every method of issue 3, the hybrids and
+the variants whose behaviour differs (stochastic rounding, bit widths, modes)."""
+
+CASES = [
+    ("fp8", {}),
+    ("fp8", {"format": "e5m2", "block_size": 64}),
+    ("int8", {"stochastic": True}),
+    ("intN", {"bits": 4}),
+    ("intN", {"bits": 2, "stochastic": True, "block_size": 64}),
+    ("qsgd", {"levels": 7, "bucket_size": 256}),
+    ("nc", {}),
+    ("topk", {"ratio": 0.05}),
+    ("topk", {"k": 40, "quantize": "int8"}),
+    ("topk", {"ratio": 0.1, "quantize": "qsgd"}),
+    ("randomk", {"ratio": 0.1}),
+    ("randomk", {"ratio": 0.2, "quantize": "nc"}),
+    ("thresholdv", {"threshold": 1.5}),
+    ("thresholdv", {"threshold": 1.0, "quantize": "fp16"}),
+    ("sketch", {"rows": 3, "cols": 512, "k": 64}),
+    ("gradiveq", {"dim": 16, "k": 4}),
+    ("signsgd", {}),
+    ("signsgd", {"mode": "majority", "scale": 0.5}),
+    ("onebit", {}),
+]
+
+# the wire ids issue 3 fixes: stable across versions
+WIRE_IDS = {"none": 0, "fp16": 1, "bf16": 2, "int8": 3, "fp8": 4, "intN": 5, "qsgd": 6, "nc": 7,
+            "topk": 8, "randomk": 9, "thresholdv": 10, "sketch": 11, "gradiveq": 12,
+            "signsgd": 13, "onebit": 14}
+
+
+def case_id(case):
+    method, cfg = case
+    return method + "".join(f"-{k}={v}" for k, v in cfg.items())
