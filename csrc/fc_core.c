@@ -282,20 +282,34 @@ void fc_core_end_step(fc_core *s)
 
 /* ---- encode ---- */
 
-/* g' = g (+ e) into s->x; counts non-finite values and zeroes them when asked. */
-static int64_t load_chunk(fc_core *s, const fc_buf *grad, const fc_buf *res, int64_t start, int64_t n)
+/* g' = g (+ e), counted for non-finite values (zeroed when asked). An fp32 gradient without a
+ * residual is encoded in place, read-only: no copy on the common path. Returns the count and
+ * where g' lies (s->x or the gradient itself). */
+static int64_t load_chunk(fc_core *s, const fc_buf *grad, const fc_buf *res, int64_t start, int64_t n,
+                          const float **xp)
 {
+    int64_t bad = 0;
+    if (res == NULL && grad->dtype == FC_F32) {
+        const float *g = (const float *)grad->data + start;
+        for (int64_t i = 0; i < n; i++)
+            bad += !(fc_abs_bits(g[i]) < 0x7f800000u);
+        if (!bad || s->common.nonfinite != FC_NONFINITE_ZERO) {
+            *xp = g;
+            return bad;
+        }
+    }
     float *x = s->x;
     load_f32(grad->data, grad->dtype, start, n, x);
     if (res != NULL)
         add_f32(res->data, res->dtype, start, n, x);
-    int64_t bad = 0;
+    bad = 0;
     for (int64_t i = 0; i < n; i++)
         bad += !(fc_abs_bits(x[i]) < 0x7f800000u);
     if (bad && s->common.nonfinite == FC_NONFINITE_ZERO)
         for (int64_t i = 0; i < n; i++)
             if (!(fc_abs_bits(x[i]) < 0x7f800000u))
                 x[i] = 0.0f;
+    *xp = x;
     return bad;
 }
 
@@ -315,15 +329,15 @@ static void write_header(uint8_t *p, const fc_method *m, int dtype, uint32_t uni
     memcpy(p, &h, sizeof(h));
 }
 
-/* Encodes x (s->x, n values) as one payload at p; returns its padded size in *size. */
-static int encode_one(fc_core *s, const fc_method *m, const fc_chunk *c, uint8_t *p, int64_t cap,
-                      int64_t *size, fc_layout *used, fc_err *err)
+/* Encodes x (c->n values) as one payload at p; returns its padded size in *size. */
+static int encode_one(fc_core *s, const fc_method *m, const fc_chunk *c, const float *x, uint8_t *p,
+                      int64_t cap, int64_t *size, fc_layout *used, fc_err *err)
 {
     int64_t full = fc_payload_bytes(s, m, c->n, c->wire_dtype);
     if (full > cap)
         return fc_fail(err, FC_ERR_VALUE, "payload buffer holds %lld bytes, need %lld",
                        (long long)cap, (long long)full);
-    int rc = m->encode(c, s->x, p + FC_HEADER_BYTES, used, err);
+    int rc = m->encode(c, x, p + FC_HEADER_BYTES, used, err);
     if (rc != FC_OK)
         return rc;
     int64_t body = fc_layout_bytes(used);
@@ -394,7 +408,8 @@ static int update_residual(fc_core *s, const fc_method *m, const fc_chunk *c, co
 }
 
 /* Without error feedback: decode into scratch and compare, on the sampled calls only. */
-static int sample_error(fc_core *s, const fc_method *m, const fc_chunk *c, const uint8_t *p, fc_err *err)
+static int sample_error(fc_core *s, const fc_method *m, const fc_chunk *c, const float *xs,
+                        const uint8_t *p, fc_err *err)
 {
     memset(s->dec, 0, (size_t)c->n * 4);
     int rc = m->decode_add(c, p + FC_HEADER_BYTES, header_body_bytes(p), 1.0f, s->dec, err);
@@ -402,7 +417,7 @@ static int sample_error(fc_core *s, const fc_method *m, const fc_chunk *c, const
         return rc;
     double dd = 0, xx = 0, xd = 0, ee = 0;
     for (int64_t i = 0; i < c->n; i++) {
-        double x = s->x[i], d = s->dec[i];
+        double x = xs[i], d = s->dec[i];
         xx += x * x;
         dd += d * d;
         xd += x * d;
@@ -448,11 +463,12 @@ int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residua
         fc_chunk c = make_chunk(s, m, n, world, grad->dtype, unit, (uint32_t)ci, rank);
         c.scratch = s->mscr;
         c.ustate = ust;
-        int64_t bad = load_chunk(s, grad, use_ef ? residual : NULL, start, n);
+        const float *x;
+        int64_t bad = load_chunk(s, grad, use_ef ? residual : NULL, start, n, &x);
         s->ctr.nonfinite_in += bad;
         int64_t size;
         fc_layout used;
-        FC_TRY(encode_one(s, m, &c, out + off, send->numel - off, &size, &used, err));
+        FC_TRY(encode_one(s, m, &c, x, out + off, send->numel - off, &size, &used, err));
         count_payload(&s->ctr, &used, size, n);
         raw += n * fc_dtype_size(grad->dtype);
         if (use_ef && !bad) { /* a non-finite chunk keeps its old residual: never poisoned */
@@ -470,7 +486,7 @@ int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residua
                 sampled = 1;
             }
         } else if (sample && !sampled && !bad) {
-            FC_TRY(sample_error(s, m, &c, out + off, err));
+            FC_TRY(sample_error(s, m, &c, x, out + off, err));
             sampled = 1;
         }
         sizes[ci] = size;
@@ -663,14 +679,12 @@ int fc_core_compress(fc_core *s, const float *x, int64_t n, uint8_t *payload, in
 {
     int rc = FC_OK;
     const fc_method *m = s->method;
-    FC_TRY(grow_f32(&s->x, &s->x_cap, n, err));
     if (m->scratch_bytes != NULL)
         FC_TRY(grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err));
-    memcpy(s->x, x, (size_t)n * 4);
     fc_chunk c = make_chunk(s, m, n, world, FC_F32, unit, chunk, rank);
     FC_TRY(unit_state(s, m, unit, &c.ustate, err));
     fc_layout used;
-    FC_TRY(encode_one(s, m, &c, payload, cap, written, &used, err));
+    FC_TRY(encode_one(s, m, &c, x, payload, cap, written, &used, err)); /* x read in place */
     return FC_OK;
 error:
     return rc;

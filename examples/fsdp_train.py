@@ -203,7 +203,9 @@ def main(argv=None) -> int:
     if device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # ranks share the cores
     try:
-        return train(args, rank, world, device)
+        rc = train(args, rank, world, device)
+        dist.barrier()  # leave together: rank 0 hosts the TCPStore the others still talk to
+        return rc
     except (textdata.DataError, FileNotFoundError, ValueError) as e:
         # Bad input: one clear line per rank instead of a traceback.
         print(f"fsdp_train.py: error (rank {rank}): {e}", file=sys.stderr)

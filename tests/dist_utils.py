@@ -26,6 +26,9 @@ def _entry(rank, world, port, outdir, fn, args):
     try:
         result = fn(rank, world, *args)
         torch.save({"ok": result}, os.path.join(outdir, f"{rank}.pt"))
+        # Tear down together: rank 0 hosts the TCPStore, and leaving while a peer still talks to
+        # it aborted the process now and then ("terminate called without an active exception").
+        dist.barrier()
     except BaseException:
         torch.save({"error": traceback.format_exc()}, os.path.join(outdir, f"{rank}.pt"))
         raise
