@@ -66,6 +66,24 @@ static const DLPackExchangeAPI *exchange_api(PyObject *obj)
     return api;
 }
 
+/* Turns the pending Python exception of a producer into an fc_err naming the argument. */
+static int fail_from_python(const char *arg, fc_err *err)
+{
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyObject *msg = ev ? PyObject_Str(ev) : NULL;
+    const char *text = msg ? PyUnicode_AsUTF8(msg) : NULL;
+    if (text == NULL)
+        PyErr_Clear();
+    int rc = fc_fail(err, FC_ERR_TYPE, "%s cannot be read through DLPack: %s", arg,
+                     text ? text : "(no message)");
+    Py_XDECREF(msg);
+    Py_XDECREF(et);
+    Py_XDECREF(ev);
+    Py_XDECREF(tb);
+    return rc;
+}
+
 static int from_capsule(PyObject *obj, const char *arg, DLTensor *out, int *read_only,
                         PyObject **owner, fc_err *err)
 {
@@ -86,18 +104,7 @@ static int from_capsule(PyObject *obj, const char *arg, DLTensor *out, int *read
         cap = PyObject_CallNoArgs(meth);
     }
     if (cap == NULL) {
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
-        PyObject *msg = ev ? PyObject_Str(ev) : NULL;
-        const char *text = msg ? PyUnicode_AsUTF8(msg) : NULL;
-        if (text == NULL)
-            PyErr_Clear();
-        rc = fc_fail(err, FC_ERR_TYPE, "%s cannot be read through DLPack: %s", arg,
-                     text ? text : "(no message)");
-        Py_XDECREF(msg);
-        Py_XDECREF(et);
-        Py_XDECREF(ev);
-        Py_XDECREF(tb);
+        rc = fail_from_python(arg, err);
         goto done;
     }
     if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
@@ -140,19 +147,7 @@ int fc_view_get(PyObject *obj, const char *arg, unsigned dtypes, fc_view *v, fc_
     if (api != NULL) {
         if (api->dltensor_from_py_object_no_sync((void *)obj, &t) != 0) {
             /* e.g. a tensor that requires grad: report it under the argument's name */
-            PyObject *et, *ev, *tb;
-            PyErr_Fetch(&et, &ev, &tb);
-            PyObject *msg = ev ? PyObject_Str(ev) : NULL;
-            const char *text = msg ? PyUnicode_AsUTF8(msg) : NULL;
-            if (text == NULL)
-                PyErr_Clear();
-            rc = fc_fail(err, FC_ERR_TYPE, "%s cannot be read through DLPack: %s", arg,
-                         text ? text : "(no message)");
-            Py_XDECREF(msg);
-            Py_XDECREF(et);
-            Py_XDECREF(ev);
-            Py_XDECREF(tb);
-            return rc;
+            return fail_from_python(arg, err);
         }
     } else {
         rc = from_capsule(obj, arg, &t, &v->read_only, &v->owner, err);

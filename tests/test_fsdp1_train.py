@@ -8,23 +8,7 @@ import torch.nn as nn
 
 import fsdpcomp
 from dist_utils import run_ranks
-
-
-class TinyLM(nn.Module):
-    """Embedding, two transformer blocks (two FSDP units of equal size), head."""
-
-    def __init__(self, vocab=64, dim=32):
-        super().__init__()
-        self.emb = nn.Embedding(vocab, dim)
-        self.blocks = nn.ModuleList(
-            nn.TransformerEncoderLayer(dim, 4, 64, dropout=0.0, batch_first=True) for _ in range(2))
-        self.head = nn.Linear(dim, vocab)
-
-    def forward(self, x):
-        h = self.emb(x)
-        for b in self.blocks:
-            h = b(h)
-        return self.head(h)
+from tiny_models import TinyLM
 
 
 def _train(rank, world, method, config, strategy, steps, dtype_name, optim="adam"):

@@ -7,25 +7,11 @@ import torch.nn as nn
 
 import fsdpcomp
 from dist_utils import run_ranks
+from tiny_models import TinyLM
 from method_cases import CASES
 
 # error feedback where the method needs it to train (biased, or unscaled random-k)
 EF = {"topk", "thresholdv", "signsgd", "onebit", "sketch", "gradiveq", "fp8", "intN"}
-
-
-class TinyLM(nn.Module):
-    def __init__(self, vocab=32, dim=32):
-        super().__init__()
-        self.emb = nn.Embedding(vocab, dim)
-        self.blocks = nn.ModuleList(
-            nn.TransformerEncoderLayer(dim, 4, 64, dropout=0.0, batch_first=True) for _ in range(2))
-        self.head = nn.Linear(dim, vocab)
-
-    def forward(self, x):
-        h = self.emb(x)
-        for b in self.blocks:
-            h = b(h)
-        return self.head(h)
 
 
 def _train_all(rank, world, cases, steps):
@@ -44,7 +30,7 @@ def _train_all(rank, world, cases, steps):
         if method == "thresholdv":
             cfg["threshold"] = 1e-2  # gradients of this model are ~1e-3..1e-1
         torch.manual_seed(0)
-        model = FSDP(TinyLM(), device_id=torch.device("cpu"),
+        model = FSDP(TinyLM(vocab=32), device_id=torch.device("cpu"),
                      auto_wrap_policy=ModuleWrapPolicy({nn.TransformerEncoderLayer}), use_orig_params=True)
         state = fsdpcomp.register(model, method, cfg)
         opt = torch.optim.Adam(model.parameters(), lr=3e-3)
