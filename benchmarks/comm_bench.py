@@ -22,7 +22,10 @@ import sys
 import tempfile
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [_HERE, os.path.dirname(_HERE)]  # the benchmark modules, and fsdpcomp built in place
+sys.path.insert(0, _HERE)  # the benchmark modules
+import repo_path  # noqa: E402
+
+repo_path.use_checkout()  # fsdpcomp built in place, else the installed one
 
 import launch  # noqa: E402
 import projection  # noqa: E402

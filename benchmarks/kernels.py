@@ -13,13 +13,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 
 import torch
 
-import fsdpcomp
-from fsdpcomp import _C
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # beside this file: repo_path
+import repo_path  # noqa: E402
+
+repo_path.use_checkout()  # fsdpcomp built in place, else the installed one
+import fsdpcomp  # noqa: E402
+from fsdpcomp import _C  # noqa: E402
 
 # the configurations timed: each method's defaults, sparsifiers at 1%
 CONFIGS = {

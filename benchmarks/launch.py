@@ -9,9 +9,10 @@ import subprocess
 import sys
 import time
 
+import repo_path
 from netns import Topology
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = repo_path.REPO
 
 
 def free_port() -> int:
@@ -36,7 +37,7 @@ def run_ranks(argv: list[str], world: int, topo: Topology | None, timeout_s: flo
             env.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
                        MASTER_ADDR=master, MASTER_PORT=str(port), GLOO_SOCKET_IFNAME=iface,
                        OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p)
+            env["PYTHONPATH"] = os.pathsep.join(repo_path.python_path() + [p for p in (env.get("PYTHONPATH", ""),) if p])
             env.update(extra_env or {})
             prefix = topo.prefix(r) if topo is not None else []
             log = open(os.path.join(log_dir, f"rank{r}.log"), "w")

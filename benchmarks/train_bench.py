@@ -21,7 +21,10 @@ import sys
 import tempfile
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [_HERE, os.path.dirname(_HERE)]
+sys.path.insert(0, _HERE)  # the benchmark modules
+import repo_path  # noqa: E402
+
+repo_path.use_checkout()  # fsdpcomp built in place, else the installed one
 
 import launch  # noqa: E402
 from netns import Topology, exit_on_sigterm  # noqa: E402
@@ -213,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--comm_config_json", default=None, help="config keys added to every method's (e.g. error_feedback)")
     p.add_argument("--data_path", default=None, help="default: the training example's built-in data")
     p.add_argument("--train_script", default=os.path.join(launch.REPO, "examples", "fsdp_train.py"))
-    p.add_argument("--train_repo", default=None, help="checkout whose fsdpcomp the runs import (default: this one)")
+    p.add_argument("--train_repo", default=None, help="checkout whose fsdpcomp the runs import (default: this one if built in place, else the installed package)")
     p.add_argument("--out_dir", default=os.path.join("benchmarks", "results"))
     p.add_argument("--timeout_s", type=float, default=3600.0, help="per training run")
     p.add_argument("train_args", nargs=argparse.REMAINDER, help="after --: passed to fsdp_train.py unchanged")

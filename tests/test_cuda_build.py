@@ -4,25 +4,29 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LIB = os.path.join(ROOT, "fsdpcomp", "_fsdpcomp_cuda.so")
+from pkg_path import PKG_DIR, pythonpath
+
+LIB = os.path.join(PKG_DIR, "_fsdpcomp_cuda.so")
 HAVE_NVCC = bool(os.environ.get("NVCC") or shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc"))
 CPU_ONLY_BUILD = os.environ.get("FSDPCOMP_CUDA", "auto").strip().lower() in ("0", "off", "no", "false")
 
 
 def run_py(code: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    env = dict(os.environ, PYTHONPATH=pythonpath())
+    # cwd elsewhere: `python -c` puts the current directory first on sys.path
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
+                          cwd=tempfile.gettempdir())
 
 
 def need_lib():
     if os.path.exists(LIB):
         return
     if HAVE_NVCC and not CPU_ONLY_BUILD:
-        pytest.fail(f"nvcc is present but {LIB} was not built: run `python setup.py build_ext --inplace`")
+        pytest.fail(f"nvcc is present but {LIB} was not built (pip install . or python setup.py build_ext --inplace)")
     pytest.skip("no CUDA library in this build (no nvcc, or FSDPCOMP_CUDA=0)")
 
 

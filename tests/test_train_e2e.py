@@ -112,9 +112,10 @@ def test_notebook_executes(trained, monkeypatch):
     import nbformat
     from nbclient import NotebookClient
 
-    from train_utils import EXAMPLES, ROOT
+    from pkg_path import pythonpath
+    from train_utils import EXAMPLES
 
-    monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.setenv("PYTHONPATH", pythonpath())
     monkeypatch.setenv("FSDPCOMP_RESULTS", str(trained["out"] / "results.jsonl"))
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     nb = nbformat.read(os.path.join(EXAMPLES, "inspect_counters.ipynb"), as_version=4)

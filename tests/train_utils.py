@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from pkg_path import pythonpath
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
 if EXAMPLES not in sys.path:
@@ -36,8 +38,8 @@ def wordnet_subset(out_dir: str, n_train: int, n_val: int) -> tuple[str, str]:
 
 
 def run_train(args: list[str], world: int = 2, timeout: float = 240.0) -> subprocess.CompletedProcess:
-    """examples/fsdp_train.py on `world` CPU ranks (torchrun), with this checkout importable."""
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    """examples/fsdp_train.py on `world` CPU ranks (torchrun), importing the fsdpcomp the tests use."""
+    env = dict(os.environ, PYTHONPATH=pythonpath(),
                OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
            "--standalone", os.path.join(EXAMPLES, "fsdp_train.py"), *args] if world > 1 else \
