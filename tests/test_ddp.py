@@ -8,7 +8,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import fsdpcomp
 from fsdpcomp._order import call_order
-from tests.dist_utils import run_ranks
+from dist_utils import run_ranks
 
 STEPS = 4
 # `none` sends fp32 exactly. DDP divides each gradient by the world size and sums in gloo's

@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 import fsdpcomp
 from fsdpcomp._order import call_order
-from tests.dist_utils import run_ranks
+from dist_utils import run_ranks
 
 fully_shard = pytest.importorskip("torch.distributed.fsdp").fully_shard
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy  # noqa: E402
