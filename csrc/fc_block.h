@@ -5,6 +5,9 @@
 
 #include <stdint.h>
 #include "fc_quant.h"
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 static inline int64_t fc_nblocks(int64_t n, int64_t bs)
 {
@@ -53,6 +56,39 @@ static inline double fc_sum_abs(const float *x, int64_t lo, int64_t hi)
 {
     double l[FC_LANES] = {0};
     for (int64_t i = lo; i < hi; i++)
+        l[(i - lo) & (FC_LANES - 1)] += (double)fc_bits_f32(fc_abs_bits(x[i]));
+    return fc_lanes_total(l);
+}
+
+/* x's sign bits, bit j of byte g/8 for element g + j (set: negative, NaN included by its sign
+ * bit), as the per-element reference loops in signsgd and onebit write them. SSE2's movemask
+ * reads the same four sign bits per instruction. */
+static inline void fc_sign_bits(const float *x, int64_t n, uint8_t *bits)
+{
+    int64_t g = 0;
+#if defined(__SSE2__)
+    for (; g + 8 <= n; g += 8)
+        bits[g / 8] = (uint8_t)(_mm_movemask_ps(_mm_loadu_ps(x + g)) |
+                                _mm_movemask_ps(_mm_loadu_ps(x + g + 4)) << 4);
+#endif
+    for (; g < n; g += 8) {
+        uint32_t byte = 0;
+        for (int j = 0; j < 8 && g + j < n; j++)
+            byte |= (fc_f32_bits(x[g + j]) >> 31) << j;
+        bits[g / 8] = (uint8_t)byte;
+    }
+}
+
+/* fc_sum_abs with the lanes as an inner loop of 8: element i still adds into lane
+ * (i - lo) % 8 in increasing i, so every lane sees the same additions in the same order. */
+static inline double fc_sum_abs_blocked(const float *x, int64_t lo, int64_t hi)
+{
+    double l[FC_LANES] = {0};
+    int64_t i = lo;
+    for (; i + FC_LANES <= hi; i += FC_LANES)
+        for (int j = 0; j < FC_LANES; j++)
+            l[j] += (double)fc_bits_f32(fc_abs_bits(x[i + j]));
+    for (; i < hi; i++)
         l[(i - lo) & (FC_LANES - 1)] += (double)fc_bits_f32(fc_abs_bits(x[i]));
     return fc_lanes_total(l);
 }

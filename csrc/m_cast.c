@@ -2,7 +2,9 @@
  * FSDP does) so that the sum of W ranks stays inside fp16's range; what still overflows is
  * counted as non-finite by the driver on the decoded side. */
 #include "fc_half.h"
+#include "fc_quant.h"
 #include "fc_method.h"
+#include "fc_simd.h"
 
 typedef struct {
     int unused;
@@ -18,13 +20,59 @@ static void cast_layout(const fc_chunk *c, fc_layout *out)
     out->kept = c->n;
 }
 
+/* fc_f32_to_f16 without branches, so that the loop vectorises. Same bytes: normals by the same
+ * integer rounding, which for |x| >= 65520 and Inf lands at or above 0x7c00 and is clamped to
+ * Inf; NaN adds the quiet bit 0x200 to that Inf (the reference's sign|0x7e00). Below 2^-14 the
+ * float sum 0.5 + |x| rounds |x| to a multiple of 2^-24, to nearest even (0.5's ulp is
+ * 2^-24): the reference's shift-and-round of the subnormal mantissa, including 0 for
+ * |x| <= 2^-25 and the carry into the smallest normal. Selections are masks, not ?:, which
+ * GCC turns back into a branch around the float add. Checked on all 2^32 inputs. */
+static inline uint16_t f16_select(float f)
+{
+    const uint32_t u = fc_f32_bits(f), a = u & 0x7fffffffu, sign = (u >> 16) & 0x8000u;
+    uint32_t nrm = (a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u) >> 13;
+    nrm = nrm < 0x7c00u ? nrm : 0x7c00u;
+    const uint32_t sub = fc_f32_bits(fc_bits_f32(a) + 0.5f) - 0x3f000000u;
+    const uint32_t is_sub = 0u - ((a - 0x38800000u) >> 31);   /* a < 2^-14 */
+    const uint32_t nan = ((FC_INF_BITS - a) >> 31) << 9;        /* a > Inf */
+    return (uint16_t)(sign | (sub & is_sub) | (nrm & ~is_sub) | nan);
+}
+
+/* fc_f16_to_f32 without branches: exponent 31 gets 112 more (255: Inf/NaN, mantissa kept);
+ * the subnormal product m * 2^-24 is exact either way. */
+static inline float f16_widen(uint32_t h)
+{
+    const uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    const uint32_t is_top = 0u - (uint32_t)(e == 0x1fu), is_sub = 0u - (uint32_t)(e == 0);
+    const uint32_t nrm = ((e + 112u + (is_top & 112u)) << 23) | (m << 13);
+    const uint32_t sub = fc_f32_bits((float)m * 5.9604644775390625e-08f);
+    return fc_bits_f32(sign | (sub & is_sub) | (nrm & ~is_sub));
+}
+
+FC_CLONES static void fp16_encode_fast(const float *restrict x, int64_t n, float inv_w,
+                                       uint16_t *restrict o)
+{
+    for (int64_t i = 0; i < n; i++)
+        o[i] = f16_select(x[i] * inv_w);
+}
+
+FC_CLONES static void fp16_decode_fast(const uint16_t *restrict v, int64_t n, float a,
+                                       float *restrict acc)
+{
+    for (int64_t i = 0; i < n; i++)
+        acc[i] += a * f16_widen(v[i]);
+}
+
 static int fp16_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
 {
     (void)err;
     uint16_t *o = (uint16_t *)body;
     const float inv_w = 1.0f / (float)c->world;
-    for (int64_t i = 0; i < c->n; i++)
-        o[i] = fc_f32_to_f16(x[i] * inv_w);
+    if (!fc_cpu_reference)
+        fp16_encode_fast(x, c->n, inv_w, o);
+    else
+        for (int64_t i = 0; i < c->n; i++)
+            o[i] = fc_f32_to_f16(x[i] * inv_w);
     cast_layout(c, used);
     return FC_OK;
 }
@@ -36,8 +84,11 @@ static int fp16_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
     (void)err;
     const uint16_t *v = (const uint16_t *)body;
     const float a = alpha * (float)c->world;
-    for (int64_t i = 0; i < c->n; i++)
-        acc[i] += a * fc_f16_to_f32(v[i]);
+    if (!fc_cpu_reference)
+        fp16_decode_fast(v, c->n, a, acc);
+    else
+        for (int64_t i = 0; i < c->n; i++)
+            acc[i] += a * fc_f16_to_f32(v[i]);
     return FC_OK;
 }
 

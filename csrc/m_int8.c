@@ -6,6 +6,7 @@
 #include "fc_block.h"
 #include "fc_quant.h"
 #include "fc_rng_batch.h"
+#include "fc_simd.h"
 
 typedef struct {
     int64_t block_size;
@@ -33,10 +34,48 @@ static void int8_layout(const fc_chunk *c, fc_layout *out)
     out->kept = c->n;
 }
 
+/* Round-to-nearest codes of one finite block: the reference's expression, in a function of its
+ * own so that it is compiled for AVX2 as well (same IEEE operations, so the same codes). */
+static inline void int8_nearest(const float *restrict x, int64_t n, float inv, int8_t *restrict codes)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float q = fc_round_even(x[i] * inv);
+        q = q > 127.0f ? 127.0f : q;
+        q = q < -127.0f ? -127.0f : q;
+        codes[i] = (int8_t)(int32_t)q;
+    }
+}
+
+/* The reference's nearest-rounding encode, blocks and special blocks included. */
+FC_CLONES static void int8_encode_nearest(const float *x, int64_t n, int64_t bs, uint8_t *body)
+{
+    const int64_t nb = fc_nblocks(n, bs);
+    float *scales = (float *)body;
+    int8_t *codes = (int8_t *)(body + 4 * nb);
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, n);
+        const uint32_t amax_bits = fc_amax_bits(x, lo, hi);
+        if (amax_bits >= FC_INF_BITS || amax_bits == 0) {
+            scales[b] = amax_bits == 0 ? 0.0f : NAN;
+            for (int64_t i = lo; i < hi; i++)
+                codes[i] = 0;
+            continue;
+        }
+        const float amax = fc_bits_f32(amax_bits);
+        scales[b] = amax / 127.0f;
+        int8_nearest(x + lo, hi - lo, 127.0f / amax, codes + lo);
+    }
+}
+
 static int int8_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
 {
     (void)err;
     const int8_cfg *cfg = (const int8_cfg *)c->cfg;
+    if (!cfg->stochastic && !fc_cpu_reference) {
+        int8_encode_nearest(x, c->n, cfg->block_size, body);
+        int8_layout(c, used);
+        return FC_OK;
+    }
     const int64_t bs = cfg->block_size, nb = int8_blocks(c);
     float *scales = (float *)body;
     /* restrict: codes never alias x (int8_t may alias anything, which stops vectorisation) */

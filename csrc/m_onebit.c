@@ -4,6 +4,7 @@
 #include <math.h>
 #include "fc_block.h"
 #include "fc_method.h"
+#include "fc_simd.h"
 
 typedef struct {
     int64_t block_size;
@@ -24,21 +25,47 @@ static void onebit_layout(const fc_chunk *c, fc_layout *out)
     out->kept = c->n;
 }
 
-static int onebit_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
+/* The definition of a block's two means: 8 lanes each, fixed combination order (see
+ * fc_block.h); branch-free, random signs defeating prediction. */
+static void onebit_means_ref(const float *x, int64_t lo, int64_t hi, float *means)
 {
-    (void)err;
-    const onebit_cfg *cfg = (const onebit_cfg *)c->cfg;
-    const int64_t bs = cfg->block_size, nb = fc_nblocks(c->n, bs);
+    double sp8[FC_LANES] = {0}, sn8[FC_LANES] = {0};
+    int64_t np = 0;
+    for (int64_t i = lo; i < hi; i++) {
+        const uint32_t neg = fc_f32_bits(x[i]) >> 31;
+        const double v = x[i], mn = (double)neg; /* v * 0/1: exact, and no branch */
+        np += 1 - (int64_t)neg;
+        sn8[(i - lo) & (FC_LANES - 1)] += v * mn;
+        sp8[(i - lo) & (FC_LANES - 1)] += v * (1.0 - mn);
+    }
+    const double sp = fc_lanes_total(sp8), sn = fc_lanes_total(sn8);
+    const int64_t nn = (hi - lo) - np;
+    means[0] = np ? (float)(sp / (double)np) : 0.0f;
+    means[1] = nn ? (float)(sn / (double)nn) : 0.0f;
+}
+
+/* The reference's block sums with the lanes as an inner loop of 8 (element i still adds into
+ * lane (i - lo) % 8, in increasing i: the same sums), and the block's bits while it is in L1. */
+FC_CLONES static void onebit_encode_fast(const float *x, int64_t n, int64_t bs, uint8_t *body)
+{
+    const int64_t nb = fc_nblocks(n, bs);
     float *means = (float *)body;
     uint8_t *bits = body + 8 * nb;
     for (int64_t b = 0; b < nb; b++) {
-        const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
-        /* 8 lanes each, fixed combination order (see fc_block.h); branch-free: random signs */
+        const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, n);
         double sp8[FC_LANES] = {0}, sn8[FC_LANES] = {0};
-        int64_t np = 0;
-        for (int64_t i = lo; i < hi; i++) {
+        int64_t np = 0, i = lo;
+        for (; i + FC_LANES <= hi; i += FC_LANES)
+            for (int j = 0; j < FC_LANES; j++) {
+                const uint32_t neg = fc_f32_bits(x[i + j]) >> 31;
+                const double v = x[i + j], mn = (double)neg;
+                np += 1 - (int64_t)neg;
+                sn8[j] += v * mn;
+                sp8[j] += v * (1.0 - mn);
+            }
+        for (; i < hi; i++) {
             const uint32_t neg = fc_f32_bits(x[i]) >> 31;
-            const double v = x[i], mn = (double)neg; /* v * 0/1: exact, and no branch */
+            const double v = x[i], mn = (double)neg;
             np += 1 - (int64_t)neg;
             sn8[(i - lo) & (FC_LANES - 1)] += v * mn;
             sp8[(i - lo) & (FC_LANES - 1)] += v * (1.0 - mn);
@@ -47,6 +74,29 @@ static int onebit_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_la
         const int64_t nn = (hi - lo) - np;
         means[2 * b] = np ? (float)(sp / (double)np) : 0.0f;
         means[2 * b + 1] = nn ? (float)(sn / (double)nn) : 0.0f;
+        /* sums of finite floats cannot overflow a double: non-finite ones mean NaN/Inf in the
+         * block, whose NaN bits depend on operand order; the reference decides them */
+        if (!isfinite(sp) || !isfinite(sn))
+            onebit_means_ref(x, lo, hi, means + 2 * b);
+        fc_sign_bits(x + lo, hi - lo, bits + lo / 8); /* blocks are multiples of 8 */
+    }
+}
+
+static int onebit_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
+{
+    (void)err;
+    const onebit_cfg *cfg = (const onebit_cfg *)c->cfg;
+    if (!fc_cpu_reference) {
+        onebit_encode_fast(x, c->n, cfg->block_size, body);
+        onebit_layout(c, used);
+        return FC_OK;
+    }
+    const int64_t bs = cfg->block_size, nb = fc_nblocks(c->n, bs);
+    float *means = (float *)body;
+    uint8_t *bits = body + 8 * nb;
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
+        onebit_means_ref(x, lo, hi, means + 2 * b);
     }
     for (int64_t g = 0; g < c->n; g += 8) {
         uint32_t byte = 0;

@@ -8,6 +8,7 @@
 #include "fc_config.h"
 #include "fc_core.h"
 #include "fc_cuda_path.h"
+#include "fc_simd.h"
 #include "fc_tensor.h"
 #include "fc_wire.h"
 
@@ -1209,6 +1210,22 @@ static PyObject *mod_cuda_loaded(PyObject *mod, PyObject *Py_UNUSED(ignored))
     return PyBool_FromLong(fc_cuda_api_loaded() != NULL);
 }
 
+PyDoc_STRVAR(reference_kernels_doc,
+"_reference_kernels(on) -> bool\n\nTests only: True sends every CPU encode/decode to the scalar\n"
+"reference loops instead of the fast paths (which must give the same bytes); returns the\n"
+"previous setting. Process-wide; not for use while other threads compress.");
+
+static PyObject *mod_reference_kernels(PyObject *mod, PyObject *arg)
+{
+    (void)mod;
+    const int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    const int prev = fc_cpu_reference;
+    fc_cpu_reference = on;
+    return PyBool_FromLong(prev);
+}
+
 PyDoc_STRVAR(nccl_unique_id_doc, "nccl_unique_id() -> bytes\n\nA fresh ncclUniqueId (128 bytes), made on rank 0 and shared with the group.");
 
 static PyObject *mod_nccl_unique_id(PyObject *mod, PyObject *Py_UNUSED(ignored))
@@ -1280,6 +1297,7 @@ static PyMethodDef module_functions[] = {
     {"method_info", mod_method_info, METH_O, method_info_doc},
     {"cuda_info", mod_cuda_info, METH_NOARGS, cuda_info_doc},
     {"cuda_loaded", mod_cuda_loaded, METH_NOARGS, cuda_loaded_doc},
+    {"_reference_kernels", mod_reference_kernels, METH_O, reference_kernels_doc},
     {"nccl_unique_id", mod_nccl_unique_id, METH_NOARGS, nccl_unique_id_doc},
     {"nccl_comm_init", mod_nccl_comm_init, METH_VARARGS, nccl_comm_init_doc},
     {NULL},

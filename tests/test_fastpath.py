@@ -1,0 +1,124 @@
+"""The CPU fast paths (vectorised, AVX2 clones) against the scalar reference loops, which are the
+documented definitions the CUDA kernels reproduce: the same payload bytes and the same decoded
+bits on adversarial inputs (subnormals, ties, values at the clamp, NaN, Inf, signed zeros, any
+bit pattern) and on block and chunk sizes from tiny to huge."""
+import contextlib
+
+import pytest
+import torch
+
+from fsdpcomp import _C
+
+# every quantiser whose encode or decode has a fast path, in the configurations that pick
+# different code (formats, widths, rounding modes, block sizes at both ends)
+CASES = [
+    ("fp16", {}), ("bf16", {}),
+    ("fp8", {"format": "e4m3"}), ("fp8", {"format": "e5m2", "block_size": 8}),
+    ("int8", {}), ("int8", {"block_size": 8}), ("int8", {"stochastic": True}),
+    ("intN", {"bits": 4}), ("intN", {"bits": 2, "block_size": 8}),
+    ("intN", {"bits": 4, "stochastic": True}), ("intN", {"bits": 2, "stochastic": True}),
+    ("nc", {}), ("nc", {"block_size": 8}), ("qsgd", {}), ("qsgd", {"levels": 127}),
+    ("signsgd", {}), ("signsgd", {"mode": "majority"}), ("onebit", {}), ("onebit", {"block_size": 8}),
+]
+
+
+@contextlib.contextmanager
+def reference_kernels():
+    prev = _C._reference_kernels(True)
+    try:
+        yield
+    finally:
+        _C._reference_kernels(prev)
+
+
+def bits(t):
+    return t.view(torch.int32)
+
+
+def f32(pattern):
+    return pattern.to(torch.int32).view(torch.float32)
+
+
+def adversarial(gen):
+    """Named inputs that reach every branch of the scalar definitions."""
+    n = 4099  # not a multiple of 8, of any block size, or of a Philox batch
+    g = torch.randn(n, generator=gen)
+    ints = torch.randint(-127, 128, (n,), generator=gen).float()
+    any_bits = torch.randint(-(1 << 31), 1 << 31, (n,), generator=gen, dtype=torch.int64)
+    halfway = torch.arange(n, dtype=torch.float32) + 0.5  # ties at every integer scale
+    f16_ties = 1.0 + (2 * torch.arange(n, dtype=torch.float32) + 1) * 2.0 ** -11
+    sub16 = (torch.arange(n, dtype=torch.float32) - n // 2) * 2.0 ** -25  # fp16 subnormal ties
+    cases = {
+        "normal": g,
+        "any_bits": f32(any_bits),  # NaN, Inf and subnormals scattered in every block
+        "subnormal_f32": g * 1e-40,
+        "tiny": g * 1e-30,
+        "huge": g * 1e37,
+        "int_ties": torch.where(torch.arange(n) % 2 == 0, ints, ints + 0.5) * (1 - 2 * (ints < 0)),
+        "halfway": halfway * torch.where(torch.rand(n, generator=gen) < 0.5, -1.0, 1.0),
+        "f16_ties": f16_ties * 1e-3,
+        "f16_subnormal": sub16,
+        "f16_overflow": torch.linspace(65000.0, 66000.0, n),
+        "clamp": torch.where(torch.arange(n) % 3 == 0, torch.full((n,), 3.0), g.clamp(-3, 3)),
+        "signed_zeros": torch.where(g < 0, torch.tensor(-0.0), torch.tensor(0.0)),
+        "exp_range": torch.ldexp(g.sign() + 0.25, torch.randint(-149, 128, (n,), generator=gen)),
+    }
+    nan_block, inf_block = g.clone(), g.clone()
+    nan_block[100] = float("nan")
+    inf_block[300] = float("-inf")
+    inf_block[3000] = float("inf")
+    cases["nan_in_block"] = nan_block
+    cases["inf_in_block"] = inf_block
+    cases["zero_block"] = torch.cat([torch.zeros(512), g[512:]])
+    return cases
+
+
+def run_both(method, cfg, x, world, acc0):
+    out = []
+    for ref in (False, True):
+        ctx = reference_kernels() if ref else contextlib.nullcontext()
+        with ctx:
+            s = _C.State(method, dict(cfg, error_feedback=False, seed=7))
+            buf = torch.zeros(s.payload_bytes(x.numel()), dtype=torch.uint8)
+            w = s.compress(x, buf, chunk=1, world=world, rank=world - 1)
+            acc = acc0.clone()
+            s.decompress(buf[:w], acc, alpha=0.75, chunk=1, world=world)
+            out.append((buf[:w].clone(), acc))
+    return out
+
+
+@pytest.mark.parametrize("method,cfg", CASES, ids=lambda v: str(v) if isinstance(v, str) else
+                         ",".join(f"{k}={x}" for k, x in v.items()) or "default")
+def test_fast_path_bytes_equal_reference(method, cfg, gen):
+    assert _C._reference_kernels(False) is False  # the fast paths are the default
+    inputs = adversarial(gen)
+    for name, x in inputs.items():
+        for world in (1, 3):
+            acc0 = torch.randn(x.numel(), generator=gen)
+            (fast, dfast), (ref, dref) = run_both(method, cfg, x.contiguous(), world, acc0)
+            assert torch.equal(fast, ref), f"{method} {cfg} {name} world={world}: payload bytes differ"
+            assert torch.equal(bits(dfast), bits(dref)), f"{method} {cfg} {name}: decode differs"
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 63, 64, 65, 257, 1 << 16])
+@pytest.mark.parametrize("method,cfg", [("fp16", {}), ("fp8", {"block_size": 1 << 16}),
+                                        ("int8", {"block_size": 1 << 16, "stochastic": True}),
+                                        ("intN", {"bits": 2}), ("nc", {"block_size": 1 << 16}),
+                                        ("qsgd", {}), ("signsgd", {}), ("onebit", {})])
+def test_fast_path_sizes(method, cfg, n, gen):
+    x = torch.randn(n, generator=gen) * torch.rand(n, generator=gen) ** 8
+    acc0 = torch.randn(n, generator=gen)
+    (fast, dfast), (ref, dref) = run_both(method, cfg, x, 2, acc0)
+    assert torch.equal(fast, ref)
+    assert torch.equal(bits(dfast), bits(dref))
+
+
+def test_reference_switch_takes_a_truth_value():
+    with pytest.raises(TypeError):
+        _C._reference_kernels(FailingBool())
+    assert _C._reference_kernels(False) is False
+
+
+class FailingBool:
+    def __bool__(self):
+        raise TypeError("no truth value")
