@@ -145,7 +145,7 @@ static int sign_decode_agg(const fc_chunk *c, const uint8_t *agg, int senders, f
 const fc_method fc_method_signsgd = {
     .name = "signsgd",
     .id = 13,
-    .flags = 0,
+    .flags = FC_EF_DEFAULT, /* EF-signSGD (Karimireddy et al.); set it false for plain majority vote */
     .summary = "sign bits; scaled (EF-signSGD, L1 scale per block) or majority vote; "
                "1 bit (+ 32/block_size when scaled)",
     .cfg_size = sizeof(sign_cfg),

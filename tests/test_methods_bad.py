@@ -114,7 +114,7 @@ def test_corrupted_bodies_that_are_detected(method, cfg, offset, value, pattern,
 
 def test_thresholdv_receive_buffer_longer_than_its_payloads_is_refused(gen):
     world, n = 2, 2000
-    states = [_C.State("thresholdv", {"threshold": 1.0}) for _ in range(world)]
+    states = [_C.State("thresholdv", {"threshold": 1.0, "error_feedback": False}) for _ in range(world)]
     g = torch.randn(n, generator=gen)
     sends = []
     for r, s in enumerate(states):
