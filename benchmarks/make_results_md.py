@@ -116,7 +116,7 @@ def train_section(data: dict, rel: str) -> list[str]:
         else:
             out.append(f"- {'MET' if t['met'] else 'MISSED'}: {t['target']}: {t['method']} {t['delta_ppl_pct']:+.2f}%"
                        + (f", misses by {t['miss_by_pct']:.2f} points" if not t["met"] else ""))
-    png = f"train_bench_{m['setting']}.png"
+    png = m.get("stem", f"train_bench_{m['setting']}") + ".png"
     if os.path.exists(os.path.join(os.path.dirname(data["_path"]), png)):
         out += ["", f"![loss curves and ratio vs quality]({rel}/{png})"]
     out += ["", "Reproduce:", "", "```", TRAIN_CMD.get(m["setting"], "python benchmarks/train_bench.py"), "```", ""]

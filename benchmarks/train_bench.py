@@ -7,6 +7,7 @@ share, and the training time each method needs to reach the baseline's final per
     sudo python benchmarks/train_bench.py --setting cpu            # 2 ranks, tiny, 1 Gbit/s link
     python benchmarks/train_bench.py --setting gpu                 # 1 GPU, gpt2-62m, compress_own_chunk
     sudo python benchmarks/train_bench.py --setting cpu --seeds 0 1 2   # mean ± std over seeds
+    sudo python benchmarks/train_bench.py --methods int8 'intN:{"bits": 2}' --tag variants
 """
 from __future__ import annotations
 
@@ -73,13 +74,28 @@ def time_to_ppl(curve: list[dict], target: float | None) -> float | None:
     return None
 
 
-def run_training(args, method: str, seed: int, topo: Topology | None, work: str) -> dict:
-    run_name = f"{args.setting}-{method}-s{seed}"
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """'int8' or 'intN:{"bits": 2}': a method and config keys of its own (added last)."""
+    name, _, extra = spec.partition(":")
+    try:
+        config = json.loads(extra) if extra else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"method spec {spec!r}: the part after ':' is not JSON ({e.msg})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"method spec {spec!r}: the part after ':' must be a JSON object")
+    return name, config
+
+
+def run_training(args, spec: str, seed: int, topo: Topology | None, work: str) -> dict:
+    method, own = parse_spec(spec)
+    label = "".join(c if c.isalnum() else "_" for c in spec).strip("_")
+    run_name = f"{args.setting}-{label}-s{seed}"
     out_dir = os.path.join(work, "runs")
     log_dir = os.path.join(out_dir, "logs", run_name)
     shutil.rmtree(log_dir, ignore_errors=True)  # metrics.jsonl is appended to: start it afresh
     config = dict(SETTINGS[args.setting]["config"])
     config.update(json.loads(args.comm_config_json) if args.comm_config_json else {})
+    config.update(own)
     results = os.path.join(work, "results.jsonl")
     argv = [args.train_script, "--comm_compress", method, "--comm_config_json", json.dumps(config),
             "--model", args.model, "--max_steps", str(args.max_steps), "--batch_size", str(args.batch_size),
@@ -94,7 +110,7 @@ def run_training(args, method: str, seed: int, topo: Topology | None, work: str)
     records = [r for r in read_jsonl(results) if r.get("run_name") == run_name]
     if not records:
         raise RuntimeError(f"{run_name} finished but wrote no line to {results}")
-    return {"method": method, "seed": seed, "record": records[-1],
+    return {"method": spec, "seed": seed, "record": records[-1],
             "curve": read_jsonl(os.path.join(log_dir, "metrics.jsonl"))}
 
 
@@ -204,7 +220,8 @@ def plot(runs: list[dict], rows: list[dict], path: str, title: str) -> str | Non
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--setting", choices=list(SETTINGS), default="cpu")
-    p.add_argument("--methods", nargs="+", default=None, help="default: none + every fsdpcomp method")
+    p.add_argument("--methods", nargs="+", default=None,
+                   help='default: none + every fsdpcomp method; NAME:JSON adds config keys, e.g. \'intN:{"bits": 2}\'')
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="e.g. 0 1 2 for mean ± std")
     p.add_argument("--world", type=int, default=None)
     p.add_argument("--model", default=None)
@@ -218,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train_script", default=os.path.join(launch.REPO, "examples", "fsdp_train.py"))
     p.add_argument("--train_repo", default=None, help="checkout whose fsdpcomp the runs import (default: this one if built in place, else the installed package)")
     p.add_argument("--out_dir", default=os.path.join("benchmarks", "results"))
+    p.add_argument("--tag", default="", help="suffix of the output files, for a second set of runs")
     p.add_argument("--timeout_s", type=float, default=3600.0, help="per training run")
     p.add_argument("train_args", nargs=argparse.REMAINDER, help="after --: passed to fsdp_train.py unchanged")
     args = p.parse_args(argv)
@@ -235,7 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import fsdpcomp
     methods = args.methods or (["none"] + [m for m in fsdpcomp.methods() if m != "none"])
-    unknown = [m for m in methods if m not in fsdpcomp.methods()]
+    try:
+        unknown = [m for m in methods if parse_spec(m)[0] not in fsdpcomp.methods()]
+    except ValueError as e:
+        p.error(str(e))
     if unknown:
         p.error(f"unknown method {unknown[0]!r}; fsdpcomp.methods() = {fsdpcomp.methods()}")
     if "none" not in methods:
@@ -272,17 +293,18 @@ def main(argv: list[str] | None = None) -> int:
         extra = t.get("note") or f"{t['method']}: {t['delta_ppl_pct']:+.2f}%" + (
             f" (misses by {t['miss_by_pct']:.2f} points)" if t["met"] is False else "")
         print(f"  [{state}] {t['target']}: {extra}")
-    png = os.path.join(args.out_dir, f"train_bench_{args.setting}.png")
+    stem = f"train_bench_{args.setting}" + (f"_{args.tag}" if args.tag else "")
+    png = os.path.join(args.out_dir, f"{stem}.png")
     note = plot(runs, rows, png, title)
     result = {"meta": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                        "machine": platform.node(), "cores": os.cpu_count(), "torch": torch.__version__,
                        "fsdpcomp": fsdpcomp.__version__, "argv": sys.argv if argv is None else argv,
                        "setting": args.setting, "model": args.model, "world": args.world, "link": link_note,
                        "max_steps": args.max_steps, "batch_size": args.batch_size, "max_length": args.max_length,
-                       "seeds": args.seeds, "plot": note, "title": title},
+                       "seeds": args.seeds, "plot": note, "title": title, "stem": stem},
               "rows": rows, "targets": targets,
               "runs": [{"method": r["method"], "seed": r["seed"], "record": r["record"], "curve": r["curve"]} for r in runs]}
-    path = os.path.join(args.out_dir, f"train_bench_{args.setting}.json")
+    path = os.path.join(args.out_dir, f"{stem}.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
     print(f"\nwrote {path}" + (f", {png}" if note is None else f" ({note})"))
