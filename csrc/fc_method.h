@@ -116,6 +116,10 @@ typedef struct fc_method {
     int (*sync_apply)(const void *cfg, float *ustate, fc_err *err);
 } fc_method;
 
+/* The aggregate hook of methods whose body is one fp32 array: agg += body (fc_linear.c). */
+int fc_aggregate_add_f32(const fc_chunk *c, uint8_t *agg, const uint8_t *body, int64_t body_bytes,
+                         fc_err *err);
+
 /* The table (methods.c). */
 const fc_method *fc_method_by_name(const char *name);
 const fc_method *fc_method_by_id(int id);

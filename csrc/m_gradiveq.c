@@ -172,18 +172,6 @@ static int64_t gvq_agg_bytes(const fc_chunk *c)
     return 4 * slices(c) * cfg->k;
 }
 
-static int gvq_aggregate(const fc_chunk *c, uint8_t *agg, const uint8_t *body, int64_t body_bytes,
-                         fc_err *err)
-{
-    (void)c;
-    (void)err;
-    float *a = (float *)agg;
-    const float *b = (const float *)body;
-    for (int64_t i = 0; i < body_bytes / 4; i++)
-        a[i] += b[i];
-    return FC_OK;
-}
-
 static int gvq_decode_agg(const fc_chunk *c, const uint8_t *agg, int senders, float alpha,
                           float *acc, fc_err *err)
 {
@@ -204,7 +192,7 @@ const fc_method fc_method_gradiveq = {
     .encode = gvq_encode,
     .decode_add = gvq_decode_add,
     .agg_bytes = gvq_agg_bytes,
-    .aggregate = gvq_aggregate,
+    .aggregate = fc_aggregate_add_f32,
     .decode_agg = gvq_decode_agg,
     .unit_floats = gvq_unit_floats,
     .unit_init = gvq_unit_init,

@@ -125,18 +125,6 @@ static int64_t sketch_agg_bytes(const fc_chunk *c)
     return 4 * cfg->rows * cfg->cols;
 }
 
-static int sketch_aggregate(const fc_chunk *c, uint8_t *agg, const uint8_t *body, int64_t body_bytes,
-                            fc_err *err)
-{
-    (void)c;
-    (void)err;
-    float *a = (float *)agg;
-    const float *b = (const float *)body;
-    for (int64_t i = 0; i < body_bytes / 4; i++)
-        a[i] += b[i];
-    return FC_OK;
-}
-
 static int sketch_decode_agg(const fc_chunk *c, const uint8_t *agg, int senders, float alpha,
                              float *acc, fc_err *err)
 {
@@ -158,6 +146,6 @@ const fc_method fc_method_sketch = {
     .encode = sketch_encode,
     .decode_add = sketch_decode_add,
     .agg_bytes = sketch_agg_bytes,
-    .aggregate = sketch_aggregate,
+    .aggregate = fc_aggregate_add_f32,
     .decode_agg = sketch_decode_agg,
 };
