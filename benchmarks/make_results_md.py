@@ -35,7 +35,8 @@ def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
-def comm_section(data: dict, rel: str) -> list[str]:
+def comm_section(data: dict, rel: str, brief: bool = False) -> list[str]:
+    """brief: the largest size per link only, no projections (README); docs/results.md has all."""
     m = data["meta"]
     out = ["## Reduce-scatter: bytes and time per call (benchmarks/comm_bench.py)", "",
            f"Measured {m['date']} on `{m['machine']}` ({m['cpu']}, {m['cores']} cores), torch {m['torch']}, "
@@ -51,7 +52,7 @@ def comm_section(data: dict, rel: str) -> list[str]:
                 "the shaped links below are projected.**", ""]
     for run in data["runs"]:
         out += [f"### {run['link']}, W={run['world']} (point-to-point check {run['link_check_gbit']:.2f} Gbit/s)", ""]
-        for size in run["sizes"]:
+        for size in (run["sizes"][-1:] if brief else run["sizes"]):
             out.append(f"{size['numel']} fp32 elements, {size['reps']} timed calls:")
             out.append("")
             rows = []
@@ -65,7 +66,7 @@ def comm_section(data: dict, rel: str) -> list[str]:
             out += _md_table(["method", "payload/rank", "wire/rank", "ratio", "median ms", "p90 ms", "codec ms",
                               "vs torch rs", "vs none", "vs bf16 hook", "of ideal", "rel err"], rows)
             out.append("")
-    for proj in data.get("projected", []):
+    for proj in ([] if brief else data.get("projected", [])):
         out += [f"### PROJECTED (alpha-beta, not measured): {proj['gbit']:g} Gbit/s, W={proj['world']}, "
                 f"alpha {proj['alpha_us']:g} us", ""]
         rows = [[str(s["numel"]), r["method"], f"{r['ratio']:.2f}", f"{r['time_s'] * 1e3:.2f}",
@@ -80,13 +81,17 @@ def comm_section(data: dict, rel: str) -> list[str]:
                 for t in data["targets"]]
     else:
         out.append("- no 1 Gbit/s run at 16M elements or more in this file")
-    c = data["cluster"]
-    out += ["", f"### PROJECTED for GPU clusters (alpha-beta, not measured): {c['numel']} fp32 elements per GPU, "
-            f"alpha {c['alpha_us']:g} us", "", f"{c['note']}." + ("" if c["kernel_times"] else
-            " Codec time is taken as 0, so these speedups are upper bounds."), ""]
-    rows = [[f"{r['gbit']:.0f}", str(r["world"]), r["method"], f"{r['ratio']:.2f}", f"{r['time_s'] * 1e3:.2f}",
-             f"{r['speedup_vs_nccl_rs']:.2f}", f"{r['speedup_vs_none']:.2f}"] for r in c["rows"]]
-    out += _md_table(["Gbit/s", "GPUs", "method", "ratio", "projected ms", "vs NCCL rs", "vs none"], rows)
+    if brief:
+        out += ["", "Smaller sizes, and projections for other links and for GPU clusters: "
+                "[docs/results.md](docs/results.md)."]
+    else:
+        c = data["cluster"]
+        out += ["", f"### PROJECTED for GPU clusters (alpha-beta, not measured): {c['numel']} fp32 elements "
+                f"per GPU, alpha {c['alpha_us']:g} us", "", f"{c['note']}." + ("" if c["kernel_times"] else
+                " Codec time is taken as 0, so these speedups are upper bounds."), ""]
+        rows = [[f"{r['gbit']:.0f}", str(r["world"]), r["method"], f"{r['ratio']:.2f}", f"{r['time_s'] * 1e3:.2f}",
+                 f"{r['speedup_vs_nccl_rs']:.2f}", f"{r['speedup_vs_none']:.2f}"] for r in c["rows"]]
+        out += _md_table(["Gbit/s", "GPUs", "method", "ratio", "projected ms", "vs NCCL rs", "vs none"], rows)
     if os.path.exists(os.path.join(os.path.dirname(data["_path"]), "comm_bench.png")):
         out += ["", f"![reduce-scatter time per call]({rel}/comm_bench.png)"]
     out += ["", "Reproduce:", "", "```", COMM_CMD, "```", ""]
@@ -95,7 +100,8 @@ def comm_section(data: dict, rel: str) -> list[str]:
 
 def train_section(data: dict, rel: str) -> list[str]:
     m = data["meta"]
-    out = [f"## Training: quality and time to quality, {m['setting']} setting (benchmarks/train_bench.py)", "",
+    which = m.get("stem", f"train_bench_{m['setting']}")
+    out = [f"## Training: quality and time to quality, {m['setting']} setting (benchmarks/train_bench.py, `{which}`)", "",
            f"Measured {m['date']} on `{m['machine']}` ({m['cores']} cores), torch {m['torch']}, fsdpcomp "
            f"{m['fsdpcomp']}: {m['title']}.", ""]
     rows = []
@@ -126,7 +132,7 @@ def train_section(data: dict, rel: str) -> list[str]:
 README_BEGIN, README_END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
-def sections(results_dir: str, rel: str) -> list[str]:
+def sections(results_dir: str, rel: str, brief: bool = False) -> list[str]:
     """The generated sections, with plot links relative to `rel` (where the page lives)."""
     def load(path):
         with open(path) as f:
@@ -137,7 +143,7 @@ def sections(results_dir: str, rel: str) -> list[str]:
     lines = []
     comm = os.path.join(results_dir, "comm_bench.json")
     if os.path.exists(comm):
-        lines += comm_section(load(comm), rel)
+        lines += comm_section(load(comm), rel, brief)
     else:
         lines += ["## Reduce-scatter", "", f"No {comm} yet: run `{COMM_CMD}`.", ""]
     trains = sorted(glob.glob(os.path.join(results_dir, "train_bench_*.json")))
@@ -156,7 +162,7 @@ def update_readme(path: str, results_dir: str) -> None:
     if README_BEGIN not in text or README_END not in text:
         raise SystemExit(f"{path} has no {README_BEGIN} ... {README_END} markers")
     rel = os.path.relpath(os.path.abspath(results_dir), os.path.dirname(os.path.abspath(path)))
-    body = [("#" + line) if line.startswith("## ") else line for line in sections(results_dir, rel)]
+    body = [("#" + line) if line.startswith("## ") else line for line in sections(results_dir, rel, brief=True)]
     head, rest = text.split(README_BEGIN, 1)
     _, tail = rest.split(README_END, 1)
     note = ("Generated by `python benchmarks/make_results_md.py --readme README.md` from "
