@@ -24,6 +24,7 @@ typedef struct {
     int64_t error_stats_every;
     int nonfinite;
     int transport;
+    int allgather_compress; /* all-reduce meaning: compress the all-gather of reduced shards too */
 } fc_common;
 
 typedef struct {

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C, _nccl
+from ._gather import compressed_all_gather
 from ._config import normalize_config
 from .counters import Counters
 
@@ -45,7 +46,11 @@ class CommState:
         self._plans: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self._step_open = False
         self._varsize = bool(self._core.flags["varsize"])
-        self._transport = self._core.config["transport"]  # read once: config() copies a dict
+        cfg = self._core.config  # read once: the property copies a dict
+        self._transport = cfg["transport"]
+        self._ef = cfg["error_feedback"]
+        self._gather_compressed = cfg["allgather_compress"]
+        self._gather_residuals: dict[int, torch.Tensor] = {}  # all-gather stage, per unit
 
     # ---- what the user sees
 
@@ -82,6 +87,7 @@ class CommState:
             "step": self._core.step,
             "units": self._core.units(),
             "residuals": [None if r is None else r.detach().clone() for r in self._core.residuals()],
+            "gather_residuals": {u: r.clone() for u, r in self._gather_residuals.items()},
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -94,6 +100,8 @@ class CommState:
             raise ValueError(f"state_dict config {dict(state_dict['config'])} differs from this state's {self.config}")
         residuals = [None if r is None else r.detach().clone() for r in state_dict["residuals"]]
         self._core.restore(list(state_dict["units"]), residuals, int(state_dict["step"]))
+        self._gather_residuals = {int(u): r.detach().clone().float()
+                                  for u, r in dict(state_dict.get("gather_residuals", {})).items()}
         self._step_open = False
 
     def __repr__(self) -> str:
@@ -135,10 +143,11 @@ class CommState:
             self._plans[key] = plan
         return plan
 
-    def reduce_scatter(self, grad: torch.Tensor, output: torch.Tensor) -> None:
+    def reduce_scatter(self, grad: torch.Tensor, output: torch.Tensor) -> int:
         """output = (sum over ranks of rank r's chunk of grad) / world, compressed on the wire.
 
         grad: flat, contiguous, len = world * shard (FSDP pads it); output: the shard.
+        Returns the unit index the call was keyed by.
         """
         world, rank = self._world_rank()
         unit = self._begin(grad.numel())
@@ -160,6 +169,7 @@ class CommState:
             recv.copy_(send)  # one rank compressing its own chunk: the payload loops back
         self._core.decode(recv, grad, output, world, rank, unit)
         self._sync_unit_state(unit, world, grad.device)
+        return unit
 
     def _sync_unit_state(self, unit: int, world: int, device: torch.device) -> None:
         """Method state that must stay identical on all ranks (gradiveq's basis) is rebuilt from
@@ -194,14 +204,18 @@ class CommState:
 
     def all_reduce(self, grad: torch.Tensor) -> None:
         """grad = mean over ranks of grad, in place: compressed reduce-scatter, then an
-        all-gather of the reduced shards in grad's dtype."""
+        all-gather of the reduced shards, in grad's dtype or (allgather_compress) compressed."""
         world, _ = self._world_rank()
         n = grad.numel()
         shard = -(-n // world)
         reduced = self._buffer_like("shard", shard, grad)
-        self.reduce_scatter(grad, reduced)
+        unit = self.reduce_scatter(grad, reduced)
         if world == 1:
             grad.copy_(reduced[:n])
+            return
+        if self._gather_compressed:
+            _, rank = self._world_rank()
+            compressed_all_gather(self, reduced, grad, unit, world, rank, self._gather_residuals)
             return
         gathered = self._buffer_like("gathered", shard * world, grad)
         t0 = time.perf_counter()

@@ -69,6 +69,10 @@ def _scenarios(rank, world):
     for method, config in lossy.items():
         _, losses, state = _train(rank, 40, method, config, lr=0.2)
         res[method] = (losses, dict(state.counters()))
+    # both halves of the all-reduce compressed: replicas must still hold the same bits
+    params, losses, state = _train(rank, 40, "int8", {"block_size": 64, "allgather_compress": True,
+                                                       "error_feedback": True}, lr=0.2)
+    res["int8-gather"] = (losses, dict(state.counters()), params)
     res["bad"] = _bad_input(rank, world)
     return res
 
@@ -103,6 +107,16 @@ def test_lossy_methods_train(ranks, method):
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5, losses
     assert ctr["step"] == 39 and ctr["calls"] > 0
     assert ctr["bytes_sent"] < ctr["bytes_raw"]  # all-gather bytes (uncompressed) are in both
+
+
+def test_compressed_all_gather_trains_and_keeps_replicas_identical(ranks):
+    world, results = ranks
+    losses, ctr, params = results[0]["int8-gather"]
+    assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5, losses
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(params, other["int8-gather"][2]))
+    plain = results[0]["int8"][1]
+    assert ctr["ratio"] > 1.5 * plain["ratio"], (ctr["ratio"], plain["ratio"])
 
 
 def test_bad_input_is_refused(ranks):

@@ -60,23 +60,41 @@ def test_int8_is_close_and_counts_bytes():
             assert c["meta_bytes"] == 4 * nb and c["value_bytes"] == 1037
 
 
-def _all_reduce(rank, world, method, numel):
-    grads = _grads(world, numel, torch.float32, 3)
-    state = fsdpcomp.CommState(method)
-    g = grads[rank].clone()
-    fsdpcomp.fsdp_hook(state, g)  # NO_SHARD signature: all-reduce meaning, in place
-    return g, torch.stack(grads).sum(0) / world
+def _all_reduce(rank, world, method, numel, config=None, steps=1):
+    state = fsdpcomp.CommState(method, config)
+    for step in range(steps):
+        grads = _grads(world, numel, torch.float32, 3 + step)
+        g = grads[rank].clone()
+        fsdpcomp.fsdp_hook(state, g)  # NO_SHARD signature: all-reduce meaning, in place
+        state.end_step()
+    return g, torch.stack(grads).sum(0) / world, state.counters()
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_no_shard_all_reduce_with_padding(world):
     numel = 1000 * world + 1  # not divisible: the last chunk is shorter
-    for g, ref in run_ranks(_all_reduce, world, "none", numel):
+    for g, ref, _ in run_ranks(_all_reduce, world, "none", numel):
         torch.testing.assert_close(g, ref, rtol=1e-6, atol=1e-6)
     results = run_ranks(_all_reduce, world, "int8", numel)
     assert torch.equal(results[0][0], results[1][0]), "ranks must agree after an all-reduce"
-    for g, ref in results:
+    for g, ref, _ in results:
         assert (g - ref).abs().max() < 0.1
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_compressed_all_gather_keeps_replicas_identical(world):
+    """allgather_compress: the all-gather half is int8 too; every rank uses the decoded shards,
+    so all replicas hold the same bits, and the bytes drop to about a quarter."""
+    numel = 4096 * world + 5
+    cfg = {"allgather_compress": True, "error_feedback": True, "block_size": 64}
+    results = run_ranks(_all_reduce, world, "int8", numel, cfg, 3)
+    for g, ref, c in results:
+        assert torch.equal(g, results[0][0]), "replicas must be bit-identical"
+        # two int8 roundings of values ~N(0, 4/W): well under one step of a 64-block each
+        assert (g - ref).abs().max() < 0.25
+        assert c["ratio"] > 3.5, c["ratio"]  # vs ~1.6 with the uncompressed all-gather
+    plain = run_ranks(_all_reduce, world, "int8", numel, {"block_size": 64}, 3)[0][2]
+    assert plain["ratio"] < 2.0
 
 
 def test_residuals_are_kept_per_unit_even_for_equal_sizes(gen):

@@ -1,0 +1,46 @@
+"""The compressed all-gather half of an all-reduce (``"allgather_compress": true``): every rank
+encodes its reduced shard with the state's method, the payloads are all-gathered, and every
+rank, the owner included, decodes all of them, so the replicas stay bit-identical. The shard's
+own error-feedback residual (when error feedback is on) is kept per unit in ``residuals``."""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def compressed_all_gather(state, reduced: torch.Tensor, grad: torch.Tensor, unit: int,
+                          world: int, rank: int, residuals: dict[int, torch.Tensor]) -> None:
+    """grad[:n] = the decoded shards of every rank (reduced: this rank's averaged shard)."""
+    if reduced.device.type != "cpu":
+        raise TypeError("allgather_compress runs on CPU tensors only so far (the CUDA kernels for "
+                        "single payloads are not written); set it false for CUDA gradients")
+    core, shard, n = state._core, reduced.numel(), grad.numel()
+    x = reduced.to(torch.float32, copy=True)  # the encode input, and the residual's reference
+    use_ef = state._ef
+    if use_ef:
+        e = residuals.get(unit)
+        if e is None or e.numel() != shard:
+            e = residuals[unit] = torch.zeros(shard, dtype=torch.float32)
+        x += e
+    payload_bytes = core.payload_bytes(shard)
+    send = state._buffer("gather_send", payload_bytes, reduced.device)
+    # chunk index world + r: a random stream apart from the reduce-scatter's chunks 0..world-1
+    core.compress(x, send, unit=unit, chunk=world + rank, world=world, rank=rank)
+    recv = state._buffer("gather_recv", payload_bytes * world, reduced.device)
+    t0 = time.perf_counter()
+    _all_gather_single(recv, send, group=state.process_group)
+    sent = (world - 1) * payload_bytes
+    core.add_comm(time.perf_counter() - t0, bytes_sent=sent,
+                  bytes_raw=(world - 1) * shard * grad.element_size())
+    full = state._buffer_like("gather_full", shard * world, torch.empty(0, dtype=torch.float32))
+    full.zero_()
+    for r in range(world):
+        core.decompress(recv[r * payload_bytes:(r + 1) * payload_bytes], full[r * shard:(r + 1) * shard],
+                        unit=unit, chunk=world + r, world=world)
+    if use_ef:
+        torch.sub(x, full[rank * shard:(rank + 1) * shard], out=residuals[unit])
+    grad.copy_(full[:n].view_as(grad))
