@@ -68,16 +68,13 @@ FC_CLONES static void fp8_encode_fast(const float *x, int64_t n, int64_t bs, int
     uint8_t *codes = body + 4 * nb;
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, n);
-        const uint32_t amax_bits = fc_amax_bits(x, lo, hi);
-        if (amax_bits >= FC_INF_BITS || amax_bits == 0) {
-            scales[b] = amax_bits == 0 ? 0.0f : NAN;
+        const float inv = fc_block_scale(x, lo, hi, fmax, &scales[b]);
+        if (inv == 0.0f) { /* zero or non-finite block: zero codes (see fc_block_scale) */
             for (int64_t i = lo; i < hi; i++)
                 codes[i] = 0;
             continue;
         }
-        const float amax = fc_bits_f32(amax_bits);
-        scales[b] = amax / fmax;
-        fp8_codes(x + lo, hi - lo, fmax / amax, fmt, codes + lo);
+        fp8_codes(x + lo, hi - lo, inv, fmt, codes + lo);
     }
 }
 
@@ -97,16 +94,12 @@ static int fp8_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layou
     uint8_t *codes = body + 4 * nb;
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
-        uint32_t amax_bits = fc_amax_bits(x, lo, hi);
-        if (amax_bits >= FC_INF_BITS || amax_bits == 0) {
-            scales[b] = amax_bits == 0 ? 0.0f : NAN; /* NaN scale: the block decodes to NaN */
+        const float inv = fc_block_scale(x, lo, hi, fmax, &scales[b]);
+        if (inv == 0.0f) { /* zero or non-finite block: zero codes (see fc_block_scale) */
             for (int64_t i = lo; i < hi; i++)
                 codes[i] = 0;
             continue;
         }
-        const float amax = fc_bits_f32(amax_bits);
-        const float inv = fmax / amax;
-        scales[b] = amax / fmax;
         for (int64_t i = lo; i < hi; i++)
             codes[i] = fc_f32_to_fp8(x[i] * inv, fmt);
     }

@@ -54,16 +54,13 @@ FC_CLONES static void int8_encode_nearest(const float *x, int64_t n, int64_t bs,
     int8_t *codes = (int8_t *)(body + 4 * nb);
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, n);
-        const uint32_t amax_bits = fc_amax_bits(x, lo, hi);
-        if (amax_bits >= FC_INF_BITS || amax_bits == 0) {
-            scales[b] = amax_bits == 0 ? 0.0f : NAN;
+        const float inv = fc_block_scale(x, lo, hi, 127.0f, &scales[b]);
+        if (inv == 0.0f) { /* zero or non-finite block: zero codes (see fc_block_scale) */
             for (int64_t i = lo; i < hi; i++)
                 codes[i] = 0;
             continue;
         }
-        const float amax = fc_bits_f32(amax_bits);
-        scales[b] = amax / 127.0f;
-        int8_nearest(x + lo, hi - lo, 127.0f / amax, codes + lo);
+        int8_nearest(x + lo, hi - lo, inv, codes + lo);
     }
 }
 
@@ -82,18 +79,12 @@ static int int8_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layo
     int8_t *restrict codes = (int8_t *)(body + 4 * nb);
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = lo + bs < c->n ? lo + bs : c->n;
-        const uint32_t amax_bits = fc_amax_bits(x, lo, hi);
-        if (amax_bits >= FC_INF_BITS || amax_bits == 0) {
-            /* Non-finite block: a NaN scale makes every decoded value NaN, so the problem is
-             * passed through (and counted by the driver) instead of becoming silent zeros. */
-            scales[b] = amax_bits == 0 ? 0.0f : NAN;
+        const float inv = fc_block_scale(x, lo, hi, 127.0f, &scales[b]);
+        if (inv == 0.0f) { /* zero or non-finite block: zero codes (see fc_block_scale) */
             for (int64_t i = lo; i < hi; i++)
                 codes[i] = 0;
             continue;
         }
-        const float amax = fc_bits_f32(amax_bits);
-        const float inv = 127.0f / amax;
-        scales[b] = amax / 127.0f;
         if (!cfg->stochastic) {
             for (int64_t i = lo; i < hi; i++) {
                 float q = fc_round_even(x[i] * inv);
