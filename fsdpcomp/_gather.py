@@ -19,7 +19,8 @@ def compressed_all_gather(state, reduced: torch.Tensor, grad: torch.Tensor, unit
         raise TypeError("allgather_compress runs on CPU tensors only so far (the CUDA kernels for "
                         "single payloads are not written); set it false for CUDA gradients")
     core, shard, n = state._core, reduced.numel(), grad.numel()
-    x = reduced.to(torch.float32, copy=True)  # the encode input, and the residual's reference
+    x = state._typed_buffer("gather_x", shard, torch.float32, reduced.device)
+    x.copy_(reduced)  # the encode input, and the residual's reference
     use_ef = state._ef
     if use_ef:
         e = residuals.get(unit)
@@ -36,7 +37,7 @@ def compressed_all_gather(state, reduced: torch.Tensor, grad: torch.Tensor, unit
     sent = (world - 1) * payload_bytes
     core.add_comm(time.perf_counter() - t0, bytes_sent=sent,
                   bytes_raw=(world - 1) * shard * grad.element_size())
-    full = state._buffer_like("gather_full", shard * world, torch.empty(0, dtype=torch.float32))
+    full = state._typed_buffer("gather_full", shard * world, torch.float32, reduced.device)
     full.zero_()
     for r in range(world):
         core.decompress(recv[r * payload_bytes:(r + 1) * payload_bytes], full[r * shard:(r + 1) * shard],

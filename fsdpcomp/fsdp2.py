@@ -71,7 +71,7 @@ class ReduceScatter(_TorchReduceScatter):
             state.reduce_scatter(input_tensor, output_tensor)
         else:
             # The mean in fp32, scaled in fp32, then one rounding to the reduce dtype.
-            mean = state._buffer_like("fsdp2_mean", output_tensor.numel(), _f32_like(input_tensor))
+            mean = state._typed_buffer("fsdp2_mean", output_tensor.numel(), torch.float32, input_tensor.device)
             state.reduce_scatter(input_tensor, mean)
             output_tensor.copy_(mean.mul_(scale))
         if not async_op:
@@ -82,10 +82,6 @@ class ReduceScatter(_TorchReduceScatter):
 
     def __repr__(self) -> str:
         return f"fsdpcomp.ReduceScatter({self.state!r}, key={self.key!r})"
-
-
-def _f32_like(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty(0, dtype=torch.float32, device=t.device)
 
 
 def _check_tensors(output: torch.Tensor, input: torch.Tensor, world: int) -> None:

@@ -14,6 +14,7 @@ from ._gather import compressed_all_gather
 from ._config import normalize_config
 from .counters import Counters
 
+_ELEMENT_SIZE = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
 _RESIDUAL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -225,5 +226,9 @@ class CommState:
         grad.copy_(gathered[:n].view_as(grad))
 
     def _buffer_like(self, kind: str, numel: int, like: torch.Tensor) -> torch.Tensor:
-        raw = self._buffer(kind + str(like.dtype), numel * like.element_size(), like.device)
-        return raw.view(like.dtype)
+        return self._typed_buffer(kind, numel, like.dtype, like.device)
+
+    def _typed_buffer(self, kind: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A reusable buffer of `numel` elements of `dtype` (a view of a cached uint8 buffer)."""
+        size = _ELEMENT_SIZE.get(dtype) or torch.empty((), dtype=dtype).element_size()
+        return self._buffer(kind + str(dtype), numel * size, device).view(dtype)
