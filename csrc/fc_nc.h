@@ -11,9 +11,10 @@
 
 #define FC_NC_SPAN 126 /* codes 1..126: exponents emax+1 down to emax-124 */
 
-/* Code of x for a block whose largest fp32 exponent field is emax (1..254); r: 32 random bits.
+/* Code of x for a block whose largest fp32 exponent field is emax (1..254); h: the element's
+ * 16-bit draw (u = h * 2^-16, fc_rng_u16).
  * code c means |value| = 2^(emax + 2 - c - 127). */
-FC_HOSTDEV uint8_t fc_nc_encode(float x, uint32_t emax, uint32_t r)
+FC_HOSTDEV uint8_t fc_nc_encode(float x, uint32_t emax, uint32_t h)
 {
     uint32_t u = fc_f32_bits(x);
     uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
@@ -26,8 +27,9 @@ FC_HOSTDEV uint8_t fc_nc_encode(float x, uint32_t emax, uint32_t r)
     if (a == 0)
         return 0;
     if (e >= lo) {
-        /* 2^e <= |x| < 2^(e+1): up with probability mant / 2^23, exactly */
-        int32_t up = (r >> 9) < mant;
+        /* 2^e <= |x| < 2^(e+1): up when u < mant / 2^23, i.e. with probability
+         * ceil(mant / 2^7) / 2^16, within 2^-16 of mant / 2^23 */
+        int32_t up = (h << 7) < mant;
         if (e + up > 254) /* 2^128 is not a float */
             up = 0;
         return (uint8_t)(sign | (uint8_t)((int32_t)emax + 2 - (e + up)));
@@ -37,7 +39,7 @@ FC_HOSTDEV uint8_t fc_nc_encode(float x, uint32_t emax, uint32_t r)
     double scale;
     memcpy(&scale, &bits, 8);
     double q = (double)fc_bits_f32(a) * scale;
-    double ur = (double)(r >> 8) * (1.0 / 16777216.0);
+    double ur = (double)h * (1.0 / 65536.0);
     return ur < q ? (uint8_t)(sign | (uint8_t)((int32_t)emax + 2 - lo)) : (uint8_t)0;
 }
 

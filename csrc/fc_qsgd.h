@@ -18,12 +18,12 @@ FC_HOSTDEV int fc_qsgd_width(int64_t levels)
     return 1 + b;
 }
 
-/* inv = s / ||x|| (finite, > 0); r: 32 random bits. */
-FC_HOSTDEV uint32_t fc_qsgd_code(float x, float inv, int32_t levels, uint32_t r)
+/* inv = s / ||x|| (finite, > 0); h: the element's 16-bit draw (fc_rng_u16). */
+FC_HOSTDEV uint32_t fc_qsgd_code(float x, float inv, int32_t levels, uint32_t h)
 {
     float p = fc_bits_f32(fc_abs_bits(x)) * inv;
     int32_t l = fc_floor_i32(p);
-    l += fc_u01(r) < p - (float)l;
+    l += fc_u01_16(h) < p - (float)l;
     if (l > levels)
         l = levels;
     return ((uint32_t)l << 1) | (fc_f32_bits(x) >> 31);

@@ -50,7 +50,7 @@ FC_HOSTDEV fc_u32x4 fc_philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint
     return r;
 }
 
-/* Four 32-bit draws for elements 4*group .. 4*group+3 of the chunk. */
+/* Four 32-bit draws for elements 4*group .. 4*group+3 of the chunk (32-bit users). */
 FC_HOSTDEV fc_u32x4 fc_rng_draw4(const fc_rng *g, uint32_t group)
 {
     return fc_philox4x32_10(group, g->chunk, g->unit, g->step, g->key0, g->key1);
@@ -62,11 +62,38 @@ FC_HOSTDEV float fc_u01(uint32_t bits)
     return (float)(bits >> 8) * 5.9604644775390625e-08f;
 }
 
-/* The draw for one element, when a method needs them one at a time. */
+/* The draw for one element, when a method needs 32 bits (random-k indices, bases). */
 FC_HOSTDEV uint32_t fc_rng_u32(const fc_rng *g, uint64_t element)
 {
     fc_u32x4 r = fc_rng_draw4(g, (uint32_t)(element >> 2));
     return r.v[element & 3u];
+}
+
+/* Stochastic rounding draws 16 bits per element: element i takes half (i & 1) (0: the low
+ * half) of word (i >> 1) & 3 of Philox call i >> 3, so one call serves 8 elements and the
+ * calls' words, stored in order, read as uint16 are the elements' draws in order (the CPU
+ * batch relies on that). u = h * 2^-16 is exact in fp32; rounding up with probability
+ * P(u < frac) is then biased by less than 2^-16 of a quantisation step. */
+FC_HOSTDEV fc_u32x4 fc_rng_draw8(const fc_rng *g, uint32_t call)
+{
+    return fc_philox4x32_10(call, g->chunk, g->unit, g->step, g->key0, g->key1);
+}
+
+/* The 16 bits of element k (0..7) of a call's result. */
+FC_HOSTDEV uint32_t fc_rng_h16(fc_u32x4 r, uint32_t k)
+{
+    return (r.v[(k >> 1) & 3u] >> (16u * (k & 1u))) & 0xFFFFu;
+}
+
+FC_HOSTDEV float fc_u01_16(uint32_t h)
+{
+    return (float)h * 1.52587890625e-05f; /* 2^-16 */
+}
+
+/* Element i's 16-bit draw alone: the definition the batched paths must reproduce. */
+FC_HOSTDEV uint32_t fc_rng_u16(const fc_rng *g, uint64_t element)
+{
+    return fc_rng_h16(fc_rng_draw8(g, (uint32_t)(element >> 3)), (uint32_t)(element & 7u));
 }
 
 #endif

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #define FC_MAGIC 0x43445346u /* "FSDC" */
-#define FC_WIRE_VERSION 1
+#define FC_WIRE_VERSION 2 /* 2: stochastic rounding draws 16 bits per element (fc_rng_u16) */
 #define FC_HEADER_BYTES 32
 #define FC_ALIGN 16 /* payload starts stay 16-byte aligned for vector loads on both paths */
 

@@ -64,12 +64,53 @@ FC_CLONES static void int8_encode_nearest(const float *x, int64_t n, int64_t bs,
     }
 }
 
+/* Stochastic codes of one finite block stretch: floor(x / s + u), u = h * 2^-16. */
+static inline void int8_stoch(const float *restrict x, const uint16_t *restrict h, int64_t n,
+                              float inv, int8_t *restrict codes)
+{
+    for (int64_t i = 0; i < n; i++) {
+        int32_t q = fc_floor_i32(x[i] * inv + fc_u01_16(h[i]));
+        q = q > 127 ? 127 : q;
+        q = q < -127 ? -127 : q;
+        codes[i] = (int8_t)q;
+    }
+}
+
+/* The reference's stochastic encode with the draws made in bulk (fc_rng_fill16), a stretch at
+ * a time in L1, and the rounding loop compiled for AVX2 as well. */
+FC_CLONES static void int8_encode_stoch(const fc_rng *rng, const float *x, int64_t n, int64_t bs,
+                                        uint8_t *body)
+{
+    const int64_t nb = fc_nblocks(n, bs);
+    float *scales = (float *)body;
+    int8_t *codes = (int8_t *)(body + 4 * nb);
+    fc_rng_buf buf = {0, 0, {0}};
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, n);
+        const float inv = fc_block_scale(x, lo, hi, 127.0f, &scales[b]);
+        if (inv == 0.0f) { /* zero or non-finite block: zero codes (see fc_block_scale) */
+            for (int64_t i = lo; i < hi; i++)
+                codes[i] = 0;
+            continue;
+        }
+        int64_t m;
+        for (int64_t g = lo; g < hi; g += m) {
+            const uint16_t *h = fc_rng_at(&buf, rng, g, n, &m);
+            m = m < hi - g ? m : hi - g;
+            int8_stoch(x + g, h, m, inv, codes + g);
+        }
+    }
+}
+
 static int int8_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
 {
     (void)err;
     const int8_cfg *cfg = (const int8_cfg *)c->cfg;
-    if (!cfg->stochastic && !fc_cpu_reference) {
-        int8_encode_nearest(x, c->n, cfg->block_size, body);
+    if (!fc_cpu_reference) {
+        if (cfg->stochastic)
+            int8_encode_stoch(&c->rng, x, c->n, cfg->block_size, body);
+        else
+            int8_encode_nearest(x, c->n, cfg->block_size, body);
         int8_layout(c, used);
         return FC_OK;
     }
@@ -85,25 +126,17 @@ static int int8_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layo
                 codes[i] = 0;
             continue;
         }
-        if (!cfg->stochastic) {
-            for (int64_t i = lo; i < hi; i++) {
-                float q = fc_round_even(x[i] * inv);
-                q = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
-                codes[i] = (int8_t)(int32_t)q;
+        for (int64_t i = lo; i < hi; i++) {
+            int32_t q;
+            if (!cfg->stochastic) {
+                float f = fc_round_even(x[i] * inv);
+                f = f > 127.0f ? 127.0f : f < -127.0f ? -127.0f : f;
+                q = (int32_t)f;
+            } else { /* element i's own 16-bit draw, one Philox evaluation each: the definition */
+                q = fc_floor_i32(x[i] * inv + fc_u01_16(fc_rng_u16(&c->rng, (uint64_t)i)));
+                q = q > 127 ? 127 : q < -127 ? -127 : q;
             }
-        } else {
-            /* 64 draws per batched Philox evaluation (4 per call, 16 calls vectorised);
-             * element i still gets word i % 4 of group i / 4, as the CUDA kernels do */
-            for (int64_t g = lo; g < hi; g += 4 * FC_RNG_BATCH) {
-                float u[4 * FC_RNG_BATCH];
-                fc_u01_batch(&c->rng, g, u);
-                const int64_t m = hi - g < 4 * FC_RNG_BATCH ? hi - g : 4 * FC_RNG_BATCH;
-                for (int64_t j = 0; j < m; j++) {
-                    int32_t q = fc_floor_i32(x[g + j] * inv + u[j]);
-                    q = q > 127 ? 127 : q < -127 ? -127 : q;
-                    codes[g + j] = (int8_t)q;
-                }
-            }
+            codes[i] = (int8_t)q;
         }
     }
     int8_layout(c, used);

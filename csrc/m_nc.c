@@ -7,6 +7,7 @@
 #include "fc_method.h"
 #include "fc_nc.h"
 #include "fc_rng_batch.h"
+#include "fc_simd.h"
 
 typedef struct {
     int64_t block_size;
@@ -27,52 +28,91 @@ static void nc_layout(const fc_chunk *c, fc_layout *out)
     out->kept = c->n;
 }
 
+/* The block's reference exponent (written to the body); 0 when the block gets zero codes. */
+static inline uint32_t nc_block_emax(const float *x, int64_t lo, int64_t hi, uint32_t *emax_out)
+{
+    const uint32_t amax_bits = fc_amax_bits(x, lo, hi);
+    uint32_t emax = amax_bits >> 23; /* 255: Inf/NaN; 0: zero or only subnormals */
+    if (emax == 0 && amax_bits != 0)
+        emax = 1; /* subnormal-only block: referenced to the smallest normal exponent */
+    *emax_out = emax;
+    return emax == 255 || amax_bits == 0 ? 0u : emax;
+}
+
+/* fc_nc_encode's common case, branch-free so it vectorises: every non-zero element is a
+ * normal inside the block's range and no rounding reaches 2^128 */
+static inline void nc_common(const float *restrict x, const uint16_t *restrict h, int64_t n,
+                             uint32_t emax, uint8_t *restrict codes)
+{
+    for (int64_t j = 0; j < n; j++) {
+        const uint32_t u = fc_f32_bits(x[j]), a = u & 0x7fffffffu;
+        const uint32_t up = ((uint32_t)h[j] << 7) < (a & 0x7fffffu);
+        const uint32_t cc = (emax + 2u - ((a >> 23) + up)) | ((u >> 24) & 0x80u);
+        codes[j] = (uint8_t)(a ? cc : 0u);
+    }
+}
+
+/* smallest exponent field of the non-zero elements (zeros count as 255) */
+static inline uint32_t nc_emin(const float *x, int64_t lo, int64_t hi)
+{
+    uint32_t emin = 255;
+    for (int64_t i = lo; i < hi; i++) {
+        const uint32_t a = fc_abs_bits(x[i]);
+        const uint32_t e = a ? a >> 23 : 255u;
+        emin = e < emin ? e : emin;
+    }
+    return emin;
+}
+
+/* The reference's codes with the draws made in bulk, a stretch at a time in L1. */
+FC_CLONES static void nc_encode_fast(const fc_rng *rng, const float *x, int64_t n, int64_t bs,
+                                     uint8_t *body)
+{
+    const int64_t nb = fc_nblocks(n, bs);
+    uint32_t *emaxs = (uint32_t *)body;
+    uint8_t *codes = body + 4 * nb;
+    fc_rng_buf buf = {0, 0, {0}};
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, n);
+        const uint32_t emax = nc_block_emax(x, lo, hi, &emaxs[b]);
+        if (emax == 0) {
+            for (int64_t i = lo; i < hi; i++)
+                codes[i] = 0;
+            continue;
+        }
+        const uint32_t emin = nc_emin(x, lo, hi);
+        const int32_t lo_e = (int32_t)emax + 1 - (FC_NC_SPAN - 1);
+        const int common = emax < 254 && (int32_t)emin >= (lo_e < 1 ? 1 : lo_e);
+        int64_t m;
+        for (int64_t g = lo; g < hi; g += m) {
+            const uint16_t *h = fc_rng_at(&buf, rng, g, n, &m);
+            m = m < hi - g ? m : hi - g;
+            if (common)
+                nc_common(x + g, h, m, emax, codes + g);
+            else
+                for (int64_t j = 0; j < m; j++)
+                    codes[g + j] = fc_nc_encode(x[g + j], emax, h[j]);
+        }
+    }
+}
+
 static int nc_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
 {
     (void)err;
     const nc_cfg *cfg = (const nc_cfg *)c->cfg;
     const int64_t bs = cfg->block_size, nb = fc_nblocks(c->n, bs);
+    if (!fc_cpu_reference) {
+        nc_encode_fast(&c->rng, x, c->n, bs, body);
+        nc_layout(c, used);
+        return FC_OK;
+    }
     uint32_t *emaxs = (uint32_t *)body;
     uint8_t *codes = body + 4 * nb;
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
-        uint32_t amax_bits = fc_amax_bits(x, lo, hi);
-        uint32_t emax = amax_bits >> 23; /* 255: Inf/NaN; 0: zero or only subnormals */
-        if (emax == 0 && amax_bits != 0)
-            emax = 1; /* subnormal-only block: referenced to the smallest normal exponent */
-        emaxs[b] = emax;
-        if (emax == 255 || amax_bits == 0) {
-            for (int64_t i = lo; i < hi; i++)
-                codes[i] = 0;
-            continue;
-        }
-        /* smallest exponent of the non-zero elements (zeros count as 255) */
-        uint32_t emin = 255;
-        for (int64_t i = lo; i < hi; i++) {
-            const uint32_t a = fc_abs_bits(x[i]);
-            const uint32_t e = a ? a >> 23 : 255u;
-            emin = e < emin ? e : emin;
-        }
-        const int32_t lo_e = (int32_t)emax + 1 - (FC_NC_SPAN - 1);
-        const int fast = emax < 254 && (int32_t)emin >= (lo_e < 1 ? 1 : lo_e);
-        for (int64_t g = lo; g < hi; g += 4 * FC_RNG_BATCH) { /* 64 draws per batched Philox */
-            uint32_t r[4][FC_RNG_BATCH];
-            fc_rng_draw_batch(&c->rng, (uint32_t)(g >> 2), r);
-            const int64_t m = hi - g < 4 * FC_RNG_BATCH ? hi - g : 4 * FC_RNG_BATCH;
-            if (fast) {
-                /* fc_nc_encode's common case, branch-free so it vectorises: every non-zero
-                 * element is a normal inside the block's range and no rounding reaches 2^128 */
-                for (int64_t j = 0; j < m; j++) {
-                    const uint32_t u = fc_f32_bits(x[g + j]), a = u & 0x7fffffffu;
-                    const uint32_t up = (r[j & 3][j >> 2] >> 9) < (a & 0x7fffffu);
-                    const uint32_t cc = (emax + 2u - ((a >> 23) + up)) | ((u >> 24) & 0x80u);
-                    codes[g + j] = (uint8_t)(a ? cc : 0u);
-                }
-            } else {
-                for (int64_t j = 0; j < m; j++)
-                    codes[g + j] = fc_nc_encode(x[g + j], emax, r[j & 3][j >> 2]);
-            }
-        }
+        const uint32_t emax = nc_block_emax(x, lo, hi, &emaxs[b]);
+        for (int64_t i = lo; i < hi; i++) /* one Philox evaluation per element: the definition */
+            codes[i] = emax ? fc_nc_encode(x[i], emax, fc_rng_u16(&c->rng, (uint64_t)i)) : 0;
     }
     nc_layout(c, used);
     return FC_OK;

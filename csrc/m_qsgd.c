@@ -2,11 +2,13 @@
  * sign and a level in [0, s] rounded stochastically so E[decode] = x (unbiased). Codes of
  * 1 + ceil(log2(s + 1)) bits, packed 8 per group. Body: nbuckets norms, then the codes. */
 #include <math.h>
+#include <string.h>
 #include "fc_block.h"
 #include "fc_method.h"
 #include "fc_pack.h"
 #include "fc_qsgd.h"
 #include "fc_rng_batch.h"
+#include "fc_simd.h"
 
 typedef struct {
     int64_t levels;
@@ -28,6 +30,102 @@ static void qsgd_layout(const fc_chunk *c, fc_layout *out)
     out->kept = c->n;
 }
 
+/* The reference's sum of squares, compiled once (not inlined into the AVX2 clone), so that
+ * a NaN's bits, which depend on operand order, are the same from both paths. */
+static __attribute__((noinline)) double qsgd_sum_sq_ref(const float *x, int64_t lo, int64_t hi)
+{
+    return fc_sum_sq(x, lo, hi);
+}
+
+/* fc_sum_sq with the lanes as an inner loop of 8: element i still adds into lane (i - lo) % 8
+ * in increasing i, so the sums are the same. */
+static inline double qsgd_sum_sq(const float *x, int64_t lo, int64_t hi)
+{
+    double l[FC_LANES] = {0};
+    int64_t i = lo;
+    for (; i + FC_LANES <= hi; i += FC_LANES)
+        for (int j = 0; j < FC_LANES; j++)
+            l[j] += (double)x[i + j] * (double)x[i + j];
+    for (; i < hi; i++)
+        l[(i - lo) & (FC_LANES - 1)] += (double)x[i] * (double)x[i];
+    return fc_lanes_total(l);
+}
+
+/* fc_qsgd_code over a stretch, branch-free so it vectorises */
+static inline void qsgd_codes(const float *restrict x, const uint16_t *restrict h, int64_t n,
+                              float inv, int32_t s, uint32_t *restrict codes)
+{
+    for (int64_t j = 0; j < n; j++) {
+        const uint32_t u = fc_f32_bits(x[j]);
+        const float p = fc_bits_f32(u & 0x7fffffffu) * inv;
+        int32_t l = fc_floor_i32(p);
+        l += fc_u01_16(h[j]) < p - (float)l;
+        l = l > s ? s : l;
+        codes[j] = ((uint32_t)l << 1) | (u >> 31);
+    }
+}
+
+/* Groups of 8 codes (n a multiple of 8) into w bytes each, as fc_pack8 writes them; `w` is a
+ * literal at each call, so the shifts specialise. */
+static inline void qsgd_pack(const uint32_t *codes, int64_t n, int w, uint8_t *out)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (w <= 8) {
+        for (int64_t g = 0; g < n; g += 8) {
+            uint64_t v = 0;
+            for (int j = 0; j < 8; j++)
+                v |= (uint64_t)codes[g + j] << (w * j);
+            memcpy(out + (g / 8) * w, &v, (size_t)w);
+        }
+        return;
+    }
+#endif
+    for (int64_t g = 0; g < n; g += 8)
+        fc_pack8(codes + g, w, out + (g / 8) * w);
+}
+
+/* The reference's encode with the draws made in bulk, a stretch at a time in L1. */
+FC_CLONES static void qsgd_encode_fast(const fc_rng *rng, const float *x, int64_t n, int64_t bs,
+                                       int32_t s, int w, uint8_t *body)
+{
+    const int64_t nb = fc_nblocks(n, bs);
+    float *norms = (float *)body;
+    uint8_t *packed = body + 4 * nb;
+    fc_rng_buf buf = {0, 0, {0}};
+    uint32_t codes[FC_RNG_STRETCH];
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, n);
+        double ss = qsgd_sum_sq(x, lo, hi);
+        if (!isfinite(ss)) /* a NaN's bits depend on operand order: the reference's sum decides */
+            ss = qsgd_sum_sq_ref(x, lo, hi);
+        const float norm = (float)sqrt(ss);
+        const int ok = norm > 0 && isfinite(norm);
+        norms[b] = norm;
+        const float inv = ok ? (float)s / norm : 0.0f;
+        int64_t m;
+        for (int64_t g = lo; g < hi; g += m) {
+            if (ok) {
+                const uint16_t *h = fc_rng_at(&buf, rng, g, n, &m);
+                m = m < hi - g ? m : hi - g;
+                qsgd_codes(x + g, h, m, inv, s, codes);
+            } else {
+                m = hi - g < FC_RNG_STRETCH ? hi - g : FC_RNG_STRETCH;
+                memset(codes, 0, sizeof(codes));
+            }
+            const int64_t m8 = (m + 7) / 8 * 8; /* only the chunk's last group is short */
+            for (int64_t j = m; j < m8; j++)
+                codes[j] = 0;
+            uint8_t *out = packed + (g / 8) * w;
+            switch (w) {
+            case 4: qsgd_pack(codes, m8, 4, out); break;
+            case 5: qsgd_pack(codes, m8, 5, out); break;
+            case 8: qsgd_pack(codes, m8, 8, out); break;
+            default: qsgd_pack(codes, m8, w, out); break;
+            }
+        }
+    }
+}
+
 static int qsgd_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
 {
     (void)err;
@@ -35,22 +133,25 @@ static int qsgd_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layo
     const int w = fc_qsgd_width(cfg->levels);
     const int32_t s = (int32_t)cfg->levels;
     const int64_t bs = cfg->bucket_size, nb = fc_nblocks(c->n, bs);
+    if (!fc_cpu_reference) {
+        qsgd_encode_fast(&c->rng, x, c->n, bs, s, w, body);
+        qsgd_layout(c, used);
+        return FC_OK;
+    }
     float *norms = (float *)body;
     uint8_t *packed = body + 4 * nb;
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
-        const float norm = (float)sqrt(fc_sum_sq(x, lo, hi));
+        const float norm = (float)sqrt(qsgd_sum_sq_ref(x, lo, hi));
         const int ok = norm > 0 && isfinite(norm);
         norms[b] = norm;
         const float inv = ok ? (float)s / norm : 0.0f;
-        for (int64_t g = lo; g < hi; g += 4 * FC_RNG_BATCH) { /* 64 draws per batched Philox */
-            uint32_t r[4][FC_RNG_BATCH], codes[4 * FC_RNG_BATCH];
-            fc_rng_draw_batch(&c->rng, (uint32_t)(g >> 2), r);
-            const int64_t m = hi - g < 4 * FC_RNG_BATCH ? hi - g : 4 * FC_RNG_BATCH;
-            for (int64_t j = 0; j < 4 * FC_RNG_BATCH; j++)
-                codes[j] = ok && j < m ? fc_qsgd_code(x[g + j], inv, s, r[j & 3][j >> 2]) : 0;
-            for (int64_t j = 0; j < m; j += 8)
-                fc_pack8(codes + j, w, packed + ((g + j) / 8) * w);
+        for (int64_t g = lo; g < hi; g += 8) { /* one Philox evaluation per element: the definition */
+            uint32_t codes[8];
+            for (int64_t j = 0; j < 8; j++)
+                codes[j] = ok && g + j < hi ? fc_qsgd_code(x[g + j], inv, s,
+                                                           fc_rng_u16(&c->rng, (uint64_t)(g + j))) : 0;
+            fc_pack8(codes, w, packed + (g / 8) * w);
         }
     }
     qsgd_layout(c, used);

@@ -1,6 +1,6 @@
 // fc_cu_int8.cu: kernels of `int8` (m_int8.c): one warp per quantisation block, absmax then
-// codes in a second sweep that hits L1/L2; each lane owns 4 consecutive elements so one
-// Philox call serves them, as the CPU path's element-indexed draws require.
+// codes in a second sweep that hits L1/L2; each lane owns 8 consecutive elements so one
+// Philox call serves them (fc_rng_draw8: 16 bits per element), as on the CPU path.
 #include "fc_cu.cuh"
 
 #define INT8_WARPS 8
@@ -44,11 +44,11 @@ __global__ void int8_encode(fc_cu_enc e, int8_params p)
         if (lane == 0)
             scales[b] = scale;
         const float s_neg = -1.0f * scale; // the CPU's decode_add with alpha -1
-        for (int64_t g = lo + 4 * lane; g < hi; g += 128) {
+        for (int64_t g = lo + 8 * lane; g < hi; g += 256) {
             fc_u32x4 r = {{0u, 0u, 0u, 0u}};
             if (p.stochastic && !special)
-                r = fc_rng_draw4(&rng, (uint32_t)(g >> 2));
-            for (int k = 0; k < 4 && g + k < hi; k++) {
+                r = fc_rng_draw8(&rng, (uint32_t)(g >> 3));
+            for (int k = 0; k < 8 && g + k < hi; k++) {
                 const float x = e.src.x(start + g + k);
                 int32_t q = 0;
                 if (!special) {
@@ -57,7 +57,7 @@ __global__ void int8_encode(fc_cu_enc e, int8_params p)
                         f = f > 127.0f ? 127.0f : f < -127.0f ? -127.0f : f;
                         q = (int32_t)f;
                     } else {
-                        q = fc_floor_i32(x * inv + fc_u01(r.v[k]));
+                        q = fc_floor_i32(x * inv + fc_u01_16(fc_rng_h16(r, (uint32_t)k)));
                         q = q > 127 ? 127 : q < -127 ? -127 : q;
                     }
                 }

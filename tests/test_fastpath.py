@@ -15,10 +15,18 @@ CASES = [
     ("fp16", {}), ("bf16", {}),
     ("fp8", {"format": "e4m3"}), ("fp8", {"format": "e5m2", "block_size": 8}),
     ("int8", {}), ("int8", {"block_size": 8}), ("int8", {"stochastic": True}),
+    # blocks of 1 and 4 Philox calls (the scalar and SSE2 tails of the AVX2 batch), and blocks
+    # spanning several 256-element stretches of draws
+    ("int8", {"stochastic": True, "block_size": 8}), ("int8", {"stochastic": True, "block_size": 32}),
+    ("int8", {"stochastic": True, "block_size": 1024}),
     ("intN", {"bits": 4}), ("intN", {"bits": 2, "block_size": 8}),
     ("intN", {"bits": 4, "stochastic": True}), ("intN", {"bits": 2, "stochastic": True}),
-    ("nc", {}), ("nc", {"block_size": 8}), ("qsgd", {}), ("qsgd", {"levels": 127}),
+    ("nc", {}), ("nc", {"block_size": 8}), ("nc", {"block_size": 1024}),
+    # code widths 2 (generic packer), 5 and 8 (specialised), 11 (wider than a byte: fc_pack8)
+    ("qsgd", {}), ("qsgd", {"levels": 127}), ("qsgd", {"levels": 1, "bucket_size": 8}),
+    ("qsgd", {"levels": 1000, "bucket_size": 1024}),
     ("signsgd", {}), ("signsgd", {"mode": "majority"}), ("onebit", {}), ("onebit", {"block_size": 8}),
+    ("onebit", {"block_size": 1024}),
 ]
 
 
@@ -100,11 +108,13 @@ def test_fast_path_bytes_equal_reference(method, cfg, gen):
             assert torch.equal(bits(dfast), bits(dref)), f"{method} {cfg} {name}: decode differs"
 
 
-@pytest.mark.parametrize("n", [1, 7, 8, 63, 64, 65, 257, 1 << 16])
+@pytest.mark.parametrize("n", [1, 7, 8, 63, 64, 65, 257, 4099, 1 << 16])
 @pytest.mark.parametrize("method,cfg", [("fp16", {}), ("fp8", {"block_size": 1 << 16}),
                                         ("int8", {"block_size": 1 << 16, "stochastic": True}),
-                                        ("intN", {"bits": 2}), ("nc", {"block_size": 1 << 16}),
-                                        ("qsgd", {}), ("signsgd", {}), ("onebit", {})])
+                                        ("int8", {"stochastic": True}),
+                                        ("intN", {"bits": 2}), ("nc", {"block_size": 1 << 16}), ("nc", {}),
+                                        ("qsgd", {}), ("qsgd", {"levels": 127, "bucket_size": 8}),
+                                        ("signsgd", {}), ("onebit", {}), ("onebit", {"block_size": 8})])
 def test_fast_path_sizes(method, cfg, n, gen):
     x = torch.randn(n, generator=gen) * torch.rand(n, generator=gen) ** 8
     acc0 = torch.randn(n, generator=gen)
