@@ -26,8 +26,9 @@ static void onebit_layout(const fc_chunk *c, fc_layout *out)
 }
 
 /* The definition of a block's two means: 8 lanes each, fixed combination order (see
- * fc_block.h); branch-free, random signs defeating prediction. */
-static void onebit_means_ref(const float *x, int64_t lo, int64_t hi, float *means)
+ * fc_block.h); branch-free, random signs defeating prediction. Compiled once (not inlined into
+ * a clone), so a NaN's bits come out the same whichever path asks. */
+static __attribute__((noinline)) void onebit_means_ref(const float *x, int64_t lo, int64_t hi, float *means)
 {
     double sp8[FC_LANES] = {0}, sn8[FC_LANES] = {0};
     int64_t np = 0;
@@ -82,10 +83,88 @@ FC_CLONES static void onebit_encode_fast(const float *x, int64_t n, int64_t bs, 
     }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+#define ONEBIT_AVX2 1
+
+/* One block's means and bits with AVX2: the 8 lanes of each sum are two vectors of 4 doubles,
+ * lane j adding element lo + 8t + j in increasing t as in the reference; x * 0/1 becomes a
+ * mask (the same sums: an added +0 and -0 leave a same-signed sum unchanged, see below). */
+__attribute__((target("avx2"))) static void onebit_block_avx2(const float *x, int64_t lo,
+                                                              int64_t hi, float *means,
+                                                              uint8_t *bits)
+{
+    __m256d sp0 = _mm256_setzero_pd(), sp1 = sp0, sn0 = sp0, sn1 = sp0;
+    __m256i nneg = _mm256_setzero_si256();
+    int64_t i = lo;
+    for (; i + 8 <= hi; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256i neg = _mm256_srai_epi32(_mm256_castps_si256(v), 31);
+        nneg = _mm256_sub_epi32(nneg, neg);
+        const __m256d v0 = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+        const __m256d v1 = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+        const __m256d n0 = _mm256_castsi256_pd(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(neg)));
+        const __m256d n1 = _mm256_castsi256_pd(_mm256_cvtepi32_epi64(_mm256_extracti128_si256(neg, 1)));
+        sn0 = _mm256_add_pd(sn0, _mm256_and_pd(v0, n0));
+        sn1 = _mm256_add_pd(sn1, _mm256_and_pd(v1, n1));
+        sp0 = _mm256_add_pd(sp0, _mm256_andnot_pd(n0, v0));
+        sp1 = _mm256_add_pd(sp1, _mm256_andnot_pd(n1, v1));
+        bits[i / 8] = (uint8_t)_mm256_movemask_ps(v);
+    }
+    double sp8[FC_LANES], sn8[FC_LANES];
+    int32_t cnt[8];
+    _mm256_storeu_pd(sp8, sp0);
+    _mm256_storeu_pd(sp8 + 4, sp1);
+    _mm256_storeu_pd(sn8, sn0);
+    _mm256_storeu_pd(sn8 + 4, sn1);
+    _mm256_storeu_si256((__m256i *)cnt, nneg);
+    int64_t nn = 0;
+    for (int j = 0; j < 8; j++)
+        nn += cnt[j];
+    if (i < hi) { /* the chunk's last, short group */
+        uint32_t byte = 0;
+        for (; i < hi; i++) {
+            const uint32_t neg = fc_f32_bits(x[i]) >> 31;
+            nn += neg;
+            const double v = x[i];
+            if (neg)
+                sn8[(i - lo) & (FC_LANES - 1)] += v;
+            else
+                sp8[(i - lo) & (FC_LANES - 1)] += v;
+            byte |= neg << ((i - lo) & 7);
+        }
+        bits[(hi - 1) / 8] = (uint8_t)byte;
+    }
+    const double sp = fc_lanes_total(sp8), sn = fc_lanes_total(sn8);
+    const int64_t np = (hi - lo) - nn;
+    means[0] = np ? (float)(sp / (double)np) : 0.0f;
+    means[1] = nn ? (float)(sn / (double)nn) : 0.0f;
+    /* sums of finite floats cannot overflow a double: non-finite ones mean NaN/Inf in the
+     * block, whose NaN bits depend on operand order; the reference decides them */
+    if (!isfinite(sp) || !isfinite(sn))
+        onebit_means_ref(x, lo, hi, means);
+}
+#endif
+
+/* Why masks give the reference's sums: the reference adds v * 1 or v * 0 to each lane. A sign-0
+ * v sent to the negative sum adds +0 there in both forms. A sign-1 v sent to the positive sum
+ * adds -0 in the reference, +0 here; that sum holds only sign-0 terms from +0 on, so it is +0 or
+ * positive, and adding either zero leaves it as it is. Same for -0 into the negative sum. */
 static int onebit_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
 {
     (void)err;
     const onebit_cfg *cfg = (const onebit_cfg *)c->cfg;
+#ifdef ONEBIT_AVX2
+    if (!fc_cpu_reference && __builtin_cpu_supports("avx2")) {
+        const int64_t bs = cfg->block_size, nb = fc_nblocks(c->n, bs);
+        for (int64_t b = 0; b < nb; b++) {
+            const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
+            onebit_block_avx2(x, lo, hi, (float *)body + 2 * b, body + 8 * nb);
+        }
+        onebit_layout(c, used);
+        return FC_OK;
+    }
+#endif
     if (!fc_cpu_reference) {
         onebit_encode_fast(x, c->n, cfg->block_size, body);
         onebit_layout(c, used);
