@@ -15,8 +15,8 @@ CASES = [
     ("fp16", {}), ("bf16", {}),
     ("fp8", {"format": "e4m3"}), ("fp8", {"format": "e5m2", "block_size": 8}),
     ("int8", {}), ("int8", {"block_size": 8}), ("int8", {"stochastic": True}),
-    # blocks of 1 and 4 Philox calls (the scalar and SSE2 tails of the AVX2 batch), and blocks
-    # spanning several 256-element stretches of draws
+    # blocks of 1 and 4 Philox calls, and blocks spanning several 256-element stretches of
+    # draws (test_rng.py covers every length of the batch's tail)
     ("int8", {"stochastic": True, "block_size": 8}), ("int8", {"stochastic": True, "block_size": 32}),
     ("int8", {"stochastic": True, "block_size": 1024}),
     ("intN", {"bits": 4}), ("intN", {"bits": 2, "block_size": 8}),

@@ -92,3 +92,20 @@ def test_draws_use_all_16_bits_and_both_halves(gen):
     assert h.max() > 0xF000 and h.min() < 0x1000
     assert torch.unique(h).numel() > 3500  # 4096 draws of 65536 values: few collisions
     assert (h.float().mean() / 65536 - 0.5).abs() < 0.02
+
+
+def test_every_batch_tail_matches_the_scalar_definition(gen):
+    """Chunks of 1..40 Philox calls (and one element short of whole calls): the batch's 32-,
+    16-, 8- and 4-call steps and the one-call remainder each meet the scalar definition."""
+    for calls in range(1, 41):
+        for n in (8 * calls, 8 * calls - 3):
+            x = torch.randn(n, generator=gen)
+            out = []
+            for reference in (False, True):
+                with kernels(reference):
+                    s = _C.State("int8", {"stochastic": True, "block_size": 1024, "seed": calls,
+                                          "error_feedback": False})
+                    buf = torch.zeros(s.payload_bytes(n), dtype=torch.uint8)
+                    s.compress(x, buf, chunk=2, world=3, rank=1)
+                    out.append(buf)
+            assert torch.equal(out[0], out[1]), f"{n} elements ({calls} calls)"
