@@ -28,10 +28,10 @@ static void nc_layout(const fc_chunk *c, fc_layout *out)
     out->kept = c->n;
 }
 
-/* The block's reference exponent (written to the body); 0 when the block gets zero codes. */
-static inline uint32_t nc_block_emax(const float *x, int64_t lo, int64_t hi, uint32_t *emax_out)
+/* The block's reference exponent from its absmax bits (written to the body); 0 when the block
+ * gets zero codes. */
+static inline uint32_t nc_emax(uint32_t amax_bits, uint32_t *emax_out)
 {
-    const uint32_t amax_bits = fc_amax_bits(x, lo, hi);
     uint32_t emax = amax_bits >> 23; /* 255: Inf/NaN; 0: zero or only subnormals */
     if (emax == 0 && amax_bits != 0)
         emax = 1; /* subnormal-only block: referenced to the smallest normal exponent */
@@ -64,6 +64,33 @@ static inline uint32_t nc_emin(const float *x, int64_t lo, int64_t hi)
     return emin;
 }
 
+/* fc_amax_bits and nc_emin in one pass, 16 independent lanes each (max and min are exact in
+ * any order) */
+static inline void nc_range(const float *x, int64_t lo, int64_t hi, uint32_t *amax, uint32_t *emin)
+{
+    uint32_t mx[16] = {0}, mn[16];
+    for (int j = 0; j < 16; j++)
+        mn[j] = 255;
+    int64_t i = lo;
+    for (; i + 16 <= hi; i += 16)
+        for (int j = 0; j < 16; j++) {
+            const uint32_t a = fc_abs_bits(x[i + j]), e = a ? a >> 23 : 255u;
+            mx[j] = a > mx[j] ? a : mx[j];
+            mn[j] = e < mn[j] ? e : mn[j];
+        }
+    uint32_t m = 0, n = nc_emin(x, i, hi);
+    for (; i < hi; i++) {
+        const uint32_t a = fc_abs_bits(x[i]);
+        m = a > m ? a : m;
+    }
+    for (int j = 0; j < 16; j++) {
+        m = mx[j] > m ? mx[j] : m;
+        n = mn[j] < n ? mn[j] : n;
+    }
+    *amax = m;
+    *emin = n;
+}
+
 /* The reference's codes with the draws made in bulk, a stretch at a time in L1. */
 FC_CLONES static void nc_encode_fast(const fc_rng *rng, const float *x, int64_t n, int64_t bs,
                                      uint8_t *body)
@@ -74,13 +101,14 @@ FC_CLONES static void nc_encode_fast(const fc_rng *rng, const float *x, int64_t 
     fc_rng_buf buf = {0, 0, {0}};
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, n);
-        const uint32_t emax = nc_block_emax(x, lo, hi, &emaxs[b]);
+        uint32_t amax_bits, emin;
+        nc_range(x, lo, hi, &amax_bits, &emin);
+        const uint32_t emax = nc_emax(amax_bits, &emaxs[b]);
         if (emax == 0) {
             for (int64_t i = lo; i < hi; i++)
                 codes[i] = 0;
             continue;
         }
-        const uint32_t emin = nc_emin(x, lo, hi);
         const int32_t lo_e = (int32_t)emax + 1 - (FC_NC_SPAN - 1);
         const int common = emax < 254 && (int32_t)emin >= (lo_e < 1 ? 1 : lo_e);
         int64_t m;
@@ -110,7 +138,7 @@ static int nc_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout
     uint8_t *codes = body + 4 * nb;
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
-        const uint32_t emax = nc_block_emax(x, lo, hi, &emaxs[b]);
+        const uint32_t emax = nc_emax(fc_amax_bits(x, lo, hi), &emaxs[b]);
         for (int64_t i = lo; i < hi; i++) /* one Philox evaluation per element: the definition */
             codes[i] = emax ? fc_nc_encode(x[i], emax, fc_rng_u16(&c->rng, (uint64_t)i)) : 0;
     }
