@@ -177,6 +177,27 @@ int fc_core_sync_apply(fc_core *s, uint32_t unit, const float *sum, int64_t len,
     return m->sync_apply(s->cfg, s->units[unit].ustate, err);
 }
 
+int64_t fc_core_unit_floats(const fc_core *s, int64_t numel)
+{
+    const fc_method *m = fc_core_unit_method(s, numel);
+    return m->unit_floats != NULL ? m->unit_floats(s->cfg) : 0;
+}
+
+int fc_core_check_unit_state(const fc_core *s, int64_t numel, const float *v, int64_t len,
+                             fc_err *err)
+{
+    const fc_method *m = fc_core_unit_method(s, numel);
+    const int64_t want = fc_core_unit_floats(s, numel);
+    if (want == 0)
+        return fc_fail(err, FC_ERR_VALUE, "a unit of %lld elements uses '%s', which keeps no unit "
+                       "state, but one of %lld floats was given", (long long)numel, m->name,
+                       (long long)len);
+    if (len != want)
+        return fc_fail(err, FC_ERR_VALUE, "'%s' keeps %lld floats of state per unit, got %lld "
+                       "(another config?)", m->name, (long long)want, (long long)len);
+    return m->unit_check != NULL ? m->unit_check(s->cfg, v, err) : FC_OK;
+}
+
 /* ---- geometry ---- */
 
 const fc_method *fc_core_unit_method(const fc_core *s, int64_t numel)

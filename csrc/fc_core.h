@@ -95,6 +95,12 @@ void fc_core_sync_span(fc_core *s, uint32_t unit, float **data, int64_t *len);
 /* Stores the sum over ranks into that span and lets the method use it. */
 int fc_core_sync_apply(fc_core *s, uint32_t unit, const float *sum, int64_t len, fc_err *err);
 
+/* Floats of persistent method state a unit of `numel` elements keeps (0: none). */
+int64_t fc_core_unit_floats(const fc_core *s, int64_t numel);
+/* Validates a saved unit state of `len` floats for a unit of `numel` elements (checkpoints). */
+int fc_core_check_unit_state(const fc_core *s, int64_t numel, const float *v, int64_t len,
+                             fc_err *err);
+
 /* One chunk, outside any collective (tests, benchmarks): x fp32 in, payload out. */
 int fc_core_compress(fc_core *s, const float *x, int64_t n, uint8_t *payload, int64_t cap,
                      uint32_t unit, uint32_t chunk, int world, int rank, int64_t *written, fc_err *err);

@@ -114,6 +114,9 @@ typedef struct fc_method {
      * Returns 0 when no sync is due. */
     int64_t (*sync_floats)(const void *cfg, uint32_t step, int64_t *offset);
     int (*sync_apply)(const void *cfg, float *ustate, fc_err *err);
+    /* Optional: refuses a unit state loaded from a checkpoint that this method could not have
+     * written (non-finite, not orthonormal, ...); NULL accepts any of the right length. */
+    int (*unit_check)(const void *cfg, const float *ustate, fc_err *err);
 } fc_method;
 
 /* The aggregate hook of methods whose body is one fp32 array: agg += body (fc_linear.c). */

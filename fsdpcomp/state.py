@@ -81,13 +81,16 @@ class CommState:
         self._step_open = False
 
     def state_dict(self) -> dict[str, Any]:
-        """Method, config, step, unit sizes and residuals (cloned), for checkpoints."""
+        """Method, config, step, unit sizes, residuals (cloned) and the units' method state
+        (gradiveq's basis: a resumed run encodes as the uninterrupted one would), for checkpoints."""
         return {
             "method": self.method,
             "config": self.config,
             "step": self._core.step,
             "units": self._core.units(),
             "residuals": [None if r is None else r.detach().clone() for r in self._core.residuals()],
+            "unit_states": [None if b is None else torch.frombuffer(bytearray(b), dtype=torch.float32)
+                            for b in self._core.unit_states()],
             "gather_residuals": {u: r.clone() for u, r in self._gather_residuals.items()},
         }
 
@@ -100,7 +103,12 @@ class CommState:
         if dict(state_dict["config"]) != self.config:
             raise ValueError(f"state_dict config {dict(state_dict['config'])} differs from this state's {self.config}")
         residuals = [None if r is None else r.detach().clone() for r in state_dict["residuals"]]
-        self._core.restore(list(state_dict["units"]), residuals, int(state_dict["step"]))
+        # a checkpoint from before unit states were saved has none: they restart from the seed
+        unit_states = state_dict.get("unit_states")
+        if unit_states is not None:
+            unit_states = [None if t is None else torch.as_tensor(t).detach().cpu().contiguous()
+                           for t in unit_states]
+        self._core.restore(list(state_dict["units"]), residuals, int(state_dict["step"]), unit_states)
         self._gather_residuals = {int(u): r.detach().clone().float()
                                   for u, r in dict(state_dict.get("gather_residuals", {})).items()}
         self._step_open = False
