@@ -16,6 +16,7 @@ CASES = [
     ("randomk", {"ratio": 0.2, "quantize": "nc"}),
     ("thresholdv", {"threshold": 1.5}),
     ("thresholdv", {"threshold": 1.0, "quantize": "fp16"}),
+    ("thresholdv", {"threshold": 1.0, "values": "sign"}),
     ("sketch", {"rows": 3, "cols": 512, "k": 64}),
     ("gradiveq", {"dim": 16, "k": 4}),
     ("signsgd", {}),

@@ -78,6 +78,8 @@ def expected_body(method, cfg, n, x=None):
         return value_bytes(c["quantize"], sparse_k(n, c))
     if method == "thresholdv":
         k = int((x.abs() > c["threshold"]).sum())
+        if c["values"] == "sign":  # one sign bit per kept element
+            return 4 + index_bytes(n, k) + cdiv(k, 8)
         return 4 + index_bytes(n, k) + (value_bytes(c["quantize"], k) if k else 0)
     if method == "sketch":
         return 4 * c["rows"] * c["cols"]
@@ -149,6 +151,9 @@ def check_bound(method, cfg, x, d):
     elif method == "thresholdv":
         big = x.abs() > c["threshold"]
         assert (d[~big] == 0).all()
+        if c["values"] == "sign":  # Strom: +-v exactly
+            assert torch.equal(d[big], torch.sign(x[big]) * c["threshold"])
+            return
         rtol = 0 if c["quantize"] == "none" else 1e-3
         assert ((d[big] - x[big]).abs() <= rtol * x[big].abs()).all()
     elif method == "sketch":
