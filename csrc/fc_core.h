@@ -62,6 +62,12 @@ typedef struct {
     int64_t loose_unit;
     int64_t x_cap, acc_cap, dec_cap;
     size_t mscr_cap;
+    /* the second round (fc_fetch.c): the owner's picks from the latest decode, and which of the
+     * latest encode's chunks were non-finite (their residual was not replaced by g') */
+    uint32_t *picks;
+    int64_t picks_cap, n_picks;
+    int64_t picks_unit, bad_unit; /* -1: none */
+    uint8_t chunk_bad[FC_MAX_WORLD];
 } fc_core;
 
 void fc_core_init(fc_core *s, const fc_method *m, const fc_common *common, const void *cfg);
@@ -87,6 +93,9 @@ int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residua
                    int rank, uint32_t unit, int64_t *sizes, fc_err *err);
 int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *out, int world,
                    int rank, uint32_t unit, fc_err *err);
+
+/* out = acc / world in out's dtype (zero past n), counting what overflowed. */
+void fc_core_write_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *out);
 
 /* Frees every unit's method state (before the unit table is replaced or freed). */
 void fc_core_free_unit_states(fc_core *s);

@@ -18,6 +18,7 @@ CASES = [
     ("thresholdv", {"threshold": 1.0, "quantize": "fp16"}),
     ("thresholdv", {"threshold": 1.0, "values": "sign"}),
     ("sketch", {"rows": 3, "cols": 512, "k": 64}),
+    ("sketch", {"rows": 3, "cols": 512, "k": 64, "second_round": True}),
     ("gradiveq", {"dim": 16, "k": 4}),
     ("signsgd", {}),
     ("signsgd", {"mode": "majority", "scale": 0.5}),
