@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "fc_fetch.h"
 #include "fc_half.h"
 #include "fc_quant.h"
 #include "fc_wire.h"
@@ -57,6 +58,7 @@ void fc_core_init(fc_core *s, const fc_method *m, const fc_common *common, const
     memset(s, 0, sizeof(*s));
     s->method = m;
     s->common = *common;
+    s->picks_unit = s->bad_unit = -1;
     memcpy(s->cfg, cfg, m->cfg_size);
 }
 
@@ -80,6 +82,10 @@ void fc_core_free(fc_core *s)
     free(s->dec);
     free(s->mscr);
     free(s->agg);
+    free(s->picks);
+    s->picks = NULL;
+    s->picks_cap = s->n_picks = 0;
+    s->picks_unit = s->bad_unit = -1;
     s->agg = NULL;
     s->agg_cap = 0;
     s->units = NULL;
@@ -175,6 +181,27 @@ int fc_core_sync_apply(fc_core *s, uint32_t unit, const float *sum, int64_t len,
     memcpy(data, sum, (size_t)len * 4);
     const fc_method *m = fc_core_unit_method(s, s->units[unit].numel);
     return m->sync_apply(s->cfg, s->units[unit].ustate, err);
+}
+
+int64_t fc_core_unit_floats(const fc_core *s, int64_t numel)
+{
+    const fc_method *m = fc_core_unit_method(s, numel);
+    return m->unit_floats != NULL ? m->unit_floats(s->cfg) : 0;
+}
+
+int fc_core_check_unit_state(const fc_core *s, int64_t numel, const float *v, int64_t len,
+                             fc_err *err)
+{
+    const fc_method *m = fc_core_unit_method(s, numel);
+    const int64_t want = fc_core_unit_floats(s, numel);
+    if (want == 0)
+        return fc_fail(err, FC_ERR_VALUE, "a unit of %lld elements uses '%s', which keeps no unit "
+                       "state, but one of %lld floats was given", (long long)numel, m->name,
+                       (long long)len);
+    if (len != want)
+        return fc_fail(err, FC_ERR_VALUE, "'%s' keeps %lld floats of state per unit, got %lld "
+                       "(another config?)", m->name, (long long)want, (long long)len);
+    return m->unit_check != NULL ? m->unit_check(s->cfg, v, err) : FC_OK;
 }
 
 /* ---- geometry ---- */
@@ -440,9 +467,13 @@ int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residua
     const int64_t N = grad->numel;
     const fc_method *m = fc_core_unit_method(s, N);
     const int use_ef = m == s->method && s->common.error_feedback && residual != NULL;
-    const int sample = !use_ef && m == s->method && s->common.error_stats_every > 0 &&
-                       s->ctr.calls % s->common.error_stats_every == 0;
     int64_t per = (N + world - 1) / world;
+    /* a second round decides what is sent after this call: no error sample from round 1 */
+    const int stats = s->common.error_stats_every > 0 && !fc_fetch_kmax(s, N, world);
+    const int sample = !use_ef && m == s->method && stats &&
+                       s->ctr.calls % s->common.error_stats_every == 0;
+    memset(s->chunk_bad, 0, (size_t)world);
+    s->bad_unit = unit;
     FC_TRY(grow_f32(&s->x, &s->x_cap, per, err));
     FC_TRY(grow_f32(&s->dec, &s->dec_cap, per, err));
     if (m->scratch_bytes != NULL)
@@ -466,6 +497,7 @@ int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residua
         const float *x;
         int64_t bad = load_chunk(s, grad, use_ef ? residual : NULL, start, n, &x);
         s->ctr.nonfinite_in += bad;
+        s->chunk_bad[ci] = bad != 0;
         int64_t size;
         fc_layout used;
         FC_TRY(encode_one(s, m, &c, x, out + off, send->numel - off, &size, &used, err));
@@ -475,8 +507,7 @@ int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residua
             double ee, xx, xe;
             FC_TRY(update_residual(s, m, &c, out + off, grad, residual, start, &ee, &xx, &xe, err));
             unit_e_sq += ee;
-            if (!sampled && s->common.error_stats_every > 0 &&
-                s->ctr.calls % s->common.error_stats_every == 0) {
+            if (!sampled && stats && s->ctr.calls % s->common.error_stats_every == 0) {
                 /* D = x - e: ||x - D||^2 = ||e||^2, x . D = ||x||^2 - x . e */
                 double xd = xx - xe, dd = xx - 2 * xe + ee;
                 s->ctr.err_sq += ee;
@@ -641,9 +672,24 @@ int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *o
     if (p != end && n > 0)
         return fc_fail(err, FC_ERR_PAYLOAD, "receive buffer has %lld bytes, its payloads use %lld",
                        (long long)recv->numel, (long long)(p - (const uint8_t *)recv->data));
+    if (fc_fetch_kmax(s, N, world) > 0) {
+        /* round 2 follows (fc_fetch.c): pick the coordinates, write nothing yet. acc holds the
+         * exact own chunk, or zeros when it was compressed too. */
+        FC_TRY(fc_fetch_pick(s, m, &c0, acc, unit, err));
+        s->ctr.decompress_s += now_s() - t0;
+        return FC_OK;
+    }
     if (senders > 0) /* one decode of the summed compressed payloads */
         FC_TRY(m->decode_agg(&c0, (const uint8_t *)s->agg, senders, 1.0f, acc, err));
-    /* average, cast, count what overflowed */
+    fc_core_write_out(s, acc, n, world, out);
+    s->ctr.decompress_s += now_s() - t0;
+    return FC_OK;
+error:
+    return rc;
+}
+
+void fc_core_write_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *out)
+{
     const float w = (float)world;
     int64_t bad = 0;
     if (out->dtype == FC_F32) {
@@ -666,10 +712,6 @@ int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *o
         memset((uint8_t *)out->data + n * fc_dtype_size(out->dtype), 0,
                (size_t)((out->numel - n) * fc_dtype_size(out->dtype)));
     s->ctr.nonfinite_out += bad;
-    s->ctr.decompress_s += now_s() - t0;
-    return FC_OK;
-error:
-    return rc;
 }
 
 /* ---- single chunk, for tests and benchmarks ---- */

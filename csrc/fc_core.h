@@ -62,6 +62,12 @@ typedef struct {
     int64_t loose_unit;
     int64_t x_cap, acc_cap, dec_cap;
     size_t mscr_cap;
+    /* the second round (fc_fetch.c): the owner's picks from the latest decode, and which of the
+     * latest encode's chunks were non-finite (their residual was not replaced by g') */
+    uint32_t *picks;
+    int64_t picks_cap, n_picks;
+    int64_t picks_unit, bad_unit; /* -1: none */
+    uint8_t chunk_bad[FC_MAX_WORLD];
 } fc_core;
 
 void fc_core_init(fc_core *s, const fc_method *m, const fc_common *common, const void *cfg);
@@ -88,12 +94,21 @@ int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residua
 int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *out, int world,
                    int rank, uint32_t unit, fc_err *err);
 
+/* out = acc / world in out's dtype (zero past n), counting what overflowed. */
+void fc_core_write_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *out);
+
 /* Frees every unit's method state (before the unit table is replaced or freed). */
 void fc_core_free_unit_states(fc_core *s);
 /* After decode: the floats of the unit's state to sum over ranks this step (*len 0: none). */
 void fc_core_sync_span(fc_core *s, uint32_t unit, float **data, int64_t *len);
 /* Stores the sum over ranks into that span and lets the method use it. */
 int fc_core_sync_apply(fc_core *s, uint32_t unit, const float *sum, int64_t len, fc_err *err);
+
+/* Floats of persistent method state a unit of `numel` elements keeps (0: none). */
+int64_t fc_core_unit_floats(const fc_core *s, int64_t numel);
+/* Validates a saved unit state of `len` floats for a unit of `numel` elements (checkpoints). */
+int fc_core_check_unit_state(const fc_core *s, int64_t numel, const float *v, int64_t len,
+                             fc_err *err);
 
 /* One chunk, outside any collective (tests, benchmarks): x fp32 in, payload out. */
 int fc_core_compress(fc_core *s, const float *x, int64_t n, uint8_t *payload, int64_t cap,

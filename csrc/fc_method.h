@@ -114,6 +114,17 @@ typedef struct fc_method {
      * Returns 0 when no sync is due. */
     int64_t (*sync_floats)(const void *cfg, uint32_t step, int64_t *offset);
     int (*sync_apply)(const void *cfg, float *ustate, fc_err *err);
+    /* Optional: refuses a unit state loaded from a checkpoint that this method could not have
+     * written (non-finite, not orthonormal, ...); NULL accepts any of the right length. */
+    int (*unit_check)(const void *cfg, const float *ustate, fc_err *err);
+    /* Optional second round (Sketched-SGD, driven by fc_fetch.c): when fetch_k(c) > 0, the owner
+     * of chunk c does not decode the summed payloads but picks fetch_k(c) coordinates from them
+     * (own: its exact chunk, zeros when that was compressed too; idx: ascending), and the
+     * senders send their exact values there and keep the rest as residual. decode_add of such a
+     * config adds nothing: no value comes from the first round. */
+    int64_t (*fetch_k)(const fc_chunk *c);
+    int (*pick)(const fc_chunk *c, const uint8_t *agg, const float *own, uint32_t *idx,
+                fc_err *err);
 } fc_method;
 
 /* The aggregate hook of methods whose body is one fp32 array: agg += body (fc_linear.c). */

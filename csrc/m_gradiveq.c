@@ -116,6 +116,29 @@ static int gvq_sync_apply(const void *cfg, float *ustate, fc_err *err)
     return FC_OK;
 }
 
+/* A checkpointed basis must be what sync_apply or unit_init could have produced: finite and
+ * orthonormal (fp32 rounding of a double-precision basis is far below the tolerance). */
+static int gvq_unit_check(const void *cfg, const float *u, fc_err *err)
+{
+    const gvq_cfg *g = (const gvq_cfg *)cfg;
+    const int64_t m = g->dim, k = g->k;
+    for (int64_t i = 0; i < m * k + m * m; i++)
+        if (!isfinite(u[i]))
+            return fc_fail(err, FC_ERR_VALUE, "gradiveq unit state: value %lld is %f (%s)",
+                           (long long)i, (double)u[i], i < m * k ? "basis" : "covariance");
+    for (int64_t a = 0; a < k; a++)
+        for (int64_t b = 0; b <= a; b++) {
+            double d = 0;
+            for (int64_t i = 0; i < m; i++)
+                d += (double)u[a * m + i] * u[b * m + i];
+            if (fabs(d - (a == b)) > 1e-4)
+                return fc_fail(err, FC_ERR_VALUE, "gradiveq unit state: basis vectors %lld and "
+                               "%lld have dot product %g, expected %d: not an orthonormal basis",
+                               (long long)a, (long long)b, d, a == b);
+        }
+    return FC_OK;
+}
+
 static int gvq_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
 {
     (void)err;
@@ -198,4 +221,5 @@ const fc_method fc_method_gradiveq = {
     .unit_init = gvq_unit_init,
     .sync_floats = gvq_sync_floats,
     .sync_apply = gvq_sync_apply,
+    .unit_check = gvq_unit_check,
 };

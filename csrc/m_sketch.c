@@ -2,8 +2,11 @@
  * fp32 table, S[j, h_j(i)] += s_j(i) x_i with hashes from the stream all ranks share. Sketches
  * add, so receivers sum the tables (the compressed domain) and decode once: estimate every
  * coordinate as the median over rows of s_j(i) S[j, h_j(i)] and keep the k largest (the heavy
- * hitters; k = 0 keeps every estimate). Sketched-SGD's second round that fetches the exact
- * values of those k is not done: the estimates are used. Biased; error feedback by default. */
+ * hitters; k = 0 keeps every estimate). With `second_round`, Sketched-SGD's second round: the
+ * owner only picks the k heavy coordinates (estimates of the peers' sum plus its own exact
+ * chunk) and fetches the senders' exact values there (fc_fetch.c); nothing is decoded from the
+ * sketch, so a sender's residual is its whole chunk but those k values. Biased; error feedback
+ * by default. */
 #include <string.h>
 #include "fc_hash.h"
 #include "fc_method.h"
@@ -13,14 +16,26 @@ typedef struct {
     int64_t rows;
     int64_t cols;
     int64_t k;
+    int second_round;
 } sketch_cfg;
 
 static const fc_key sketch_keys[] = {
     FC_INT(sketch_cfg, rows, 3, 1, 15, 0, "hash rows; the estimate is the median over rows"),
     FC_INT(sketch_cfg, cols, 4096, 1, 1 << 26, 0, "buckets per row"),
     FC_INT(sketch_cfg, k, 256, 0, 2147483647.0, 0, "heavy hitters kept per chunk (0: every estimate)"),
+    FC_BOOL(sketch_cfg, second_round, 0,
+            "fetch the exact values of the k heavy hitters from every rank (two extra collectives)"),
     FC_KEYS_END,
 };
+
+static int sketch_check(void *cfg, fc_err *err)
+{
+    const sketch_cfg *g = (const sketch_cfg *)cfg;
+    if (g->second_round && g->k == 0)
+        return fc_fail(err, FC_ERR_VALUE, "sketch config key 'k' must be > 0 with 'second_round' "
+                       "(k = 0 would fetch every value), got 0");
+    return FC_OK;
+}
 
 static int64_t sketch_k(const fc_chunk *c)
 {
@@ -82,13 +97,11 @@ static float median(float *v, int64_t r)
     return r & 1 ? v[r / 2] : 0.5f * (v[r / 2 - 1] + v[r / 2]);
 }
 
-/* acc += alpha * the k largest estimates read from table t */
-static int unsketch(const fc_chunk *c, const float *t, float alpha, float *acc)
+/* est[i] = the median over rows of coordinate i's estimates in table t */
+static void estimate(const fc_chunk *c, const float *t, float *est)
 {
     const sketch_cfg *cfg = (const sketch_cfg *)c->cfg;
-    const int64_t r = cfg->rows, cols = cfg->cols, n = c->n, k = sketch_k(c);
-    float *est = (float *)c->scratch;
-    uint32_t *keys = (uint32_t *)(est + n), *idx = keys + n;
+    const int64_t r = cfg->rows, cols = cfg->cols, n = c->n;
     uint32_t rk[15];
     for (int64_t j = 0; j < r; j++)
         rk[j] = row_key(c, j);
@@ -100,6 +113,15 @@ static int unsketch(const fc_chunk *c, const float *t, float alpha, float *acc)
         }
         est[i] = median(v, r);
     }
+}
+
+/* acc += alpha * the k largest estimates read from table t */
+static int unsketch(const fc_chunk *c, const float *t, float alpha, float *acc)
+{
+    const int64_t n = c->n, k = sketch_k(c);
+    float *est = (float *)c->scratch;
+    uint32_t *keys = (uint32_t *)(est + n), *idx = keys + n;
+    estimate(c, t, est);
     if (k == n) {
         for (int64_t i = 0; i < n; i++)
             acc[i] += alpha * est[i];
@@ -116,7 +138,31 @@ static int sketch_decode_add(const fc_chunk *c, const uint8_t *body, int64_t bod
 {
     (void)body_bytes;
     (void)err;
+    if (((const sketch_cfg *)c->cfg)->second_round)
+        return FC_OK; /* the values come from the second round */
     return unsketch(c, (const float *)body, alpha, acc);
+}
+
+static int64_t sketch_fetch_k(const fc_chunk *c)
+{
+    return ((const sketch_cfg *)c->cfg)->second_round ? sketch_k(c) : 0;
+}
+
+/* The heavy coordinates of the total: the estimates of the senders' sum plus the exact own
+ * chunk (what the owner adds anyway), so a coordinate heavy only in the owner's chunk is not
+ * spent on. */
+static int sketch_pick(const fc_chunk *c, const uint8_t *agg, const float *own, uint32_t *idx,
+                       fc_err *err)
+{
+    (void)err;
+    const int64_t n = c->n;
+    float *est = (float *)c->scratch;
+    uint32_t *keys = (uint32_t *)(est + n);
+    estimate(c, (const float *)agg, est);
+    for (int64_t i = 0; i < n; i++)
+        est[i] += own[i];
+    fc_topk_indices(est, n, sketch_k(c), keys, idx);
+    return FC_OK;
 }
 
 static int64_t sketch_agg_bytes(const fc_chunk *c)
@@ -138,9 +184,10 @@ const fc_method fc_method_sketch = {
     .id = 11,
     .flags = FC_LINEAR | FC_RANDOM | FC_EF_DEFAULT,
     .summary = "count sketch (rows x cols fp32), summed compressed; heavy hitters of the summed "
-               "sketch decoded (Sketched-SGD style)",
+               "sketch decoded, or with second_round their exact values fetched (Sketched-SGD)",
     .cfg_size = sizeof(sketch_cfg),
     .keys = sketch_keys,
+    .check = sketch_check,
     .layout = sketch_layout,
     .scratch_bytes = sketch_scratch,
     .encode = sketch_encode,
@@ -148,4 +195,6 @@ const fc_method fc_method_sketch = {
     .agg_bytes = sketch_agg_bytes,
     .aggregate = fc_aggregate_add_f32,
     .decode_agg = sketch_decode_agg,
+    .fetch_k = sketch_fetch_k,
+    .pick = sketch_pick,
 };

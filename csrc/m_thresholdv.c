@@ -1,27 +1,44 @@
 /* m_thresholdv.c: `thresholdv` (Strom 2015; Dryden et al. 2016): every element with
  * |x| > threshold. The count is data-dependent (FC_VARSIZE): layout() is the bound for k = n
  * and the collective exchanges the real sizes first (an extra collective, counted). Body: the
- * uint32 count (meta), the ascending indices, the values through the value codec. */
+ * uint32 count (meta), the ascending indices, then the values through the value codec or, with
+ * `"values": "sign"` (Strom's variant), one sign bit per kept element (each decodes to +-v,
+ * the rest of x stays in the residual). */
 #include <string.h>
 #include "fc_method.h"
 #include "fc_quant.h"
 #include "fc_sparse.h"
 
+enum { THRV_EXACT = 0, THRV_SIGN = 1 };
+static const char *const thrv_values[] = {"exact", "sign", NULL};
+
 typedef struct {
     double threshold;
     int quantize;
+    int values;
     fc_vcodec vc;
 } thrv_cfg;
 
 static const fc_key thrv_keys[] = {
     FC_FLOAT(thrv_cfg, threshold, 1e-3, 0.0, 1e30, 0, "v: elements with |x| > v are sent"),
     FC_CHOICE(thrv_cfg, quantize, 0, fc_sparse_quant_names, "codec of the kept values"),
+    FC_CHOICE(thrv_cfg, values, THRV_EXACT, thrv_values,
+              "what travels per kept element: its value (exact, through quantize) or its sign "
+              "(sign: decodes to +-threshold, Strom)"),
     FC_KEYS_END,
 };
 
 static int thrv_check(void *cfg, fc_err *err)
 {
     thrv_cfg *t = (thrv_cfg *)cfg;
+    if (t->values == THRV_SIGN && t->quantize != 0)
+        return fc_fail(err, FC_ERR_VALUE, "thresholdv config key 'quantize' must be \"none\" with "
+                       "\"values\": \"sign\" (only sign bits travel), got \"%s\"",
+                       fc_sparse_quant_names[t->quantize]);
+    if (t->values == THRV_SIGN && !(t->threshold > 0))
+        return fc_fail(err, FC_ERR_VALUE, "thresholdv config key 'threshold' must be > 0 with "
+                       "\"values\": \"sign\" (kept elements decode to +-threshold), got %g",
+                       t->threshold);
     t->vc.quantize = t->quantize;
     return fc_vcodec_init(&t->vc, err);
 }
@@ -29,7 +46,12 @@ static int thrv_check(void *cfg, fc_err *err)
 static void layout_k(const fc_chunk *c, int64_t k, fc_layout *out)
 {
     const thrv_cfg *cfg = (const thrv_cfg *)c->cfg;
-    fc_vcodec_layout(&cfg->vc, c, k, out);
+    if (cfg->values == THRV_SIGN) {
+        out->value_bytes = (k + 7) / 8;
+        out->meta_bytes = 0;
+    } else {
+        fc_vcodec_layout(&cfg->vc, c, k, out);
+    }
     out->meta_bytes += 4;
     out->index_bytes = fc_index_bytes(c->n, k);
     out->kept = k;
@@ -62,9 +84,30 @@ static int thrv_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layo
     uint32_t k32 = (uint32_t)k;
     memcpy(body, &k32, 4);
     fc_index_encode(idx, n, k, body + 4);
-    int rc = fc_vcodec_encode(&cfg->vc, c, vals, k, body + 4 + fc_index_bytes(n, k), err);
+    uint8_t *vb = body + 4 + fc_index_bytes(n, k);
+    int rc = FC_OK;
+    if (cfg->values == THRV_SIGN) { /* bit j set: element j is negative (NaN: by its sign bit) */
+        memset(vb, 0, (size_t)(k + 7) / 8);
+        for (int64_t j = 0; j < k; j++)
+            vb[j >> 3] |= (uint8_t)((fc_f32_bits(vals[j]) >> 31) << (j & 7));
+    } else {
+        rc = fc_vcodec_encode(&cfg->vc, c, vals, k, vb, err);
+    }
     layout_k(c, k, used);
     return rc;
+}
+
+/* acc[idx[j]] += alpha * (+-v) from the sign bits; bits past k must be zero. */
+static int sign_decode_add(const uint8_t *bits, const uint32_t *idx, int64_t k, float v,
+                           float alpha, float *acc, fc_err *err)
+{
+    if ((k & 7) != 0 && (bits[k >> 3] >> (k & 7)) != 0)
+        return fc_fail(err, FC_ERR_PAYLOAD, "thresholdv payload: sign bits past the %lld kept "
+                       "elements are set (corrupted)", (long long)k);
+    const float pos = alpha * v, neg = alpha * -v;
+    for (int64_t j = 0; j < k; j++)
+        acc[idx[j]] += (bits[j >> 3] >> (j & 7)) & 1u ? neg : pos;
+    return FC_OK;
 }
 
 static int thrv_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_bytes, float alpha,
@@ -92,6 +135,9 @@ static int thrv_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
     int rc = fc_index_decode(body + 4, n, k, idx, err);
     if (rc != FC_OK)
         return rc;
+    if (cfg->values == THRV_SIGN)
+        return sign_decode_add(body + 4 + fc_index_bytes(n, k), idx, k, (float)cfg->threshold,
+                               alpha, acc, err);
     memset(vals, 0, (size_t)k * 4);
     rc = fc_vcodec_decode_add(&cfg->vc, c, body + 4 + fc_index_bytes(n, k), k, alpha, vals, err);
     if (rc != FC_OK)
@@ -106,7 +152,7 @@ const fc_method fc_method_thresholdv = {
     .id = 10,
     .flags = FC_VARSIZE | FC_RANDOM | FC_EF_DEFAULT, /* biased: Strom keeps the rest in a residual */
     .summary = "every |x| > threshold: data-dependent count (sizes exchanged first), indices + "
-               "values (fp32 or quantize=fp16/int8/qsgd/nc)",
+               "values (fp32 or quantize=fp16/int8/qsgd/nc) or values=sign: 1 bit, +-threshold",
     .cfg_size = sizeof(thrv_cfg),
     .keys = thrv_keys,
     .check = thrv_check,

@@ -8,6 +8,7 @@
 #include "fc_config.h"
 #include "fc_core.h"
 #include "fc_cuda_path.h"
+#include "fc_fetch.h"
 #include "fc_simd.h"
 #include "fc_tensor.h"
 #include "fc_wire.h"
@@ -469,7 +470,8 @@ error:
 PyDoc_STRVAR(State_decode_doc,
 "decode(recv, grad, out, world, rank, unit)\n\n"
 "Sums, in fp32 and in rank order, this rank's exact chunk of `grad` and the payloads in\n"
-"`recv`, divides by `world` and writes every element of `out`.");
+"`recv`, divides by `world` and writes every element of `out`. A unit with a second round\n"
+"(fetch_kmax() > 0) only picks its coordinates here: fetch() and finish() write `out`.");
 
 static PyObject *State_decode(StateObject *self, PyObject *args)
 {
@@ -500,6 +502,169 @@ static PyObject *State_decode(StateObject *self, PyObject *args)
         rc = fc_cuda_decode(&self->core, &k, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
     else
         rc = fc_core_decode(&self->core, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    if (rc != FC_OK)
+        goto error;
+    fc_view_release(&v);
+    fc_view_release(&g);
+    fc_view_release(&o);
+    Py_RETURN_NONE;
+error:
+    fc_view_release(&v);
+    fc_view_release(&g);
+    fc_view_release(&o);
+    return STATE_ERR(self, &err);
+}
+
+/* ---------------------------------------------------------------- State: second round */
+
+PyDoc_STRVAR(State_fetch_kmax_doc,
+"fetch_kmax(numel, world) -> int\n\n"
+"Coordinates each owner picks for the second round of a unit of `numel` elements (the\n"
+"all-gather's size per rank); 0 when the unit has no second round.");
+
+static PyObject *State_fetch_kmax(StateObject *self, PyObject *args)
+{
+    long long numel;
+    int world;
+    fc_err err = {0};
+    if (!ready(self) || !PyArg_ParseTuple(args, "Li:fetch_kmax", &numel, &world))
+        return NULL;
+    if (numel < 0) {
+        PyErr_Format(PyExc_ValueError, "numel must be >= 0, got %lld", numel);
+        return NULL;
+    }
+    if (check_world(world, 0, &err) != FC_OK)
+        return STATE_ERR(self, &err);
+    return PyLong_FromLongLong(fc_fetch_kmax(&self->core, numel, world));
+}
+
+/* A uint8 CPU tensor viewed as `count` uint32 (picks) or fp32 (values), aligned. */
+static int words_view(PyObject *t, const char *arg, fc_view *v, fc_err *err)
+{
+    if (fc_view_get(t, arg, FC_DT_U8, v, err) != FC_OK || check_cpu(v, arg, err) != FC_OK ||
+        check_aligned(v, arg, err) != FC_OK)
+        return err->code;
+    if (v->buf.numel % 4 != 0)
+        return fc_fail(err, FC_ERR_VALUE, "%s has %lld bytes, not a whole number of 4-byte words",
+                       arg, (long long)v->buf.numel);
+    return FC_OK;
+}
+
+PyDoc_STRVAR(State_fetch_picks_doc,
+"fetch_picks(unit, picks)\n\n"
+"After decode() of a unit with a second round: writes this rank's picked coordinates, padded\n"
+"with 0xFFFFFFFF, into `picks` (a uint8 view of fetch_kmax() uint32 words).");
+
+static PyObject *State_fetch_picks(StateObject *self, PyObject *args)
+{
+    PyObject *picks;
+    long long unit;
+    fc_err err = {0};
+    fc_view v = {0};
+    if (!ready(self) || !PyArg_ParseTuple(args, "LO:fetch_picks", &unit, &picks))
+        return NULL;
+    if (words_view(picks, "picks", &v, &err) != FC_OK || unit < 0 || unit > UINT32_MAX ||
+        fc_fetch_picks(&self->core, (uint32_t)unit, (uint32_t *)v.buf.data, v.buf.numel / 4,
+                       &err) != FC_OK) {
+        if (err.code == FC_OK)
+            fc_fail(&err, FC_ERR_VALUE, "unit must be a unit index, got %lld", unit);
+        fc_view_release(&v);
+        return STATE_ERR(self, &err);
+    }
+    fc_view_release(&v);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(State_fetch_doc,
+"fetch(all_picks, grad, send, world, rank, unit) -> (send_splits, recv_splits)\n\n"
+"all_picks: every owner's picks (world x fetch_kmax() uint32, as uint8). Writes this rank's\n"
+"exact error-fed values at each owner's picks into `send` (uint8 view of fp32), back to back,\n"
+"takes them out of the residual and counts their bytes; splits are in fp32 values.");
+
+static PyObject *State_fetch(StateObject *self, PyObject *args)
+{
+    PyObject *picks, *grad, *send, *res = NULL, *result = NULL;
+    int world, rank, rc;
+    long long unit;
+    fc_err err = {0};
+    fc_view pv = {0}, g = {0}, sv = {0}, r = {0};
+    int64_t ss[FC_MAX_WORLD], rs[FC_MAX_WORLD];
+    if (!ready(self) || !PyArg_ParseTuple(args, "OOOiiL:fetch", &picks, &grad, &send, &world,
+                                          &rank, &unit))
+        return NULL;
+    if (words_view(picks, "all_picks", &pv, &err) != FC_OK ||
+        fc_view_get(grad, "grad", FC_DT_FLOATS, &g, &err) != FC_OK || check_cpu(&g, "grad", &err) ||
+        words_view(send, "send", &sv, &err) != FC_OK || check_world(world, rank, &err) ||
+        check_unit(self, unit, g.buf.numel, &err))
+        goto error;
+    const int64_t kmax = fc_fetch_kmax(&self->core, g.buf.numel, world);
+    if (pv.buf.numel != 4 * kmax * world) {
+        fc_fail(&err, FC_ERR_VALUE, "all_picks has %lld bytes, %d ranks of %lld picks need %lld",
+                (long long)pv.buf.numel, world, (long long)kmax, (long long)(4 * kmax * world));
+        goto error;
+    }
+    const int use_ef = self->core.common.error_feedback &&
+                       fc_core_unit_method(&self->core, g.buf.numel) == self->core.method;
+    if (use_ef && (res = residual_for(self, (uint32_t)unit, grad, g.buf.numel, &r, &err)) == NULL)
+        goto error;
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fc_fetch_values(&self->core, (const uint32_t *)pv.buf.data, kmax, &g.buf,
+                         use_ef ? &r.buf : NULL, world, rank, (uint32_t)unit, (float *)sv.buf.data,
+                         sv.buf.numel / 4, ss, rs, &err);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    if (rc != FC_OK)
+        goto error;
+    PyObject *st = sizes_tuple(ss, world), *rt = sizes_tuple(rs, world);
+    result = st != NULL && rt != NULL ? PyTuple_Pack(2, st, rt) : NULL;
+    Py_XDECREF(st);
+    Py_XDECREF(rt);
+    fc_view_release(&pv);
+    fc_view_release(&g);
+    fc_view_release(&sv);
+    fc_view_release(&r);
+    Py_XDECREF(res);
+    return result;
+error:
+    fc_view_release(&pv);
+    fc_view_release(&g);
+    fc_view_release(&sv);
+    fc_view_release(&r);
+    Py_XDECREF(res);
+    return STATE_ERR(self, &err);
+}
+
+PyDoc_STRVAR(State_finish_doc,
+"finish(recv, grad, out, world, rank, unit)\n\n"
+"The second round's end: sums the senders' values (`recv`, uint8 view of fp32, as fetch()'s\n"
+"recv_splits) at this rank's picks with its exact own chunk, in rank order, and writes `out`.");
+
+static PyObject *State_finish(StateObject *self, PyObject *args)
+{
+    PyObject *recv, *grad, *out;
+    int world, rank, rc;
+    long long unit;
+    fc_err err = {0};
+    fc_view v = {0}, g = {0}, o = {0};
+    if (!ready(self) || !PyArg_ParseTuple(args, "OOOiiL:finish", &recv, &grad, &out, &world,
+                                          &rank, &unit))
+        return NULL;
+    if (words_view(recv, "recv", &v, &err) != FC_OK ||
+        fc_view_get(grad, "grad", FC_DT_FLOATS, &g, &err) != FC_OK || check_cpu(&g, "grad", &err) ||
+        fc_view_get(out, "output", FC_DT_FLOATS, &o, &err) != FC_OK || check_cpu(&o, "output", &err) ||
+        check_world(world, rank, &err) || check_unit(self, unit, g.buf.numel, &err))
+        goto error;
+    if (o.read_only) {
+        fc_fail(&err, FC_ERR_VALUE, "output is read-only");
+        goto error;
+    }
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fc_fetch_finish(&self->core, (const float *)v.buf.data, v.buf.numel / 4, &g.buf, &o.buf,
+                         world, rank, (uint32_t)unit, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
     if (rc != FC_OK)
@@ -978,20 +1143,89 @@ static PyObject *State_residuals(StateObject *self, PyObject *Py_UNUSED(ignored)
     return PyList_GetSlice(self->residuals, 0, PyList_GET_SIZE(self->residuals));
 }
 
+PyDoc_STRVAR(State_unit_states_doc,
+"unit_states() -> list\n\n"
+"The persistent method state of each unit (gradiveq's basis) as fp32 bytes, None where the\n"
+"method keeps none or the unit has not run yet. Copies, for checkpoints.");
+
+static PyObject *State_unit_states(StateObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (!ready(self))
+        return NULL;
+    PyObject *list = PyList_New(self->core.n_units);
+    for (int32_t u = 0; list != NULL && u < self->core.n_units; u++) {
+        const fc_unit *un = &self->core.units[u];
+        int64_t nf = fc_core_unit_floats(&self->core, un->numel);
+        PyObject *v = un->ustate != NULL && nf > 0
+                          ? PyBytes_FromStringAndSize((const char *)un->ustate, (Py_ssize_t)(nf * 4))
+                          : (Py_INCREF(Py_None), Py_None);
+        if (v == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, u, v); /* steals v */
+    }
+    return list;
+}
+
+/* Copies of the checkpointed unit states into table[u].ustate, each validated by the method;
+ * nothing of the live state is touched. */
+static int load_unit_states(StateObject *self, PyObject *states, fc_unit *table, Py_ssize_t n)
+{
+    if (PyList_GET_SIZE(states) > n) {
+        PyErr_Format(PyExc_ValueError, "restore: %zd unit states for %zd units",
+                     PyList_GET_SIZE(states), n);
+        return -1;
+    }
+    for (Py_ssize_t u = 0; u < PyList_GET_SIZE(states); u++) {
+        PyObject *t = PyList_GET_ITEM(states, u); /* borrowed */
+        if (t == Py_None)
+            continue;
+        fc_view v = {0};
+        fc_err err = {0};
+        if (fc_view_get(t, "unit state", FC_DT_F32, &v, &err) != FC_OK ||
+            check_cpu(&v, "unit state", &err) != FC_OK ||
+            fc_core_check_unit_state(&self->core, table[u].numel, (const float *)v.buf.data,
+                                     v.buf.numel, &err) != FC_OK) {
+            fc_err named = {0};
+            fc_view_release(&v);
+            fc_fail(&named, err.code, "restore: unit state %zd: %s", u, err.msg);
+            STATE_ERR(self, err.code == FC_ERR_PYTHON ? &err : &named);
+            return -1;
+        }
+        table[u].ustate = (float *)malloc((size_t)v.buf.numel * 4);
+        if (table[u].ustate == NULL) {
+            fc_view_release(&v);
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(table[u].ustate, v.buf.data, (size_t)v.buf.numel * 4);
+        fc_view_release(&v);
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(State_restore_doc,
-"restore(units, residuals, step)\n\n"
-"Loads a checkpoint: the unit sizes, one residual (tensor or None) per unit, and the step.\n"
-"Everything is validated before anything is changed.");
+"restore(units, residuals, step, unit_states=None)\n\n"
+"Loads a checkpoint: the unit sizes, one residual (tensor or None) per unit, the step, and\n"
+"the units' method states (fp32 CPU tensors or None, from unit_states(); None restarts them\n"
+"from the seed). Everything is validated before anything is changed.");
 
 static PyObject *State_restore(StateObject *self, PyObject *args)
 {
-    PyObject *units, *residuals, *new_list = NULL;
+    PyObject *units, *residuals, *states = Py_None, *new_list = NULL;
     unsigned long step;
     fc_unit *table = NULL;
-    if (!ready(self) || !PyArg_ParseTuple(args, "O!O!k:restore", &PyList_Type, &units, &PyList_Type,
-                                          &residuals, &step))
+    Py_ssize_t n = 0;
+    if (!ready(self) || !PyArg_ParseTuple(args, "O!O!k|O:restore", &PyList_Type, &units, &PyList_Type,
+                                          &residuals, &step, &states))
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(units);
+    if (states != Py_None && !PyList_Check(states)) {
+        PyErr_Format(PyExc_TypeError, "restore: unit_states must be a list or None, got %s",
+                     Py_TYPE(states)->tp_name);
+        return NULL;
+    }
+    n = PyList_GET_SIZE(units);
     const int rdt = self->core.common.residual_dtype == 0 ? FC_F32 : FC_BF16;
     if (PyList_GET_SIZE(residuals) > n) {
         PyErr_Format(PyExc_ValueError, "restore: %zd residuals for %zd units", PyList_GET_SIZE(residuals), n);
@@ -1030,7 +1264,9 @@ static PyObject *State_restore(StateObject *self, PyObject *args)
         if (PyList_Append(new_list, r) < 0)
             goto error;
     }
-    fc_core_free_unit_states(&self->core); /* relearned from the shared seed, see gradiveq */
+    if (states != Py_None && load_unit_states(self, states, table, n) < 0)
+        goto error;
+    fc_core_free_unit_states(&self->core); /* units without a saved state restart from the seed */
     free(self->core.units);
     self->core.units = table;
     self->core.n_units = self->core.cap_units = (int32_t)(n > 0 ? n : 1);
@@ -1040,6 +1276,8 @@ static PyObject *State_restore(StateObject *self, PyObject *args)
     Py_SETREF(self->residuals, new_list);
     Py_RETURN_NONE;
 error:
+    for (Py_ssize_t u = 0; table != NULL && u < n; u++)
+        free(table[u].ustate);
     free(table);
     Py_XDECREF(new_list);
     return NULL;
@@ -1109,6 +1347,11 @@ static PyMethodDef State_methods[] = {
     {"units", (PyCFunction)State_units, METH_NOARGS, State_units_doc},
     {"residuals", (PyCFunction)State_residuals, METH_NOARGS, State_residuals_doc},
     {"restore", (PyCFunction)State_restore, METH_VARARGS, State_restore_doc},
+    {"unit_states", (PyCFunction)State_unit_states, METH_NOARGS, State_unit_states_doc},
+    {"fetch_kmax", (PyCFunction)State_fetch_kmax, METH_VARARGS, State_fetch_kmax_doc},
+    {"fetch_picks", (PyCFunction)State_fetch_picks, METH_VARARGS, State_fetch_picks_doc},
+    {"fetch", (PyCFunction)State_fetch, METH_VARARGS, State_fetch_doc},
+    {"finish", (PyCFunction)State_finish, METH_VARARGS, State_finish_doc},
     {"nccl_all_to_all", (PyCFunction)State_nccl_all_to_all, METH_VARARGS, State_nccl_all_to_all_doc},
     {NULL},
 };

@@ -52,6 +52,10 @@ class CommState:
         self._ef = cfg["error_feedback"]
         self._gather_compressed = cfg["allgather_compress"]
         self._gather_residuals: dict[int, torch.Tensor] = {}  # all-gather stage, per unit
+        if self._gather_compressed and cfg.get("second_round"):
+            # a single payload (the all-gather stage) has no second round to fetch values with
+            raise ValueError("config key 'allgather_compress' cannot be combined with "
+                             "'second_round': the compressed all-gather decodes single payloads")
 
     # ---- what the user sees
 
@@ -81,13 +85,16 @@ class CommState:
         self._step_open = False
 
     def state_dict(self) -> dict[str, Any]:
-        """Method, config, step, unit sizes and residuals (cloned), for checkpoints."""
+        """Method, config, step, unit sizes, residuals (cloned) and the units' method state
+        (gradiveq's basis: a resumed run encodes as the uninterrupted one would), for checkpoints."""
         return {
             "method": self.method,
             "config": self.config,
             "step": self._core.step,
             "units": self._core.units(),
             "residuals": [None if r is None else r.detach().clone() for r in self._core.residuals()],
+            "unit_states": [None if b is None else torch.frombuffer(bytearray(b), dtype=torch.float32)
+                            for b in self._core.unit_states()],
             "gather_residuals": {u: r.clone() for u, r in self._gather_residuals.items()},
         }
 
@@ -100,7 +107,12 @@ class CommState:
         if dict(state_dict["config"]) != self.config:
             raise ValueError(f"state_dict config {dict(state_dict['config'])} differs from this state's {self.config}")
         residuals = [None if r is None else r.detach().clone() for r in state_dict["residuals"]]
-        self._core.restore(list(state_dict["units"]), residuals, int(state_dict["step"]))
+        # a checkpoint from before unit states were saved has none: they restart from the seed
+        unit_states = state_dict.get("unit_states")
+        if unit_states is not None:
+            unit_states = [None if t is None else torch.as_tensor(t).detach().cpu().contiguous()
+                           for t in unit_states]
+        self._core.restore(list(state_dict["units"]), residuals, int(state_dict["step"]), unit_states)
         self._gather_residuals = {int(u): r.detach().clone().float()
                                   for u, r in dict(state_dict.get("gather_residuals", {})).items()}
         self._step_open = False
@@ -169,8 +181,46 @@ class CommState:
         elif recv.numel():
             recv.copy_(send)  # one rank compressing its own chunk: the payload loops back
         self._core.decode(recv, grad, output, world, rank, unit)
+        kmax = self._fetch_kmax(grad.numel(), world)
+        if kmax:
+            self._second_round(grad, output, world, rank, unit, kmax)
         self._sync_unit_state(unit, world, grad.device)
         return unit
+
+    def _fetch_kmax(self, numel: int, world: int) -> int:
+        key = ("fetch", numel, world)
+        kmax = self._plans.get(key)
+        if kmax is None:
+            kmax = self._plans[key] = self._core.fetch_kmax(numel, world)
+        return kmax
+
+    def _second_round(self, grad, output, world, rank, unit, kmax):
+        """Sketched-SGD's second round (sketch with second_round): decode() only picked this
+        rank's heavy coordinates. The picks go to every rank (an all-gather), each rank answers
+        with its exact values there (an all-to-all), and finish() sums them into output. Two
+        extra collectives, timed here; their bytes are counted by the C side."""
+        picks = self._typed_buffer("fetch_picks", kmax, torch.int32, grad.device)
+        self._core.fetch_picks(unit, picks.view(torch.uint8))
+        if world > 1:
+            everyone = self._typed_buffer("fetch_all_picks", world * kmax, torch.int32, grad.device)
+            t0 = time.perf_counter()
+            _all_gather_single(everyone, picks, group=self.process_group)
+            self._core.add_comm(time.perf_counter() - t0, extra=True)
+        else:
+            everyone = picks
+        send = self._typed_buffer("fetch_send", world * kmax, torch.float32, grad.device)
+        send_splits, recv_splits = self._core.fetch(everyone.view(torch.uint8), grad,
+                                                    send.view(torch.uint8), world, rank, unit)
+        send = send[:sum(send_splits)]
+        recv = self._typed_buffer("fetch_recv", sum(recv_splits), torch.float32, grad.device)
+        if world > 1:
+            t0 = time.perf_counter()
+            dist.all_to_all_single(recv, send, list(recv_splits), list(send_splits),
+                                   group=self.process_group)
+            self._core.add_comm(time.perf_counter() - t0, extra=True)
+        else:
+            recv.copy_(send)  # one rank compressing its own chunk: its values loop back
+        self._core.finish(recv.view(torch.uint8), grad, output, world, rank, unit)
 
     def _sync_unit_state(self, unit: int, world: int, device: torch.device) -> None:
         """Method state that must stay identical on all ranks (gradiveq's basis) is rebuilt from

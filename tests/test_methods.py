@@ -78,6 +78,8 @@ def expected_body(method, cfg, n, x=None):
         return value_bytes(c["quantize"], sparse_k(n, c))
     if method == "thresholdv":
         k = int((x.abs() > c["threshold"]).sum())
+        if c["values"] == "sign":  # one sign bit per kept element
+            return 4 + index_bytes(n, k) + cdiv(k, 8)
         return 4 + index_bytes(n, k) + (value_bytes(c["quantize"], k) if k else 0)
     if method == "sketch":
         return 4 * c["rows"] * c["cols"]
@@ -149,6 +151,9 @@ def check_bound(method, cfg, x, d):
     elif method == "thresholdv":
         big = x.abs() > c["threshold"]
         assert (d[~big] == 0).all()
+        if c["values"] == "sign":  # Strom: +-v exactly
+            assert torch.equal(d[big], torch.sign(x[big]) * c["threshold"])
+            return
         rtol = 0 if c["quantize"] == "none" else 1e-3
         assert ((d[big] - x[big]).abs() <= rtol * x[big].abs()).all()
     elif method == "sketch":
@@ -207,13 +212,17 @@ def test_exact_byte_accounting(case, gen):
     state.reduce_scatter(x, torch.empty(1000))
     state.end_step()
     c = state.counters()
-    assert c["bytes_sent"] == align(HEADER + expected_body(method, cfg, 1000, x))
+    # sketch's second round, looped back: k uint32 picks and k fp32 values on top
+    fetched = 8 * min(cfg["k"], 1000) if cfg.get("second_round") else 0
+    assert c["bytes_sent"] == align(HEADER + expected_body(method, cfg, 1000, x)) + fetched
     assert c["bytes_raw"] == 4000
     lay = state._core.layout(1000)
     if method in ("topk",):
         assert c["index_bytes"] == lay["index_bytes"] > 0
         assert c["value_bytes"] + c["meta_bytes"] == lay["value_bytes"] + lay["meta_bytes"]
-    if method in ("randomk", "sketch", "gradiveq") or method.startswith(("fp", "int", "qsgd", "nc", "sign", "one")):
+    if cfg.get("second_round"):
+        assert c["index_bytes"] == 4 * min(cfg["k"], 1000)
+    elif method in ("randomk", "sketch", "gradiveq") or method.startswith(("fp", "int", "qsgd", "nc", "sign", "one")):
         assert c["index_bytes"] == 0
     assert c["header_bytes"] + c["value_bytes"] + c["meta_bytes"] + c["index_bytes"] == c["bytes_sent"]
 

@@ -1,0 +1,210 @@
+/* fc_fetch.c: the second round of two-round methods (see fc_fetch.h), on the CPU. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include "fc_fetch.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fc_half.h"
+#include "fc_quant.h"
+
+#define NO_PICK 0xFFFFFFFFu
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static float elem(const void *p, int dt, int64_t i)
+{
+    if (dt == FC_F32)
+        return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    return dt == FC_BF16 ? fc_bf16_to_f32(h) : fc_f16_to_f32(h);
+}
+
+/* fetch_k reads only the config and the chunk length */
+static int64_t k_of(const fc_core *s, const fc_method *m, int64_t len)
+{
+    fc_chunk c;
+    memset(&c, 0, sizeof(c));
+    c.cfg = s->cfg;
+    c.n = len;
+    return len > 0 ? m->fetch_k(&c) : 0;
+}
+
+/* Whether rank `from` sends chunk `to` a payload (and so values in round 2). */
+static int sends(const fc_core *s, int from, int to)
+{
+    return from != to || s->common.compress_own_chunk;
+}
+
+int64_t fc_fetch_kmax(const fc_core *s, int64_t N, int world)
+{
+    const fc_method *m = fc_core_unit_method(s, N);
+    if (m->fetch_k == NULL || N == 0 || (world == 1 && !s->common.compress_own_chunk))
+        return 0;
+    return k_of(s, m, (N + world - 1) / world); /* chunk 0 is the longest */
+}
+
+int fc_fetch_pick(fc_core *s, const fc_method *m, const fc_chunk *c0, const float *own,
+                  uint32_t unit, fc_err *err)
+{
+    const int64_t k = k_of(s, m, c0->n);
+    if (k > s->picks_cap) {
+        uint32_t *p = (uint32_t *)realloc(s->picks, (size_t)k * 4);
+        if (p == NULL)
+            return fc_fail(err, FC_ERR_NOMEM, "could not allocate %lld picks", (long long)k);
+        s->picks = p;
+        s->picks_cap = k;
+    }
+    s->picks_unit = -1;
+    if (k > 0) {
+        int rc = m->pick(c0, (const uint8_t *)s->agg, own, s->picks, err);
+        if (rc != FC_OK)
+            return rc;
+    }
+    s->n_picks = k;
+    s->picks_unit = unit;
+    return FC_OK;
+}
+
+static int check_unit(int64_t have, uint32_t unit, const char *what, fc_err *err)
+{
+    if (have != (int64_t)unit)
+        return fc_fail(err, FC_ERR_STATE, "second round of unit %u: %s (call encode, decode, "
+                       "fetch and finish of one unit in that order)", unit, what);
+    return FC_OK;
+}
+
+int fc_fetch_picks(const fc_core *s, uint32_t unit, uint32_t *out, int64_t kmax, fc_err *err)
+{
+    int rc = check_unit(s->picks_unit, unit, "decode() has not picked its coordinates", err);
+    if (rc != FC_OK)
+        return rc;
+    if (kmax < s->n_picks)
+        return fc_fail(err, FC_ERR_VALUE, "picks buffer holds %lld, need %lld", (long long)kmax,
+                       (long long)s->n_picks);
+    memcpy(out, s->picks, (size_t)s->n_picks * 4);
+    for (int64_t j = s->n_picks; j < kmax; j++)
+        out[j] = NO_PICK;
+    return FC_OK;
+}
+
+/* An owner's picks came over the wire: in range and strictly ascending, or a PayloadError. */
+static int check_picks(const uint32_t *p, int64_t k, int64_t len, int owner, fc_err *err)
+{
+    for (int64_t j = 0; j < k; j++)
+        if ((int64_t)p[j] >= len || (j > 0 && p[j] <= p[j - 1]))
+            return fc_fail(err, FC_ERR_PAYLOAD, "second-round picks from rank %d: index %u at "
+                           "position %lld is out of range [0, %lld) or not ascending (corrupted)",
+                           owner, p[j], (long long)j, (long long)len);
+    return FC_OK;
+}
+
+int fc_fetch_values(fc_core *s, const uint32_t *all_picks, int64_t kmax, const fc_buf *grad,
+                    fc_buf *residual, int world, int rank, uint32_t unit, float *send,
+                    int64_t send_cap, int64_t *send_splits, int64_t *recv_splits, fc_err *err)
+{
+    int rc = FC_OK;
+    const double t0 = now_s();
+    const int64_t N = grad->numel;
+    const fc_method *m = fc_core_unit_method(s, N);
+    if (kmax != fc_fetch_kmax(s, N, world) || kmax == 0)
+        return fc_fail(err, FC_ERR_VALUE, "picks of %lld per rank, the unit of %lld elements "
+                       "over %d ranks has %lld", (long long)kmax, (long long)N, world,
+                       (long long)fc_fetch_kmax(s, N, world));
+    FC_TRY(check_unit(s->bad_unit, unit, "it was not the latest unit encoded", err));
+    FC_TRY(check_unit(s->picks_unit, unit, "decode() has not picked its coordinates", err));
+    int64_t start, len, need = 0;
+    for (int c = 0; c < world; c++) { /* everything checked before anything changes */
+        fc_chunk_span(N, world, c, &start, &len);
+        send_splits[c] = sends(s, rank, c) ? k_of(s, m, len) : 0;
+        recv_splits[c] = sends(s, c, rank) ? s->n_picks : 0;
+        FC_TRY(check_picks(all_picks + c * kmax, send_splits[c], len, c, err));
+        need += send_splits[c];
+    }
+    if (need > send_cap)
+        FC_TRY(fc_fail(err, FC_ERR_VALUE, "second-round send buffer holds %lld values, need %lld",
+                       (long long)send_cap, (long long)need));
+    const int zero_bad = s->common.nonfinite == FC_NONFINITE_ZERO;
+    int64_t off = 0;
+    double taken_sq = 0;
+    for (int c = 0; c < world; c++) {
+        fc_chunk_span(N, world, c, &start, &len);
+        const uint32_t *p = all_picks + c * kmax;
+        for (int64_t j = 0; j < send_splits[c]; j++) {
+            const int64_t i = start + p[j];
+            float v;
+            if (residual != NULL && !s->chunk_bad[c]) { /* round 1 left e = g' whole */
+                v = elem(residual->data, residual->dtype, i);
+                if (residual->dtype == FC_F32)
+                    ((float *)residual->data)[i] = 0.0f;
+                else
+                    ((uint16_t *)residual->data)[i] = 0;
+                taken_sq += (double)v * v;
+            } else { /* no residual, or a non-finite chunk that keeps its old one */
+                v = elem(grad->data, grad->dtype, i);
+                if (residual != NULL)
+                    v += elem(residual->data, residual->dtype, i);
+                if (zero_bad && !(fc_abs_bits(v) < FC_INF_BITS))
+                    v = 0.0f;
+            }
+            send[off + j] = v;
+        }
+        off += send_splits[c];
+    }
+    if (residual != NULL) {
+        double e = s->units[unit].residual_sq - taken_sq;
+        s->units[unit].residual_sq = e > 0 ? e : 0;
+    }
+    const int64_t index_bytes = 4 * kmax * (world > 1 ? world - 1 : 1);
+    s->ctr.index_bytes += index_bytes;
+    s->ctr.value_bytes += 4 * off;
+    s->ctr.bytes_sent += index_bytes + 4 * off;
+    s->ctr.compress_s += now_s() - t0;
+    return FC_OK;
+error:
+    return rc;
+}
+
+int fc_fetch_finish(fc_core *s, const float *recv, int64_t recv_n, const fc_buf *grad,
+                    fc_buf *out, int world, int rank, uint32_t unit, fc_err *err)
+{
+    int rc = FC_OK;
+    const double t0 = now_s();
+    const int64_t N = grad->numel;
+    int64_t start, n, want = 0;
+    fc_chunk_span(N, world, rank, &start, &n);
+    FC_TRY(check_unit(s->picks_unit, unit, "decode() has not picked its coordinates", err));
+    if (out->numel < n)
+        FC_TRY(fc_fail(err, FC_ERR_VALUE, "output has %lld elements, the shard needs %lld",
+                       (long long)out->numel, (long long)n));
+    for (int r = 0; r < world; r++)
+        want += sends(s, r, rank) ? s->n_picks : 0;
+    if (recv_n != want)
+        FC_TRY(fc_fail(err, FC_ERR_VALUE, "second-round receive buffer has %lld values, the "
+                       "senders send %lld", (long long)recv_n, (long long)want));
+    float *acc = s->acc; /* grown to n by the decode that picked */
+    memset(acc, 0, (size_t)n * 4);
+    /* rank order, as the one-round decode: the same sum on every rank */
+    for (int r = 0; r < world && n > 0; r++) {
+        if (!sends(s, r, rank)) {
+            for (int64_t i = 0; i < n; i++)
+                acc[i] += elem(grad->data, grad->dtype, start + i);
+            continue;
+        }
+        for (int64_t j = 0; j < s->n_picks; j++)
+            acc[s->picks[j]] += recv[j];
+        recv += s->n_picks;
+    }
+    fc_core_write_out(s, acc, n, world, out);
+    s->picks_unit = -1; /* used once */
+    s->ctr.decompress_s += now_s() - t0;
+    return FC_OK;
+error:
+    return rc;
+}
