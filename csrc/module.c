@@ -1013,7 +1013,6 @@ static PyObject *State_add_comm(StateObject *self, PyObject *args, PyObject *kwd
     k->comm_s += seconds;
     k->bytes_sent += sent;
     k->bytes_raw += raw;
-    k->header_bytes += 0;
     Py_RETURN_NONE;
 }
 

@@ -424,3 +424,15 @@ def test_thresholdv_payloads_are_packed_back_to_back_and_decoded(gen):
         expect += torch.where(c.abs() > 1.0, c, torch.zeros(()))
     torch.testing.assert_close(out, expect / world)
     assert all(p.numel() < 0.5 * 4 * shard for p in payloads)  # far below the k = n bound
+
+
+def test_single_payload_codec_time_is_counted(gen):
+    # the compressed all-gather stage encodes and decodes through compress()/decompress(): their
+    # time belongs in the same counters as the reduce-scatter's codec
+    x = torch.randn(1 << 16, generator=gen)
+    s, p = compress("int8", x, {})
+    after_encode = s.counters()
+    assert after_encode["compress_time_s"] > 0 and after_encode["decompress_time_s"] == 0
+    s.decompress(p, torch.zeros_like(x))
+    assert s.counters()["decompress_time_s"] > 0
+    assert s.counters()["compress_time_s"] == after_encode["compress_time_s"]
