@@ -17,6 +17,7 @@ CASES = [
     ("int8", {}), ("int8", {"block_size": 8}), ("int8", {"stochastic": True}),
     ("intN", {"bits": 4}), ("intN", {"bits": 2, "block_size": 8}),
     ("intN", {"bits": 4, "stochastic": True}), ("intN", {"bits": 2, "stochastic": True}),
+    ("intN", {"bits": 4, "stochastic": True, "block_size": 8}), ("intN", {"bits": 2, "block_size": 1024}),
     ("nc", {}), ("nc", {"block_size": 8}), ("qsgd", {}), ("qsgd", {"levels": 127}),
     ("signsgd", {}), ("signsgd", {"mode": "majority"}), ("onebit", {}), ("onebit", {"block_size": 8}),
 ]
@@ -103,7 +104,9 @@ def test_fast_path_bytes_equal_reference(method, cfg, gen):
 @pytest.mark.parametrize("n", [1, 7, 8, 63, 64, 65, 257, 1 << 16])
 @pytest.mark.parametrize("method,cfg", [("fp16", {}), ("fp8", {"block_size": 1 << 16}),
                                         ("int8", {"block_size": 1 << 16, "stochastic": True}),
-                                        ("intN", {"bits": 2}), ("nc", {"block_size": 1 << 16}),
+                                        ("intN", {"bits": 2}), ("intN", {"bits": 4, "block_size": 8}),
+                                        ("intN", {"bits": 4, "stochastic": True, "block_size": 1 << 16}),
+                                        ("nc", {"block_size": 1 << 16}),
                                         ("qsgd", {}), ("signsgd", {}), ("onebit", {})])
 def test_fast_path_sizes(method, cfg, n, gen):
     x = torch.randn(n, generator=gen) * torch.rand(n, generator=gen) ** 8
