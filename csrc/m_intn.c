@@ -1,4 +1,4 @@
-/* m_intn.c: `intN`, symmetric block-wise absmax quantisation to 2 or 4 bits (config `bits`):
+/* m_intn.c: `intN`, symmetric block-wise absmax quantisation to 2, 3 or 4 bits (config `bits`):
  * s = amax / qmax with qmax = 2^(bits-1) - 1, q = round(x / s) (nearest, biased) or
  * floor(x / s + u) (stochastic, unbiased), stored as q + qmax in `bits` bits, packed 8 codes
  * per `bits` bytes. Body: nblocks fp32 scales, then the packed codes. bits + 32/B.
@@ -21,11 +21,15 @@ typedef struct {
 } intn_cfg;
 
 static const fc_key intn_keys[] = {
-    FC_INT(intn_cfg, bits, 4, 2, 4, FC_KEY_POW2, "bits per code: 2 or 4"),
+    FC_INT(intn_cfg, bits, 4, 2, 4, 0, "bits per code: 2, 3 or 4"),
     FC_INT(intn_cfg, block_size, 256, 8, 1 << 24, FC_KEY_POW2, "elements per scale; a power of two"),
     FC_BOOL(intn_cfg, stochastic, 0, "stochastic rounding (unbiased) instead of nearest"),
     FC_KEYS_END,
 };
+
+/* Inlined into each FC_CLONES version, so that the body is compiled for AVX2 too and the
+ * code width `w` is a constant there (shifts by constants, fixed-size copies). */
+#define INTN_INLINE __attribute__((always_inline)) static inline
 
 /* Elements per random batch and per code stretch: fc_u01_batch's 64 draws, 8 whole groups. */
 #define INTN_STRETCH (4 * FC_RNG_BATCH)
@@ -107,7 +111,7 @@ static void intn_encode_ref(const fc_chunk *c, const float *x, uint8_t *body)
 }
 
 /* Codes of x[0..m) under one finite block's map, branch-free so that the loops vectorise. */
-static inline void intn_codes(const float *restrict x, int64_t m, const intn_map *p,
+INTN_INLINE void intn_codes(const float *restrict x, int64_t m, const intn_map *p,
                               const float *restrict u, uint8_t *restrict t)
 {
     const float off = p->off, pre = p->pre, inv = p->inv;
@@ -174,25 +178,24 @@ static inline void intn_store8(uint8_t *t, uint64_t v)
 
 /* ceil(m / 8) groups of 8 codes (t zero past m) into w bytes each, fc_pack8's bit order; `w`
  * is a literal at every call, so the shifts are constants and the byte stores merge. */
-static inline void intn_pack(const uint8_t *t, int64_t m, int w, uint8_t *out)
+INTN_INLINE void intn_pack(const uint8_t *t, int64_t m, int w, uint8_t *out)
 {
-#if defined(__SSE2__)
-    /* a whole stretch of 2- or 4-bit codes: intn_squeeze on two groups per instruction */
-    if (m == INTN_STRETCH && (w == 2 || w == 4)) {
+#if defined(__SSE2__) && defined(__x86_64__)
+    /* a whole stretch: intn_squeeze on two groups per instruction, whose 8w bits each are
+     * then joined into 2w bytes */
+    if (m == INTN_STRETCH) {
         const __m128i m1 = _mm_set1_epi64x(0x00FF00FF00FF00FFll);
         const __m128i m2 = _mm_set1_epi64x(0x0000FFFF0000FFFFll);
+        const uint64_t keep = (1ull << (8 * w)) - 1u;
         for (int k = 0; k < 4; k++, out += 2 * w) {
             __m128i v = _mm_loadu_si128((const __m128i *)(t + 16 * k));
             v = _mm_and_si128(_mm_or_si128(v, _mm_srli_epi64(v, 8 - w)), m1);
             v = _mm_and_si128(_mm_or_si128(v, _mm_srli_epi64(v, 16 - 2 * w)), m2);
-            v = _mm_or_si128(v, _mm_srli_epi64(v, 32 - 4 * w)); /* the low 8w bits count */
-            v = _mm_shuffle_epi32(v, _MM_SHUFFLE(3, 1, 2, 0));  /* both groups in the low half */
-            if (w == 4) {
-                _mm_storel_epi64((__m128i *)out, v);
-            } else {
-                const uint32_t r = (uint32_t)_mm_cvtsi128_si32(_mm_shufflelo_epi16(v, _MM_SHUFFLE(3, 1, 2, 0)));
-                memcpy(out, &r, 4);
-            }
+            v = _mm_or_si128(v, _mm_srli_epi64(v, 32 - 4 * w));
+            const uint64_t lo = (uint64_t)_mm_cvtsi128_si64(v) & keep;
+            const uint64_t hi = (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(v, v)) & keep;
+            const uint64_t r = lo | hi << (8 * w);
+            memcpy(out, &r, (size_t)(2 * w)); /* little-endian, as every x86 */
         }
         return;
     }
@@ -208,8 +211,7 @@ static inline void intn_pack(const uint8_t *t, int64_t m, int w, uint8_t *out)
     }
 }
 
-/* always_inline: the body must be compiled inside each FC_CLONES version (AVX2 included) */
-__attribute__((always_inline)) static inline void intn_encode_w(const fc_chunk *c, const float *x, uint8_t *body, int w)
+INTN_INLINE void intn_encode_w(const fc_chunk *c, const float *x, uint8_t *body, int w)
 {
     const intn_cfg *cfg = (const intn_cfg *)c->cfg;
     const int64_t bs = cfg->block_size, n = c->n, nb = fc_nblocks(n, bs);
@@ -243,6 +245,8 @@ FC_CLONES static void intn_encode_fast(const fc_chunk *c, const float *x, uint8_
     const int w = (int)((const intn_cfg *)c->cfg)->bits;
     if (w == 2)
         intn_encode_w(c, x, body, 2);
+    else if (w == 3)
+        intn_encode_w(c, x, body, 3);
     else
         intn_encode_w(c, x, body, 4);
 }
@@ -308,7 +312,7 @@ static int intn_decode_ref(const fc_chunk *c, const uint8_t *body, float alpha, 
 }
 
 /* ceil(m / 8) groups of w bytes back to one code per byte of t, a group of 8 per load. */
-static inline void intn_unpack(const uint8_t *in, int64_t m, int w, uint8_t *t)
+INTN_INLINE void intn_unpack(const uint8_t *in, int64_t m, int w, uint8_t *t)
 {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     if (m == INTN_STRETCH && (w == 2 || w == 4)) { /* 8 groups side by side: vectorises */
@@ -326,20 +330,18 @@ static inline void intn_unpack(const uint8_t *in, int64_t m, int w, uint8_t *t)
     }
 #endif
     for (int64_t k = 0; k < m; k += 8, in += w) {
+        /* bytes shifted in, not memcpy'd: a 3-byte copy into a stack word read back whole
+         * stalls store forwarding (half the 3-bit decode time) */
         uint64_t v = 0;
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-        memcpy(&v, in, (size_t)w);
-#else
         for (int b = 0; b < w; b++)
             v |= (uint64_t)in[b] << (8 * b);
-#endif
         intn_store8(t + k, intn_spread(v, w));
     }
 }
 
 /* Up to 64 codes of one block: unpacked, then the arithmetic over the stretch (vectorised);
  * returns the largest code. `w` is a literal at every call. */
-static inline uint32_t intn_decode_stretch(const uint8_t *restrict in, int64_t m, int w,
+INTN_INLINE uint32_t intn_decode_stretch(const uint8_t *restrict in, int64_t m, int w,
                                            const intn_dec *d, float *restrict acc)
 {
     uint8_t t[INTN_STRETCH];
@@ -354,7 +356,7 @@ static inline uint32_t intn_decode_stretch(const uint8_t *restrict in, int64_t m
     return worst;
 }
 
-__attribute__((always_inline)) static inline int intn_decode_w(const fc_chunk *c, const uint8_t *body, float alpha, float *acc,
+INTN_INLINE int intn_decode_w(const fc_chunk *c, const uint8_t *body, float alpha, float *acc,
                                 int w, fc_err *err)
 {
     const intn_cfg *cfg = (const intn_cfg *)c->cfg;
@@ -380,6 +382,7 @@ FC_CLONES static int intn_decode_fast(const fc_chunk *c, const uint8_t *body, fl
 {
     const int w = (int)((const intn_cfg *)c->cfg)->bits;
     return w == 2 ? intn_decode_w(c, body, alpha, acc, 2, err)
+         : w == 3 ? intn_decode_w(c, body, alpha, acc, 3, err)
                   : intn_decode_w(c, body, alpha, acc, 4, err);
 }
 
@@ -395,7 +398,7 @@ const fc_method fc_method_intn = {
     .name = "intN",
     .id = 5,
     .flags = FC_RANDOM,
-    .summary = "block-wise absmax 2- or 4-bit integers, packed; bits + 32/block_size",
+    .summary = "block-wise absmax 2-, 3- or 4-bit integers, packed; bits + 32/block_size",
     .cfg_size = sizeof(intn_cfg),
     .keys = intn_keys,
     .layout = intn_layout,
