@@ -1,7 +1,10 @@
-/* m_intn.c: `intN`, symmetric block-wise absmax quantisation to 2, 3 or 4 bits (config `bits`):
- * s = amax / qmax with qmax = 2^(bits-1) - 1, q = round(x / s) (nearest, biased) or
- * floor(x / s + u) (stochastic, unbiased), stored as q + qmax in `bits` bits, packed 8 codes
- * per `bits` bytes. Body: nblocks fp32 scales, then the packed codes. bits + 32/B.
+/* m_intn.c: `intN`, block-wise quantisation to 2, 3 or 4 bits (config `bits`), codes packed 8
+ * per `bits` bytes. scheme "absmax" (symmetric): s = amax / qmax with qmax = 2^(bits-1) - 1,
+ * q = round(x / s) (nearest, biased) or floor(x / s + u) (stochastic, unbiased), stored as
+ * q + qmax; body: nblocks fp32 scales, then the codes; bits + 32/B. scheme "minmax" (all 2^bits
+ * levels, L = 2^bits - 1): per block the min m and the step d = (M - m) / L, q = round((x - m)
+ * / d) or floor(... + u), decoded as m + q * d; body: nblocks (m, d) fp32 pairs, then the
+ * codes; bits + 64/B.
  * Two encoders and two decoders: the scalar reference (element by element, fc_pack8, the
  * definition a CUDA kernel follows) and the fast path (a stretch of 64 codes computed
  * branch-free into an L1 buffer, then packed 8 at a time with shifts), which must write the
@@ -18,12 +21,19 @@ typedef struct {
     int64_t bits;
     int64_t block_size;
     int stochastic;
+    int scheme; /* INTN_ABSMAX or INTN_MINMAX */
 } intn_cfg;
+
+enum { INTN_ABSMAX = 0, INTN_MINMAX = 1 };
+static const char *const intn_schemes[] = {"absmax", "minmax", NULL};
 
 static const fc_key intn_keys[] = {
     FC_INT(intn_cfg, bits, 4, 2, 4, 0, "bits per code: 2, 3 or 4"),
     FC_INT(intn_cfg, block_size, 256, 8, 1 << 24, FC_KEY_POW2, "elements per scale; a power of two"),
     FC_BOOL(intn_cfg, stochastic, 0, "stochastic rounding (unbiased) instead of nearest"),
+    FC_CHOICE(intn_cfg, scheme, INTN_ABSMAX, intn_schemes,
+              "absmax: symmetric, one fp32 scale per block; minmax: fp32 min and step per block, "
+              "all 2^bits levels"),
     FC_KEYS_END,
 };
 
@@ -34,10 +44,16 @@ static const fc_key intn_keys[] = {
 /* Elements per random batch and per code stretch: fc_u01_batch's 64 draws, 8 whole groups. */
 #define INTN_STRETCH (4 * FC_RNG_BATCH)
 
+/* Bytes of block metadata before the codes: a scale, or a (min, step) pair. */
+static int64_t intn_meta_bytes(const intn_cfg *cfg, int64_t n)
+{
+    return (cfg->scheme == INTN_MINMAX ? 8 : 4) * fc_nblocks(n, cfg->block_size);
+}
+
 static void intn_layout(const fc_chunk *c, fc_layout *out)
 {
     const intn_cfg *cfg = (const intn_cfg *)c->cfg;
-    out->meta_bytes = 4 * fc_nblocks(c->n, cfg->block_size);
+    out->meta_bytes = intn_meta_bytes(cfg, c->n);
     out->value_bytes = fc_pack_bytes(c->n, (int)cfg->bits);
     out->index_bytes = 0;
     out->kept = c->n;
@@ -56,10 +72,76 @@ typedef struct {
 #define INTN_TINY 5.42101086e-20f /* 2^-64 */
 #define INTN_BIG 1.84467441e19f   /* 2^64 */
 
-/* Block [lo, hi)'s scale into meta[b] and its code map. */
+/* fp32 bits as a signed integer in the order of the floats (-0 < +0), so that a block's min
+ * and max are exact integer reductions in any order; NaNs land beyond -Inf and +Inf. The map
+ * is its own inverse. */
+static inline int32_t intn_key(uint32_t bits)
+{
+    return (int32_t)(bits ^ ((0u - (bits >> 31)) >> 1));
+}
+
+#define INTN_KEY_NEG_INF ((int32_t)0x807FFFFF) /* intn_key(-Inf bits) */
+
+/* The smallest and largest key of block [lo, hi), in 16 independent lanes (as fc_amax_bits). */
+static inline void intn_key_range(const float *x, int64_t lo, int64_t hi, int32_t *kmin, int32_t *kmax)
+{
+    int32_t l[16], h[16];
+    for (int j = 0; j < 16; j++) {
+        l[j] = INT32_MAX;
+        h[j] = INT32_MIN;
+    }
+    int64_t i = lo;
+    for (; i + 16 <= hi; i += 16)
+        for (int j = 0; j < 16; j++) {
+            const int32_t k = intn_key(fc_f32_bits(x[i + j]));
+            l[j] = k < l[j] ? k : l[j];
+            h[j] = k > h[j] ? k : h[j];
+        }
+    for (; i < hi; i++) {
+        const int32_t k = intn_key(fc_f32_bits(x[i]));
+        l[0] = k < l[0] ? k : l[0];
+        h[0] = k > h[0] ? k : h[0];
+    }
+    for (int j = 1; j < 16; j++) {
+        l[0] = l[j] < l[0] ? l[j] : l[0];
+        h[0] = h[j] > h[0] ? h[j] : h[0];
+    }
+    *kmin = l[0];
+    *kmax = h[0];
+}
+
+/* Min-max block: (m, d) into meta[2b], meta[2b + 1]. Non-finite, or a range M - m beyond
+ * fp32 (values of both signs near 3.4e38): (NaN, NaN), so the block decodes to NaN and is
+ * counted, as absmax does. Constant: (m, 0) and code 0, exact. */
+static inline void intn_minmax_map(const intn_cfg *cfg, const float *x, int64_t lo, int64_t hi,
+                                   float *meta, int64_t b, intn_map *p)
+{
+    const int32_t levels = (1 << cfg->bits) - 1;
+    int32_t kmin, kmax;
+    intn_key_range(x, lo, hi, &kmin, &kmax);
+    const float m = fc_bits_f32((uint32_t)intn_key((uint32_t)kmin));
+    const float big = fc_bits_f32((uint32_t)intn_key((uint32_t)kmax));
+    const int finite = kmax < (int32_t)FC_INF_BITS && kmin > INTN_KEY_NEG_INF;
+    const float range = finite ? big - m : 0.0f;
+    const int valid = finite && fc_abs_bits(range) < FC_INF_BITS;
+    p->ok = valid && range > 0.0f;
+    p->off = p->ok ? m : 0.0f;
+    p->pre = p->ok && range < INTN_TINY ? INTN_BIG : 1.0f;
+    p->inv = p->ok ? (float)levels / (range * p->pre) : 0.0f;
+    p->qlo = 0;
+    p->qhi = levels;
+    meta[2 * b] = valid ? m : NAN;
+    meta[2 * b + 1] = !valid ? NAN : p->ok ? range / (float)levels : 0.0f;
+}
+
+/* Block [lo, hi)'s metadata into the body and its code map. */
 static inline void intn_block_map(const intn_cfg *cfg, const float *x, int64_t lo, int64_t hi,
                                   float *meta, int64_t b, intn_map *p)
 {
+    if (cfg->scheme == INTN_MINMAX) {
+        intn_minmax_map(cfg, x, lo, hi, meta, b, p);
+        return;
+    }
     const int32_t qmax = (1 << (cfg->bits - 1)) - 1;
     const uint32_t amax_bits = fc_amax_bits(x, lo, hi);
     const float amax = fc_bits_f32(amax_bits);
@@ -90,8 +172,8 @@ static void intn_encode_ref(const fc_chunk *c, const float *x, uint8_t *body)
 {
     const intn_cfg *cfg = (const intn_cfg *)c->cfg;
     const int w = (int)cfg->bits;
-    const int64_t bs = cfg->block_size, n = c->n, nb = fc_nblocks(n, bs);
-    uint8_t *packed = body + 4 * nb;
+    const int64_t bs = cfg->block_size, n = c->n;
+    uint8_t *packed = body + intn_meta_bytes(cfg, n);
     intn_map map = {0};
     for (int64_t g = 0; g < n; g += INTN_STRETCH) {
         const int64_t m = n - g < INTN_STRETCH ? n - g : INTN_STRETCH;
@@ -214,8 +296,8 @@ INTN_INLINE void intn_pack(const uint8_t *t, int64_t m, int w, uint8_t *out)
 INTN_INLINE void intn_encode_w(const fc_chunk *c, const float *x, uint8_t *body, int w)
 {
     const intn_cfg *cfg = (const intn_cfg *)c->cfg;
-    const int64_t bs = cfg->block_size, n = c->n, nb = fc_nblocks(n, bs);
-    uint8_t *packed = body + 4 * nb;
+    const int64_t bs = cfg->block_size, n = c->n;
+    uint8_t *packed = body + intn_meta_bytes(cfg, n);
     intn_map map = {0};
     for (int64_t g = 0; g < n; g += INTN_STRETCH) {
         const int64_t m = n - g < INTN_STRETCH ? n - g : INTN_STRETCH;
@@ -262,28 +344,45 @@ static int intn_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layo
     return FC_OK;
 }
 
-/* What code q of block b decodes to, times alpha: the definition both decoders follow. */
+/* What code q of block b decodes to, times alpha: the definition both decoders follow, in
+ * this order of operations (no fma: the build forbids contraction). absmax:
+ * (alpha * s) * (q - qmax); minmax: alpha * (m + q * d). */
 typedef struct {
-    float s;
-    int32_t qmax;
+    float s, m, d, alpha;
+    int32_t qmax; /* absmax: the code of 0 */
+    uint32_t top; /* the largest code an encoder writes */
+    int minmax;
 } intn_dec;
 
 static inline intn_dec intn_dec_block(const intn_cfg *cfg, const float *meta, int64_t b, float alpha)
 {
-    const int32_t qmax = (1 << (cfg->bits - 1)) - 1;
-    return (intn_dec){alpha * meta[b], qmax};
+    intn_dec d = {0};
+    d.minmax = cfg->scheme == INTN_MINMAX;
+    d.alpha = alpha;
+    if (d.minmax) {
+        d.m = meta[2 * b];
+        d.d = meta[2 * b + 1];
+        d.top = (1u << cfg->bits) - 1u;
+    } else {
+        d.qmax = (1 << (cfg->bits - 1)) - 1;
+        d.s = alpha * meta[b];
+        d.top = (uint32_t)(2 * d.qmax);
+    }
+    return d;
 }
 
 static inline float intn_value(const intn_dec *d, uint32_t code)
 {
+    if (d->minmax)
+        return d->alpha * (d->m + (float)code * d->d);
     return d->s * (float)((int32_t)code - d->qmax);
 }
 
 /* Absmax codes above 2 * qmax are never written: finding one means the payload is corrupt. */
-static int intn_bad_code(uint32_t worst, int64_t b, int32_t qmax, fc_err *err)
+static int intn_bad_code(uint32_t worst, int64_t b, uint32_t top, fc_err *err)
 {
-    return fc_fail(err, FC_ERR_PAYLOAD, "intN payload: code %u in block %lld is outside [0, %d] "
-                   "(corrupted)", worst, (long long)b, 2 * qmax);
+    return fc_fail(err, FC_ERR_PAYLOAD, "intN payload: code %u in block %lld is outside [0, %u] "
+                   "(corrupted)", worst, (long long)b, top);
 }
 
 /* Reference decode: each group of 8 unpacked by fc_unpack8, element by element. */
@@ -292,7 +391,7 @@ static int intn_decode_ref(const fc_chunk *c, const uint8_t *body, float alpha, 
     const intn_cfg *cfg = (const intn_cfg *)c->cfg;
     const int w = (int)cfg->bits;
     const int64_t bs = cfg->block_size, n = c->n, nb = fc_nblocks(n, bs);
-    const uint8_t *packed = body + 4 * nb;
+    const uint8_t *packed = body + intn_meta_bytes(cfg, n);
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, n);
         const intn_dec d = intn_dec_block(cfg, (const float *)body, b, alpha);
@@ -305,8 +404,8 @@ static int intn_decode_ref(const fc_chunk *c, const uint8_t *body, float alpha, 
                 acc[k + j] += intn_value(&d, codes[j]);
             }
         }
-        if (worst > (uint32_t)(2 * d.qmax))
-            return intn_bad_code(worst, b, d.qmax, err);
+        if (worst > d.top)
+            return intn_bad_code(worst, b, d.top, err);
     }
     return FC_OK;
 }
@@ -346,9 +445,15 @@ INTN_INLINE uint32_t intn_decode_stretch(const uint8_t *restrict in, int64_t m, 
 {
     uint8_t t[INTN_STRETCH];
     intn_unpack(in, m, w, t);
+    uint8_t worst = 0;
+    if (d->minmax) { /* every code is valid: no worst to track */
+        const float mn = d->m, step = d->d, alpha = d->alpha;
+        for (int64_t j = 0; j < m; j++)
+            acc[j] += alpha * (mn + (float)t[j] * step);
+        return 0;
+    }
     const float s = d->s;
     const int32_t qmax = d->qmax;
-    uint8_t worst = 0;
     for (int64_t j = 0; j < m; j++) {
         worst = t[j] > worst ? t[j] : worst;
         acc[j] += s * (float)((int32_t)t[j] - qmax);
@@ -361,7 +466,7 @@ INTN_INLINE int intn_decode_w(const fc_chunk *c, const uint8_t *body, float alph
 {
     const intn_cfg *cfg = (const intn_cfg *)c->cfg;
     const int64_t bs = cfg->block_size, n = c->n, nb = fc_nblocks(n, bs);
-    const uint8_t *packed = body + 4 * nb;
+    const uint8_t *packed = body + intn_meta_bytes(cfg, n);
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, n);
         const intn_dec d = intn_dec_block(cfg, (const float *)body, b, alpha);
@@ -371,8 +476,8 @@ INTN_INLINE int intn_decode_w(const fc_chunk *c, const uint8_t *body, float alph
             const uint32_t s = intn_decode_stretch(packed + k / 8 * w, m, w, &d, acc + k);
             worst = s > worst ? s : worst;
         }
-        if (worst > (uint32_t)(2 * d.qmax))
-            return intn_bad_code(worst, b, d.qmax, err);
+        if (worst > d.top)
+            return intn_bad_code(worst, b, d.top, err);
     }
     return FC_OK;
 }
@@ -398,7 +503,8 @@ const fc_method fc_method_intn = {
     .name = "intN",
     .id = 5,
     .flags = FC_RANDOM,
-    .summary = "block-wise absmax 2-, 3- or 4-bit integers, packed; bits + 32/block_size",
+    .summary = "block-wise 2-, 3- or 4-bit integers, packed; absmax scale (bits + 32/block_size) "
+               "or min-max (bits + 64/block_size)",
     .cfg_size = sizeof(intn_cfg),
     .keys = intn_keys,
     .layout = intn_layout,

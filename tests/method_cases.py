@@ -8,6 +8,7 @@ CASES = [
     ("intN", {"bits": 4}),
     ("intN", {"bits": 2, "stochastic": True, "block_size": 64}),
     ("intN", {"bits": 3}),
+    ("intN", {"bits": 3, "scheme": "minmax", "stochastic": True}),
     ("qsgd", {"levels": 7, "bucket_size": 256}),
     ("nc", {}),
     ("topk", {"ratio": 0.05}),

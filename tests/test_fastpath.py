@@ -19,6 +19,9 @@ CASES = [
     ("intN", {"bits": 4, "stochastic": True}), ("intN", {"bits": 2, "stochastic": True}),
     ("intN", {"bits": 4, "stochastic": True, "block_size": 8}), ("intN", {"bits": 2, "block_size": 1024}),
     ("intN", {"bits": 3}), ("intN", {"bits": 3, "stochastic": True}), ("intN", {"bits": 3, "block_size": 8}),
+    ("intN", {"bits": 3, "scheme": "minmax"}), ("intN", {"bits": 3, "scheme": "minmax", "stochastic": True}),
+    ("intN", {"bits": 2, "scheme": "minmax", "block_size": 8}),
+    ("intN", {"bits": 4, "scheme": "minmax", "stochastic": True, "block_size": 8}),
     ("nc", {}), ("nc", {"block_size": 8}), ("qsgd", {}), ("qsgd", {"levels": 127}),
     ("signsgd", {}), ("signsgd", {"mode": "majority"}), ("onebit", {}), ("onebit", {"block_size": 8}),
 ]
@@ -107,6 +110,7 @@ def test_fast_path_bytes_equal_reference(method, cfg, gen):
                                         ("int8", {"block_size": 1 << 16, "stochastic": True}),
                                         ("intN", {"bits": 2}), ("intN", {"bits": 4, "block_size": 8}),
                                         ("intN", {"bits": 3, "block_size": 8}),
+                                        ("intN", {"bits": 3, "scheme": "minmax", "stochastic": True}),
                                         ("intN", {"bits": 4, "stochastic": True, "block_size": 1 << 16}),
                                         ("nc", {"block_size": 1 << 16}),
                                         ("qsgd", {}), ("signsgd", {}), ("onebit", {})])

@@ -145,3 +145,91 @@ def test_bits_range_is_checked(bad):
 @pytest.mark.parametrize("bits", [2, 3, 4])
 def test_every_width_is_accepted(bits):
     assert fsdpcomp.CommState("intN", {"bits": bits}) is not None
+
+
+# ---- scheme "minmax": per block (min, step), codes 0 .. 2^bits - 1 ----
+
+def minmax_parts(p, n, bits, bs):
+    nb = cdiv(n, bs)
+    meta = p[HEADER:HEADER + 8 * nb].view(torch.float32).view(nb, 2)
+    codes = unpack(p[HEADER + 8 * nb:HEADER + 8 * nb + bits * cdiv(n, 8)], bits, cdiv(n, 8) * 8)
+    return meta[:, 0], meta[:, 1], codes
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_minmax_layout_and_decode_by_hand(bits, gen):
+    n, bs = 203, 64
+    levels = 2 ** bits - 1
+    s = state({"bits": bits, "block_size": bs, "scheme": "minmax"})
+    x = torch.randn(n, generator=gen) * 2 + 0.5
+    p = encode(s, x)
+    body = bits * cdiv(n, 8) + 8 * cdiv(n, bs)
+    assert p.numel() == cdiv(HEADER + body, 16) * 16
+    assert s.layout(n)["meta_bytes"] == 8 * cdiv(n, bs)
+    mins, steps, codes = minmax_parts(p, n, bits, bs)
+    assert all(c == 0 for c in codes[n:])
+    for b in range(cdiv(n, bs)):
+        blk = x[b * bs:(b + 1) * bs]
+        assert float(mins[b]) == float(blk.min())
+        assert float(steps[b]) == float((blk.max() - blk.min()) / levels)  # fp32 M - m, then / L
+        # nearest rounding puts the block's min on code 0 and its max on the top code
+        got = codes[b * bs:min(n, (b + 1) * bs)]
+        assert min(got) == 0 and max(got) == levels
+    q = torch.tensor(codes[:n], dtype=torch.float32)
+    idx = torch.arange(n) // bs
+    by_hand = mins[idx] + q * steps[idx]  # fp32, two rounded operations, no fma
+    assert torch.equal(decode(s, p, n).view(torch.int32), by_hand.view(torch.int32))
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+@pytest.mark.parametrize("stochastic", [False, True])
+def test_minmax_error_within_half_a_step_or_one_step(bits, stochastic, gen):
+    n, bs = 4096, 256
+    x = torch.randn(n, generator=gen).abs() * 3 + 1  # one-signed: where min-max beats absmax
+    s = state({"bits": bits, "block_size": bs, "scheme": "minmax", "stochastic": stochastic})
+    d = decode(s, encode(s, x), n)
+    xb = x.view(-1, bs)
+    step = ((xb.amax(1) - xb.amin(1)) / (2 ** bits - 1)).repeat_interleave(bs)
+    bound = step if stochastic else step / 2
+    assert ((d - x).abs() <= bound * (1 + 1e-5) + 1e-6 * float(x.abs().max())).all()
+    # on one-signed data the min-max error is well below the absmax one at the same width
+    a = state({"bits": bits, "block_size": bs, "stochastic": stochastic})
+    da = decode(a, encode(a, x), n)
+    assert float((d - x).norm()) < 0.75 * float((da - x).norm())
+
+
+@pytest.mark.parametrize("bits", [2, 3])
+def test_minmax_stochastic_is_unbiased_and_nearest_is_not(bits, gen):
+    x = torch.randn(256, generator=gen) + 0.3
+    z, varied = mean_z({"bits": bits, "stochastic": True, "block_size": 64, "scheme": "minmax"}, x, 300)
+    assert varied.float().mean() > 0.9
+    assert abs(float(z.mean())) < 5 / math.sqrt(z.numel()) and float(z.pow(2).mean().sqrt()) < 1.3
+    _, varied_nearest = mean_z({"bits": bits, "block_size": 64, "scheme": "minmax"}, x, 3)
+    assert not varied_nearest.any()  # nearest never varies: its mean is its (biased) value
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_minmax_special_blocks(bits, gen):
+    bs = 64
+    x = torch.randn(6 * bs, generator=gen)
+    x[:bs] = 0                                   # zeros: exact
+    x[bs:2 * bs] = -2.75                         # constant: exact
+    x[2 * bs + 9] = float("inf")                 # Inf: the block decodes to NaN
+    x[3 * bs:4 * bs] *= 1e-39                    # subnormal range: levels / range overflows fp32
+    x[4 * bs] = 3e38                             # range beyond fp32: passed on as non-finite
+    x[4 * bs + 1] = -3e38
+    s = state({"bits": bits, "block_size": bs, "scheme": "minmax"})
+    d = decode(s, encode(s, x), x.numel())
+    assert torch.equal(d[:bs], torch.zeros(bs))
+    assert torch.equal(d[bs:2 * bs], x[bs:2 * bs])
+    assert d[2 * bs:3 * bs].isnan().all()
+    got, ref = d[3 * bs:4 * bs], x[3 * bs:4 * bs]
+    step = float(ref.max() - ref.min()) / (2 ** bits - 1)
+    assert ((got - ref).abs() <= step / 2 * (1 + 1e-5) + 4 * 2.0 ** -149).all()
+    assert d[4 * bs:5 * bs].isnan().all()
+    assert torch.isfinite(d[5 * bs:]).all()
+
+
+def test_scheme_is_checked():
+    with pytest.raises(ValueError, match=r"scheme.*'maxabs'"):
+        fsdpcomp.CommState("intN", {"scheme": "maxabs"})
