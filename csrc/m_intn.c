@@ -69,8 +69,8 @@ typedef struct {
     int ok;
 } intn_map;
 
-#define INTN_TINY 5.42101086e-20f /* 2^-64 */
-#define INTN_BIG 1.84467441e19f   /* 2^64 */
+#define INTN_TINY 0x1p-64f
+#define INTN_BIG 0x1p64f
 
 /* fp32 bits as a signed integer in the order of the floats (-0 < +0), so that a block's min
  * and max are exact integer reductions in any order; NaNs land beyond -Inf and +Inf. The map
@@ -259,7 +259,7 @@ static inline void intn_store8(uint8_t *t, uint64_t v)
 }
 
 /* ceil(m / 8) groups of 8 codes (t zero past m) into w bytes each, fc_pack8's bit order; `w`
- * is a literal at every call, so the shifts are constants and the byte stores merge. */
+ * is a literal at every call, so the shifts and copy sizes are constants. */
 INTN_INLINE void intn_pack(const uint8_t *t, int64_t m, int w, uint8_t *out)
 {
 #if defined(__SSE2__) && defined(__x86_64__)
