@@ -427,6 +427,19 @@ INTN_INLINE void intn_unpack(const uint8_t *in, int64_t m, int w, uint8_t *t)
         }
         return;
     }
+    if (m == INTN_STRETCH && w == 3) { /* two groups (6 bytes) per word, read as 4 + 2 bytes */
+        for (int k = 0; k < 4; k++) {
+            uint32_t lo;
+            uint16_t hi;
+            memcpy(&lo, in + 6 * k, 4);
+            memcpy(&hi, in + 6 * k + 4, 2);
+            const uint64_t r = lo | (uint64_t)hi << 32;
+            const uint64_t v0 = intn_spread(r & 0xFFFFFFu, 3), v1 = intn_spread(r >> 24, 3);
+            memcpy(t + 16 * k, &v0, 8);
+            memcpy(t + 16 * k + 8, &v1, 8);
+        }
+        return;
+    }
 #endif
     for (int64_t k = 0; k < m; k += 8, in += w) {
         /* bytes shifted in, not memcpy'd: a 3-byte copy into a stack word read back whole
