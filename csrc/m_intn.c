@@ -110,18 +110,75 @@ static inline void intn_key_range(const float *x, int64_t lo, int64_t hi, int32_
     *kmax = h[0];
 }
 
-/* Min-max block: (m, d) into meta[2b], meta[2b + 1]. Non-finite, or a range M - m beyond
- * fp32 (values of both signs near 3.4e38): (NaN, NaN), so the block decodes to NaN and is
- * counted, as absmax does. Constant: (m, 0) and code 0, exact. */
-static inline void intn_minmax_map(const intn_cfg *cfg, const float *x, int64_t lo, int64_t hi,
-                                   float *meta, int64_t b, intn_map *p)
+/* The fast path's block range: float min and max and a NaN flag. `v < l ? v : l` is what
+ * minps computes (the second operand when unordered, so a NaN never enters a lane), but GCC
+ * does not vectorise it as a reduction: SSE intrinsics, 16 lanes as 4 vectors. Which zero a
+ * min or max of zeros returns depends on the order, but m is taken as min + 0 (always +0) and
+ * a zero M gives the same M - m either way, so the bytes equal the keys'. Returns whether the
+ * block is finite. */
+INTN_INLINE int intn_float_range(const float *x, int64_t lo, int64_t hi, float *mn, float *mx)
+{
+    float l[16], h[16];
+    int nan = 0;
+    for (int j = 0; j < 16; j++) {
+        l[j] = INFINITY;
+        h[j] = -INFINITY;
+    }
+    int64_t i = lo;
+#if defined(__SSE2__)
+    __m128 l4[4], h4[4], bad = _mm_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        l4[k] = _mm_set1_ps(INFINITY);
+        h4[k] = _mm_set1_ps(-INFINITY);
+    }
+    for (; i + 16 <= hi; i += 16)
+        for (int k = 0; k < 4; k++) {
+            const __m128 v = _mm_loadu_ps(x + i + 4 * k);
+            l4[k] = _mm_min_ps(v, l4[k]);
+            h4[k] = _mm_max_ps(v, h4[k]);
+            bad = _mm_or_ps(bad, _mm_cmpunord_ps(v, v));
+        }
+    for (int k = 0; k < 4; k++) {
+        _mm_storeu_ps(l + 4 * k, l4[k]);
+        _mm_storeu_ps(h + 4 * k, h4[k]);
+    }
+    nan = _mm_movemask_ps(bad) != 0;
+#endif
+    for (; i < hi; i++) {
+        const float v = x[i];
+        l[0] = v < l[0] ? v : l[0];
+        h[0] = v > h[0] ? v : h[0];
+        nan |= fc_abs_bits(v) > FC_INF_BITS;
+    }
+    for (int j = 1; j < 16; j++) {
+        l[0] = l[j] < l[0] ? l[j] : l[0];
+        h[0] = h[j] > h[0] ? h[j] : h[0];
+    }
+    *mn = l[0];
+    *mx = h[0];
+    return !nan && fc_abs_bits(l[0]) < FC_INF_BITS && fc_abs_bits(h[0]) < FC_INF_BITS;
+}
+
+/* Min-max block: (m, d) into meta[2b], meta[2b + 1], m = min + 0 (a zero min is +0). Non-finite,
+ * or a range M - m beyond fp32 (values of both signs near 3.4e38): (NaN, NaN), so the block
+ * decodes to NaN and is counted, as absmax does. Constant: (m, 0) and code 0, exact. The
+ * reference finds min and max as integer keys, the fast path as floats: the same m and M - m. */
+INTN_INLINE void intn_minmax_map(const intn_cfg *cfg, const float *x, int64_t lo, int64_t hi,
+                                 float *meta, int64_t b, intn_map *p, int fast)
 {
     const int32_t levels = (1 << cfg->bits) - 1;
-    int32_t kmin, kmax;
-    intn_key_range(x, lo, hi, &kmin, &kmax);
-    const float m = fc_bits_f32((uint32_t)intn_key((uint32_t)kmin));
-    const float big = fc_bits_f32((uint32_t)intn_key((uint32_t)kmax));
-    const int finite = kmax < (int32_t)FC_INF_BITS && kmin > INTN_KEY_NEG_INF;
+    float small, big;
+    int finite;
+    if (fast) {
+        finite = intn_float_range(x, lo, hi, &small, &big);
+    } else {
+        int32_t kmin, kmax;
+        intn_key_range(x, lo, hi, &kmin, &kmax);
+        small = fc_bits_f32((uint32_t)intn_key((uint32_t)kmin));
+        big = fc_bits_f32((uint32_t)intn_key((uint32_t)kmax));
+        finite = kmax < (int32_t)FC_INF_BITS && kmin > INTN_KEY_NEG_INF;
+    }
+    const float m = finite ? small + 0.0f : 0.0f;
     const float range = finite ? big - m : 0.0f;
     const int valid = finite && fc_abs_bits(range) < FC_INF_BITS;
     p->ok = valid && range > 0.0f;
@@ -134,12 +191,13 @@ static inline void intn_minmax_map(const intn_cfg *cfg, const float *x, int64_t 
     meta[2 * b + 1] = !valid ? NAN : p->ok ? range / (float)levels : 0.0f;
 }
 
-/* Block [lo, hi)'s metadata into the body and its code map. */
-static inline void intn_block_map(const intn_cfg *cfg, const float *x, int64_t lo, int64_t hi,
-                                  float *meta, int64_t b, intn_map *p)
+/* Block [lo, hi)'s metadata into the body and its code map; `fast` picks how a min-max block
+ * finds its range (the same result). */
+INTN_INLINE void intn_block_map(const intn_cfg *cfg, const float *x, int64_t lo, int64_t hi,
+                                float *meta, int64_t b, intn_map *p, int fast)
 {
     if (cfg->scheme == INTN_MINMAX) {
-        intn_minmax_map(cfg, x, lo, hi, meta, b, p);
+        intn_minmax_map(cfg, x, lo, hi, meta, b, p, fast);
         return;
     }
     const int32_t qmax = (1 << (cfg->bits - 1)) - 1;
@@ -184,7 +242,7 @@ static void intn_encode_ref(const fc_chunk *c, const float *x, uint8_t *body)
         for (int64_t j = 0; j < m; j++) {
             const int64_t i = g + j;
             if (i % bs == 0)
-                intn_block_map(cfg, x, i, FC_BLOCK_END(i, bs, n), (float *)body, i / bs, &map);
+                intn_block_map(cfg, x, i, FC_BLOCK_END(i, bs, n), (float *)body, i / bs, &map, 0);
             codes[j] = intn_code(&map, x[i], cfg->stochastic, u[j]);
         }
         for (int64_t k = 0; k < m; k += 8)
@@ -311,7 +369,7 @@ INTN_INLINE void intn_encode_w(const fc_chunk *c, const float *x, uint8_t *body,
         for (int64_t s = g; s < g + m;) {
             const int64_t end = FC_BLOCK_END(s - s % bs, bs, n), e = end < g + m ? end : g + m;
             if (s % bs == 0)
-                intn_block_map(cfg, x, s, end, (float *)body, s / bs, &map);
+                intn_block_map(cfg, x, s, end, (float *)body, s / bs, &map, 1);
             if (map.ok)
                 intn_codes(x + s, e - s, &map, cfg->stochastic ? u + (s - g) : NULL, t + (s - g));
             else
