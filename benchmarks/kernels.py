@@ -29,14 +29,15 @@ from fsdpcomp import _C  # noqa: E402
 # the configurations timed: each method's defaults, sparsifiers at 1%
 CONFIGS = {
     "none": {}, "fp16": {}, "bf16": {}, "int8": {}, "int8-stoch": ("int8", {"stochastic": True}),
-    "fp8": {}, "intN": {"bits": 4}, "intN-2": ("intN", {"bits": 2}), "qsgd": {}, "nc": {},
+    "fp8": {}, "intN": {"bits": 4}, "intN-2": ("intN", {"bits": 2}), "intN-3": ("intN", {"bits": 3}),
+    "intN-3mm": ("intN", {"bits": 3, "scheme": "minmax"}), "qsgd": {}, "nc": {},
     "topk": {"ratio": 0.01}, "topk-int8": ("topk", {"ratio": 0.01, "quantize": "int8"}),
     "randomk": {"ratio": 0.01}, "thresholdv": {"threshold": 2.5},
     "sketch": {"rows": 3, "cols": 65536, "k": 4096}, "gradiveq": {"dim": 32, "k": 4},
     "signsgd": {}, "onebit": {},
 }
 # the quantisers issue 3 holds to >= 50% of memcpy on one core
-QUANTISERS = {"fp16", "bf16", "fp8", "int8", "int8-stoch", "intN", "intN-2", "nc", "signsgd",
+QUANTISERS = {"fp16", "bf16", "fp8", "int8", "int8-stoch", "intN", "intN-2", "intN-3", "intN-3mm", "nc", "signsgd",
               "onebit", "qsgd"}
 
 

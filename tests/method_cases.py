@@ -7,6 +7,8 @@ CASES = [
     ("int8", {"stochastic": True}),
     ("intN", {"bits": 4}),
     ("intN", {"bits": 2, "stochastic": True, "block_size": 64}),
+    ("intN", {"bits": 3}),
+    ("intN", {"bits": 3, "scheme": "minmax", "stochastic": True}),
     ("qsgd", {"levels": 7, "bucket_size": 256}),
     ("nc", {}),
     ("topk", {"ratio": 0.05}),

@@ -67,8 +67,9 @@ def expected_body(method, cfg, n, x=None):
     c = full_cfg(method, cfg)
     if method in ("fp8", "int8", "nc"):
         return n + 4 * cdiv(n, c["block_size"])
-    if method == "intN":
-        return c["bits"] * cdiv(n, 8) + 4 * cdiv(n, c["block_size"])
+    if method == "intN":  # absmax: one fp32 scale per block; minmax: (min, step)
+        meta = 8 if c["scheme"] == "minmax" else 4
+        return c["bits"] * cdiv(n, 8) + meta * cdiv(n, c["block_size"])
     if method == "qsgd":
         return qsgd_bits(c["levels"]) * cdiv(n, 8) + 4 * cdiv(n, c["bucket_size"])
     if method == "topk":
@@ -114,6 +115,12 @@ def check_bound(method, cfg, x, d):
         y = (x / s).abs()
         half_ulp = torch.maximum(y * 2.0 ** -(m_bits + 1), torch.full_like(y, 2.0 ** (-bias - m_bits)))
         assert (err <= s * half_ulp * (1 + 1e-5) + 1e-30).all()
+    elif method == "intN" and c["scheme"] == "minmax":
+        xb, _ = blocks(x, c["block_size"])
+        xb[-1, n - (cdiv(n, c["block_size"]) - 1) * c["block_size"]:] = xb[-1, 0]  # pad: no new extremes
+        rng = per_block((xb.amax(1) - xb.amin(1)) / (2 ** c["bits"] - 1), c["block_size"], n)
+        step = rng if c["stochastic"] else rng / 2
+        assert (err <= step * (1 + 1e-5) + 1e-6 * float(x.abs().max())).all()
     elif method in ("int8", "intN"):
         qmax = 127 if method == "int8" else 2 ** (c["bits"] - 1) - 1
         xb, _ = blocks(x, c["block_size"])
