@@ -3,12 +3,13 @@
 
 #include <string.h>
 
-extern const fc_method fc_method_none, fc_method_fp16, fc_method_int8, fc_method_qsgd, fc_method_nc;
+extern const fc_method fc_method_none, fc_method_fp16, fc_method_int8, fc_method_qsgd, fc_method_nc,
+    fc_method_intn;
 
-const char *const fc_sparse_quant_names[] = {"none", "fp16", "int8", "qsgd", "nc", NULL};
+const char *const fc_sparse_quant_names[] = {"none", "fp16", "int8", "qsgd", "nc", "intN", NULL};
 
 static const fc_method *const quant_methods[] = {
-    &fc_method_none, &fc_method_fp16, &fc_method_int8, &fc_method_qsgd, &fc_method_nc,
+    &fc_method_none, &fc_method_fp16, &fc_method_int8, &fc_method_qsgd, &fc_method_nc, &fc_method_intn,
 };
 
 /* The value method's keys at their defaults (its own table, so the defaults stay its own). */

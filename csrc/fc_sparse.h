@@ -9,7 +9,7 @@
 
 #define FC_SUB_CFG 64
 
-extern const char *const fc_sparse_quant_names[]; /* none, fp16, int8, qsgd, nc */
+extern const char *const fc_sparse_quant_names[]; /* none, fp16, int8, qsgd, nc, intN */
 
 /* The value codec, resolved once by the method's check(). */
 typedef struct {

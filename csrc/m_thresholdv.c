@@ -152,7 +152,7 @@ const fc_method fc_method_thresholdv = {
     .id = 10,
     .flags = FC_VARSIZE | FC_RANDOM | FC_EF_DEFAULT, /* biased: Strom keeps the rest in a residual */
     .summary = "every |x| > threshold: data-dependent count (sizes exchanged first), indices + "
-               "values (fp32 or quantize=fp16/int8/qsgd/nc) or values=sign: 1 bit, +-threshold",
+               "values (fp32 or quantize=fp16/int8/qsgd/nc/intN) or values=sign: 1 bit, +-threshold",
     .cfg_size = sizeof(thrv_cfg),
     .keys = thrv_keys,
     .check = thrv_check,

@@ -1,7 +1,7 @@
 /* m_topk.c: `topk`, the exact k largest magnitudes of each chunk (config `k`, or `ratio` of the
  * chunk). Ties at the k-th magnitude go to the lowest indices. Body: the ascending indices
  * (fc_sparse.h's coding, in index_bytes), then the k values through the value codec
- * (`quantize`: none = fp32, fp16, int8, qsgd, nc). Biased: pair it with error feedback. */
+ * (`quantize`: none = fp32, fp16, int8, qsgd, nc, intN). Biased: pair it with error feedback. */
 #include <string.h>
 #include "fc_method.h"
 #include "fc_select.h"
@@ -90,7 +90,7 @@ const fc_method fc_method_topk = {
     /* biased: error feedback on by default (Stich et al. 2018), as users of top-k expect */
     .flags = FC_RANDOM | FC_EF_DEFAULT, /* random only through a stochastic value codec */
     .summary = "exact top-k magnitudes per chunk; indices (bitmap/16/32-bit) + values "
-               "(fp32 or quantize=fp16/int8/qsgd/nc)",
+               "(fp32 or quantize=fp16/int8/qsgd/nc/intN)",
     .cfg_size = sizeof(topk_cfg),
     .keys = topk_keys,
     .check = topk_check,

@@ -16,6 +16,8 @@ CASES = [
     ("topk", {"ratio": 0.1, "quantize": "qsgd"}),
     ("randomk", {"ratio": 0.1}),
     ("randomk", {"ratio": 0.2, "quantize": "nc"}),
+    ("randomk", {"ratio": 0.25, "quantize": "intN"}),
+    ("topk", {"ratio": 0.1, "quantize": "intN"}),
     ("thresholdv", {"threshold": 1.5}),
     ("thresholdv", {"threshold": 1.0, "quantize": "fp16"}),
     ("thresholdv", {"threshold": 1.0, "values": "sign"}),

@@ -49,7 +49,7 @@ def value_bytes(quantize, k):
     """Bytes of k values through a sparsifier's value codec, at the codec's defaults."""
     return {"none": 4 * k, "fp16": 2 * k, "int8": k + 4 * cdiv(k, 256),
             "qsgd": qsgd_bits(15) * cdiv(k, 8) + 4 * cdiv(k, 512),
-            "nc": k + 4 * cdiv(k, 256)}[quantize]
+            "nc": k + 4 * cdiv(k, 256), "intN": 4 * cdiv(k, 8) + 4 * cdiv(k, 256)}[quantize]
 
 
 def index_bytes(n, k):
@@ -146,14 +146,19 @@ def check_bound(method, cfg, x, d):
         else:
             if c["quantize"] == "qsgd":  # one level of its 15 at most; buckets hold <= all of the norm
                 assert (d[top] - x[top]).abs().max() <= x[top].norm() / 15 * (1 + 1e-5)
-            else:
-                assert (d[top] - x[top]).norm() <= 0.1 * x[top].norm()
+            else:  # intN's 4 bits: at most amax/14 per element
+                rel = 0.2 if c["quantize"] == "intN" else 0.1
+                assert (d[top] - x[top]).norm() <= rel * x[top].norm()
     elif method == "randomk":
         k = sparse_k(n, c)
         nz = d != 0
         assert int(nz.sum()) <= k
         scale = n / k if c["scale"] else 1.0
         tol = 0 if c["quantize"] == "none" else 1.0  # nc: a power of two within 2x
+        if c["quantize"] == "intN":  # 4 bits, absmax per 256 values: amax/14 at most
+            tol, abs_tol = 0.0, float(x[nz].abs().max()) / 14 * (1 + 1e-5) + 1e-6
+            assert ((d[nz] / scale - x[nz]).abs() <= abs_tol).all()
+            return
         assert ((d[nz] / scale - x[nz]).abs() <= tol * x[nz].abs() + 1e-6).all()
     elif method == "thresholdv":
         big = x.abs() > c["threshold"]
