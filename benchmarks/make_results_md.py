@@ -9,6 +9,7 @@ import argparse
 import glob
 import json
 import os
+import shlex
 import sys
 
 COMM_CMD = "sudo python benchmarks/comm_bench.py --world 2 --sizes 1M 4M 16M --links 1 10 unshaped"
@@ -125,8 +126,25 @@ def train_section(data: dict, rel: str) -> list[str]:
     png = m.get("stem", f"train_bench_{m['setting']}") + ".png"
     if os.path.exists(os.path.join(os.path.dirname(data["_path"]), png)):
         out += ["", f"![loss curves and ratio vs quality]({rel}/{png})"]
-    out += ["", "Reproduce:", "", "```", TRAIN_CMD.get(m["setting"], "python benchmarks/train_bench.py"), "```", ""]
+    out += ["", "Reproduce:", "", "```", reproduce_cmd(m), "```", ""]
     return out
+
+
+def reproduce_cmd(meta: dict) -> str:
+    """The run's own command line (its methods, seeds, link and tag), else the setting's default."""
+    argv = meta.get("argv")
+    if not argv:
+        return TRAIN_CMD.get(meta["setting"], "python benchmarks/train_bench.py")
+    # --out_dir and --train_repo name scratch folders of the machine that ran it: leave them out
+    keep, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--out_dir", "--train_repo"):
+            skip = True
+        else:
+            keep.append(shlex.quote(a))
+    return "python " + " ".join(keep)
 
 
 README_BEGIN, README_END = "<!-- results:begin -->", "<!-- results:end -->"
