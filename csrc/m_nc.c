@@ -146,10 +146,56 @@ static int nc_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout
     return FC_OK;
 }
 
+/* fc_nc_decode without a table: a valid code c (1 <= c <= emax + 1) is the float whose exponent
+ * field is emax + 2 - c, times alpha; any other code adds +0 and, unless it is the zero code,
+ * marks the block bad. Building the reference's 256-entry table cost as much as a 256-element
+ * block; this loop is branch-free, the invalid lanes masked after the multiply, so it
+ * vectorises. Returns non-zero when a code was invalid. */
+static inline uint32_t nc_decode_block(const uint8_t *restrict codes, int64_t n, uint32_t emax,
+                                       float alpha, float *restrict acc)
+{
+    uint32_t bad = 0;
+    const uint32_t top = emax + 1u; /* <= 255: the caller handles emax 255 */
+    for (int64_t i = 0; i < n; i++) {
+        const uint32_t v = codes[i], cc = v & 0x7fu;
+        const uint32_t keep = 0u - (uint32_t)(cc - 1u < top); /* 1 <= cc <= emax + 1 */
+        bad |= (uint32_t)(cc > top) | (uint32_t)(v == 0x80u);
+        const float d = fc_bits_f32(((v & 0x80u) << 24) | ((emax + 2u - cc) << 23));
+        acc[i] += fc_bits_f32(fc_f32_bits(alpha * d) & keep);
+    }
+    return bad;
+}
+
+FC_CLONES static int nc_decode_fast(const fc_chunk *c, const uint8_t *body, float alpha,
+                                    float *acc, fc_err *err)
+{
+    const int64_t bs = ((const nc_cfg *)c->cfg)->block_size, nb = fc_nblocks(c->n, bs);
+    const uint32_t *emaxs = (const uint32_t *)body;
+    const uint8_t *codes = body + 4 * nb;
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
+        const uint32_t emax = emaxs[b];
+        if (emax > 255)
+            return fc_fail(err, FC_ERR_PAYLOAD, "nc payload: block %lld has exponent %u > 255 "
+                           "(corrupted)", (long long)b, emax);
+        if (emax == 255) {
+            for (int64_t i = lo; i < hi; i++)
+                acc[i] += NAN;
+            continue;
+        }
+        if (nc_decode_block(codes + lo, hi - lo, emax, alpha, acc + lo))
+            return fc_fail(err, FC_ERR_PAYLOAD, "nc payload: a code in block %lld is outside the "
+                           "block's range (corrupted)", (long long)b);
+    }
+    return FC_OK;
+}
+
 static int nc_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_bytes, float alpha,
                          float *acc, fc_err *err)
 {
     (void)body_bytes;
+    if (!fc_cpu_reference)
+        return nc_decode_fast(c, body, alpha, acc, err);
     const nc_cfg *cfg = (const nc_cfg *)c->cfg;
     const int64_t bs = cfg->block_size, nb = fc_nblocks(c->n, bs);
     const uint32_t *emaxs = (const uint32_t *)body;
