@@ -52,43 +52,21 @@ static inline void nc_common(const float *restrict x, const uint16_t *restrict h
     }
 }
 
-/* smallest exponent field of the non-zero elements (zeros count as 255) */
-static inline uint32_t nc_emin(const float *x, int64_t lo, int64_t hi)
-{
-    uint32_t emin = 255;
-    for (int64_t i = lo; i < hi; i++) {
-        const uint32_t a = fc_abs_bits(x[i]);
-        const uint32_t e = a ? a >> 23 : 255u;
-        emin = e < emin ? e : emin;
-    }
-    return emin;
-}
-
-/* fc_amax_bits and nc_emin in one pass, 16 independent lanes each (max and min are exact in
- * any order) */
+/* fc_amax_bits and the smallest exponent field of the non-zero elements (255 when there are
+ * none) in one pass. The smallest non-zero |x| has the smallest exponent, and a - 1 sends a
+ * zero to the top of the unsigned range, so both are plain unsigned max/min reductions, which
+ * GCC vectorises as such (exact in any order). Written as 16 lanes by hand, GCC shuffled them
+ * across vectors and this pass cost more than the rounding. */
 static inline void nc_range(const float *x, int64_t lo, int64_t hi, uint32_t *amax, uint32_t *emin)
 {
-    uint32_t mx[16] = {0}, mn[16];
-    for (int j = 0; j < 16; j++)
-        mn[j] = 255;
-    int64_t i = lo;
-    for (; i + 16 <= hi; i += 16)
-        for (int j = 0; j < 16; j++) {
-            const uint32_t a = fc_abs_bits(x[i + j]), e = a ? a >> 23 : 255u;
-            mx[j] = a > mx[j] ? a : mx[j];
-            mn[j] = e < mn[j] ? e : mn[j];
-        }
-    uint32_t m = 0, n = nc_emin(x, i, hi);
-    for (; i < hi; i++) {
-        const uint32_t a = fc_abs_bits(x[i]);
-        m = a > m ? a : m;
+    uint32_t mx = 0, mn = 0xffffffffu;
+    for (int64_t i = lo; i < hi; i++) {
+        const uint32_t a = fc_abs_bits(x[i]), z = a - 1u;
+        mx = a > mx ? a : mx;
+        mn = z < mn ? z : mn;
     }
-    for (int j = 0; j < 16; j++) {
-        m = mx[j] > m ? mx[j] : m;
-        n = mn[j] < n ? mn[j] : n;
-    }
-    *amax = m;
-    *emin = n;
+    *amax = mx;
+    *emin = mn == 0xffffffffu ? 255u : (mn + 1u) >> 23;
 }
 
 /* The reference's codes with the draws made in bulk, a stretch at a time in L1. */
