@@ -52,43 +52,21 @@ static inline void nc_common(const float *restrict x, const uint16_t *restrict h
     }
 }
 
-/* smallest exponent field of the non-zero elements (zeros count as 255) */
-static inline uint32_t nc_emin(const float *x, int64_t lo, int64_t hi)
-{
-    uint32_t emin = 255;
-    for (int64_t i = lo; i < hi; i++) {
-        const uint32_t a = fc_abs_bits(x[i]);
-        const uint32_t e = a ? a >> 23 : 255u;
-        emin = e < emin ? e : emin;
-    }
-    return emin;
-}
-
-/* fc_amax_bits and nc_emin in one pass, 16 independent lanes each (max and min are exact in
- * any order) */
+/* fc_amax_bits and the smallest exponent field of the non-zero elements (255 when there are
+ * none) in one pass. The smallest non-zero |x| has the smallest exponent, and a - 1 sends a
+ * zero to the top of the unsigned range, so both are plain unsigned max/min reductions, which
+ * GCC vectorises as such (exact in any order). Written as 16 lanes by hand, GCC shuffled them
+ * across vectors and this pass cost more than the rounding. */
 static inline void nc_range(const float *x, int64_t lo, int64_t hi, uint32_t *amax, uint32_t *emin)
 {
-    uint32_t mx[16] = {0}, mn[16];
-    for (int j = 0; j < 16; j++)
-        mn[j] = 255;
-    int64_t i = lo;
-    for (; i + 16 <= hi; i += 16)
-        for (int j = 0; j < 16; j++) {
-            const uint32_t a = fc_abs_bits(x[i + j]), e = a ? a >> 23 : 255u;
-            mx[j] = a > mx[j] ? a : mx[j];
-            mn[j] = e < mn[j] ? e : mn[j];
-        }
-    uint32_t m = 0, n = nc_emin(x, i, hi);
-    for (; i < hi; i++) {
-        const uint32_t a = fc_abs_bits(x[i]);
-        m = a > m ? a : m;
+    uint32_t mx = 0, mn = 0xffffffffu;
+    for (int64_t i = lo; i < hi; i++) {
+        const uint32_t a = fc_abs_bits(x[i]), z = a - 1u;
+        mx = a > mx ? a : mx;
+        mn = z < mn ? z : mn;
     }
-    for (int j = 0; j < 16; j++) {
-        m = mx[j] > m ? mx[j] : m;
-        n = mn[j] < n ? mn[j] : n;
-    }
-    *amax = m;
-    *emin = n;
+    *amax = mx;
+    *emin = mn == 0xffffffffu ? 255u : (mn + 1u) >> 23;
 }
 
 /* The reference's codes with the draws made in bulk, a stretch at a time in L1. */
@@ -146,10 +124,56 @@ static int nc_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout
     return FC_OK;
 }
 
+/* fc_nc_decode without a table: a valid code c (1 <= c <= emax + 1) is the float whose exponent
+ * field is emax + 2 - c, times alpha; any other code adds +0 and, unless it is the zero code,
+ * marks the block bad. Building the reference's 256-entry table cost as much as a 256-element
+ * block; this loop is branch-free, the invalid lanes masked after the multiply, so it
+ * vectorises. Returns non-zero when a code was invalid. */
+static inline uint32_t nc_decode_block(const uint8_t *restrict codes, int64_t n, uint32_t emax,
+                                       float alpha, float *restrict acc)
+{
+    uint32_t bad = 0;
+    const uint32_t top = emax + 1u; /* <= 255: the caller handles emax 255 */
+    for (int64_t i = 0; i < n; i++) {
+        const uint32_t v = codes[i], cc = v & 0x7fu;
+        const uint32_t keep = 0u - (uint32_t)(cc - 1u < top); /* 1 <= cc <= emax + 1 */
+        bad |= (uint32_t)(cc > top) | (uint32_t)(v == 0x80u);
+        const float d = fc_bits_f32(((v & 0x80u) << 24) | ((emax + 2u - cc) << 23));
+        acc[i] += fc_bits_f32(fc_f32_bits(alpha * d) & keep);
+    }
+    return bad;
+}
+
+FC_CLONES static int nc_decode_fast(const fc_chunk *c, const uint8_t *body, float alpha,
+                                    float *acc, fc_err *err)
+{
+    const int64_t bs = ((const nc_cfg *)c->cfg)->block_size, nb = fc_nblocks(c->n, bs);
+    const uint32_t *emaxs = (const uint32_t *)body;
+    const uint8_t *codes = body + 4 * nb;
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
+        const uint32_t emax = emaxs[b];
+        if (emax > 255)
+            return fc_fail(err, FC_ERR_PAYLOAD, "nc payload: block %lld has exponent %u > 255 "
+                           "(corrupted)", (long long)b, emax);
+        if (emax == 255) {
+            for (int64_t i = lo; i < hi; i++)
+                acc[i] += NAN;
+            continue;
+        }
+        if (nc_decode_block(codes + lo, hi - lo, emax, alpha, acc + lo))
+            return fc_fail(err, FC_ERR_PAYLOAD, "nc payload: a code in block %lld is outside the "
+                           "block's range (corrupted)", (long long)b);
+    }
+    return FC_OK;
+}
+
 static int nc_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_bytes, float alpha,
                          float *acc, fc_err *err)
 {
     (void)body_bytes;
+    if (!fc_cpu_reference)
+        return nc_decode_fast(c, body, alpha, acc, err);
     const nc_cfg *cfg = (const nc_cfg *)c->cfg;
     const int64_t bs = cfg->block_size, nb = fc_nblocks(c->n, bs);
     const uint32_t *emaxs = (const uint32_t *)body;

@@ -216,6 +216,166 @@ static inline uint32_t qsgd_bucket(const uint8_t *packed, int w, float step, flo
     return worst;
 }
 
+static uint32_t qsgd_decode_ref(const uint8_t *packed, int w, float step, float alpha,
+                                int64_t lo, int64_t hi, float *acc)
+{
+    switch (w) {
+    case 3: return qsgd_bucket(packed, 3, step, alpha, lo, hi, acc);
+    case 4: return qsgd_bucket(packed, 4, step, alpha, lo, hi, acc);
+    case 5: return qsgd_bucket(packed, 5, step, alpha, lo, hi, acc);
+    case 8: return qsgd_bucket(packed, 8, step, alpha, lo, hi, acc);
+    default: return qsgd_bucket(packed, w, step, alpha, lo, hi, acc);
+    }
+}
+
+/* Inlined into each FC_CLONES version, so that the loops are compiled for AVX2 too (an
+ * outlined copy would be the baseline one). */
+#define QSGD_INLINE __attribute__((always_inline)) static inline
+
+/* Whole groups [0, ngroups) of packed codes into codes[], as fc_unpack8 reads them; `w` is a
+ * literal at each call. For w <= 8 a group is one 8-byte little-endian load (w bytes used),
+ * except within 8 bytes of `end` (the end of the codes), which the load would pass. */
+QSGD_INLINE void qsgd_unpack(const uint8_t *in, int64_t ngroups, int w, const uint8_t *end,
+                             uint32_t *restrict codes)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (w <= 8) {
+        const uint32_t mask = (1u << w) - 1u;
+        int64_t wide = end - in < 8 ? 0 : (end - in - 8) / w + 1; /* groups with 8 bytes left */
+        wide = wide < ngroups ? wide : ngroups;
+        int64_t g = 0;
+        for (; g < wide; g++) {
+            uint64_t v;
+            memcpy(&v, in + g * w, 8);
+            for (int j = 0; j < 8; j++)
+                codes[g * 8 + j] = (uint32_t)(v >> (w * j)) & mask;
+        }
+        for (; g < ngroups; g++) {
+            uint64_t v = 0;
+            memcpy(&v, in + g * w, (size_t)w);
+            for (int j = 0; j < 8; j++)
+                codes[g * 8 + j] = (uint32_t)(v >> (w * j)) & mask;
+        }
+        return;
+    }
+#endif
+    (void)end;
+    for (int64_t g = 0; g < ngroups; g++)
+        fc_unpack8(in + g * w, w, codes + g * 8);
+}
+
+/* qsgd_bucket's arithmetic over whole groups, a stretch of codes at a time so the float loop
+ * vectorises: the same operations in the same order (the sign flip of fc_qsgd_value is an
+ * exact negation, written as the sign bit). Returns the largest code. */
+QSGD_INLINE uint32_t qsgd_bucket_fast(const uint8_t *packed, int w, const uint8_t *end,
+                                      float step, float alpha, int64_t lo, int64_t hi, float *acc)
+{
+    uint32_t codes[FC_RNG_STRETCH];
+    uint32_t worst = 0;
+    for (int64_t k = lo; k < hi; k += FC_RNG_STRETCH) {
+        const int64_t m = hi - k < FC_RNG_STRETCH ? hi - k : FC_RNG_STRETCH; /* a multiple of 8 */
+        qsgd_unpack(packed + k / 8 * w, m / 8, w, end, codes);
+        float *restrict a = acc + k;
+        for (int64_t j = 0; j < m; j++) {
+            const uint32_t cj = codes[j];
+            worst = cj > worst ? cj : worst;
+            const float v = fc_bits_f32(fc_f32_bits((float)(cj >> 1) * step) ^ (cj << 31));
+            a[j] += alpha * v;
+        }
+    }
+    return worst;
+}
+
+FC_CLONES static uint32_t qsgd_decode_fast(const uint8_t *packed, int w, const uint8_t *end,
+                                           float step, float alpha, int64_t lo, int64_t hi,
+                                           float *acc)
+{
+    const int64_t whole = lo + (hi - lo) / 8 * 8; /* only the chunk's last group is short */
+    uint32_t worst;
+    switch (w) {
+    case 2: worst = qsgd_bucket_fast(packed, 2, end, step, alpha, lo, whole, acc); break;
+    case 3: worst = qsgd_bucket_fast(packed, 3, end, step, alpha, lo, whole, acc); break;
+    case 4: worst = qsgd_bucket_fast(packed, 4, end, step, alpha, lo, whole, acc); break;
+    case 5: worst = qsgd_bucket_fast(packed, 5, end, step, alpha, lo, whole, acc); break;
+    case 6: worst = qsgd_bucket_fast(packed, 6, end, step, alpha, lo, whole, acc); break;
+    case 7: worst = qsgd_bucket_fast(packed, 7, end, step, alpha, lo, whole, acc); break;
+    case 8: worst = qsgd_bucket_fast(packed, 8, end, step, alpha, lo, whole, acc); break;
+    default: worst = qsgd_bucket_fast(packed, w, end, step, alpha, lo, whole, acc); break;
+    }
+    if (whole < hi) {
+        const uint32_t t = qsgd_bucket(packed, w, step, alpha, whole, hi, acc);
+        worst = t > worst ? t : worst;
+    }
+    return worst;
+}
+
+#ifdef QSGD_AVX2
+/* The whole decode for w <= 8 with AVX2 intrinsics (a target_clones loop could not shuffle
+ * bytes): a group's 8 bytes are broadcast to both halves, code j's two bytes moved to lane j by
+ * a byte shuffle, shifted into place and masked, 4 instructions per 8 codes against a shift and
+ * a mask per code; then qsgd_bucket's arithmetic in its order. Bucket by bucket like the
+ * reference: returns the first bucket whose largest code exceeds `top`, accumulated first as
+ * there (its largest code in *worst_out), or -1. */
+__attribute__((target("avx2"))) static int64_t qsgd_decode_avx2(const float *norms,
+    const uint8_t *packed, int64_t n, int64_t bs, int w, int32_t levels, uint32_t top,
+    float alpha, float *acc, uint32_t *worst_out)
+{
+    const uint8_t *end = packed + fc_pack_bytes(n, w);
+    int8_t idx[32];
+    int32_t sh[8];
+    for (int j = 0; j < 8; j++) { /* code j: bits [w*j, w*j + w) of the group, w*j + w <= 64 */
+        const int lo_byte = w * j / 8;
+        sh[j] = w * j % 8; /* sh + w <= 15: two bytes hold the code */
+        for (int k = 0; k < 4; k++)
+            idx[(j & 3) * 4 + k + (j >= 4 ? 16 : 0)] =
+                (int8_t)(k < 2 && lo_byte + k < 8 ? lo_byte + k : -128); /* -128: a zero byte */
+    }
+    const __m256i vidx = _mm256_loadu_si256((const __m256i *)idx);
+    const __m256i vsh = _mm256_loadu_si256((const __m256i *)sh);
+    const __m256i vmask = _mm256_set1_epi32((1 << w) - 1);
+    const __m256 va = _mm256_set1_ps(alpha);
+    const int64_t nb = fc_nblocks(n, bs);
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, n);
+        const int64_t whole = lo + (hi - lo) / 8 * 8; /* only the chunk's last group is short */
+        const float step = norms[b] / (float)levels;
+        const __m256 vstep = _mm256_set1_ps(step);
+        __m256i vworst = _mm256_setzero_si256();
+        for (int64_t g = lo; g < whole; g += 8) {
+            const uint8_t *p = packed + g / 8 * w;
+            __m128i q;
+            if (end - p >= 8) {
+                q = _mm_loadl_epi64((const __m128i *)p);
+            } else { /* the 8-byte load would pass the end of the body */
+                uint64_t t = 0;
+                memcpy(&t, p, (size_t)w);
+                q = _mm_cvtsi64_si128((long long)t);
+            }
+            const __m256i bytes = _mm256_broadcastq_epi64(q);
+            const __m256i c = _mm256_and_si256(
+                _mm256_srlv_epi32(_mm256_shuffle_epi8(bytes, vidx), vsh), vmask);
+            vworst = _mm256_max_epu32(vworst, c);
+            const __m256 mag = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(c, 1)), vstep);
+            const __m256 v = _mm256_xor_ps(mag, _mm256_castsi256_ps(_mm256_slli_epi32(c, 31)));
+            _mm256_storeu_ps(acc + g, _mm256_add_ps(_mm256_loadu_ps(acc + g), _mm256_mul_ps(va, v)));
+        }
+        uint32_t l[8], worst = 0;
+        _mm256_storeu_si256((__m256i *)l, vworst);
+        for (int j = 0; j < 8; j++)
+            worst = l[j] > worst ? l[j] : worst;
+        if (whole < hi) {
+            const uint32_t t = qsgd_bucket(packed, w, step, alpha, whole, hi, acc);
+            worst = t > worst ? t : worst;
+        }
+        if (worst > top) {
+            *worst_out = worst;
+            return b;
+        }
+    }
+    return -1;
+}
+#endif
+
 static int qsgd_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_bytes, float alpha,
                            float *acc, fc_err *err)
 {
@@ -226,17 +386,23 @@ static int qsgd_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
     const uint32_t top = (uint32_t)cfg->levels << 1 | 1u;
     const float *norms = (const float *)body;
     const uint8_t *packed = body + 4 * nb;
+#ifdef QSGD_AVX2
+    if (!fc_cpu_reference && w <= 8 && __builtin_cpu_supports("avx2")) {
+        uint32_t worst = 0;
+        const int64_t b = qsgd_decode_avx2(norms, packed, c->n, bs, w, (int32_t)cfg->levels, top,
+                                           alpha, acc, &worst);
+        if (b >= 0)
+            return fc_fail(err, FC_ERR_PAYLOAD, "qsgd payload: level %u in bucket %lld exceeds "
+                           "%lld levels (corrupted)", worst >> 1, (long long)b, (long long)cfg->levels);
+        return FC_OK;
+    }
+#endif
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
         const float step = norms[b] / (float)cfg->levels;
-        uint32_t worst;
-        switch (w) {
-        case 3: worst = qsgd_bucket(packed, 3, step, alpha, lo, hi, acc); break;
-        case 4: worst = qsgd_bucket(packed, 4, step, alpha, lo, hi, acc); break;
-        case 5: worst = qsgd_bucket(packed, 5, step, alpha, lo, hi, acc); break;
-        case 8: worst = qsgd_bucket(packed, 8, step, alpha, lo, hi, acc); break;
-        default: worst = qsgd_bucket(packed, w, step, alpha, lo, hi, acc); break;
-        }
+        const uint32_t worst = fc_cpu_reference
+            ? qsgd_decode_ref(packed, w, step, alpha, lo, hi, acc)
+            : qsgd_decode_fast(packed, w, packed + fc_pack_bytes(c->n, w), step, alpha, lo, hi, acc);
         if (worst > top)
             return fc_fail(err, FC_ERR_PAYLOAD, "qsgd payload: level %u in bucket %lld exceeds "
                            "%lld levels (corrupted)", worst >> 1, (long long)b, (long long)cfg->levels);

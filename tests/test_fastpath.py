@@ -30,6 +30,8 @@ CASES = [
     # code widths 2 (generic packer), 5 and 8 (specialised), 11 (wider than a byte: fc_pack8)
     ("qsgd", {}), ("qsgd", {"levels": 127}), ("qsgd", {"levels": 1, "bucket_size": 8}),
     ("qsgd", {"levels": 1000, "bucket_size": 1024}),
+    # the decode's other literal widths: 3 (small buckets) and 7
+    ("qsgd", {"levels": 3, "bucket_size": 8}), ("qsgd", {"levels": 40}),
     ("signsgd", {}), ("signsgd", {"mode": "majority"}), ("onebit", {}), ("onebit", {"block_size": 8}),
     ("onebit", {"block_size": 1024}),
 ]
@@ -126,6 +128,7 @@ def test_fast_path_bytes_equal_reference(method, cfg, gen):
                                         ("nc", {"block_size": 1 << 16}), ("nc", {}),
                                         ("qsgd", {}), ("qsgd", {"levels": 127, "bucket_size": 8}),
                                         ("qsgd", {"levels": 1, "bucket_size": 8}),
+                                        ("qsgd", {"levels": 1000}), ("qsgd", {"levels": 40}),
                                         ("signsgd", {}), ("onebit", {}), ("onebit", {"block_size": 8})])
 def test_fast_path_sizes(method, cfg, n, gen):
     x = torch.randn(n, generator=gen) * torch.rand(n, generator=gen) ** 8
@@ -133,6 +136,60 @@ def test_fast_path_sizes(method, cfg, n, gen):
     (fast, dfast), (ref, dref) = run_both(method, cfg, x, 2, acc0)
     assert torch.equal(fast, ref)
     assert torch.equal(bits(dfast), bits(dref))
+
+
+def decode_corrupted(method, cfg, buf, acc0):
+    """Decode `buf` on both paths: the same error (or none) and the same accumulator."""
+    out = []
+    for ref in (False, True):
+        with reference_kernels() if ref else contextlib.nullcontext():
+            s = _C.State(method, dict(cfg, error_feedback=False, seed=7))
+            acc = acc0.clone()
+            try:
+                s.decompress(buf, acc, alpha=0.75, chunk=0, world=1)
+                err = None
+            except _C.PayloadError as e:
+                err = str(e)
+            out.append((err, acc))
+    (e_fast, a_fast), (e_ref, a_ref) = out
+    assert e_fast == e_ref
+    assert torch.equal(bits(a_fast), bits(a_ref))
+    return e_ref
+
+
+# decoders that check each code: any byte after the header and the block metadata, in a block
+# near the end so that earlier blocks are accumulated before the error
+@pytest.mark.parametrize("method,cfg,meta", [
+    ("nc", {}, lambda n: 4 * -(-n // 256)), ("nc", {"block_size": 8}, lambda n: 4 * -(-n // 8)),
+    ("qsgd", {"levels": 10}, lambda n: 4 * -(-n // 512)),
+    ("qsgd", {"levels": 1000, "bucket_size": 8}, lambda n: 4 * -(-n // 8)),
+    ("qsgd", {"levels": 2, "bucket_size": 8}, lambda n: 4 * -(-n // 8))])
+@pytest.mark.parametrize("n", [4099, 4096])
+def test_fast_decode_of_corrupted_codes_equals_reference(method, cfg, meta, n, gen):
+    # nc: small values, so that random exponent codes fall above the blocks' range
+    x = torch.randn(n, generator=gen) * (1e-30 if method == "nc" else 1.0)
+    s = _C.State(method, dict(cfg, error_feedback=False, seed=7))
+    buf = torch.zeros(s.payload_bytes(n), dtype=torch.uint8)
+    w = s.compress(x, buf, chunk=0, world=1, rank=0)
+    buf = buf[:w]
+    acc0 = torch.randn(n, generator=gen)
+    assert decode_corrupted(method, cfg, buf, acc0) is None
+    start = 32 + meta(n)
+    errors = 0
+    for _ in range(20):
+        bad = buf.clone()
+        pos = torch.randint(start + (w - start) * 3 // 4, w, (8,), generator=gen)
+        bad[pos] = torch.randint(0, 256, (8,), generator=gen, dtype=torch.uint8)
+        errors += decode_corrupted(method, cfg, bad, acc0) is not None
+    if method == "nc":  # a block's metadata: an exponent above 255, or 255 (NaN block)
+        for word in (256, 255, 0):
+            bad = buf.clone()
+            bad[32 + 4:32 + 8] = torch.tensor([word], dtype=torch.int32).view(torch.uint8)
+            decode_corrupted(method, cfg, bad, acc0)
+        bad = buf.clone()
+        bad[start + n - 5] = 0x80  # the signed zero code, which no encoder writes
+        assert decode_corrupted(method, cfg, bad, acc0) is not None
+    assert errors > 0  # the corruptions reached the code checks
 
 
 def test_reference_switch_takes_a_truth_value():
