@@ -51,7 +51,18 @@ static double qsgd_sum_sq(const float *x, int64_t lo, int64_t hi)
     return fc_lanes_total(l);
 }
 
-typedef double (*qsgd_sum_fn)(const float *, int64_t, int64_t);
+/* Sums of squares of buckets b0 .. b0 + count - 1 (count <= QSGD_SUMS) into out[]. */
+typedef void (*qsgd_sums_fn)(const float *x, int64_t n, int64_t bs, int64_t b0, int count,
+                             double *out);
+#define QSGD_SUMS 4
+
+static void qsgd_sums(const float *x, int64_t n, int64_t bs, int64_t b0, int count, double *out)
+{
+    for (int k = 0; k < count; k++) {
+        const int64_t lo = (b0 + k) * bs;
+        out[k] = qsgd_sum_sq(x, lo, FC_BLOCK_END(lo, bs, n));
+    }
+}
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
@@ -75,6 +86,40 @@ __attribute__((target("avx2"))) static double qsgd_sum_sq_avx2(const float *x, i
     for (; i < hi; i++)
         l[(i - lo) & (FC_LANES - 1)] += (double)x[i] * (double)x[i];
     return fc_lanes_total(l);
+}
+
+/* Four whole buckets at once, each exactly as qsgd_sum_sq_avx2 sums it: a bucket's 8 lanes
+ * are 2 chains of dependent adds, so one bucket at a time waits on the add latency; four
+ * give the core 8 independent chains. */
+__attribute__((target("avx2"))) static void qsgd_sums_avx2(const float *x, int64_t n, int64_t bs,
+                                                           int64_t b0, int count, double *out)
+{
+    if (count == QSGD_SUMS && (b0 + QSGD_SUMS) * bs <= n) {
+        __m256d a[QSGD_SUMS][2];
+        for (int k = 0; k < QSGD_SUMS; k++)
+            a[k][0] = a[k][1] = _mm256_setzero_pd();
+        const float *base = x + b0 * bs;
+        for (int64_t i = 0; i < bs; i += FC_LANES) { /* bs: a power of two >= 8 */
+            for (int k = 0; k < QSGD_SUMS; k++) {
+                const __m256 v = _mm256_loadu_ps(base + k * bs + i);
+                const __m256d v0 = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+                const __m256d v1 = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+                a[k][0] = _mm256_add_pd(a[k][0], _mm256_mul_pd(v0, v0));
+                a[k][1] = _mm256_add_pd(a[k][1], _mm256_mul_pd(v1, v1));
+            }
+        }
+        for (int k = 0; k < QSGD_SUMS; k++) {
+            double l[FC_LANES];
+            _mm256_storeu_pd(l, a[k][0]);
+            _mm256_storeu_pd(l + 4, a[k][1]);
+            out[k] = fc_lanes_total(l);
+        }
+        return;
+    }
+    for (int k = 0; k < count; k++) {
+        const int64_t lo = (b0 + k) * bs;
+        out[k] = qsgd_sum_sq_avx2(x, lo, FC_BLOCK_END(lo, bs, n));
+    }
 }
 #endif
 
@@ -119,18 +164,86 @@ static inline void qsgd_pack(const uint32_t *codes, int64_t n, int w, uint8_t *o
         fc_pack8(codes + g, w, out + (g / 8) * w);
 }
 
+typedef void (*qsgd_pack_fn)(const uint32_t *, int64_t, int, uint8_t *, const uint8_t *);
+
+/* qsgd_pack with w a runtime value, for the other widths and for CPUs without AVX2. */
+static void qsgd_pack_any(const uint32_t *codes, int64_t n, int w, uint8_t *out,
+                          const uint8_t *limit)
+{
+    switch (w) {
+    case 4: qsgd_pack(codes, n, 4, out, limit); break;
+    case 5: qsgd_pack(codes, n, 5, out, limit); break;
+    case 8: qsgd_pack(codes, n, 8, out, limit); break;
+    default: qsgd_pack(codes, n, w, out, limit); break;
+    }
+}
+
+#ifdef QSGD_AVX2
+/* qsgd_pack for w <= 8, 32 codes (4 groups) per step, without a shift per code: the codes
+ * narrowed to bytes in order, then each 64-bit lane (one group of 8 bytes) folded three
+ * times, neighbours joined at w, 2w, 4w bits: the same 8w bits fc_pack8 writes, with zeros
+ * above. The 4 groups are stored as 8 bytes each in increasing order, as qsgd_pack does, so
+ * each one's zero bytes are overwritten by the next; the last steps (within reach of
+ * `limit`) go to qsgd_pack. */
+__attribute__((target("avx2"))) static void qsgd_pack_avx2(const uint32_t *codes, int64_t n,
+                                                           int w, uint8_t *out,
+                                                           const uint8_t *limit)
+{
+    if (w > 8) {
+        qsgd_pack_any(codes, n, w, out, limit);
+        return;
+    }
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i m8 = _mm256_set1_epi16(0x00ff);
+    const __m256i m16 = _mm256_set1_epi32(0xffff);
+    const __m256i m32 = _mm256_set1_epi64x(0xffffffffLL);
+    const __m128i s1 = _mm_cvtsi32_si128(w), s2 = _mm_cvtsi32_si128(2 * w);
+    const __m128i s4 = _mm_cvtsi32_si128(4 * w);
+    int64_t g = 0;
+    for (; g + 32 <= n && limit - (out + (g / 8 + 3) * w) >= 8; g += 32) {
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(codes + g));
+        const __m256i b = _mm256_loadu_si256((const __m256i *)(codes + g + 8));
+        const __m256i c = _mm256_loadu_si256((const __m256i *)(codes + g + 16));
+        const __m256i d = _mm256_loadu_si256((const __m256i *)(codes + g + 24));
+        /* codes < 2^8: no saturation; the packs interleave 128-bit halves, `order` undoes it */
+        __m256i v = _mm256_packus_epi16(_mm256_packus_epi32(a, b), _mm256_packus_epi32(c, d));
+        v = _mm256_permutevar8x32_epi32(v, order);
+        v = _mm256_or_si256(_mm256_and_si256(v, m8),
+                            _mm256_sll_epi16(_mm256_srli_epi16(v, 8), s1));
+        v = _mm256_or_si256(_mm256_and_si256(v, m16),
+                            _mm256_sll_epi32(_mm256_srli_epi32(v, 16), s2));
+        v = _mm256_or_si256(_mm256_and_si256(v, m32),
+                            _mm256_sll_epi64(_mm256_srli_epi64(v, 32), s4));
+        const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+        uint8_t *o = out + (g / 8) * w;
+        const uint64_t q0 = (uint64_t)_mm_cvtsi128_si64(lo), q1 = (uint64_t)_mm_extract_epi64(lo, 1);
+        const uint64_t q2 = (uint64_t)_mm_cvtsi128_si64(hi), q3 = (uint64_t)_mm_extract_epi64(hi, 1);
+        memcpy(o, &q0, 8);
+        memcpy(o + w, &q1, 8);
+        memcpy(o + 2 * w, &q2, 8);
+        memcpy(o + 3 * w, &q3, 8);
+    }
+    if (g < n)
+        qsgd_pack_any(codes + g, n - g, w, out + (g / 8) * w, limit);
+}
+#endif
+
 /* The reference's encode with the draws made in bulk, a stretch at a time in L1. */
 FC_CLONES static void qsgd_encode_fast(const fc_rng *rng, const float *x, int64_t n, int64_t bs,
-                                       int32_t s, int w, qsgd_sum_fn sum_sq, uint8_t *body)
+                                       int32_t s, int w, qsgd_sums_fn sums, qsgd_pack_fn pack,
+                                       uint8_t *body)
 {
     const int64_t nb = fc_nblocks(n, bs);
     float *norms = (float *)body;
     uint8_t *packed = body + 4 * nb;
     fc_rng_buf buf = {0, 0, {0}};
     uint32_t codes[FC_RNG_STRETCH];
+    double ss_next[QSGD_SUMS];
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, n);
-        double ss = sum_sq(x, lo, hi);
+        if (b % QSGD_SUMS == 0)
+            sums(x, n, bs, b, nb - b < QSGD_SUMS ? (int)(nb - b) : QSGD_SUMS, ss_next);
+        double ss = ss_next[b % QSGD_SUMS];
         if (!isfinite(ss)) /* a NaN's bits depend on operand order: the reference's sum decides */
             ss = qsgd_sum_sq_ref(x, lo, hi);
         const float norm = (float)sqrt(ss);
@@ -152,12 +265,7 @@ FC_CLONES static void qsgd_encode_fast(const fc_rng *rng, const float *x, int64_
                 codes[j] = 0;
             uint8_t *out = packed + (g / 8) * w;
             const uint8_t *end = packed + fc_pack_bytes(n, w);
-            switch (w) {
-            case 4: qsgd_pack(codes, m8, 4, out, end); break;
-            case 5: qsgd_pack(codes, m8, 5, out, end); break;
-            case 8: qsgd_pack(codes, m8, 8, out, end); break;
-            default: qsgd_pack(codes, m8, w, out, end); break;
-            }
+            pack(codes, m8, w, out, end);
         }
     }
 }
@@ -170,12 +278,15 @@ static int qsgd_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layo
     const int32_t s = (int32_t)cfg->levels;
     const int64_t bs = cfg->bucket_size, nb = fc_nblocks(c->n, bs);
     if (!fc_cpu_reference) {
-        qsgd_sum_fn sum_sq = qsgd_sum_sq;
+        qsgd_sums_fn sums = qsgd_sums;
+        qsgd_pack_fn pack = qsgd_pack_any;
 #ifdef QSGD_AVX2
-        if (__builtin_cpu_supports("avx2"))
-            sum_sq = qsgd_sum_sq_avx2;
+        if (__builtin_cpu_supports("avx2")) {
+            sums = qsgd_sums_avx2;
+            pack = qsgd_pack_avx2;
+        }
 #endif
-        qsgd_encode_fast(&c->rng, x, c->n, bs, s, w, sum_sq, body);
+        qsgd_encode_fast(&c->rng, x, c->n, bs, s, w, sums, pack, body);
         qsgd_layout(c, used);
         return FC_OK;
     }
