@@ -99,7 +99,11 @@ __attribute__((target("avx2"))) static void qsgd_sums_avx2(const float *x, int64
         for (int k = 0; k < QSGD_SUMS; k++)
             a[k][0] = a[k][1] = _mm256_setzero_pd();
         const float *base = x + b0 * bs;
+        const char *ahead = (const char *)(base + QSGD_SUMS * bs); /* the next call's buckets */
         for (int64_t i = 0; i < bs; i += FC_LANES) { /* bs: a power of two >= 8 */
+            if (i % 16 == 0) /* one 64-byte line of each; a prefetch past the end never faults */
+                for (int k = 0; k < QSGD_SUMS; k++)
+                    _mm_prefetch(ahead + 4 * (k * bs + i), _MM_HINT_T0);
             for (int k = 0; k < QSGD_SUMS; k++) {
                 const __m256 v = _mm256_loadu_ps(base + k * bs + i);
                 const __m256d v0 = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
