@@ -51,7 +51,14 @@ def comm_section(data: dict, rel: str, brief: bool = False) -> list[str]:
     if not m["namespaces"]:
         out += [f"**Namespaces could not be made ({m['namespaces_note']}): only unshaped runs were measured; "
                 "the shaped links below are projected.**", ""]
-    for run in data["runs"]:
+    runs = data["runs"]
+    if brief:  # README: the link the targets are set on; docs/results.md has every link
+        slow = [r for r in runs if r["link"].startswith("1 Gbit")]
+        if slow and len(slow) < len(runs):
+            runs = slow
+            out += ["Below: the 1 Gbit/s link, the largest size. Every link (10 Gbit/s, loopback), size and the "
+                    "projections are in [docs/results.md](docs/results.md).", ""]
+    for run in runs:
         out += [f"### {run['link']}, W={run['world']} (point-to-point check {run['link_check_gbit']:.2f} Gbit/s)", ""]
         for size in (run["sizes"][-1:] if brief else run["sizes"]):
             out.append(f"{size['numel']} fp32 elements, {size['reps']} timed calls:")
