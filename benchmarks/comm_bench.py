@@ -30,6 +30,7 @@ repo_path.use_checkout()  # fsdpcomp built in place, else the installed one
 import launch  # noqa: E402
 import projection  # noqa: E402
 from comm_worker import BF16_HOOK, TORCH_RS  # noqa: E402
+from fmt import fmt, fmt_bytes  # noqa: E402
 from netns import Topology, exit_on_sigterm  # noqa: E402
 
 BASELINES = (TORCH_RS, "none", BF16_HOOK)
@@ -86,29 +87,16 @@ def derive(rows: list[dict]) -> None:
         row["fraction_of_ideal"] = sv / ideal if (sv is not None and ideal) else None
 
 
-def _fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= div:
-            return f"{n / div:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
-def _fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
-
-
 def table(rows: list[dict], title: str) -> str:
     head = (f"{'method':<22}{'payload/rank':>13}{'wire/rank':>12}{'ratio':>7}{'med ms':>10}{'p90 ms':>10}"
             f"{'codec ms':>9}{'vs torch_rs':>12}{'vs none':>9}{'vs bf16hk':>10}{'of ideal':>9}{'rel err':>10}  ok")
     lines = [title, head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r['method']:<22}{_fmt_bytes(r['bytes_sent']):>13}{_fmt_bytes(r['wire_tx_bytes']):>12}"
-            f"{r['ratio']:>7.2f}{r['median_s'] * 1e3:>10.2f}{r['p90_s'] * 1e3:>10.2f}{_fmt(_codec_ms(r), '.2f'):>9}"
-            f"{_fmt(r['speedup_vs_' + TORCH_RS], '.2f'):>12}{_fmt(r['speedup_vs_none'], '.2f'):>9}"
-            f"{_fmt(r['speedup_vs_' + BF16_HOOK], '.2f'):>10}{_fmt(r['fraction_of_ideal'], '.0%'):>9}"
+            f"{r['method']:<22}{fmt_bytes(r['bytes_sent']):>13}{fmt_bytes(r['wire_tx_bytes']):>12}"
+            f"{r['ratio']:>7.2f}{r['median_s'] * 1e3:>10.2f}{r['p90_s'] * 1e3:>10.2f}{fmt(_codec_ms(r), '.2f'):>9}"
+            f"{fmt(r['speedup_vs_' + TORCH_RS], '.2f'):>12}{fmt(r['speedup_vs_none'], '.2f'):>9}"
+            f"{fmt(r['speedup_vs_' + BF16_HOOK], '.2f'):>10}{fmt(r['fraction_of_ideal'], '.0%'):>9}"
             f"{r['rel_err']:>10.1e}  {'WRONG' if r['wrong'] else 'ok'}")
     return "\n".join(lines)
 
@@ -319,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\nTargets (1 Gbit/s, >= 16M elements):" + ("" if targets else " no 1 Gbit/s run at >= 16M elements"))
     for t in targets:
         print(f"  [{'MET' if t['met'] else 'MISSED'}] {t['target']} ({t['how']}, W={t['world']}, {t['numel']} el): "
-              f"{_fmt(t['value'], '.3f')}" + ("" if t.get("codec_share") is None else
+              f"{fmt(t['value'], '.3f')}" + ("" if t.get("codec_share") is None else
                                                f" (encode+decode: {t['codec_share']:.0%} of the call)"))
 
     result = {

@@ -12,22 +12,12 @@ import os
 import shlex
 import sys
 
-COMM_CMD = "sudo python benchmarks/comm_bench.py --world 2 --sizes 1M 4M 16M --links 1 10 unshaped"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # beside this file: fmt
+from fmt import fmt, fmt_bytes  # noqa: E402
+
+COMM_CMD = "sudo python benchmarks/comm_bench.py --world 2 3 4 --sizes 16M 64M --links 1 10 unshaped"
 TRAIN_CMD = {"cpu": "sudo python benchmarks/train_bench.py --setting cpu --seeds 0 1 2",
              "gpu": "python benchmarks/train_bench.py --setting gpu"}
-
-
-def _bytes(n) -> str:
-    if n is None:
-        return "-"
-    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= div:
-            return f"{n / div:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
-def _f(x, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
@@ -66,10 +56,10 @@ def comm_section(data: dict, rel: str, brief: bool = False) -> list[str]:
             rows = []
             for r in size["rows"]:
                 codec = None if r["compress_s"] is None else (r["compress_s"] + r["decompress_s"]) * 1e3
-                rows.append([r["method"], _bytes(r["bytes_sent"]), _bytes(r["wire_tx_bytes"]), f"{r['ratio']:.2f}",
-                             f"{r['median_s'] * 1e3:.2f}", f"{r['p90_s'] * 1e3:.2f}", _f(codec, ".2f"),
-                             _f(r["speedup_vs_torch_reduce_scatter"], ".2f"), _f(r["speedup_vs_none"], ".2f"),
-                             _f(r["speedup_vs_torch_bf16_hook"], ".2f"), _f(r["fraction_of_ideal"], ".0%"),
+                rows.append([r["method"], fmt_bytes(r["bytes_sent"]), fmt_bytes(r["wire_tx_bytes"]), f"{r['ratio']:.2f}",
+                             f"{r['median_s'] * 1e3:.2f}", f"{r['p90_s'] * 1e3:.2f}", fmt(codec, ".2f"),
+                             fmt(r["speedup_vs_torch_reduce_scatter"], ".2f"), fmt(r["speedup_vs_none"], ".2f"),
+                             fmt(r["speedup_vs_torch_bf16_hook"], ".2f"), fmt(r["fraction_of_ideal"], ".0%"),
                              f"{r['rel_err']:.1e}"])
             out += _md_table(["method", "payload/rank", "wire/rank", "ratio", "median ms", "p90 ms", "codec ms",
                               "vs torch rs", "vs none", "vs bf16 hook", "of ideal", "rel err"], rows)
@@ -78,13 +68,13 @@ def comm_section(data: dict, rel: str, brief: bool = False) -> list[str]:
         out += [f"### PROJECTED (alpha-beta, not measured): {proj['gbit']:g} Gbit/s, W={proj['world']}, "
                 f"alpha {proj['alpha_us']:g} us", ""]
         rows = [[str(s["numel"]), r["method"], f"{r['ratio']:.2f}", f"{r['time_s'] * 1e3:.2f}",
-                 f"{r['speedup_vs_none']:.2f}", _f(r["fraction_of_ideal"], ".0%")]
+                 f"{r['speedup_vs_none']:.2f}", fmt(r["fraction_of_ideal"], ".0%")]
                 for s in proj["sizes"] for r in s["rows"]]
         out += _md_table(["elements", "method", "ratio", "projected ms", "vs none", "of ideal"], rows) + [""]
     out += ["### Targets (1 Gbit/s, >= 16M elements)", ""]
     if data["targets"]:
         out += [f"- {'MET' if t['met'] else 'MISSED'}: {t['target']} ({t['how']}, W={t['world']}, "
-                f"{t['numel']} elements): {_f(t['value'], '.3f')}"
+                f"{t['numel']} elements): {fmt(t['value'], '.3f')}"
                 + ("" if t.get("codec_share") is None else f", encode+decode {t['codec_share']:.0%} of the call")
                 for t in data["targets"]]
     else:
@@ -102,7 +92,7 @@ def comm_section(data: dict, rel: str, brief: bool = False) -> list[str]:
         out += _md_table(["Gbit/s", "GPUs", "method", "ratio", "projected ms", "vs NCCL rs", "vs none"], rows)
     if os.path.exists(os.path.join(os.path.dirname(data["_path"]), "comm_bench.png")):
         out += ["", f"![reduce-scatter time per call]({rel}/comm_bench.png)"]
-    out += ["", "Reproduce:", "", "```", COMM_CMD, "```", ""]
+    out += ["", "Reproduce:", "", "```", reproduce_cmd(m, COMM_CMD), "```", ""]
     return out
 
 
@@ -117,8 +107,8 @@ def train_section(data: dict, rel: str) -> list[str]:
         def pm(k, spec):
             v, s = r.get(k), r.get(k + "_std")
             return "-" if v is None else format(v, spec) + (f" ± {format(s, spec)}" if s else "")
-        rows.append([r["method"], _f(r["ratio"], ".2f"), pm("val_ppl", ".3f"), pm("delta_ppl_pct", "+.2f"),
-                     pm("tokens_per_s", ".0f"), pm("step_ms_p50", ".1f"), _f(r["comm_share"], ".0%"),
+        rows.append([r["method"], fmt(r["ratio"], ".2f"), pm("val_ppl", ".3f"), pm("delta_ppl_pct", "+.2f"),
+                     pm("tokens_per_s", ".0f"), pm("step_ms_p50", ".1f"), fmt(r["comm_share"], ".0%"),
                      pm("time_to_baseline_ppl_s", ".1f") + ("" if r["reached_baseline_ppl"] == r["runs"]
                                                              else f" ({r['reached_baseline_ppl']}/{r['runs']})")])
     out += _md_table(["method", "ratio", "val_ppl", "Δppl vs none %", "tokens/s", "step p50 ms", "comm share",
@@ -133,15 +123,15 @@ def train_section(data: dict, rel: str) -> list[str]:
     png = m.get("stem", f"train_bench_{m['setting']}") + ".png"
     if os.path.exists(os.path.join(os.path.dirname(data["_path"]), png)):
         out += ["", f"![loss curves and ratio vs quality]({rel}/{png})"]
-    out += ["", "Reproduce:", "", "```", reproduce_cmd(m), "```", ""]
+    out += ["", "Reproduce:", "", "```", reproduce_cmd(m, TRAIN_CMD.get(m["setting"], "python benchmarks/train_bench.py")), "```", ""]
     return out
 
 
-def reproduce_cmd(meta: dict) -> str:
-    """The run's own command line (its methods, seeds, link and tag), else the setting's default."""
+def reproduce_cmd(meta: dict, default: str) -> str:
+    """The run's own command line (its methods, sizes, seeds, links, tag), else `default`."""
     argv = meta.get("argv")
     if not argv:
-        return TRAIN_CMD.get(meta["setting"], "python benchmarks/train_bench.py")
+        return default
     # --out_dir and --train_repo name scratch folders of the machine that ran it: leave them out
     keep, skip = [], False
     for a in argv:
