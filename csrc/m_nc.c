@@ -129,8 +129,8 @@ static int nc_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout
  * marks the block bad. Building the reference's 256-entry table cost as much as a 256-element
  * block; this loop is branch-free, the invalid lanes masked after the multiply, so it
  * vectorises. Returns non-zero when a code was invalid. */
-static inline uint32_t nc_decode_block(const uint8_t *restrict codes, int64_t n, uint32_t emax,
-                                       float alpha, float *restrict acc)
+FC_CLONES static uint32_t nc_decode_block(const uint8_t *restrict codes, int64_t n, uint32_t emax,
+                                          float alpha, float *restrict acc)
 {
     uint32_t bad = 0;
     const uint32_t top = emax + 1u; /* <= 255: the caller handles emax 255 */
@@ -144,36 +144,30 @@ static inline uint32_t nc_decode_block(const uint8_t *restrict codes, int64_t n,
     return bad;
 }
 
-FC_CLONES static int nc_decode_fast(const fc_chunk *c, const uint8_t *body, float alpha,
-                                    float *acc, fc_err *err)
+/* The reference: codes decode through a per-block table; impossible codes (exponent above the
+ * block's, or a signed zero code) are flagged by a second table. Returns non-zero on one. */
+static uint32_t nc_decode_block_ref(const uint8_t *codes, int64_t n, uint32_t emax, float alpha,
+                                    float *acc)
 {
-    const int64_t bs = ((const nc_cfg *)c->cfg)->block_size, nb = fc_nblocks(c->n, bs);
-    const uint32_t *emaxs = (const uint32_t *)body;
-    const uint8_t *codes = body + 4 * nb;
-    for (int64_t b = 0; b < nb; b++) {
-        const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
-        const uint32_t emax = emaxs[b];
-        if (emax > 255)
-            return fc_fail(err, FC_ERR_PAYLOAD, "nc payload: block %lld has exponent %u > 255 "
-                           "(corrupted)", (long long)b, emax);
-        if (emax == 255) {
-            for (int64_t i = lo; i < hi; i++)
-                acc[i] += NAN;
-            continue;
-        }
-        if (nc_decode_block(codes + lo, hi - lo, emax, alpha, acc + lo))
-            return fc_fail(err, FC_ERR_PAYLOAD, "nc payload: a code in block %lld is outside the "
-                           "block's range (corrupted)", (long long)b);
+    float lut[256];
+    uint8_t badc[256];
+    for (int v = 0; v < 256; v++) {
+        uint32_t cc = (uint32_t)v & 0x7fu;
+        badc[v] = (uint8_t)(cc > emax + 1u || (cc == 0 && v != 0));
+        lut[v] = (cc == 0 || badc[v]) ? 0.0f : alpha * fc_nc_decode((uint8_t)v, emax);
     }
-    return FC_OK;
+    uint32_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        bad |= badc[codes[i]];
+        acc[i] += lut[codes[i]];
+    }
+    return bad;
 }
 
 static int nc_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_bytes, float alpha,
                          float *acc, fc_err *err)
 {
     (void)body_bytes;
-    if (!fc_cpu_reference)
-        return nc_decode_fast(c, body, alpha, acc, err);
     const nc_cfg *cfg = (const nc_cfg *)c->cfg;
     const int64_t bs = cfg->block_size, nb = fc_nblocks(c->n, bs);
     const uint32_t *emaxs = (const uint32_t *)body;
@@ -189,20 +183,9 @@ static int nc_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_by
                 acc[i] += NAN;
             continue;
         }
-        /* codes decode through a per-block table; impossible codes (exponent above the
-         * block's, or a signed zero code) are flagged by a second table and reported after */
-        float lut[256];
-        uint8_t badc[256];
-        for (int v = 0; v < 256; v++) {
-            uint32_t cc = (uint32_t)v & 0x7fu;
-            badc[v] = (uint8_t)(cc > emax + 1u || (cc == 0 && v != 0));
-            lut[v] = (cc == 0 || badc[v]) ? 0.0f : alpha * fc_nc_decode((uint8_t)v, emax);
-        }
-        uint32_t bad = 0;
-        for (int64_t i = lo; i < hi; i++) {
-            bad |= badc[codes[i]];
-            acc[i] += lut[codes[i]];
-        }
+        const uint32_t bad = fc_cpu_reference
+                                 ? nc_decode_block_ref(codes + lo, hi - lo, emax, alpha, acc + lo)
+                                 : nc_decode_block(codes + lo, hi - lo, emax, alpha, acc + lo);
         if (bad)
             return fc_fail(err, FC_ERR_PAYLOAD, "nc payload: a code in block %lld is outside the "
                            "block's range (corrupted)", (long long)b);
