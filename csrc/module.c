@@ -467,6 +467,19 @@ error:
     return STATE_ERR(self, &err);
 }
 
+/* grad and out of decode() and finish(): float tensors, a writable out, world and unit valid. */
+static int grad_out_views(StateObject *self, PyObject *grad, PyObject *out, int world, int rank,
+                          long long unit, fc_view *g, fc_view *o, fc_err *err)
+{
+    if (fc_view_get(grad, "grad", FC_DT_FLOATS, g, err) != FC_OK ||
+        fc_view_get(out, "output", FC_DT_FLOATS, o, err) != FC_OK || check_world(world, rank, err) ||
+        check_unit(self, unit, g->buf.numel, err))
+        return err->code != FC_OK ? err->code : FC_ERR_VALUE;
+    if (o->read_only)
+        return fc_fail(err, FC_ERR_VALUE, "output is read-only");
+    return FC_OK;
+}
+
 PyDoc_STRVAR(State_decode_doc,
 "decode(recv, grad, out, world, rank, unit)\n\n"
 "Sums, in fp32 and in rank order, this rank's exact chunk of `grad` and the payloads in\n"
@@ -483,16 +496,10 @@ static PyObject *State_decode(StateObject *self, PyObject *args)
     if (!ready(self) || !PyArg_ParseTuple(args, "OOOiiL:decode", &recv, &grad, &out, &world, &rank, &unit))
         return NULL;
     if (fc_view_get(recv, "recv", FC_DT_U8, &v, &err) != FC_OK ||
-        fc_view_get(grad, "grad", FC_DT_FLOATS, &g, &err) != FC_OK ||
-        fc_view_get(out, "output", FC_DT_FLOATS, &o, &err) != FC_OK ||
+        grad_out_views(self, grad, out, world, rank, unit, &g, &o, &err) != FC_OK ||
         check_same_device(&v, &g, "recv", &err) || check_same_device(&o, &g, "output", &err) ||
-        check_aligned(&v, "recv", &err) || check_world(world, rank, &err) ||
-        check_unit(self, unit, g.buf.numel, &err))
+        check_aligned(&v, "recv", &err))
         goto error;
-    if (o.read_only) {
-        fc_fail(&err, FC_ERR_VALUE, "output is read-only");
-        goto error;
-    }
     fc_cuda_call k;
     if (g.device_type == kDLCUDA && cuda_prepare(self, grad, &g, &k, &err) != FC_OK)
         goto error;
@@ -653,14 +660,9 @@ static PyObject *State_finish(StateObject *self, PyObject *args)
                                           &rank, &unit))
         return NULL;
     if (words_view(recv, "recv", &v, &err) != FC_OK ||
-        fc_view_get(grad, "grad", FC_DT_FLOATS, &g, &err) != FC_OK || check_cpu(&g, "grad", &err) ||
-        fc_view_get(out, "output", FC_DT_FLOATS, &o, &err) != FC_OK || check_cpu(&o, "output", &err) ||
-        check_world(world, rank, &err) || check_unit(self, unit, g.buf.numel, &err))
+        grad_out_views(self, grad, out, world, rank, unit, &g, &o, &err) != FC_OK ||
+        check_cpu(&g, "grad", &err) || check_cpu(&o, "output", &err))
         goto error;
-    if (o.read_only) {
-        fc_fail(&err, FC_ERR_VALUE, "output is read-only");
-        goto error;
-    }
     self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     rc = fc_fetch_finish(&self->core, (const float *)v.buf.data, v.buf.numel / 4, &g.buf, &o.buf,
