@@ -9,6 +9,7 @@
 
 #include "fc_fetch.h"
 #include "fc_half.h"
+#include "fc_memhint.h"
 #include "fc_quant.h"
 #include "fc_wire.h"
 
@@ -692,6 +693,7 @@ void fc_core_write_out(fc_core *s, const float *acc, int64_t n, int world, fc_bu
 {
     const float w = (float)world;
     int64_t bad = 0;
+    fc_memhint_fresh_output(out->data, (size_t)n * (size_t)fc_dtype_size(out->dtype));
     if (out->dtype == FC_F32) {
         float *o = (float *)out->data;
         for (int64_t i = 0; i < n; i++) {
