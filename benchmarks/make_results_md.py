@@ -48,8 +48,14 @@ def comm_section(data: dict, rel: str, brief: bool = False) -> list[str]:
             runs = slow
             out += ["Below: the 1 Gbit/s link, the largest size. Every link (10 Gbit/s, loopback), size and the "
                     "projections are in [docs/results.md](docs/results.md).", ""]
+    cores = m.get("cores") or 0
     for run in runs:
         out += [f"### {run['link']}, W={run['world']} (point-to-point check {run['link_check_gbit']:.2f} Gbit/s)", ""]
+        if cores and run["world"] > cores:
+            # the codec time of ranks sharing a core adds up: a rank waits for peers it competes with
+            out += [f"{run['world']} ranks share {cores} cores here: a rank's call includes waiting for peers "
+                    "whose encode runs on its core, so codec-heavy methods fall further from their ideal than "
+                    "on one core per rank.", ""]
         for size in (run["sizes"][-1:] if brief else run["sizes"]):
             out.append(f"{size['numel']} fp32 elements, {size['reps']} timed calls:")
             out.append("")
