@@ -303,6 +303,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {c['gbit']:>6.0f} {c['world']:>3} {c['method']:<12}{c['ratio']:>7.2f}{c['time_s'] * 1e3:>9.2f}"
               f"{c['speedup_vs_nccl_rs']:>11.2f}{c['speedup_vs_none']:>9.2f}")
 
+    compute_s = projection.compute_time(args.cluster_numel)
+    steps = projection.step_table(cluster, args.cluster_numel, args.cluster_alpha_us * 1e-6, compute_s)
+    print(f"\n{projection.step_caption(args.cluster_numel, compute_s)}")
+    print(f"  {'Gbit/s':>6} {'W':>3} {'method':<12}{'ratio':>7}{'step ms':>9}{'no overlap':>11}{'overlap':>9}")
+    for c in steps:
+        print(f"  {c['gbit']:>6.0f} {c['world']:>3} {c['method']:<12}{c['ratio']:>7.2f}{c['step_s'] * 1e3:>9.2f}"
+              f"{c['speedup_no_overlap']:>11.2f}{c['speedup_full_overlap']:>9.2f}")
+
     targets = check_targets(runs, projected)
     print("\nTargets (1 Gbit/s, >= 16M elements):" + ("" if targets else " no 1 Gbit/s run at >= 16M elements"))
     for t in targets:

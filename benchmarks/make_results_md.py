@@ -12,8 +12,9 @@ import os
 import shlex
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # beside this file: fmt
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # beside this file: fmt, projection
 from fmt import fmt, fmt_bytes  # noqa: E402
+import projection  # noqa: E402
 
 COMM_CMD = "sudo python benchmarks/comm_bench.py --world 2 3 4 --sizes 16M 64M --links 1 10 unshaped"
 TRAIN_CMD = {"cpu": "sudo python benchmarks/train_bench.py --setting cpu --seeds 0 1 2",
@@ -96,6 +97,16 @@ def comm_section(data: dict, rel: str, brief: bool = False) -> list[str]:
         rows = [[f"{r['gbit']:.0f}", str(r["world"]), r["method"], f"{r['ratio']:.2f}", f"{r['time_s'] * 1e3:.2f}",
                  f"{r['speedup_vs_nccl_rs']:.2f}", f"{r['speedup_vs_none']:.2f}"] for r in c["rows"]]
         out += _md_table(["Gbit/s", "GPUs", "method", "ratio", "projected ms", "vs NCCL rs", "vs none"], rows)
+        # the step projection follows from the rows above and projection.py's stated assumptions
+        compute_s = projection.compute_time(c["numel"])
+        steps = projection.step_table(c["rows"], c["numel"], c["alpha_us"] * 1e-6, compute_s)
+        out += ["", "### PROJECTED step speedup for GPU clusters (not measured)", "",
+                f"{projection.step_caption(c['numel'], compute_s)}. The parameter all-gathers are not "
+                "compressed, so they bound what compressing the reduce-scatter alone can give.", ""]
+        rows = [[f"{r['gbit']:.0f}", str(r["world"]), r["method"], f"{r['ratio']:.2f}", f"{r['step_s'] * 1e3:.2f}",
+                 f"{r['speedup_no_overlap']:.2f}", f"{r['speedup_full_overlap']:.2f}"] for r in steps]
+        out += _md_table(["Gbit/s", "GPUs", "method", "ratio", "step ms", "speedup, no overlap",
+                          "speedup, overlap"], rows)
     if os.path.exists(os.path.join(os.path.dirname(data["_path"]), "comm_bench.png")):
         out += ["", f"![reduce-scatter time per call]({rel}/comm_bench.png)"]
     out += ["", "Reproduce:", "", "```", reproduce_cmd(m, COMM_CMD), "```", ""]

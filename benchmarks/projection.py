@@ -73,3 +73,42 @@ def cluster_table(ratios: dict[str, float], kernels: dict[str, dict], numel: int
                              "time_s": t, "speedup_vs_nccl_rs": nccl / t, "speedup_vs_none": t_none / t,
                              "kernel_times": bool(k)})
     return rows
+
+
+# What one training step of the reference model costs on one GPU, for the step projection. These
+# are assumptions, printed with every table that uses them: gpt2-62m's parameters, 8 sequences
+# of 1024 tokens per GPU, an H100's dense bf16 peak and a 40% model-FLOPs utilisation.
+STEP_TOKENS = 8 * 1024
+STEP_PEAK_TFLOPS = 989.0
+STEP_MFU = 0.40
+
+
+def compute_time(params: int, tokens: int = STEP_TOKENS, peak_tflops: float = STEP_PEAK_TFLOPS,
+                 mfu: float = STEP_MFU) -> float:
+    """Forward + backward of a transformer: 6 FLOPs per parameter per token."""
+    return 6.0 * params * tokens / (peak_tflops * 1e12 * mfu)
+
+
+def step_caption(numel: int, compute_s: float) -> str:
+    return (f"PROJECTED step speedup over the same FSDP step with NCCL's reduce-scatter (not measured): "
+            f"{numel} parameters, compute {compute_s * 1e3:.1f} ms = 6 x params x {STEP_TOKENS} tokens / "
+            f"({STEP_PEAK_TFLOPS:g} TFLOP/s x {STEP_MFU:.0%} MFU), plus two uncompressed fp32 parameter "
+            f"all-gathers; 'no overlap' adds compute and communication, 'overlap' hides the smaller")
+
+
+def step_table(cluster_rows: list[dict], numel: int, alpha_s: float, compute_s: float) -> list[dict]:
+    """Projected FSDP step time per cluster row: compute, two fp32 parameter all-gathers
+    (forward and backward, uncompressed) and the gradient reduce-scatter, either one after the
+    other (no overlap: the bound a slow link hits) or hidden behind compute (full overlap).
+    The baseline is the same step with NCCL's ring reduce-scatter."""
+    rows = []
+    for c in cluster_rows:
+        world, gbit = c["world"], c["gbit"]
+        ag = 2 * ring_rs_time(numel, 4, world, gbit, alpha_s)  # an all-gather moves what a reduce-scatter does
+        rs_nccl = ring_rs_time(numel, 4, world, gbit, alpha_s)
+        base_serial, mine_serial = compute_s + ag + rs_nccl, compute_s + ag + c["time_s"]
+        base_overlap, mine_overlap = max(compute_s, ag + rs_nccl), max(compute_s, ag + c["time_s"])
+        rows.append({"gbit": gbit, "world": world, "method": c["method"], "ratio": c["ratio"],
+                     "step_s": mine_serial, "speedup_no_overlap": base_serial / mine_serial,
+                     "speedup_full_overlap": base_overlap / mine_overlap})
+    return rows

@@ -65,6 +65,7 @@ def test_output_is_labelled(bench):
     stdout, data, out = bench
     assert "wire bytes not measured on loopback" in stdout
     assert "PROJECTED cluster table" in stdout and "needs GPU kernel times" in stdout
+    assert "PROJECTED step speedup" in stdout
     assert data["cluster"]["kernel_times"] is False and data["cluster"]["rows"]
     assert data["meta"]["torch"] and data["meta"]["fsdpcomp"] == fsdpcomp.__version__
     if data["meta"].get("plot") is None:
@@ -76,3 +77,17 @@ def test_bad_flags_are_refused(tmp_path):
     assert proc.returncode == 2 and "size must be a count" in proc.stderr
     proc = _run(["--world", "1"], tmp_path)
     assert proc.returncode == 2 and "--world takes rank counts from 2 to 8, got 1" in proc.stderr
+
+
+def test_step_projection_is_bounded_by_the_uncompressed_all_gathers():
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import projection
+    numel, world, gbit, alpha = 64 << 20, 8, 100.0, 10e-6
+    rs = projection.ring_rs_time(numel, 4, world, gbit, alpha)
+    rows = [{"gbit": gbit, "world": world, "method": "same", "ratio": 1.0, "time_s": rs},
+            {"gbit": gbit, "world": world, "method": "free", "ratio": 1e9, "time_s": 0.0}]
+    same, free = projection.step_table(rows, numel, alpha, compute_s=0.01)
+    assert same["speedup_no_overlap"] == pytest.approx(1.0) and same["speedup_full_overlap"] == pytest.approx(1.0)
+    # a reduce-scatter that costs nothing leaves compute and two all-gathers (each as long as rs)
+    assert free["speedup_no_overlap"] == pytest.approx((0.01 + 3 * rs) / (0.01 + 2 * rs))
+    assert free["speedup_full_overlap"] == pytest.approx(max(0.01, 3 * rs) / max(0.01, 2 * rs))
