@@ -11,6 +11,7 @@
 #include "fc_half.h"
 #include "fc_memhint.h"
 #include "fc_quant.h"
+#include "fc_simd.h"
 #include "fc_wire.h"
 
 extern const fc_method fc_method_none;
@@ -310,6 +311,18 @@ void fc_core_end_step(fc_core *s)
 
 /* ---- encode ---- */
 
+/* x = g + r, counting the non-finite results: error feedback's load in one pass (the same
+ * float additions as load_f32 then add_f32). */
+FC_CLONES static int64_t load_sum_f32(const float *g, const float *r, int64_t n, float *x)
+{
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = g[i] + r[i];
+        bad += !(fc_abs_bits(x[i]) < 0x7f800000u);
+    }
+    return bad;
+}
+
 /* g' = g (+ e), counted for non-finite values (zeroed when asked). An fp32 gradient without a
  * residual is encoded in place, read-only: no copy on the common path. Returns the count and
  * where g' lies (s->x or the gradient itself). */
@@ -327,12 +340,16 @@ static int64_t load_chunk(fc_core *s, const fc_buf *grad, const fc_buf *res, int
         }
     }
     float *x = s->x;
-    load_f32(grad->data, grad->dtype, start, n, x);
-    if (res != NULL)
-        add_f32(res->data, res->dtype, start, n, x);
-    bad = 0;
-    for (int64_t i = 0; i < n; i++)
-        bad += !(fc_abs_bits(x[i]) < 0x7f800000u);
+    if (res != NULL && grad->dtype == FC_F32 && res->dtype == FC_F32) {
+        bad = load_sum_f32((const float *)grad->data + start, (const float *)res->data + start, n, x);
+    } else {
+        load_f32(grad->data, grad->dtype, start, n, x);
+        if (res != NULL)
+            add_f32(res->data, res->dtype, start, n, x);
+        bad = 0;
+        for (int64_t i = 0; i < n; i++)
+            bad += !(fc_abs_bits(x[i]) < 0x7f800000u);
+    }
     if (bad && s->common.nonfinite == FC_NONFINITE_ZERO)
         for (int64_t i = 0; i < n; i++)
             if (!(fc_abs_bits(x[i]) < 0x7f800000u))
@@ -401,26 +418,84 @@ static void count_payload(fc_counters *k, const fc_layout *l, int64_t size, int6
     k->sent_elements += n;
 }
 
-/* After encode, turns s->x into e = g' - D(C(g')) and stores it; returns ||e||^2.
- * x . e is needed for the cosine and is recomputed here from the untouched inputs. */
+/* Sums of squares and products in double over 8 interleaved partial sums, combined in a fixed
+ * order. One running sum is a loop-carried chain that -O3 may not reassociate, which made these
+ * loops latency-bound: 3/4 of what error feedback cost per element. Statistics only: no payload
+ * byte depends on them. */
+FC_CLONES static double sum_sq_f32(const float *a, int64_t n)
+{
+    double acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            acc[j] += (double)a[i + j] * (double)a[i + j];
+    for (int j = 0; i < n; i++, j++)
+        acc[j] += (double)a[i] * (double)a[i];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/* dst = e and ||e||^2 (as sum_sq_f32) in one pass. */
+FC_CLONES static double store_sum_sq_f32(float *dst, const float *e, int64_t n)
+{
+    double acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) {
+            dst[i + j] = e[i + j];
+            acc[j] += (double)e[i + j] * (double)e[i + j];
+        }
+    for (int j = 0; i < n; i++, j++) {
+        dst[i] = e[i];
+        acc[j] += (double)e[i] * (double)e[i];
+    }
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+FC_CLONES static void dots3_f32(const float *e, const float *x, int64_t n, double *ee, double *xx,
+                                double *xe)
+{
+    double a[8] = {0}, b[8] = {0}, c[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) {
+            const double ej = e[i + j], xj = x[i + j];
+            a[j] += ej * ej;
+            b[j] += xj * xj;
+            c[j] += xj * ej;
+        }
+    for (int j = 0; i < n; i++, j++) {
+        const double ej = e[i], xj = x[i];
+        a[j] += ej * ej;
+        b[j] += xj * xj;
+        c[j] += xj * ej;
+    }
+    *ee = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+    *xx = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
+    *xe = ((c[0] + c[1]) + (c[2] + c[3])) + ((c[4] + c[5]) + (c[6] + c[7]));
+}
+
+/* After encode, turns s->x into e = g' - D(C(g')) and stores it; returns ||e||^2. With `dots`
+ * (the sampled calls), also ||g'||^2 and g' . e, for which g' is loaded again from the untouched
+ * inputs; the other calls skip that pass. */
 static int update_residual(fc_core *s, const fc_method *m, const fc_chunk *c, const uint8_t *p,
-                           const fc_buf *grad, fc_buf *res, int64_t start, double *e_sq,
+                           const fc_buf *grad, fc_buf *res, int64_t start, int dots, double *e_sq,
                            double *x_sq, double *x_dot_e, fc_err *err)
 {
     int rc = m->decode_add(c, p + FC_HEADER_BYTES, header_body_bytes(p), -1.0f, s->x, err);
     if (rc != FC_OK)
         return rc;
-    double ee = 0, xx = 0, xe = 0;
     const int64_t n = c->n;
-    /* g' again, into the decode scratch, to pair it with e */
-    float *g = s->dec;
-    load_f32(grad->data, grad->dtype, start, n, g);
-    add_f32(res->data, res->dtype, start, n, g);
-    for (int64_t i = 0; i < n; i++) {
-        double e = s->x[i], x = g[i];
-        ee += e * e;
-        xx += x * x;
-        xe += x * e;
+    *x_sq = *x_dot_e = 0;
+    if (dots) {
+        float *g = s->dec; /* g' again, into the decode scratch, to pair it with e */
+        load_f32(grad->data, grad->dtype, start, n, g);
+        add_f32(res->data, res->dtype, start, n, g);
+        dots3_f32(s->x, g, n, e_sq, x_sq, x_dot_e);
+    } else if (res->dtype == FC_F32) {
+        *e_sq = store_sum_sq_f32((float *)res->data + start, s->x, n);
+        return FC_OK;
+    } else {
+        *e_sq = sum_sq_f32(s->x, n);
     }
     if (res->dtype == FC_F32) {
         memcpy((float *)res->data + start, s->x, (size_t)n * 4);
@@ -429,9 +504,6 @@ static int update_residual(fc_core *s, const fc_method *m, const fc_chunk *c, co
         for (int64_t i = 0; i < n; i++)
             r[i] = fc_f32_to_bf16(s->x[i]);
     }
-    *e_sq = ee;
-    *x_sq = xx;
-    *x_dot_e = xe;
     return FC_OK;
 }
 
@@ -505,10 +577,12 @@ int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residua
         count_payload(&s->ctr, &used, size, n);
         raw += n * fc_dtype_size(grad->dtype);
         if (use_ef && !bad) { /* a non-finite chunk keeps its old residual: never poisoned */
+            const int dots = !sampled && stats && s->ctr.calls % s->common.error_stats_every == 0;
             double ee, xx, xe;
-            FC_TRY(update_residual(s, m, &c, out + off, grad, residual, start, &ee, &xx, &xe, err));
+            FC_TRY(update_residual(s, m, &c, out + off, grad, residual, start, dots, &ee, &xx, &xe,
+                                   err));
             unit_e_sq += ee;
-            if (!sampled && stats && s->ctr.calls % s->common.error_stats_every == 0) {
+            if (dots) {
                 /* D = x - e: ||x - D||^2 = ||e||^2, x . D = ||x||^2 - x . e */
                 double xd = xx - xe, dd = xx - 2 * xe + ee;
                 s->ctr.err_sq += ee;

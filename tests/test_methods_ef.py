@@ -91,3 +91,24 @@ def test_bf16_residuals_keep_the_invariant_to_bf16_rounding(gen):
     assert e.dtype == torch.bfloat16
     torch.testing.assert_close(out + e.float(), g, atol=float(g.abs().max()) * 2 ** -8, rtol=0)
     assert state.counters()["residual_bytes"] == 2 * n
+
+
+@pytest.mark.parametrize("method,cfg", [("int8", {}), ("onebit", {}), ("topk", {"ratio": 0.1})])
+def test_error_statistics_with_error_feedback(method, cfg, gen):
+    # every call sampled: the relative error and cosine come from the residual update's sums
+    state = fsdpcomp.CommState(method, dict(cfg, error_feedback=True, compress_own_chunk=True,
+                                            error_stats_every=1))
+    n = 4099  # not a multiple of the 8 partial sums
+    g = torch.randn(n, generator=gen)
+    out = torch.empty(n)
+    state.reduce_scatter(g, out)
+    state.end_step()
+    e = state._core.residuals()[0]
+    c = state.counters()
+    g64, d64 = g.double(), out.double()
+    torch.testing.assert_close(torch.tensor(c["grad_rel_error"], dtype=torch.float64),
+                               e.double().norm() / g64.norm(), rtol=1e-5, atol=0)
+    cos = (g64 @ d64) / (g64.norm() * d64.norm())
+    torch.testing.assert_close(torch.tensor(c["grad_cos_sim"], dtype=torch.float64), cos, rtol=1e-5, atol=0)
+    torch.testing.assert_close(torch.tensor(c["residual_norm"], dtype=torch.float64), e.double().norm(),
+                               rtol=1e-5, atol=0)
