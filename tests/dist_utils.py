@@ -22,13 +22,15 @@ def _entry(rank, world, port, outdir, fn, args):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)  # W ranks share 2 cores
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # Rendezvous through a file, not a TCPStore: with a TCPStore, rank 0 hosts the server and
+    # leaving while a peer still talked to it aborted rank 0 now and then ("terminate called
+    # without an active exception"), even after a barrier. A FileStore has no server thread.
+    dist.init_process_group("gloo", init_method="file://" + os.path.join(outdir, "store"), rank=rank,
+                            world_size=world)
     try:
         result = fn(rank, world, *args)
         torch.save({"ok": result}, os.path.join(outdir, f"{rank}.pt"))
-        # Tear down together: rank 0 hosts the TCPStore, and leaving while a peer still talks to
-        # it aborted the process now and then ("terminate called without an active exception").
-        dist.barrier()
+        dist.barrier()  # tear down together
     except BaseException:
         torch.save({"error": traceback.format_exc()}, os.path.join(outdir, f"{rank}.pt"))
         raise
