@@ -104,8 +104,8 @@ def step_table(cluster_rows: list[dict], numel: int, alpha_s: float, compute_s: 
     rows = []
     for c in cluster_rows:
         world, gbit = c["world"], c["gbit"]
-        ag = 2 * ring_rs_time(numel, 4, world, gbit, alpha_s)  # an all-gather moves what a reduce-scatter does
         rs_nccl = ring_rs_time(numel, 4, world, gbit, alpha_s)
+        ag = 2 * rs_nccl  # an all-gather moves what a reduce-scatter does
         base_serial, mine_serial = compute_s + ag + rs_nccl, compute_s + ag + c["time_s"]
         base_overlap, mine_overlap = max(compute_s, ag + rs_nccl), max(compute_s, ag + c["time_s"])
         rows.append({"gbit": gbit, "world": world, "method": c["method"], "ratio": c["ratio"],

@@ -409,7 +409,7 @@ static PyObject *sizes_tuple(const int64_t *sizes, int world)
 static PyObject *State_encode(StateObject *self, PyObject *args)
 {
     PyObject *grad, *send, *res = NULL;
-    int world, rank, rc;
+    int world, rank, rc = FC_ERR_VALUE; /* until the encode has run */
     long long unit;
     fc_err err = {0};
     fc_view g = {0}, s = {0}, r = {0};
@@ -452,19 +452,26 @@ static PyObject *State_encode(StateObject *self, PyObject *args)
     }
     Py_END_ALLOW_THREADS
     self->busy = 0;
+error: /* and success: rc says which */
+    fc_view_release(&g);
+    fc_view_release(&s);
+    fc_view_release(&r);
+    Py_XDECREF(res);
+    return rc == FC_OK ? sizes_tuple(sizes, world) : STATE_ERR(self, &err);
+}
+
+/* The one exit of a call that borrowed tensor views: released on success and on error alike
+ * (c may be NULL); rc says which, and err why. */
+static PyObject *views_done(StateObject *self, int rc, const fc_err *err, fc_view *a, fc_view *b,
+                            fc_view *c)
+{
+    fc_view_release(a);
+    fc_view_release(b);
+    if (c != NULL)
+        fc_view_release(c);
     if (rc != FC_OK)
-        goto error;
-    fc_view_release(&g);
-    fc_view_release(&s);
-    fc_view_release(&r);
-    Py_XDECREF(res);
-    return sizes_tuple(sizes, world);
-error:
-    fc_view_release(&g);
-    fc_view_release(&s);
-    fc_view_release(&r);
-    Py_XDECREF(res);
-    return STATE_ERR(self, &err);
+        return STATE_ERR(self, err);
+    Py_RETURN_NONE;
 }
 
 /* grad and out of decode() and finish(): float tensors, a writable out, world and unit valid. */
@@ -489,7 +496,7 @@ PyDoc_STRVAR(State_decode_doc,
 static PyObject *State_decode(StateObject *self, PyObject *args)
 {
     PyObject *recv, *grad, *out;
-    int world, rank, rc;
+    int world, rank, rc = FC_ERR_VALUE; /* until the decode has run */
     long long unit;
     fc_err err = {0};
     fc_view v = {0}, g = {0}, o = {0};
@@ -511,17 +518,8 @@ static PyObject *State_decode(StateObject *self, PyObject *args)
         rc = fc_core_decode(&self->core, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
-    if (rc != FC_OK)
-        goto error;
-    fc_view_release(&v);
-    fc_view_release(&g);
-    fc_view_release(&o);
-    Py_RETURN_NONE;
-error:
-    fc_view_release(&v);
-    fc_view_release(&g);
-    fc_view_release(&o);
-    return STATE_ERR(self, &err);
+error: /* and success: rc says which */
+    return views_done(self, rc, &err, &v, &g, &o);
 }
 
 /* ---------------------------------------------------------------- State: second round */
@@ -593,7 +591,7 @@ PyDoc_STRVAR(State_fetch_doc,
 static PyObject *State_fetch(StateObject *self, PyObject *args)
 {
     PyObject *picks, *grad, *send, *res = NULL, *result = NULL;
-    int world, rank, rc;
+    int world, rank, rc = FC_ERR_VALUE; /* until the values are gathered */
     long long unit;
     fc_err err = {0};
     fc_view pv = {0}, g = {0}, sv = {0}, r = {0};
@@ -623,25 +621,19 @@ static PyObject *State_fetch(StateObject *self, PyObject *args)
                          sv.buf.numel / 4, ss, rs, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
-    if (rc != FC_OK)
-        goto error;
-    PyObject *st = sizes_tuple(ss, world), *rt = sizes_tuple(rs, world);
-    result = st != NULL && rt != NULL ? PyTuple_Pack(2, st, rt) : NULL;
-    Py_XDECREF(st);
-    Py_XDECREF(rt);
+    if (rc == FC_OK) {
+        PyObject *st = sizes_tuple(ss, world), *rt = sizes_tuple(rs, world);
+        result = st != NULL && rt != NULL ? PyTuple_Pack(2, st, rt) : NULL;
+        Py_XDECREF(st);
+        Py_XDECREF(rt);
+    }
+error: /* and success: rc says which */
     fc_view_release(&pv);
     fc_view_release(&g);
     fc_view_release(&sv);
     fc_view_release(&r);
     Py_XDECREF(res);
-    return result;
-error:
-    fc_view_release(&pv);
-    fc_view_release(&g);
-    fc_view_release(&sv);
-    fc_view_release(&r);
-    Py_XDECREF(res);
-    return STATE_ERR(self, &err);
+    return rc == FC_OK ? result : STATE_ERR(self, &err);
 }
 
 PyDoc_STRVAR(State_finish_doc,
@@ -652,7 +644,7 @@ PyDoc_STRVAR(State_finish_doc,
 static PyObject *State_finish(StateObject *self, PyObject *args)
 {
     PyObject *recv, *grad, *out;
-    int world, rank, rc;
+    int world, rank, rc = FC_ERR_VALUE; /* until the finish has run */
     long long unit;
     fc_err err = {0};
     fc_view v = {0}, g = {0}, o = {0};
@@ -669,17 +661,8 @@ static PyObject *State_finish(StateObject *self, PyObject *args)
                          world, rank, (uint32_t)unit, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
-    if (rc != FC_OK)
-        goto error;
-    fc_view_release(&v);
-    fc_view_release(&g);
-    fc_view_release(&o);
-    Py_RETURN_NONE;
-error:
-    fc_view_release(&v);
-    fc_view_release(&g);
-    fc_view_release(&o);
-    return STATE_ERR(self, &err);
+error: /* and success: rc says which */
+    return views_done(self, rc, &err, &v, &g, &o);
 }
 
 /* ---------------------------------------------------------------- State: one chunk */
@@ -742,7 +725,7 @@ static PyObject *State_compress(StateObject *self, PyObject *args, PyObject *kwd
     static char *kwlist[] = {"x", "payload", "unit", "chunk", "world", "rank", NULL};
     PyObject *x, *payload;
     unsigned int unit = 0, chunk = 0;
-    int world = 1, rank = 0, rc;
+    int world = 1, rank = 0, rc = FC_ERR_VALUE; /* until the encode has run */
     int64_t written = 0;
     fc_err err = {0};
     fc_view xv = {0}, pv = {0};
@@ -763,15 +746,10 @@ static PyObject *State_compress(StateObject *self, PyObject *args, PyObject *kwd
                           (uint8_t *)pv.buf.data, pv.buf.numel, unit, chunk, world, rank, &written, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
-    if (rc != FC_OK)
-        goto error;
+error: /* and success: rc says which */
     fc_view_release(&xv);
     fc_view_release(&pv);
-    return PyLong_FromLongLong(written);
-error:
-    fc_view_release(&xv);
-    fc_view_release(&pv);
-    return STATE_ERR(self, &err);
+    return rc == FC_OK ? PyLong_FromLongLong(written) : STATE_ERR(self, &err);
 }
 
 PyDoc_STRVAR(State_decompress_doc,
@@ -786,7 +764,7 @@ static PyObject *State_decompress(StateObject *self, PyObject *args, PyObject *k
     PyObject *payload, *acc;
     double alpha = 1.0;
     unsigned int unit = 0, chunk = 0;
-    int world = 1, rc;
+    int world = 1, rc = FC_ERR_VALUE; /* until the decode has run */
     fc_err err = {0};
     fc_view pv = {0}, av = {0};
     if (!ready(self) || !PyArg_ParseTupleAndKeywords(args, kwds, "OO|dIIi:decompress", kwlist,
@@ -806,15 +784,8 @@ static PyObject *State_decompress(StateObject *self, PyObject *args, PyObject *k
                             (float)alpha, (float *)av.buf.data, unit, chunk, world, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
-    if (rc != FC_OK)
-        goto error;
-    fc_view_release(&pv);
-    fc_view_release(&av);
-    Py_RETURN_NONE;
-error:
-    fc_view_release(&pv);
-    fc_view_release(&av);
-    return STATE_ERR(self, &err);
+error: /* and success: rc says which */
+    return views_done(self, rc, &err, &pv, &av, NULL);
 }
 
 /* ---------------------------------------------------------------- State: unit-state sync */
@@ -1059,6 +1030,7 @@ static PyObject *State_nccl_all_to_all(StateObject *self, PyObject *args)
     PyObject *cap, *send, *recv, *ss_o, *rs_o;
     fc_err err = {0};
     fc_view s = {0}, r = {0};
+    int rc = FC_ERR_VALUE; /* until the collective has run */
     int64_t ss[FC_MAX_WORLD], rs[FC_MAX_WORLD], st = 0, rt = 0;
     void *stream = NULL;
     if (!ready(self) || !PyArg_ParseTuple(args, "OOOOO:nccl_all_to_all", &cap, &send, &recv, &ss_o, &rs_o))
@@ -1099,20 +1071,12 @@ static PyObject *State_nccl_all_to_all(StateObject *self, PyObject *args)
     }
     if (fc_view_stream(send, &s, &stream, &err) != FC_OK)
         goto error;
-    int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = api->nccl_all_to_all(self->cuda_ctx, comm, s.device_id, stream, (const uint8_t *)s.buf.data,
                               ss, (uint8_t *)r.buf.data, rs, &err);
     Py_END_ALLOW_THREADS
-    if (rc != FC_OK)
-        goto error;
-    fc_view_release(&s);
-    fc_view_release(&r);
-    Py_RETURN_NONE;
-error:
-    fc_view_release(&s);
-    fc_view_release(&r);
-    return STATE_ERR(self, &err);
+error: /* and success: rc says which */
+    return views_done(self, rc, &err, &s, &r, NULL);
 }
 
 /* ---------------------------------------------------------------- State: checkpoints */

@@ -18,9 +18,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank, world, port, outdir, fn, args):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+def _entry(rank, world, outdir, fn, args):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)  # W ranks share 2 cores
     # Rendezvous through a file, not a TCPStore: with a TCPStore, rank 0 hosts the server and
     # leaving while a peer still talked to it aborted rank 0 now and then ("terminate called
@@ -42,7 +41,7 @@ def run_ranks(fn, world: int, *args, timeout: float = 300.0) -> list:
     """fn(rank, world, *args) on `world` spawned processes; returns [result of rank 0, ...].
     fn must be a module-level function (it is pickled by name)."""
     with tempfile.TemporaryDirectory() as outdir:
-        ctx = mp.start_processes(_entry, args=(world, free_port(), outdir, fn, args), nprocs=world,
+        ctx = mp.start_processes(_entry, args=(world, outdir, fn, args), nprocs=world,
                                  join=False, start_method="spawn")
         try:
             while not ctx.join(timeout=timeout):
