@@ -25,6 +25,9 @@ const fc_key fc_common_keys[] = {
               "NaN/Inf in a gradient: pass them through, or zero them (both counted)"),
     FC_CHOICE(fc_common, transport, 0, transports,
               "collective backend: torch.distributed, or the C-side NCCL path for CUDA tensors"),
+    FC_BOOL(fc_common, pipeline, 1,
+            "CPU process groups: send each payload as soon as it is encoded and decode each as it "
+            "arrives (methods with fixed-size payloads and no compressed-domain sum)"),
     FC_BOOL(fc_common, allgather_compress, 0,
             "all-reduces (NO_SHARD, DDP, replica all-reduce): compress the all-gather of the reduced "
             "shards too; every rank, the owner included, uses the decoded shard (CPU tensors)"),

@@ -66,6 +66,7 @@ void fc_core_init(fc_core *s, const fc_method *m, const fc_common *common, const
 
 void fc_core_free_unit_states(fc_core *s)
 {
+    s->enc.open = s->dec_call.open = 0; /* their unit state pointers go with the table */
     for (int32_t u = 0; u < s->n_units; u++) {
         free(s->units[u].ustate);
         s->units[u].ustate = NULL;
@@ -532,83 +533,190 @@ static int sample_error(fc_core *s, const fc_method *m, const fc_chunk *c, const
     return FC_OK;
 }
 
+/* Whether chunk ci of this unit has a payload: not empty, and not the own chunk kept exact. */
+static int has_payload(const fc_core *s, int64_t N, int world, int rank, int ci)
+{
+    int64_t start, n;
+    fc_chunk_span(N, world, ci, &start, &n);
+    return n > 0 && (ci != rank || s->common.compress_own_chunk);
+}
+
+/* Opens an encode call (s->enc): what every chunk of it shares, scratch grown for its largest
+ * chunk. fc_core_encode runs one in full; fc_core_encode_part one chunk per call. */
+static int encode_begin(fc_core *s, const fc_buf *grad, const fc_buf *residual, int world, int rank,
+                        uint32_t unit, fc_err *err)
+{
+    int rc = FC_OK;
+    fc_encode_call *e = &s->enc;
+    const int64_t N = grad->numel;
+    const fc_method *m = fc_core_unit_method(s, N);
+    e->open = 0;
+    e->method = m;
+    e->use_ef = m == s->method && s->common.error_feedback && residual != NULL;
+    /* a second round decides what is sent after this call: no error sample from round 1 */
+    e->stats = s->common.error_stats_every > 0 && !fc_fetch_kmax(s, N, world);
+    e->sample = !e->use_ef && m == s->method && e->stats &&
+                s->ctr.calls % s->common.error_stats_every == 0;
+    e->sampled = 0;
+    e->raw = 0;
+    e->e_sq = 0;
+    e->unit = unit;
+    e->step = s->step;
+    e->world = world;
+    e->rank = rank;
+    e->numel = N;
+    e->todo = 0;
+    memset(s->chunk_bad, 0, (size_t)world);
+    memset(e->done, 0, (size_t)world);
+    s->bad_unit = unit;
+    const int64_t per = (N + world - 1) / world;
+    FC_TRY(grow_f32(&s->x, &s->x_cap, per, err));
+    FC_TRY(grow_f32(&s->dec, &s->dec_cap, per, err));
+    if (m->scratch_bytes != NULL)
+        FC_TRY(grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, per), err));
+    FC_TRY(unit_state(s, m, unit, &e->ust, err));
+    e->todo = world;
+    e->open = 1;
+    return FC_OK;
+error:
+    return rc;
+}
+
+/* Encodes chunk ci of the open call into p (cap bytes): g' = g (+ e), the payload, the residual
+ * update and, on a sampled call, the error statistics of the first chunk encoded. */
+static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci, uint8_t *p,
+                        int64_t cap, int64_t *size, fc_err *err)
+{
+    int rc = FC_OK;
+    fc_encode_call *e = &s->enc;
+    const fc_method *m = e->method;
+    int64_t start, n;
+    fc_chunk_span(e->numel, e->world, ci, &start, &n);
+    fc_chunk c = make_chunk(s, m, n, e->world, grad->dtype, e->unit, (uint32_t)ci, e->rank);
+    c.scratch = s->mscr;
+    c.ustate = e->ust;
+    const float *x;
+    int64_t bad = load_chunk(s, grad, e->use_ef ? residual : NULL, start, n, &x);
+    s->ctr.nonfinite_in += bad;
+    s->chunk_bad[ci] = bad != 0;
+    fc_layout used;
+    FC_TRY(encode_one(s, m, &c, x, p, cap, size, &used, err));
+    count_payload(&s->ctr, &used, *size, n);
+    e->raw += n * fc_dtype_size(grad->dtype);
+    if (e->use_ef && !bad) { /* a non-finite chunk keeps its old residual: never poisoned */
+        const int dots = !e->sampled && e->stats && s->ctr.calls % s->common.error_stats_every == 0;
+        double ee, xx, xe;
+        FC_TRY(update_residual(s, m, &c, p, grad, residual, start, dots, &ee, &xx, &xe, err));
+        e->e_sq += ee;
+        if (dots) {
+            /* D = x - e: ||x - D||^2 = ||e||^2, x . D = ||x||^2 - x . e */
+            double xd = xx - xe, dd = xx - 2 * xe + ee;
+            s->ctr.err_sq += ee;
+            s->ctr.ref_sq += xx;
+            s->ctr.cos_sum += (xx > 0 && dd > 0) ? xd / sqrt(xx * dd) : (xx == 0 && dd == 0);
+            s->ctr.stats_samples++;
+            e->sampled = 1;
+        }
+    } else if (e->sample && !e->sampled && !bad) {
+        FC_TRY(sample_error(s, m, &c, x, p, err));
+        e->sampled = 1;
+    }
+    return FC_OK;
+error:
+    return rc;
+}
+
+/* Closes the open call: the per-call counters, counted once however its chunks were encoded. */
+static void encode_end(fc_core *s, const fc_buf *residual)
+{
+    fc_encode_call *e = &s->enc;
+    if (e->use_ef) {
+        s->units[e->unit].residual_sq = e->e_sq;
+        s->units[e->unit].residual_elems = residual->numel;
+    }
+    s->ctr.calls++;
+    s->ctr.calls_uncompressed += e->method != s->method;
+    s->ctr.elements += e->numel;
+    s->ctr.bytes_raw += e->raw;
+    e->open = 0;
+}
+
 int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual, int world,
                    int rank, uint32_t unit, int64_t *sizes, fc_err *err)
 {
     int rc = FC_OK;
     const double t0 = now_s();
-    const int64_t N = grad->numel;
-    const fc_method *m = fc_core_unit_method(s, N);
-    const int use_ef = m == s->method && s->common.error_feedback && residual != NULL;
-    int64_t per = (N + world - 1) / world;
-    /* a second round decides what is sent after this call: no error sample from round 1 */
-    const int stats = s->common.error_stats_every > 0 && !fc_fetch_kmax(s, N, world);
-    const int sample = !use_ef && m == s->method && stats &&
-                       s->ctr.calls % s->common.error_stats_every == 0;
-    memset(s->chunk_bad, 0, (size_t)world);
-    s->bad_unit = unit;
-    FC_TRY(grow_f32(&s->x, &s->x_cap, per, err));
-    FC_TRY(grow_f32(&s->dec, &s->dec_cap, per, err));
-    if (m->scratch_bytes != NULL)
-        FC_TRY(grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, per), err));
-
-    float *ust;
-    FC_TRY(unit_state(s, m, unit, &ust, err));
+    FC_TRY(encode_begin(s, grad, residual, world, rank, unit, err));
     uint8_t *out = (uint8_t *)send->data;
-    int64_t off = 0, raw = 0;
-    double unit_e_sq = 0;
-    int sampled = 0;
+    int64_t off = 0;
     for (int ci = 0; ci < world; ci++) {
-        int64_t start, n;
-        fc_chunk_span(N, world, ci, &start, &n);
         sizes[ci] = 0;
-        if ((ci == rank && !s->common.compress_own_chunk) || n == 0)
+        if (!has_payload(s, grad->numel, world, rank, ci))
             continue;
-        fc_chunk c = make_chunk(s, m, n, world, grad->dtype, unit, (uint32_t)ci, rank);
-        c.scratch = s->mscr;
-        c.ustate = ust;
-        const float *x;
-        int64_t bad = load_chunk(s, grad, use_ef ? residual : NULL, start, n, &x);
-        s->ctr.nonfinite_in += bad;
-        s->chunk_bad[ci] = bad != 0;
-        int64_t size;
-        fc_layout used;
-        FC_TRY(encode_one(s, m, &c, x, out + off, send->numel - off, &size, &used, err));
-        count_payload(&s->ctr, &used, size, n);
-        raw += n * fc_dtype_size(grad->dtype);
-        if (use_ef && !bad) { /* a non-finite chunk keeps its old residual: never poisoned */
-            const int dots = !sampled && stats && s->ctr.calls % s->common.error_stats_every == 0;
-            double ee, xx, xe;
-            FC_TRY(update_residual(s, m, &c, out + off, grad, residual, start, dots, &ee, &xx, &xe,
-                                   err));
-            unit_e_sq += ee;
-            if (dots) {
-                /* D = x - e: ||x - D||^2 = ||e||^2, x . D = ||x||^2 - x . e */
-                double xd = xx - xe, dd = xx - 2 * xe + ee;
-                s->ctr.err_sq += ee;
-                s->ctr.ref_sq += xx;
-                s->ctr.cos_sum += (xx > 0 && dd > 0) ? xd / sqrt(xx * dd) : (xx == 0 && dd == 0);
-                s->ctr.stats_samples++;
-                sampled = 1;
-            }
-        } else if (sample && !sampled && !bad) {
-            FC_TRY(sample_error(s, m, &c, x, out + off, err));
-            sampled = 1;
-        }
-        sizes[ci] = size;
-        off += size;
+        FC_TRY(encode_chunk(s, grad, residual, ci, out + off, send->numel - off, &sizes[ci], err));
+        off += sizes[ci];
     }
-    if (use_ef) {
-        s->units[unit].residual_sq = unit_e_sq;
-        s->units[unit].residual_elems = residual->numel;
-    }
-    s->ctr.calls++;
-    s->ctr.calls_uncompressed += m != s->method;
-    s->ctr.elements += N;
-    s->ctr.bytes_raw += raw;
+    encode_end(s, residual);
     s->ctr.compress_s += now_s() - t0;
     return FC_OK;
 error:
+    s->enc.open = 0;
+    return rc;
+}
+
+/* Why a unit cannot be exchanged one payload at a time (NULL: it can). */
+static const char *not_per_peer(const fc_core *s, const fc_method *m, int64_t N, int world)
+{
+    if (m->flags & FC_VARSIZE)
+        return "has data-dependent payload sizes (the receivers learn them in one exchange)";
+    if (fc_fetch_kmax(s, N, world) > 0)
+        return "has a second round (the owner picks coordinates from all payloads)";
+    if (m->aggregate != NULL && m->agg_bytes != NULL)
+        return "sums the payloads in the compressed domain before decoding them";
+    return NULL;
+}
+
+int fc_core_per_peer_ok(const fc_core *s, int64_t numel, int world)
+{
+    return not_per_peer(s, fc_core_unit_method(s, numel), numel, world) == NULL;
+}
+
+int fc_core_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual, int world,
+                        int rank, uint32_t unit, int chunk, int64_t *size, fc_err *err)
+{
+    int rc = FC_OK;
+    const double t0 = now_s();
+    const int64_t N = grad->numel;
+    const fc_method *m = fc_core_unit_method(s, N);
+    const char *why = not_per_peer(s, m, N, world);
+    *size = 0;
+    if (why != NULL)
+        return fc_fail(err, FC_ERR_VALUE, "method '%s' %s: encode all chunks at once with encode()",
+                       m->name, why);
+    if (chunk < 0 || chunk >= world)
+        return fc_fail(err, FC_ERR_VALUE, "chunk must be in [0, %d), got %d", world, chunk);
+    fc_encode_call *e = &s->enc;
+    if (!e->open || e->unit != unit || e->step != s->step || e->world != world ||
+        e->rank != rank || e->numel != N) /* a new call (an unfinished one is dropped) */
+        FC_TRY(encode_begin(s, grad, residual, world, rank, unit, err));
+    if (e->done[chunk])
+        FC_TRY(fc_fail(err, FC_ERR_STATE, "chunk %d of unit %u was already encoded in this call",
+                       chunk, unit));
+    if (has_payload(s, N, world, rank, chunk)) {
+        int64_t sends[FC_MAX_WORLD], recvs[FC_MAX_WORLD], off = 0;
+        fc_core_plan(s, N, grad->dtype, world, rank, sends, recvs);
+        for (int c = 0; c < chunk; c++)
+            off += sends[c];
+        FC_TRY(encode_chunk(s, grad, residual, chunk, (uint8_t *)send->data + off, sends[chunk],
+                            size, err));
+    }
+    e->done[chunk] = 1;
+    if (--e->todo == 0)
+        encode_end(s, residual);
+    s->ctr.compress_s += now_s() - t0;
+    return FC_OK;
+error:
+    e->open = 0;
     return rc;
 }
 
@@ -690,6 +798,7 @@ int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *o
     const double t0 = now_s();
     const int64_t N = grad->numel;
     const fc_method *m = fc_core_unit_method(s, N);
+    s->dec_call.open = 0; /* acc is reused: a decode_part sequence cannot go on after this */
     int64_t start, n;
     fc_chunk_span(N, world, rank, &start, &n);
     if (out->numel < n)
@@ -760,6 +869,73 @@ int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *o
     s->ctr.decompress_s += now_s() - t0;
     return FC_OK;
 error:
+    return rc;
+}
+
+int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, fc_buf *out,
+                        int world, int rank, uint32_t unit, int src, fc_err *err)
+{
+    int rc = FC_OK;
+    const double t0 = now_s();
+    const int64_t N = grad->numel;
+    const fc_method *m = fc_core_unit_method(s, N);
+    const char *why = not_per_peer(s, m, N, world);
+    fc_decode_call *d = &s->dec_call;
+    if (why != NULL)
+        return fc_fail(err, FC_ERR_VALUE, "method '%s' %s: decode all payloads at once with decode()",
+                       m->name, why);
+    if (src < 0 || src >= world)
+        return fc_fail(err, FC_ERR_VALUE, "src must be in [0, %d), got %d", world, src);
+    int64_t start, n;
+    fc_chunk_span(N, world, rank, &start, &n);
+    if (src == rank) { /* the own chunk opens the call: acc starts from it */
+        d->open = 0;
+        if (out->numel < n)
+            return fc_fail(err, FC_ERR_VALUE, "output has %lld elements, the shard needs %lld",
+                           (long long)out->numel, (long long)n);
+        FC_TRY(grow_f32(&s->acc, &s->acc_cap, n, err));
+        if (m->scratch_bytes != NULL)
+            FC_TRY(grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err));
+        FC_TRY(unit_state(s, m, unit, &d->ust, err));
+        memset(s->acc, 0, (size_t)n * 4);
+        d->unit = unit;
+        d->step = s->step;
+        d->world = world;
+        d->rank = rank;
+        d->numel = N;
+        d->next = 0;
+        d->open = 1;
+    } else if (!d->open || d->unit != unit || d->step != s->step || d->world != world ||
+               d->rank != rank || d->numel != N) {
+        return fc_fail(err, FC_ERR_STATE, "decode_part: the own chunk (src=%d) comes first, then "
+                       "the others in cyclic order; got src=%d with no call open for unit %u",
+                       rank, src, unit);
+    }
+    const int expected = (rank + d->next) % world;
+    if (src != expected)
+        FC_TRY(fc_fail(err, FC_ERR_STATE, "decode_part: parts come in cyclic order from the own "
+                       "rank, so the sum is the same on every run; expected src=%d, got %d",
+                       expected, src));
+    int64_t sends[FC_MAX_WORLD], recvs[FC_MAX_WORLD];
+    fc_core_plan(s, N, grad->dtype, world, rank, sends, recvs);
+    if (payload->numel != recvs[src])
+        FC_TRY(fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d has %lld bytes, the plan says "
+                       "%lld", src, (long long)payload->numel, (long long)recvs[src]));
+    if (n > 0 && recvs[src] == 0) { /* the own chunk, exact */
+        add_f32(grad->data, grad->dtype, start, n, s->acc);
+    } else if (n > 0) {
+        fc_chunk c = make_chunk(s, m, n, world, grad->dtype, unit, (uint32_t)rank, src);
+        c.ustate = d->ust;
+        FC_TRY(decode_one(m, &c, (const uint8_t *)payload->data, recvs[src], src, 1.0f, s->acc, err));
+    }
+    if (++d->next == world) {
+        fc_core_write_out(s, s->acc, n, world, out);
+        d->open = 0;
+    }
+    s->ctr.decompress_s += now_s() - t0;
+    return FC_OK;
+error:
+    d->open = 0;
     return rc;
 }
 

@@ -25,6 +25,7 @@ typedef struct {
     int nonfinite;
     int transport;
     int allgather_compress; /* all-reduce meaning: compress the all-gather of reduced shards too */
+    int pipeline;           /* the Python side's per-peer exchange (fc_core_encode_part) */
 } fc_common;
 
 typedef struct {
@@ -40,6 +41,34 @@ typedef struct {
     int64_t numel;
     int dtype; /* fc_dtype */
 } fc_buf;
+
+/* One encode call in progress: fc_core_encode runs one whole, fc_core_encode_part a chunk at a
+ * time (the pipelined exchange sends each payload as soon as it is encoded). What is counted per
+ * call, not per chunk, lives here until the last chunk closes the call. */
+typedef struct {
+    int open;
+    uint32_t unit, step;
+    int world, rank;
+    int64_t numel;
+    const fc_method *method; /* the unit's: `none` below min_numel */
+    float *ust;
+    int use_ef, stats, sample, sampled;
+    int todo; /* chunks (one part each, payload or not) not yet encoded */
+    int64_t raw;
+    double e_sq;
+    uint8_t done[FC_MAX_WORLD];
+} fc_encode_call;
+
+/* One decode_part call sequence in progress: the own chunk opens it, the other ranks' payloads
+ * follow in cyclic order (rank+1, rank+2, ...), the W-th part writes the output. */
+typedef struct {
+    int open;
+    uint32_t unit, step;
+    int world, rank;
+    int64_t numel;
+    int next; /* parts added so far */
+    float *ust;
+} fc_decode_call;
 
 typedef struct {
     const fc_method *method;
@@ -68,6 +97,8 @@ typedef struct {
     int64_t picks_cap, n_picks;
     int64_t picks_unit, bad_unit; /* -1: none */
     uint8_t chunk_bad[FC_MAX_WORLD];
+    fc_encode_call enc;
+    fc_decode_call dec_call;
 } fc_core;
 
 void fc_core_init(fc_core *s, const fc_method *m, const fc_common *common, const void *cfg);
@@ -93,6 +124,22 @@ int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residua
                    int rank, uint32_t unit, int64_t *sizes, fc_err *err);
 int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *out, int world,
                    int rank, uint32_t unit, fc_err *err);
+
+/* The same call one payload at a time, for an exchange that overlaps the wire with the codec.
+ * Whether a unit of `numel` elements can go that way: fixed-size payloads, no second round, no
+ * compressed-domain sum. */
+int fc_core_per_peer_ok(const fc_core *s, int64_t numel, int world);
+/* Encodes chunk `chunk` into its slot of the planned send buffer (*size 0: it has no payload).
+ * Every chunk 0..world-1 comes once, in any order, payload or not; the bytes are those
+ * fc_core_encode writes, and the call is counted when its world-th part is done. */
+int fc_core_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual, int world,
+                        int rank, uint32_t unit, int chunk, int64_t *size, fc_err *err);
+/* Adds the payload from rank `src` (empty for an own chunk kept exact). src = rank opens the
+ * call, then rank+1, rank+2, ... (mod world): a fixed order, so every run sums the same way;
+ * it differs from fc_core_decode's rank order (0, 1, ...) for world > 2 in rounding only. The
+ * world-th part writes `out`. */
+int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, fc_buf *out,
+                        int world, int rank, uint32_t unit, int src, fc_err *err);
 
 /* out = acc / world in out's dtype (zero past n), counting what overflowed. */
 void fc_core_write_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *out);

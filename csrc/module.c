@@ -406,6 +406,23 @@ static PyObject *sizes_tuple(const int64_t *sizes, int world)
     return t;
 }
 
+/* Whether a unit of `numel` elements keeps an error-feedback residual. */
+static int uses_residual(StateObject *self, int64_t numel)
+{
+    return self->core.common.error_feedback &&
+           fc_core_unit_method(&self->core, numel) == self->core.method;
+}
+
+/* The unit's residual (new ref, its view in *r) on grad's device; NULL with err set. */
+static PyObject *ef_residual(StateObject *self, uint32_t unit, PyObject *grad, const fc_view *g,
+                             fc_view *r, fc_err *err)
+{
+    PyObject *res = residual_for(self, unit, grad, g->buf.numel, r, err);
+    if (res != NULL && check_same_device(r, g, "residual", err) != FC_OK)
+        Py_CLEAR(res); /* r is released by the caller's exit */
+    return res;
+}
+
 static PyObject *State_encode(StateObject *self, PyObject *args)
 {
     PyObject *grad, *send, *res = NULL;
@@ -428,15 +445,9 @@ static PyObject *State_encode(StateObject *self, PyObject *args)
                 (long long)s.buf.numel, (long long)plan_total(ss, world));
         goto error;
     }
-    const int use_ef = self->core.common.error_feedback &&
-                       fc_core_unit_method(&self->core, g.buf.numel) == self->core.method;
-    if (use_ef) {
-        res = residual_for(self, (uint32_t)unit, grad, g.buf.numel, &r, &err);
-        if (res == NULL)
-            goto error;
-        if (check_same_device(&r, &g, "residual", &err) != FC_OK)
-            goto error;
-    }
+    const int use_ef = uses_residual(self, g.buf.numel);
+    if (use_ef && (res = ef_residual(self, (uint32_t)unit, grad, &g, &r, &err)) == NULL)
+        goto error;
     if (g.device_type == kDLCUDA && cuda_prepare(self, grad, &g, &k, &err) != FC_OK)
         goto error;
     self->busy = 1;
@@ -516,6 +527,105 @@ static PyObject *State_decode(StateObject *self, PyObject *args)
         rc = fc_cuda_decode(&self->core, &k, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
     else
         rc = fc_core_decode(&self->core, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+error: /* and success: rc says which */
+    return views_done(self, rc, &err, &v, &g, &o);
+}
+
+/* ---------------------------------------------------------------- State: one peer at a time */
+
+PyDoc_STRVAR(State_per_peer_ok_doc,
+"per_peer_ok(numel, world) -> bool\n\n"
+"Whether a unit of `numel` elements can be exchanged one payload at a time with\n"
+"encode_part()/decode_part(): fixed-size payloads, no second round, no compressed-domain sum.");
+
+static PyObject *State_per_peer_ok(StateObject *self, PyObject *args)
+{
+    long long numel;
+    int world;
+    if (!ready(self) || !PyArg_ParseTuple(args, "Li:per_peer_ok", &numel, &world))
+        return NULL;
+    if (numel < 0 || world < 1 || world > FC_MAX_WORLD) {
+        PyErr_Format(PyExc_ValueError, "per_peer_ok: numel must be >= 0 and world in [1, %d]",
+                     FC_MAX_WORLD);
+        return NULL;
+    }
+    return PyBool_FromLong(fc_core_per_peer_ok(&self->core, (int64_t)numel, world));
+}
+
+PyDoc_STRVAR(State_encode_part_doc,
+"encode_part(grad, send, world, rank, unit, chunk) -> int\n\n"
+"encode() for one destination: writes the payload for rank `chunk` into its slot of `send`\n"
+"(the buffer plan() sizes) and returns its size (0: that chunk has no payload). The chunks of\n"
+"a call may come in any order; each writes the bytes encode() would, and the call is counted\n"
+"once its last payload is encoded. CPU tensors.");
+
+static PyObject *State_encode_part(StateObject *self, PyObject *args)
+{
+    PyObject *grad, *send, *res = NULL;
+    int world, rank, chunk, rc = FC_ERR_VALUE; /* until the encode has run */
+    long long unit;
+    fc_err err = {0};
+    fc_view g = {0}, s = {0}, r = {0};
+    int64_t ss[FC_MAX_WORLD], rs[FC_MAX_WORLD], size = 0;
+    if (!ready(self) ||
+        !PyArg_ParseTuple(args, "OOiiLi:encode_part", &grad, &send, &world, &rank, &unit, &chunk))
+        return NULL;
+    if (fc_view_get(grad, "grad", FC_DT_FLOATS, &g, &err) != FC_OK ||
+        fc_view_get(send, "send", FC_DT_U8, &s, &err) != FC_OK || check_cpu(&g, "grad", &err) ||
+        check_cpu(&s, "send", &err) || check_aligned(&s, "send", &err) ||
+        check_world(world, rank, &err) || check_unit(self, unit, g.buf.numel, &err))
+        goto error;
+    fc_core_plan(&self->core, g.buf.numel, g.buf.dtype, world, rank, ss, rs);
+    if (s.buf.numel != plan_total(ss, world)) {
+        fc_fail(&err, FC_ERR_VALUE, "send has %lld bytes, plan() needs %lld",
+                (long long)s.buf.numel, (long long)plan_total(ss, world));
+        goto error;
+    }
+    const int use_ef = uses_residual(self, g.buf.numel);
+    if (use_ef && (res = ef_residual(self, (uint32_t)unit, grad, &g, &r, &err)) == NULL)
+        goto error;
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fc_core_encode_part(&self->core, &g.buf, &s.buf, use_ef ? &r.buf : NULL, world, rank,
+                             (uint32_t)unit, chunk, &size, &err);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+error: /* and success: rc says which */
+    fc_view_release(&g);
+    fc_view_release(&s);
+    fc_view_release(&r);
+    Py_XDECREF(res);
+    return rc == FC_OK ? PyLong_FromLongLong(size) : STATE_ERR(self, &err);
+}
+
+PyDoc_STRVAR(State_decode_part_doc,
+"decode_part(payload, grad, out, world, rank, unit, src)\n\n"
+"decode() one payload at a time, as they arrive: src = rank first (its payload is empty unless\n"
+"compress_own_chunk), then rank+1, rank+2, ... mod world. The sum runs in that fixed order (for\n"
+"world > 2 it rounds differently from decode()'s rank order); the world-th part writes `out`.\n"
+"CPU tensors.");
+
+static PyObject *State_decode_part(StateObject *self, PyObject *args)
+{
+    PyObject *payload, *grad, *out;
+    int world, rank, src, rc = FC_ERR_VALUE; /* until the decode has run */
+    long long unit;
+    fc_err err = {0};
+    fc_view v = {0}, g = {0}, o = {0};
+    if (!ready(self) || !PyArg_ParseTuple(args, "OOOiiLi:decode_part", &payload, &grad, &out,
+                                          &world, &rank, &unit, &src))
+        return NULL;
+    if (fc_view_get(payload, "payload", FC_DT_U8, &v, &err) != FC_OK ||
+        grad_out_views(self, grad, out, world, rank, unit, &g, &o, &err) != FC_OK ||
+        check_cpu(&g, "grad", &err) || check_cpu(&v, "payload", &err) ||
+        check_cpu(&o, "output", &err) || (v.buf.numel > 0 && check_aligned(&v, "payload", &err)))
+        goto error;
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fc_core_decode_part(&self->core, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, src,
+                             &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
 error: /* and success: rc says which */
@@ -1300,6 +1410,9 @@ static PyMethodDef State_methods[] = {
     {"end_step", (PyCFunction)State_end_step, METH_NOARGS, State_end_step_doc},
     {"encode", (PyCFunction)State_encode, METH_VARARGS, State_encode_doc},
     {"decode", (PyCFunction)State_decode, METH_VARARGS, State_decode_doc},
+    {"per_peer_ok", (PyCFunction)State_per_peer_ok, METH_VARARGS, State_per_peer_ok_doc},
+    {"encode_part", (PyCFunction)State_encode_part, METH_VARARGS, State_encode_part_doc},
+    {"decode_part", (PyCFunction)State_decode_part, METH_VARARGS, State_decode_part_doc},
     {"payload_bytes", (PyCFunction)State_payload_bytes, METH_O, State_payload_bytes_doc},
     {"layout", (PyCFunction)State_layout, METH_O, State_layout_doc},
     {"compress", (PyCFunction)(void (*)(void))State_compress, METH_VARARGS | METH_KEYWORDS, State_compress_doc},

@@ -22,6 +22,15 @@ _RESIDUAL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+def _offsets(splits) -> list[int]:
+    """Where each rank's slot starts in a buffer of back-to-back splits."""
+    at, total = [], 0
+    for size in splits:
+        at.append(total)
+        total += size
+    return at
+
+
 def _allocate_residual(numel: int, dtype_name: str, like: torch.Tensor) -> torch.Tensor:
     """Residual memory comes from torch's allocator, on the gradient's device."""
     return torch.zeros(numel, dtype=_RESIDUAL_DTYPES[dtype_name], device=like.device)
@@ -51,6 +60,9 @@ class CommState:
         self._transport = cfg["transport"]
         self._ef = cfg["error_feedback"]
         self._gather_compressed = cfg["allgather_compress"]
+        self._pipeline = cfg["pipeline"]
+        self._per_peer: dict[tuple[int, int], bool] = {}
+        self._group_ranks: list[int] | None = None
         self._gather_residuals: dict[int, torch.Tensor] = {}  # all-gather stage, per unit
         if self._gather_compressed and cfg.get("second_round"):
             # a single payload (the all-gather stage) has no second round to fetch values with
@@ -165,6 +177,15 @@ class CommState:
         world, rank = self._world_rank()
         unit = self._begin(grad.numel())
         send_splits, recv_splits = self._plan(grad, world, rank)
+        if self._exchanges_per_peer(grad, world):
+            self._per_peer_exchange(grad, output, world, rank, unit, send_splits, recv_splits)
+        else:
+            self._all_to_all_exchange(grad, output, world, rank, unit, send_splits, recv_splits)
+        self._sync_unit_state(unit, world, grad.device)
+        return unit
+
+    def _all_to_all_exchange(self, grad, output, world, rank, unit, send_splits, recv_splits):
+        """Encode every payload, one all-to-all, decode them all: any method, any transport."""
         send = self._buffer("send", sum(send_splits), grad.device)
         recv = self._buffer("recv", sum(recv_splits), grad.device)
         sizes = self._core.encode(grad, send, world, rank, unit)
@@ -184,8 +205,68 @@ class CommState:
         kmax = self._fetch_kmax(grad.numel(), world)
         if kmax:
             self._second_round(grad, output, world, rank, unit, kmax)
-        self._sync_unit_state(unit, world, grad.device)
-        return unit
+
+    def _exchanges_per_peer(self, grad: torch.Tensor, world: int) -> bool:
+        """The pipelined exchange applies to CPU tensors on torch.distributed, over >= 2 ranks,
+        for units whose payloads have fixed sizes and are decoded one by one."""
+        if not self._pipeline or world < 2 or grad.device.type != "cpu" or self._transport == "nccl":
+            return False
+        key = (grad.numel(), world)
+        ok = self._per_peer.get(key)
+        if ok is None:
+            ok = self._per_peer[key] = self._core.per_peer_ok(grad.numel(), world)
+        return ok
+
+    def _per_peer_exchange(self, grad, output, world, rank, unit, send_splits, recv_splits):
+        """The reduce-scatter as W-1 point-to-point payloads, overlapped with the codec.
+
+        Every receive is posted first. Then, at step k = 1..W-1, this rank encodes the payload
+        for rank - k and puts it on the wire at once, so the next encode runs while it is in
+        flight; each rank thus receives from rank + k at step k (a permutation: one flow per
+        link per step, on every rank), which is the order decode_part adds them in, after the
+        own chunk. Each arrival is decoded while later ones are still on the wire. Payload bytes
+        equal encode()'s; the fixed summation order (own, rank+1, rank+2, ...) is the same on
+        every run. comm_time_s counts only the time spent waiting on the wire."""
+        group, peers = self.process_group, self._peers()
+        send = self._buffer("send", sum(send_splits), grad.device)
+        recv = self._buffer("recv", sum(recv_splits), grad.device)
+        send_at, recv_at = _offsets(send_splits), _offsets(recv_splits)
+        arriving = {}
+        for k in range(1, world):
+            src = (rank + k) % world
+            if recv_splits[src]:
+                slot = recv[recv_at[src]:recv_at[src] + recv_splits[src]]
+                arriving[src] = dist.irecv(slot, src=peers[src], group=group)
+        leaving = []
+        for k in range(1, world):
+            dst = (rank - k) % world
+            size = self._core.encode_part(grad, send, world, rank, unit, dst)
+            if size:
+                payload = send[send_at[dst]:send_at[dst] + size]
+                leaving.append(dist.isend(payload, dst=peers[dst], group=group))
+        own = self._core.encode_part(grad, send, world, rank, unit, rank)  # 0 unless compress_own_chunk
+        self._core.decode_part(send[send_at[rank]:send_at[rank] + own], grad, output, world, rank,
+                               unit, rank)
+        waited = 0.0
+        for k in range(1, world):
+            src = (rank + k) % world
+            if src in arriving:
+                t0 = time.perf_counter()
+                arriving[src].wait()
+                waited += time.perf_counter() - t0
+            payload = recv[recv_at[src]:recv_at[src] + recv_splits[src]]
+            self._core.decode_part(payload, grad, output, world, rank, unit, src)
+        t0 = time.perf_counter()
+        for work in leaving:  # the send buffer is reused by the next call
+            work.wait()
+        self._core.add_comm(waited + time.perf_counter() - t0)
+
+    def _peers(self) -> list[int]:
+        """Global rank of each rank of the group: torch's point-to-point calls take global ranks."""
+        if self._group_ranks is None:
+            group = self.process_group if self.process_group is not None else dist.group.WORLD
+            self._group_ranks = dist.get_process_group_ranks(group)
+        return self._group_ranks
 
     def _fetch_kmax(self, numel: int, world: int) -> int:
         key = ("fetch", numel, world)

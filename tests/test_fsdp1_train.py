@@ -54,7 +54,7 @@ def test_none_matches_torch_reduce_scatter(world):
         # a + b is a + b in any order: bit-identical parameters
         assert torch.equal(params, ref_params)
     else:
-        # three addends: torch's gloo sums in its own order, we sum in rank order, so the two
+        # three addends: torch's gloo sums in its own order, we in our fixed one, so the two
         # differ by fp32 rounding of the sum (a few ulp), carried through 4 SGD steps.
         torch.testing.assert_close(params, ref_params, rtol=1e-6, atol=1e-7)
     assert c["calls"] == 4 * 3  # three FSDP units (2 blocks + root), four steps

@@ -15,30 +15,35 @@ def _grads(world, numel, dtype, seed):
     return [(torch.randn(numel, generator=g) * 2).to(dtype) for _ in range(world)]
 
 
-def _rank_order_mean(grads, rank, world):
-    """Sequential fp32 sum in rank order, then / W: the reference the C side must hit exactly."""
+def _ordered_mean(grads, rank, world, pipeline):
+    """Sequential fp32 sum, then / W: the reference the C side must hit exactly. The one-shot
+    exchange sums in rank order; the pipelined one (the default) in the order its payloads
+    arrive: the own chunk, then rank+1, rank+2, ... (mod W)."""
     shard = grads[0].numel() // world
+    order = [(rank + k) % world for k in range(world)] if pipeline else range(world)
     acc = torch.zeros(shard)
-    for g in grads:
-        acc = acc + g[rank * shard:(rank + 1) * shard].float()
+    for src in order:
+        acc = acc + grads[src][rank * shard:(rank + 1) * shard].float()
     return acc / world
 
 
-def _sharded(rank, world, method, dtype_name, seed):
+def _sharded(rank, world, method, dtype_name, seed, pipeline=True):
     dtype = DTYPES[dtype_name]
     shard = 1037  # odd, so chunks are not block multiples
     grads = _grads(world, world * shard, dtype, seed)
-    state = fsdpcomp.CommState(method, {"block_size": 64} if method == "int8" else {})
+    cfg = {"block_size": 64} if method == "int8" else {}
+    state = fsdpcomp.CommState(method, dict(cfg, pipeline=pipeline))
     out = torch.full((shard,), float("nan"), dtype=dtype)  # poisoned: every element must be written
     fsdpcomp.fsdp_hook(state, grads[rank].clone(), out)
-    ref = _rank_order_mean(grads, rank, world)
+    ref = _ordered_mean(grads, rank, world, pipeline)
     return out.float(), ref.to(dtype).float(), state.counters()
 
 
+@pytest.mark.parametrize("pipeline", [True, False])
 @pytest.mark.parametrize("world", [2, 3])
-def test_none_equals_reduce_scatter_mean_exactly(world):
+def test_none_equals_reduce_scatter_mean_exactly(world, pipeline):
     for dtype_name in DTYPES:
-        for rank, (out, ref, c) in enumerate(run_ranks(_sharded, world, "none", dtype_name, 5)):
+        for rank, (out, ref, c) in enumerate(run_ranks(_sharded, world, "none", dtype_name, 5, pipeline)):
             assert not torch.isnan(out).any(), "output element left unwritten"
             assert torch.equal(out, ref), f"rank {rank} {dtype_name}"
             assert c["bytes_raw"] == c["bytes_sent"] - c["header_bytes"]
