@@ -72,8 +72,12 @@ def percentile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def derive(rows: list[dict]) -> None:
-    """Medians, p90 and the speedups of every row against each baseline, in place."""
+def derive(rows: list[dict], world: int, cores: int) -> None:
+    """Medians, p90 and the speedups of every row against each baseline, in place.
+
+    cpu_bound: the largest fraction of the ideal speedup this machine allows even if the codec
+    overlapped the wire perfectly: the call takes at least the ideal time (none / ratio) and at
+    least every rank's encode + decode spread over the cores the ranks share."""
     for row in rows:
         row["median_s"] = statistics.median(row["times_s"])
         row["p90_s"] = percentile(row["times_s"], 0.9)
@@ -85,11 +89,17 @@ def derive(rows: list[dict]) -> None:
         row["ideal_speedup"] = ideal
         sv = row["speedup_vs_none"]
         row["fraction_of_ideal"] = sv / ideal if (sv is not None and ideal) else None
+        row["cpu_bound"] = None
+        if ideal and row["compress_s"] is not None and "none" in by:
+            ideal_s = by["none"]["median_s"] / ideal
+            cpu_s = (row["compress_s"] + row["decompress_s"]) * world / max(1, min(world, cores))
+            row["cpu_bound"] = min(1.0, ideal_s / cpu_s) if cpu_s > 0 else 1.0
 
 
 def table(rows: list[dict], title: str) -> str:
     head = (f"{'method':<22}{'payload/rank':>13}{'wire/rank':>12}{'ratio':>7}{'med ms':>10}{'p90 ms':>10}"
-            f"{'codec ms':>9}{'vs torch_rs':>12}{'vs none':>9}{'vs bf16hk':>10}{'of ideal':>9}{'rel err':>10}  ok")
+            f"{'codec ms':>9}{'vs torch_rs':>12}{'vs none':>9}{'vs bf16hk':>10}{'of ideal':>9}{'cpu bnd':>8}"
+            f"{'rel err':>10}  ok")
     lines = [title, head, "-" * len(head)]
     for r in rows:
         lines.append(
@@ -97,7 +107,7 @@ def table(rows: list[dict], title: str) -> str:
             f"{r['ratio']:>7.2f}{r['median_s'] * 1e3:>10.2f}{r['p90_s'] * 1e3:>10.2f}{fmt(_codec_ms(r), '.2f'):>9}"
             f"{fmt(r['speedup_vs_' + TORCH_RS], '.2f'):>12}{fmt(r['speedup_vs_none'], '.2f'):>9}"
             f"{fmt(r['speedup_vs_' + BF16_HOOK], '.2f'):>10}{fmt(r['fraction_of_ideal'], '.0%'):>9}"
-            f"{r['rel_err']:>10.1e}  {'WRONG' if r['wrong'] else 'ok'}")
+            f"{fmt(r.get('cpu_bound'), '.0%'):>8}{r['rel_err']:>10.1e}  {'WRONG' if r['wrong'] else 'ok'}")
     return "\n".join(lines)
 
 
@@ -157,7 +167,8 @@ def check_targets(runs: list[dict], projected: list[dict]) -> list[dict]:
                               "world": run["world"], "numel": size["numel"], "value": frac,
                               "met": frac is not None and frac >= 0.8,
                               # where the time went when it misses: CPU encode + decode vs the call
-                              "codec_share": None if codec is None else codec / (r["median_s"] * 1e3)})
+                              "codec_share": None if codec is None else codec / (r["median_s"] * 1e3),
+                              "cpu_bound": r.get("cpu_bound") if how == "measured" else None})
             int8 = next((r for r in size["rows"] if r["method"] == "int8"), None)
             if int8 is not None:
                 v = int8["speedup_vs_" + TORCH_RS]
@@ -195,7 +206,8 @@ def plot(result: dict, path: str) -> str | None:
 
 
 def run_one(gbit: float | None, world: int, args, topo_ok: bool, tmp: str) -> dict:
-    cfg = {"sizes": args.sizes, "methods": args.methods, "reps": args.reps, "reps_cutoff": args.reps_cutoff,
+    cfg = {"sizes": args.sizes, "methods": args.methods, "config": args.config_json, "reps": args.reps,
+           "reps_cutoff": args.reps_cutoff,
            "seed": args.seed, "link_check_bytes": args.link_check_mb << 20,
            "out": os.path.join(tmp, f"w{world}_{gbit}.json"), "tx_path": None}
     cfg_path = os.path.join(tmp, f"w{world}_{gbit}.cfg.json")
@@ -216,7 +228,7 @@ def run_one(gbit: float | None, world: int, args, topo_ok: bool, tmp: str) -> di
     with open(cfg["out"]) as f:
         data = json.load(f)
     for size in data["sizes"]:
-        derive(size["rows"])
+        derive(size["rows"], world, os.cpu_count() or 1)
     return {"link": link_name(gbit), "gbit": gbit, "shaped": gbit is not None, "world": world,
             "link_check_gbit": data["link_check_gbit"], "shaper_dropped_packets": dropped, "sizes": data["sizes"]}
 
@@ -229,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--links", type=parse_link, nargs="+", default=[1.0, 10.0, None],
                    help="link rates in Gbit/s, or 'unshaped' (loopback)")
     p.add_argument("--methods", nargs="+", default=None, help="fsdpcomp methods (default: all of fsdpcomp.methods())")
+    p.add_argument("--config_json", type=json.loads, default=None,
+                   help="common config keys for every fsdpcomp method, e.g. '{\"pipeline\": false}'")
     p.add_argument("--reps", type=int, default=5, help="timed calls per method and size")
     p.add_argument("--reps_cutoff", type=parse_size, default=16 << 20, help="above this size, half the reps (at least 3)")
     p.add_argument("--seed", type=int, default=0)
@@ -316,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     for t in targets:
         print(f"  [{'MET' if t['met'] else 'MISSED'}] {t['target']} ({t['how']}, W={t['world']}, {t['numel']} el): "
               f"{fmt(t['value'], '.3f')}" + ("" if t.get("codec_share") is None else
-                                               f" (encode+decode: {t['codec_share']:.0%} of the call)"))
+                                               f" (encode+decode: {t['codec_share']:.0%} of the call)")
+              + ("" if t.get("cpu_bound") is None else f"; this machine's CPU bound: {t['cpu_bound']:.0%}"))
 
     result = {
         "meta": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -63,7 +63,7 @@ def _tx_bytes(path: str | None) -> int | None:
 class _Case:
     """One thing to time: prepare() (untimed) then call() (timed) then finish() (untimed)."""
 
-    def __init__(self, name: str, world: int, numel: int):
+    def __init__(self, name: str, world: int, numel: int, config: dict | None = None):
         self.name, self.world, self.numel = name, world, numel
         self.shard = numel // world
         self.state = None
@@ -72,7 +72,7 @@ class _Case:
             self._rs_hook = default_hooks.reduce_scatter_hook
             self._hook_state = default_hooks.LowPrecisionState(dist.group.WORLD, parameter_type=torch.float32)
         elif name != TORCH_RS:
-            self.state = fsdpcomp.CommState(name)
+            self.state = fsdpcomp.CommState(name, config)
 
     def prepare(self, base: torch.Tensor) -> None:
         # The bf16 hook re-types its arguments in place: fresh tensors for every call.
@@ -178,7 +178,8 @@ def main(config_path: str) -> None:
         reps = cfg["reps"] if numel <= cfg["reps_cutoff"] else max(3, cfg["reps"] // 2)
         rows = []
         for name in names:
-            row = _measure(_Case(name, world, numel), base, ref, reps, cfg.get("tx_path"))
+            case = _Case(name, world, numel, cfg.get("config"))
+            row = _measure(case, base, ref, reps, cfg.get("tx_path"))
             tol = _TOLERANCE.get(name)
             row["tolerance"] = tol
             row["wrong"] = (not row["finite"]) or (tol is not None and row["rel_err"] > tol)

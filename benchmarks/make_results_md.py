@@ -38,7 +38,11 @@ def comm_section(data: dict, rel: str, brief: bool = False) -> list[str]:
            f"({data['wrong']} wrong).", "", f"- {m['gloo_rs_note']}",
            "- `torch_bf16_hook` runs the steps of torch's FSDP `bf16_compress_hook` (cast, reduce_scatter_hook, "
            "cast back) minus its CUDA-only `record_stream`, which fails on CPU tensors.",
-           "- `of ideal`: the speedup over fsdpcomp `none` divided by the ideal one, bytes_raw / bytes_sent.", ""]
+           "- `of ideal`: the speedup over fsdpcomp `none` divided by the ideal one, bytes_raw / bytes_sent.",
+           "- `CPU bound`: the most of the ideal this machine allows even with the codec perfectly hidden behind "
+           "the wire: the ideal time (`none` / ratio) against every rank's encode + decode spread over the cores "
+           "the ranks share. Below the target, no exchange schedule can meet it here; only faster codecs (or a "
+           "core per rank) can.", ""]
     if not m["namespaces"]:
         out += [f"**Namespaces could not be made ({m['namespaces_note']}): only unshaped runs were measured; "
                 "the shaped links below are projected.**", ""]
@@ -67,9 +71,9 @@ def comm_section(data: dict, rel: str, brief: bool = False) -> list[str]:
                              f"{r['median_s'] * 1e3:.2f}", f"{r['p90_s'] * 1e3:.2f}", fmt(codec, ".2f"),
                              fmt(r["speedup_vs_torch_reduce_scatter"], ".2f"), fmt(r["speedup_vs_none"], ".2f"),
                              fmt(r["speedup_vs_torch_bf16_hook"], ".2f"), fmt(r["fraction_of_ideal"], ".0%"),
-                             f"{r['rel_err']:.1e}"])
+                             fmt(r.get("cpu_bound"), ".0%"), f"{r['rel_err']:.1e}"])
             out += _md_table(["method", "payload/rank", "wire/rank", "ratio", "median ms", "p90 ms", "codec ms",
-                              "vs torch rs", "vs none", "vs bf16 hook", "of ideal", "rel err"], rows)
+                              "vs torch rs", "vs none", "vs bf16 hook", "of ideal", "CPU bound", "rel err"], rows)
             out.append("")
     for proj in ([] if brief else data.get("projected", [])):
         out += [f"### PROJECTED (alpha-beta, not measured): {proj['gbit']:g} Gbit/s, W={proj['world']}, "
@@ -83,6 +87,7 @@ def comm_section(data: dict, rel: str, brief: bool = False) -> list[str]:
         out += [f"- {'MET' if t['met'] else 'MISSED'}: {t['target']} ({t['how']}, W={t['world']}, "
                 f"{t['numel']} elements): {fmt(t['value'], '.3f')}"
                 + ("" if t.get("codec_share") is None else f", encode+decode {t['codec_share']:.0%} of the call")
+                + ("" if t.get("cpu_bound") is None else f", CPU bound here {t['cpu_bound']:.0%}")
                 for t in data["targets"]]
     else:
         out.append("- no 1 Gbit/s run at 16M elements or more in this file")
