@@ -541,6 +541,18 @@ static int has_payload(const fc_core *s, int64_t N, int world, int rank, int ci)
     return n > 0 && (ci != rank || s->common.compress_own_chunk);
 }
 
+static fc_call_key call_key(const fc_core *s, uint32_t unit, int world, int rank, int64_t numel)
+{
+    fc_call_key k = {unit, s->step, world, rank, numel};
+    return k;
+}
+
+static int same_call(const fc_call_key *a, const fc_call_key *b)
+{
+    return a->unit == b->unit && a->step == b->step && a->world == b->world &&
+           a->rank == b->rank && a->numel == b->numel;
+}
+
 /* Opens an encode call (s->enc): what every chunk of it shares, scratch grown for its largest
  * chunk. fc_core_encode runs one in full; fc_core_encode_part one chunk per call. */
 static int encode_begin(fc_core *s, const fc_buf *grad, const fc_buf *residual, int world, int rank,
@@ -560,12 +572,7 @@ static int encode_begin(fc_core *s, const fc_buf *grad, const fc_buf *residual, 
     e->sampled = 0;
     e->raw = 0;
     e->e_sq = 0;
-    e->unit = unit;
-    e->step = s->step;
-    e->world = world;
-    e->rank = rank;
-    e->numel = N;
-    e->todo = 0;
+    e->key = call_key(s, unit, world, rank, N);
     memset(s->chunk_bad, 0, (size_t)world);
     memset(e->done, 0, (size_t)world);
     s->bad_unit = unit;
@@ -591,8 +598,9 @@ static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci
     fc_encode_call *e = &s->enc;
     const fc_method *m = e->method;
     int64_t start, n;
-    fc_chunk_span(e->numel, e->world, ci, &start, &n);
-    fc_chunk c = make_chunk(s, m, n, e->world, grad->dtype, e->unit, (uint32_t)ci, e->rank);
+    fc_chunk_span(e->key.numel, e->key.world, ci, &start, &n);
+    fc_chunk c = make_chunk(s, m, n, e->key.world, grad->dtype, e->key.unit, (uint32_t)ci,
+                            e->key.rank);
     c.scratch = s->mscr;
     c.ustate = e->ust;
     const float *x;
@@ -631,12 +639,12 @@ static void encode_end(fc_core *s, const fc_buf *residual)
 {
     fc_encode_call *e = &s->enc;
     if (e->use_ef) {
-        s->units[e->unit].residual_sq = e->e_sq;
-        s->units[e->unit].residual_elems = residual->numel;
+        s->units[e->key.unit].residual_sq = e->e_sq;
+        s->units[e->key.unit].residual_elems = residual->numel;
     }
     s->ctr.calls++;
     s->ctr.calls_uncompressed += e->method != s->method;
-    s->ctr.elements += e->numel;
+    s->ctr.elements += e->key.numel;
     s->ctr.bytes_raw += e->raw;
     e->open = 0;
 }
@@ -696,8 +704,8 @@ int fc_core_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *re
     if (chunk < 0 || chunk >= world)
         return fc_fail(err, FC_ERR_VALUE, "chunk must be in [0, %d), got %d", world, chunk);
     fc_encode_call *e = &s->enc;
-    if (!e->open || e->unit != unit || e->step != s->step || e->world != world ||
-        e->rank != rank || e->numel != N) /* a new call (an unfinished one is dropped) */
+    const fc_call_key key = call_key(s, unit, world, rank, N);
+    if (!e->open || !same_call(&e->key, &key)) /* a new call (an unfinished one is dropped) */
         FC_TRY(encode_begin(s, grad, residual, world, rank, unit, err));
     if (e->done[chunk])
         FC_TRY(fc_fail(err, FC_ERR_STATE, "chunk %d of unit %u was already encoded in this call",
@@ -791,6 +799,19 @@ static int64_t agg_bytes_of(const fc_method *m, const fc_chunk *c)
     return m->aggregate != NULL && m->agg_bytes != NULL ? m->agg_bytes(c) : 0;
 }
 
+/* Checks the output against the shard of n elements and grows the accumulator and the method
+ * scratch for it. */
+static int decode_scratch(fc_core *s, const fc_method *m, int64_t n, const fc_buf *out, fc_err *err)
+{
+    if (out->numel < n)
+        return fc_fail(err, FC_ERR_VALUE, "output has %lld elements, the shard needs %lld",
+                       (long long)out->numel, (long long)n);
+    int rc = grow_f32(&s->acc, &s->acc_cap, n, err);
+    if (rc == FC_OK && m->scratch_bytes != NULL)
+        rc = grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err);
+    return rc;
+}
+
 int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *out, int world,
                    int rank, uint32_t unit, fc_err *err)
 {
@@ -801,12 +822,7 @@ int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *o
     s->dec_call.open = 0; /* acc is reused: a decode_part sequence cannot go on after this */
     int64_t start, n;
     fc_chunk_span(N, world, rank, &start, &n);
-    if (out->numel < n)
-        return fc_fail(err, FC_ERR_VALUE, "output has %lld elements, the shard needs %lld",
-                       (long long)out->numel, (long long)n);
-    FC_TRY(grow_f32(&s->acc, &s->acc_cap, n, err));
-    if (m->scratch_bytes != NULL)
-        FC_TRY(grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err));
+    FC_TRY(decode_scratch(s, m, n, out, err));
     int64_t sends[FC_MAX_WORLD], recvs[FC_MAX_WORLD];
     fc_core_plan(s, N, grad->dtype, world, rank, sends, recvs);
     const int varsize = (m->flags & FC_VARSIZE) != 0;
@@ -881,6 +897,7 @@ int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, f
     const fc_method *m = fc_core_unit_method(s, N);
     const char *why = not_per_peer(s, m, N, world);
     fc_decode_call *d = &s->dec_call;
+    const fc_call_key key = call_key(s, unit, world, rank, N);
     if (why != NULL)
         return fc_fail(err, FC_ERR_VALUE, "method '%s' %s: decode all payloads at once with decode()",
                        m->name, why);
@@ -890,23 +907,13 @@ int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, f
     fc_chunk_span(N, world, rank, &start, &n);
     if (src == rank) { /* the own chunk opens the call: acc starts from it */
         d->open = 0;
-        if (out->numel < n)
-            return fc_fail(err, FC_ERR_VALUE, "output has %lld elements, the shard needs %lld",
-                           (long long)out->numel, (long long)n);
-        FC_TRY(grow_f32(&s->acc, &s->acc_cap, n, err));
-        if (m->scratch_bytes != NULL)
-            FC_TRY(grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err));
+        FC_TRY(decode_scratch(s, m, n, out, err));
         FC_TRY(unit_state(s, m, unit, &d->ust, err));
         memset(s->acc, 0, (size_t)n * 4);
-        d->unit = unit;
-        d->step = s->step;
-        d->world = world;
-        d->rank = rank;
-        d->numel = N;
+        d->key = key;
         d->next = 0;
         d->open = 1;
-    } else if (!d->open || d->unit != unit || d->step != s->step || d->world != world ||
-               d->rank != rank || d->numel != N) {
+    } else if (!d->open || !same_call(&d->key, &key)) {
         return fc_fail(err, FC_ERR_STATE, "decode_part: the own chunk (src=%d) comes first, then "
                        "the others in cyclic order; got src=%d with no call open for unit %u",
                        rank, src, unit);

@@ -42,14 +42,19 @@ typedef struct {
     int dtype; /* fc_dtype */
 } fc_buf;
 
+/* Which collective call a part belongs to: a part of another one starts a new call. */
+typedef struct {
+    uint32_t unit, step;
+    int world, rank;
+    int64_t numel;
+} fc_call_key;
+
 /* One encode call in progress: fc_core_encode runs one whole, fc_core_encode_part a chunk at a
  * time (the pipelined exchange sends each payload as soon as it is encoded). What is counted per
  * call, not per chunk, lives here until the last chunk closes the call. */
 typedef struct {
     int open;
-    uint32_t unit, step;
-    int world, rank;
-    int64_t numel;
+    fc_call_key key;
     const fc_method *method; /* the unit's: `none` below min_numel */
     float *ust;
     int use_ef, stats, sample, sampled;
@@ -63,9 +68,7 @@ typedef struct {
  * follow in cyclic order (rank+1, rank+2, ...), the W-th part writes the output. */
 typedef struct {
     int open;
-    uint32_t unit, step;
-    int world, rank;
-    int64_t numel;
+    fc_call_key key;
     int next; /* parts added so far */
     float *ust;
 } fc_decode_call;

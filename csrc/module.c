@@ -423,6 +423,28 @@ static PyObject *ef_residual(StateObject *self, uint32_t unit, PyObject *grad, c
     return res;
 }
 
+/* What encode() and encode_part() share: grad and send viewed and checked, send as long as
+ * plan() says, and the unit's residual (*res, new ref) when error feedback applies to it. */
+static int encode_views(StateObject *self, PyObject *grad, PyObject *send, int world, int rank,
+                        long long unit, fc_view *g, fc_view *s, fc_view *r, PyObject **res,
+                        int *use_ef, fc_err *err)
+{
+    int64_t ss[FC_MAX_WORLD], rs[FC_MAX_WORLD];
+    if (fc_view_get(grad, "grad", FC_DT_FLOATS, g, err) != FC_OK ||
+        fc_view_get(send, "send", FC_DT_U8, s, err) != FC_OK ||
+        check_same_device(s, g, "send", err) || check_aligned(s, "send", err) ||
+        check_world(world, rank, err) || check_unit(self, unit, g->buf.numel, err))
+        return err->code != FC_OK ? err->code : FC_ERR_VALUE;
+    fc_core_plan(&self->core, g->buf.numel, g->buf.dtype, world, rank, ss, rs);
+    if (s->buf.numel != plan_total(ss, world))
+        return fc_fail(err, FC_ERR_VALUE, "send has %lld bytes, plan() needs %lld",
+                       (long long)s->buf.numel, (long long)plan_total(ss, world));
+    *use_ef = uses_residual(self, g->buf.numel);
+    if (*use_ef && (*res = ef_residual(self, (uint32_t)unit, grad, g, r, err)) == NULL)
+        return err->code != FC_OK ? err->code : FC_ERR_PYTHON;
+    return FC_OK;
+}
+
 static PyObject *State_encode(StateObject *self, PyObject *args)
 {
     PyObject *grad, *send, *res = NULL;
@@ -430,23 +452,12 @@ static PyObject *State_encode(StateObject *self, PyObject *args)
     long long unit;
     fc_err err = {0};
     fc_view g = {0}, s = {0}, r = {0};
-    int64_t ss[FC_MAX_WORLD], rs[FC_MAX_WORLD], sizes[FC_MAX_WORLD];
+    int64_t sizes[FC_MAX_WORLD];
+    int use_ef = 0;
     if (!ready(self) || !PyArg_ParseTuple(args, "OOiiL:encode", &grad, &send, &world, &rank, &unit))
         return NULL;
     fc_cuda_call k;
-    if (fc_view_get(grad, "grad", FC_DT_FLOATS, &g, &err) != FC_OK ||
-        fc_view_get(send, "send", FC_DT_U8, &s, &err) != FC_OK ||
-        check_same_device(&s, &g, "send", &err) || check_aligned(&s, "send", &err) ||
-        check_world(world, rank, &err) || check_unit(self, unit, g.buf.numel, &err))
-        goto error;
-    fc_core_plan(&self->core, g.buf.numel, g.buf.dtype, world, rank, ss, rs);
-    if (s.buf.numel != plan_total(ss, world)) {
-        fc_fail(&err, FC_ERR_VALUE, "send has %lld bytes, plan() needs %lld",
-                (long long)s.buf.numel, (long long)plan_total(ss, world));
-        goto error;
-    }
-    const int use_ef = uses_residual(self, g.buf.numel);
-    if (use_ef && (res = ef_residual(self, (uint32_t)unit, grad, &g, &r, &err)) == NULL)
+    if (encode_views(self, grad, send, world, rank, unit, &g, &s, &r, &res, &use_ef, &err) != FC_OK)
         goto error;
     if (g.device_type == kDLCUDA && cuda_prepare(self, grad, &g, &k, &err) != FC_OK)
         goto error;
@@ -454,9 +465,10 @@ static PyObject *State_encode(StateObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     if (g.device_type == kDLCUDA) {
         /* the CUDA path has fixed-size methods only: what it writes is the plan */
+        int64_t recvs[FC_MAX_WORLD];
         rc = fc_cuda_encode(&self->core, &k, &g.buf, &s.buf, use_ef ? &r.buf : NULL, world, rank,
                             (uint32_t)unit, &err);
-        memcpy(sizes, ss, sizeof(int64_t) * (size_t)world);
+        fc_core_plan(&self->core, g.buf.numel, g.buf.dtype, world, rank, sizes, recvs);
     } else {
         rc = fc_core_encode(&self->core, &g.buf, &s.buf, use_ef ? &r.buf : NULL, world, rank,
                             (uint32_t)unit, sizes, &err);
@@ -568,23 +580,13 @@ static PyObject *State_encode_part(StateObject *self, PyObject *args)
     long long unit;
     fc_err err = {0};
     fc_view g = {0}, s = {0}, r = {0};
-    int64_t ss[FC_MAX_WORLD], rs[FC_MAX_WORLD], size = 0;
+    int64_t size = 0;
+    int use_ef = 0;
     if (!ready(self) ||
         !PyArg_ParseTuple(args, "OOiiLi:encode_part", &grad, &send, &world, &rank, &unit, &chunk))
         return NULL;
-    if (fc_view_get(grad, "grad", FC_DT_FLOATS, &g, &err) != FC_OK ||
-        fc_view_get(send, "send", FC_DT_U8, &s, &err) != FC_OK || check_cpu(&g, "grad", &err) ||
-        check_cpu(&s, "send", &err) || check_aligned(&s, "send", &err) ||
-        check_world(world, rank, &err) || check_unit(self, unit, g.buf.numel, &err))
-        goto error;
-    fc_core_plan(&self->core, g.buf.numel, g.buf.dtype, world, rank, ss, rs);
-    if (s.buf.numel != plan_total(ss, world)) {
-        fc_fail(&err, FC_ERR_VALUE, "send has %lld bytes, plan() needs %lld",
-                (long long)s.buf.numel, (long long)plan_total(ss, world));
-        goto error;
-    }
-    const int use_ef = uses_residual(self, g.buf.numel);
-    if (use_ef && (res = ef_residual(self, (uint32_t)unit, grad, &g, &r, &err)) == NULL)
+    if (encode_views(self, grad, send, world, rank, unit, &g, &s, &r, &res, &use_ef, &err) != FC_OK ||
+        check_cpu(&g, "grad", &err))
         goto error;
     self->busy = 1;
     Py_BEGIN_ALLOW_THREADS

@@ -62,7 +62,7 @@ class CommState:
         self._gather_compressed = cfg["allgather_compress"]
         self._pipeline = cfg["pipeline"]
         self._per_peer: dict[tuple[int, int], bool] = {}
-        self._group_ranks: list[int] | None = None
+        self._group_ranks: tuple[dist.ProcessGroup, list[int]] | None = None  # for _peers()
         self._gather_residuals: dict[int, torch.Tensor] = {}  # all-gather stage, per unit
         if self._gather_compressed and cfg.get("second_round"):
             # a single payload (the all-gather stage) has no second round to fetch values with
@@ -263,10 +263,10 @@ class CommState:
 
     def _peers(self) -> list[int]:
         """Global rank of each rank of the group: torch's point-to-point calls take global ranks."""
-        if self._group_ranks is None:
-            group = self.process_group if self.process_group is not None else dist.group.WORLD
-            self._group_ranks = dist.get_process_group_ranks(group)
-        return self._group_ranks
+        group = self.process_group if self.process_group is not None else dist.group.WORLD
+        if self._group_ranks is None or self._group_ranks[0] is not group:
+            self._group_ranks = (group, dist.get_process_group_ranks(group))
+        return self._group_ranks[1]
 
     def _fetch_kmax(self, numel: int, world: int) -> int:
         key = ("fetch", numel, world)

@@ -173,3 +173,21 @@ def test_pipelined_reduce_scatter_on_gloo_ranks(world, method, cfg):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         assert kp["bytes_sent"] == kw["bytes_sent"] and kp["calls"] == kw["calls"] == 3
         assert kp["comm_time_s"] > 0
+
+
+def _subgroup(rank, world):
+    import torch.distributed as dist
+    group = dist.new_group([1, 2])  # group ranks 0, 1 are global ranks 1, 2
+    if rank == 0:
+        return None
+    state = fsdpcomp.CommState("none", process_group=group)
+    grads = [torch.arange(8, dtype=torch.float32) * (r + 1) for r in (1, 2)]
+    out = torch.empty(4)
+    state.reduce_scatter(grads[rank - 1], out)
+    return out
+
+
+def test_subgroup_peers_are_addressed_by_global_rank():
+    _, a, b = run_ranks(_subgroup, 3)
+    mean = (torch.arange(8, dtype=torch.float32) * 2 + torch.arange(8, dtype=torch.float32) * 3) / 2
+    assert torch.equal(a, mean[:4]) and torch.equal(b, mean[4:])
