@@ -72,12 +72,13 @@ def percentile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def derive(rows: list[dict], world: int, cores: int) -> None:
+def derive(rows: list[dict]) -> None:
     """Medians, p90 and the speedups of every row against each baseline, in place.
 
     cpu_bound: the largest fraction of the ideal speedup this machine allows even if the codec
-    overlapped the wire perfectly: the call takes at least the ideal time (none / ratio) and at
-    least every rank's encode + decode spread over the cores the ranks share."""
+    overlapped the wire perfectly: a rank's call lasts at least its own encode + decode (wall
+    time, so with ranks sharing cores it includes waiting for one), and the ideal is none /
+    ratio. An estimate: the codec time is the mean over the timed calls, the times are medians."""
     for row in rows:
         row["median_s"] = statistics.median(row["times_s"])
         row["p90_s"] = percentile(row["times_s"], 0.9)
@@ -92,8 +93,8 @@ def derive(rows: list[dict], world: int, cores: int) -> None:
         row["cpu_bound"] = None
         if ideal and row["compress_s"] is not None and "none" in by:
             ideal_s = by["none"]["median_s"] / ideal
-            cpu_s = (row["compress_s"] + row["decompress_s"]) * world / max(1, min(world, cores))
-            row["cpu_bound"] = min(1.0, ideal_s / cpu_s) if cpu_s > 0 else 1.0
+            codec_s = row["compress_s"] + row["decompress_s"]
+            row["cpu_bound"] = min(1.0, ideal_s / codec_s) if codec_s > 0 else 1.0
 
 
 def table(rows: list[dict], title: str) -> str:
@@ -228,7 +229,7 @@ def run_one(gbit: float | None, world: int, args, topo_ok: bool, tmp: str) -> di
     with open(cfg["out"]) as f:
         data = json.load(f)
     for size in data["sizes"]:
-        derive(size["rows"], world, os.cpu_count() or 1)
+        derive(size["rows"])
     return {"link": link_name(gbit), "gbit": gbit, "shaped": gbit is not None, "world": world,
             "link_check_gbit": data["link_check_gbit"], "shaper_dropped_packets": dropped, "sizes": data["sizes"]}
 

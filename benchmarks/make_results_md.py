@@ -40,9 +40,10 @@ def comm_section(data: dict, rel: str, brief: bool = False) -> list[str]:
            "cast back) minus its CUDA-only `record_stream`, which fails on CPU tensors.",
            "- `of ideal`: the speedup over fsdpcomp `none` divided by the ideal one, bytes_raw / bytes_sent.",
            "- `CPU bound`: the most of the ideal this machine allows even with the codec perfectly hidden behind "
-           "the wire: the ideal time (`none` / ratio) against every rank's encode + decode spread over the cores "
-           "the ranks share. Below the target, no exchange schedule can meet it here; only faster codecs (or a "
-           "core per rank) can.", ""]
+           "the wire: the ideal time (`none` / ratio) against the rank's own encode + decode time (wall time: "
+           "with ranks sharing cores it includes waiting for one). An estimate, from the mean codec time of the "
+           "timed calls against their median, so as noisy as they are; well below the target, no exchange "
+           "schedule can meet it here, only faster codecs (or a core per rank) can.", ""]
     if not m["namespaces"]:
         out += [f"**Namespaces could not be made ({m['namespaces_note']}): only unshaped runs were measured; "
                 "the shaped links below are projected.**", ""]
