@@ -553,10 +553,58 @@ static int same_call(const fc_call_key *a, const fc_call_key *b)
            a->rank == b->rank && a->numel == b->numel;
 }
 
+/* Pieces: the per-peer exchange may send a chunk as several payloads, each the encode of a
+ * contiguous range, so that the first travels while the next is encoded and the receiver
+ * decodes one while the next arrives (with one peer, W = 2, nothing else could overlap the
+ * wire). Only methods that encode element- or block-wise (FC_PIECEWISE), for which a piece
+ * means what the same range meant inside the chunk. Piece lengths are multiples of 64Ki
+ * elements, so blocks of up to 64Ki (a power of two) are never split. */
+#define FC_PIECE_ALIGN 65536
+
+int fc_core_pieces(const fc_core *s, const fc_method *m, int64_t n, int64_t *len)
+{
+    const int64_t want = s->common.pipeline_piece;
+    *len = n;
+    if (!(m->flags & FC_PIECEWISE) || want <= 0 || n <= want)
+        return 1;
+    int64_t per = (want + FC_PIECE_ALIGN - 1) / FC_PIECE_ALIGN * FC_PIECE_ALIGN;
+    if ((n + per - 1) / per > FC_MAX_PIECES)
+        per = ((n + FC_MAX_PIECES - 1) / FC_MAX_PIECES + FC_PIECE_ALIGN - 1) / FC_PIECE_ALIGN *
+              FC_PIECE_ALIGN;
+    *len = per;
+    return (int)((n + per - 1) / per);
+}
+
+/* Parts of chunk c in the per-peer exchange: its pieces, or one (empty) part without payload. */
+static int chunk_parts(const fc_core *s, const fc_method *m, int64_t N, int world, int rank, int c,
+                       int64_t *len)
+{
+    int64_t start, n;
+    fc_chunk_span(N, world, c, &start, &n);
+    if (!has_payload(s, N, world, rank, c)) {
+        *len = n;
+        return 1;
+    }
+    return fc_core_pieces(s, m, n, len);
+}
+
+void fc_core_piece_plan(const fc_core *s, int64_t numel, int dtype, int world, int rank, int chunk,
+                        int64_t *sizes, int *count)
+{
+    const fc_method *m = fc_core_unit_method(s, numel);
+    int64_t start, n, len;
+    fc_chunk_span(numel, world, chunk, &start, &n);
+    *count = chunk_parts(s, m, numel, world, rank, chunk, &len);
+    for (int p = 0; p < *count; p++) {
+        int64_t a = p * len, b = a + len < n ? a + len : n;
+        sizes[p] = has_payload(s, numel, world, rank, chunk) ? fc_payload_bytes(s, m, b - a, dtype) : 0;
+    }
+}
+
 /* Opens an encode call (s->enc): what every chunk of it shares, scratch grown for its largest
  * chunk. fc_core_encode runs one in full; fc_core_encode_part one chunk per call. */
 static int encode_begin(fc_core *s, const fc_buf *grad, const fc_buf *residual, int world, int rank,
-                        uint32_t unit, fc_err *err)
+                        uint32_t unit, int pieces, fc_err *err)
 {
     int rc = FC_OK;
     fc_encode_call *e = &s->enc;
@@ -574,7 +622,7 @@ static int encode_begin(fc_core *s, const fc_buf *grad, const fc_buf *residual, 
     e->e_sq = 0;
     e->key = call_key(s, unit, world, rank, N);
     memset(s->chunk_bad, 0, (size_t)world);
-    memset(e->done, 0, (size_t)world);
+    memset(e->next_piece, 0, (size_t)world);
     s->bad_unit = unit;
     const int64_t per = (N + world - 1) / world;
     FC_TRY(grow_f32(&s->x, &s->x_cap, per, err));
@@ -583,30 +631,41 @@ static int encode_begin(fc_core *s, const fc_buf *grad, const fc_buf *residual, 
         FC_TRY(grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, per), err));
     FC_TRY(unit_state(s, m, unit, &e->ust, err));
     e->todo = world;
+    if (pieces) {
+        e->todo = 0;
+        for (int c = 0; c < world; c++) {
+            int64_t len;
+            e->todo += chunk_parts(s, m, N, world, rank, c, &len);
+        }
+    }
     e->open = 1;
     return FC_OK;
 error:
     return rc;
 }
 
-/* Encodes chunk ci of the open call into p (cap bytes): g' = g (+ e), the payload, the residual
- * update and, on a sampled call, the error statistics of the first chunk encoded. */
-static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci, uint8_t *p,
-                        int64_t cap, int64_t *size, fc_err *err)
+/* Encodes piece `piece` (of `len` elements each) of chunk ci of the open call into p (cap bytes):
+ * g' = g (+ e), the payload, the residual update and, on a sampled call, the error statistics
+ * of the first piece encoded. A whole chunk is piece 0 of its own length. */
+static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci, int piece,
+                        int64_t len, uint8_t *p, int64_t cap, int64_t *size, fc_err *err)
 {
     int rc = FC_OK;
     fc_encode_call *e = &s->enc;
     const fc_method *m = e->method;
     int64_t start, n;
     fc_chunk_span(e->key.numel, e->key.world, ci, &start, &n);
-    fc_chunk c = make_chunk(s, m, n, e->key.world, grad->dtype, e->key.unit, (uint32_t)ci,
-                            e->key.rank);
+    start += piece * len;
+    n = n - piece * len < len ? n - piece * len : len;
+    /* piece 0 has the chunk's own stream: one piece is exactly the whole-chunk encode */
+    const uint32_t id = (uint32_t)ci + (uint32_t)e->key.world * (uint32_t)piece;
+    fc_chunk c = make_chunk(s, m, n, e->key.world, grad->dtype, e->key.unit, id, e->key.rank);
     c.scratch = s->mscr;
     c.ustate = e->ust;
     const float *x;
     int64_t bad = load_chunk(s, grad, e->use_ef ? residual : NULL, start, n, &x);
     s->ctr.nonfinite_in += bad;
-    s->chunk_bad[ci] = bad != 0;
+    s->chunk_bad[ci] |= bad != 0;
     fc_layout used;
     FC_TRY(encode_one(s, m, &c, x, p, cap, size, &used, err));
     count_payload(&s->ctr, &used, *size, n);
@@ -654,14 +713,17 @@ int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residua
 {
     int rc = FC_OK;
     const double t0 = now_s();
-    FC_TRY(encode_begin(s, grad, residual, world, rank, unit, err));
+    FC_TRY(encode_begin(s, grad, residual, world, rank, unit, 0, err));
     uint8_t *out = (uint8_t *)send->data;
     int64_t off = 0;
     for (int ci = 0; ci < world; ci++) {
         sizes[ci] = 0;
         if (!has_payload(s, grad->numel, world, rank, ci))
             continue;
-        FC_TRY(encode_chunk(s, grad, residual, ci, out + off, send->numel - off, &sizes[ci], err));
+        int64_t start, n;
+        fc_chunk_span(grad->numel, world, ci, &start, &n);
+        FC_TRY(encode_chunk(s, grad, residual, ci, 0, n, out + off, send->numel - off, &sizes[ci],
+                            err));
         off += sizes[ci];
     }
     encode_end(s, residual);
@@ -689,8 +751,28 @@ int fc_core_per_peer_ok(const fc_core *s, int64_t numel, int world)
     return not_per_peer(s, fc_core_unit_method(s, numel), numel, world) == NULL;
 }
 
+/* Bytes before part (chunk, piece) in the per-peer send layout: every chunk's pieces back to
+ * back, chunk by chunk; (world, 0) gives the total. */
+static int64_t parts_offset(const fc_core *s, int64_t N, int dtype, int world, int rank, int chunk,
+                            int piece)
+{
+    int64_t off = 0, sizes[FC_MAX_PIECES];
+    int count;
+    for (int c = 0; c <= chunk && c < world; c++) {
+        fc_core_piece_plan(s, N, dtype, world, rank, c, sizes, &count);
+        for (int p = 0; p < (c < chunk ? count : piece); p++)
+            off += sizes[p];
+    }
+    return off;
+}
+
+int64_t fc_core_parts_total(const fc_core *s, int64_t numel, int dtype, int world, int rank)
+{
+    return parts_offset(s, numel, dtype, world, rank, world, 0);
+}
+
 int fc_core_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual, int world,
-                        int rank, uint32_t unit, int chunk, int64_t *size, fc_err *err)
+                        int rank, uint32_t unit, int chunk, int piece, int64_t *size, fc_err *err)
 {
     int rc = FC_OK;
     const double t0 = now_s();
@@ -703,22 +785,29 @@ int fc_core_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *re
                        m->name, why);
     if (chunk < 0 || chunk >= world)
         return fc_fail(err, FC_ERR_VALUE, "chunk must be in [0, %d), got %d", world, chunk);
+    const int64_t total = fc_core_parts_total(s, N, grad->dtype, world, rank);
+    if (send->numel != total)
+        return fc_fail(err, FC_ERR_VALUE, "send has %lld bytes, the parts of this call need %lld "
+                       "(pieces())", (long long)send->numel, (long long)total);
+    int64_t len;
+    const int parts = chunk_parts(s, m, N, world, rank, chunk, &len);
+    if (piece < 0 || piece >= parts)
+        return fc_fail(err, FC_ERR_VALUE, "piece must be in [0, %d) for chunk %d, got %d", parts,
+                       chunk, piece);
     fc_encode_call *e = &s->enc;
     const fc_call_key key = call_key(s, unit, world, rank, N);
     if (!e->open || !same_call(&e->key, &key)) /* a new call (an unfinished one is dropped) */
-        FC_TRY(encode_begin(s, grad, residual, world, rank, unit, err));
-    if (e->done[chunk])
-        FC_TRY(fc_fail(err, FC_ERR_STATE, "chunk %d of unit %u was already encoded in this call",
-                       chunk, unit));
+        FC_TRY(encode_begin(s, grad, residual, world, rank, unit, 1, err));
+    if (piece != e->next_piece[chunk])
+        FC_TRY(fc_fail(err, FC_ERR_STATE, "chunk %d of unit %u: piece %d, expected piece %d (the "
+                       "pieces of a chunk come once each, in order)", chunk, unit, piece,
+                       e->next_piece[chunk]));
     if (has_payload(s, N, world, rank, chunk)) {
-        int64_t sends[FC_MAX_WORLD], recvs[FC_MAX_WORLD], off = 0;
-        fc_core_plan(s, N, grad->dtype, world, rank, sends, recvs);
-        for (int c = 0; c < chunk; c++)
-            off += sends[c];
-        FC_TRY(encode_chunk(s, grad, residual, chunk, (uint8_t *)send->data + off, sends[chunk],
-                            size, err));
+        const int64_t off = parts_offset(s, N, grad->dtype, world, rank, chunk, piece);
+        FC_TRY(encode_chunk(s, grad, residual, chunk, piece, len, (uint8_t *)send->data + off,
+                            send->numel - off, size, err));
     }
-    e->done[chunk] = 1;
+    e->next_piece[chunk]++;
     if (--e->todo == 0)
         encode_end(s, residual);
     s->ctr.compress_s += now_s() - t0;
@@ -889,7 +978,7 @@ error:
 }
 
 int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, fc_buf *out,
-                        int world, int rank, uint32_t unit, int src, fc_err *err)
+                        int world, int rank, uint32_t unit, int src, int piece, fc_err *err)
 {
     int rc = FC_OK;
     const double t0 = now_s();
@@ -905,37 +994,48 @@ int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, f
         return fc_fail(err, FC_ERR_VALUE, "src must be in [0, %d), got %d", world, src);
     int64_t start, n;
     fc_chunk_span(N, world, rank, &start, &n);
-    if (src == rank) { /* the own chunk opens the call: acc starts from it */
+    if (src == rank && piece == 0) { /* the own chunk opens the call: acc starts from it */
         d->open = 0;
         FC_TRY(decode_scratch(s, m, n, out, err));
         FC_TRY(unit_state(s, m, unit, &d->ust, err));
         memset(s->acc, 0, (size_t)n * 4);
         d->key = key;
-        d->next = 0;
+        d->k = d->piece = 0;
         d->open = 1;
     } else if (!d->open || !same_call(&d->key, &key)) {
         return fc_fail(err, FC_ERR_STATE, "decode_part: the own chunk (src=%d) comes first, then "
                        "the others in cyclic order; got src=%d with no call open for unit %u",
                        rank, src, unit);
     }
-    const int expected = (rank + d->next) % world;
-    if (src != expected)
+    const int expected = (rank + d->k) % world;
+    if (src != expected || piece != d->piece)
         FC_TRY(fc_fail(err, FC_ERR_STATE, "decode_part: parts come in cyclic order from the own "
-                       "rank, so the sum is the same on every run; expected src=%d, got %d",
-                       expected, src));
-    int64_t sends[FC_MAX_WORLD], recvs[FC_MAX_WORLD];
-    fc_core_plan(s, N, grad->dtype, world, rank, sends, recvs);
-    if (payload->numel != recvs[src])
-        FC_TRY(fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d has %lld bytes, the plan says "
-                       "%lld", src, (long long)payload->numel, (long long)recvs[src]));
-    if (n > 0 && recvs[src] == 0) { /* the own chunk, exact */
+                       "rank, each sender's pieces in order, so the sum is the same on every run; "
+                       "expected src=%d piece %d, got src=%d piece %d", expected, d->piece, src,
+                       piece));
+    int64_t len, sizes[FC_MAX_PIECES];
+    int parts;
+    fc_core_piece_plan(s, N, grad->dtype, world, src, rank, sizes, &parts); /* as src sends it */
+    (void)chunk_parts(s, m, N, world, src, rank, &len);
+    if (payload->numel != sizes[piece])
+        FC_TRY(fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d (piece %d) has %lld bytes, the "
+                       "plan says %lld", src, piece, (long long)payload->numel,
+                       (long long)sizes[piece]));
+    if (n > 0 && sizes[piece] == 0) { /* the own chunk, exact */
         add_f32(grad->data, grad->dtype, start, n, s->acc);
     } else if (n > 0) {
-        fc_chunk c = make_chunk(s, m, n, world, grad->dtype, unit, (uint32_t)rank, src);
+        const int64_t a = piece * len, np = n - a < len ? n - a : len;
+        const uint32_t id = (uint32_t)rank + (uint32_t)world * (uint32_t)piece;
+        fc_chunk c = make_chunk(s, m, np, world, grad->dtype, unit, id, src);
         c.ustate = d->ust;
-        FC_TRY(decode_one(m, &c, (const uint8_t *)payload->data, recvs[src], src, 1.0f, s->acc, err));
+        FC_TRY(decode_one(m, &c, (const uint8_t *)payload->data, sizes[piece], src, 1.0f,
+                          s->acc + a, err));
     }
-    if (++d->next == world) {
+    if (++d->piece == parts) {
+        d->piece = 0;
+        d->k++;
+    }
+    if (d->k == world) {
         fc_core_write_out(s, s->acc, n, world, out);
         d->open = 0;
     }

@@ -10,6 +10,7 @@
 #include "fc_status.h"
 
 #define FC_MAX_WORLD 1024 /* ranks per process group the CPU driver plans for */
+#define FC_MAX_PIECES 64  /* pieces per payload in the per-peer exchange */
 
 typedef enum { FC_NONFINITE_PASS = 0, FC_NONFINITE_ZERO = 1 } fc_nonfinite_mode;
 typedef enum { FC_TRANSPORT_AUTO = 0, FC_TRANSPORT_TORCH = 1, FC_TRANSPORT_NCCL = 2 } fc_transport;
@@ -26,6 +27,7 @@ typedef struct {
     int transport;
     int allgather_compress; /* all-reduce meaning: compress the all-gather of reduced shards too */
     int pipeline;           /* the Python side's per-peer exchange (fc_core_encode_part) */
+    int64_t pipeline_piece; /* elements per piece of a payload in that exchange (0: whole) */
 } fc_common;
 
 typedef struct {
@@ -58,18 +60,19 @@ typedef struct {
     const fc_method *method; /* the unit's: `none` below min_numel */
     float *ust;
     int use_ef, stats, sample, sampled;
-    int todo; /* chunks (one part each, payload or not) not yet encoded */
+    int todo; /* parts not yet encoded: each chunk's pieces, one part for a chunk without payload */
     int64_t raw;
     double e_sq;
-    uint8_t done[FC_MAX_WORLD];
+    uint8_t next_piece[FC_MAX_WORLD];
 } fc_encode_call;
 
 /* One decode_part call sequence in progress: the own chunk opens it, the other ranks' payloads
- * follow in cyclic order (rank+1, rank+2, ...), the W-th part writes the output. */
+ * follow in cyclic order (rank+1, rank+2, ...), each sender's pieces in order; the last part
+ * writes the output. */
 typedef struct {
     int open;
     fc_call_key key;
-    int next; /* parts added so far */
+    int k, piece; /* the next part: piece `piece` from rank (rank + k) % world */
     float *ust;
 } fc_decode_call;
 
@@ -132,17 +135,27 @@ int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *o
  * Whether a unit of `numel` elements can go that way: fixed-size payloads, no second round, no
  * compressed-domain sum. */
 int fc_core_per_peer_ok(const fc_core *s, int64_t numel, int world);
-/* Encodes chunk `chunk` into its slot of the planned send buffer (*size 0: it has no payload).
- * Every chunk 0..world-1 comes once, in any order, payload or not; the bytes are those
- * fc_core_encode writes, and the call is counted when its world-th part is done. */
+/* A chunk of n elements goes as this many pieces of *len elements (the last one shorter): 1 and
+ * n unless the method is FC_PIECEWISE and n > pipeline_piece. */
+int fc_core_pieces(const fc_core *s, const fc_method *m, int64_t n, int64_t *len);
+/* Byte sizes of the parts this rank sends for chunk `chunk` (*count of them; one 0 for a chunk
+ * without payload). What rank r receives from rank s: piece plan of chunk r as rank s. */
+void fc_core_piece_plan(const fc_core *s, int64_t numel, int dtype, int world, int rank, int chunk,
+                        int64_t *sizes, int *count);
+/* The per-peer send buffer: every chunk's parts back to back. */
+int64_t fc_core_parts_total(const fc_core *s, int64_t numel, int dtype, int world, int rank);
+/* Encodes piece `piece` of chunk `chunk` into its slot of the send buffer (*size 0: no
+ * payload). Every part comes once: chunks in any order, a chunk's pieces in order. With one
+ * piece per chunk the bytes are those fc_core_encode writes; the call is counted when its last
+ * part is done. */
 int fc_core_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual, int world,
-                        int rank, uint32_t unit, int chunk, int64_t *size, fc_err *err);
-/* Adds the payload from rank `src` (empty for an own chunk kept exact). src = rank opens the
- * call, then rank+1, rank+2, ... (mod world): a fixed order, so every run sums the same way;
- * it differs from fc_core_decode's rank order (0, 1, ...) for world > 2 in rounding only. The
- * world-th part writes `out`. */
+                        int rank, uint32_t unit, int chunk, int piece, int64_t *size, fc_err *err);
+/* Adds piece `piece` of the payload from rank `src` (empty for an own chunk kept exact). src =
+ * rank opens the call, then rank+1, rank+2, ... (mod world), each sender's pieces in order: a
+ * fixed order, so every run sums the same way; it differs from fc_core_decode's rank order
+ * (0, 1, ...) for world > 2 in rounding only. The last part writes `out`. */
 int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, fc_buf *out,
-                        int world, int rank, uint32_t unit, int src, fc_err *err);
+                        int world, int rank, uint32_t unit, int src, int piece, fc_err *err);
 
 /* out = acc / world in out's dtype (zero past n), counting what overflowed. */
 void fc_core_write_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *out);

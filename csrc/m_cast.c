@@ -116,7 +116,7 @@ static int bf16_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
 const fc_method fc_method_fp16 = {
     .name = "fp16",
     .id = 1,
-    .flags = 0,
+    .flags = FC_PIECEWISE,
     .summary = "IEEE half cast, pre-divided by the world size; 16 bits",
     .cfg_size = sizeof(cast_cfg),
     .keys = cast_keys,
@@ -128,7 +128,7 @@ const fc_method fc_method_fp16 = {
 const fc_method fc_method_bf16 = {
     .name = "bf16",
     .id = 2,
-    .flags = 0,
+    .flags = FC_PIECEWISE,
     .summary = "bfloat16 cast (round to nearest even); 16 bits",
     .cfg_size = sizeof(cast_cfg),
     .keys = cast_keys,

@@ -61,7 +61,7 @@ static int none_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
 const fc_method fc_method_none = {
     .name = "none",
     .id = 0,
-    .flags = FC_UNBIASED | FC_LINEAR,
+    .flags = FC_UNBIASED | FC_LINEAR | FC_PIECEWISE,
     .summary = "exact: the gradient's own dtype through the compressed path's all-to-all",
     .cfg_size = sizeof(none_cfg),
     .keys = none_keys,

@@ -424,10 +424,11 @@ static PyObject *ef_residual(StateObject *self, uint32_t unit, PyObject *grad, c
 }
 
 /* What encode() and encode_part() share: grad and send viewed and checked, send as long as
- * plan() says, and the unit's residual (*res, new ref) when error feedback applies to it. */
+ * plan() says (with `whole`; the C side checks a per-peer buffer against its pieces), and the
+ * unit's residual (*res, new ref) when error feedback applies to it. */
 static int encode_views(StateObject *self, PyObject *grad, PyObject *send, int world, int rank,
-                        long long unit, fc_view *g, fc_view *s, fc_view *r, PyObject **res,
-                        int *use_ef, fc_err *err)
+                        long long unit, int whole, fc_view *g, fc_view *s, fc_view *r,
+                        PyObject **res, int *use_ef, fc_err *err)
 {
     int64_t ss[FC_MAX_WORLD], rs[FC_MAX_WORLD];
     if (fc_view_get(grad, "grad", FC_DT_FLOATS, g, err) != FC_OK ||
@@ -436,7 +437,7 @@ static int encode_views(StateObject *self, PyObject *grad, PyObject *send, int w
         check_world(world, rank, err) || check_unit(self, unit, g->buf.numel, err))
         return err->code != FC_OK ? err->code : FC_ERR_VALUE;
     fc_core_plan(&self->core, g->buf.numel, g->buf.dtype, world, rank, ss, rs);
-    if (s->buf.numel != plan_total(ss, world))
+    if (whole && s->buf.numel != plan_total(ss, world))
         return fc_fail(err, FC_ERR_VALUE, "send has %lld bytes, plan() needs %lld",
                        (long long)s->buf.numel, (long long)plan_total(ss, world));
     *use_ef = uses_residual(self, g->buf.numel);
@@ -457,7 +458,7 @@ static PyObject *State_encode(StateObject *self, PyObject *args)
     if (!ready(self) || !PyArg_ParseTuple(args, "OOiiL:encode", &grad, &send, &world, &rank, &unit))
         return NULL;
     fc_cuda_call k;
-    if (encode_views(self, grad, send, world, rank, unit, &g, &s, &r, &res, &use_ef, &err) != FC_OK)
+    if (encode_views(self, grad, send, world, rank, unit, 1, &g, &s, &r, &res, &use_ef, &err) != FC_OK)
         goto error;
     if (g.device_type == kDLCUDA && cuda_prepare(self, grad, &g, &k, &err) != FC_OK)
         goto error;
@@ -566,32 +567,83 @@ static PyObject *State_per_peer_ok(StateObject *self, PyObject *args)
     return PyBool_FromLong(fc_core_per_peer_ok(&self->core, (int64_t)numel, world));
 }
 
+PyDoc_STRVAR(State_pieces_doc,
+"pieces(grad, world, rank) -> (send, recv)\n\n"
+"The parts of the per-peer exchange: send[c] the byte sizes of the pieces this rank sends for\n"
+"chunk c, recv[s] those it receives from rank s, back to back per chunk in the send and\n"
+"receive buffers. A chunk without payload (the own one, an empty one) is one part of 0 bytes.");
+
+static PyObject *pieces_tuple(StateObject *self, int64_t numel, int dtype, int world, int rank,
+                              int as_sender)
+{
+    PyObject *t = PyTuple_New(world);
+    for (int c = 0; t != NULL && c < world; c++) {
+        int64_t sizes[FC_MAX_PIECES];
+        int count;
+        /* as the sender: chunk c from this rank; as the receiver: this rank's chunk from rank c */
+        fc_core_piece_plan(&self->core, numel, dtype, world, as_sender ? rank : c,
+                           as_sender ? c : rank, sizes, &count);
+        PyObject *p = sizes_tuple(sizes, count);
+        if (p == NULL) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, c, p);
+    }
+    return t;
+}
+
+static PyObject *State_pieces(StateObject *self, PyObject *args)
+{
+    PyObject *grad;
+    int world, rank;
+    fc_err err = {0};
+    fc_view g = {0};
+    if (!ready(self) || !PyArg_ParseTuple(args, "Oii:pieces", &grad, &world, &rank))
+        return NULL;
+    if (fc_view_get(grad, "grad", FC_DT_FLOATS, &g, &err) != FC_OK ||
+        check_world(world, rank, &err) != FC_OK) {
+        fc_view_release(&g);
+        return STATE_ERR(self, &err);
+    }
+    const int64_t numel = g.buf.numel;
+    const int dtype = g.buf.dtype;
+    fc_view_release(&g);
+    PyObject *send = pieces_tuple(self, numel, dtype, world, rank, 1);
+    PyObject *recv = send == NULL ? NULL : pieces_tuple(self, numel, dtype, world, rank, 0);
+    PyObject *out = recv == NULL ? NULL : PyTuple_Pack(2, send, recv);
+    Py_XDECREF(send);
+    Py_XDECREF(recv);
+    return out;
+}
+
 PyDoc_STRVAR(State_encode_part_doc,
-"encode_part(grad, send, world, rank, unit, chunk) -> int\n\n"
-"encode() for one destination: writes the payload for rank `chunk` into its slot of `send`\n"
-"(the buffer plan() sizes) and returns its size (0: that chunk has no payload). The chunks of\n"
-"a call may come in any order; each writes the bytes encode() would, and the call is counted\n"
-"once its last payload is encoded. CPU tensors.");
+"encode_part(grad, send, world, rank, unit, chunk, piece) -> int\n\n"
+"encode() one part at a time: writes piece `piece` of the payload for rank `chunk` into its\n"
+"slot of `send` (laid out as pieces() says) and returns its size (0: no payload). Chunks may\n"
+"come in any order, a chunk's pieces in order, every part once; the call is counted when its\n"
+"last part is done. With one piece per chunk the bytes are encode()'s. CPU tensors.");
 
 static PyObject *State_encode_part(StateObject *self, PyObject *args)
 {
     PyObject *grad, *send, *res = NULL;
-    int world, rank, chunk, rc = FC_ERR_VALUE; /* until the encode has run */
+    int world, rank, chunk, piece, rc = FC_ERR_VALUE; /* until the encode has run */
     long long unit;
     fc_err err = {0};
     fc_view g = {0}, s = {0}, r = {0};
     int64_t size = 0;
     int use_ef = 0;
     if (!ready(self) ||
-        !PyArg_ParseTuple(args, "OOiiLi:encode_part", &grad, &send, &world, &rank, &unit, &chunk))
+        !PyArg_ParseTuple(args, "OOiiLii:encode_part", &grad, &send, &world, &rank, &unit, &chunk,
+                          &piece))
         return NULL;
-    if (encode_views(self, grad, send, world, rank, unit, &g, &s, &r, &res, &use_ef, &err) != FC_OK ||
+    if (encode_views(self, grad, send, world, rank, unit, 0, &g, &s, &r, &res, &use_ef, &err) != FC_OK ||
         check_cpu(&g, "grad", &err))
         goto error;
     self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     rc = fc_core_encode_part(&self->core, &g.buf, &s.buf, use_ef ? &r.buf : NULL, world, rank,
-                             (uint32_t)unit, chunk, &size, &err);
+                             (uint32_t)unit, chunk, piece, &size, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
 error: /* and success: rc says which */
@@ -603,21 +655,21 @@ error: /* and success: rc says which */
 }
 
 PyDoc_STRVAR(State_decode_part_doc,
-"decode_part(payload, grad, out, world, rank, unit, src)\n\n"
-"decode() one payload at a time, as they arrive: src = rank first (its payload is empty unless\n"
-"compress_own_chunk), then rank+1, rank+2, ... mod world. The sum runs in that fixed order (for\n"
-"world > 2 it rounds differently from decode()'s rank order); the world-th part writes `out`.\n"
-"CPU tensors.");
+"decode_part(payload, grad, out, world, rank, unit, src, piece)\n\n"
+"decode() one part at a time, as they arrive: src = rank first (one empty part unless\n"
+"compress_own_chunk), then rank+1, rank+2, ... mod world, each sender's pieces in order. The\n"
+"sum runs in that fixed order (for world > 2 it rounds differently from decode()'s rank\n"
+"order); the last part writes `out`. CPU tensors.");
 
 static PyObject *State_decode_part(StateObject *self, PyObject *args)
 {
     PyObject *payload, *grad, *out;
-    int world, rank, src, rc = FC_ERR_VALUE; /* until the decode has run */
+    int world, rank, src, piece, rc = FC_ERR_VALUE; /* until the decode has run */
     long long unit;
     fc_err err = {0};
     fc_view v = {0}, g = {0}, o = {0};
-    if (!ready(self) || !PyArg_ParseTuple(args, "OOOiiLi:decode_part", &payload, &grad, &out,
-                                          &world, &rank, &unit, &src))
+    if (!ready(self) || !PyArg_ParseTuple(args, "OOOiiLii:decode_part", &payload, &grad, &out,
+                                          &world, &rank, &unit, &src, &piece))
         return NULL;
     if (fc_view_get(payload, "payload", FC_DT_U8, &v, &err) != FC_OK ||
         grad_out_views(self, grad, out, world, rank, unit, &g, &o, &err) != FC_OK ||
@@ -627,7 +679,7 @@ static PyObject *State_decode_part(StateObject *self, PyObject *args)
     self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     rc = fc_core_decode_part(&self->core, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, src,
-                             &err);
+                             piece, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
 error: /* and success: rc says which */
@@ -1413,6 +1465,7 @@ static PyMethodDef State_methods[] = {
     {"encode", (PyCFunction)State_encode, METH_VARARGS, State_encode_doc},
     {"decode", (PyCFunction)State_decode, METH_VARARGS, State_decode_doc},
     {"per_peer_ok", (PyCFunction)State_per_peer_ok, METH_VARARGS, State_per_peer_ok_doc},
+    {"pieces", (PyCFunction)State_pieces, METH_VARARGS, State_pieces_doc},
     {"encode_part", (PyCFunction)State_encode_part, METH_VARARGS, State_encode_part_doc},
     {"decode_part", (PyCFunction)State_decode_part, METH_VARARGS, State_decode_part_doc},
     {"payload_bytes", (PyCFunction)State_payload_bytes, METH_O, State_payload_bytes_doc},

@@ -22,13 +22,16 @@ _RESIDUAL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def _offsets(splits) -> list[int]:
-    """Where each rank's slot starts in a buffer of back-to-back splits."""
-    at, total = [], 0
-    for size in splits:
-        at.append(total)
-        total += size
-    return at
+def _slots(buf: torch.Tensor, parts) -> list[list[torch.Tensor]]:
+    """Views of buf, one per part, for parts[c] = the byte sizes of chunk c's pieces laid back
+    to back, chunk after chunk."""
+    slots, at = [], 0
+    for sizes in parts:
+        slots.append([])
+        for size in sizes:
+            slots[-1].append(buf[at:at + size])
+            at += size
+    return slots
 
 
 def _allocate_residual(numel: int, dtype_name: str, like: torch.Tensor) -> torch.Tensor:
@@ -176,10 +179,10 @@ class CommState:
         """
         world, rank = self._world_rank()
         unit = self._begin(grad.numel())
-        send_splits, recv_splits = self._plan(grad, world, rank)
         if self._exchanges_per_peer(grad, world):
-            self._per_peer_exchange(grad, output, world, rank, unit, send_splits, recv_splits)
+            self._per_peer_exchange(grad, output, world, rank, unit)
         else:
+            send_splits, recv_splits = self._plan(grad, world, rank)
             self._all_to_all_exchange(grad, output, world, rank, unit, send_splits, recv_splits)
         self._sync_unit_state(unit, world, grad.device)
         return unit
@@ -217,49 +220,58 @@ class CommState:
             ok = self._per_peer[key] = self._core.per_peer_ok(grad.numel(), world)
         return ok
 
-    def _per_peer_exchange(self, grad, output, world, rank, unit, send_splits, recv_splits):
-        """The reduce-scatter as W-1 point-to-point payloads, overlapped with the codec.
+    def _per_peer_exchange(self, grad, output, world, rank, unit):
+        """The reduce-scatter as point-to-point messages, overlapped with the codec.
 
         Every receive is posted first. Then, at step k = 1..W-1, this rank encodes the payload
         for rank - k and puts it on the wire at once, so the next encode runs while it is in
         flight; each rank thus receives from rank + k at step k (a permutation: one flow per
         link per step, on every rank), which is the order decode_part adds them in, after the
-        own chunk. Each arrival is decoded while later ones are still on the wire. Payload bytes
-        equal encode()'s; the fixed summation order (own, rank+1, rank+2, ...) is the same on
-        every run. comm_time_s counts only the time spent waiting on the wire."""
+        own chunk. A large payload of an element- or block-wise method goes as pieces
+        (`pipeline_piece` elements each), so even a single peer's payload is encoded, sent and
+        decoded in overlapping steps. The sum runs in that fixed order on every run.
+        comm_time_s counts only the time spent waiting on the wire."""
         group, peers = self.process_group, self._peers()
-        send = self._buffer("send", sum(send_splits), grad.device)
-        recv = self._buffer("recv", sum(recv_splits), grad.device)
-        send_at, recv_at = _offsets(send_splits), _offsets(recv_splits)
+        send_parts, recv_parts = self._pieces(grad, world, rank)
+        send = self._buffer("send", sum(map(sum, send_parts)), grad.device)
+        recv = self._buffer("recv", sum(map(sum, recv_parts)), grad.device)
+        send_slots, recv_slots = _slots(send, send_parts), _slots(recv, recv_parts)
         arriving = {}
         for k in range(1, world):
             src = (rank + k) % world
-            if recv_splits[src]:
-                slot = recv[recv_at[src]:recv_at[src] + recv_splits[src]]
-                arriving[src] = dist.irecv(slot, src=peers[src], group=group)
+            for piece, slot in enumerate(recv_slots[src]):
+                if slot.numel():  # the tag tells a sender's pieces apart
+                    arriving[src, piece] = dist.irecv(slot, src=peers[src], group=group, tag=piece)
         leaving = []
         for k in range(1, world):
             dst = (rank - k) % world
-            size = self._core.encode_part(grad, send, world, rank, unit, dst)
-            if size:
-                payload = send[send_at[dst]:send_at[dst] + size]
-                leaving.append(dist.isend(payload, dst=peers[dst], group=group))
-        own = self._core.encode_part(grad, send, world, rank, unit, rank)  # 0 unless compress_own_chunk
-        self._core.decode_part(send[send_at[rank]:send_at[rank] + own], grad, output, world, rank,
-                               unit, rank)
+            for piece, slot in enumerate(send_slots[dst]):
+                if self._core.encode_part(grad, send, world, rank, unit, dst, piece):
+                    leaving.append(dist.isend(slot, dst=peers[dst], group=group, tag=piece))
+        for piece, slot in enumerate(send_slots[rank]):  # empty unless compress_own_chunk
+            self._core.encode_part(grad, send, world, rank, unit, rank, piece)
         waited = 0.0
-        for k in range(1, world):
+        for k in range(world):
             src = (rank + k) % world
-            if src in arriving:
-                t0 = time.perf_counter()
-                arriving[src].wait()
-                waited += time.perf_counter() - t0
-            payload = recv[recv_at[src]:recv_at[src] + recv_splits[src]]
-            self._core.decode_part(payload, grad, output, world, rank, unit, src)
+            slots = send_slots[rank] if src == rank else recv_slots[src]  # the own payload loops back
+            for piece, slot in enumerate(slots):
+                work = arriving.get((src, piece))
+                if work is not None:
+                    t0 = time.perf_counter()
+                    work.wait()
+                    waited += time.perf_counter() - t0
+                self._core.decode_part(slot, grad, output, world, rank, unit, src, piece)
         t0 = time.perf_counter()
         for work in leaving:  # the send buffer is reused by the next call
             work.wait()
         self._core.add_comm(waited + time.perf_counter() - t0)
+
+    def _pieces(self, grad, world, rank):
+        key = ("pieces", grad.numel(), grad.dtype, world, rank)
+        parts = self._plans.get(key)
+        if parts is None:
+            parts = self._plans[key] = self._core.pieces(grad, world, rank)
+        return parts
 
     def _peers(self) -> list[int]:
         """Global rank of each rank of the group: torch's point-to-point calls take global ranks."""

@@ -55,7 +55,7 @@ def test_parts_write_the_bytes_and_sums_of_the_one_shot_call(case):
         whole[r]._core.encode(grads[r], a, world, r, unit)
         for k in (2, 0, 1):  # any order
             dst = (r + k) % world
-            size = parts[r]._core.encode_part(grads[r], b, world, r, unit, dst)
+            size = parts[r]._core.encode_part(grads[r], b, world, r, unit, dst, 0)
             assert size == (0 if dst == r else ss[dst])
         assert torch.equal(a, b), f"rank {r}: payload bytes differ"
         if method != "none":
@@ -72,7 +72,7 @@ def test_parts_write_the_bytes_and_sums_of_the_one_shot_call(case):
         for k in range(world):
             src = (r + k) % world
             parts[r]._core.decode_part(_slot(sends[src][0], sends[src][1], r), grads[r], out, world, r,
-                                       unit, src)
+                                       unit, src, 0)
         torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)  # same terms, another order
         assert parts[r].counters()["calls"] == 1
 
@@ -86,7 +86,7 @@ def test_none_sums_in_cyclic_order_exactly():
         ss, _ = states[r]._core.plan(grads[r], world, r)
         buf = torch.empty(sum(ss), dtype=torch.uint8)
         for dst in range(world):
-            states[r]._core.encode_part(grads[r], buf, world, r, unit, dst)
+            states[r]._core.encode_part(grads[r], buf, world, r, unit, dst, 0)
         sends.append((buf, ss))
     for r in range(world):
         acc = torch.zeros(shard)
@@ -96,7 +96,8 @@ def test_none_sums_in_cyclic_order_exactly():
         out = torch.empty(shard)
         for k in range(world):
             src = (r + k) % world
-            states[r]._core.decode_part(_slot(sends[src][0], sends[src][1], r), grads[r], out, world, r, unit, src)
+            states[r]._core.decode_part(_slot(sends[src][0], sends[src][1], r), grads[r], out, world, r, unit,
+                                        src, 0)
         assert torch.equal(out, acc / world), f"rank {r}"
 
 
@@ -109,25 +110,39 @@ def test_parts_refuse_what_would_break_the_sum():
     send = torch.empty(sum(ss), dtype=torch.uint8)
     out = torch.empty(100)
     with pytest.raises(ValueError, match=r"chunk must be in \[0, 3\)"):
-        s._core.encode_part(g, send, world, 1, unit, 3)
-    s._core.encode_part(g, send, world, 1, unit, 0)
-    with pytest.raises(RuntimeError, match="chunk 0 of unit 0 was already encoded"):
-        s._core.encode_part(g, send, world, 1, unit, 0)
-    with pytest.raises(ValueError, match="send has 10 bytes, plan"):
-        s._core.encode_part(g, send[:10], world, 1, unit, 2)
+        s._core.encode_part(g, send, world, 1, unit, 3, 0)
+    with pytest.raises(ValueError, match=r"piece must be in \[0, 1\) for chunk 0, got 1"):
+        s._core.encode_part(g, send, world, 1, unit, 0, 1)
+    s._core.encode_part(g, send, world, 1, unit, 0, 0)
+    with pytest.raises(RuntimeError, match="chunk 0 of unit 0: piece 0, expected piece 1"):
+        s._core.encode_part(g, send, world, 1, unit, 0, 0)
+    with pytest.raises(ValueError, match="send has 10 bytes, the parts of this call need"):
+        s._core.encode_part(g, send[:10], world, 1, unit, 2, 0)
     empty = torch.empty(0, dtype=torch.uint8)
     with pytest.raises(RuntimeError, match="own chunk .src=1. comes first"):
-        s._core.decode_part(send[:rs[2]], g, out, world, 1, unit, 2)
-    s._core.decode_part(empty, g, out, world, 1, unit, 1)
-    with pytest.raises(RuntimeError, match="expected src=2, got 0"):
-        s._core.decode_part(send[:rs[0]], g, out, world, 1, unit, 0)
-    s._core.decode_part(empty, g, out, world, 1, unit, 1)  # the own chunk reopens the call
-    with pytest.raises(fsdpcomp.PayloadError, match="payload from rank 2 has 16 bytes, the plan says"):
-        s._core.decode_part(send[:16], g, out, world, 1, unit, 2)
+        s._core.decode_part(send[:rs[2]], g, out, world, 1, unit, 2, 0)
+    s._core.decode_part(empty, g, out, world, 1, unit, 1, 0)
+    with pytest.raises(RuntimeError, match="expected src=2 piece 0, got src=0 piece 0"):
+        s._core.decode_part(send[:rs[0]], g, out, world, 1, unit, 0, 0)
+    s._core.decode_part(empty, g, out, world, 1, unit, 1, 0)  # the own chunk reopens the call
+    with pytest.raises(fsdpcomp.PayloadError, match=r"payload from rank 2 \(piece 0\) has 16 bytes, the plan"):
+        s._core.decode_part(send[:16], g, out, world, 1, unit, 2, 0)
     with pytest.raises(ValueError, match="output has 10 elements, the shard needs 100"):
-        s._core.decode_part(empty, g, out[:10], world, 1, unit, 1)
+        s._core.decode_part(empty, g, out[:10], world, 1, unit, 1, 0)
     with pytest.raises(ValueError, match=r"src must be in \[0, 3\)"):
-        s._core.decode_part(empty, g, out, world, 1, unit, -1)
+        s._core.decode_part(empty, g, out, world, 1, unit, -1, 0)
+
+
+def test_pieces_cut_large_payloads_of_piecewise_methods_only():
+    g = torch.randn(2 * 300_000)  # chunks of 300000: 5 pieces of 65536 (the alignment), the last shorter
+    int8 = fsdpcomp.CommState("int8", {"pipeline_piece": 1})
+    send, recv = int8._core.pieces(g, 2, 0)
+    assert send[0] == (0,) and recv[0] == (0,)  # the own chunk: one empty part
+    piece = int8._core.payload_bytes(65536)
+    assert send[1] == recv[1] == (piece,) * 4 + (int8._core.payload_bytes(300_000 - 4 * 65536),)
+    assert fsdpcomp.CommState("int8")._core.pieces(g, 2, 0)[0][1] == (int8._core.payload_bytes(300_000),)
+    topk = fsdpcomp.CommState("topk", {"ratio": 0.1, "pipeline_piece": 1})  # k is per chunk: never cut
+    assert len(topk._core.pieces(g, 2, 0)[0][1]) == 1
 
 
 @pytest.mark.parametrize("method, cfg", [("signsgd", {}), ("thresholdv", {"threshold": 1.0}),
@@ -138,9 +153,9 @@ def test_one_exchange_methods_name_why(method, cfg):
     unit = s._core.begin(3000)
     ss, _ = s._core.plan(g, 3, 0)
     with pytest.raises(ValueError, match=f"method '{method}' .*encode all chunks at once"):
-        s._core.encode_part(g, torch.empty(sum(ss), dtype=torch.uint8), 3, 0, unit, 1)
+        s._core.encode_part(g, torch.empty(sum(ss), dtype=torch.uint8), 3, 0, unit, 1, 0)
     with pytest.raises(ValueError, match=f"method '{method}' .*decode all payloads at once"):
-        s._core.decode_part(torch.empty(0, dtype=torch.uint8), g, torch.empty(1000), 3, 0, unit, 0)
+        s._core.decode_part(torch.empty(0, dtype=torch.uint8), g, torch.empty(1000), 3, 0, unit, 0, 0)
 
 
 def _reduce(rank, world, method, cfg):
@@ -191,3 +206,30 @@ def test_subgroup_peers_are_addressed_by_global_rank():
     _, a, b = run_ranks(_subgroup, 3)
     mean = (torch.arange(8, dtype=torch.float32) * 2 + torch.arange(8, dtype=torch.float32) * 3) / 2
     assert torch.equal(a, mean[:4]) and torch.equal(b, mean[4:])
+
+
+def _pieced(rank, world, method, cfg):
+    shard = 300_001
+    grads = [torch.randn(world * shard, generator=torch.Generator().manual_seed(r)) for r in range(world)]
+    exact = torch.stack([g[rank * shard:(rank + 1) * shard] for g in grads]).double().mean(0)
+    out = {}
+    for piece in (1, 0):  # 65536-element pieces, then whole payloads
+        state = fsdpcomp.CommState(method, dict(cfg, pipeline_piece=piece))
+        o = torch.full((shard,), float("nan"))
+        state.reduce_scatter(grads[rank], o)
+        out[piece] = (o, state.counters(), float((o.double() - exact).norm() / exact.norm()))
+    return out
+
+
+@pytest.mark.parametrize("method, cfg", [("none", {}), ("int8", {"block_size": 256, "error_feedback": True}),
+                                         ("qsgd", {})])
+def test_pieces_on_gloo_ranks(method, cfg):
+    for res in run_ranks(_pieced, 2, method, cfg):
+        (a, ka, err_a), (b, kb, err_b) = res[1], res[0]
+        assert not torch.isnan(a).any()
+        assert ka["chunks_sent"] == 5 and kb["chunks_sent"] == 1
+        assert ka["bytes_sent"] > kb["bytes_sent"]  # four more headers
+        if method == "qsgd":  # each piece draws from its own stream: another rounding, same law
+            assert not torch.equal(a, b) and abs(err_a - err_b) < 0.02 * err_b
+        else:  # nearest rounding, blocks never split: the same values
+            assert torch.equal(a, b)
