@@ -561,7 +561,9 @@ static int same_call(const fc_call_key *a, const fc_call_key *b)
  * elements, so blocks of up to 64Ki (a power of two) are never split. */
 #define FC_PIECE_ALIGN 65536
 
-int fc_core_pieces(const fc_core *s, const fc_method *m, int64_t n, int64_t *len)
+/* A chunk of n elements goes as this many pieces of *len elements (the last one shorter): 1 and
+ * n unless the method is FC_PIECEWISE and n > pipeline_piece. */
+static int pieces_of(const fc_core *s, const fc_method *m, int64_t n, int64_t *len)
 {
     const int64_t want = s->common.pipeline_piece;
     *len = n;
@@ -585,20 +587,40 @@ static int chunk_parts(const fc_core *s, const fc_method *m, int64_t N, int worl
         *len = n;
         return 1;
     }
-    return fc_core_pieces(s, m, n, len);
+    return pieces_of(s, m, n, len);
+}
+
+/* Bytes of piece p of a chunk of n elements cut into pieces of len. */
+static int64_t piece_bytes(const fc_core *s, const fc_method *m, int64_t n, int64_t len, int p,
+                           int dtype)
+{
+    const int64_t a = p * len;
+    return fc_payload_bytes(s, m, n - a < len ? n - a : len, dtype);
+}
+
+/* Bytes of all the parts of chunk c (0 without payload): every piece but the last is full. */
+static int64_t chunk_part_bytes(const fc_core *s, const fc_method *m, int64_t N, int dtype,
+                                int world, int rank, int c)
+{
+    int64_t start, n, len;
+    fc_chunk_span(N, world, c, &start, &n);
+    const int parts = chunk_parts(s, m, N, world, rank, c, &len);
+    if (!has_payload(s, N, world, rank, c))
+        return 0;
+    return (parts - 1) * piece_bytes(s, m, n, len, 0, dtype) +
+           piece_bytes(s, m, n, len, parts - 1, dtype);
 }
 
 void fc_core_piece_plan(const fc_core *s, int64_t numel, int dtype, int world, int rank, int chunk,
                         int64_t *sizes, int *count)
 {
     const fc_method *m = fc_core_unit_method(s, numel);
+    const int payload = has_payload(s, numel, world, rank, chunk);
     int64_t start, n, len;
     fc_chunk_span(numel, world, chunk, &start, &n);
     *count = chunk_parts(s, m, numel, world, rank, chunk, &len);
-    for (int p = 0; p < *count; p++) {
-        int64_t a = p * len, b = a + len < n ? a + len : n;
-        sizes[p] = has_payload(s, numel, world, rank, chunk) ? fc_payload_bytes(s, m, b - a, dtype) : 0;
-    }
+    for (int p = 0; p < *count; p++)
+        sizes[p] = payload ? piece_bytes(s, m, n, len, p, dtype) : 0;
 }
 
 /* Opens an encode call (s->enc): what every chunk of it shares, scratch grown for its largest
@@ -631,11 +653,13 @@ static int encode_begin(fc_core *s, const fc_buf *grad, const fc_buf *residual, 
         FC_TRY(grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, per), err));
     FC_TRY(unit_state(s, m, unit, &e->ust, err));
     e->todo = world;
-    if (pieces) {
+    if (pieces) { /* the per-peer layout, once per call: every part then finds its slot in O(1) */
         e->todo = 0;
+        e->at[0] = 0;
         for (int c = 0; c < world; c++) {
             int64_t len;
             e->todo += chunk_parts(s, m, N, world, rank, c, &len);
+            e->at[c + 1] = e->at[c] + chunk_part_bytes(s, m, N, grad->dtype, world, rank, c);
         }
     }
     e->open = 1;
@@ -751,59 +775,41 @@ int fc_core_per_peer_ok(const fc_core *s, int64_t numel, int world)
     return not_per_peer(s, fc_core_unit_method(s, numel), numel, world) == NULL;
 }
 
-/* Bytes before part (chunk, piece) in the per-peer send layout: every chunk's pieces back to
- * back, chunk by chunk; (world, 0) gives the total. */
-static int64_t parts_offset(const fc_core *s, int64_t N, int dtype, int world, int rank, int chunk,
-                            int piece)
-{
-    int64_t off = 0, sizes[FC_MAX_PIECES];
-    int count;
-    for (int c = 0; c <= chunk && c < world; c++) {
-        fc_core_piece_plan(s, N, dtype, world, rank, c, sizes, &count);
-        for (int p = 0; p < (c < chunk ? count : piece); p++)
-            off += sizes[p];
-    }
-    return off;
-}
-
-int64_t fc_core_parts_total(const fc_core *s, int64_t numel, int dtype, int world, int rank)
-{
-    return parts_offset(s, numel, dtype, world, rank, world, 0);
-}
-
 int fc_core_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual, int world,
                         int rank, uint32_t unit, int chunk, int piece, int64_t *size, fc_err *err)
 {
     int rc = FC_OK;
     const double t0 = now_s();
     const int64_t N = grad->numel;
-    const fc_method *m = fc_core_unit_method(s, N);
-    const char *why = not_per_peer(s, m, N, world);
+    fc_encode_call *e = &s->enc;
+    const fc_call_key key = call_key(s, unit, world, rank, N);
     *size = 0;
-    if (why != NULL)
-        return fc_fail(err, FC_ERR_VALUE, "method '%s' %s: encode all chunks at once with encode()",
-                       m->name, why);
+    const fc_method *m = fc_core_unit_method(s, N);
+    /* bad arguments leave an open call as it was; only a failed encode drops it */
     if (chunk < 0 || chunk >= world)
         return fc_fail(err, FC_ERR_VALUE, "chunk must be in [0, %d), got %d", world, chunk);
-    const int64_t total = fc_core_parts_total(s, N, grad->dtype, world, rank);
-    if (send->numel != total)
-        return fc_fail(err, FC_ERR_VALUE, "send has %lld bytes, the parts of this call need %lld "
-                       "(pieces())", (long long)send->numel, (long long)total);
-    int64_t len;
+    int64_t start, n, len;
+    fc_chunk_span(N, world, chunk, &start, &n);
     const int parts = chunk_parts(s, m, N, world, rank, chunk, &len);
     if (piece < 0 || piece >= parts)
         return fc_fail(err, FC_ERR_VALUE, "piece must be in [0, %d) for chunk %d, got %d", parts,
                        chunk, piece);
-    fc_encode_call *e = &s->enc;
-    const fc_call_key key = call_key(s, unit, world, rank, N);
-    if (!e->open || !same_call(&e->key, &key)) /* a new call (an unfinished one is dropped) */
+    if (!e->open || !same_call(&e->key, &key)) { /* a new call (an unfinished one is dropped) */
+        const char *why = not_per_peer(s, m, N, world);
+        if (why != NULL)
+            return fc_fail(err, FC_ERR_VALUE, "method '%s' %s: encode all chunks at once with "
+                           "encode()", m->name, why);
         FC_TRY(encode_begin(s, grad, residual, world, rank, unit, 1, err));
+    }
+    if (send->numel != e->at[world])
+        return fc_fail(err, FC_ERR_VALUE, "send has %lld bytes, the parts of this call need %lld "
+                       "(pieces())", (long long)send->numel, (long long)e->at[world]);
     if (piece != e->next_piece[chunk])
-        FC_TRY(fc_fail(err, FC_ERR_STATE, "chunk %d of unit %u: piece %d, expected piece %d (the "
+        return fc_fail(err, FC_ERR_STATE, "chunk %d of unit %u: piece %d, expected piece %d (the "
                        "pieces of a chunk come once each, in order)", chunk, unit, piece,
-                       e->next_piece[chunk]));
+                       e->next_piece[chunk]);
     if (has_payload(s, N, world, rank, chunk)) {
-        const int64_t off = parts_offset(s, N, grad->dtype, world, rank, chunk, piece);
+        const int64_t off = e->at[chunk] + piece * piece_bytes(s, m, n, len, 0, grad->dtype);
         FC_TRY(encode_chunk(s, grad, residual, chunk, piece, len, (uint8_t *)send->data + off,
                             send->numel - off, size, err));
     }
@@ -984,23 +990,26 @@ int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, f
     const double t0 = now_s();
     const int64_t N = grad->numel;
     const fc_method *m = fc_core_unit_method(s, N);
-    const char *why = not_per_peer(s, m, N, world);
     fc_decode_call *d = &s->dec_call;
     const fc_call_key key = call_key(s, unit, world, rank, N);
-    if (why != NULL)
-        return fc_fail(err, FC_ERR_VALUE, "method '%s' %s: decode all payloads at once with decode()",
-                       m->name, why);
     if (src < 0 || src >= world)
         return fc_fail(err, FC_ERR_VALUE, "src must be in [0, %d), got %d", world, src);
     int64_t start, n;
     fc_chunk_span(N, world, rank, &start, &n);
     if (src == rank && piece == 0) { /* the own chunk opens the call: acc starts from it */
         d->open = 0;
+        const char *why = not_per_peer(s, m, N, world);
+        if (why != NULL)
+            return fc_fail(err, FC_ERR_VALUE, "method '%s' %s: decode all payloads at once with "
+                           "decode()", m->name, why);
         FC_TRY(decode_scratch(s, m, n, out, err));
         FC_TRY(unit_state(s, m, unit, &d->ust, err));
         memset(s->acc, 0, (size_t)n * 4);
         d->key = key;
         d->k = d->piece = 0;
+        /* every other rank sends this chunk cut the same way; the own one may be one exact part */
+        d->parts = chunk_parts(s, m, N, world, (rank + 1) % world, rank, &d->len);
+        d->own_parts = has_payload(s, N, world, rank, rank) ? d->parts : 1;
         d->open = 1;
     } else if (!d->open || !same_call(&d->key, &key)) {
         return fc_fail(err, FC_ERR_STATE, "decode_part: the own chunk (src=%d) comes first, then "
@@ -1008,30 +1017,26 @@ int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, f
                        rank, src, unit);
     }
     const int expected = (rank + d->k) % world;
-    if (src != expected || piece != d->piece)
-        FC_TRY(fc_fail(err, FC_ERR_STATE, "decode_part: parts come in cyclic order from the own "
+    if (src != expected || piece != d->piece) /* a misordered part leaves the call as it was */
+        return fc_fail(err, FC_ERR_STATE, "decode_part: parts come in cyclic order from the own "
                        "rank, each sender's pieces in order, so the sum is the same on every run; "
                        "expected src=%d piece %d, got src=%d piece %d", expected, d->piece, src,
-                       piece));
-    int64_t len, sizes[FC_MAX_PIECES];
-    int parts;
-    fc_core_piece_plan(s, N, grad->dtype, world, src, rank, sizes, &parts); /* as src sends it */
-    (void)chunk_parts(s, m, N, world, src, rank, &len);
-    if (payload->numel != sizes[piece])
+                       piece);
+    const int exact = src == rank && !has_payload(s, N, world, rank, rank);
+    const int64_t want = exact || n == 0 ? 0 : piece_bytes(s, m, n, d->len, piece, grad->dtype);
+    if (payload->numel != want)
         FC_TRY(fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d (piece %d) has %lld bytes, the "
-                       "plan says %lld", src, piece, (long long)payload->numel,
-                       (long long)sizes[piece]));
-    if (n > 0 && sizes[piece] == 0) { /* the own chunk, exact */
+                       "plan says %lld", src, piece, (long long)payload->numel, (long long)want));
+    if (exact) {
         add_f32(grad->data, grad->dtype, start, n, s->acc);
     } else if (n > 0) {
-        const int64_t a = piece * len, np = n - a < len ? n - a : len;
+        const int64_t a = piece * d->len, np = n - a < d->len ? n - a : d->len;
         const uint32_t id = (uint32_t)rank + (uint32_t)world * (uint32_t)piece;
         fc_chunk c = make_chunk(s, m, np, world, grad->dtype, unit, id, src);
         c.ustate = d->ust;
-        FC_TRY(decode_one(m, &c, (const uint8_t *)payload->data, sizes[piece], src, 1.0f,
-                          s->acc + a, err));
+        FC_TRY(decode_one(m, &c, (const uint8_t *)payload->data, want, src, 1.0f, s->acc + a, err));
     }
-    if (++d->piece == parts) {
+    if (++d->piece == (src == rank ? d->own_parts : d->parts)) {
         d->piece = 0;
         d->k++;
     }

@@ -64,6 +64,7 @@ typedef struct {
     int64_t raw;
     double e_sq;
     uint8_t next_piece[FC_MAX_WORLD];
+    int64_t at[FC_MAX_WORLD + 1]; /* per-peer layout: where chunk c's parts start; [world]: total */
 } fc_encode_call;
 
 /* One decode_part call sequence in progress: the own chunk opens it, the other ranks' payloads
@@ -72,7 +73,9 @@ typedef struct {
 typedef struct {
     int open;
     fc_call_key key;
-    int k, piece; /* the next part: piece `piece` from rank (rank + k) % world */
+    int k, piece;        /* the next part: piece `piece` from rank (rank + k) % world */
+    int parts, own_parts; /* pieces per sender, and for the own chunk (1 when kept exact) */
+    int64_t len;          /* elements per piece */
     float *ust;
 } fc_decode_call;
 
@@ -135,15 +138,10 @@ int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *o
  * Whether a unit of `numel` elements can go that way: fixed-size payloads, no second round, no
  * compressed-domain sum. */
 int fc_core_per_peer_ok(const fc_core *s, int64_t numel, int world);
-/* A chunk of n elements goes as this many pieces of *len elements (the last one shorter): 1 and
- * n unless the method is FC_PIECEWISE and n > pipeline_piece. */
-int fc_core_pieces(const fc_core *s, const fc_method *m, int64_t n, int64_t *len);
 /* Byte sizes of the parts this rank sends for chunk `chunk` (*count of them; one 0 for a chunk
  * without payload). What rank r receives from rank s: piece plan of chunk r as rank s. */
 void fc_core_piece_plan(const fc_core *s, int64_t numel, int dtype, int world, int rank, int chunk,
                         int64_t *sizes, int *count);
-/* The per-peer send buffer: every chunk's parts back to back. */
-int64_t fc_core_parts_total(const fc_core *s, int64_t numel, int dtype, int world, int rank);
 /* Encodes piece `piece` of chunk `chunk` into its slot of the send buffer (*size 0: no
  * payload). Every part comes once: chunks in any order, a chunk's pieces in order. With one
  * piece per chunk the bytes are those fc_core_encode writes; the call is counted when its last

@@ -64,7 +64,6 @@ class CommState:
         self._ef = cfg["error_feedback"]
         self._gather_compressed = cfg["allgather_compress"]
         self._pipeline = cfg["pipeline"]
-        self._per_peer: dict[tuple[int, int], bool] = {}
         self._group_ranks: tuple[dist.ProcessGroup, list[int]] | None = None  # for _peers()
         self._gather_residuals: dict[int, torch.Tensor] = {}  # all-gather stage, per unit
         if self._gather_compressed and cfg.get("second_round"):
@@ -214,10 +213,10 @@ class CommState:
         for units whose payloads have fixed sizes and are decoded one by one."""
         if not self._pipeline or world < 2 or grad.device.type != "cpu" or self._transport == "nccl":
             return False
-        key = (grad.numel(), world)
-        ok = self._per_peer.get(key)
+        key = ("per_peer", grad.numel(), world)
+        ok = self._plans.get(key)
         if ok is None:
-            ok = self._per_peer[key] = self._core.per_peer_ok(grad.numel(), world)
+            ok = self._plans[key] = self._core.per_peer_ok(grad.numel(), world)
         return ok
 
     def _per_peer_exchange(self, grad, output, world, rank, unit):
@@ -232,10 +231,7 @@ class CommState:
         decoded in overlapping steps. The sum runs in that fixed order on every run.
         comm_time_s counts only the time spent waiting on the wire."""
         group, peers = self.process_group, self._peers()
-        send_parts, recv_parts = self._pieces(grad, world, rank)
-        send = self._buffer("send", sum(map(sum, send_parts)), grad.device)
-        recv = self._buffer("recv", sum(map(sum, recv_parts)), grad.device)
-        send_slots, recv_slots = _slots(send, send_parts), _slots(recv, recv_parts)
+        send, recv, send_slots, recv_slots = self._part_slots(grad, world, rank)
         arriving = {}
         for k in range(1, world):
             src = (rank + k) % world
@@ -266,12 +262,21 @@ class CommState:
             work.wait()
         self._core.add_comm(waited + time.perf_counter() - t0)
 
-    def _pieces(self, grad, world, rank):
-        key = ("pieces", grad.numel(), grad.dtype, world, rank)
-        parts = self._plans.get(key)
-        if parts is None:
-            parts = self._plans[key] = self._core.pieces(grad, world, rank)
-        return parts
+    def _part_slots(self, grad, world, rank):
+        """The send and receive buffers of the per-peer exchange and a view per part of each.
+        Made once per (size, dtype, world, rank), again only after a buffer was regrown: W x
+        pieces views are not worth rebuilding on every call."""
+        key, dev = ("slots", grad.numel(), grad.dtype, world, rank), str(grad.device)
+        cached = self._plans.get(key)
+        if cached is not None and all(self._buffers.get((kind, dev)) is base
+                                      for kind, base in zip(("send", "recv"), cached[0])):
+            return cached[1]
+        send_parts, recv_parts = self._core.pieces(grad, world, rank)
+        send = self._buffer("send", sum(map(sum, send_parts)), grad.device)
+        recv = self._buffer("recv", sum(map(sum, recv_parts)), grad.device)
+        views = (send, recv, _slots(send, send_parts), _slots(recv, recv_parts))
+        self._plans[key] = ((self._buffers[("send", dev)], self._buffers[("recv", dev)]), views)
+        return views
 
     def _peers(self) -> list[int]:
         """Global rank of each rank of the group: torch's point-to-point calls take global ranks."""
