@@ -7,7 +7,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "fc_fetch.h"
 #include "fc_half.h"
 #include "fc_memhint.h"
 #include "fc_quant.h"
@@ -636,7 +635,7 @@ static int encode_begin(fc_core *s, const fc_buf *grad, const fc_buf *residual, 
     e->method = m;
     e->use_ef = m == s->method && s->common.error_feedback && residual != NULL;
     /* a second round decides what is sent after this call: no error sample from round 1 */
-    e->stats = s->common.error_stats_every > 0 && !fc_fetch_kmax(s, N, world);
+    e->stats = s->common.error_stats_every > 0 && !fc_core_fetch_kmax(s, N, world);
     e->sample = !e->use_ef && m == s->method && e->stats &&
                 s->ctr.calls % s->common.error_stats_every == 0;
     e->sampled = 0;
@@ -763,7 +762,7 @@ static const char *not_per_peer(const fc_core *s, const fc_method *m, int64_t N,
 {
     if (m->flags & FC_VARSIZE)
         return "has data-dependent payload sizes (the receivers learn them in one exchange)";
-    if (fc_fetch_kmax(s, N, world) > 0)
+    if (fc_core_fetch_kmax(s, N, world) > 0)
         return "has a second round (the owner picks coordinates from all payloads)";
     if (m->aggregate != NULL && m->agg_bytes != NULL)
         return "sums the payloads in the compressed domain before decoding them";
@@ -907,6 +906,53 @@ static int decode_scratch(fc_core *s, const fc_method *m, int64_t n, const fc_bu
     return rc;
 }
 
+/* ---- the second round's first step ----
+ * A method with a second round (fc_method.fetch_k, Sketched-SGD) has its owner pick coordinates
+ * from the summed payloads inside fc_core_decode. The core does that through the method table's
+ * fetch_k/pick entries, never naming the method or fc_fetch.c: the rest of the round
+ * (fc_fetch.c) builds on this file, not the other way round, so there is no include cycle. */
+
+int64_t fc_core_fetch_k(const fc_core *s, const fc_method *m, int64_t len)
+{
+    fc_chunk c; /* fetch_k reads only the config and the chunk length */
+    memset(&c, 0, sizeof(c));
+    c.cfg = s->cfg;
+    c.n = len;
+    return len > 0 ? m->fetch_k(&c) : 0;
+}
+
+int64_t fc_core_fetch_kmax(const fc_core *s, int64_t N, int world)
+{
+    const fc_method *m = fc_core_unit_method(s, N);
+    if (m->fetch_k == NULL || N == 0 || (world == 1 && !s->common.compress_own_chunk))
+        return 0;
+    return fc_core_fetch_k(s, m, (N + world - 1) / world); /* chunk 0 is the longest */
+}
+
+/* The owner's picks for its chunk (c0) into s->picks, from the summed payloads in s->agg and
+ * the exact own chunk `own`. */
+static int pick_coordinates(fc_core *s, const fc_method *m, const fc_chunk *c0, const float *own,
+                            uint32_t unit, fc_err *err)
+{
+    const int64_t k = fc_core_fetch_k(s, m, c0->n);
+    if (k > s->picks_cap) {
+        uint32_t *p = (uint32_t *)realloc(s->picks, (size_t)k * 4);
+        if (p == NULL)
+            return fc_fail(err, FC_ERR_NOMEM, "could not allocate %lld picks", (long long)k);
+        s->picks = p;
+        s->picks_cap = k;
+    }
+    s->picks_unit = -1;
+    if (k > 0) {
+        int rc = m->pick(c0, (const uint8_t *)s->agg, own, s->picks, err);
+        if (rc != FC_OK)
+            return rc;
+    }
+    s->n_picks = k;
+    s->picks_unit = unit;
+    return FC_OK;
+}
+
 int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *out, int world,
                    int rank, uint32_t unit, fc_err *err)
 {
@@ -967,10 +1013,10 @@ int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *o
     if (p != end && n > 0)
         return fc_fail(err, FC_ERR_PAYLOAD, "receive buffer has %lld bytes, its payloads use %lld",
                        (long long)recv->numel, (long long)(p - (const uint8_t *)recv->data));
-    if (fc_fetch_kmax(s, N, world) > 0) {
-        /* round 2 follows (fc_fetch.c): pick the coordinates, write nothing yet. acc holds the
+    if (fc_core_fetch_kmax(s, N, world) > 0) {
+        /* a second round follows: pick the coordinates, write nothing yet. acc holds the
          * exact own chunk, or zeros when it was compressed too. */
-        FC_TRY(fc_fetch_pick(s, m, &c0, acc, unit, err));
+        FC_TRY(pick_coordinates(s, m, &c0, acc, unit, err));
         s->ctr.decompress_s += now_s() - t0;
         return FC_OK;
     }

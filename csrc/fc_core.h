@@ -100,8 +100,9 @@ typedef struct {
     int64_t loose_unit;
     int64_t x_cap, acc_cap, dec_cap;
     size_t mscr_cap;
-    /* the second round (fc_fetch.c): the owner's picks from the latest decode, and which of the
-     * latest encode's chunks were non-finite (their residual was not replaced by g') */
+    /* the second round: the owner's picks from the latest decode (fc_core_decode writes them,
+     * fc_fetch.c reads them), and which of the latest encode's chunks were non-finite (their
+     * residual was not replaced by g') */
     uint32_t *picks;
     int64_t picks_cap, n_picks;
     int64_t picks_unit, bad_unit; /* -1: none */
@@ -133,6 +134,13 @@ int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residua
                    int rank, uint32_t unit, int64_t *sizes, fc_err *err);
 int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *out, int world,
                    int rank, uint32_t unit, fc_err *err);
+
+/* A second round (fc_method.fetch_k, driven by fc_fetch.c): picks per rank in the all-gather
+ * (the largest chunk's k) for a unit of N elements, 0 when the unit has none (its method, its
+ * config, or a world of one rank that sends nothing); and k for one chunk of `len` elements.
+ * fc_core_decode of such a unit only picks (fc_method.pick), into s->picks. */
+int64_t fc_core_fetch_kmax(const fc_core *s, int64_t N, int world);
+int64_t fc_core_fetch_k(const fc_core *s, const fc_method *m, int64_t len);
 
 /* The same call one payload at a time, for an exchange that overlaps the wire with the codec.
  * Whether a unit of `numel` elements can go that way: fixed-size payloads, no second round, no

@@ -26,50 +26,10 @@ static float elem(const void *p, int dt, int64_t i)
     return dt == FC_BF16 ? fc_bf16_to_f32(h) : fc_f16_to_f32(h);
 }
 
-/* fetch_k reads only the config and the chunk length */
-static int64_t k_of(const fc_core *s, const fc_method *m, int64_t len)
-{
-    fc_chunk c;
-    memset(&c, 0, sizeof(c));
-    c.cfg = s->cfg;
-    c.n = len;
-    return len > 0 ? m->fetch_k(&c) : 0;
-}
-
 /* Whether rank `from` sends chunk `to` a payload (and so values in round 2). */
 static int sends(const fc_core *s, int from, int to)
 {
     return from != to || s->common.compress_own_chunk;
-}
-
-int64_t fc_fetch_kmax(const fc_core *s, int64_t N, int world)
-{
-    const fc_method *m = fc_core_unit_method(s, N);
-    if (m->fetch_k == NULL || N == 0 || (world == 1 && !s->common.compress_own_chunk))
-        return 0;
-    return k_of(s, m, (N + world - 1) / world); /* chunk 0 is the longest */
-}
-
-int fc_fetch_pick(fc_core *s, const fc_method *m, const fc_chunk *c0, const float *own,
-                  uint32_t unit, fc_err *err)
-{
-    const int64_t k = k_of(s, m, c0->n);
-    if (k > s->picks_cap) {
-        uint32_t *p = (uint32_t *)realloc(s->picks, (size_t)k * 4);
-        if (p == NULL)
-            return fc_fail(err, FC_ERR_NOMEM, "could not allocate %lld picks", (long long)k);
-        s->picks = p;
-        s->picks_cap = k;
-    }
-    s->picks_unit = -1;
-    if (k > 0) {
-        int rc = m->pick(c0, (const uint8_t *)s->agg, own, s->picks, err);
-        if (rc != FC_OK)
-            return rc;
-    }
-    s->n_picks = k;
-    s->picks_unit = unit;
-    return FC_OK;
 }
 
 static int check_unit(int64_t have, uint32_t unit, const char *what, fc_err *err)
@@ -113,16 +73,16 @@ int fc_fetch_values(fc_core *s, const uint32_t *all_picks, int64_t kmax, const f
     const double t0 = now_s();
     const int64_t N = grad->numel;
     const fc_method *m = fc_core_unit_method(s, N);
-    if (kmax != fc_fetch_kmax(s, N, world) || kmax == 0)
+    if (kmax != fc_core_fetch_kmax(s, N, world) || kmax == 0)
         return fc_fail(err, FC_ERR_VALUE, "picks of %lld per rank, the unit of %lld elements "
                        "over %d ranks has %lld", (long long)kmax, (long long)N, world,
-                       (long long)fc_fetch_kmax(s, N, world));
+                       (long long)fc_core_fetch_kmax(s, N, world));
     FC_TRY(check_unit(s->bad_unit, unit, "it was not the latest unit encoded", err));
     FC_TRY(check_unit(s->picks_unit, unit, "decode() has not picked its coordinates", err));
     int64_t start, len, need = 0;
     for (int c = 0; c < world; c++) { /* everything checked before anything changes */
         fc_chunk_span(N, world, c, &start, &len);
-        send_splits[c] = sends(s, rank, c) ? k_of(s, m, len) : 0;
+        send_splits[c] = sends(s, rank, c) ? fc_core_fetch_k(s, m, len) : 0;
         recv_splits[c] = sends(s, c, rank) ? s->n_picks : 0;
         FC_TRY(check_picks(all_picks + c * kmax, send_splits[c], len, c, err));
         need += send_splits[c];

@@ -2,20 +2,13 @@
  * Sketched-SGD): the owner of each chunk picks k coordinates from the summed first-round
  * payloads, every sender answers with its exact (error-fed) values there, and the owner sums
  * them with its exact own chunk. The collectives themselves are the caller's (an all-gather of
- * the picks, an all-to-all of the values); their bytes are counted here. */
+ * the picks, an all-to-all of the values); their bytes are counted here. The round's first
+ * step, the owner's picks, runs inside fc_core_decode through the method table (fc_core.h:
+ * fc_core_fetch_kmax); this file builds on fc_core.h and the core never includes it. */
 #ifndef FC_FETCH_H
 #define FC_FETCH_H
 
 #include "fc_core.h"
-
-/* Picks per rank in the all-gather (the largest chunk's k) for a unit of N elements; 0 when
- * the unit has no second round (its method, config, or a world of one rank that sends nothing). */
-int64_t fc_fetch_kmax(const fc_core *s, int64_t N, int world);
-
-/* Inside fc_core_decode: the owner's picks for its chunk (c0), from the summed payloads in
- * s->agg and the exact own chunk `own`. */
-int fc_fetch_pick(fc_core *s, const fc_method *m, const fc_chunk *c0, const float *own,
-                  uint32_t unit, fc_err *err);
 
 /* The owner's picks, padded to kmax with 0xFFFFFFFF: what this rank contributes to the
  * all-gather. */

@@ -706,7 +706,7 @@ static PyObject *State_fetch_kmax(StateObject *self, PyObject *args)
     }
     if (check_world(world, 0, &err) != FC_OK)
         return STATE_ERR(self, &err);
-    return PyLong_FromLongLong(fc_fetch_kmax(&self->core, numel, world));
+    return PyLong_FromLongLong(fc_core_fetch_kmax(&self->core, numel, world));
 }
 
 /* A uint8 CPU tensor viewed as `count` uint32 (picks) or fp32 (values), aligned. */
@@ -768,7 +768,7 @@ static PyObject *State_fetch(StateObject *self, PyObject *args)
         words_view(send, "send", &sv, &err) != FC_OK || check_world(world, rank, &err) ||
         check_unit(self, unit, g.buf.numel, &err))
         goto error;
-    const int64_t kmax = fc_fetch_kmax(&self->core, g.buf.numel, world);
+    const int64_t kmax = fc_core_fetch_kmax(&self->core, g.buf.numel, world);
     if (pv.buf.numel != 4 * kmax * world) {
         fc_fail(&err, FC_ERR_VALUE, "all_picks has %lld bytes, %d ranks of %lld picks need %lld",
                 (long long)pv.buf.numel, world, (long long)kmax, (long long)(4 * kmax * world));
