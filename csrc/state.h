@@ -1,0 +1,135 @@
+/* state.h: what the files of fsdpcomp._C's State type share: the object and module state, the
+ * argument checks every call runs before it touches state, and the names the tables refer to. */
+#ifndef FC_STATE_H
+#define FC_STATE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "fc_core.h"
+#include "fc_cuda_loader.h"
+#include "fc_tensor.h"
+
+typedef struct {
+    PyTypeObject *state_type;
+    PyObject *payload_error; /* ValueError subclass: malformed wire data */
+    PyObject *cuda_error;    /* RuntimeError subclass */
+    PyObject *nccl_error;    /* RuntimeError subclass */
+} module_state;
+
+typedef struct {
+    PyObject_HEAD
+    fc_core core;
+    PyObject *allocator; /* callable(numel, dtype_name, like) -> zeroed tensor */
+    PyObject *residuals; /* list, one entry per unit: a tensor or None */
+    PyObject *config;    /* dict: the resolved config, defaults included */
+    int busy;            /* set while a call runs without the GIL */
+    PyObject *cuda_ws;   /* the device workspace (a torch tensor), once a CUDA tensor came */
+    fc_cuda_ctx *cuda_ctx;
+} StateObject;
+
+static inline module_state *state_of_type(PyTypeObject *tp)
+{
+    return (module_state *)PyType_GetModuleState(tp);
+}
+
+static inline module_state *state_of_module(PyObject *mod)
+{
+    return (module_state *)PyModule_GetState(mod);
+}
+
+/* The one translator from a C status to a Python exception (module.c). Returns NULL for
+ * `return`. */
+PyObject *fc_raise_err(module_state *st, const fc_err *err);
+#define STATE_ERR(self, err) fc_raise_err(state_of_type(Py_TYPE(self)), (err))
+
+/* A docstring that a table in another file names: PyDoc_STRVAR without the `static`. */
+#define FC_DOCSTRING(name, str) const char name[] = PyDoc_STR(str)
+
+/* ---- state_args.c: the checks and the one exit the calls share */
+
+/* 1 when the State was initialised and no other thread is inside it; else 0, exception set. */
+int fc_state_ready(StateObject *self);
+int fc_check_world(int world, int rank, fc_err *err);
+/* For the entry points that run on CPU tensors only. */
+int fc_check_cpu(const fc_view *v, const char *arg, fc_err *err);
+/* Every tensor of a call lives where the gradient does. */
+int fc_check_same_device(const fc_view *v, const fc_view *grad, const char *arg, fc_err *err);
+int fc_check_aligned(const fc_view *v, const char *arg, fc_err *err);
+/* unit is one begin() gave out, and grad has its number of elements. */
+int fc_state_check_unit(StateObject *self, long long unit, int64_t numel, fc_err *err);
+/* grad and out of decode(), decode_part() and finish(): float tensors, a writable out, world
+ * and unit valid. */
+int fc_state_grad_out_views(StateObject *self, PyObject *grad, PyObject *out, int world, int rank,
+                            long long unit, fc_view *g, fc_view *o, fc_err *err);
+/* The one exit of a call that borrowed tensor views: released on success and on error alike
+ * (c may be NULL); rc says which, and err why. */
+PyObject *fc_state_views_done(StateObject *self, int rc, const fc_err *err, fc_view *a, fc_view *b,
+                              fc_view *c);
+/* A tuple of `world` ints. New ref. */
+PyObject *fc_sizes_tuple(const int64_t *sizes, int world);
+
+/* ---- state_type.c: lifecycle, attributes, the method table and the residuals it owns */
+
+extern PyType_Spec fc_state_spec;
+/* The residual tensor of a unit, allocated through the allocator on first use. New ref. */
+PyObject *fc_state_residual(StateObject *self, uint32_t unit, PyObject *grad, int64_t numel,
+                            fc_view *rv, fc_err *err);
+
+/* ---- the methods, each defined (with its docstring) in the file of its job */
+
+/* state_codec.c: the collective, one peer at a time, and the unit-state sync */
+PyObject *fc_state_plan(StateObject *self, PyObject *args);
+PyObject *fc_state_begin(StateObject *self, PyObject *arg);
+PyObject *fc_state_end_step(StateObject *self, PyObject *ignored);
+PyObject *fc_state_encode(StateObject *self, PyObject *args);
+PyObject *fc_state_decode(StateObject *self, PyObject *args);
+PyObject *fc_state_per_peer_ok(StateObject *self, PyObject *args);
+PyObject *fc_state_pieces(StateObject *self, PyObject *args);
+PyObject *fc_state_encode_part(StateObject *self, PyObject *args);
+PyObject *fc_state_decode_part(StateObject *self, PyObject *args);
+PyObject *fc_state_sync_vector(StateObject *self, PyObject *arg);
+PyObject *fc_state_sync_apply(StateObject *self, PyObject *args);
+extern const char fc_state_plan_doc[], fc_state_begin_doc[], fc_state_end_step_doc[],
+    fc_state_encode_doc[], fc_state_decode_doc[], fc_state_per_peer_ok_doc[],
+    fc_state_pieces_doc[], fc_state_encode_part_doc[], fc_state_decode_part_doc[],
+    fc_state_sync_vector_doc[], fc_state_sync_apply_doc[];
+
+/* state_chunk.c: one chunk outside the collective */
+PyObject *fc_state_payload_bytes(StateObject *self, PyObject *arg);
+PyObject *fc_state_layout(StateObject *self, PyObject *arg);
+PyObject *fc_state_compress(StateObject *self, PyObject *args, PyObject *kwds);
+PyObject *fc_state_decompress(StateObject *self, PyObject *args, PyObject *kwds);
+extern const char fc_state_payload_bytes_doc[], fc_state_layout_doc[], fc_state_compress_doc[],
+    fc_state_decompress_doc[];
+
+/* state_fetch.c: the second round */
+PyObject *fc_state_fetch_kmax(StateObject *self, PyObject *args);
+PyObject *fc_state_fetch_picks(StateObject *self, PyObject *args);
+PyObject *fc_state_fetch(StateObject *self, PyObject *args);
+PyObject *fc_state_finish(StateObject *self, PyObject *args);
+extern const char fc_state_fetch_kmax_doc[], fc_state_fetch_picks_doc[], fc_state_fetch_doc[],
+    fc_state_finish_doc[];
+
+/* state_counters.c */
+PyObject *fc_state_counters(StateObject *self, PyObject *ignored);
+PyObject *fc_state_reset_counters(StateObject *self, PyObject *ignored);
+PyObject *fc_state_add_comm(StateObject *self, PyObject *args, PyObject *kwds);
+extern const char fc_state_counters_doc[], fc_state_reset_counters_doc[], fc_state_add_comm_doc[];
+
+/* state_checkpoint.c */
+PyObject *fc_state_units(StateObject *self, PyObject *ignored);
+PyObject *fc_state_residuals(StateObject *self, PyObject *ignored);
+PyObject *fc_state_unit_states(StateObject *self, PyObject *ignored);
+PyObject *fc_state_restore(StateObject *self, PyObject *args);
+extern const char fc_state_units_doc[], fc_state_residuals_doc[], fc_state_unit_states_doc[],
+    fc_state_restore_doc[];
+
+/* state_nccl.c: the State's all-to-all and the module functions that make its communicator */
+PyObject *fc_state_nccl_all_to_all(StateObject *self, PyObject *args);
+PyObject *fc_mod_nccl_unique_id(PyObject *mod, PyObject *ignored);
+PyObject *fc_mod_nccl_comm_init(PyObject *mod, PyObject *args);
+extern const char fc_state_nccl_all_to_all_doc[], fc_mod_nccl_unique_id_doc[],
+    fc_mod_nccl_comm_init_doc[];
+
+#endif

@@ -1,0 +1,172 @@
+/* state_checkpoint.c: the State's checkpoint calls: units, residuals and unit states out,
+ * restore in (everything validated before anything changes). */
+#include "state.h" /* first: it includes Python.h */
+#include <stdlib.h>
+#include <string.h>
+
+FC_DOCSTRING(fc_state_units_doc, "units() -> list[int]\n\nElements of each unit, in call order.");
+
+PyObject *fc_state_units(StateObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (!fc_state_ready(self))
+        return NULL;
+    PyObject *list = PyList_New(self->core.n_units);
+    for (int32_t u = 0; list != NULL && u < self->core.n_units; u++) {
+        PyObject *v = PyLong_FromLongLong(self->core.units[u].numel);
+        if (v == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, u, v);
+    }
+    return list;
+}
+
+FC_DOCSTRING(fc_state_residuals_doc, "residuals() -> list\n\nThe residual tensor of each unit (None where there is none yet). The tensors are the live ones.");
+
+PyObject *fc_state_residuals(StateObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (!fc_state_ready(self))
+        return NULL;
+    return PyList_GetSlice(self->residuals, 0, PyList_GET_SIZE(self->residuals));
+}
+
+FC_DOCSTRING(fc_state_unit_states_doc,
+"unit_states() -> list\n\n"
+"The persistent method state of each unit (gradiveq's basis) as fp32 bytes, None where the\n"
+"method keeps none or the unit has not run yet. Copies, for checkpoints.");
+
+PyObject *fc_state_unit_states(StateObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (!fc_state_ready(self))
+        return NULL;
+    PyObject *list = PyList_New(self->core.n_units);
+    for (int32_t u = 0; list != NULL && u < self->core.n_units; u++) {
+        const fc_unit *un = &self->core.units[u];
+        int64_t nf = fc_core_unit_floats(&self->core, un->numel);
+        PyObject *v = un->ustate != NULL && nf > 0
+                          ? PyBytes_FromStringAndSize((const char *)un->ustate, (Py_ssize_t)(nf * 4))
+                          : (Py_INCREF(Py_None), Py_None);
+        if (v == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, u, v); /* steals v */
+    }
+    return list;
+}
+
+/* Copies of the checkpointed unit states into table[u].ustate, each validated by the method;
+ * nothing of the live state is touched. */
+static int load_unit_states(StateObject *self, PyObject *states, fc_unit *table, Py_ssize_t n)
+{
+    if (PyList_GET_SIZE(states) > n) {
+        PyErr_Format(PyExc_ValueError, "restore: %zd unit states for %zd units",
+                     PyList_GET_SIZE(states), n);
+        return -1;
+    }
+    for (Py_ssize_t u = 0; u < PyList_GET_SIZE(states); u++) {
+        PyObject *t = PyList_GET_ITEM(states, u); /* borrowed */
+        if (t == Py_None)
+            continue;
+        fc_view v = {0};
+        fc_err err = {0};
+        if (fc_view_get(t, "unit state", FC_DT_F32, &v, &err) != FC_OK ||
+            fc_check_cpu(&v, "unit state", &err) != FC_OK ||
+            fc_core_check_unit_state(&self->core, table[u].numel, (const float *)v.buf.data,
+                                     v.buf.numel, &err) != FC_OK) {
+            fc_err named = {0};
+            fc_view_release(&v);
+            fc_fail(&named, err.code, "restore: unit state %zd: %s", u, err.msg);
+            STATE_ERR(self, err.code == FC_ERR_PYTHON ? &err : &named);
+            return -1;
+        }
+        table[u].ustate = (float *)malloc((size_t)v.buf.numel * 4);
+        if (table[u].ustate == NULL) {
+            fc_view_release(&v);
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(table[u].ustate, v.buf.data, (size_t)v.buf.numel * 4);
+        fc_view_release(&v);
+    }
+    return 0;
+}
+
+FC_DOCSTRING(fc_state_restore_doc,
+"restore(units, residuals, step, unit_states=None)\n\n"
+"Loads a checkpoint: the unit sizes, one residual (tensor or None) per unit, the step, and\n"
+"the units' method states (fp32 CPU tensors or None, from unit_states(); None restarts them\n"
+"from the seed). Everything is validated before anything is changed.");
+
+PyObject *fc_state_restore(StateObject *self, PyObject *args)
+{
+    PyObject *units, *residuals, *states = Py_None, *new_list = NULL;
+    unsigned long step;
+    fc_unit *table = NULL;
+    Py_ssize_t n = 0;
+    if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "O!O!k|O:restore", &PyList_Type, &units, &PyList_Type,
+                                                   &residuals, &step, &states))
+        return NULL;
+    if (states != Py_None && !PyList_Check(states)) {
+        PyErr_Format(PyExc_TypeError, "restore: unit_states must be a list or None, got %s",
+                     Py_TYPE(states)->tp_name);
+        return NULL;
+    }
+    n = PyList_GET_SIZE(units);
+    const int rdt = self->core.common.residual_dtype == 0 ? FC_F32 : FC_BF16;
+    if (PyList_GET_SIZE(residuals) > n) {
+        PyErr_Format(PyExc_ValueError, "restore: %zd residuals for %zd units", PyList_GET_SIZE(residuals), n);
+        return NULL;
+    }
+    table = (fc_unit *)calloc((size_t)(n > 0 ? n : 1), sizeof(fc_unit));
+    new_list = PyList_New(0);
+    if (table == NULL || new_list == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (Py_ssize_t u = 0; u < n; u++) {
+        long long numel = PyLong_AsLongLong(PyList_GET_ITEM(units, u));
+        if ((numel == -1 && PyErr_Occurred()) || numel < 0) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "restore: units[%zd] must be a non-negative int", u);
+            goto error;
+        }
+        table[u].numel = numel;
+        PyObject *r = u < PyList_GET_SIZE(residuals) ? PyList_GET_ITEM(residuals, u) : Py_None;
+        if (r != Py_None) {
+            fc_view v;
+            fc_err err = {0};
+            if (fc_view_get(r, "residual", 1u << rdt, &v, &err) != FC_OK) {
+                STATE_ERR(self, &err);
+                goto error;
+            }
+            int64_t got = v.buf.numel;
+            fc_view_release(&v);
+            if (got != numel) {
+                PyErr_Format(PyExc_ValueError, "restore: residual %zd has %lld elements, unit has %lld",
+                             u, (long long)got, numel);
+                goto error;
+            }
+        }
+        if (PyList_Append(new_list, r) < 0)
+            goto error;
+    }
+    if (states != Py_None && load_unit_states(self, states, table, n) < 0)
+        goto error;
+    fc_core_free_unit_states(&self->core); /* units without a saved state restart from the seed */
+    free(self->core.units);
+    self->core.units = table;
+    self->core.n_units = self->core.cap_units = (int32_t)(n > 0 ? n : 1);
+    self->core.n_units = (int32_t)n;
+    self->core.step = (uint32_t)step;
+    self->core.cursor = 0;
+    Py_SETREF(self->residuals, new_list);
+    Py_RETURN_NONE;
+error:
+    for (Py_ssize_t u = 0; table != NULL && u < n; u++)
+        free(table[u].ustate);
+    free(table);
+    Py_XDECREF(new_list);
+    return NULL;
+}

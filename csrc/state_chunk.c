@@ -1,0 +1,127 @@
+/* state_chunk.c: the State's calls on one chunk outside the collective (tests, benchmarks):
+ * payload_bytes, layout, compress, decompress. */
+#include "state.h" /* first: it includes Python.h */
+#include <string.h>
+
+FC_DOCSTRING(fc_state_payload_bytes_doc,
+"payload_bytes(n) -> int\n\nBytes of one fp32 chunk of n elements on the wire: header, body and padding.");
+
+PyObject *fc_state_payload_bytes(StateObject *self, PyObject *arg)
+{
+    if (!fc_state_ready(self))
+        return NULL;
+    long long n = PyLong_AsLongLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 0) {
+        PyErr_Format(PyExc_ValueError, "n must be >= 0, got %lld", n);
+        return NULL;
+    }
+    return PyLong_FromLongLong(fc_payload_bytes(&self->core, self->core.method, n, FC_F32));
+}
+
+FC_DOCSTRING(fc_state_layout_doc,
+"layout(n) -> dict\n\nThe documented payload formula for an fp32 chunk of n elements:\n"
+"value_bytes, meta_bytes, index_bytes, header_bytes (header + padding) and total.");
+
+PyObject *fc_state_layout(StateObject *self, PyObject *arg)
+{
+    if (!fc_state_ready(self))
+        return NULL;
+    long long n = PyLong_AsLongLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n <= 0) {
+        PyErr_Format(PyExc_ValueError, "n must be > 0, got %lld", n);
+        return NULL;
+    }
+    fc_chunk c;
+    memset(&c, 0, sizeof(c));
+    c.cfg = self->core.cfg;
+    c.n = n;
+    c.world = 1;
+    c.wire_dtype = FC_F32;
+    fc_layout l;
+    self->core.method->layout(&c, &l);
+    int64_t total = fc_payload_bytes(&self->core, self->core.method, n, FC_F32);
+    return Py_BuildValue("{s:L,s:L,s:L,s:L,s:L,s:L}", "value_bytes", (long long)l.value_bytes,
+                         "meta_bytes", (long long)l.meta_bytes, "index_bytes",
+                         (long long)l.index_bytes, "header_bytes",
+                         (long long)(total - fc_layout_bytes(&l)), "kept", (long long)l.kept,
+                         "total", (long long)total);
+}
+
+FC_DOCSTRING(fc_state_compress_doc,
+"compress(x, payload, unit=0, chunk=0, world=1, rank=0) -> int\n\n"
+"Encodes the fp32 CPU tensor x as one payload into the uint8 tensor `payload`; returns its\n"
+"size. The RNG stream is keyed by (seed, rank, step, unit, chunk) as in the collective.");
+
+PyObject *fc_state_compress(StateObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"x", "payload", "unit", "chunk", "world", "rank", NULL};
+    PyObject *x, *payload;
+    unsigned int unit = 0, chunk = 0;
+    int world = 1, rank = 0, rc = FC_ERR_VALUE; /* until the encode has run */
+    int64_t written = 0;
+    fc_err err = {0};
+    fc_view xv = {0}, pv = {0};
+    if (!fc_state_ready(self) ||
+        !PyArg_ParseTupleAndKeywords(args, kwds, "OO|IIii:compress", kwlist, &x, &payload, &unit,
+                                     &chunk, &world, &rank))
+        return NULL;
+    if (fc_view_get(x, "x", FC_DT_F32, &xv, &err) || fc_view_get(payload, "payload", FC_DT_U8, &pv, &err) ||
+        fc_check_cpu(&xv, "x", &err) || fc_check_cpu(&pv, "payload", &err) ||
+        fc_check_aligned(&pv, "payload", &err) || fc_check_world(world, rank, &err))
+        goto error;
+    if (xv.buf.numel == 0) {
+        fc_fail(&err, FC_ERR_VALUE, "x must have at least one element");
+        goto error;
+    }
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fc_core_compress(&self->core, (const float *)xv.buf.data, xv.buf.numel,
+                          (uint8_t *)pv.buf.data, pv.buf.numel, unit, chunk, world, rank, &written, &err);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+error: /* and success: rc says which */
+    fc_view_release(&xv);
+    fc_view_release(&pv);
+    return rc == FC_OK ? PyLong_FromLongLong(written) : STATE_ERR(self, &err);
+}
+
+FC_DOCSTRING(fc_state_decompress_doc,
+"decompress(payload, acc, alpha=1.0, unit=0, chunk=0, world=1)\n\n"
+"Validates one payload for a chunk of acc.numel() elements and adds alpha times its decode to\n"
+"the fp32 CPU tensor acc. A malformed payload raises PayloadError and leaves acc untouched\n"
+"when the header is at fault.");
+
+PyObject *fc_state_decompress(StateObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"payload", "acc", "alpha", "unit", "chunk", "world", NULL};
+    PyObject *payload, *acc;
+    double alpha = 1.0;
+    unsigned int unit = 0, chunk = 0;
+    int world = 1, rc = FC_ERR_VALUE; /* until the decode has run */
+    fc_err err = {0};
+    fc_view pv = {0}, av = {0};
+    if (!fc_state_ready(self) ||
+        !PyArg_ParseTupleAndKeywords(args, kwds, "OO|dIIi:decompress", kwlist, &payload, &acc,
+                                     &alpha, &unit, &chunk, &world))
+        return NULL;
+    if (fc_view_get(payload, "payload", FC_DT_U8, &pv, &err) || fc_view_get(acc, "acc", FC_DT_F32, &av, &err) ||
+        fc_check_cpu(&pv, "payload", &err) || fc_check_cpu(&av, "acc", &err) ||
+        fc_check_aligned(&pv, "payload", &err) || fc_check_world(world, 0, &err))
+        goto error;
+    if (av.buf.numel == 0) {
+        fc_fail(&err, FC_ERR_VALUE, "acc must have at least one element");
+        goto error;
+    }
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fc_core_decompress(&self->core, (const uint8_t *)pv.buf.data, pv.buf.numel, av.buf.numel,
+                            (float)alpha, (float *)av.buf.data, unit, chunk, world, &err);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+error: /* and success: rc says which */
+    return fc_state_views_done(self, rc, &err, &pv, &av, NULL);
+}

@@ -1,0 +1,441 @@
+/* state_codec.c: the State's compressed reduce-scatter calls: plan, begin/end_step, encode/decode
+ * (CPU or CUDA), the per-peer parts, and the unit-state sync. */
+#include "state.h" /* first: it includes Python.h */
+#include <string.h>
+
+#include "fc_cuda_path.h"
+
+/* Loads the CUDA library, the state's context and device workspace, and the current stream
+ * of grad's device. The workspace comes from the allocator (torch's), never cudaMalloc. */
+static int cuda_prepare(StateObject *self, PyObject *grad, const fc_view *g, fc_cuda_call *k,
+                        fc_err *err)
+{
+    fc_view wv = {0};
+    memset(k, 0, sizeof(*k));
+    k->api = fc_cuda_api_get(err);
+    if (k->api == NULL)
+        return err->code;
+    if (self->cuda_ctx == NULL) {
+        self->cuda_ctx = k->api->ctx_new();
+        if (self->cuda_ctx == NULL)
+            return fc_fail(err, FC_ERR_NOMEM, "could not allocate the CUDA context");
+    }
+    if (self->cuda_ws == NULL) {
+        if (self->allocator == Py_None)
+            return fc_fail(err, FC_ERR_STATE, "the CUDA path needs an allocator (State(..., "
+                           "allocator=...)) for its device workspace; fsdpcomp.CommState provides one");
+        PyObject *ws = PyObject_CallFunction(self->allocator, "LsO",
+                                             (long long)(FC_CUDA_WS_BYTES / 4), "float32", grad);
+        if (ws == NULL)
+            return fc_fail(err, FC_ERR_PYTHON, "");
+        self->cuda_ws = ws;
+    }
+    if (fc_view_get(self->cuda_ws, "workspace", FC_DT_F32, &wv, err) != FC_OK)
+        return err->code;
+    int ok = wv.device_type == kDLCUDA && wv.device_id == g->device_id &&
+             wv.buf.numel * 4 >= FC_CUDA_WS_BYTES;
+    k->ws = (fc_cuda_ws *)wv.buf.data;
+    fc_view_release(&wv); /* the State keeps the tensor alive */
+    if (!ok)
+        return fc_fail(err, FC_ERR_STATE, "this State's CUDA workspace is not on cuda:%d: one "
+                       "State serves one device", g->device_id);
+    k->ctx = self->cuda_ctx;
+    k->device = g->device_id;
+    return fc_view_stream(grad, g, &k->stream, err);
+}
+
+static int64_t plan_total(const int64_t *splits, int world)
+{
+    int64_t t = 0;
+    for (int r = 0; r < world; r++)
+        t += splits[r];
+    return t;
+}
+
+/* ---------------------------------------------------------------- State: the collective */
+
+FC_DOCSTRING(fc_state_plan_doc,
+"plan(grad, world, rank) -> (send_splits, recv_splits)\n\n"
+"Payload bytes this rank sends to and receives from each rank for `grad`: the split sizes of\n"
+"the all-to-all. A pure function of method, config, size, dtype and world size.");
+
+PyObject *fc_state_plan(StateObject *self, PyObject *args)
+{
+    PyObject *grad, *send = NULL, *recv = NULL;
+    int world, rank;
+    fc_err err = {0};
+    fc_view g;
+    int64_t ss[FC_MAX_WORLD], rs[FC_MAX_WORLD];
+    if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "Oii:plan", &grad, &world, &rank))
+        return NULL;
+    if (fc_check_world(world, rank, &err) != FC_OK || fc_view_get(grad, "grad", FC_DT_FLOATS, &g, &err) != FC_OK)
+        return STATE_ERR(self, &err);
+    fc_core_plan(&self->core, g.buf.numel, g.buf.dtype, world, rank, ss, rs);
+    fc_view_release(&g);
+    send = PyTuple_New(world);
+    recv = PyTuple_New(world);
+    if (send == NULL || recv == NULL)
+        goto error;
+    for (int r = 0; r < world; r++) {
+        PyObject *a = PyLong_FromLongLong(ss[r]), *b = PyLong_FromLongLong(rs[r]);
+        if (a == NULL || b == NULL) {
+            Py_XDECREF(a);
+            Py_XDECREF(b);
+            goto error;
+        }
+        PyTuple_SET_ITEM(send, r, a);
+        PyTuple_SET_ITEM(recv, r, b);
+    }
+    return Py_BuildValue("(NN)", send, recv);
+error:
+    Py_XDECREF(send);
+    Py_XDECREF(recv);
+    return NULL;
+}
+
+FC_DOCSTRING(fc_state_begin_doc,
+"begin(numel) -> unit\n\n"
+"Claims the next unit index of this step (units are keyed by call order within a step) and\n"
+"checks that a unit seen before still has the same number of elements.");
+
+PyObject *fc_state_begin(StateObject *self, PyObject *arg)
+{
+    fc_err err = {0};
+    uint32_t unit;
+    if (!fc_state_ready(self))
+        return NULL;
+    long long numel = PyLong_AsLongLong(arg);
+    if (numel == -1 && PyErr_Occurred())
+        return NULL;
+    if (numel < 0) {
+        PyErr_Format(PyExc_ValueError, "numel must be >= 0, got %lld", numel);
+        return NULL;
+    }
+    if (fc_core_begin(&self->core, (int64_t)numel, &unit, &err) != FC_OK)
+        return STATE_ERR(self, &err);
+    return PyLong_FromUnsignedLong(unit);
+}
+
+FC_DOCSTRING(fc_state_end_step_doc, "end_step()\n\nMarks the end of a backward pass: the next begin() is unit 0 of the next step.");
+
+PyObject *fc_state_end_step(StateObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (!fc_state_ready(self))
+        return NULL;
+    fc_core_end_step(&self->core);
+    Py_RETURN_NONE;
+}
+
+FC_DOCSTRING(fc_state_encode_doc,
+"encode(grad, send, world, rank, unit) -> tuple[int, ...]\n\n"
+"Encodes every outgoing chunk of the flat gradient `grad` into the uint8 buffer `send`\n"
+"(sized by plan()), applying and updating the unit's error-feedback residual. Returns the\n"
+"bytes written for each rank; the payloads lie back to back. For a method whose size is\n"
+"data-dependent (flags['varsize']) these are below plan()'s bounds.");
+
+/* Whether a unit of `numel` elements keeps an error-feedback residual. */
+static int uses_residual(StateObject *self, int64_t numel)
+{
+    return self->core.common.error_feedback &&
+           fc_core_unit_method(&self->core, numel) == self->core.method;
+}
+
+/* The unit's residual (new ref, its view in *r) on grad's device; NULL with err set. */
+static PyObject *ef_residual(StateObject *self, uint32_t unit, PyObject *grad, const fc_view *g,
+                             fc_view *r, fc_err *err)
+{
+    PyObject *res = fc_state_residual(self, unit, grad, g->buf.numel, r, err);
+    if (res != NULL && fc_check_same_device(r, g, "residual", err) != FC_OK)
+        Py_CLEAR(res); /* r is released by the caller's exit */
+    return res;
+}
+
+/* What encode() and encode_part() share: grad and send viewed and checked, send as long as
+ * plan() says (with `whole`; the C side checks a per-peer buffer against its pieces), and the
+ * unit's residual (*res, new ref) when error feedback applies to it. */
+static int encode_views(StateObject *self, PyObject *grad, PyObject *send, int world, int rank,
+                        long long unit, int whole, fc_view *g, fc_view *s, fc_view *r,
+                        PyObject **res, int *use_ef, fc_err *err)
+{
+    int64_t ss[FC_MAX_WORLD], rs[FC_MAX_WORLD];
+    if (fc_view_get(grad, "grad", FC_DT_FLOATS, g, err) != FC_OK ||
+        fc_view_get(send, "send", FC_DT_U8, s, err) != FC_OK ||
+        fc_check_same_device(s, g, "send", err) || fc_check_aligned(s, "send", err) ||
+        fc_check_world(world, rank, err) || fc_state_check_unit(self, unit, g->buf.numel, err))
+        return err->code != FC_OK ? err->code : FC_ERR_VALUE;
+    fc_core_plan(&self->core, g->buf.numel, g->buf.dtype, world, rank, ss, rs);
+    if (whole && s->buf.numel != plan_total(ss, world))
+        return fc_fail(err, FC_ERR_VALUE, "send has %lld bytes, plan() needs %lld",
+                       (long long)s->buf.numel, (long long)plan_total(ss, world));
+    *use_ef = uses_residual(self, g->buf.numel);
+    if (*use_ef && (*res = ef_residual(self, (uint32_t)unit, grad, g, r, err)) == NULL)
+        return err->code != FC_OK ? err->code : FC_ERR_PYTHON;
+    return FC_OK;
+}
+
+PyObject *fc_state_encode(StateObject *self, PyObject *args)
+{
+    PyObject *grad, *send, *res = NULL;
+    int world, rank, rc = FC_ERR_VALUE; /* until the encode has run */
+    long long unit;
+    fc_err err = {0};
+    fc_view g = {0}, s = {0}, r = {0};
+    int64_t sizes[FC_MAX_WORLD];
+    int use_ef = 0;
+    if (!fc_state_ready(self) ||
+        !PyArg_ParseTuple(args, "OOiiL:encode", &grad, &send, &world, &rank, &unit))
+        return NULL;
+    fc_cuda_call k;
+    if (encode_views(self, grad, send, world, rank, unit, 1, &g, &s, &r, &res, &use_ef, &err) != FC_OK)
+        goto error;
+    if (g.device_type == kDLCUDA && cuda_prepare(self, grad, &g, &k, &err) != FC_OK)
+        goto error;
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    if (g.device_type == kDLCUDA) {
+        /* the CUDA path has fixed-size methods only: what it writes is the plan */
+        int64_t recvs[FC_MAX_WORLD];
+        rc = fc_cuda_encode(&self->core, &k, &g.buf, &s.buf, use_ef ? &r.buf : NULL, world, rank,
+                            (uint32_t)unit, &err);
+        fc_core_plan(&self->core, g.buf.numel, g.buf.dtype, world, rank, sizes, recvs);
+    } else {
+        rc = fc_core_encode(&self->core, &g.buf, &s.buf, use_ef ? &r.buf : NULL, world, rank,
+                            (uint32_t)unit, sizes, &err);
+    }
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+error: /* and success: rc says which */
+    fc_view_release(&g);
+    fc_view_release(&s);
+    fc_view_release(&r);
+    Py_XDECREF(res);
+    return rc == FC_OK ? fc_sizes_tuple(sizes, world) : STATE_ERR(self, &err);
+}
+
+FC_DOCSTRING(fc_state_decode_doc,
+"decode(recv, grad, out, world, rank, unit)\n\n"
+"Sums, in fp32 and in rank order, this rank's exact chunk of `grad` and the payloads in\n"
+"`recv`, divides by `world` and writes every element of `out`. A unit with a second round\n"
+"(fetch_kmax() > 0) only picks its coordinates here: fetch() and finish() write `out`.");
+
+PyObject *fc_state_decode(StateObject *self, PyObject *args)
+{
+    PyObject *recv, *grad, *out;
+    int world, rank, rc = FC_ERR_VALUE; /* until the decode has run */
+    long long unit;
+    fc_err err = {0};
+    fc_view v = {0}, g = {0}, o = {0};
+    if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "OOOiiL:decode", &recv, &grad, &out, &world, &rank, &unit))
+        return NULL;
+    if (fc_view_get(recv, "recv", FC_DT_U8, &v, &err) != FC_OK ||
+        fc_state_grad_out_views(self, grad, out, world, rank, unit, &g, &o, &err) != FC_OK ||
+        fc_check_same_device(&v, &g, "recv", &err) ||
+        fc_check_same_device(&o, &g, "output", &err) || fc_check_aligned(&v, "recv", &err))
+        goto error;
+    fc_cuda_call k;
+    if (g.device_type == kDLCUDA && cuda_prepare(self, grad, &g, &k, &err) != FC_OK)
+        goto error;
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    if (g.device_type == kDLCUDA)
+        rc = fc_cuda_decode(&self->core, &k, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
+    else
+        rc = fc_core_decode(&self->core, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+error: /* and success: rc says which */
+    return fc_state_views_done(self, rc, &err, &v, &g, &o);
+}
+
+/* ---------------------------------------------------------------- State: one peer at a time */
+
+FC_DOCSTRING(fc_state_per_peer_ok_doc,
+"per_peer_ok(numel, world) -> bool\n\n"
+"Whether a unit of `numel` elements can be exchanged one payload at a time with\n"
+"encode_part()/decode_part(): fixed-size payloads, no second round, no compressed-domain sum.");
+
+PyObject *fc_state_per_peer_ok(StateObject *self, PyObject *args)
+{
+    long long numel;
+    int world;
+    if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "Li:per_peer_ok", &numel, &world))
+        return NULL;
+    if (numel < 0 || world < 1 || world > FC_MAX_WORLD) {
+        PyErr_Format(PyExc_ValueError, "per_peer_ok: numel must be >= 0 and world in [1, %d]",
+                     FC_MAX_WORLD);
+        return NULL;
+    }
+    return PyBool_FromLong(fc_core_per_peer_ok(&self->core, (int64_t)numel, world));
+}
+
+FC_DOCSTRING(fc_state_pieces_doc,
+"pieces(grad, world, rank) -> (send, recv)\n\n"
+"The parts of the per-peer exchange: send[c] the byte sizes of the pieces this rank sends for\n"
+"chunk c, recv[s] those it receives from rank s, back to back per chunk in the send and\n"
+"receive buffers. A chunk without payload (the own one, an empty one) is one part of 0 bytes.");
+
+static PyObject *pieces_tuple(StateObject *self, int64_t numel, int dtype, int world, int rank,
+                              int as_sender)
+{
+    PyObject *t = PyTuple_New(world);
+    for (int c = 0; t != NULL && c < world; c++) {
+        int64_t sizes[FC_MAX_PIECES];
+        int count;
+        /* as the sender: chunk c from this rank; as the receiver: this rank's chunk from rank c */
+        fc_core_piece_plan(&self->core, numel, dtype, world, as_sender ? rank : c,
+                           as_sender ? c : rank, sizes, &count);
+        PyObject *p = fc_sizes_tuple(sizes, count);
+        if (p == NULL) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, c, p);
+    }
+    return t;
+}
+
+PyObject *fc_state_pieces(StateObject *self, PyObject *args)
+{
+    PyObject *grad;
+    int world, rank;
+    fc_err err = {0};
+    fc_view g = {0};
+    if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "Oii:pieces", &grad, &world, &rank))
+        return NULL;
+    if (fc_view_get(grad, "grad", FC_DT_FLOATS, &g, &err) != FC_OK ||
+        fc_check_world(world, rank, &err) != FC_OK) {
+        fc_view_release(&g);
+        return STATE_ERR(self, &err);
+    }
+    const int64_t numel = g.buf.numel;
+    const int dtype = g.buf.dtype;
+    fc_view_release(&g);
+    PyObject *send = pieces_tuple(self, numel, dtype, world, rank, 1);
+    PyObject *recv = send == NULL ? NULL : pieces_tuple(self, numel, dtype, world, rank, 0);
+    PyObject *out = recv == NULL ? NULL : PyTuple_Pack(2, send, recv);
+    Py_XDECREF(send);
+    Py_XDECREF(recv);
+    return out;
+}
+
+FC_DOCSTRING(fc_state_encode_part_doc,
+"encode_part(grad, send, world, rank, unit, chunk, piece) -> int\n\n"
+"encode() one part at a time: writes piece `piece` of the payload for rank `chunk` into its\n"
+"slot of `send` (laid out as pieces() says) and returns its size (0: no payload). Chunks may\n"
+"come in any order, a chunk's pieces in order, every part once; the call is counted when its\n"
+"last part is done. With one piece per chunk the bytes are encode()'s. CPU tensors.");
+
+PyObject *fc_state_encode_part(StateObject *self, PyObject *args)
+{
+    PyObject *grad, *send, *res = NULL;
+    int world, rank, chunk, piece, rc = FC_ERR_VALUE; /* until the encode has run */
+    long long unit;
+    fc_err err = {0};
+    fc_view g = {0}, s = {0}, r = {0};
+    int64_t size = 0;
+    int use_ef = 0;
+    if (!fc_state_ready(self) ||
+        !PyArg_ParseTuple(args, "OOiiLii:encode_part", &grad, &send, &world, &rank, &unit, &chunk,
+                          &piece))
+        return NULL;
+    if (encode_views(self, grad, send, world, rank, unit, 0, &g, &s, &r, &res, &use_ef, &err) != FC_OK ||
+        fc_check_cpu(&g, "grad", &err))
+        goto error;
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fc_core_encode_part(&self->core, &g.buf, &s.buf, use_ef ? &r.buf : NULL, world, rank,
+                             (uint32_t)unit, chunk, piece, &size, &err);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+error: /* and success: rc says which */
+    fc_view_release(&g);
+    fc_view_release(&s);
+    fc_view_release(&r);
+    Py_XDECREF(res);
+    return rc == FC_OK ? PyLong_FromLongLong(size) : STATE_ERR(self, &err);
+}
+
+FC_DOCSTRING(fc_state_decode_part_doc,
+"decode_part(payload, grad, out, world, rank, unit, src, piece)\n\n"
+"decode() one part at a time, as they arrive: src = rank first (one empty part unless\n"
+"compress_own_chunk), then rank+1, rank+2, ... mod world, each sender's pieces in order. The\n"
+"sum runs in that fixed order (for world > 2 it rounds differently from decode()'s rank\n"
+"order); the last part writes `out`. CPU tensors.");
+
+PyObject *fc_state_decode_part(StateObject *self, PyObject *args)
+{
+    PyObject *payload, *grad, *out;
+    int world, rank, src, piece, rc = FC_ERR_VALUE; /* until the decode has run */
+    long long unit;
+    fc_err err = {0};
+    fc_view v = {0}, g = {0}, o = {0};
+    if (!fc_state_ready(self) ||
+        !PyArg_ParseTuple(args, "OOOiiLii:decode_part", &payload, &grad, &out, &world, &rank, &unit,
+                          &src, &piece))
+        return NULL;
+    if (fc_view_get(payload, "payload", FC_DT_U8, &v, &err) != FC_OK ||
+        fc_state_grad_out_views(self, grad, out, world, rank, unit, &g, &o, &err) != FC_OK ||
+        fc_check_cpu(&g, "grad", &err) || fc_check_cpu(&v, "payload", &err) ||
+        fc_check_cpu(&o, "output", &err) ||
+        (v.buf.numel > 0 && fc_check_aligned(&v, "payload", &err)))
+        goto error;
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fc_core_decode_part(&self->core, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, src,
+                             piece, &err);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+error: /* and success: rc says which */
+    return fc_state_views_done(self, rc, &err, &v, &g, &o);
+}
+
+/* ---------------------------------------------------------------- State: unit-state sync */
+
+FC_DOCSTRING(fc_state_sync_vector_doc,
+"sync_vector(unit) -> bytes | None\n\n"
+"After this step's decode of `unit`: the fp32 values the ranks must sum (all-reduce) and hand\n"
+"to sync_apply(), or None when the method has nothing to sync this step (gradiveq's basis).");
+
+PyObject *fc_state_sync_vector(StateObject *self, PyObject *arg)
+{
+    if (!fc_state_ready(self))
+        return NULL;
+    long long unit = PyLong_AsLongLong(arg);
+    if (unit == -1 && PyErr_Occurred())
+        return NULL;
+    if (unit < 0 || unit >= self->core.n_units) {
+        PyErr_Format(PyExc_ValueError, "unit must be in [0, %d), got %lld", self->core.n_units, unit);
+        return NULL;
+    }
+    float *data;
+    int64_t len;
+    fc_core_sync_span(&self->core, (uint32_t)unit, &data, &len);
+    if (len == 0)
+        Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize((const char *)data, (Py_ssize_t)(len * 4));
+}
+
+FC_DOCSTRING(fc_state_sync_apply_doc,
+"sync_apply(unit, summed)\n\nHands the sum over ranks of sync_vector(unit) (an fp32 CPU tensor) back.");
+
+PyObject *fc_state_sync_apply(StateObject *self, PyObject *args)
+{
+    PyObject *t;
+    long long unit;
+    fc_err err = {0};
+    fc_view v = {0};
+    if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "LO:sync_apply", &unit, &t))
+        return NULL;
+    if (unit < 0 || unit >= self->core.n_units) {
+        PyErr_Format(PyExc_ValueError, "unit must be in [0, %d), got %lld", self->core.n_units, unit);
+        return NULL;
+    }
+    if (fc_view_get(t, "summed", FC_DT_F32, &v, &err) != FC_OK ||
+        fc_check_cpu(&v, "summed", &err) ||
+        fc_core_sync_apply(&self->core, (uint32_t)unit, (const float *)v.buf.data, v.buf.numel, &err)) {
+        fc_view_release(&v);
+        return STATE_ERR(self, &err);
+    }
+    fc_view_release(&v);
+    Py_RETURN_NONE;
+}

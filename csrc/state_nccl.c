@@ -1,0 +1,159 @@
+/* state_nccl.c: the NCCL transport as seen from Python: the communicator capsule
+ * (nccl_unique_id, nccl_comm_init) and State.nccl_all_to_all. */
+#include "state.h" /* first: it includes Python.h */
+
+#define NCCL_CAPSULE "fsdpcomp.nccl_comm"
+
+static int splits_from(PyObject *seq, const char *arg, int world, int64_t *out, int64_t *total)
+{
+    PyObject *fast = PySequence_Fast(seq, arg);
+    if (fast == NULL)
+        return -1;
+    int rc = 0;
+    *total = 0;
+    if (PySequence_Fast_GET_SIZE(fast) != world) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd entries, the communicator has %d ranks", arg,
+                     PySequence_Fast_GET_SIZE(fast), world);
+        rc = -1;
+    }
+    for (int r = 0; rc == 0 && r < world; r++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, r));
+        if ((v == -1 && PyErr_Occurred()) || v < 0) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "%s[%d] must be a non-negative int", arg, r);
+            rc = -1;
+        } else {
+            out[r] = v;
+            *total += v;
+        }
+    }
+    Py_DECREF(fast);
+    return rc;
+}
+
+FC_DOCSTRING(fc_state_nccl_all_to_all_doc,
+"nccl_all_to_all(comm, send, recv, send_splits, recv_splits)\n\n"
+"Queues the all-to-all of payloads as grouped ncclSend/ncclRecv on the current stream of the\n"
+"buffers' device (no host sync); its time is read from CUDA events with counters().");
+
+PyObject *fc_state_nccl_all_to_all(StateObject *self, PyObject *args)
+{
+    PyObject *cap, *send, *recv, *ss_o, *rs_o;
+    fc_err err = {0};
+    fc_view s = {0}, r = {0};
+    int rc = FC_ERR_VALUE; /* until the collective has run */
+    int64_t ss[FC_MAX_WORLD], rs[FC_MAX_WORLD], st = 0, rt = 0;
+    void *stream = NULL;
+    if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "OOOOO:nccl_all_to_all", &cap, &send, &recv, &ss_o, &rs_o))
+        return NULL;
+    fc_cuda_comm *comm = (fc_cuda_comm *)PyCapsule_GetPointer(cap, NCCL_CAPSULE);
+    if (comm == NULL)
+        return NULL;
+    PyObject *ctx_o = (PyObject *)PyCapsule_GetContext(cap); /* borrowed: (world, rank) */
+    if (ctx_o == NULL || !PyTuple_Check(ctx_o)) {
+        PyErr_SetString(PyExc_TypeError, "comm must come from fsdpcomp._C.nccl_comm_init");
+        return NULL;
+    }
+    int world = (int)PyLong_AsLong(PyTuple_GET_ITEM(ctx_o, 0));
+    if (splits_from(ss_o, "send_splits", world, ss, &st) < 0 ||
+        splits_from(rs_o, "recv_splits", world, rs, &rt) < 0)
+        return NULL;
+    const fc_cuda_api *api = fc_cuda_api_get(&err);
+    if (api == NULL)
+        return STATE_ERR(self, &err);
+    if (fc_view_get(send, "send", FC_DT_U8, &s, &err) || fc_view_get(recv, "recv", FC_DT_U8, &r, &err) ||
+        fc_check_same_device(&r, &s, "recv", &err))
+        goto error;
+    if (s.device_type != kDLCUDA) {
+        fc_fail(&err, FC_ERR_TYPE, "send must be a CUDA tensor for the NCCL transport");
+        goto error;
+    }
+    if (s.buf.numel != st || r.buf.numel != rt) {
+        fc_fail(&err, FC_ERR_VALUE, "send/recv have %lld/%lld bytes, the splits sum to %lld/%lld",
+                (long long)s.buf.numel, (long long)r.buf.numel, (long long)st, (long long)rt);
+        goto error;
+    }
+    if (self->cuda_ctx == NULL) {
+        self->cuda_ctx = api->ctx_new();
+        if (self->cuda_ctx == NULL) {
+            fc_fail(&err, FC_ERR_NOMEM, "could not allocate the CUDA context");
+            goto error;
+        }
+    }
+    if (fc_view_stream(send, &s, &stream, &err) != FC_OK)
+        goto error;
+    Py_BEGIN_ALLOW_THREADS
+    rc = api->nccl_all_to_all(self->cuda_ctx, comm, s.device_id, stream, (const uint8_t *)s.buf.data,
+                              ss, (uint8_t *)r.buf.data, rs, &err);
+    Py_END_ALLOW_THREADS
+error: /* and success: rc says which */
+    return fc_state_views_done(self, rc, &err, &s, &r, NULL);
+}
+
+/* ---------------------------------------------------------------- module: the communicator */
+
+FC_DOCSTRING(fc_mod_nccl_unique_id_doc, "nccl_unique_id() -> bytes\n\nA fresh ncclUniqueId (128 bytes), made on rank 0 and shared with the group.");
+
+PyObject *fc_mod_nccl_unique_id(PyObject *mod, PyObject *Py_UNUSED(ignored))
+{
+    fc_err err = {0};
+    uint8_t id[128];
+    const fc_cuda_api *api = fc_cuda_api_get(&err);
+    if (api == NULL || api->nccl_unique_id(id, &err) != FC_OK)
+        return fc_raise_err(state_of_module(mod), &err);
+    return PyBytes_FromStringAndSize((const char *)id, 128);
+}
+
+static void comm_capsule_free(PyObject *cap)
+{
+    fc_cuda_comm *c = (fc_cuda_comm *)PyCapsule_GetPointer(cap, NCCL_CAPSULE);
+    PyObject *ctx = (PyObject *)PyCapsule_GetContext(cap);
+    if (c != NULL && fc_cuda_api_loaded() != NULL)
+        fc_cuda_api_loaded()->nccl_comm_free(c);
+    Py_XDECREF(ctx);
+    PyErr_Clear();
+}
+
+FC_DOCSTRING(fc_mod_nccl_comm_init_doc,
+"nccl_comm_init(unique_id, world, rank, device) -> comm\n\n"
+"ncclCommInitRank on `device` (blocks until every rank of the group has joined). The returned\n"
+"capsule destroys the communicator when dropped.");
+
+PyObject *fc_mod_nccl_comm_init(PyObject *mod, PyObject *args)
+{
+    const char *id;
+    Py_ssize_t id_len;
+    int world, rank, device, rc;
+    fc_err err = {0};
+    fc_cuda_comm *comm = NULL;
+    PyObject *cap = NULL, *ctx = NULL;
+    if (!PyArg_ParseTuple(args, "y#iii:nccl_comm_init", &id, &id_len, &world, &rank, &device))
+        return NULL;
+    if (id_len != 128) {
+        PyErr_Format(PyExc_ValueError, "unique_id must be 128 bytes, got %zd", id_len);
+        return NULL;
+    }
+    if (world < 1 || world > FC_MAX_WORLD || rank < 0 || rank >= world || device < 0) {
+        PyErr_Format(PyExc_ValueError, "nccl_comm_init: rank %d of world %d on device %d is out of "
+                     "range (world <= %d)", rank, world, device, FC_MAX_WORLD);
+        return NULL;
+    }
+    const fc_cuda_api *api = fc_cuda_api_get(&err);
+    if (api == NULL)
+        return fc_raise_err(state_of_module(mod), &err);
+    Py_BEGIN_ALLOW_THREADS
+    rc = api->nccl_comm_init((const uint8_t *)id, world, rank, device, &comm, &err);
+    Py_END_ALLOW_THREADS
+    if (rc != FC_OK)
+        return fc_raise_err(state_of_module(mod), &err);
+    ctx = Py_BuildValue("(ii)", world, rank);
+    cap = ctx ? PyCapsule_New(comm, NCCL_CAPSULE, comm_capsule_free) : NULL;
+    if (cap == NULL || PyCapsule_SetContext(cap, ctx) < 0) {
+        if (cap == NULL)
+            api->nccl_comm_free(comm);
+        Py_XDECREF(cap);
+        Py_XDECREF(ctx);
+        return NULL;
+    }
+    return cap; /* the context tuple is owned by the capsule now */
+}

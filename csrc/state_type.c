@@ -1,0 +1,239 @@
+/* state_type.c: the State type: init, GC and dealloc, its attributes, its method table, and
+ * the residual tensors it owns. */
+#include "state.h" /* first: it includes Python.h */
+
+#include "fc_config.h"
+
+/* ---------------------------------------------------------------- State: lifetime */
+
+static int State_init(StateObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"method", "config", "allocator", NULL};
+    const char *name;
+    PyObject *config = Py_None, *allocator = Py_None; /* borrowed */
+    fc_err err = {0};
+    fc_common common;
+    _Alignas(64) unsigned char cfg[FC_CFG_MAX];
+    PyObject *resolved = NULL;
+
+    if (self->core.method != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "State is already initialised");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|OO:State", kwlist, &name, &config, &allocator))
+        return -1;
+    const fc_method *m = fc_method_by_name(name);
+    if (m == NULL) {
+        PyObject *names = PyUnicode_FromString("");
+        for (int i = 0; names != NULL && i < fc_method_count(); i++) {
+            PyObject *joined = PyUnicode_FromFormat("%U%s'%s'", names, i ? ", " : "",
+                                                    fc_method_at(i)->name);
+            Py_SETREF(names, joined);
+        }
+        if (names != NULL)
+            PyErr_Format(PyExc_ValueError, "unknown compression method '%s'; valid methods: %U",
+                         name, names);
+        Py_XDECREF(names);
+        return -1;
+    }
+    if (allocator != Py_None && !PyCallable_Check(allocator)) {
+        PyErr_Format(PyExc_TypeError, "allocator must be callable or None, got %s",
+                     Py_TYPE(allocator)->tp_name);
+        return -1;
+    }
+    if (fc_config_parse(m, config, &common, cfg, &err) != FC_OK) {
+        STATE_ERR(self, &err);
+        return -1;
+    }
+    resolved = PyDict_New();
+    if (resolved == NULL || fc_config_to_dict(m->keys, cfg, resolved) < 0 ||
+        fc_config_to_dict(fc_common_keys, &common, resolved) < 0)
+        goto error;
+    self->residuals = PyList_New(0);
+    if (self->residuals == NULL)
+        goto error;
+    fc_core_init(&self->core, m, &common, cfg);
+    Py_INCREF(allocator);
+    self->allocator = allocator;
+    self->config = resolved;
+    return 0;
+error:
+    Py_XDECREF(resolved);
+    return -1;
+}
+
+static int State_traverse(StateObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->allocator);
+    Py_VISIT(self->residuals);
+    Py_VISIT(self->config);
+    Py_VISIT(self->cuda_ws);
+    return 0;
+}
+
+static int State_clear(StateObject *self)
+{
+    Py_CLEAR(self->allocator);
+    Py_CLEAR(self->residuals);
+    Py_CLEAR(self->config);
+    Py_CLEAR(self->cuda_ws);
+    return 0;
+}
+
+static void State_dealloc(StateObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    State_clear(self);
+    fc_core_free(&self->core);
+    if (self->cuda_ctx != NULL && fc_cuda_api_loaded() != NULL)
+        fc_cuda_api_loaded()->ctx_free(self->cuda_ctx);
+    self->cuda_ctx = NULL;
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+/* ---------------------------------------------------------------- State: residuals */
+
+/* The residual tensor of a unit, allocated through the allocator on first use. New ref. */
+PyObject *fc_state_residual(StateObject *self, uint32_t unit, PyObject *grad, int64_t numel,
+                            fc_view *rv, fc_err *err)
+{
+    PyObject *res = NULL;
+    const int rdt = self->core.common.residual_dtype == 0 ? FC_F32 : FC_BF16;
+    while (PyList_GET_SIZE(self->residuals) <= (Py_ssize_t)unit)
+        if (PyList_Append(self->residuals, Py_None) < 0) {
+            fc_fail(err, FC_ERR_PYTHON, "");
+            return NULL;
+        }
+    res = PyList_GET_ITEM(self->residuals, unit); /* borrowed */
+    if (res == Py_None) {
+        if (self->allocator == Py_None) {
+            fc_fail(err, FC_ERR_STATE, "error feedback needs a residual allocator (State(..., "
+                    "allocator=...)); fsdpcomp.CommState provides one");
+            return NULL;
+        }
+        res = PyObject_CallFunction(self->allocator, "LsO", (long long)numel, fc_dtype_name(rdt), grad);
+        if (res == NULL) {
+            fc_fail(err, FC_ERR_PYTHON, "");
+            return NULL;
+        }
+        if (PyList_SetItem(self->residuals, unit, res) < 0) { /* steals res */
+            fc_fail(err, FC_ERR_PYTHON, "");
+            return NULL;
+        }
+    }
+    Py_INCREF(res);
+    if (fc_view_get(res, "residual", 1u << rdt, rv, err) != FC_OK || rv->buf.numel != numel) {
+        if (err->code == FC_OK)
+            fc_fail(err, FC_ERR_VALUE, "residual of unit %u has %lld elements, expected %lld",
+                    unit, (long long)rv->buf.numel, (long long)numel);
+        fc_view_release(rv);
+        Py_DECREF(res);
+        return NULL;
+    }
+    return res;
+}
+
+/* ---------------------------------------------------------------- State: attributes */
+
+static PyObject *State_get_method(StateObject *self, void *Py_UNUSED(c))
+{
+    if (!fc_state_ready(self))
+        return NULL;
+    return PyUnicode_FromString(self->core.method->name);
+}
+
+static PyObject *State_get_config(StateObject *self, void *Py_UNUSED(c))
+{
+    if (!fc_state_ready(self))
+        return NULL;
+    return PyDict_Copy(self->config);
+}
+
+static PyObject *State_get_step(StateObject *self, void *Py_UNUSED(c))
+{
+    return PyLong_FromUnsignedLong(self->core.step);
+}
+
+static PyObject *State_get_cursor(StateObject *self, void *Py_UNUSED(c))
+{
+    return PyLong_FromUnsignedLong(self->core.cursor);
+}
+
+static PyObject *State_get_flags(StateObject *self, void *Py_UNUSED(c))
+{
+    if (!fc_state_ready(self))
+        return NULL;
+    unsigned f = self->core.method->flags;
+    return Py_BuildValue("{s:O,s:O,s:O,s:O}", "unbiased", (f & FC_UNBIASED) ? Py_True : Py_False,
+                         "linear", (f & FC_LINEAR) ? Py_True : Py_False, "random",
+                         (f & FC_RANDOM) ? Py_True : Py_False, "varsize",
+                         (f & FC_VARSIZE) ? Py_True : Py_False);
+}
+
+static PyGetSetDef State_getset[] = {
+    {"method", (getter)State_get_method, NULL, "the method's name", NULL},
+    {"config", (getter)State_get_config, NULL, "the resolved config (a copy)", NULL},
+    {"step", (getter)State_get_step, NULL, "backward passes completed (end_step calls)", NULL},
+    {"cursor", (getter)State_get_cursor, NULL, "the next unit index within this step", NULL},
+    {"flags", (getter)State_get_flags, NULL, "the method's properties", NULL},
+    {NULL},
+};
+
+static PyMethodDef State_methods[] = {
+    {"plan", (PyCFunction)fc_state_plan, METH_VARARGS, fc_state_plan_doc},
+    {"begin", (PyCFunction)fc_state_begin, METH_O, fc_state_begin_doc},
+    {"end_step", (PyCFunction)fc_state_end_step, METH_NOARGS, fc_state_end_step_doc},
+    {"encode", (PyCFunction)fc_state_encode, METH_VARARGS, fc_state_encode_doc},
+    {"decode", (PyCFunction)fc_state_decode, METH_VARARGS, fc_state_decode_doc},
+    {"per_peer_ok", (PyCFunction)fc_state_per_peer_ok, METH_VARARGS, fc_state_per_peer_ok_doc},
+    {"pieces", (PyCFunction)fc_state_pieces, METH_VARARGS, fc_state_pieces_doc},
+    {"encode_part", (PyCFunction)fc_state_encode_part, METH_VARARGS, fc_state_encode_part_doc},
+    {"decode_part", (PyCFunction)fc_state_decode_part, METH_VARARGS, fc_state_decode_part_doc},
+    {"payload_bytes", (PyCFunction)fc_state_payload_bytes, METH_O, fc_state_payload_bytes_doc},
+    {"layout", (PyCFunction)fc_state_layout, METH_O, fc_state_layout_doc},
+    {"compress", (PyCFunction)(void (*)(void))fc_state_compress, METH_VARARGS | METH_KEYWORDS, fc_state_compress_doc},
+    {"decompress", (PyCFunction)(void (*)(void))fc_state_decompress, METH_VARARGS | METH_KEYWORDS, fc_state_decompress_doc},
+    {"sync_vector", (PyCFunction)fc_state_sync_vector, METH_O, fc_state_sync_vector_doc},
+    {"sync_apply", (PyCFunction)fc_state_sync_apply, METH_VARARGS, fc_state_sync_apply_doc},
+    {"counters", (PyCFunction)fc_state_counters, METH_NOARGS, fc_state_counters_doc},
+    {"reset_counters", (PyCFunction)fc_state_reset_counters, METH_NOARGS, fc_state_reset_counters_doc},
+    {"add_comm", (PyCFunction)(void (*)(void))fc_state_add_comm, METH_VARARGS | METH_KEYWORDS, fc_state_add_comm_doc},
+    {"units", (PyCFunction)fc_state_units, METH_NOARGS, fc_state_units_doc},
+    {"residuals", (PyCFunction)fc_state_residuals, METH_NOARGS, fc_state_residuals_doc},
+    {"restore", (PyCFunction)fc_state_restore, METH_VARARGS, fc_state_restore_doc},
+    {"unit_states", (PyCFunction)fc_state_unit_states, METH_NOARGS, fc_state_unit_states_doc},
+    {"fetch_kmax", (PyCFunction)fc_state_fetch_kmax, METH_VARARGS, fc_state_fetch_kmax_doc},
+    {"fetch_picks", (PyCFunction)fc_state_fetch_picks, METH_VARARGS, fc_state_fetch_picks_doc},
+    {"fetch", (PyCFunction)fc_state_fetch, METH_VARARGS, fc_state_fetch_doc},
+    {"finish", (PyCFunction)fc_state_finish, METH_VARARGS, fc_state_finish_doc},
+    {"nccl_all_to_all", (PyCFunction)fc_state_nccl_all_to_all, METH_VARARGS, fc_state_nccl_all_to_all_doc},
+    {NULL},
+};
+
+PyDoc_STRVAR(State_doc,
+"State(method, config=None, allocator=None)\n\n"
+"One compressor with its validated config, error-feedback residuals and counters. The\n"
+"allocator, callable(numel, dtype_name, like_tensor) -> zeroed tensor, provides residual\n"
+"memory from torch's allocator.");
+
+static PyType_Slot State_slots[] = {
+    {Py_tp_doc, (void *)State_doc},
+    {Py_tp_init, State_init},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_dealloc, State_dealloc},
+    {Py_tp_traverse, State_traverse},
+    {Py_tp_clear, State_clear},
+    {Py_tp_methods, State_methods},
+    {Py_tp_getset, State_getset},
+    {0, NULL},
+};
+
+PyType_Spec fc_state_spec = {
+    .name = "fsdpcomp._C.State",
+    .basicsize = sizeof(StateObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = State_slots,
+};
