@@ -36,21 +36,10 @@ static inline uint32_t fc_amax_bits(const float *x, int64_t lo, int64_t hi)
     return m;
 }
 
-/* The absmax scale of block [lo, hi) for a symmetric quantiser whose largest code is qmax:
- * writes scale = amax / qmax and returns the multiplier qmax / amax, or returns 0 for a block that
- * is all zeros (scale 0) or holds a NaN/Inf (scale NaN: the block decodes to NaN, so the problem
- * is passed through and counted by the driver instead of becoming silent zeros). On 0 the caller
- * writes the zero code and does no arithmetic on the block. */
+/* fc_absmax_scale of block [lo, hi) (see fc_quant.h). */
 static inline float fc_block_scale(const float *x, int64_t lo, int64_t hi, float qmax, float *scale)
 {
-    const uint32_t amax_bits = fc_amax_bits(x, lo, hi);
-    if (amax_bits >= FC_INF_BITS || amax_bits == 0) {
-        *scale = amax_bits == 0 ? 0.0f : NAN;
-        return 0.0f;
-    }
-    const float amax = fc_bits_f32(amax_bits);
-    *scale = amax / qmax;
-    return qmax / amax;
+    return fc_absmax_scale(fc_amax_bits(x, lo, hi), qmax, scale);
 }
 
 /* Block reductions in 8 double lanes, combined in a fixed order: no serial dependency chain

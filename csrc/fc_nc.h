@@ -43,6 +43,26 @@ FC_HOSTDEV uint8_t fc_nc_encode(float x, uint32_t emax, uint32_t h)
     return ur < q ? (uint8_t)(sign | (uint8_t)((int32_t)emax + 2 - lo)) : (uint8_t)0;
 }
 
+/* The block's reference exponent from its absmax bits: *stored is what the body carries (255:
+ * Inf/NaN in the block, 0: all zeros, 1 for a block of subnormals only, referenced to the
+ * smallest normal exponent); returns the emax the codes use, 0 when the block gets zero codes. */
+FC_HOSTDEV uint32_t fc_nc_emax(uint32_t amax_bits, uint32_t *stored)
+{
+    uint32_t emax = amax_bits >> 23;
+    if (emax == 0 && amax_bits != 0)
+        emax = 1;
+    *stored = emax;
+    return emax == 255 || amax_bits == 0 ? 0u : emax;
+}
+
+/* A code the encoder cannot write for a block of exponent emax (< 255): an exponent above the
+ * block's (7-bit code above emax + 1) or a signed zero code. */
+FC_HOSTDEV int fc_nc_code_bad(uint32_t code, uint32_t emax)
+{
+    const uint32_t cc = code & 0x7fu;
+    return cc > emax + 1u || (cc == 0 && code != 0);
+}
+
 FC_HOSTDEV float fc_nc_decode(uint8_t code, uint32_t emax)
 {
     uint32_t c = code & 0x7fu;
@@ -50,6 +70,13 @@ FC_HOSTDEV float fc_nc_decode(uint8_t code, uint32_t emax)
         return 0.0f;
     uint32_t e = emax + 2u - c;
     return fc_bits_f32(((uint32_t)(code & 0x80u) << 24) | (e << 23));
+}
+
+/* What decode_add adds for a valid code: alpha * value, and +0 (not alpha * 0) for the zero
+ * code, as both CPU decoders do. */
+FC_HOSTDEV float fc_nc_term(uint8_t code, uint32_t emax, float alpha)
+{
+    return (code & 0x7fu) == 0 ? 0.0f : alpha * fc_nc_decode(code, emax);
 }
 
 #endif

@@ -4,6 +4,7 @@
 #ifndef FC_QSGD_H
 #define FC_QSGD_H
 
+#include <math.h>
 #include <stdint.h>
 #include "fc_half.h"
 #include "fc_hostdev.h"
@@ -16,6 +17,18 @@ FC_HOSTDEV int fc_qsgd_width(int64_t levels)
     while (((int64_t)1 << b) < levels + 1)
         b++;
     return 1 + b;
+}
+
+/* A bucket's norm from its sum of squares, as the body carries it. */
+FC_HOSTDEV float fc_qsgd_norm(double sum_sq)
+{
+    return (float)sqrt(sum_sq);
+}
+
+/* Whether a bucket gets codes: a zero or non-finite norm sends the zero code everywhere. */
+FC_HOSTDEV int fc_qsgd_ok(float norm)
+{
+    return norm > 0 && fc_abs_bits(norm) < FC_INF_BITS;
 }
 
 /* inv = s / ||x|| (finite, > 0); h: the element's 16-bit draw (fc_rng_u16). */

@@ -32,4 +32,25 @@ FC_HOSTDEV uint32_t fc_abs_bits(float x)
 
 #define FC_INF_BITS 0x7f800000u
 
+/* The quiet NaN C's NAN is on x86 (0x7fc00000), as bits: what the block quantisers write for a
+ * block holding a NaN or Inf, on the CPU and in CUDA (where NAN is not a device constant). */
+#define FC_NAN_BITS 0x7fc00000u
+
+/* The absmax scale of a block for a symmetric quantiser whose largest code is qmax, from the
+ * block's largest |x| as bits (fc_abs_bits): writes scale = amax / qmax and returns the
+ * multiplier qmax / amax, or returns 0 for a block that is all zeros (scale 0) or holds a
+ * NaN/Inf (scale NaN: the block decodes to NaN, so the problem is passed through and counted
+ * by the driver instead of becoming silent zeros). On 0 the caller writes the zero code and
+ * does no arithmetic on the block. */
+FC_HOSTDEV float fc_absmax_scale(uint32_t amax_bits, float qmax, float *scale)
+{
+    if (amax_bits >= FC_INF_BITS || amax_bits == 0) {
+        *scale = amax_bits == 0 ? 0.0f : fc_bits_f32(FC_NAN_BITS);
+        return 0.0f;
+    }
+    const float amax = fc_bits_f32(amax_bits);
+    *scale = amax / qmax;
+    return qmax / amax;
+}
+
 #endif

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <string.h>
 #include "fc_block.h"
+#include "fc_intn.h"
 #include "fc_method.h"
 #include "fc_pack.h"
 #include "fc_rng_batch.h"
@@ -21,17 +22,16 @@ typedef struct {
     int64_t bits;
     int64_t block_size;
     int stochastic;
-    int scheme; /* INTN_ABSMAX or INTN_MINMAX */
+    int scheme; /* FC_INTN_ABSMAX or FC_INTN_MINMAX */
 } intn_cfg;
 
-enum { INTN_ABSMAX = 0, INTN_MINMAX = 1 };
 static const char *const intn_schemes[] = {"absmax", "minmax", NULL};
 
 static const fc_key intn_keys[] = {
     FC_INT(intn_cfg, bits, 4, 2, 4, 0, "bits per code: 2, 3 or 4"),
     FC_INT(intn_cfg, block_size, 256, 8, 1 << 24, FC_KEY_POW2, "elements per scale; a power of two"),
     FC_BOOL(intn_cfg, stochastic, 0, "stochastic rounding (unbiased) instead of nearest"),
-    FC_CHOICE(intn_cfg, scheme, INTN_ABSMAX, intn_schemes,
+    FC_CHOICE(intn_cfg, scheme, FC_INTN_ABSMAX, intn_schemes,
               "absmax: symmetric, one fp32 scale per block; minmax: fp32 min and step per block, "
               "all 2^bits levels"),
     FC_KEYS_END,
@@ -47,7 +47,7 @@ static const fc_key intn_keys[] = {
 /* Bytes of block metadata before the codes: a scale, or a (min, step) pair. */
 static int64_t intn_meta_bytes(const intn_cfg *cfg, int64_t n)
 {
-    return (cfg->scheme == INTN_MINMAX ? 8 : 4) * fc_nblocks(n, cfg->block_size);
+    return (cfg->scheme == FC_INTN_MINMAX ? 8 : 4) * fc_nblocks(n, cfg->block_size);
 }
 
 static void intn_layout(const fc_chunk *c, fc_layout *out)
@@ -58,29 +58,6 @@ static void intn_layout(const fc_chunk *c, fc_layout *out)
     out->index_bytes = 0;
     out->kept = c->n;
 }
-
-/* How one block maps x to a code: t = ((x - off) * pre) * inv, q = round(t) or floor(t + u)
- * clamped to [qlo, qhi], code = q - qlo. pre is 2^64 for blocks below 2^-64, so inv stays
- * finite for subnormal blocks (scaling by a power of two is exact there) and t is never NaN.
- * A block that is all zeros or holds a NaN/Inf (ok = 0) gets the code of 0 everywhere. */
-typedef struct {
-    float off, pre, inv;
-    int32_t qlo, qhi;
-    int ok;
-} intn_map;
-
-#define INTN_TINY 0x1p-64f
-#define INTN_BIG 0x1p64f
-
-/* fp32 bits as a signed integer in the order of the floats (-0 < +0), so that a block's min
- * and max are exact integer reductions in any order; NaNs land beyond -Inf and +Inf. The map
- * is its own inverse. */
-static inline int32_t intn_key(uint32_t bits)
-{
-    return (int32_t)(bits ^ ((0u - (bits >> 31)) >> 1));
-}
-
-#define INTN_KEY_NEG_INF ((int32_t)0x807FFFFF) /* intn_key(-Inf bits) */
 
 /* The smallest and largest key of block [lo, hi), in 16 independent lanes (as fc_amax_bits). */
 static inline void intn_key_range(const float *x, int64_t lo, int64_t hi, int32_t *kmin, int32_t *kmax)
@@ -93,12 +70,12 @@ static inline void intn_key_range(const float *x, int64_t lo, int64_t hi, int32_
     int64_t i = lo;
     for (; i + 16 <= hi; i += 16)
         for (int j = 0; j < 16; j++) {
-            const int32_t k = intn_key(fc_f32_bits(x[i + j]));
+            const int32_t k = fc_intn_key(fc_f32_bits(x[i + j]));
             l[j] = k < l[j] ? k : l[j];
             h[j] = k > h[j] ? k : h[j];
         }
     for (; i < hi; i++) {
-        const int32_t k = intn_key(fc_f32_bits(x[i]));
+        const int32_t k = fc_intn_key(fc_f32_bits(x[i]));
         l[0] = k < l[0] ? k : l[0];
         h[0] = k > h[0] ? k : h[0];
     }
@@ -159,14 +136,11 @@ INTN_INLINE int intn_float_range(const float *x, int64_t lo, int64_t hi, float *
     return !nan && fc_abs_bits(l[0]) < FC_INF_BITS && fc_abs_bits(h[0]) < FC_INF_BITS;
 }
 
-/* Min-max block: (m, d) into meta[2b], meta[2b + 1], m = min + 0 (a zero min is +0). Non-finite,
- * or a range M - m beyond fp32 (values of both signs near 3.4e38): (NaN, NaN), so the block
- * decodes to NaN and is counted, as absmax does. Constant: (m, 0) and code 0, exact. The
+/* Min-max block: (m, d) into meta[2b], meta[2b + 1] and its map (fc_intn_minmax_map). The
  * reference finds min and max as integer keys, the fast path as floats: the same m and M - m. */
 INTN_INLINE void intn_minmax_map(const intn_cfg *cfg, const float *x, int64_t lo, int64_t hi,
-                                 float *meta, int64_t b, intn_map *p, int fast)
+                                 float *meta, int64_t b, fc_intn_map *p, int fast)
 {
-    const int32_t levels = (1 << cfg->bits) - 1;
     float small, big;
     int finite;
     if (fast) {
@@ -174,53 +148,20 @@ INTN_INLINE void intn_minmax_map(const intn_cfg *cfg, const float *x, int64_t lo
     } else {
         int32_t kmin, kmax;
         intn_key_range(x, lo, hi, &kmin, &kmax);
-        small = fc_bits_f32((uint32_t)intn_key((uint32_t)kmin));
-        big = fc_bits_f32((uint32_t)intn_key((uint32_t)kmax));
-        finite = kmax < (int32_t)FC_INF_BITS && kmin > INTN_KEY_NEG_INF;
+        fc_intn_key_range_values(kmin, kmax, &small, &big, &finite);
     }
-    const float m = finite ? small + 0.0f : 0.0f;
-    const float range = finite ? big - m : 0.0f;
-    const int valid = finite && fc_abs_bits(range) < FC_INF_BITS;
-    p->ok = valid && range > 0.0f;
-    p->off = p->ok ? m : 0.0f;
-    p->pre = p->ok && range < INTN_TINY ? INTN_BIG : 1.0f;
-    p->inv = p->ok ? (float)levels / (range * p->pre) : 0.0f;
-    p->qlo = 0;
-    p->qhi = levels;
-    meta[2 * b] = valid ? m : NAN;
-    meta[2 * b + 1] = !valid ? NAN : p->ok ? range / (float)levels : 0.0f;
+    fc_intn_minmax_map((int)cfg->bits, small, big, finite, p, &meta[2 * b], &meta[2 * b + 1]);
 }
 
 /* Block [lo, hi)'s metadata into the body and its code map; `fast` picks how a min-max block
  * finds its range (the same result). */
 INTN_INLINE void intn_block_map(const intn_cfg *cfg, const float *x, int64_t lo, int64_t hi,
-                                float *meta, int64_t b, intn_map *p, int fast)
+                                float *meta, int64_t b, fc_intn_map *p, int fast)
 {
-    if (cfg->scheme == INTN_MINMAX) {
+    if (cfg->scheme == FC_INTN_MINMAX)
         intn_minmax_map(cfg, x, lo, hi, meta, b, p, fast);
-        return;
-    }
-    const int32_t qmax = (1 << (cfg->bits - 1)) - 1;
-    const uint32_t amax_bits = fc_amax_bits(x, lo, hi);
-    const float amax = fc_bits_f32(amax_bits);
-    p->ok = amax_bits < FC_INF_BITS && amax_bits != 0;
-    p->off = 0.0f;
-    p->pre = p->ok && amax < INTN_TINY ? INTN_BIG : 1.0f;
-    p->inv = p->ok ? (float)qmax / (amax * p->pre) : 0.0f;
-    p->qlo = -qmax;
-    p->qhi = qmax;
-    meta[b] = amax_bits == 0 ? 0.0f : p->ok ? amax / (float)qmax : NAN;
-}
-
-/* The definition of one element's code, which the fast path below must reproduce. */
-static inline uint32_t intn_code(const intn_map *p, float x, int stochastic, float u)
-{
-    if (!p->ok)
-        return (uint32_t)-p->qlo;
-    const float t = ((x - p->off) * p->pre) * p->inv;
-    int32_t q = stochastic ? fc_floor_i32(t + u) : (int32_t)fc_round_even(t);
-    q = q < p->qlo ? p->qlo : q > p->qhi ? p->qhi : q;
-    return (uint32_t)(q - p->qlo);
+    else
+        meta[b] = fc_intn_absmax_map((int)cfg->bits, fc_amax_bits(x, lo, hi), p);
 }
 
 /* Reference encode: element by element, groups of 8 packed by fc_pack8 (the CUDA layout:
@@ -232,7 +173,7 @@ static void intn_encode_ref(const fc_chunk *c, const float *x, uint8_t *body)
     const int w = (int)cfg->bits;
     const int64_t bs = cfg->block_size, n = c->n;
     uint8_t *packed = body + intn_meta_bytes(cfg, n);
-    intn_map map = {0};
+    fc_intn_map map = {0};
     for (int64_t g = 0; g < n; g += INTN_STRETCH) {
         const int64_t m = n - g < INTN_STRETCH ? n - g : INTN_STRETCH;
         float u[INTN_STRETCH] = {0};
@@ -243,7 +184,7 @@ static void intn_encode_ref(const fc_chunk *c, const float *x, uint8_t *body)
             const int64_t i = g + j;
             if (i % bs == 0)
                 intn_block_map(cfg, x, i, FC_BLOCK_END(i, bs, n), (float *)body, i / bs, &map, 0);
-            codes[j] = intn_code(&map, x[i], cfg->stochastic, u[j]);
+            codes[j] = fc_intn_code(&map, x[i], cfg->stochastic, u[j]);
         }
         for (int64_t k = 0; k < m; k += 8)
             fc_pack8(codes + k, w, packed + (g + k) / 8 * w);
@@ -251,7 +192,7 @@ static void intn_encode_ref(const fc_chunk *c, const float *x, uint8_t *body)
 }
 
 /* Codes of x[0..m) under one finite block's map, branch-free so that the loops vectorise. */
-INTN_INLINE void intn_codes(const float *restrict x, int64_t m, const intn_map *p,
+INTN_INLINE void intn_codes(const float *restrict x, int64_t m, const fc_intn_map *p,
                               const float *restrict u, uint8_t *restrict t)
 {
     const float off = p->off, pre = p->pre, inv = p->inv;
@@ -356,7 +297,7 @@ INTN_INLINE void intn_encode_w(const fc_chunk *c, const float *x, uint8_t *body,
     const intn_cfg *cfg = (const intn_cfg *)c->cfg;
     const int64_t bs = cfg->block_size, n = c->n;
     uint8_t *packed = body + intn_meta_bytes(cfg, n);
-    intn_map map = {0};
+    fc_intn_map map = {0};
     for (int64_t g = 0; g < n; g += INTN_STRETCH) {
         const int64_t m = n - g < INTN_STRETCH ? n - g : INTN_STRETCH;
         float u[INTN_STRETCH];
@@ -402,40 +343,6 @@ static int intn_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layo
     return FC_OK;
 }
 
-/* What code q of block b decodes to, times alpha: the definition both decoders follow, in
- * this order of operations (no fma: the build forbids contraction). absmax:
- * (alpha * s) * (q - qmax); minmax: alpha * (m + q * d). */
-typedef struct {
-    float s, m, d, alpha;
-    int32_t qmax; /* absmax: the code of 0 */
-    uint32_t top; /* the largest code an encoder writes */
-    int minmax;
-} intn_dec;
-
-static inline intn_dec intn_dec_block(const intn_cfg *cfg, const float *meta, int64_t b, float alpha)
-{
-    intn_dec d = {0};
-    d.minmax = cfg->scheme == INTN_MINMAX;
-    d.alpha = alpha;
-    if (d.minmax) {
-        d.m = meta[2 * b];
-        d.d = meta[2 * b + 1];
-        d.top = (1u << cfg->bits) - 1u;
-    } else {
-        d.qmax = (1 << (cfg->bits - 1)) - 1;
-        d.s = alpha * meta[b];
-        d.top = (uint32_t)(2 * d.qmax);
-    }
-    return d;
-}
-
-static inline float intn_value(const intn_dec *d, uint32_t code)
-{
-    if (d->minmax)
-        return d->alpha * (d->m + (float)code * d->d);
-    return d->s * (float)((int32_t)code - d->qmax);
-}
-
 /* Absmax codes above 2 * qmax are never written: finding one means the payload is corrupt. */
 static int intn_bad_code(uint32_t worst, int64_t b, uint32_t top, fc_err *err)
 {
@@ -452,14 +359,15 @@ static int intn_decode_ref(const fc_chunk *c, const uint8_t *body, float alpha, 
     const uint8_t *packed = body + intn_meta_bytes(cfg, n);
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, n);
-        const intn_dec d = intn_dec_block(cfg, (const float *)body, b, alpha);
+        const fc_intn_dec d =
+            fc_intn_dec_block((int)cfg->bits, cfg->scheme, (const float *)body, b, alpha);
         uint32_t worst = 0;
         for (int64_t k = lo; k < hi; k += 8) {
             uint32_t codes[8];
             fc_unpack8(packed + k / 8 * w, w, codes);
             for (int64_t j = 0; j < 8 && k + j < hi; j++) {
                 worst = codes[j] > worst ? codes[j] : worst;
-                acc[k + j] += intn_value(&d, codes[j]);
+                acc[k + j] += fc_intn_value(&d, codes[j]);
             }
         }
         if (worst > d.top)
@@ -512,7 +420,7 @@ INTN_INLINE void intn_unpack(const uint8_t *in, int64_t m, int w, uint8_t *t)
 /* Up to 64 codes of one block: unpacked, then the arithmetic over the stretch (vectorised);
  * returns the largest code. `w` is a literal at every call. */
 INTN_INLINE uint32_t intn_decode_stretch(const uint8_t *restrict in, int64_t m, int w,
-                                           const intn_dec *d, float *restrict acc)
+                                           const fc_intn_dec *d, float *restrict acc)
 {
     uint8_t t[INTN_STRETCH];
     intn_unpack(in, m, w, t);
@@ -540,7 +448,8 @@ INTN_INLINE int intn_decode_w(const fc_chunk *c, const uint8_t *body, float alph
     const uint8_t *packed = body + intn_meta_bytes(cfg, n);
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, n);
-        const intn_dec d = intn_dec_block(cfg, (const float *)body, b, alpha);
+        const fc_intn_dec d =
+            fc_intn_dec_block((int)cfg->bits, cfg->scheme, (const float *)body, b, alpha);
         uint32_t worst = 0;
         for (int64_t k = lo; k < hi; k += INTN_STRETCH) {
             const int64_t m = hi - k < INTN_STRETCH ? hi - k : INTN_STRETCH;

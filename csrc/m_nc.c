@@ -28,17 +28,6 @@ static void nc_layout(const fc_chunk *c, fc_layout *out)
     out->kept = c->n;
 }
 
-/* The block's reference exponent from its absmax bits (written to the body); 0 when the block
- * gets zero codes. */
-static inline uint32_t nc_emax(uint32_t amax_bits, uint32_t *emax_out)
-{
-    uint32_t emax = amax_bits >> 23; /* 255: Inf/NaN; 0: zero or only subnormals */
-    if (emax == 0 && amax_bits != 0)
-        emax = 1; /* subnormal-only block: referenced to the smallest normal exponent */
-    *emax_out = emax;
-    return emax == 255 || amax_bits == 0 ? 0u : emax;
-}
-
 /* fc_nc_encode's common case, branch-free so it vectorises: every non-zero element is a
  * normal inside the block's range and no rounding reaches 2^128 */
 static inline void nc_common(const float *restrict x, const uint16_t *restrict h, int64_t n,
@@ -81,7 +70,7 @@ FC_CLONES static void nc_encode_fast(const fc_rng *rng, const float *x, int64_t 
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, n);
         uint32_t amax_bits, emin;
         nc_range(x, lo, hi, &amax_bits, &emin);
-        const uint32_t emax = nc_emax(amax_bits, &emaxs[b]);
+        const uint32_t emax = fc_nc_emax(amax_bits, &emaxs[b]);
         if (emax == 0) {
             for (int64_t i = lo; i < hi; i++)
                 codes[i] = 0;
@@ -116,7 +105,7 @@ static int nc_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout
     uint8_t *codes = body + 4 * nb;
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
-        const uint32_t emax = nc_emax(fc_amax_bits(x, lo, hi), &emaxs[b]);
+        const uint32_t emax = fc_nc_emax(fc_amax_bits(x, lo, hi), &emaxs[b]);
         for (int64_t i = lo; i < hi; i++) /* one Philox evaluation per element: the definition */
             codes[i] = emax ? fc_nc_encode(x[i], emax, fc_rng_u16(&c->rng, (uint64_t)i)) : 0;
     }
@@ -152,9 +141,8 @@ static uint32_t nc_decode_block_ref(const uint8_t *codes, int64_t n, uint32_t em
     float lut[256];
     uint8_t badc[256];
     for (int v = 0; v < 256; v++) {
-        uint32_t cc = (uint32_t)v & 0x7fu;
-        badc[v] = (uint8_t)(cc > emax + 1u || (cc == 0 && v != 0));
-        lut[v] = (cc == 0 || badc[v]) ? 0.0f : alpha * fc_nc_decode((uint8_t)v, emax);
+        badc[v] = (uint8_t)fc_nc_code_bad((uint32_t)v, emax);
+        lut[v] = badc[v] ? 0.0f : fc_nc_term((uint8_t)v, emax, alpha);
     }
     uint32_t bad = 0;
     for (int64_t i = 0; i < n; i++) {

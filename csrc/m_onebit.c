@@ -4,6 +4,7 @@
 #include <math.h>
 #include "fc_block.h"
 #include "fc_method.h"
+#include "fc_onebit.h"
 #include "fc_simd.h"
 
 typedef struct {
@@ -41,8 +42,8 @@ static __attribute__((noinline)) void onebit_means_ref(const float *x, int64_t l
     }
     const double sp = fc_lanes_total(sp8), sn = fc_lanes_total(sn8);
     const int64_t nn = (hi - lo) - np;
-    means[0] = np ? (float)(sp / (double)np) : 0.0f;
-    means[1] = nn ? (float)(sn / (double)nn) : 0.0f;
+    means[0] = fc_onebit_mean(sp, np);
+    means[1] = fc_onebit_mean(sn, nn);
 }
 
 /* The reference's block sums with the lanes as an inner loop of 8 (element i still adds into
@@ -73,8 +74,8 @@ FC_CLONES static void onebit_encode_fast(const float *x, int64_t n, int64_t bs, 
         }
         const double sp = fc_lanes_total(sp8), sn = fc_lanes_total(sn8);
         const int64_t nn = (hi - lo) - np;
-        means[2 * b] = np ? (float)(sp / (double)np) : 0.0f;
-        means[2 * b + 1] = nn ? (float)(sn / (double)nn) : 0.0f;
+        means[2 * b] = fc_onebit_mean(sp, np);
+        means[2 * b + 1] = fc_onebit_mean(sn, nn);
         /* sums of finite floats cannot overflow a double: non-finite ones mean NaN/Inf in the
          * block, whose NaN bits depend on operand order; the reference decides them */
         if (!isfinite(sp) || !isfinite(sn))
@@ -137,8 +138,8 @@ __attribute__((target("avx2"))) static void onebit_block_avx2(const float *x, in
     }
     const double sp = fc_lanes_total(sp8), sn = fc_lanes_total(sn8);
     const int64_t np = (hi - lo) - nn;
-    means[0] = np ? (float)(sp / (double)np) : 0.0f;
-    means[1] = nn ? (float)(sn / (double)nn) : 0.0f;
+    means[0] = fc_onebit_mean(sp, np);
+    means[1] = fc_onebit_mean(sn, nn);
     /* sums of finite floats cannot overflow a double: non-finite ones mean NaN/Inf in the
      * block, whose NaN bits depend on operand order; the reference decides them */
     if (!isfinite(sp) || !isfinite(sn))
@@ -199,7 +200,8 @@ static int onebit_decode_add(const fc_chunk *c, const uint8_t *body, int64_t bod
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
         /* a table, not a branch: random signs defeat branch prediction */
-        const float v2[2] = {alpha * means[2 * b], alpha * means[2 * b + 1]};
+        const float v2[2] = {fc_onebit_value(means + 2 * b, 0, alpha),
+                             fc_onebit_value(means + 2 * b, 1, alpha)};
         for (int64_t g = lo; g < hi; g += 8) { /* one byte of bits per group of 8 */
             const uint32_t byte = bits[g >> 3];
             const int64_t m = hi - g < 8 ? hi - g : 8;

@@ -250,8 +250,8 @@ FC_CLONES static void qsgd_encode_fast(const fc_rng *rng, const float *x, int64_
         double ss = ss_next[b % QSGD_SUMS];
         if (!isfinite(ss)) /* a NaN's bits depend on operand order: the reference's sum decides */
             ss = qsgd_sum_sq_ref(x, lo, hi);
-        const float norm = (float)sqrt(ss);
-        const int ok = norm > 0 && isfinite(norm);
+        const float norm = fc_qsgd_norm(ss);
+        const int ok = fc_qsgd_ok(norm);
         norms[b] = norm;
         const float inv = ok ? (float)s / norm : 0.0f;
         int64_t m;
@@ -298,8 +298,8 @@ static int qsgd_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layo
     uint8_t *packed = body + 4 * nb;
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
-        const float norm = (float)sqrt(qsgd_sum_sq_ref(x, lo, hi));
-        const int ok = norm > 0 && isfinite(norm);
+        const float norm = fc_qsgd_norm(qsgd_sum_sq_ref(x, lo, hi));
+        const int ok = fc_qsgd_ok(norm);
         norms[b] = norm;
         const float inv = ok ? (float)s / norm : 0.0f;
         for (int64_t g = lo; g < hi; g += 8) { /* one Philox evaluation per element: the definition */
