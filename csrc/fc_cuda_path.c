@@ -94,6 +94,7 @@ int fc_cuda_encode(fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf
     a.nonfinite_zero = s->common.nonfinite == FC_NONFINITE_ZERO;
     a.sample = sample;
     a.ws = k->ws;
+    a.fingerprint = s->fingerprint;
     FC_TRY(k->api->encode(k->ctx, &a, err));
 
     /* what went on the wire: a pure function of the geometry, counted on the host */
@@ -167,6 +168,7 @@ int fc_cuda_decode(fc_core *s, const fc_cuda_call *k, const fc_buf *recv, const 
     a.step = s->step;
     a.seed = (uint64_t)s->common.seed;
     a.ws = k->ws;
+    a.fingerprint = s->fingerprint;
     FC_TRY(k->api->decode(k->ctx, &a, err));
     return FC_OK;
 error:

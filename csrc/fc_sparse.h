@@ -21,8 +21,9 @@ int fc_vcodec_init(fc_vcodec *v, fc_err *err);
 /* value_bytes and meta_bytes of k values (index_bytes and kept untouched) */
 void fc_vcodec_layout(const fc_vcodec *v, const fc_chunk *parent, int64_t k, fc_layout *out);
 int64_t fc_vcodec_bytes(const fc_vcodec *v, const fc_chunk *parent, int64_t k);
+/* *saturated += the values the value method saturated */
 int fc_vcodec_encode(const fc_vcodec *v, const fc_chunk *parent, const float *vals, int64_t k,
-                     uint8_t *out, fc_err *err);
+                     uint8_t *out, int64_t *saturated, fc_err *err);
 /* vals[j] += alpha * decoded value j */
 int fc_vcodec_decode_add(const fc_vcodec *v, const fc_chunk *parent, const uint8_t *in, int64_t k,
                          float alpha, float *vals, fc_err *err);

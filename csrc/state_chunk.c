@@ -1,6 +1,7 @@
 /* state_chunk.c: the State's calls on one chunk outside the collective (tests, benchmarks):
  * payload_bytes, layout, compress, decompress. */
 #include "state.h" /* first: it includes Python.h */
+#include <limits.h>
 #include <string.h>
 
 FC_DOCSTRING(fc_state_payload_bytes_doc,
@@ -10,13 +11,16 @@ PyObject *fc_state_payload_bytes(StateObject *self, PyObject *arg)
 {
     if (!fc_state_ready(self))
         return NULL;
+    fc_err err = {0};
     long long n = PyLong_AsLongLong(arg);
-    if (n == -1 && PyErr_Occurred())
-        return NULL;
-    if (n < 0) {
-        PyErr_Format(PyExc_ValueError, "n must be >= 0, got %lld", n);
-        return NULL;
+    if (n == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return NULL;
+        PyErr_Clear();
+        n = LLONG_MAX;
     }
+    if (fc_check_numel(n, 0, "n", &err) != FC_OK)
+        return STATE_ERR(self, &err);
     return PyLong_FromLongLong(fc_payload_bytes(&self->core, self->core.method, n, FC_F32));
 }
 
@@ -28,13 +32,16 @@ PyObject *fc_state_layout(StateObject *self, PyObject *arg)
 {
     if (!fc_state_ready(self))
         return NULL;
+    fc_err err = {0};
     long long n = PyLong_AsLongLong(arg);
-    if (n == -1 && PyErr_Occurred())
-        return NULL;
-    if (n <= 0) {
-        PyErr_Format(PyExc_ValueError, "n must be > 0, got %lld", n);
-        return NULL;
+    if (n == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return NULL;
+        PyErr_Clear();
+        n = LLONG_MAX;
     }
+    if (fc_check_numel(n, 1, "n", &err) != FC_OK)
+        return STATE_ERR(self, &err);
     fc_chunk c;
     memset(&c, 0, sizeof(c));
     c.cfg = self->core.cfg;
@@ -77,12 +84,10 @@ PyObject *fc_state_compress(StateObject *self, PyObject *args, PyObject *kwds)
         fc_fail(&err, FC_ERR_VALUE, "x must have at least one element");
         goto error;
     }
-    self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     rc = fc_core_compress(&self->core, (const float *)xv.buf.data, xv.buf.numel,
                           (uint8_t *)pv.buf.data, pv.buf.numel, unit, chunk, world, rank, &written, &err);
     Py_END_ALLOW_THREADS
-    self->busy = 0;
 error: /* and success: rc says which */
     fc_view_release(&xv);
     fc_view_release(&pv);
@@ -116,12 +121,10 @@ PyObject *fc_state_decompress(StateObject *self, PyObject *args, PyObject *kwds)
         fc_fail(&err, FC_ERR_VALUE, "acc must have at least one element");
         goto error;
     }
-    self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     rc = fc_core_decompress(&self->core, (const uint8_t *)pv.buf.data, pv.buf.numel, av.buf.numel,
                             (float)alpha, (float *)av.buf.data, unit, chunk, world, &err);
     Py_END_ALLOW_THREADS
-    self->busy = 0;
 error: /* and success: rc says which */
     return fc_state_views_done(self, rc, &err, &pv, &av, NULL);
 }

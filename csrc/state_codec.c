@@ -107,10 +107,8 @@ PyObject *fc_state_begin(StateObject *self, PyObject *arg)
     long long numel = PyLong_AsLongLong(arg);
     if (numel == -1 && PyErr_Occurred())
         return NULL;
-    if (numel < 0) {
-        PyErr_Format(PyExc_ValueError, "numel must be >= 0, got %lld", numel);
-        return NULL;
-    }
+    if (fc_check_numel(numel, 0, "numel", &err) != FC_OK)
+        return STATE_ERR(self, &err);
     if (fc_core_begin(&self->core, (int64_t)numel, &unit, &err) != FC_OK)
         return STATE_ERR(self, &err);
     return PyLong_FromUnsignedLong(unit);
@@ -190,7 +188,6 @@ PyObject *fc_state_encode(StateObject *self, PyObject *args)
         goto error;
     if (g.device_type == kDLCUDA && cuda_prepare(self, grad, &g, &k, &err) != FC_OK)
         goto error;
-    self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     if (g.device_type == kDLCUDA) {
         /* the CUDA path has fixed-size methods only: what it writes is the plan */
@@ -203,7 +200,6 @@ PyObject *fc_state_encode(StateObject *self, PyObject *args)
                             (uint32_t)unit, sizes, &err);
     }
     Py_END_ALLOW_THREADS
-    self->busy = 0;
 error: /* and success: rc says which */
     fc_view_release(&g);
     fc_view_release(&s);
@@ -235,14 +231,12 @@ PyObject *fc_state_decode(StateObject *self, PyObject *args)
     fc_cuda_call k;
     if (g.device_type == kDLCUDA && cuda_prepare(self, grad, &g, &k, &err) != FC_OK)
         goto error;
-    self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     if (g.device_type == kDLCUDA)
         rc = fc_cuda_decode(&self->core, &k, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
     else
         rc = fc_core_decode(&self->core, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
     Py_END_ALLOW_THREADS
-    self->busy = 0;
 error: /* and success: rc says which */
     return fc_state_views_done(self, rc, &err, &v, &g, &o);
 }
@@ -260,11 +254,9 @@ PyObject *fc_state_per_peer_ok(StateObject *self, PyObject *args)
     int world;
     if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "Li:per_peer_ok", &numel, &world))
         return NULL;
-    if (numel < 0 || world < 1 || world > FC_MAX_WORLD) {
-        PyErr_Format(PyExc_ValueError, "per_peer_ok: numel must be >= 0 and world in [1, %d]",
-                     FC_MAX_WORLD);
-        return NULL;
-    }
+    fc_err err = {0};
+    if (fc_check_numel(numel, 0, "numel", &err) != FC_OK || fc_check_world(world, 0, &err) != FC_OK)
+        return STATE_ERR(self, &err);
     return PyBool_FromLong(fc_core_per_peer_ok(&self->core, (int64_t)numel, world));
 }
 
@@ -341,12 +333,10 @@ PyObject *fc_state_encode_part(StateObject *self, PyObject *args)
     if (encode_views(self, grad, send, world, rank, unit, 0, &g, &s, &r, &res, &use_ef, &err) != FC_OK ||
         fc_check_cpu(&g, "grad", &err))
         goto error;
-    self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     rc = fc_core_encode_part(&self->core, &g.buf, &s.buf, use_ef ? &r.buf : NULL, world, rank,
                              (uint32_t)unit, chunk, piece, &size, &err);
     Py_END_ALLOW_THREADS
-    self->busy = 0;
 error: /* and success: rc says which */
     fc_view_release(&g);
     fc_view_release(&s);
@@ -379,12 +369,10 @@ PyObject *fc_state_decode_part(StateObject *self, PyObject *args)
         fc_check_cpu(&o, "output", &err) ||
         (v.buf.numel > 0 && fc_check_aligned(&v, "payload", &err)))
         goto error;
-    self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     rc = fc_core_decode_part(&self->core, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, src,
                              piece, &err);
     Py_END_ALLOW_THREADS
-    self->busy = 0;
 error: /* and success: rc says which */
     return fc_state_views_done(self, rc, &err, &v, &g, &o);
 }

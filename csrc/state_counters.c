@@ -43,8 +43,11 @@ PyObject *fc_state_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
                                                "another method", "another dtype",
                                                "another unit or step (ranks called the hook in "
                                                "different orders)", "another element count",
-                                               "a body that does not fit its slot"};
-            unsigned code = dws.payload_error < 8 ? dws.payload_error : 0;
+                                               "a body that does not fit its slot",
+                                               "another config (its fingerprint differs: every "
+                                               "rank must run the same method and config)",
+                                               "another world size"};
+            unsigned code = dws.payload_error < 10 ? dws.payload_error : 0;
             fc_fail(&err, FC_ERR_PAYLOAD, "a CUDA decode rejected the payload from rank %d "
                     "(header says unit %u, step %u): %s; its output was set to NaN "
                     "(reset_counters() clears this)", dws.payload_error_rank,
@@ -72,7 +75,7 @@ PyObject *fc_state_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
     }
     return Py_BuildValue(
         "{s:s,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d,s:d,s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:L,"
-        "s:N,s:N,s:L,s:d,s:L,s:I,s:i}",
+        "s:N,s:N,s:L,s:d,s:L,s:I,s:i,s:L}",
         "method", self->core.method->name,
         "calls", (long long)k->calls,
         "calls_uncompressed", (long long)k->calls_uncompressed,
@@ -100,7 +103,8 @@ PyObject *fc_state_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
         "residual_norm", sqrt(res_sq),
         "residual_bytes", res_bytes,
         "step", self->core.step,
-        "units", self->core.n_units);
+        "units", self->core.n_units,
+        "saturated", (long long)k->saturated);
 }
 
 FC_DOCSTRING(fc_state_reset_counters_doc, "reset_counters()\n\nZeroes every counter (residuals and units are kept).");
@@ -125,21 +129,22 @@ PyObject *fc_state_reset_counters(StateObject *self, PyObject *Py_UNUSED(ignored
 }
 
 FC_DOCSTRING(fc_state_add_comm_doc,
-"add_comm(seconds, bytes_sent=0, bytes_raw=0, extra=False)\n\n"
+"add_comm(seconds, bytes_sent=0, bytes_raw=0, extra=False, header_bytes=0)\n\n"
 "Adds a collective measured by the caller: its time, and for collectives beyond the\n"
-"all-to-all (size exchanges, the all-gather of an all-reduce) its bytes.");
+"all-to-all (size exchanges, the all-gather of an all-reduce) its bytes; header_bytes are\n"
+"protocol bytes (the ranks' handshake), counted in bytes_sent and header_bytes.");
 
 PyObject *fc_state_add_comm(StateObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"seconds", "bytes_sent", "bytes_raw", "extra", NULL};
+    static char *kwlist[] = {"seconds", "bytes_sent", "bytes_raw", "extra", "header_bytes", NULL};
     double seconds;
-    long long sent = 0, raw = 0;
+    long long sent = 0, raw = 0, header = 0;
     int extra = 0;
     if (!fc_state_ready(self) ||
-        !PyArg_ParseTupleAndKeywords(args, kwds, "d|LLp:add_comm", kwlist, &seconds, &sent, &raw,
-                                     &extra))
+        !PyArg_ParseTupleAndKeywords(args, kwds, "d|LLpL:add_comm", kwlist, &seconds, &sent, &raw,
+                                     &extra, &header))
         return NULL;
-    if (!(seconds >= 0) || sent < 0 || raw < 0) {
+    if (!(seconds >= 0) || sent < 0 || raw < 0 || header < 0) {
         PyErr_SetString(PyExc_ValueError, "add_comm: seconds and byte counts must be >= 0");
         return NULL;
     }
@@ -149,7 +154,8 @@ PyObject *fc_state_add_comm(StateObject *self, PyObject *args, PyObject *kwds)
         k->extra_collective_s += seconds;
     }
     k->comm_s += seconds;
-    k->bytes_sent += sent;
+    k->bytes_sent += sent + header;
+    k->header_bytes += header;
     k->bytes_raw += raw;
     Py_RETURN_NONE;
 }

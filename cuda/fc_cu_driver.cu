@@ -23,9 +23,11 @@ __global__ void count_nonfinite(fc_cuda_geom geo, fc_cu_src src, fc_cuda_ws *ws)
     }
 }
 
-// Header and zero padding of every sent chunk; the body is the method's.
+// Header and zero padding of every sent chunk; the body is the method's. A chunk whose count
+// (count_nonfinite, earlier on the stream) found NaN/Inf that pass is flagged, as fc_core.c does.
 __global__ void write_headers(fc_cuda_geom geo, uint8_t *send, int method, int dtype,
-                              uint32_t unit, uint32_t step)
+                              uint32_t unit, uint32_t step, uint32_t fingerprint, int nonfinite_zero,
+                              const fc_cuda_ws *ws)
 {
     const int c = blockIdx.x;
     int64_t start, n;
@@ -44,8 +46,10 @@ __global__ void write_headers(fc_cuda_geom geo, uint8_t *send, int method, int d
         h.dtype = (uint8_t)dtype;
         h.unit = unit;
         h.step = step;
-        h.numel = (uint64_t)n;
-        h.body_bytes = (uint64_t)body;
+        fc_header_set_sizes(&h, (uint64_t)n, (uint64_t)body);
+        h.fingerprint = fingerprint;
+        h.world = (uint16_t)geo.world;
+        h.flags = !nonfinite_zero && ws->bad[c] != 0 ? FC_HDR_NONFINITE : 0u;
         memcpy(p, &h, sizeof(h));
     }
     for (int64_t i = FC_HEADER_BYTES + body + threadIdx.x; i < size; i += blockDim.x)
@@ -70,7 +74,8 @@ __global__ void finish_sample(fc_cuda_ws *ws)
 // check_header); a rejected slot is never read and makes its outputs NaN, and the first
 // rejection is kept in the workspace for the host to raise when it next reads counters.
 __global__ void check_headers(fc_cuda_geom geo, const uint8_t *recv, int64_t slot, int method,
-                              int dtype, uint32_t unit, uint32_t step, fc_cuda_ws *ws)
+                              int dtype, uint32_t unit, uint32_t step, uint32_t fingerprint,
+                              fc_cuda_ws *ws)
 {
     int64_t start, n;
     fc_cu_span(geo, geo.rank, &start, &n);
@@ -87,13 +92,18 @@ __global__ void check_headers(fc_cuda_geom geo, const uint8_t *recv, int64_t slo
             code = FC_PAYLOAD_VERSION;
         else if (h.method != method)
             code = FC_PAYLOAD_METHOD;
-        else if (h.dtype != dtype || h.reserved != 0)
+        else if (h.fingerprint != fingerprint)
+            code = FC_PAYLOAD_CONFIG;
+        else if (h.world != (uint32_t)geo.world)
+            code = FC_PAYLOAD_WORLD;
+        else if (h.dtype != dtype || (h.flags & ~FC_HDR_FLAGS_KNOWN) != 0)
             code = FC_PAYLOAD_DTYPE;
         else if (h.unit != unit || h.step != step)
             code = FC_PAYLOAD_ORDER;
-        else if (h.numel != (uint64_t)n)
+        else if (fc_header_numel(&h) != (uint64_t)n)
             code = FC_PAYLOAD_NUMEL;
-        else if (h.body_bytes != body_expect || h.body_bytes > (uint64_t)(slot - FC_HEADER_BYTES))
+        else if (fc_header_body(&h) != body_expect ||
+                 fc_header_body(&h) > (uint64_t)(slot - FC_HEADER_BYTES))
             code = FC_PAYLOAD_BODY;
         ws->bad[r] = code;
         if (code != 0 && atomicCAS(&ws->payload_error, 0u, code) == 0u) {
@@ -154,7 +164,8 @@ static int encode(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, fc_err *err)
             a->geo, e.src, a->ws);
         FC_CHECK_LAUNCH(err, error);
         e.src.zero_nonfinite = a->nonfinite_zero;
-        write_headers<<<a->geo.world, 32, 0, s>>>(a->geo, a->send, a->m.id, a->grad_dtype, a->unit, a->step);
+        write_headers<<<a->geo.world, 32, 0, s>>>(a->geo, a->send, a->m.id, a->grad_dtype, a->unit,
+                                                  a->step, a->fingerprint, a->nonfinite_zero, a->ws);
         FC_CHECK_LAUNCH(err, error);
         FC_TRY(m->encode(a, &e, s, err));
         if (e.sample_chunk >= 0) {
@@ -210,7 +221,7 @@ static int decode(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *err)
         if (n > 0 && a->slot > 0) {
             int threads = a->geo.world < 256 ? 32 * ((a->geo.world + 31) / 32) : 256;
             check_headers<<<1, threads, 0, s>>>(a->geo, a->recv, a->slot, a->m.id, a->grad_dtype,
-                                                a->unit, a->step, a->ws);
+                                                a->unit, a->step, a->fingerprint, a->ws);
             FC_CHECK_LAUNCH(err, error);
         }
         FC_TRY(m->decode(a, &d, s, err));

@@ -11,7 +11,7 @@
 extern "C" {
 #endif
 
-#define FC_CUDA_ABI 1
+#define FC_CUDA_ABI 2 /* 2: the args carry the config fingerprint (wire version 3) */
 #define FC_CUDA_MAX_WORLD 1024 /* equals FC_MAX_WORLD of the CPU driver */
 #define FC_CUDA_MAX_UNITS 4096 /* units whose residual norm the device keeps */
 #define FC_CUDA_MAX_CFG 16
@@ -61,7 +61,9 @@ enum {
     FC_PAYLOAD_DTYPE = 4,
     FC_PAYLOAD_ORDER = 5, /* unit or step differ */
     FC_PAYLOAD_NUMEL = 6,
-    FC_PAYLOAD_BODY = 7
+    FC_PAYLOAD_BODY = 7,
+    FC_PAYLOAD_CONFIG = 8, /* another config fingerprint */
+    FC_PAYLOAD_WORLD = 9
 };
 
 typedef struct {
@@ -79,6 +81,7 @@ typedef struct {
     int nonfinite_zero;
     int sample; /* accumulate error statistics from the first sent chunk */
     fc_cuda_ws *ws;
+    uint32_t fingerprint; /* fc_core.fingerprint: every header carries it */
 } fc_cuda_encode_args;
 
 typedef struct {
@@ -96,6 +99,7 @@ typedef struct {
     uint32_t unit, step;
     uint64_t seed;
     fc_cuda_ws *ws;
+    uint32_t fingerprint; /* what the headers must carry */
 } fc_cuda_decode_args;
 
 /* Timings are kept per kind and read lazily through cudaEvent elapsed times. */

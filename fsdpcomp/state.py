@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as dist
 
-from . import _C, _nccl
+from . import _C, _agree, _nccl
 from ._gather import compressed_all_gather
 from ._config import normalize_config
 from .counters import Counters
@@ -66,6 +66,8 @@ class CommState:
         self._pipeline = cfg["pipeline"]
         self._group_ranks: tuple[dist.ProcessGroup, list[int]] | None = None  # for _peers()
         self._gather_residuals: dict[int, torch.Tensor] = {}  # all-gather stage, per unit
+        self._agreed_shapes: set = set()  # (group, shape) the ranks agreed on (_agree.agree)
+        _agree.remember(self)
         if self._gather_compressed and cfg.get("second_round"):
             # a single payload (the all-gather stage) has no second round to fetch values with
             raise ValueError("config key 'allgather_compress' cannot be combined with "
@@ -120,15 +122,42 @@ class CommState:
             raise ValueError(f"state_dict is for method '{state_dict['method']}', this state is '{self.method}'")
         if dict(state_dict["config"]) != self.config:
             raise ValueError(f"state_dict config {dict(state_dict['config'])} differs from this state's {self.config}")
+        for key, kinds in (("units", (list, tuple)), ("residuals", (list, tuple)),
+                           ("unit_states", (list, tuple, type(None))),
+                           ("gather_residuals", (dict, type(None)))):
+            value = state_dict.get(key)
+            if not isinstance(value, kinds):
+                raise TypeError(f"state_dict '{key}' must be a {' or '.join(k.__name__ for k in kinds)}, "
+                                f"got {type(value).__name__}")
+        for key in ("residuals", "unit_states"):
+            for u, r in enumerate(state_dict.get(key) or []):
+                if r is not None and not isinstance(r, torch.Tensor):
+                    raise TypeError(f"state_dict {key}[{u}] must be a tensor or None, got {type(r).__name__}")
+        for u, r in dict(state_dict.get("gather_residuals") or {}).items():
+            if not isinstance(r, torch.Tensor):
+                raise TypeError(f"state_dict gather_residuals[{u}] must be a tensor, got {type(r).__name__}")
         residuals = [None if r is None else r.detach().clone() for r in state_dict["residuals"]]
+        gather = {int(u): r.detach().clone().float()
+                  for u, r in dict(state_dict.get("gather_residuals") or {}).items()}
+        # a residual never holds NaN/Inf: refuse one before anything changes (the C side scans
+        # CPU tensors too; this also covers device tensors)
+        named = [(f"residuals[{u}]", r) for u, r in enumerate(residuals) if r is not None]
+        named += [(f"gather_residuals[{u}]", r) for u, r in gather.items()]
+        for name, r in named:
+            bad = ~torch.isfinite(r.float())
+            if bool(bad.any()):
+                i = int(bad.nonzero()[0, 0])
+                raise ValueError(f"state_dict {name} element {i} is {float(r.flatten()[i])}: a "
+                                 f"residual never holds NaN/Inf (a corrupted checkpoint?)")
         # a checkpoint from before unit states were saved has none: they restart from the seed
         unit_states = state_dict.get("unit_states")
         if unit_states is not None:
             unit_states = [None if t is None else torch.as_tensor(t).detach().cpu().contiguous()
                            for t in unit_states]
-        self._core.restore(list(state_dict["units"]), residuals, int(state_dict["step"]), unit_states)
-        self._gather_residuals = {int(u): r.detach().clone().float()
-                                  for u, r in dict(state_dict.get("gather_residuals", {})).items()}
+        step = state_dict["step"]
+        self._core.restore(list(state_dict["units"]), residuals,
+                           int(step) if isinstance(step, (int, torch.Tensor)) else step, unit_states)
+        self._gather_residuals = gather
         self._step_open = False
 
     def __repr__(self) -> str:
@@ -177,12 +206,16 @@ class CommState:
         Returns the unit index the call was keyed by.
         """
         world, rank = self._world_rank()
+        _agree.agree(self, grad, world, rank)  # the first call of a shape: the ranks compare configs
         unit = self._begin(grad.numel())
-        if self._exchanges_per_peer(grad, world):
-            self._per_peer_exchange(grad, output, world, rank, unit)
-        else:
-            send_splits, recv_splits = self._plan(grad, world, rank)
-            self._all_to_all_exchange(grad, output, world, rank, unit, send_splits, recv_splits)
+        try:
+            if self._exchanges_per_peer(grad, world):
+                self._per_peer_exchange(grad, output, world, rank, unit)
+            else:
+                send_splits, recv_splits = self._plan(grad, world, rank)
+                self._all_to_all_exchange(grad, output, world, rank, unit, send_splits, recv_splits)
+        except _C.PayloadError as e:
+            raise _agree.explain(e) from None
         self._sync_unit_state(unit, world, grad.device)
         return unit
 

@@ -44,7 +44,7 @@ def _train_all(rank, world, cases, steps):
             opt.step()
             opt.zero_grad()
             losses.append(loss.item())
-        results.append((method, cfg, losses, dict(state.counters())))
+        results.append((method, cfg, losses, dict(state.counters()), len(set(state._core.units()))))
     return results
 
 
@@ -52,8 +52,10 @@ def _train_all(rank, world, cases, steps):
 def test_every_method_trains_through_the_fsdp1_hook(world):
     steps = 12
     per_rank = run_ranks(_train_all, world, CASES, steps)
-    for i, (method, cfg, losses, c) in enumerate(per_rank[0]):
+    for i, (method, cfg, losses, c, shapes) in enumerate(per_rank[0]):
         name = f"{method} {cfg}"
+        # the ranks' handshake: one extra collective per unit shape (_agree.py)
+        c = dict(c, extra_collectives=c["extra_collectives"] - shapes)
         assert sum(losses[-3:]) / 3 < 0.8 * losses[0], (name, losses)
         assert c["calls"] == 3 * steps and c["step"] == steps, name
         assert c["chunks_sent"] == c["calls"] * (world - 1), name
