@@ -33,7 +33,11 @@ const fc_key fc_common_keys[] = {
            "the next is encoded (element- and block-wise methods; 0: whole payloads)"),
     FC_BOOL(fc_common, allgather_compress, 0,
             "all-reduces (NO_SHARD, DDP, replica all-reduce): compress the all-gather of the reduced "
-            "shards too; every rank, the owner included, uses the decoded shard (CPU tensors)"),
+            "shards too; every rank, the owner included, uses the decoded shard"),
+    FC_FLOAT(fc_common, timeout_s, 0, 0, 1e9, 0,
+             "transport nccl: seconds after which a communicator whose peer never joins or whose "
+             "all-to-all never completes is aborted and NcclError raised (0: the process group's "
+             "timeout)"),
     FC_KEYS_END,
 };
 

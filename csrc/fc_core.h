@@ -28,6 +28,7 @@ typedef struct {
     int allgather_compress; /* all-reduce meaning: compress the all-gather of reduced shards too */
     int pipeline;           /* the Python side's per-peer exchange (fc_core_encode_part) */
     int64_t pipeline_piece; /* elements per piece of a payload in that exchange (0: whole) */
+    double timeout_s;       /* transport nccl: a stalled peer aborts after this (0: the group's) */
 } fc_common;
 
 typedef struct {

@@ -132,6 +132,7 @@ static PyMethodDef module_functions[] = {
     {"_reference_kernels", mod_reference_kernels, METH_O, reference_kernels_doc},
     {"nccl_unique_id", fc_mod_nccl_unique_id, METH_NOARGS, fc_mod_nccl_unique_id_doc},
     {"nccl_comm_init", fc_mod_nccl_comm_init, METH_VARARGS, fc_mod_nccl_comm_init_doc},
+    {"nccl_comm_release", fc_mod_nccl_comm_release, METH_O, fc_mod_nccl_comm_release_doc},
     {NULL},
 };
 

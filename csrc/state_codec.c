@@ -7,8 +7,8 @@
 
 /* Loads the CUDA library, the state's context and device workspace, and the current stream
  * of grad's device. The workspace comes from the allocator (torch's), never cudaMalloc. */
-static int cuda_prepare(StateObject *self, PyObject *grad, const fc_view *g, fc_cuda_call *k,
-                        fc_err *err)
+int fc_state_cuda_prepare(StateObject *self, PyObject *grad, const fc_view *g, fc_cuda_call *k,
+                          fc_err *err)
 {
     fc_view wv = {0};
     memset(k, 0, sizeof(*k));
@@ -188,7 +188,7 @@ PyObject *fc_state_encode(StateObject *self, PyObject *args)
     fc_cuda_call k;
     if (encode_views(self, grad, send, world, rank, unit, 1, &g, &s, &r, &res, &use_ef, &err) != FC_OK)
         goto error;
-    if (g.device_type == kDLCUDA && cuda_prepare(self, grad, &g, &k, &err) != FC_OK)
+    if (g.device_type == kDLCUDA && fc_state_cuda_prepare(self, grad, &g, &k, &err) != FC_OK)
         goto error;
     self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
@@ -233,7 +233,7 @@ PyObject *fc_state_decode(StateObject *self, PyObject *args)
         fc_check_same_device(&o, &g, "output", &err) || fc_check_aligned(&v, "recv", &err))
         goto error;
     fc_cuda_call k;
-    if (g.device_type == kDLCUDA && cuda_prepare(self, grad, &g, &k, &err) != FC_OK)
+    if (g.device_type == kDLCUDA && fc_state_cuda_prepare(self, grad, &g, &k, &err) != FC_OK)
         goto error;
     self->busy = 1;
     Py_BEGIN_ALLOW_THREADS

@@ -24,7 +24,7 @@ __global__ void int8_encode(fc_cu_enc e, int8_params p)
     float *scales = (float *)body;
     int8_t *codes = (int8_t *)(body + 4 * nb);
     const int ef = e.res != NULL && e.bad[c] == 0;
-    const int sample = c == e.sample_chunk && e.bad[c] == 0;
+    const int sample = fc_cu_sampled(e, c);
     const fc_rng rng = fc_cu_chunk_rng(e.rng, c, e.geo.rank);
     fc_cu_esum sum;
     const int64_t warps = (int64_t)gridDim.x * INT8_WARPS;

@@ -10,6 +10,7 @@ from typing import Any
 
 from . import _C
 from ._C import CudaError, NcclError, PayloadError
+from ._nccl import release_nccl
 from .cli import add_argparse_args, from_args
 from .counters import Counters
 from .ddp import ddp_hook
@@ -39,5 +40,5 @@ __all__ = [
     "AllReduceHook", "CommState", "Counters", "CudaError", "NcclError", "PayloadError",
     "ReduceScatter", "__version__", "add_argparse_args", "append_result", "build_record",
     "combine_counters", "ddp_hook", "from_args", "fsdp_hook", "method_info", "methods",
-    "read_results", "register", "register_replicate",
+    "read_results", "register", "register_replicate", "release_nccl",
 ]

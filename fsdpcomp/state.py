@@ -64,6 +64,7 @@ class CommState:
         self._ef = cfg["error_feedback"]
         self._gather_compressed = cfg["allgather_compress"]
         self._pipeline = cfg["pipeline"]
+        self._timeout_s = cfg["timeout_s"]
         self._group_ranks: tuple[dist.ProcessGroup, list[int]] | None = None  # for _peers()
         self._gather_residuals: dict[int, torch.Tensor] = {}  # all-gather stage, per unit
         if self._gather_compressed and cfg.get("second_round"):
@@ -162,6 +163,26 @@ class CommState:
             self._buffers[key] = buf
         return buf[:nbytes]
 
+    def _collective(self, like: torch.Tensor, run, bytes_sent: int = 0, bytes_raw: int = 0,
+                    extra: bool = False) -> None:
+        """Runs `run()`, one torch.distributed collective on tensors like `like`, and counts it.
+        On CUDA its time is that of CUDA events around it on the current stream (the stream
+        waits for the collective, the host does not: a host clock would time the enqueue
+        only), read lazily with counters(); on the CPU, the host clock. extra: a collective
+        beyond the all-to-all (extra_collectives)."""
+        if like.is_cuda:
+            index = like.device.index if like.device.index is not None else torch.cuda.current_device()
+            stream = torch.cuda.current_stream(index).cuda_stream
+            self._core.comm_mark(index, stream, False, extra)
+            run()
+            self._core.comm_mark(index, stream, True, extra)
+            seconds = 0.0
+        else:
+            t0 = time.perf_counter()
+            run()
+            seconds = time.perf_counter() - t0
+        self._core.add_comm(seconds, bytes_sent=bytes_sent, bytes_raw=bytes_raw, extra=extra)
+
     def _plan(self, grad: torch.Tensor, world: int, rank: int):
         key = (grad.numel(), grad.dtype, world, rank)
         plan = self._plans.get(key)
@@ -195,12 +216,11 @@ class CommState:
             send, recv, send_splits, recv_splits = self._exchange_sizes(sizes, send, recv, world)
         if self._transport == "nccl":
             # the C-side collective: grouped send/recv on the current stream, timed by events
-            self._core.nccl_all_to_all(_nccl.comm_for(self.process_group, grad.device), send, recv,
-                                       send_splits, recv_splits)
+            comm = _nccl.comm_for(self.process_group, grad.device, self._timeout_s)
+            self._core.nccl_all_to_all(comm, send, recv, send_splits, recv_splits)
         elif world > 1:
-            t0 = time.perf_counter()
-            dist.all_to_all_single(recv, send, list(recv_splits), list(send_splits), group=self.process_group)
-            self._core.add_comm(time.perf_counter() - t0)
+            self._collective(send, lambda: dist.all_to_all_single(
+                recv, send, list(recv_splits), list(send_splits), group=self.process_group))
         elif recv.numel():
             recv.copy_(send)  # one rank compressing its own chunk: the payload loops back
         self._core.decode(recv, grad, output, world, rank, unit)
@@ -301,9 +321,8 @@ class CommState:
         self._core.fetch_picks(unit, picks.view(torch.uint8))
         if world > 1:
             everyone = self._typed_buffer("fetch_all_picks", world * kmax, torch.int32, grad.device)
-            t0 = time.perf_counter()
-            _all_gather_single(everyone, picks, group=self.process_group)
-            self._core.add_comm(time.perf_counter() - t0, extra=True)
+            self._collective(grad, lambda: _all_gather_single(everyone, picks, group=self.process_group),
+                             extra=True)
         else:
             everyone = picks
         send = self._typed_buffer("fetch_send", world * kmax, torch.float32, grad.device)
@@ -312,10 +331,8 @@ class CommState:
         send = send[:sum(send_splits)]
         recv = self._typed_buffer("fetch_recv", sum(recv_splits), torch.float32, grad.device)
         if world > 1:
-            t0 = time.perf_counter()
-            dist.all_to_all_single(recv, send, list(recv_splits), list(send_splits),
-                                   group=self.process_group)
-            self._core.add_comm(time.perf_counter() - t0, extra=True)
+            self._collective(grad, lambda: dist.all_to_all_single(
+                recv, send, list(recv_splits), list(send_splits), group=self.process_group), extra=True)
         else:
             recv.copy_(send)  # one rank compressing its own chunk: its values loop back
         self._core.finish(recv.view(torch.uint8), grad, output, world, rank, unit)
@@ -328,11 +345,12 @@ class CommState:
             return
         summed = torch.frombuffer(bytearray(vec), dtype=torch.float32)
         if world > 1:
+            # the state lives on the host (C), so on CUDA this costs a copy each way and a wait,
+            # on the steps the method's schedule makes it due (gradiveq: its basis updates)
             t = summed.to(device)
-            t0 = time.perf_counter()
-            dist.all_reduce(t, group=self.process_group)
             nbytes = len(vec) * (world - 1) // world * 2  # ring all-reduce traffic per rank
-            self._core.add_comm(time.perf_counter() - t0, bytes_sent=nbytes, extra=True)
+            self._collective(t, lambda: dist.all_reduce(t, group=self.process_group),
+                             bytes_sent=nbytes, extra=True)
             summed = t.cpu()
         self._core.sync_apply(unit, summed)
 
@@ -345,9 +363,10 @@ class CommState:
         else:
             out_sizes = torch.tensor(send_splits, dtype=torch.int64, device=send.device)
             in_sizes = torch.empty(world, dtype=torch.int64, device=send.device)
-            t0 = time.perf_counter()
-            dist.all_to_all_single(in_sizes, out_sizes, group=self.process_group)
-            self._core.add_comm(time.perf_counter() - t0, bytes_sent=8 * (world - 1), extra=True)
+            self._collective(send, lambda: dist.all_to_all_single(in_sizes, out_sizes, group=self.process_group),
+                             bytes_sent=8 * (world - 1), extra=True)
+            # the one host sync of a data-dependent size on CUDA: the receive splits must be
+            # known on the host to post the payloads' all-to-all
             recv_splits = tuple(int(v) for v in in_sizes.tolist())
         return send[:sum(send_splits)], recv[:sum(recv_splits)], send_splits, recv_splits
 
@@ -367,10 +386,9 @@ class CommState:
             compressed_all_gather(self, reduced, grad, unit, world, rank, self._gather_residuals)
             return
         gathered = self._buffer_like("gathered", shard * world, grad)
-        t0 = time.perf_counter()
-        _all_gather_single(gathered, reduced, group=self.process_group)
         nbytes = (world - 1) * shard * grad.element_size()
-        self._core.add_comm(time.perf_counter() - t0, bytes_sent=nbytes, bytes_raw=nbytes)
+        self._collective(grad, lambda: _all_gather_single(gathered, reduced, group=self.process_group),
+                         bytes_sent=nbytes, bytes_raw=nbytes)
         grad.copy_(gathered[:n].view_as(grad))
 
     def _buffer_like(self, kind: str, numel: int, like: torch.Tensor) -> torch.Tensor:
