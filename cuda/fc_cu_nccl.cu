@@ -276,6 +276,17 @@ static void watch_stop(void)
         pthread_join(watch_thread, NULL);
 }
 
+// A forked child (a DataLoader worker) has no watchdog thread and may have copied watch_mu
+// locked: it starts with an empty list and a fresh lock, and never watches the parent's
+// communicators (NCCL does not survive a fork).
+static void watch_after_fork(void)
+{
+    pthread_mutex_init(&watch_mu, NULL);
+    pthread_cond_init(&watch_cv, NULL);
+    watched = NULL;
+    watch_started = 0;
+}
+
 static int watch_add(fc_cuda_comm *c, fc_err *err)
 {
     int rc = FC_OK;
@@ -285,8 +296,13 @@ static int watch_add(fc_cuda_comm *c, fc_err *err)
             rc = fc_fail(err, FC_ERR_NCCL, "could not start the NCCL watchdog thread: %s",
                          strerror(errno));
         } else {
+            static int hooks_set = 0; // once per process, however often a fork restarts it
             watch_started = 1;
-            atexit(watch_stop);
+            if (!hooks_set) {
+                hooks_set = 1;
+                atexit(watch_stop);
+                pthread_atfork(NULL, NULL, watch_after_fork);
+            }
         }
     }
     if (rc == FC_OK) {

@@ -115,6 +115,7 @@ def _fsdp_one_gpu(method, cfg, port):
             losses.append(loss.item())
         return losses, (dict(state.counters()) if state else None)
     finally:
+        fsdpcomp.release_nccl()  # collective: before the group goes
         dist.destroy_process_group()
 
 
