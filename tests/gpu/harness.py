@@ -63,13 +63,15 @@ def merge(summary_path: str, group: str, results: dict) -> dict:
         with open(summary_path) as f:
             summary = json.load(f)
     summary.setdefault("checks", {})
-    for name, r in results.items():
+    now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    for name, r in results.items():  # a later run of a check replaces its earlier result
+        r.setdefault("at", now)
         summary["checks"][f"{group}.{name}"] = r
     counts = {"passed": 0, "failed": 0, "skipped": 0}
     for r in summary["checks"].values():
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     summary["counts"] = counts
-    summary["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    summary["updated"] = now
     tmp = summary_path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(summary, f, indent=1, default=str)
