@@ -120,7 +120,8 @@ class BuildExt(build_ext):
             return
         cuda = cuda_home(nvcc)
         nccl_inc, nccl_lib = find_nccl(cuda)
-        archs = [a.strip() for a in os.environ.get("FSDPCOMP_CUDA_ARCHS", DEFAULT_ARCHS).replace(",", ";").split(";") if a.strip()]
+        archs = [a.strip() for a in (os.environ.get("FSDPCOMP_CUDA_ARCHS") or DEFAULT_ARCHS).replace(",", ";").split(";")
+                 if a.strip()] or DEFAULT_ARCHS.split(";")
         gencode = []
         for a in archs:
             gencode.append("-gencode=arch=compute_%s,code=sm_%s" % (a, a))

@@ -124,8 +124,10 @@ build_needed() {
 }
 
 BUILD_OK=""
+BUILD_FAILED=""
 do_build() {
     [ -n "$BUILD_OK" ] && return 0
+    [ -n "$BUILD_FAILED" ] && return 1  # tried once in this invocation: not again per group
     local t0=$SECONDS
     if ! build_needed; then
         BUILD_OK=1
@@ -133,11 +135,14 @@ do_build() {
         return 0
     fi
     local archs="${FSDPCOMP_CUDA_ARCHS:-$("$PY" -c 'import torch; print("%d%d" % torch.cuda.get_device_capability())' 2>/dev/null)}"
-    echo "---- build (archs ${archs:-default})"
-    if FSDPCOMP_CUDA=1 FSDPCOMP_CUDA_ARCHS="$archs" "$PY" setup.py build_ext --inplace; then
+    echo "---- build (archs ${archs:-setup.py default})"
+    local env_archs=()
+    [ -n "$archs" ] && env_archs=(FSDPCOMP_CUDA_ARCHS="$archs")
+    if env FSDPCOMP_CUDA=1 "${env_archs[@]}" "$PY" setup.py build_ext --inplace; then
         BUILD_OK=1
         record build build passed "" $((SECONDS - t0))
     else
+        BUILD_FAILED=1
         record build build failed "setup.py build_ext --inplace failed (see run.log)" $((SECONDS - t0))
         return 1
     fi
@@ -196,7 +201,7 @@ run_bench() {
     if [ $rc -eq 0 ]; then
         record bench kernels_cuda passed "" $((SECONDS - t0)) "$OUT_DIR/kernels.json"
     else
-        record bench kernels_cuda failed "exit $rc (a result differs from the CPU, or a crash)" \
+        record bench kernels_cuda failed "exit $rc (1: a result differs from the CPU; 2: no CUDA device; else a crash)" \
             $((SECONDS - t0)) "$OUT_DIR/kernels.json"
     fi
 }
