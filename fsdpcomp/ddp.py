@@ -7,7 +7,6 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from ._order import call_order
 from .state import CommState
 
 # Backward passes each state has seen through DDP (counted on the last bucket).
@@ -23,9 +22,11 @@ _WARMUP_ITERATIONS = 1
 def ddp_hook(state: CommState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Mean over ranks of the bucket's flat gradient: compressed reduce-scatter, then an
     all-gather of the reduced shards in the bucket's dtype (not compressed). Residuals are
-    keyed by bucket (call order, checked against ``bucket.index()`` every step)."""
+    keyed by bucket index."""
     if not isinstance(state, CommState):
         raise TypeError(f"ddp_hook's state must be a fsdpcomp.CommState, got {type(state).__name__}")
+    if not isinstance(bucket, dist.GradBucket):
+        raise TypeError(f"ddp_hook's bucket must be a torch.distributed.GradBucket, got {type(bucket).__name__}")
     buf = bucket.buffer()
     if buf.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"ddp_hook: gradient bucket {bucket.index()} must be float32, bfloat16 or "
@@ -34,8 +35,7 @@ def ddp_hook(state: CommState, bucket: dist.GradBucket) -> torch.futures.Future[
     if iteration < _WARMUP_ITERATIONS:
         _plain_mean(state, buf)
     else:
-        call_order(state).claim(("ddp_bucket", bucket.index()))
-        state.all_reduce(buf)
+        state.all_reduce(buf, ("ddp_bucket", bucket.index()))
     if bucket.is_last():
         _ITERATIONS[state] = iteration + 1
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
