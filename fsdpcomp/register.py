@@ -20,7 +20,7 @@ def register(model: torch.nn.Module, method: str | CommState = "none",
     name). HYBRID_SHARD strategies are refused by torch itself for comm hooks.
     FSDP2 (a model whose modules are ``FSDPModule``): a :class:`fsdpcomp.ReduceScatter` set on
     every one, keyed by the module's name. DDP (``DistributedDataParallel``):
-    ``register_comm_hook`` with :func:`fsdpcomp.ddp_hook`, buckets keyed by index.
+    ``register_comm_hook`` with :func:`fsdpcomp.ddp_hook`, buckets keyed by their parameters.
     Every unit's residual stays with its key whatever the order of the calls, whichever units
     sit out a step.
     """
@@ -36,11 +36,11 @@ def register(model: torch.nn.Module, method: str | CommState = "none",
         _bind_fsdp1_units(model, state)
         return state
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        from .ddp import ddp_hook
+        from .ddp import DDPHookState, ddp_hook
 
         if state.process_group is None:
             state.process_group = model.process_group
-        model.register_comm_hook(state, ddp_hook)
+        model.register_comm_hook(DDPHookState(state, model), ddp_hook)
         return state
     from .register_fsdp2 import fsdp2_modules, register_fsdp2
 

@@ -89,7 +89,9 @@ def test_none_equals_ddp_allreduce(ranks):
             assert torch.allclose(b, m, atol=TOL, rtol=0), (rank, (b - m).abs().max().item())
         n_buckets = len(keys)
         assert n_buckets >= 2, keys  # the small bucket cap gives several buckets
-        assert keys == [("ddp_bucket", i) for i in range(n_buckets)]  # one unit per bucket
+        # one unit per bucket, keyed by its parameters' names, every parameter in one bucket
+        names = [n for _, ps in keys for n in ps]
+        assert all(k[0] == "ddp" for k in keys) and sorted(names) == sorted(set(names)) and len(names) == 6
         # the first backward is uncompressed (DDP rebuilds its buckets after it)
         assert ctr["calls"] == (STEPS - 1) * n_buckets and ctr["step"] == STEPS - 1
         n_params = sum(p.numel() for p in base)

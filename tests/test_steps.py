@@ -1,11 +1,13 @@
 """Steps and units under reentrant activation checkpointing and failed backwards, with real
-FSDP1 and FSDP2 on 2 gloo ranks.
+FSDP1, FSDP2 and DDP on 2 gloo ranks.
 
 Reentrant checkpointing runs each block's backward as a nested autograd graph task: the step
 must not end there (one step per backward), units must not collapse, and the result must be the
 bits of the same run without checkpointing. A backward that raises after some hooks ran must not
 leave the step open forever: the next steps reuse the same units and residuals (bounded memory,
 error feedback still applied), with the bits of a run that keeps one state per unit."""
+import gc
+
 import pytest
 import torch
 import torch.nn as nn
@@ -105,3 +107,66 @@ def test_failed_backward_reuses_units_and_residuals(fsdp_runs):
         assert c["calls"] == 5 * 5 + 3
         # error feedback went on per unit: the bits of one state per unit
         assert torch.equal(params, ref), f"{kind} rank {rank}"
+
+
+# ---- DDP: reentrant checkpointing needs static_graph; DDP refuses to go on after a failed
+# backward ("Expected to have finished reduction"), so the run goes on in a new DDP wrapper
+# of the same module with the same state, as a user recovering from it would.
+
+BUCKET_MB = 0.0002  # ~200 bytes: a bucket per block or two
+
+
+def _ddp(model, static_graph=False):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(model, bucket_cap_mb=BUCKET_MB, static_graph=static_graph)
+
+
+def _ddp_scenarios(rank, world):
+    res = {}
+    for reentrant in (True, False):
+        model = Blocks()
+        model.reentrant = reentrant
+        wrapped = _ddp(model, static_graph=True)  # as DDP needs it for reentrant checkpointing
+        state = fsdpcomp.register(wrapped, METHOD, CONFIG)
+        # with static_graph DDP rebuilds its buckets after the second backward: two warm-ups
+        train(rank, model, wrapped, STEPS + 2)
+        res[reentrant] = (full_params(wrapped), dict(state.counters()))
+
+    model = Blocks()
+    wrapped = _ddp(model)
+    state = fsdpcomp.register(wrapped, METHOD, CONFIG)
+    train(rank, model, wrapped, 3)
+    before = dict(state.counters())
+    failed = train(rank, model, wrapped, 1, plan=lambda step: {"armed": True})
+    del wrapped
+    gc.collect()  # the old reducer's autograd hooks go with it
+    wrapped = _ddp(model)
+    fsdpcomp.register(wrapped, state)
+    train(rank, model, wrapped, 3)
+    res["failed"] = (before, dict(state.counters()), failed)
+    return res
+
+
+@pytest.fixture(scope="module")
+def ddp_runs():
+    return run_ranks(_ddp_scenarios, 2)
+
+
+def test_ddp_reentrant_checkpointing(ddp_runs):
+    for rank, res in enumerate(ddp_runs):
+        (ckpt, c), (plain, c_plain) = res[True], res[False]
+        assert c["step"] == STEPS and c_plain["step"] == STEPS, (c["step"], c_plain["step"])
+        assert c["units"] == c_plain["units"] >= 3 and c["calls"] == STEPS * c["units"]
+        assert torch.equal(ckpt, plain), f"rank {rank}: checkpointing changed the result"
+
+
+def test_ddp_failed_backward_then_a_new_wrapper(ddp_runs):
+    for before, after, failed in (r["failed"] for r in ddp_runs):
+        assert failed == 1
+        assert after["units"] == before["units"] >= 3  # the new wrapper found the same units
+        assert after["residual_bytes"] == before["residual_bytes"]
+        # warm-up, 2 good steps, the failed one, 3 good steps in the new wrapper (its first
+        # backward compressed as well: its buckets are known)
+        assert before["step"] == 2 and after["step"] == 6, (before["step"], after["step"])
+        assert after["calls"] > before["calls"] + 3 * before["units"]
