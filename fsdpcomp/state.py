@@ -414,9 +414,6 @@ class CommState:
         key as for reduce_scatter."""
         world, _ = self._world_rank()
         self._check_call(grad, None, world)
-        if self._gather_compressed and grad.device.type != "cpu":
-            raise TypeError("allgather_compress runs on CPU tensors only so far (the CUDA kernels for "
-                            "single payloads are not written); set it false for CUDA gradients")
         n = grad.numel()
         shard = -(-n // world)
         reduced = self._buffer_like("shard", shard, grad)
