@@ -159,13 +159,17 @@ int fc_config_parse(const fc_method *m, PyObject *config, fc_common *common, voi
     common->error_feedback = (m->flags & FC_EF_DEFAULT) != 0;
     memset(cfg, 0, FC_CFG_MAX);
     set_defaults(m->keys, cfg);
-    if (config == NULL || config == Py_None)
+    if (config == NULL || config == Py_None) {
+        if (m->ef_default != NULL)
+            common->error_feedback = m->ef_default(cfg);
         return m->check ? m->check(cfg, err) : FC_OK;
+    }
     if (!PyDict_Check(config))
         return fc_fail(err, FC_ERR_TYPE, "config must be a dict (or None), got %s",
                        Py_TYPE(config)->tp_name);
     PyObject *key, *value; /* borrowed */
     Py_ssize_t pos = 0;
+    int ef_given = 0;
     while (PyDict_Next(config, &pos, &key, &value)) {
         if (!PyUnicode_Check(key))
             return fc_fail(err, FC_ERR_VALUE, "config keys must be strings, got %s",
@@ -196,7 +200,10 @@ int fc_config_parse(const fc_method *m, PyObject *config, fc_common *common, voi
         int rc = parse_value(m->name, k, value, dst, err);
         if (rc != FC_OK)
             return rc;
+        ef_given |= dst == (void *)common && k->offset == offsetof(fc_common, error_feedback);
     }
+    if (m->ef_default != NULL && !ef_given)
+        common->error_feedback = m->ef_default(cfg);
     return m->check ? m->check(cfg, err) : FC_OK;
 }
 

@@ -125,8 +125,12 @@ int64_t fc_payload_bytes(const fc_core *s, const fc_method *m, int64_t n, int dt
 void fc_core_plan(const fc_core *s, int64_t numel, int dtype, int world, int rank,
                   int64_t *send_splits, int64_t *recv_splits);
 
-/* Claims the next unit index of this step, checking its size against the first step's. */
-int fc_core_begin(fc_core *s, int64_t numel, uint32_t *unit, fc_err *err);
+/* Claims a unit for a call of `numel` elements: unit `want` (a unit seen before, or n_units
+ * for a new one), or with want < 0 the next one in call order (the cursor). new_step ends the
+ * step first (then want < 0 means unit 0). The size is checked against the unit's first call,
+ * and nothing changes unless the claim succeeds. */
+int fc_core_begin(fc_core *s, int64_t numel, int64_t want, int new_step, uint32_t *unit,
+                  fc_err *err);
 void fc_core_end_step(fc_core *s);
 
 /* sizes[c]: bytes of the payload for rank c (0 for none); they lie back to back in send. For

@@ -86,7 +86,7 @@ PyObject *fc_state_residual(StateObject *self, uint32_t unit, PyObject *grad, in
 
 /* state_codec.c: the collective, one peer at a time, and the unit-state sync */
 PyObject *fc_state_plan(StateObject *self, PyObject *args);
-PyObject *fc_state_begin(StateObject *self, PyObject *arg);
+PyObject *fc_state_begin(StateObject *self, PyObject *args, PyObject *kwargs);
 PyObject *fc_state_end_step(StateObject *self, PyObject *ignored);
 PyObject *fc_state_encode(StateObject *self, PyObject *args);
 PyObject *fc_state_decode(StateObject *self, PyObject *args);

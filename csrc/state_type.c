@@ -184,7 +184,7 @@ static PyGetSetDef State_getset[] = {
 
 static PyMethodDef State_methods[] = {
     {"plan", (PyCFunction)fc_state_plan, METH_VARARGS, fc_state_plan_doc},
-    {"begin", (PyCFunction)fc_state_begin, METH_O, fc_state_begin_doc},
+    {"begin", (PyCFunction)(void (*)(void))fc_state_begin, METH_VARARGS | METH_KEYWORDS, fc_state_begin_doc},
     {"end_step", (PyCFunction)fc_state_end_step, METH_NOARGS, fc_state_end_step_doc},
     {"encode", (PyCFunction)fc_state_encode, METH_VARARGS, fc_state_encode_doc},
     {"decode", (PyCFunction)fc_state_decode, METH_VARARGS, fc_state_decode_doc},

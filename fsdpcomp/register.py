@@ -6,7 +6,7 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as dist
 
-from .hooks import fsdp_hook
+from .hooks import UnitHookState, fsdp_hook
 from .state import CommState
 
 
@@ -16,10 +16,13 @@ def register(model: torch.nn.Module, method: str | CommState = "none",
     """Registers the compressor on ``model`` and returns its CommState.
 
     FSDP1 (``FullyShardedDataParallel``, the root instance): ``register_comm_hook`` with
-    :func:`fsdp_hook`. HYBRID_SHARD strategies are refused by torch itself for comm hooks.
+    :func:`fsdp_hook`, and every FSDP instance's hook state bound to its unit (the module's
+    name). HYBRID_SHARD strategies are refused by torch itself for comm hooks.
     FSDP2 (a model whose modules are ``FSDPModule``): a :class:`fsdpcomp.ReduceScatter` set on
     every one, keyed by the module's name. DDP (``DistributedDataParallel``):
-    ``register_comm_hook`` with :func:`fsdpcomp.ddp_hook`.
+    ``register_comm_hook`` with :func:`fsdpcomp.ddp_hook`, buckets keyed by their parameters.
+    Every unit's residual stays with its key whatever the order of the calls, whichever units
+    sit out a step.
     """
     state = method if isinstance(method, CommState) else CommState(method, config, process_group)
     if isinstance(method, CommState) and config is not None:
@@ -30,13 +33,14 @@ def register(model: torch.nn.Module, method: str | CommState = "none",
         if state.process_group is None:
             state.process_group = model.process_group
         model.register_comm_hook(state, fsdp_hook)
+        _bind_fsdp1_units(model, state)
         return state
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        from .ddp import ddp_hook
+        from .ddp import DDPHookState, ddp_hook
 
         if state.process_group is None:
             state.process_group = model.process_group
-        model.register_comm_hook(state, ddp_hook)
+        model.register_comm_hook(DDPHookState(state, model), ddp_hook)
         return state
     from .register_fsdp2 import fsdp2_modules, register_fsdp2
 
@@ -47,3 +51,15 @@ def register(model: torch.nn.Module, method: str | CommState = "none",
         f"fsdpcomp.register does not know how to attach to {type(model).__name__}: expected a "
         "FullyShardedDataParallel root module, a model with fully_shard (FSDPModule) modules, or "
         "a DistributedDataParallel module")
+
+
+def _bind_fsdp1_units(root: torch.nn.Module, state: CommState) -> None:
+    """torch's register_comm_hook gives every FSDP instance of the root the same hook state;
+    each instance gets its own instead, naming its unit, so that FSDP1 skipping a unit's hook
+    in a step (no gradient: an unused branch, a frozen layer) shifts no other unit's residual."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp._common_utils import clean_tensor_name
+
+    for name, module in root.named_modules():
+        if isinstance(module, FSDP):
+            module._comm_hook_state = UnitHookState(state, clean_tensor_name(name) or "<root>")

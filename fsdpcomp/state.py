@@ -4,7 +4,7 @@ drive it; the numerics stay in C, this file only moves buffers through torch.dis
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import Any, Hashable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -12,6 +12,7 @@ import torch.distributed as dist
 from . import _C, _nccl
 from ._gather import compressed_all_gather
 from ._config import normalize_config
+from ._order import Units
 from .counters import Counters
 
 _ELEMENT_SIZE = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
@@ -39,6 +40,19 @@ def _allocate_residual(numel: int, dtype_name: str, like: torch.Tensor) -> torch
     return torch.zeros(numel, dtype=_RESIDUAL_DTYPES[dtype_name], device=like.device)
 
 
+def _check_tensor(t: Any, name: str) -> None:
+    """What every tensor of a hook call must be, checked before the call claims its unit."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _ELEMENT_SIZE:
+        raise TypeError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
+    if t.device.type not in ("cpu", "cuda"):
+        raise TypeError(f"{name} must be on the CPU or a CUDA device, got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous()), got shape "
+                         f"{tuple(t.shape)} with strides {t.stride()}")
+
+
 class CommState:
     """A gradient compressor attached to a process group.
 
@@ -57,7 +71,8 @@ class CommState:
         self.process_group = process_group
         self._buffers: dict[tuple[str, str], torch.Tensor] = {}
         self._plans: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}
-        self._step_open = False
+        self._units = Units(self._core)  # which unit a call is, where a step ends
+        self._device: torch.device | None = None  # where the units live: one state, one device
         self._varsize = bool(self._core.flags["varsize"])
         cfg = self._core.config  # read once: the property copies a dict
         self._transport = cfg["transport"]
@@ -96,17 +111,18 @@ class CommState:
     def end_step(self) -> None:
         """Marks the end of a backward pass. Called automatically at the end of every backward
         that ran the hook; call it yourself only when driving the hook outside autograd."""
-        self._core.end_step()
-        self._step_open = False
+        self._units.end_step()
 
     def state_dict(self) -> dict[str, Any]:
-        """Method, config, step, unit sizes, residuals (cloned) and the units' method state
-        (gradiveq's basis: a resumed run encodes as the uninterrupted one would), for checkpoints."""
+        """Method, config, step, unit sizes and keys, residuals (cloned) and the units' method
+        state (gradiveq's basis: a resumed run encodes as the uninterrupted one would), for
+        checkpoints."""
         return {
             "method": self.method,
             "config": self.config,
             "step": self._core.step,
             "units": self._core.units(),
+            **self._units.state(),
             "residuals": [None if r is None else r.detach().clone() for r in self._core.residuals()],
             "unit_states": [None if b is None else torch.frombuffer(bytearray(b), dtype=torch.float32)
                             for b in self._core.unit_states()],
@@ -114,6 +130,8 @@ class CommState:
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restores a state_dict() of a state with the same method and config. Everything is
+        checked first: a refused load leaves this state as it was."""
         for key in ("method", "config", "step", "units", "residuals"):
             if key not in state_dict:
                 raise ValueError(f"fsdpcomp state_dict is missing '{key}'")
@@ -121,16 +139,20 @@ class CommState:
             raise ValueError(f"state_dict is for method '{state_dict['method']}', this state is '{self.method}'")
         if dict(state_dict["config"]) != self.config:
             raise ValueError(f"state_dict config {dict(state_dict['config'])} differs from this state's {self.config}")
+        units = list(state_dict["units"])
+        # a checkpoint from before units had keys: every unit in call order
+        keys, open_keys = Units.check_state(len(units), state_dict.get("unit_keys"),
+                                            state_dict.get("open_keys"))
         residuals = [None if r is None else r.detach().clone() for r in state_dict["residuals"]]
         # a checkpoint from before unit states were saved has none: they restart from the seed
         unit_states = state_dict.get("unit_states")
         if unit_states is not None:
             unit_states = [None if t is None else torch.as_tensor(t).detach().cpu().contiguous()
                            for t in unit_states]
-        self._core.restore(list(state_dict["units"]), residuals, int(state_dict["step"]), unit_states)
-        self._gather_residuals = {int(u): r.detach().clone().float()
-                                  for u, r in dict(state_dict.get("gather_residuals", {})).items()}
-        self._step_open = False
+        gather_residuals = _gather_residuals(state_dict.get("gather_residuals", {}), len(units))
+        self._core.restore(units, residuals, int(state_dict["step"]), unit_states)
+        self._units.restore(keys, open_keys)
+        self._gather_residuals = gather_residuals
 
     def __repr__(self) -> str:
         return f"CommState(method={self.method!r}, config={self.config!r})"
@@ -143,16 +165,30 @@ class CommState:
         group = self.process_group
         return dist.get_world_size(group), dist.get_rank(group)
 
-    def _begin(self, numel: int) -> int:
-        """Unit index of this call: call order within the backward pass. The end of the pass is
-        caught with the autograd engine's final callback, as FSDP itself does."""
-        if not self._step_open:
-            try:
-                torch.autograd.Variable._execution_engine.queue_callback(self.end_step)
-                self._step_open = True
-            except RuntimeError:
-                pass  # not inside a backward pass: the caller marks steps with end_step()
-        return self._core.begin(numel)
+    def _check_call(self, grad: Any, output: Any, world: int) -> None:
+        """Everything a reduce-scatter call's tensors must be, before it claims a unit."""
+        _check_tensor(grad, "grad")
+        device = grad.device
+        if self._device is not None and device != self._device:
+            raise TypeError(f"grad is on {device} but this CommState's units live on {self._device}: "
+                            "one state serves one device")
+        if output is None:
+            return
+        _check_tensor(output, "output")
+        if output.device != device:
+            raise TypeError(f"output is on {output.device} but grad is on {device}: all tensors of "
+                            "a call must share a device")
+        shard = -(-grad.numel() // world)
+        if output.numel() < shard:
+            raise ValueError(f"output has {output.numel()} elements, the shard needs {shard} "
+                             f"(grad has {grad.numel()} elements over {world} ranks)")
+
+    def _begin(self, grad: torch.Tensor, key: Hashable | None) -> int:
+        """Unit index of this call: its key's, or its place in call order within the backward
+        pass (fsdpcomp/_order.py has how steps end)."""
+        unit = self._units.claim(grad.numel(), key)
+        self._device = grad.device
+        return unit
 
     def _buffer(self, kind: str, nbytes: int, device: torch.device) -> torch.Tensor:
         """A reusable uint8 buffer (grown, never shrunk): no allocation per call in steady state."""
@@ -191,14 +227,16 @@ class CommState:
             self._plans[key] = plan
         return plan
 
-    def reduce_scatter(self, grad: torch.Tensor, output: torch.Tensor) -> int:
+    def reduce_scatter(self, grad: torch.Tensor, output: torch.Tensor, key: Hashable | None = None) -> int:
         """output = (sum over ranks of rank r's chunk of grad) / world, compressed on the wire.
 
         grad: flat, contiguous, len = world * shard (FSDP pads it); output: the shard.
-        Returns the unit index the call was keyed by.
+        key: the unit's name (its residual and method state); None: the next unit in call order.
+        Returns the unit index. A refused call (TypeError/ValueError) changes nothing.
         """
         world, rank = self._world_rank()
-        unit = self._begin(grad.numel())
+        self._check_call(grad, output, world)
+        unit = self._begin(grad, key)
         if self._exchanges_per_peer(grad, world):
             self._per_peer_exchange(grad, output, world, rank, unit)
         else:
@@ -370,14 +408,16 @@ class CommState:
             recv_splits = tuple(int(v) for v in in_sizes.tolist())
         return send[:sum(send_splits)], recv[:sum(recv_splits)], send_splits, recv_splits
 
-    def all_reduce(self, grad: torch.Tensor) -> None:
+    def all_reduce(self, grad: torch.Tensor, key: Hashable | None = None) -> None:
         """grad = mean over ranks of grad, in place: compressed reduce-scatter, then an
-        all-gather of the reduced shards, in grad's dtype or (allgather_compress) compressed."""
+        all-gather of the reduced shards, in grad's dtype or (allgather_compress) compressed.
+        key as for reduce_scatter."""
         world, _ = self._world_rank()
+        self._check_call(grad, None, world)
         n = grad.numel()
         shard = -(-n // world)
         reduced = self._buffer_like("shard", shard, grad)
-        unit = self.reduce_scatter(grad, reduced)
+        unit = self.reduce_scatter(grad, reduced, key)
         if world == 1:
             grad.copy_(reduced[:n])
             return
@@ -398,3 +438,20 @@ class CommState:
         """A reusable buffer of `numel` elements of `dtype` (a view of a cached uint8 buffer)."""
         size = _ELEMENT_SIZE.get(dtype) or torch.empty((), dtype=dtype).element_size()
         return self._buffer(kind + str(dtype), numel * size, device).view(dtype)
+
+
+def _gather_residuals(saved: Any, n_units: int) -> dict[int, torch.Tensor]:
+    """A checkpoint's all-gather residuals (allgather_compress), checked and copied."""
+    if not isinstance(saved, Mapping):
+        raise TypeError(f"state_dict 'gather_residuals' must be a dict of unit -> tensor, got "
+                        f"{type(saved).__name__}")
+    out = {}
+    for unit, r in saved.items():
+        if isinstance(unit, bool) or not isinstance(unit, int) or not 0 <= unit < n_units:
+            raise ValueError(f"state_dict 'gather_residuals' is keyed by unit (0 to {n_units - 1}), "
+                             f"got {unit!r}")
+        if not isinstance(r, torch.Tensor) or not r.is_floating_point():
+            raise TypeError(f"state_dict 'gather_residuals'[{unit}] must be a float tensor, got "
+                            f"{type(r).__name__}")
+        out[unit] = r.detach().clone().float()
+    return out

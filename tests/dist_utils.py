@@ -2,6 +2,7 @@
 rank returns. Every multi-process test goes through here."""
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import sys
@@ -19,18 +20,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank, world, outdir, fn, args):
+def _entry(rank, world, outdir, fn, args, pg_timeout_s=None):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)  # W ranks share 2 cores
     # Rendezvous through a file, not a TCPStore: with a TCPStore, rank 0 hosts the server and
     # leaving while a peer still talked to it aborted rank 0 now and then ("terminate called
     # without an active exception"), even after a barrier. A FileStore has no server thread.
+    timeout = {} if pg_timeout_s is None else {"timeout": datetime.timedelta(seconds=pg_timeout_s)}
     dist.init_process_group("gloo", init_method="file://" + os.path.join(outdir, "store"), rank=rank,
-                            world_size=world)
+                            world_size=world, **timeout)
     try:
         result = fn(rank, world, *args)
         torch.save({"ok": result}, os.path.join(outdir, f"{rank}.pt"))
-        dist.barrier()  # tear down together
+        if pg_timeout_s is None:  # a group that timed out cannot even say goodbye
+            dist.barrier()  # tear down together
     except BaseException:
         torch.save({"error": traceback.format_exc()}, os.path.join(outdir, f"{rank}.pt"))
         raise
@@ -48,11 +51,12 @@ def _entry(rank, world, outdir, fn, args):
         os._exit(0)
 
 
-def run_ranks(fn, world: int, *args, timeout: float = 300.0) -> list:
+def run_ranks(fn, world: int, *args, timeout: float = 300.0, pg_timeout_s: float | None = None) -> list:
     """fn(rank, world, *args) on `world` spawned processes; returns [result of rank 0, ...].
-    fn must be a module-level function (it is pickled by name)."""
+    fn must be a module-level function (it is pickled by name). pg_timeout_s: the process
+    group's timeout (torch's default otherwise); with it the ranks skip the closing barrier."""
     with tempfile.TemporaryDirectory() as outdir:
-        ctx = mp.start_processes(_entry, args=(world, outdir, fn, args), nprocs=world,
+        ctx = mp.start_processes(_entry, args=(world, outdir, fn, args, pg_timeout_s), nprocs=world,
                                  join=False, start_method="spawn")
         try:
             while not ctx.join(timeout=timeout):
