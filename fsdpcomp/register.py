@@ -18,14 +18,19 @@ def register(model: torch.nn.Module, method: str | CommState = "none",
     FSDP1 (``FullyShardedDataParallel``, the root instance): ``register_comm_hook`` with
     :func:`fsdp_hook`. HYBRID_SHARD strategies are refused by torch itself for comm hooks.
     FSDP2 (a model whose modules are ``FSDPModule``): a :class:`fsdpcomp.ReduceScatter` set on
-    every one, keyed by the module's name. DDP (``DistributedDataParallel``):
-    ``register_comm_hook`` with :func:`fsdpcomp.ddp_hook`.
+    every one, keyed by the module's name, and a :class:`fsdpcomp.AllGather` for the parameter
+    all-gathers (compressed with the config key ``param_gather``; torch's own all-gather, counted,
+    for "none"). DDP (``DistributedDataParallel``): ``register_comm_hook`` with
+    :func:`fsdpcomp.ddp_hook`. FSDP1 and DDP have no parameter all-gather hook: a
+    ``param_gather`` other than "none" is refused there, before anything is registered.
     """
     state = method if isinstance(method, CommState) else CommState(method, config, process_group)
     if isinstance(method, CommState) and config is not None:
         raise ValueError("pass either a CommState or a method name with its config, not both")
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
+    if isinstance(model, (FSDP, torch.nn.parallel.DistributedDataParallel)):
+        refuse_param_gather(state, type(model).__name__)
     if isinstance(model, FSDP):
         if state.process_group is None:
             state.process_group = model.process_group
@@ -47,3 +52,11 @@ def register(model: torch.nn.Module, method: str | CommState = "none",
         f"fsdpcomp.register does not know how to attach to {type(model).__name__}: expected a "
         "FullyShardedDataParallel root module, a model with fully_shard (FSDPModule) modules, or "
         "a DistributedDataParallel module")
+
+
+def refuse_param_gather(state: CommState, where: str) -> None:
+    """Only FSDP2 has a parameter all-gather fsdpcomp can replace (set_custom_all_gather)."""
+    codec = state.config["param_gather"]
+    if codec != "none":
+        raise ValueError(f"config key 'param_gather' is '{codec}', but {where} has no parameter "
+                         "all-gather hook (only FSDP2's fully_shard has one): set it to 'none'")

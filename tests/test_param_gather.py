@@ -1,0 +1,325 @@
+"""FSDP2's parameter all-gather through fsdpcomp.AllGather on gloo/CPU: `none` is bit-identical to
+torch's own, int8 gathers train and give every rank (and both gathers of a step) the same weights,
+bf16 parameters, exact byte counters, and the refusals (FSDP1, DDP, bad input). One spawn per
+world size runs every scenario (spawns are slow)."""
+import pytest
+import torch
+import torch.distributed as dist
+
+import fsdpcomp
+from dist_utils import run_ranks
+
+fully_shard = pytest.importorskip("torch.distributed.fsdp").fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy  # noqa: E402
+
+STEPS = 3
+TRAIN_STEPS = 30
+INT8 = {"block_size": 64, "param_gather": "int8", "param_gather_block_size": 64}
+
+
+def _model(seed):
+    torch.manual_seed(seed)
+    # three FSDP units whose shards span several 64-element blocks, and a root with parameters
+    return torch.nn.Sequential(torch.nn.Linear(12, 48), torch.nn.Tanh(), torch.nn.Linear(48, 40),
+                               torch.nn.Tanh(), torch.nn.Linear(40, 6), torch.nn.LayerNorm(6))
+
+
+def _shard(model, param_dtype=None):
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype)
+    for i in (0, 2, 4):
+        fully_shard(model[i], mp_policy=mp)
+    fully_shard(model, mp_policy=mp)  # reshard_after_forward=True: every unit gathers twice a step
+    return model
+
+
+def _modules(model):
+    return fsdpcomp.register_fsdp2.fsdp2_modules(model)
+
+
+def _data(rank, steps):
+    g = torch.Generator().manual_seed(1000 + rank)
+    w = torch.randn(12, 6, generator=torch.Generator().manual_seed(7))  # the same target on all ranks
+    xs = [torch.randn(16, 12, generator=g) for _ in range(steps)]
+    return [(x, torch.tanh(x @ w)) for x in xs]
+
+
+class Recorder:
+    """Wraps a module's all-gather and keeps (unit, its input, its output) of every call. The
+    input is a view of the output (FSDP copies the shard in there), so it is copied first."""
+
+    def __init__(self, inner, unit, calls):
+        self.inner, self.unit, self.calls = inner, unit, calls
+
+    def allocate(self, size, *, dtype, device):
+        return self.inner.allocate(size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group=None, async_op=False):
+        shard = input_tensor.clone()
+        work = self.inner(output_tensor=output_tensor, input_tensor=input_tensor, group=group, async_op=async_op)
+        self.calls.append((self.unit, shard, output_tensor.clone()))
+        return work
+
+
+def _record(model):
+    """Records every gather of the all-gathers installed now (torch's default or fsdpcomp's)."""
+    calls = []
+    for unit, (_, module) in enumerate(_modules(model)):
+        group = module._get_fsdp_state()._fsdp_param_groups[0]
+        module.set_custom_all_gather(Recorder(group._all_gather_comm, unit, calls))
+    return calls
+
+
+def _train(rank, steps, setup, lr=0.05, param_dtype=None):
+    """setup(model) attaches whatever the run compares and returns the state (or None)."""
+    model = _shard(_model(0), param_dtype)
+    state = setup(model)
+    calls = _record(model)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, per_step = [], []
+    for x, y in _data(rank, steps):
+        start = len(calls)
+        loss = torch.nn.functional.mse_loss(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        per_step.append(calls[start:])
+        t = loss.detach().clone()
+        dist.all_reduce(t)
+        losses.append(t.item() / dist.get_world_size())
+    params = [p.full_tensor().detach().clone() for p in model.parameters()]
+    return params, losses, state, per_step
+
+
+def _gathers_only(model, config):
+    """fsdpcomp's AllGather alone (torch's own reduce-scatter), numbered as register does."""
+    state = fsdpcomp.CommState("none", config)
+    for unit, (name, module) in enumerate(_modules(model)):
+        module.set_custom_all_gather(fsdpcomp.AllGather(state, key=name, unit=unit))
+    return state
+
+
+def _reduce_scatter_only(model, method, config):
+    state = fsdpcomp.CommState(method, config)
+    for name, module in _modules(model):
+        module.set_custom_reduce_scatter(fsdpcomp.ReduceScatter(state, key=name or "<root>"))
+    return state
+
+
+def _summary(per_step, state):
+    """What the test checks, small enough to send back: per step, whether each unit's gathers
+    gave the same bits; the first and last step's outputs; counters and the expected bytes."""
+    codec = state._param_codec if state is not None else None
+    same, expect_sent, expect_raw = [], 0, 0
+    world = dist.get_world_size()
+    for calls in per_step:
+        by_unit = {}
+        for unit, shard, out in calls:
+            by_unit.setdefault(unit, []).append(out)
+            n = shard.numel()
+            expect_raw += (world - 1) * n * shard.element_size()
+            expect_sent += (world - 1) * (codec.payload_bytes(n) if codec else n * shard.element_size())
+        same.append(all(all(torch.equal(o, outs[0]) for o in outs) for outs in by_unit.values()))
+    first = [(u, s, o) for u, s, o in per_step[0]]
+    last = [o for _, _, o in per_step[-1]]
+    return {"same_within_step": same, "first": first, "last": last, "gathers_per_step": [len(c) for c in per_step],
+            "counters": dict(state.counters()) if state is not None else None,
+            "expect_sent": expect_sent, "expect_raw": expect_raw}
+
+
+def _refusals(rank, world):
+    """FSDP1 and DDP asked for parameter gathers: ValueError, and nothing was registered."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    out = {}
+    fsdp1 = FSDP(_model(0), device_id=torch.device("cpu"))
+    try:
+        fsdpcomp.register(fsdp1, "int8", {"param_gather": "int8"})
+        out["fsdp1"] = None
+    except ValueError as e:
+        out["fsdp1"] = str(e)
+    out["fsdp1_hook"] = fsdp1._comm_hook
+    ddp = DDP(_model(0))
+    try:
+        fsdpcomp.register(ddp, fsdpcomp.CommState("int8", {"param_gather": "fp8"}))
+        out["ddp"] = None
+    except ValueError as e:
+        out["ddp"] = str(e)
+    fsdpcomp.register(ddp, "int8")  # DDP takes one comm hook only: this raises if one was registered
+    return out
+
+
+def _unit_mismatch(rank, world):
+    """Ranks gathering different modules at once: the headers disagree, PayloadError."""
+    state = fsdpcomp.CommState("none", {"param_gather": "int8"})
+    gather = fsdpcomp.AllGather(state, key="x", unit=rank)
+    shard = torch.randn(100)
+    try:
+        gather(torch.empty(100 * world), shard, dist.group.WORLD)
+        return None
+    except fsdpcomp.PayloadError as e:
+        return str(e)
+
+
+def _scenarios(rank, world):
+    res = {}
+    # `none`: torch's own all-gather, through fsdpcomp.AllGather, against plain FSDP2
+    res["plain"] = _train(rank, STEPS, lambda m: None)[0]
+    params, _, state, per_step = _train(rank, STEPS, lambda m: _gathers_only(m, {}))
+    res["none"] = (params, _summary(per_step, state))
+    # the same through register(): int8 gradients with and without fsdpcomp's all-gather
+    res["rs_only"] = _train(rank, STEPS, lambda m: _reduce_scatter_only(m, "int8", {"block_size": 64}))[0]
+    params, _, state, _ = _train(rank, STEPS, lambda m: fsdpcomp.register(m, "int8", {"block_size": 64}))
+    res["register_none"] = (params, dict(state.counters()))
+    # int8 gathers (and int8 gradients) train; every rank and both gathers of a step agree
+    params, losses, state, per_step = _train(rank, TRAIN_STEPS, lambda m: fsdpcomp.register(m, "int8", INT8), lr=0.2)
+    res["int8"] = (params, losses, _summary(per_step, state))
+    # bf16 parameters: the bf16 codec is lossless on them (equal to plain bf16 FSDP2); int8 trains
+    bf16 = torch.bfloat16
+    res["plain_bf16"] = _train(rank, STEPS, lambda m: None, param_dtype=bf16)[0]
+    res["bf16_codec"] = _train(rank, STEPS, lambda m: _gathers_only(m, {"param_gather": "bf16"}), param_dtype=bf16)[0]
+    params, losses, state, per_step = _train(rank, TRAIN_STEPS, lambda m: fsdpcomp.register(m, "int8", INT8),
+                                             lr=0.2, param_dtype=bf16)
+    res["int8_bf16"] = (params, losses, _summary(per_step, state))
+    res["refusals"] = _refusals(rank, world)
+    res["mismatch"] = _unit_mismatch(rank, world)
+    return res
+
+
+@pytest.fixture(scope="module", params=[2, 3])
+def ranks(request):
+    return request.param, run_ranks(_scenarios, request.param)
+
+
+def _equal(a, b):
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_none_is_torchs_all_gather_bit_for_bit(ranks):
+    world, results = ranks
+    for rank, res in enumerate(results):
+        params, summary = res["none"]
+        assert _equal(res["plain"], params), rank
+        # with register(): the int8 reduce-scatter alone, and with the `none` all-gather added
+        params, ctr = res["register_none"]
+        assert _equal(res["rs_only"], params), rank
+        assert ctr["param_gather_calls"] == STEPS * 7  # 3 units gather twice a step, the root once
+        assert summary["gathers_per_step"] == [7] * STEPS
+        c = summary["counters"]
+        assert c["param_gather_bytes_sent"] == c["param_gather_bytes_raw"] == summary["expect_raw"] > 0
+        assert c["param_gather_codec_time_s"] == 0 and c["param_gather_time_s"] > 0
+
+
+@pytest.mark.parametrize("case", ["int8", "int8_bf16"])
+def test_int8_gathers_train_with_identical_weights(ranks, case):
+    world, results = ranks
+    dtype = torch.bfloat16 if case == "int8_bf16" else torch.float32
+    _, losses, s0 = results[0][case]
+    assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5, losses
+    for rank, res in enumerate(results):
+        params, _, s = res[case]
+        assert _equal(results[0][case][0], params), rank  # the master weights agree, as always
+        # forward gather and backward re-gather of each unit: the same bits, every step
+        assert all(s["same_within_step"]), (rank, s["same_within_step"])
+        # every rank computes with the same weights
+        assert _equal([o for _, _, o in s0["first"]], [o for _, _, o in s["first"]]), rank
+        assert _equal(s0["last"], s["last"]), rank
+        errors = []
+        for unit, shard, out in s["first"]:
+            assert out.dtype == dtype
+            n = shard.numel()
+            mine = out[rank * n:(rank + 1) * n].float()
+            # the owner computes with the decode of its shard, not with the shard
+            scale = shard.float().abs().max().item()
+            errors.append((mine - shard.float()).abs().max().item())
+            assert errors[-1] <= scale / 127 + (scale / 128 if dtype == torch.bfloat16 else 0), (unit, errors[-1], scale)
+        assert max(errors) > 0  # the root's LayerNorm (ones, zeros) is exact; the Linear units are not
+
+
+@pytest.mark.parametrize("case", ["int8", "int8_bf16"])
+def test_counters_are_the_payload_bytes(ranks, case):
+    world, results = ranks
+    elem = 2 if case == "int8_bf16" else 4
+    for rank, res in enumerate(results):
+        _, _, s = res[case]
+        c = s["counters"]
+        assert c["param_gather_calls"] == TRAIN_STEPS * 7
+        assert c["param_gather_bytes_sent"] == s["expect_sent"]
+        assert c["param_gather_bytes_raw"] == s["expect_raw"]
+        assert c["param_gather_bytes_raw"] == sum((world - 1) * sh.numel() * elem for _, sh, _ in s["first"]) * TRAIN_STEPS
+        assert c["param_gather_bytes_sent"] < c["param_gather_bytes_raw"]
+        assert 0 < c["param_gather_codec_time_s"] < c["param_gather_time_s"]
+        # the gradient path's counters are the int8 reduce-scatter's alone, as without gathers
+        # (its bytes_raw is in the gradients' dtype: bf16 in the bf16 run, so elements here)
+        per_step = res["register_none"][1]
+        assert c["bytes_sent"] * STEPS == per_step["bytes_sent"] * TRAIN_STEPS
+        assert c["elements"] * STEPS == per_step["elements"] * TRAIN_STEPS
+
+
+def test_bf16_codec_is_lossless_on_bf16_parameters(ranks):
+    world, results = ranks
+    for rank, res in enumerate(results):
+        assert _equal(res["plain_bf16"], res["bf16_codec"]), rank
+
+
+def test_fsdp1_and_ddp_refuse_param_gather(ranks):
+    world, results = ranks
+    out = results[0]["refusals"]
+    for kind, codec in (("fsdp1", "int8"), ("ddp", "fp8")):
+        assert out[kind] is not None and "'param_gather'" in out[kind] and f"'{codec}'" in out[kind], out[kind]
+    assert "FullyShardedDataParallel" in out["fsdp1"] and "DistributedDataParallel" in out["ddp"]
+    assert out["fsdp1_hook"] is None  # nothing was registered before the refusal
+
+
+def test_ranks_gathering_different_units_get_a_payload_error(ranks):
+    world, results = ranks
+    for res in results:
+        assert res["mismatch"] is not None and "unit" in res["mismatch"], res["mismatch"]
+
+
+# ---- one process, no process group: a world of one decodes its own payload
+
+
+@pytest.mark.parametrize("codec,tol", [("int8", 1 / 127), ("fp8", 1 / 16), ("bf16", 1 / 256)])
+def test_one_rank_round_trip(gen, codec, tol):
+    state = fsdpcomp.CommState("none", {"param_gather": codec, "param_gather_block_size": 64})
+    gather = fsdpcomp.AllGather(state, unit=3)
+    shard = torch.randn(1000, generator=gen)
+    out = torch.empty(1000)
+    gather(out, shard)
+    err = (out - shard).abs().max().item()
+    assert 0 < err <= tol * shard.abs().max().item()
+    # the same bits as the codec's own round trip (nearest rounding: no randomness)
+    payload = torch.empty(state._param_codec.payload_bytes(1000), dtype=torch.uint8)
+    state._param_codec.compress(shard, payload, unit=3)
+    ref = torch.zeros(1000)
+    state._param_codec.decompress(payload, ref, unit=3)
+    assert torch.equal(out, ref)
+    assert state.counters()["param_gather_calls"] == 1 and state.counters()["param_gather_bytes_sent"] == 0
+
+
+def test_bad_input_is_refused(gen):
+    state = fsdpcomp.CommState("int8", {"param_gather": "int8"})
+    gather = fsdpcomp.AllGather(state)
+    shard = torch.randn(8, generator=gen)
+    with pytest.raises(ValueError, match="needs 8"):
+        gather(torch.empty(9), shard)
+    with pytest.raises(ValueError, match="float64"):
+        gather(torch.empty(8, dtype=torch.float64), shard.double())
+    with pytest.raises(ValueError, match="share dtype"):
+        gather(torch.empty(8, dtype=torch.bfloat16), shard)
+    with pytest.raises(TypeError, match="CPU tensors only"):
+        gather(torch.empty(8, device="meta"), torch.empty(8, device="meta"))
+    with pytest.raises(TypeError, match="CommState"):
+        fsdpcomp.AllGather("int8")
+    with pytest.raises(ValueError, match="unit"):
+        fsdpcomp.AllGather(state, unit=-1)
+    assert state.counters()["param_gather_calls"] == 0  # nothing counted for a refused call
+    # `none` gathers whatever FSDP2 gathers (uint8 from all-gather extensions, too)
+    fsdpcomp.AllGather(fsdpcomp.CommState())(torch.empty(8, dtype=torch.uint8), torch.arange(8, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="'param_gather' must be one of"):
+        fsdpcomp.CommState("int8", {"param_gather": "int4"})
+    with pytest.raises(ValueError, match="param_gather_block_size"):
+        fsdpcomp.CommState("int8", {"param_gather_block_size": 100})
+    with pytest.raises(ValueError, match="'param_gather'.*register_replicate"):
+        fsdpcomp.register_replicate(torch.nn.Linear(2, 2), state)
