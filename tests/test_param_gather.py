@@ -323,3 +323,28 @@ def test_bad_input_is_refused(gen):
         fsdpcomp.CommState("int8", {"param_gather_block_size": 100})
     with pytest.raises(ValueError, match="'param_gather'.*register_replicate"):
         fsdpcomp.register_replicate(torch.nn.Linear(2, 2), state)
+
+
+def test_results_line_carries_the_gather_counters(ranks):
+    world, results = ranks
+    per_rank = [res["int8"][2]["counters"] for res in results]
+    c = fsdpcomp.combine_counters(per_rank)
+    run = {"run_name": "r", "world_size": world, "model": "m", "dataset": "d", "max_length": 1, "batch_size": 16,
+           "compress_method": "int8", "compress_config": INT8, "seed": 0, "train_loss": 1.0, "val_loss": None,
+           "val_ppl": None}
+    rec = fsdpcomp.build_record(run=run, step_times_s=[1.0] * TRAIN_STEPS, tokens_per_step=16, counters=c)
+    assert rec["param_gather_calls"] == world * TRAIN_STEPS * 7
+    assert rec["param_gather_bytes_sent_total"] == sum(p["param_gather_bytes_sent"] for p in per_rank)
+    assert rec["param_gather_bytes_raw_total"] == sum(p["param_gather_bytes_raw"] for p in per_rank)
+    assert rec["param_gather_ratio"] == pytest.approx(rec["param_gather_bytes_raw_total"] / rec["param_gather_bytes_sent_total"])
+    # the gradient fields keep meaning the reduce-scatter alone
+    assert rec["bytes_raw_total"] == sum(p["bytes_raw"] for p in per_rank)
+    assert rec["compression_ratio"] == pytest.approx(c["bytes_raw"] / c["bytes_compressed"])
+    mean_wire = sum(p["param_gather_time_s"] - p["param_gather_codec_time_s"] for p in per_rank) / world
+    assert rec["comm_time_ms_by_op"]["all_gather"] == pytest.approx(mean_wire * 1e3)
+    assert rec["param_gather_codec_time_ms"] == pytest.approx(
+        sum(p["param_gather_codec_time_s"] for p in per_rank) / world * 1e3)
+    # no gathers seen (FSDP1, DDP): null, not zero
+    rec = fsdpcomp.build_record(run=run, step_times_s=[1.0], tokens_per_step=16,
+                                counters=fsdpcomp.combine_counters([results[0]["register_none"][1] | {"param_gather_calls": 0}]))
+    assert rec["param_gather_bytes_sent_total"] is None and rec["comm_time_ms_by_op"]["all_gather"] is None
