@@ -38,18 +38,26 @@ class AllGather(_TorchAllGather):
 
     ``unit`` names the module in the payload headers (``fsdpcomp.register`` numbers the modules
     in the same order on every rank), so ranks that gather different modules at the same time
-    get a PayloadError instead of each other's weights.
+    get a PayloadError instead of each other's weights. ``module``, the FSDPModule this gathers
+    for, tells where each parameter's shard lies in the flat shard: each is encoded as its own
+    segment, so no block of scales spans two parameters (a LayerNorm gain of 1 would otherwise
+    set the scale of the small weights beside it). Without it the shard is one segment.
     """
 
-    def __init__(self, state: CommState, key: str | None = None, unit: int = 0):
+    def __init__(self, state: CommState, key: str | None = None, unit: int = 0,
+                 module: torch.nn.Module | None = None):
         if not isinstance(state, CommState):
             raise TypeError(f"AllGather's state must be a fsdpcomp.CommState, got {type(state).__name__}")
         if not isinstance(unit, int) or unit < 0:
             raise ValueError(f"unit must be a non-negative int, got {unit!r}")
+        if module is not None and not hasattr(module, "_get_fsdp_state"):
+            raise TypeError(f"module must be the FSDPModule this all-gather serves, got {type(module).__name__}")
         self.state = state
         self.key = key
         self.unit = unit
+        self.module = module
         self.codec = state._param_codec  # None: torch's own all-gather
+        self._layouts: dict[int, tuple[list[int], list[int]]] = {}
 
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         # FSDP2 splits the output into the unsharded parameters after the call: fresh memory.
@@ -77,18 +85,36 @@ class AllGather(_TorchAllGather):
                             "so far (State.compress/decompress have no CUDA path yet); set param_gather "
                             f"'none' for parameters on {input_tensor.device}")
         t0 = time.perf_counter()
-        payload, codec_s = self._encode(input_tensor, world, rank)
+        segments, sizes = self._layout(n)
+        payload, codec_s = self._encode(input_tensor, segments, sizes, world, rank)
         size = payload.numel()
         recv = self.state._buffer("param_gather_recv", size * world, input_tensor.device)
         if world > 1:
             _all_gather_single(recv, payload, group=group)
         else:
             recv.copy_(payload)
-        codec_s += self._decode(recv, size, output_tensor, n, world)
+        codec_s += self._decode(recv, segments, sizes, output_tensor, world)
         self.state._count_param_gather(time.perf_counter() - t0, codec_s, (world - 1) * size, raw)
         return _completed(output_tensor, async_op)
 
-    def _encode(self, shard: torch.Tensor, world: int, rank: int) -> tuple[torch.Tensor, float]:
+    def _layout(self, n: int) -> tuple[list[int], list[int]]:
+        """Elements of each segment of a shard of n elements (each parameter's padded shard, in
+        FSDP2's order) and the payload bytes of each: a pure function of n and the module, so
+        the same on every rank. Segments lie back to back in the shard and in the payload."""
+        layout = self._layouts.get(n)
+        if layout is None:
+            segments = [n]
+            if self.module is not None:
+                groups = self.module._get_fsdp_state()._fsdp_param_groups
+                params = groups[0].fsdp_params if len(groups) == 1 else []
+                sizes = [p.padded_sharded_param_size.numel() for p in params]
+                if sizes and sum(sizes) == n and all(sizes):  # else (a resharded post-forward shard): one
+                    segments = sizes
+            layout = self._layouts[n] = (segments, [self.codec.payload_bytes(k) for k in segments])
+        return layout
+
+    def _encode(self, shard: torch.Tensor, segments: list[int], sizes: list[int], world: int,
+                rank: int) -> tuple[torch.Tensor, float]:
         """This rank's payload. The shard is a view of the output (FSDP copies it in there), so it
         is read before any decode writes there."""
         state, n = self.state, shard.numel()
@@ -96,22 +122,29 @@ class AllGather(_TorchAllGather):
         if shard.dtype != torch.float32:  # param_dtype bf16/fp16: exact in fp32
             x = state._typed_buffer("param_gather_x", n, torch.float32, shard.device)
             x.copy_(shard)
-        payload = state._buffer("param_gather_send", self.codec.payload_bytes(n), shard.device)
+        payload = state._buffer("param_gather_send", sum(sizes), shard.device)
         t0 = time.perf_counter()
-        self.codec.compress(x, payload, unit=self.unit, chunk=rank, world=world, rank=rank)
+        at = out = 0
+        for k, b in zip(segments, sizes):
+            self.codec.compress(x[at:at + k], payload[out:out + b], unit=self.unit, chunk=rank,
+                                world=world, rank=rank)
+            at, out = at + k, out + b
         return payload, time.perf_counter() - t0
 
-    def _decode(self, recv: torch.Tensor, size: int, output: torch.Tensor, n: int, world: int) -> float:
-        """output[r*n:(r+1)*n] = decode of rank r's payload, for every r: the same bytes decoded the
-        same way on every rank, rounded once to the parameter dtype."""
+    def _decode(self, recv: torch.Tensor, segments: list[int], sizes: list[int], output: torch.Tensor,
+                world: int) -> float:
+        """Rank r's slot of output = the decode of rank r's payload, for every r: the same bytes
+        decoded the same way on every rank, rounded once to the parameter dtype."""
         full = output
         if output.dtype != torch.float32:
-            full = self.state._typed_buffer("param_gather_full", n * world, torch.float32, output.device)
+            full = self.state._typed_buffer("param_gather_full", output.numel(), torch.float32, output.device)
         full.zero_()  # decompress adds into it
         t0 = time.perf_counter()
+        at = out = 0  # walks all W payloads and shards: they lie rank after rank
         for r in range(world):
-            self.codec.decompress(recv[r * size:(r + 1) * size], full[r * n:(r + 1) * n],
-                                  unit=self.unit, chunk=r, world=world)
+            for k, b in zip(segments, sizes):
+                self.codec.decompress(recv[out:out + b], full[at:at + k], unit=self.unit, chunk=r, world=world)
+                at, out = at + k, out + b
         seconds = time.perf_counter() - t0
         if full is not output:
             output.copy_(full)

@@ -34,7 +34,7 @@ def register_fsdp2(model: torch.nn.Module, state: CommState) -> None:
                              "reduce-scatter per module only with a single group")
     for unit, (name, module) in enumerate(modules):
         module.set_custom_reduce_scatter(ReduceScatter(state, key=name or "<root>"))
-        module.set_custom_all_gather(AllGather(state, key=name or "<root>", unit=unit))
+        module.set_custom_all_gather(AllGather(state, key=name or "<root>", unit=unit, module=module))
 
 
 def register_replicate(model: torch.nn.Module, state: CommState) -> None:
