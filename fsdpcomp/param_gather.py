@@ -74,11 +74,11 @@ class AllGather(_TorchAllGather):
             t0 = time.perf_counter()
             if world > 1:
                 work = _all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
-                self.state._count_param_gather(time.perf_counter() - t0, 0.0, raw, raw)
+                self.state._core.add_param_gather(time.perf_counter() - t0, 0.0, raw, raw)
                 return work
             if input_tensor.data_ptr() != output_tensor.data_ptr():  # FSDP2 never gathers one rank
                 output_tensor.copy_(input_tensor)
-            self.state._count_param_gather(time.perf_counter() - t0, 0.0, raw, raw)
+            self.state._core.add_param_gather(time.perf_counter() - t0, 0.0, raw, raw)
             return _completed(output_tensor, async_op)
         if input_tensor.device.type != "cpu" and not _CODEC_ON_CUDA:
             raise TypeError(f"param_gather '{self.state.config['param_gather']}' runs on CPU tensors only "
@@ -94,7 +94,7 @@ class AllGather(_TorchAllGather):
         else:
             recv.copy_(payload)
         codec_s += self._decode(recv, segments, sizes, output_tensor, world)
-        self.state._count_param_gather(time.perf_counter() - t0, codec_s, (world - 1) * size, raw)
+        self.state._core.add_param_gather(time.perf_counter() - t0, codec_s, (world - 1) * size, raw)
         return _completed(output_tensor, async_op)
 
     def _layout(self, n: int) -> tuple[list[int], list[int]]:

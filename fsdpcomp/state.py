@@ -17,8 +17,6 @@ from .counters import Counters
 
 _ELEMENT_SIZE = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
 _RESIDUAL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-_PARAM_GATHER_COUNTERS = ("param_gather_calls", "param_gather_bytes_raw", "param_gather_bytes_sent",
-                          "param_gather_time_s", "param_gather_codec_time_s")
 
 
 # torch 2.13 renamed all_gather_into_tensor (and deprecates the old name); older torch has only it.
@@ -71,7 +69,6 @@ class CommState:
         self._group_ranks: tuple[dist.ProcessGroup, list[int]] | None = None  # for _peers()
         self._gather_residuals: dict[int, torch.Tensor] = {}  # all-gather stage, per unit
         self._param_codec = make_param_codec(cfg)  # FSDP2 parameter all-gathers (param_gather.py)
-        self._param_gather_ctr = dict.fromkeys(_PARAM_GATHER_COUNTERS, 0)
         if self._gather_compressed and cfg.get("second_round"):
             # a single payload (the all-gather stage) has no second round to fetch values with
             raise ValueError("config key 'allgather_compress' cannot be combined with "
@@ -93,21 +90,10 @@ class CommState:
         return self._core.step
 
     def counters(self) -> Counters:
-        return Counters({**self._core.counters(), **self._param_gather_ctr})
+        return Counters(self._core.counters())
 
     def reset_counters(self) -> None:
         self._core.reset_counters()
-        self._param_gather_ctr = dict.fromkeys(_PARAM_GATHER_COUNTERS, 0)
-
-    def _count_param_gather(self, seconds: float, codec_seconds: float, bytes_sent: int, bytes_raw: int) -> None:
-        """One parameter all-gather (fsdpcomp.AllGather): its wall time (codec included), the
-        codec's part of it, and its bytes; kept apart from the gradient path's counters."""
-        c = self._param_gather_ctr
-        c["param_gather_calls"] += 1
-        c["param_gather_time_s"] += seconds
-        c["param_gather_codec_time_s"] += codec_seconds
-        c["param_gather_bytes_sent"] += bytes_sent
-        c["param_gather_bytes_raw"] += bytes_raw
 
     def end_step(self) -> None:
         """Marks the end of a backward pass. Called automatically at the end of every backward

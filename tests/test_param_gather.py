@@ -352,6 +352,10 @@ def test_bad_input_is_refused(gen):
     with pytest.raises(ValueError, match="unit"):
         fsdpcomp.AllGather(state, unit=-1)
     assert state.counters()["param_gather_calls"] == 0  # nothing counted for a refused call
+    for bad in ((-1.0, 0.0, 0, 0), (1.0, 2.0, 0, 0), (float("nan"), 0.0, 0, 0), (1.0, 0.0, -8, 0)):
+        with pytest.raises(ValueError, match="add_param_gather"):
+            state._core.add_param_gather(*bad)
+    assert state.counters()["param_gather_calls"] == 0
     # `none` gathers whatever FSDP2 gathers (uint8 from all-gather extensions, too)
     fsdpcomp.AllGather(fsdpcomp.CommState())(torch.empty(8, dtype=torch.uint8), torch.arange(8, dtype=torch.uint8))
     with pytest.raises(ValueError, match="'param_gather' must be one of"):
