@@ -6,8 +6,7 @@ import os
 
 from fmt import fmt, fmt_bytes
 
-STEP_CMD = ("sudo python benchmarks/step_bench.py --model gpt2-62m --world 2 --links 1 0.1 "
-            "--phases timing quality --quality_steps 200")
+STEP_CMD = "sudo python benchmarks/step_bench.py --model gpt2-62m --world 2 3 --links 1 0.1"
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:

@@ -16,12 +16,16 @@ run saved on its own as it finishes, so an interrupted benchmark resumes where i
   collective call, with payload bytes per step (fsdpcomp's counters, or what torch's collective
   sends) and the bytes that left each rank's link (tx counter). Speedups are against `none` on
   the same link, beside the Amdahl bound: none's step with its all-gather and reduce-scatter
-  times scaled by the configuration's payload bytes (compute unchanged), and the comm-free bound.
+  times scaled by the configuration's bytes on the wire for each (compute unchanged), and the
+  comm-free bound.
 - quality: the same training, unshaped (the link changes no number), for more steps and
   several seeds, with val perplexity at the end; deltas are against `none` of the same seed.
 
-    sudo python benchmarks/step_bench.py --model gpt2-62m --world 2 --links 1 0.1 --phases timing
+    sudo python benchmarks/step_bench.py --model gpt2-62m --world 2 3 --links 1 0.1
     python benchmarks/step_bench.py --model tiny --phases quality --quality_seeds 0 1 2
+
+The output JSON holds the phases and runs of the invocation that wrote it: run the whole
+command again (finished runs are read back, not run) rather than one phase after the other.
 """
 from __future__ import annotations
 
@@ -333,7 +337,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="timing: shaped link rates in Gbit/s, or 'unshaped' (loopback: a quick check, no wire bytes)")
     p.add_argument("--warmup", type=int, default=2, help="timing: steps left out before the timed ones")
     p.add_argument("--timing_steps", type=int, default=5, help="timing: timed steps per configuration and link")
-    p.add_argument("--quality_steps", type=int, default=300)
+    p.add_argument("--quality_steps", type=int, default=200)
+    p.add_argument("--quality_world", type=int, nargs="+", default=None,
+                   help="ranks of the quality runs (default: the first --world; the link changes no number)")
     p.add_argument("--quality_seeds", type=int, nargs="+", default=[0])
     p.add_argument("--eval_every", type=int, default=50, help="quality: val ppl every N steps (and at the end)")
     p.add_argument("--eval_batches", type=int, default=8, help="validation batches per rank")
@@ -366,14 +372,15 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     import fsdpcomp
+    quality_worlds = args.quality_world or args.world[:1]
     timing, quality_runs = [], []
-    for world in args.world:
-        if "timing" in args.phases:
+    for world in dict.fromkeys(args.world + quality_worlds):
+        if "timing" in args.phases and world in args.world:
             for gbit in args.links:
                 for spec in configs:
                     res = run_one(args, "timing", spec, world, gbit, 0, args.warmup + args.timing_steps)
                     timing.append(timing_row(spec, link_label(gbit), res))
-        if "quality" in args.phases:
+        if "quality" in args.phases and world in quality_worlds:
             for seed in args.quality_seeds:
                 for spec in configs:
                     res = run_one(args, "quality", spec, world, None, seed, args.quality_steps)
@@ -390,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                                      f"ms: mean of {rows[0]['timed_steps']} steps; bytes per step and rank"))
             print()
     quality = []
-    for world in args.world:
+    for world in quality_worlds:
         runs = [(s, seed, res) for s, seed, res, w in quality_runs if w == world]
         if runs:
             rows = quality_rows(runs)

@@ -1,12 +1,13 @@
-"""FSDP2's parameter all-gather, compressed: ``FSDPModule.set_custom_all_gather(fsdpcomp.AllGather(state))``.
+"""FSDP2's parameter all-gather, compressed: ``m.set_custom_all_gather(AllGather(state, unit=i, module=m))``.
 
-Each rank encodes its own shard once per gather with the codec named by the state's
-``param_gather`` key (the C method of that name, nearest rounding), one all-gather moves the
-fixed-size payloads, and every rank, the owner included, decodes all of them into FSDP's
-unsharded buffer. So every rank computes with the same weights, and the forward gather and the
-backward re-gather of a step (``reshard_after_forward=True``) yield the same bits: the sharded
-weights they encode have not changed in between. The sharded weights the optimizer updates are
-never touched. ``param_gather: "none"`` is torch's own all-gather, timed and counted.
+``fsdpcomp.register`` sets one on every FSDPModule. Each rank encodes its own shard once per
+gather with the codec named by the state's ``param_gather`` key (the C method of that name,
+nearest rounding), one all-gather moves the fixed-size payloads, and every rank, the owner
+included, decodes all of them into FSDP's unsharded buffer. So every rank computes with the
+same weights, and the forward gather and the backward re-gather of a step
+(``reshard_after_forward=True``) yield the same bits: the sharded weights they encode have not
+changed in between. The sharded weights the optimizer updates are never touched.
+``param_gather: "none"`` is torch's own all-gather, timed and counted.
 """
 from __future__ import annotations
 
