@@ -7,7 +7,9 @@ included, decodes all of them into FSDP's unsharded buffer. So every rank comput
 same weights, and the forward gather and the backward re-gather of a step
 (``reshard_after_forward=True``) yield the same bits: the sharded weights they encode have not
 changed in between. The sharded weights the optimizer updates are never touched.
-``param_gather: "none"`` is torch's own all-gather, timed and counted.
+``param_gather: "none"`` is torch's own all-gather, timed and counted. On CUDA tensors the
+codec's kernels and the all-gather queue on the current stream; the times counted are then
+the host's (the enqueue), not the device's.
 """
 from __future__ import annotations
 
@@ -28,10 +30,7 @@ except ImportError:  # older torch: the class still works, register() says what 
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
-
-# State.compress/decompress read CPU tensors only until the CUDA single-payload path (issue 13)
-# exists; everything else below is device-agnostic. Flip this when they accept CUDA tensors.
-_CODEC_ON_CUDA = False
+_DEVICES = ("cpu", "cuda")  # where State.compress/decompress run
 
 
 class AllGather(_TorchAllGather):
@@ -81,15 +80,14 @@ class AllGather(_TorchAllGather):
                 output_tensor.copy_(input_tensor)
             self.state._core.add_param_gather(time.perf_counter() - t0, 0.0, raw, raw)
             return _completed(output_tensor, async_op)
-        if input_tensor.device.type != "cpu" and not _CODEC_ON_CUDA:
-            raise TypeError(f"param_gather '{self.state.config['param_gather']}' runs on CPU tensors only "
-                            "so far (State.compress/decompress have no CUDA path yet); set param_gather "
-                            f"'none' for parameters on {input_tensor.device}")
+        if input_tensor.device.type not in _DEVICES:
+            raise TypeError(f"param_gather '{self.state.config['param_gather']}' runs on CPU and CUDA tensors; "
+                            f"set param_gather 'none' for parameters on {input_tensor.device}")
         t0 = time.perf_counter()
         segments, sizes = self._layout(n)
         payload, codec_s = self._encode(input_tensor, segments, sizes, world, rank)
         size = payload.numel()
-        recv = self.state._buffer("param_gather_recv", size * world, input_tensor.device)
+        recv = self._scratch("param_gather_recv", size * world, torch.uint8, input_tensor.device)
         if world > 1:
             _all_gather_single(recv, payload, group=group)
         else:
@@ -118,12 +116,12 @@ class AllGather(_TorchAllGather):
                 rank: int) -> tuple[torch.Tensor, float]:
         """This rank's payload. The shard is a view of the output (FSDP copies it in there), so it
         is read before any decode writes there."""
-        state, n = self.state, shard.numel()
+        n = shard.numel()
         x = shard
         if shard.dtype != torch.float32:  # param_dtype bf16/fp16: exact in fp32
-            x = state._typed_buffer("param_gather_x", n, torch.float32, shard.device)
+            x = self._scratch("param_gather_x", n, torch.float32, shard.device)
             x.copy_(shard)
-        payload = state._buffer("param_gather_send", sum(sizes), shard.device)
+        payload = self._scratch("param_gather_send", sum(sizes), torch.uint8, shard.device)
         t0 = time.perf_counter()
         at = out = 0
         for k, b in zip(segments, sizes):
@@ -138,7 +136,7 @@ class AllGather(_TorchAllGather):
         decoded the same way on every rank, rounded once to the parameter dtype."""
         full = output
         if output.dtype != torch.float32:
-            full = self.state._typed_buffer("param_gather_full", output.numel(), torch.float32, output.device)
+            full = self._scratch("param_gather_full", output.numel(), torch.float32, output.device)
         full.zero_()  # decompress adds into it
         t0 = time.perf_counter()
         at = out = 0  # walks all W payloads and shards: they lie rank after rank
@@ -150,6 +148,17 @@ class AllGather(_TorchAllGather):
         if full is not output:
             output.copy_(full)
         return seconds
+
+    def _scratch(self, kind: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """Working memory of one call. On the CPU the state's cached buffers (no allocation in
+        steady state); on CUDA fresh memory from torch's caching allocator on the current stream,
+        because FSDP2 may gather on more than one stream and a cached buffer would be shared
+        between them."""
+        if device.type == "cuda":
+            return torch.empty(numel, dtype=dtype, device=device)
+        if dtype == torch.uint8:
+            return self.state._buffer(kind, numel, device)
+        return self.state._typed_buffer(kind, numel, dtype, device)
 
     def __repr__(self) -> str:
         return f"fsdpcomp.AllGather({self.state!r}, key={self.key!r}, unit={self.unit})"

@@ -345,7 +345,7 @@ def test_bad_input_is_refused(gen):
         gather(torch.empty(8, dtype=torch.float64), shard.double())
     with pytest.raises(ValueError, match="share dtype"):
         gather(torch.empty(8, dtype=torch.bfloat16), shard)
-    with pytest.raises(TypeError, match="CPU tensors only"):
+    with pytest.raises(TypeError, match="CPU and CUDA tensors"):
         gather(torch.empty(8, device="meta"), torch.empty(8, device="meta"))
     with pytest.raises(TypeError, match="CommState"):
         fsdpcomp.AllGather("int8")
