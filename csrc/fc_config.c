@@ -8,6 +8,8 @@
 static const char *const residual_dtypes[] = {"fp32", "bf16", NULL};
 static const char *const nonfinite_modes[] = {"pass", "zero", NULL};
 static const char *const transports[] = {"auto", "torch", "nccl", NULL};
+/* The parameter codecs: each is the method of the same name (fsdpcomp/param_gather.py). */
+static const char *const param_codecs[] = {"none", "bf16", "fp8", "int8", NULL};
 
 const fc_key fc_common_keys[] = {
     FC_BOOL(fc_common, error_feedback, 0,
@@ -38,6 +40,11 @@ const fc_key fc_common_keys[] = {
              "transport nccl: seconds after which a communicator whose peer never joins or whose "
              "all-to-all never completes is aborted and NcclError raised (0: the process group's "
              "timeout)"),
+    FC_CHOICE(fc_common, param_gather, 0, param_codecs,
+              "FSDP2: codec of the parameter all-gathers (nearest rounding; every rank, the owner "
+              "included, computes with the decoded weights; the sharded weights stay exact)"),
+    FC_INT(fc_common, param_gather_block_size, 256, 8, 16777216.0, FC_KEY_POW2,
+           "elements per scale of the fp8/int8 parameter all-gather; a power of two"),
     FC_KEYS_END,
 };
 

@@ -29,6 +29,8 @@ typedef struct {
     int pipeline;           /* the Python side's per-peer exchange (fc_core_encode_part) */
     int64_t pipeline_piece; /* elements per piece of a payload in that exchange (0: whole) */
     double timeout_s;       /* transport nccl: a stalled peer aborts after this (0: the group's) */
+    int param_gather;       /* FSDP2 parameter all-gather codec: 0 none, 1 bf16, 2 fp8, 3 int8 */
+    int64_t param_gather_block_size; /* elements per scale of the fp8/int8 parameter codec */
 } fc_common;
 
 typedef struct {

@@ -123,8 +123,9 @@ PyObject *fc_state_reset_counters(StateObject *self, PyObject *ignored);
 PyObject *fc_state_add_comm(StateObject *self, PyObject *args, PyObject *kwds);
 PyObject *fc_state_comm_mark(StateObject *self, PyObject *args);
 PyObject *fc_state_cuda_geometry(StateObject *self, PyObject *args);
+PyObject *fc_state_add_param_gather(StateObject *self, PyObject *args, PyObject *kwds);
 extern const char fc_state_counters_doc[], fc_state_reset_counters_doc[], fc_state_add_comm_doc[],
-    fc_state_comm_mark_doc[], fc_state_cuda_geometry_doc[];
+    fc_state_comm_mark_doc[], fc_state_cuda_geometry_doc[], fc_state_add_param_gather_doc[];
 
 /* state_checkpoint.c */
 PyObject *fc_state_units(StateObject *self, PyObject *ignored);

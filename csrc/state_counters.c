@@ -126,7 +126,7 @@ PyObject *fc_state_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
     }
     result = Py_BuildValue(
         "{s:s,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d,s:d,s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:L,"
-        "s:N,s:N,s:L,s:d,s:L,s:I,s:i}",
+        "s:N,s:N,s:L,s:d,s:L,s:I,s:i,s:L,s:L,s:L,s:d,s:d}",
         "method", self->core.method->name,
         "calls", (long long)k->calls,
         "calls_uncompressed", (long long)k->calls_uncompressed,
@@ -154,7 +154,12 @@ PyObject *fc_state_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
         "residual_norm", sqrt(res_sq),
         "residual_bytes", res_bytes,
         "step", self->core.step,
-        "units", self->core.n_units);
+        "units", self->core.n_units,
+        "param_gather_calls", (long long)k->param_gather_calls,
+        "param_gather_bytes_raw", (long long)k->param_gather_bytes_raw,
+        "param_gather_bytes_sent", (long long)k->param_gather_bytes_sent,
+        "param_gather_time_s", k->param_gather_s,
+        "param_gather_codec_time_s", k->param_gather_codec_s);
     return result; /* the N codes gave rel_o and cos_o to it, or dropped them on failure */
 }
 
@@ -286,4 +291,38 @@ PyObject *fc_state_cuda_geometry(StateObject *self, PyObject *args)
     }
     PyMem_Free(rows);
     return out;
+}
+
+FC_DOCSTRING(fc_state_add_param_gather_doc,
+"add_param_gather(seconds, codec_seconds, bytes_sent, bytes_raw)\n\n"
+"Adds one parameter all-gather measured by the caller (fsdpcomp.AllGather): its wall time, the\n"
+"encode + decode part of it, the payload bytes this rank sent and what an uncompressed\n"
+"all-gather would have sent. Kept apart from the gradient path's counters.");
+
+PyObject *fc_state_add_param_gather(StateObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"seconds", "codec_seconds", "bytes_sent", "bytes_raw", NULL};
+    double seconds, codec;
+    long long sent, raw;
+    if (!fc_state_ready(self) ||
+        !PyArg_ParseTupleAndKeywords(args, kwds, "ddLL:add_param_gather", kwlist, &seconds, &codec,
+                                     &sent, &raw))
+        return NULL;
+    if (!(isfinite(seconds) && seconds >= 0 && codec >= 0 && codec <= seconds)) {
+        PyErr_SetString(PyExc_ValueError, "add_param_gather: seconds and codec_seconds must be finite, "
+                        ">= 0, and codec_seconds <= seconds");
+        return NULL;
+    }
+    if (sent < 0 || raw < 0) {
+        PyErr_Format(PyExc_ValueError, "add_param_gather: byte counts must be >= 0, got bytes_sent %lld, "
+                     "bytes_raw %lld", sent, raw);
+        return NULL;
+    }
+    fc_counters *k = &self->core.ctr;
+    k->param_gather_calls++;
+    k->param_gather_s += seconds;
+    k->param_gather_codec_s += codec;
+    k->param_gather_bytes_sent += sent;
+    k->param_gather_bytes_raw += raw;
+    Py_RETURN_NONE;
 }

@@ -203,6 +203,8 @@ static PyMethodDef State_methods[] = {
     {"add_comm", (PyCFunction)(void (*)(void))fc_state_add_comm, METH_VARARGS | METH_KEYWORDS, fc_state_add_comm_doc},
     {"comm_mark", (PyCFunction)fc_state_comm_mark, METH_VARARGS, fc_state_comm_mark_doc},
     {"_cuda_geometry", (PyCFunction)fc_state_cuda_geometry, METH_VARARGS, fc_state_cuda_geometry_doc},
+    {"add_param_gather", (PyCFunction)(void (*)(void))fc_state_add_param_gather, METH_VARARGS | METH_KEYWORDS,
+     fc_state_add_param_gather_doc},
     {"units", (PyCFunction)fc_state_units, METH_NOARGS, fc_state_units_doc},
     {"residuals", (PyCFunction)fc_state_residuals, METH_NOARGS, fc_state_residuals_doc},
     {"restore", (PyCFunction)fc_state_restore, METH_VARARGS, fc_state_restore_doc},

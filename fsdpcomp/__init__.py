@@ -16,6 +16,7 @@ from .counters import Counters
 from .ddp import ddp_hook
 from .fsdp2 import AllReduceHook, ReduceScatter
 from .hooks import fsdp_hook
+from .param_gather import AllGather
 from .register import register
 from .register_fsdp2 import register_replicate
 from .results import append_result, build_record, combine_counters, read_results
@@ -37,7 +38,7 @@ def method_info(name: str) -> dict[str, Any]:
 
 
 __all__ = [
-    "AllReduceHook", "CommState", "Counters", "CudaError", "NcclError", "PayloadError",
+    "AllGather", "AllReduceHook", "CommState", "Counters", "CudaError", "NcclError", "PayloadError",
     "ReduceScatter", "__version__", "add_argparse_args", "append_result", "build_record",
     "combine_counters", "ddp_hook", "from_args", "fsdp_hook", "method_info", "methods",
     "read_results", "register", "register_replicate", "release_nccl",

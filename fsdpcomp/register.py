@@ -19,16 +19,21 @@ def register(model: torch.nn.Module, method: str | CommState = "none",
     :func:`fsdp_hook`, and every FSDP instance's hook state bound to its unit (the module's
     name). HYBRID_SHARD strategies are refused by torch itself for comm hooks.
     FSDP2 (a model whose modules are ``FSDPModule``): a :class:`fsdpcomp.ReduceScatter` set on
-    every one, keyed by the module's name. DDP (``DistributedDataParallel``):
-    ``register_comm_hook`` with :func:`fsdpcomp.ddp_hook`, buckets keyed by their parameters.
-    Every unit's residual stays with its key whatever the order of the calls, whichever units
-    sit out a step.
+    every one, keyed by the module's name, and a :class:`fsdpcomp.AllGather` for the parameter
+    all-gathers (compressed with the config key ``param_gather``; torch's own all-gather, counted,
+    for "none"). DDP (``DistributedDataParallel``): ``register_comm_hook`` with
+    :func:`fsdpcomp.ddp_hook`, buckets keyed by their parameters. Every unit's residual stays
+    with its key whatever the order of the calls, whichever units sit out a step. FSDP1 and DDP
+    have no parameter all-gather hook: a ``param_gather`` other than "none" is refused there,
+    before anything is registered.
     """
     state = method if isinstance(method, CommState) else CommState(method, config, process_group)
     if isinstance(method, CommState) and config is not None:
         raise ValueError("pass either a CommState or a method name with its config, not both")
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
+    if isinstance(model, (FSDP, torch.nn.parallel.DistributedDataParallel)):
+        refuse_param_gather(state, type(model).__name__)
     if isinstance(model, FSDP):
         if state.process_group is None:
             state.process_group = model.process_group
@@ -63,3 +68,11 @@ def _bind_fsdp1_units(root: torch.nn.Module, state: CommState) -> None:
     for name, module in root.named_modules():
         if isinstance(module, FSDP):
             module._comm_hook_state = UnitHookState(state, clean_tensor_name(name) or "<root>")
+
+
+def refuse_param_gather(state: CommState, where: str) -> None:
+    """Only FSDP2 has a parameter all-gather fsdpcomp can replace (set_custom_all_gather)."""
+    codec = state.config["param_gather"]
+    if codec != "none":
+        raise ValueError(f"config key 'param_gather' is '{codec}', but {where} has no parameter "
+                         "all-gather hook (only FSDP2's fully_shard has one): set it to 'none'")

@@ -13,6 +13,7 @@ from . import _C, _nccl
 from ._gather import compressed_all_gather
 from ._config import normalize_config
 from ._order import Units
+from ._param_codec import make_param_codec
 from .counters import Counters
 
 _ELEMENT_SIZE = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
@@ -82,6 +83,7 @@ class CommState:
         self._timeout_s = cfg["timeout_s"]
         self._group_ranks: tuple[dist.ProcessGroup, list[int]] | None = None  # for _peers()
         self._gather_residuals: dict[int, torch.Tensor] = {}  # all-gather stage, per unit
+        self._param_codec = make_param_codec(cfg)  # FSDP2 parameter all-gathers (param_gather.py)
         if self._gather_compressed and cfg.get("second_round"):
             # a single payload (the all-gather stage) has no second round to fetch values with
             raise ValueError("config key 'allgather_compress' cannot be combined with "
