@@ -144,12 +144,15 @@ struct fc_cu_int8_codec {
         for (int j = 0; j < 8; j++) {
             int32_t q = 0;
             if (k.inv != 0.0f) { // zero or non-finite block: zero codes (fc_absmax_scale)
+                // x * inv as x86 has it: 1 / scale overflows for a block of tiny values,
+                // and 0 * Inf is x86's negative default NaN, not the GPU's canonical one
+                const float t = fc_mul_x86(v[j], k.inv);
                 if (!stochastic) {
-                    float f = fc_round_even(v[j] * k.inv);
+                    float f = fc_round_even(t);
                     f = f > 127.0f ? 127.0f : f < -127.0f ? -127.0f : f;
                     q = (int32_t)f;
                 } else {
-                    q = fc_floor_i32(v[j] * k.inv + fc_u01_16(fc_rng_h16(r, (uint32_t)j)));
+                    q = fc_floor_i32(t + fc_u01_16(fc_rng_h16(r, (uint32_t)j)));
                     q = q > 127 ? 127 : q < -127 ? -127 : q;
                 }
             }
@@ -202,7 +205,8 @@ struct fc_cu_fp8_codec {
         uint8_t q8[8];
         const float s_neg = -1.0f * k.scale;
         for (int j = 0; j < 8; j++) {
-            q8[j] = k.inv != 0.0f ? fc_f32_to_fp8(v[j] * k.inv, fmt) : (uint8_t)0;
+            // fc_mul_x86: a block of tiny values overflows inv; 0 * Inf keeps x86's NaN sign
+            q8[j] = k.inv != 0.0f ? fc_f32_to_fp8(fc_mul_x86(v[j], k.inv), fmt) : (uint8_t)0;
             if (dec)
                 d[j] = s_neg * fc_fp8_to_f32(q8[j], fmt);
         }
