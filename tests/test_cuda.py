@@ -123,7 +123,7 @@ def test_impossible_codes_are_reported(method, cfg, off, val, gen):
     dev = fsdpcomp.CommState(method, dict(cfg, compress_own_chunk=True))
     out = torch.empty(64, device="cuda")
     dev._core.decode(send.cuda(), g.cuda(), out, 1, 0, dev._core.begin(64))
-    with pytest.raises(fsdpcomp.PayloadError, match="rank 0"):
+    with pytest.raises(fsdpcomp.PayloadError, match="rank 0.*a code no encoder writes"):
         dev.counters()
     assert torch.isnan(out).any()
 
