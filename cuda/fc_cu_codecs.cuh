@@ -5,11 +5,14 @@
 //
 // Encoding: every lane of a warp calls fc_cu_encode_blocks(codec, x, n, body, rng, sink, warp,
 // warps) with the same arguments; warp `warp` of `warps` takes every warps-th unit (fc_cu_unit)
-// of the array. x is
-// a loader (fc_cu_chunk_x, fc_cu_f32_values), rng the stream the CPU's encode got (its
-// fc_chunk.rng), sink receives (x, e = x - D(C(x))) per element when sink.on() (fc_cu_no_sink
-// for none). Launch with FC_CU_CODEC_THREADS threads per block: qsgd and onebit keep their
-// tiles in static shared memory indexed by warp.
+// of the array. x is a loader (fc_cu_chunk_x, fc_cu_f32_values), rng the stream the CPU's
+// encode got (its fc_chunk.rng), sink receives (x, e = x - D(C(x))) per element when sink.on()
+// (fc_cu_no_sink for none). Launch with FC_CU_CODEC_THREADS threads per block: qsgd and onebit
+// keep their tiles in static shared memory indexed by warp. tests/cuda_emu/emu_main.cpp's
+// encode_array / decode_array are a minimal example of both on an array.
+// As a sparsifier's value codec (fc_sparse.c): the codec at its method's defaults, the k kept
+// values as the array, rng = the chunk's stream with chunk ^= 0x5bd1e995 (sub_chunk); `none`
+// is the fp32 values as they are, `fp16` fc_cu_fp16_code with the parent chunk's world.
 // Decoding: C::dec d = codec.at(n) for an array of n; d.term(body, i, alpha, &bad) is exactly
 // what the CPU's decode_add adds to acc[i] (alpha * D(body)[i]); *bad set for a code the
 // encoder cannot write (the CPU raises PayloadError there).
