@@ -129,7 +129,7 @@ def test_cuda_flag_matches_the_library_table():
         "    _fields_ = [('abi', ctypes.c_int), ('build', ctypes.c_char_p),\n"
         "                ('has_method', ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int))]\n"
         "f = lib.fc_cuda_get_api; f.restype = ctypes.POINTER(Api); f.argtypes = [ctypes.c_int]\n"
-        "api = f(1).contents\n"
+        f"api = f({cuda_abi()}).contents\n"
         f"print(' '.join(str(api.has_method(i)) for i in {sorted(ids.values())!r}))\n")
     assert r.returncode == 0, r.stderr
     has = dict(zip(sorted(ids.values()), (bool(int(v)) for v in r.stdout.split())))

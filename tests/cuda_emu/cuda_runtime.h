@@ -12,6 +12,7 @@
 #include <cmath>
 #include <math.h> // isfinite, sqrt unqualified, as CUDA declares them
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -50,6 +51,8 @@ typedef struct fc_emu_event {
     int recorded;
 } *cudaEvent_t;
 #define cudaEventDefault 0
+#define cudaEventDisableTiming 2
+#define cudaHostAllocMapped 2
 
 static inline cudaError_t cudaGetLastError(void) { return cudaSuccess; }
 static inline const char *cudaGetErrorString(cudaError_t) { return "emulated"; }
@@ -74,6 +77,9 @@ static inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t = 0) { e->
 static inline cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
 static inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
 static inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t, cudaEvent_t) { *ms = 0.0f; return cudaSuccess; }
+static inline cudaError_t cudaHostAlloc(void **p, size_t n, unsigned) { *p = calloc(1, n); return cudaSuccess; }
+static inline cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
+static inline cudaError_t cudaHostGetDevicePointer(void **d, void *h, unsigned) { *d = h; return cudaSuccess; }
 
 // ---- threads, warps, blocks
 
@@ -85,6 +91,9 @@ struct fc_emu_warp {
 
 inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 inline thread_local fc_emu_warp *fc_emu_cur;
+inline thread_local std::barrier<> *fc_emu_block; // every thread of the block
+
+static inline void __syncthreads(void) { fc_emu_block->arrive_and_wait(); }
 inline std::mutex fc_emu_atomic;
 
 static inline void __syncwarp(unsigned = 0xffffffffu) { fc_emu_cur->bar.arrive_and_wait(); }
@@ -137,7 +146,7 @@ template <class K> struct fc_emu_launcher {
         std::vector<fc_emu_warp *> warps;
         for (unsigned w = 0; w < nw; w++)
             warps.push_back(new fc_emu_warp((int)(w + 1 < nw ? 32 : nt - 32 * w)));
-        std::barrier<> between((std::ptrdiff_t)nt);
+        std::barrier<> between((std::ptrdiff_t)nt), inside((std::ptrdiff_t)nt);
         std::vector<std::thread> ts;
         for (unsigned t = 0; t < nt; t++)
             ts.emplace_back([&, t]() {
@@ -145,6 +154,7 @@ template <class K> struct fc_emu_launcher {
                 blockDim = block;
                 gridDim = grid;
                 fc_emu_cur = warps[t / 32];
+                fc_emu_block = &inside;
                 for (unsigned y = 0; y < grid.y; y++)
                     for (unsigned x = 0; x < grid.x; x++) {
                         blockIdx = dim3(x, y, 0);
