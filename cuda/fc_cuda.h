@@ -65,7 +65,8 @@ enum {
     FC_PAYLOAD_ORDER = 5, /* unit or step differ */
     FC_PAYLOAD_NUMEL = 6,
     FC_PAYLOAD_BODY = 7,
-    /* 8: a code no encoder writes (the dense kernels' decoders) */
+    FC_PAYLOAD_CODES = 8, /* a code no encoder writes (the dense kernels' decoders; the CPU's
+                           * PayloadError) */
     FC_PAYLOAD_ABORTED = 9 /* the NCCL communicator was aborted: the payload never arrived */
 };
 
