@@ -84,6 +84,7 @@ def _ms(seconds: Any) -> float | None:
 
 def build_record(*, run: Mapping[str, Any], step_times_s: Iterable[float], tokens_per_step: int,
                  counters: Mapping[str, Any], comm_time_ms_by_op: Mapping[str, float | None] | None = None,
+                 measured_ms: Mapping[str, float | None] | None = None,
                  extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A results line.
 
@@ -94,8 +95,9 @@ def build_record(*, run: Mapping[str, Any], step_times_s: Iterable[float], token
     tokens_per_step: tokens processed per step over all ranks.
     counters: ``combine_counters`` of all ranks, timing fields over the timed steps only.
     comm_time_ms_by_op: per-op communication time (ms, over the timed steps) when a profiler
-        measured it; otherwise the compressed reduce-scatter's own comm time from the counters,
-        and null for the ops the library does not see.
+        measured it; otherwise the library's own exchanges from the counters (under
+        all_to_all), plus what the script timed itself (measured_ms, e.g. FSDP's parameter
+        all-gathers), and null for the ops nobody measured.
     """
     missing = [k for k in ("run_name", "world_size", "model", "dataset", "max_length", "batch_size",
                            "compress_method", "compress_config", "seed") if k not in run]
@@ -106,7 +108,8 @@ def build_record(*, run: Mapping[str, Any], step_times_s: Iterable[float], token
     if comm_time_ms_by_op is None:
         rs = counters.get("comm_time_s")
         comm_time_ms_by_op = {op: None for op in COMM_OPS}
-        comm_time_ms_by_op["all_to_all"] = _ms(rs)  # the hook's compressed reduce-scatter
+        comm_time_ms_by_op["all_to_all"] = _ms(rs)  # the hook's compressed exchanges
+        comm_time_ms_by_op.update(measured_ms or {})
     by_op = {op: _finite_or_none(comm_time_ms_by_op.get(op)) for op in COMM_OPS}
     measured = [v for v in by_op.values() if v is not None]
     extra_ms = _ms(counters.get("extra_collective_time_s"))
