@@ -17,7 +17,7 @@ REQUIRED_FIELDS = (
 )
 OPTIONAL_FIELDS = (
     "compress_time_ms", "decompress_time_ms", "extra_collectives", "extra_collective_time_ms",
-    "index_bytes", "density", "residual_norm", "grad_rel_error", "grad_cos_sim",
+    "fallback_units", "index_bytes", "density", "residual_norm", "grad_rel_error", "grad_cos_sim",
     "mem_peak_alloc_gb", "mem_peak_reserved_gb", "time_to_target_ppl_s", "ppl_at_fixed_time",
     "nonfinite_steps", "torch_version", "fsdpcomp_version", "device",
 )
@@ -25,7 +25,7 @@ COMM_OPS = ("reduce_scatter", "all_gather", "all_to_all", "all_reduce")
 
 # How counters from several ranks combine: byte and event counts add up, times and
 # per-rank statistics are averaged over the ranks that have a value.
-_SUMMED = ("calls", "calls_uncompressed", "elements", "chunks_sent", "bytes_raw", "bytes_sent",
+_SUMMED = ("calls", "calls_uncompressed", "fallback_units", "elements", "chunks_sent", "bytes_raw", "bytes_sent",
            "bytes_compressed", "header_bytes", "meta_bytes", "index_bytes", "value_bytes",
            "nonfinite_in", "nonfinite_out", "extra_collectives", "error_samples", "residual_bytes")
 _AVERAGED = ("compress_time_s", "decompress_time_s", "comm_time_s", "extra_collective_time_s",
@@ -131,6 +131,7 @@ def build_record(*, run: Mapping[str, Any], step_times_s: Iterable[float], token
         decompress_time_ms=_ms(counters.get("decompress_time_s")),
         extra_collectives=counters.get("extra_collectives"),
         extra_collective_time_ms=extra_ms,
+        fallback_units=counters.get("fallback_units"),
         index_bytes=counters.get("index_bytes"),
         density=counters.get("density"),
         residual_norm=counters.get("residual_norm"),
