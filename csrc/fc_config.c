@@ -31,9 +31,10 @@ const fc_key fc_common_keys[] = {
     FC_INT(fc_common, pipeline_piece, 1048576, 0, 9007199254740991.0, 0,
            "with pipeline: elements per piece a payload is cut into, so the first piece travels while "
            "the next is encoded (element- and block-wise methods; 0: whole payloads)"),
-    FC_BOOL(fc_common, allgather_compress, 0,
+    FC_BOOL(fc_common, allgather_compress, 1,
             "all-reduces (NO_SHARD, DDP, replica all-reduce): compress the all-gather of the reduced "
-            "shards too; every rank, the owner included, uses the decoded shard (CPU tensors)"),
+            "shards too, where the payload is smaller than the shard; every rank, the owner included, "
+            "uses the decoded shards (CPU tensors; on CUDA the default goes uncompressed for now)"),
     FC_KEYS_END,
 };
 

@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 
 from . import _C, _nccl
-from ._gather import compressed_all_gather
-from ._config import normalize_config
+from ._gather import all_gather_shards
+from ._config import gather_default, normalize_config
 from .counters import Counters
 
 _ELEMENT_SIZE = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
@@ -53,7 +53,8 @@ class CommState:
                  process_group: dist.ProcessGroup | None = None):
         if not isinstance(method, str):
             raise TypeError(f"method must be a str, got {type(method).__name__}")
-        self._core = _C.State(method, normalize_config(config), _allocate_residual)
+        config = normalize_config(config)
+        self._core = _C.State(method, gather_default(config), _allocate_residual)
         self.process_group = process_group
         self._buffers: dict[tuple[str, str], torch.Tensor] = {}
         self._plans: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}
@@ -63,6 +64,8 @@ class CommState:
         self._transport = cfg["transport"]
         self._ef = cfg["error_feedback"]
         self._gather_compressed = cfg["allgather_compress"]
+        self._gather_explicit = "allgather_compress" in config  # set by name, not by default
+        self._min_numel = cfg["min_numel"]
         self._pipeline = cfg["pipeline"]
         self._group_ranks: tuple[dist.ProcessGroup, list[int]] | None = None  # for _peers()
         self._gather_residuals: dict[int, torch.Tensor] = {}  # all-gather stage, per unit
@@ -353,7 +356,7 @@ class CommState:
 
     def all_reduce(self, grad: torch.Tensor) -> None:
         """grad = mean over ranks of grad, in place: compressed reduce-scatter, then an
-        all-gather of the reduced shards, in grad's dtype or (allgather_compress) compressed."""
+        all-gather of the reduced shards, compressed too (allgather_compress) where that pays."""
         world, _ = self._world_rank()
         n = grad.numel()
         shard = -(-n // world)
@@ -362,16 +365,8 @@ class CommState:
         if world == 1:
             grad.copy_(reduced[:n])
             return
-        if self._gather_compressed:
-            _, rank = self._world_rank()
-            compressed_all_gather(self, reduced, grad, unit, world, rank, self._gather_residuals)
-            return
-        gathered = self._buffer_like("gathered", shard * world, grad)
-        t0 = time.perf_counter()
-        _all_gather_single(gathered, reduced, group=self.process_group)
-        nbytes = (world - 1) * shard * grad.element_size()
-        self._core.add_comm(time.perf_counter() - t0, bytes_sent=nbytes, bytes_raw=nbytes)
-        grad.copy_(gathered[:n].view_as(grad))
+        _, rank = self._world_rank()
+        all_gather_shards(self, reduced, grad, unit, world, rank, self._gather_residuals)
 
     def _buffer_like(self, kind: str, numel: int, like: torch.Tensor) -> torch.Tensor:
         return self._typed_buffer(kind, numel, like.dtype, like.device)
