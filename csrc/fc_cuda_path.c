@@ -67,7 +67,7 @@ int fc_cuda_encode(fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf
 {
     int rc = FC_OK;
     const int64_t N = grad->numel;
-    const fc_method *m = fc_core_unit_method(s, N);
+    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype); /* as the CPU plan says */
     const int use_ef = m == s->method && s->common.error_feedback && residual != NULL;
     /* the CPU's rule (fc_core.c encode_begin): no sample from a call a second round follows */
     const int sample = m == s->method && s->common.error_stats_every > 0 &&
@@ -123,6 +123,7 @@ int fc_cuda_encode(fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf
         s->units[unit].residual_elems = residual->numel;
     s->ctr.calls++;
     s->ctr.calls_uncompressed += m != s->method;
+    s->ctr.fallback_units += m != s->method && fc_core_unit_method(s, N) == s->method;
     s->ctr.elements += N;
     s->ctr.bytes_raw += raw;
     return FC_OK;
@@ -135,7 +136,7 @@ int fc_cuda_decode(fc_core *s, const fc_cuda_call *k, const fc_buf *recv, const 
 {
     int rc = FC_OK;
     const int64_t N = grad->numel;
-    const fc_method *m = fc_core_unit_method(s, N);
+    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
     int64_t start, n;
     int64_t sends[FC_MAX_WORLD], recvs[FC_MAX_WORLD];
     fc_chunk_span(N, world, rank, &start, &n);
