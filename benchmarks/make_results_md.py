@@ -1,4 +1,4 @@
-# Writes docs/results.md from the benchmarks' JSON files (comm_bench.json, train_bench_*.json): machine, date, versions, tables, plots, commands.
+# Writes docs/results.md from the benchmarks' JSON files (comm_bench.json, train_bench_*.json): machine, date, versions, tables, plots, commands; and README's short Results (--readme).
 """    python benchmarks/make_results_md.py [--results_dir benchmarks/results] [--out docs/results.md]
 
 Only numbers found in the JSON files are written; a benchmark whose JSON is missing gets a line
@@ -15,8 +15,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # beside this file: fmt, projection
 from fmt import fmt, fmt_bytes  # noqa: E402
 import projection  # noqa: E402
+import results_step  # noqa: E402
 
 COMM_CMD = "sudo python benchmarks/comm_bench.py --world 2 3 4 --sizes 16M 64M --links 1 10 unshaped"
+KERNELS_JSON = os.path.join("benchmarks", "results", "kernels.json")  # comm_bench's default
 TRAIN_CMD = {"cpu": "sudo python benchmarks/train_bench.py --setting cpu --seeds 0 1 2",
              "gpu": "python benchmarks/train_bench.py --setting gpu"}
 
@@ -105,14 +107,23 @@ def comm_section(data: dict, rel: str, brief: bool = False) -> list[str]:
         out += _md_table(["Gbit/s", "GPUs", "method", "ratio", "projected ms", "vs NCCL rs", "vs none"], rows)
         # the step projection follows from the rows above and projection.py's stated assumptions
         compute_s = projection.compute_time(c["numel"])
-        steps = projection.step_table(c["rows"], c["numel"], c["alpha_us"] * 1e-6, compute_s)
+        # the int8 parameter codec is the int8 gradient codec (block 256): the same measured ratio
+        int8 = next((r for r in c["rows"] if r["method"] == "int8"), None)
+        kernels, _ = projection.load_kernel_times(KERNELS_JSON)
+        steps = projection.step_table(c["rows"], c["numel"], c["alpha_us"] * 1e-6, compute_s,
+                                      int8["ratio"] if int8 else None, kernels.get("int8"))
         out += ["", "### PROJECTED step speedup for GPU clusters (not measured)", "",
-                f"{projection.step_caption(c['numel'], compute_s)}. The parameter all-gathers are not "
-                "compressed, so they bound what compressing the reduce-scatter alone can give.", ""]
+                f"{projection.step_caption(c['numel'], compute_s)}. Uncompressed all-gathers bound what "
+                "compressing the reduce-scatter alone can give; `+ gathers` compresses them too "
+                f"(int8, ratio {fmt(int8 and int8['ratio'], '.2f')}"
+                + (", codec from GPU kernel times" if kernels.get("int8") else ", codec time 0: an upper bound")
+                + "), against the same uncompressed baseline.", ""]
         rows = [[f"{r['gbit']:.0f}", str(r["world"]), r["method"], f"{r['ratio']:.2f}", f"{r['step_s'] * 1e3:.2f}",
-                 f"{r['speedup_no_overlap']:.2f}", f"{r['speedup_full_overlap']:.2f}"] for r in steps]
+                 f"{r['speedup_no_overlap']:.2f}", f"{r['speedup_full_overlap']:.2f}",
+                 fmt(r.get("speedup_no_overlap_gathers"), ".2f"), fmt(r.get("speedup_full_overlap_gathers"), ".2f")]
+                for r in steps]
         out += _md_table(["Gbit/s", "GPUs", "method", "ratio", "step ms", "speedup, no overlap",
-                          "speedup, overlap"], rows)
+                          "speedup, overlap", "+ gathers, no overlap", "+ gathers, overlap"], rows)
     if os.path.exists(os.path.join(os.path.dirname(data["_path"]), "comm_bench.png")):
         out += ["", f"![reduce-scatter time per call]({rel}/comm_bench.png)"]
     out += ["", "Reproduce:", "", "```", reproduce_cmd(m, COMM_CMD), "```", ""]
@@ -155,12 +166,12 @@ def reproduce_cmd(meta: dict, default: str) -> str:
     argv = meta.get("argv")
     if not argv:
         return default
-    # --out_dir and --train_repo name scratch folders of the machine that ran it: leave them out
+    # --out_dir, --train_repo and --work_dir name scratch folders of the machine that ran it: leave them out
     keep, skip = [], False
     for a in argv:
         if skip:
             skip = False
-        elif a in ("--out_dir", "--train_repo"):
+        elif a in ("--out_dir", "--train_repo", "--work_dir"):
             skip = True
         else:
             keep.append(shlex.quote(a))
@@ -172,18 +183,16 @@ README_BEGIN, README_END = "<!-- results:begin -->", "<!-- results:end -->"
 
 def sections(results_dir: str, rel: str, brief: bool = False) -> list[str]:
     """The generated sections, with plot links relative to `rel` (where the page lives)."""
-    def load(path):
-        with open(path) as f:
-            data = json.load(f)
-        data["_path"] = path
-        return data
-
+    load = _load
     lines = []
     comm = os.path.join(results_dir, "comm_bench.json")
     if os.path.exists(comm):
         lines += comm_section(load(comm), rel, brief)
     else:
         lines += ["## Reduce-scatter", "", f"No {comm} yet: run `{COMM_CMD}`.", ""]
+    for path in sorted(glob.glob(os.path.join(results_dir, "step_bench_*.json"))):
+        data = load(path)
+        lines += results_step.step_section(data, rel, reproduce_cmd(data["meta"], results_step.STEP_CMD), brief)
     trains = sorted(glob.glob(os.path.join(results_dir, "train_bench_*.json")))
     for path in trains:
         lines += train_section(load(path), rel)
@@ -193,20 +202,108 @@ def sections(results_dir: str, rel: str, brief: bool = False) -> list[str]:
     return lines
 
 
-def update_readme(path: str, results_dir: str) -> None:
-    """Replaces README's Results section (between the markers) with the generated one."""
+def _load(path: str) -> dict:
+    with open(path) as f:
+        data = json.load(f)
+    data["_path"] = path
+    return data
+
+
+def headline(results_dir: str, rel: str, doc_link: str) -> list[str]:
+    """README's short Results: one headline table (the reduce-scatter on the link the targets
+    are set on, the largest size, 2 ranks), the plot, and every target met or missed in one line
+    each; the rest is in docs/results.md (doc_link)."""
+    out = []
+    comm_path = os.path.join(results_dir, "comm_bench.json")
+    comm = _load(comm_path) if os.path.exists(comm_path) else None
+    if comm is None:
+        out += [f"No {comm_path} yet: run `{COMM_CMD}`.", ""]
+    else:
+        m = comm["meta"]
+        runs = [r for r in comm["runs"] if r["link"].startswith("1 Gbit")] or comm["runs"]
+        run = min(runs, key=lambda r: r["world"])
+        size = run["sizes"][-1]
+        out += [f"The reduce-scatter at {run['link'].split(' (')[0]}, {run['world']} ranks, {size['numel']} fp32 "
+                f"elements (benchmarks/comm_bench.py, {m['date'][:10]}, {m['cpu']}, {m['cores']} cores; median of "
+                f"{size['reps']} calls, checked against the exact mean first):", ""]
+        rows = [[r["method"], f"{r['ratio']:.2f}", f"{r['median_s'] * 1e3:.0f}",
+                 fmt(r["speedup_vs_torch_reduce_scatter"], ".2f"), fmt(r["speedup_vs_none"], ".2f"),
+                 fmt(r["fraction_of_ideal"], ".0%")] for r in size["rows"]]
+        out += _md_table(["method", "ratio", "ms", "vs torch rs", "vs none", "of ideal"], rows) + [""]
+        if os.path.exists(os.path.join(results_dir, "comm_bench.png")):
+            out += [f"![reduce-scatter time per call]({rel}/comm_bench.png)", ""]
+    out += ["Targets (the reduce-scatter at 1 Gbit/s, 2-4 ranks, 16M and 64M elements; training: the tiny "
+            "model on 2 CPU ranks):", ""]
+    if comm is not None:
+        out += _comm_target_lines(comm["targets"])
+    out += _train_target_lines([_load(p) for p in sorted(glob.glob(os.path.join(results_dir, "train_bench_*.json")))])
+    out += ["", f"Every link, size, world size and training run, the projections for GPU clusters and the "
+            f"commands that reproduce them: [{doc_link}]({doc_link}).", ""]
+    return out
+
+
+def _comm_target_lines(targets: list[dict]) -> list[str]:
+    """One line per kind of target: how many of its cases were met, per method."""
+    kinds: dict[str, dict[str, list[dict]]] = {}
+    for t in targets:
+        method, _, what = t["target"].partition(" ")
+        kinds.setdefault(what, {}).setdefault(method, []).append(t)
+    out = []
+    for what, by_method in kinds.items():
+        cells = []
+        for method, ts in by_method.items():
+            met = sum(1 for t in ts if t["met"])
+            vals = [t["value"] for t in ts if t.get("value") is not None]
+            span = f" ({min(vals):.2f}-{max(vals):.2f})" if vals and len(by_method) == 1 else ""
+            cells.append(f"`{method}` {met}/{len(ts)}{span}")
+        out.append(f"- {what}: met in " + ", ".join(cells))
+    return out
+
+
+def _train_target_lines(trains: list[dict]) -> list[str]:
+    """Per training target, what met it (or came closest), and in which run: the run with the
+    most seeds first."""
+    found: dict[str, list[tuple[dict, dict]]] = {}
+    for data in trains:
+        for t in data["targets"]:
+            if t["met"] is not None:
+                found.setdefault(t["target"], []).append((t, data["meta"]))
+    out = []
+    for target, entries in found.items():
+        entries.sort(key=lambda e: (-len(e[1].get("seeds") or [0]), e[0]["miss_by_pct"]))
+        met = [e for e in entries if e[0]["met"]]
+        shown = met if met else entries[:1]
+        best_run = shown[0][1]
+        cells = []
+        for t, meta in shown:
+            if meta is best_run:  # one run's numbers: the one with the most seeds
+                cells.append(f"`{t['method']}` {t['delta_ppl_pct']:+.2f}%")
+        where = (f"{best_run['stem']}: {len(best_run.get('seeds') or [0])} seed(s), "
+                 f"{best_run['max_steps']} steps")
+        if met:
+            out.append(f"- MET: {target}: " + ", ".join(cells) + f" ({where})")
+        else:
+            out.append(f"- MISSED: {target}: closest " + ", ".join(cells)
+                       + f", by {shown[0][0]['miss_by_pct']:.2f} points ({where})")
+    return out
+
+
+def update_readme(path: str, results_dir: str, doc_out: str) -> None:
+    """Replaces README's Results section (between the markers) with the short headline."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
     if README_BEGIN not in text or README_END not in text:
         raise SystemExit(f"{path} has no {README_BEGIN} ... {README_END} markers")
-    rel = os.path.relpath(os.path.abspath(results_dir), os.path.dirname(os.path.abspath(path)))
-    body = [("#" + line) if line.startswith("## ") else line for line in sections(results_dir, rel, brief=True)]
+    here = os.path.dirname(os.path.abspath(path))
+    rel = os.path.relpath(os.path.abspath(results_dir), here)
+    doc_link = os.path.relpath(os.path.abspath(doc_out), here)
+    body = headline(results_dir, rel, doc_link)
     head, rest = text.split(README_BEGIN, 1)
     _, tail = rest.split(README_END, 1)
     note = ("Generated by `python benchmarks/make_results_md.py --readme README.md` from "
             f"`{results_dir}`; do not edit by hand.")
     with open(path, "w", encoding="utf-8") as f:
-        f.write(head + README_BEGIN + "\n" + note + "\n\n" + "\n".join(body) + "\n" + README_END + tail)
+        f.write(head + README_BEGIN + "\n" + note + "\n\n" + "\n".join(body) + README_END + tail)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         f.write("\n".join(lines))
     print(f"wrote {args.out}")
     if args.readme:
-        update_readme(args.readme, args.results_dir)
+        update_readme(args.readme, args.results_dir, args.out)
         print(f"updated the Results section of {args.readme}")
     return 0
 

@@ -10,6 +10,7 @@
 #include "fc_half.h"
 #include "fc_memhint.h"
 #include "fc_quant.h"
+#include "fc_range.h"
 #include "fc_simd.h"
 #include "fc_wire.h"
 
@@ -223,6 +224,25 @@ const fc_method *fc_core_unit_method(const fc_core *s, int64_t numel)
     return numel < s->common.min_numel ? &fc_method_none : s->method;
 }
 
+/* Whether a chunk of n elements goes out no smaller as m than as `none` (padded sizes: what
+ * the wire carries). */
+static int no_smaller(const fc_core *s, const fc_method *m, int64_t n, int dtype)
+{
+    return n > 0 && fc_payload_bytes(s, m, n, dtype) >= fc_payload_bytes(s, &fc_method_none, n, dtype);
+}
+
+const fc_method *fc_core_wire_method(const fc_core *s, int64_t numel, int world, int dtype)
+{
+    const fc_method *m = fc_core_unit_method(s, numel);
+    if (m == &fc_method_none || (m->flags & FC_VARSIZE) || numel <= 0 || world < 1)
+        return m;
+    /* a unit's chunks have two lengths at most: ceil(N / W), and the last non-empty one's */
+    const int64_t per = (numel + world - 1) / world, last = numel - (numel - 1) / per * per;
+    if (m->fetch_k != NULL && fc_core_fetch_k(s, m, per) > 0)
+        dtype = FC_BF16; /* `none` at 2 bytes per element: no larger than any dtype's */
+    return no_smaller(s, m, per, dtype) || no_smaller(s, m, last, dtype) ? &fc_method_none : m;
+}
+
 void fc_chunk_span(int64_t n, int world, int c, int64_t *start, int64_t *len)
 {
     int64_t per = (n + world - 1) / world;
@@ -270,7 +290,7 @@ int64_t fc_payload_bytes(const fc_core *s, const fc_method *m, int64_t n, int dt
 void fc_core_plan(const fc_core *s, int64_t numel, int dtype, int world, int rank,
                   int64_t *send_splits, int64_t *recv_splits)
 {
-    const fc_method *m = fc_core_unit_method(s, numel);
+    const fc_method *m = fc_core_wire_method(s, numel, world, dtype);
     int64_t start, own;
     fc_chunk_span(numel, world, rank, &start, &own);
     int64_t p_own = fc_payload_bytes(s, m, own, dtype);
@@ -285,25 +305,34 @@ void fc_core_plan(const fc_core *s, int64_t numel, int dtype, int world, int ran
 
 /* ---- units and steps ---- */
 
-int fc_core_begin(fc_core *s, int64_t numel, uint32_t *unit, fc_err *err)
+int fc_core_begin(fc_core *s, int64_t numel, int64_t want, int new_step, uint32_t *unit,
+                  fc_err *err)
 {
-    uint32_t u = s->cursor;
-    if ((int32_t)u < s->n_units) {
-        if (s->units[u].numel != numel)
-            return fc_fail(err, FC_ERR_STATE,
-                           "unit %u of step %u has %lld elements but had %lld in the first step: "
-                           "the hook is keyed by call order, which must be the same every step "
-                           "(call end_step() after each backward if the hook runs outside one)",
-                           u, s->step, (long long)numel, (long long)s->units[u].numel);
-    } else {
-        if (s->n_units == s->cap_units) {
-            int32_t cap = s->cap_units ? 2 * s->cap_units : 16;
-            fc_unit *p = (fc_unit *)realloc(s->units, (size_t)cap * sizeof(fc_unit));
-            if (p == NULL)
-                return fc_fail(err, FC_ERR_NOMEM, "could not grow the unit table");
-            s->units = p;
-            s->cap_units = cap;
-        }
+    /* everything is checked, and the table grown, before the step or the cursor move: a
+     * refused claim leaves the state as it was, so its retry gets the same unit */
+    const uint32_t u = want >= 0 ? (uint32_t)want : new_step ? 0 : s->cursor;
+    if (want > (int64_t)s->n_units)
+        return fc_fail(err, FC_ERR_VALUE, "unit must be in [0, %d] (a unit seen before, or the "
+                       "next new one), got %lld", s->n_units, (long long)want);
+    if ((int32_t)u < s->n_units && s->units[u].numel != numel)
+        return fc_fail(err, FC_ERR_VALUE,
+                       "grad has %lld elements but unit %u had %lld when it was first seen: %s",
+                       (long long)numel, u, (long long)s->units[u].numel,
+                       want >= 0 ? "one unit key, one size"
+                                 : "units are keyed by call order, which must be the same every "
+                                   "step (call end_step() after each backward if the hook runs "
+                                   "outside one)");
+    if ((int32_t)u == s->n_units && s->n_units == s->cap_units) {
+        int32_t cap = s->cap_units ? 2 * s->cap_units : 16;
+        fc_unit *p = (fc_unit *)realloc(s->units, (size_t)cap * sizeof(fc_unit));
+        if (p == NULL)
+            return fc_fail(err, FC_ERR_NOMEM, "could not grow the unit table");
+        s->units = p;
+        s->cap_units = cap;
+    }
+    if (new_step)
+        fc_core_end_step(s);
+    if ((int32_t)u == s->n_units) {
         memset(&s->units[u], 0, sizeof(fc_unit));
         s->units[u].numel = numel;
         s->n_units = (int32_t)u + 1;
@@ -333,26 +362,21 @@ FC_CLONES static int64_t load_sum_f32(const float *g, const float *r, int64_t n,
     return bad;
 }
 
-/* The elements of x = g (+ e) that are not finite, fixed in place: where g and e are both
- * finite the sum overflowed fp32 and saturates (*sat); elsewhere the gradient held NaN/Inf (a
- * residual never does), which "zero" mode replaces by 0, so x = e and the residual still goes
- * out, and "pass" mode keeps, a NaN as the canonical one. Returns how many the input held. */
+/* The elements of x = g (+ e) that are not finite, fixed in place by fc_gprime_fix: a sum of
+ * two finite values saturates (*sat); NaN/Inf of the gradient (a residual never holds one)
+ * become e in "zero" mode, so the residual still goes out, and stay in "pass" mode, a NaN as the
+ * canonical one. Returns how many the input held. */
 static int64_t fix_nonfinite(const fc_core *s, const fc_buf *grad, const fc_buf *res,
                              int64_t start, int64_t n, float *x, int64_t *sat)
 {
     int64_t bad = 0;
+    const int zero = s->common.nonfinite == FC_NONFINITE_ZERO;
     for (int64_t i = 0; i < n; i++) {
         if (fc_abs_bits(x[i]) < FC_INF_BITS)
             continue;
         const float g = elem_f32(grad->data, grad->dtype, start + i);
         const float e = res != NULL ? elem_f32(res->data, res->dtype, start + i) : 0.0f;
-        if (fc_abs_bits(g) < FC_INF_BITS && fc_abs_bits(e) < FC_INF_BITS) {
-            x[i] = fc_bits_f32((fc_f32_bits(x[i]) & 0x80000000u) | FC_MAX_BITS);
-            ++*sat;
-            continue;
-        }
-        bad++;
-        x[i] = s->common.nonfinite == FC_NONFINITE_ZERO ? e : fc_canon_nan(x[i]);
+        x[i] = fc_gprime_fix(x[i], g, e, zero, &bad, sat);
     }
     return bad;
 }
@@ -407,12 +431,17 @@ static void write_header(uint8_t *p, const fc_core *s, const fc_method *m, const
     memcpy(p, &h, sizeof(h));
 }
 
-/* Encodes x (c->n values) as one payload at p; returns its padded size in *size. flags: the
- * header's FC_HDR_* (whether NaN/Inf of the input went on the wire). */
+/* Encodes x (c->n values) as one payload at p; returns its padded size in *size and the method
+ * it was written with in *wm: m, or (with `fallback`, in a collective) `none` where a
+ * data-dependent payload would have been no smaller than `none`'s (the receiver reads which
+ * from the header). flags: the header's FC_HDR_* (whether NaN/Inf of the input went on the
+ * wire). */
 static int encode_one(fc_core *s, const fc_method *m, const fc_chunk *c, const float *x, uint8_t *p,
-                      int64_t cap, unsigned flags, int64_t *size, fc_layout *used, fc_err *err)
+                      int64_t cap, int fallback, unsigned flags, int64_t *size, fc_layout *used,
+                      const fc_method **wm, fc_err *err)
 {
     int64_t full = fc_payload_bytes(s, m, c->n, c->wire_dtype);
+    *wm = m;
     if (full > cap)
         return fc_fail(err, FC_ERR_VALUE, "payload buffer holds %lld bytes, need %lld",
                        (long long)cap, (long long)full);
@@ -422,8 +451,19 @@ static int encode_one(fc_core *s, const fc_method *m, const fc_chunk *c, const f
         return rc;
     int64_t body = fc_layout_bytes(used);
     /* a data-dependent body is as long as it is: payloads are packed back to back */
-    if (m->flags & FC_VARSIZE)
+    if (m->flags & FC_VARSIZE) {
         full = fc_align_up(FC_HEADER_BYTES + body);
+        const int64_t plain = fc_payload_bytes(s, &fc_method_none, c->n, c->wire_dtype);
+        if (fallback && full >= plain) { /* most values passed: exact values cost less */
+            fc_chunk cn = *c;
+            cn.cfg = NULL;
+            if ((rc = fc_method_none.encode(&cn, x, p + FC_HEADER_BYTES, used, err)) != FC_OK)
+                return rc;
+            m = *wm = &fc_method_none;
+            body = fc_layout_bytes(used);
+            full = plain;
+        }
+    }
     if (FC_HEADER_BYTES + body > full)
         return fc_fail(err, FC_ERR_STATE, "internal: %s wrote %lld body bytes past its layout's %lld",
                        m->name, (long long)body, (long long)(full - FC_HEADER_BYTES));
@@ -523,10 +563,8 @@ static void store_residual(fc_buf *res, int64_t start, const float *e, int64_t n
     }
 }
 
-/* The residual of a chunk whose g' (x, in s->x) held NaN/Inf ("pass" mode), element by element:
- * e = g' - D where both are finite (D beyond fp32 counts as its largest value, as the receiver's
- * output saturates), g' where the decode is NaN (nothing of it arrived), 0 where g' itself is
- * not finite. Never the old residual: it went out inside g'. */
+/* The residual of a chunk whose g' (x, in s->x) held NaN/Inf ("pass" mode), element by element
+ * (fc_residual_passed): never the old residual, which went out inside g'. */
 static int residual_of_nonfinite(fc_core *s, const fc_method *m, const fc_chunk *c,
                                  const uint8_t *p, fc_buf *res, int64_t start, double *e_sq,
                                  fc_err *err)
@@ -538,38 +576,32 @@ static int residual_of_nonfinite(fc_core *s, const fc_method *m, const fc_chunk 
     if (rc != FC_OK)
         return rc;
     int64_t sat = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const float x = s->x[i], di = d[i];
-        float e;
-        if (fc_abs_bits(x) >= FC_INF_BITS)
-            e = 0.0f;
-        else if (fc_abs_bits(di) > FC_INF_BITS)
-            e = x;
-        else if (fc_abs_bits(di) == FC_INF_BITS)
-            e = fc_add_sat(x, -fc_bits_f32((fc_f32_bits(di) & 0x80000000u) | FC_MAX_BITS), &sat);
-        else
-            e = fc_add_sat(x, -di, &sat);
-        s->x[i] = e;
-    }
+    for (int64_t i = 0; i < n; i++)
+        s->x[i] = fc_residual_passed(s->x[i], d[i], &sat);
     *e_sq = sum_sq_f32(s->x, n);
     store_residual(res, start, s->x, n, &sat);
     s->ctr.saturated += sat;
     return FC_OK;
 }
 
-/* e of finite x that came out NaN/Inf: g' - D overflowed (values of both signs near fp32's
- * largest), saturated. A finite x never decodes to NaN (every format saturates), so a NaN here
- * would be a codec fault: 0, counted the same way. Returns ||e||^2 again. */
+/* e of finite x that came out NaN/Inf (fc_residual_fix), fixed in place. Returns ||e||^2 again. */
 static double saturate_residual(float *e, int64_t n, int64_t *sat)
 {
     for (int64_t i = 0; i < n; i++)
-        if (fc_abs_bits(e[i]) >= FC_INF_BITS) {
-            e[i] = fc_abs_bits(e[i]) > FC_INF_BITS
-                       ? 0.0f
-                       : fc_bits_f32((fc_f32_bits(e[i]) & 0x80000000u) | FC_MAX_BITS);
-            ++*sat;
-        }
+        if (fc_abs_bits(e[i]) >= FC_INF_BITS)
+            e[i] = fc_residual_fix(e[i], sat);
     return sum_sq_f32(e, n);
+}
+
+/* The method a received payload was written with: the unit's, or `none` where a data-dependent
+ * method fell back for this one payload (any other id is check_header's to refuse). */
+static const fc_method *payload_method(const fc_method *m, const uint8_t *p, int64_t slot)
+{
+    if (!(m->flags & FC_VARSIZE) || slot < FC_HEADER_BYTES)
+        return m;
+    fc_header h;
+    memcpy(&h, p, sizeof(h));
+    return h.method == fc_method_none.id ? &fc_method_none : m;
 }
 
 /* After encode, turns s->x into e = g' - D(C(g')) and stores it; returns ||e||^2. With `dots`
@@ -720,7 +752,7 @@ static int64_t chunk_part_bytes(const fc_core *s, const fc_method *m, int64_t N,
 void fc_core_piece_plan(const fc_core *s, int64_t numel, int dtype, int world, int rank, int chunk,
                         int64_t *sizes, int *count)
 {
-    const fc_method *m = fc_core_unit_method(s, numel);
+    const fc_method *m = fc_core_wire_method(s, numel, world, dtype);
     const int payload = has_payload(s, numel, world, rank, chunk);
     int64_t start, n, len;
     fc_chunk_span(numel, world, chunk, &start, &n);
@@ -737,9 +769,10 @@ static int encode_begin(fc_core *s, const fc_buf *grad, const fc_buf *residual, 
     int rc = FC_OK;
     fc_encode_call *e = &s->enc;
     const int64_t N = grad->numel;
-    const fc_method *m = fc_core_unit_method(s, N);
+    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
     e->open = 0;
     e->method = m;
+    e->fell_back = 0;
     e->use_ef = m == s->method && s->common.error_feedback && residual != NULL;
     /* a second round decides what is sent after this call: no error sample from round 1 */
     e->stats = s->common.error_stats_every > 0 && !fc_core_fetch_kmax(s, N, world);
@@ -798,7 +831,10 @@ static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci
     /* "pass": NaN/Inf went on the wire, and the receivers are told so (write_out) */
     const int passed = bad != 0 && s->common.nonfinite == FC_NONFINITE_PASS;
     fc_layout used;
-    FC_TRY(encode_one(s, m, &c, x, p, cap, passed ? FC_HDR_NONFINITE : 0u, size, &used, err));
+    const fc_method *wm; /* m, or `none` for a data-dependent payload that fell back */
+    FC_TRY(encode_one(s, m, &c, x, p, cap, 1, passed ? FC_HDR_NONFINITE : 0u, size, &used, &wm,
+                      err));
+    e->fell_back |= wm != m;
     count_payload(&s->ctr, &used, *size, n);
     s->ctr.saturated += used.saturated;
     e->raw += n * fc_dtype_size(grad->dtype);
@@ -806,7 +842,7 @@ static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci
         const int dots = !passed && !e->sampled && e->stats &&
                          s->ctr.calls % s->common.error_stats_every == 0;
         double ee, xx, xe;
-        FC_TRY(update_residual(s, m, &c, p, grad, residual, start, passed, dots, &ee, &xx, &xe,
+        FC_TRY(update_residual(s, wm, &c, p, grad, residual, start, passed, dots, &ee, &xx, &xe,
                                err));
         e->e_sq += ee;
         if (dots) {
@@ -818,8 +854,8 @@ static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci
             s->ctr.stats_samples++;
             e->sampled = 1;
         }
-    } else if (e->sample && !e->sampled && !bad) {
-        FC_TRY(sample_error(s, m, &c, x, p, err));
+    } else if (e->sample && !e->sampled && !passed) { /* "zero" mode's chunk is finite now */
+        FC_TRY(sample_error(s, wm, &c, x, p, err));
         e->sampled = 1;
     }
     return FC_OK;
@@ -837,6 +873,9 @@ static void encode_end(fc_core *s, const fc_buf *residual)
     }
     s->ctr.calls++;
     s->ctr.calls_uncompressed += e->method != s->method;
+    /* as `none` though min_numel let the method through: the size rule, unit-wide or per payload */
+    s->ctr.fallback_units += (e->method != s->method &&
+                              fc_core_unit_method(s, e->key.numel) == s->method) || e->fell_back;
     s->ctr.elements += e->key.numel;
     s->ctr.bytes_raw += e->raw;
     e->open = 0;
@@ -894,7 +933,7 @@ int fc_core_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *re
     fc_encode_call *e = &s->enc;
     const fc_call_key key = call_key(s, unit, world, rank, N);
     *size = 0;
-    const fc_method *m = fc_core_unit_method(s, N);
+    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
     /* bad arguments leave an open call as it was; only a failed encode drops it */
     if (chunk < 0 || chunk >= world)
         return fc_fail(err, FC_ERR_VALUE, "chunk must be in [0, %d), got %d", world, chunk);
@@ -1002,6 +1041,7 @@ static int decode_one(const fc_core *s, const fc_method *m, const fc_chunk *c, c
                       int64_t slot, int src, float alpha, float *acc, int *passed, fc_err *err)
 {
     int64_t body = 0;
+    m = payload_method(m, p, slot);
     int rc = check_payload(s, m, c, p, slot, src, &body, passed, err);
     if (rc != FC_OK)
         return rc;
@@ -1043,7 +1083,8 @@ int64_t fc_core_fetch_k(const fc_core *s, const fc_method *m, int64_t len)
 
 int64_t fc_core_fetch_kmax(const fc_core *s, int64_t N, int world)
 {
-    const fc_method *m = fc_core_unit_method(s, N);
+    /* any dtype: a unit with a second round falls back alike for all of them */
+    const fc_method *m = fc_core_wire_method(s, N, world, FC_F32);
     if (m->fetch_k == NULL || N == 0 || (world == 1 && !s->common.compress_own_chunk))
         return 0;
     return fc_core_fetch_k(s, m, (N + world - 1) / world); /* chunk 0 is the longest */
@@ -1079,7 +1120,7 @@ int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *o
     int rc = FC_OK;
     const double t0 = now_s();
     const int64_t N = grad->numel;
-    const fc_method *m = fc_core_unit_method(s, N);
+    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
     s->dec_call.open = 0; /* acc is reused: a decode_part sequence cannot go on after this */
     int64_t start, n;
     fc_chunk_span(N, world, rank, &start, &n);
@@ -1121,15 +1162,16 @@ int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *o
             passed |= own_bad != 0 && s->common.nonfinite == FC_NONFINITE_PASS;
             continue;
         }
-        fc_chunk c = make_chunk(s, m, n, world, grad->dtype, unit, (uint32_t)rank, r);
-        c.ustate = ust;
         int64_t slot = varsize ? (int64_t)(end - p) : recvs[r], body = 0;
-        FC_TRY(check_payload(s, m, &c, p, slot, r, &body, &passed, err));
+        const fc_method *pm = payload_method(m, p, slot); /* m, or `none` in its place */
+        fc_chunk c = make_chunk(s, pm, n, world, grad->dtype, unit, (uint32_t)rank, r);
+        c.ustate = ust;
+        FC_TRY(check_payload(s, pm, &c, p, slot, r, &body, &passed, err));
         if (ab > 0) {
             FC_TRY(m->aggregate(&c, (uint8_t *)s->agg, p + FC_HEADER_BYTES, body, err));
             senders++;
         } else {
-            FC_TRY(m->decode_add(&c, p + FC_HEADER_BYTES, body, 1.0f, acc, err));
+            FC_TRY(pm->decode_add(&c, p + FC_HEADER_BYTES, body, 1.0f, acc, err));
         }
         p += varsize ? fc_align_up(FC_HEADER_BYTES + body) : recvs[r];
     }
@@ -1160,7 +1202,7 @@ int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, f
     int rc = FC_OK;
     const double t0 = now_s();
     const int64_t N = grad->numel;
-    const fc_method *m = fc_core_unit_method(s, N);
+    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
     fc_decode_call *d = &s->dec_call;
     const fc_call_key key = call_key(s, unit, world, rank, N);
     if (src < 0 || src >= world)
@@ -1263,15 +1305,7 @@ static void fix_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *
         float v = acc[i] / w;
         if (fc_abs_bits(v) < FC_INF_BITS)
             continue;
-        if (passed) {
-            v = fc_canon_nan(v);
-            s->ctr.nonfinite_out++;
-        } else {
-            v = fc_abs_bits(v) > FC_INF_BITS
-                    ? 0.0f
-                    : fc_bits_f32((fc_f32_bits(v) & 0x80000000u) | FC_MAX_BITS);
-            s->ctr.saturated++;
-        }
+        v = fc_output_fix(v, passed, &s->ctr.nonfinite_out, &s->ctr.saturated);
         if (out->dtype == FC_F32)
             ((float *)out->data)[i] = v;
         else /* the narrow conversions saturate +-fp32 max and keep the canonical NaN */
@@ -1321,6 +1355,7 @@ int fc_core_compress(fc_core *s, const float *x, int64_t n, uint8_t *payload, in
     fc_chunk c = make_chunk(s, m, n, world, FC_F32, unit, chunk, rank);
     FC_TRY(unit_state(s, m, unit, &c.ustate, err));
     fc_layout used;
+    const fc_method *wm;
     const double t0 = now_s(); /* timed like the collective's encodes: the all-gather stage uses this */
     unsigned flags = 0;
     int64_t bad = 0;
@@ -1333,7 +1368,8 @@ int fc_core_compress(fc_core *s, const float *x, int64_t n, uint8_t *payload, in
         x = s->x;
         flags = FC_HDR_NONFINITE;
     }
-    FC_TRY(encode_one(s, m, &c, x, payload, cap, flags, written, &used, err));
+    /* the method as configured, whatever the size: a caller of one chunk decides for itself */
+    FC_TRY(encode_one(s, m, &c, x, payload, cap, 0, flags, written, &used, &wm, err));
     s->ctr.saturated += used.saturated;
     s->ctr.compress_s += now_s() - t0;
     return FC_OK;

@@ -33,6 +33,9 @@ typedef struct {
     int allgather_compress; /* all-reduce meaning: compress the all-gather of reduced shards too */
     int pipeline;           /* the Python side's per-peer exchange (fc_core_encode_part) */
     int64_t pipeline_piece; /* elements per piece of a payload in that exchange (0: whole) */
+    double timeout_s;       /* transport nccl: a stalled peer aborts after this (0: the group's) */
+    int param_gather;       /* FSDP2 parameter all-gather codec: 0 none, 1 bf16, 2 fp8, 3 int8 */
+    int64_t param_gather_block_size; /* elements per scale of the fp8/int8 parameter codec */
 } fc_common;
 
 typedef struct {
@@ -65,6 +68,7 @@ typedef struct {
     const fc_method *method; /* the unit's: `none` below min_numel */
     float *ust;
     int use_ef, stats, sample, sampled;
+    int fell_back; /* a payload of a data-dependent method went as `none` */
     int todo; /* parts not yet encoded: each chunk's pieces, one part for a chunk without payload */
     int64_t raw;
     double e_sq;
@@ -122,8 +126,17 @@ void fc_core_init(fc_core *s, const fc_method *m, const fc_common *common, const
                   uint32_t fingerprint);
 void fc_core_free(fc_core *s);
 
-/* The method a unit of n elements uses: `none` below min_numel. */
+/* The method a unit of n elements uses as far as its size alone says: `none` below min_numel.
+ * Where the world and dtype are unknown (unit state, checkpoints, the per-peer test). */
 const fc_method *fc_core_unit_method(const fc_core *s, int64_t numel);
+/* The method a unit's payloads go out with: `none` below min_numel, and `none` where the
+ * method's payload for a chunk of the unit would be no smaller than `none`'s (a sketch table
+ * larger than a small unit's chunk, scales and headers on a chunk of a few elements). For
+ * fixed-size methods a pure function of (method, config, chunk sizes, dtype), so every rank
+ * decides alike without talking; methods with a second round decide against 16-bit `none`,
+ * the same answer for every dtype (fetch_kmax has none to give). Data-dependent sizes
+ * (FC_VARSIZE) decide per payload when they encode: the header's method id tells the receiver. */
+const fc_method *fc_core_wire_method(const fc_core *s, int64_t numel, int world, int dtype);
 /* Chunk c of W over n elements: ceil(n / W) each, the last ones shorter or empty. */
 void fc_chunk_span(int64_t n, int world, int c, int64_t *start, int64_t *len);
 /* Header + body, padded: 0 for an empty chunk. */
@@ -132,8 +145,12 @@ int64_t fc_payload_bytes(const fc_core *s, const fc_method *m, int64_t n, int dt
 void fc_core_plan(const fc_core *s, int64_t numel, int dtype, int world, int rank,
                   int64_t *send_splits, int64_t *recv_splits);
 
-/* Claims the next unit index of this step, checking its size against the first step's. */
-int fc_core_begin(fc_core *s, int64_t numel, uint32_t *unit, fc_err *err);
+/* Claims a unit for a call of `numel` elements: unit `want` (a unit seen before, or n_units
+ * for a new one), or with want < 0 the next one in call order (the cursor). new_step ends the
+ * step first (then want < 0 means unit 0). The size is checked against the unit's first call,
+ * and nothing changes unless the claim succeeds. */
+int fc_core_begin(fc_core *s, int64_t numel, int64_t want, int new_step, uint32_t *unit,
+                  fc_err *err);
 void fc_core_end_step(fc_core *s);
 
 /* sizes[c]: bytes of the payload for rank c (0 for none); they lie back to back in send. For

@@ -7,7 +7,9 @@
 
 typedef struct {
     int64_t calls;            /* reduce-scatter calls */
-    int64_t calls_uncompressed; /* calls whose unit fell below min_numel */
+    int64_t calls_uncompressed; /* calls whose unit went as `none`: below min_numel, or fallen back */
+    int64_t fallback_units;   /* calls whose payloads (all, or for data-dependent sizes some) went as
+                               * `none` because the method's would have been no smaller */
     int64_t elements;         /* gradient elements handed to the hook */
     int64_t chunks_sent;
     int64_t bytes_raw;        /* what an uncompressed collective would have sent from this rank */
@@ -25,6 +27,11 @@ typedef struct {
     int64_t extra_collectives;
     int64_t stats_samples;
     double compress_s, decompress_s, comm_s, extra_collective_s;
+    /* FSDP2's parameter all-gathers (fsdpcomp.AllGather), apart from the gradient path above */
+    int64_t param_gather_calls;
+    int64_t param_gather_bytes_raw;  /* what an uncompressed all-gather sends from this rank */
+    int64_t param_gather_bytes_sent; /* the payloads this rank sent */
+    double param_gather_s, param_gather_codec_s; /* wall time of the calls, and their codec part */
     double err_sq, ref_sq; /* sampled ||g' - D(C(g'))||^2 and ||g'||^2 */
     double cos_sum;        /* sum over samples of cos(g', D(C(g'))) */
 } fc_counters;

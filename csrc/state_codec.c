@@ -7,8 +7,8 @@
 
 /* Loads the CUDA library, the state's context and device workspace, and the current stream
  * of grad's device. The workspace comes from the allocator (torch's), never cudaMalloc. */
-static int cuda_prepare(StateObject *self, PyObject *grad, const fc_view *g, fc_cuda_call *k,
-                        fc_err *err)
+int fc_state_cuda_prepare(StateObject *self, PyObject *grad, const fc_view *g, fc_cuda_call *k,
+                          fc_err *err)
 {
     fc_view wv = {0};
     memset(k, 0, sizeof(*k));
@@ -94,22 +94,26 @@ error:
 }
 
 FC_DOCSTRING(fc_state_begin_doc,
-"begin(numel) -> unit\n\n"
-"Claims the next unit index of this step (units are keyed by call order within a step) and\n"
-"checks that a unit seen before still has the same number of elements.");
+"begin(numel, unit=-1, new_step=False) -> unit\n\n"
+"Claims the unit of a call of `numel` elements: `unit` (one seen before, or the next new index)\n"
+"or, with unit=-1, the next one in call order within this step. new_step ends the step first\n"
+"(as end_step() would). A unit seen before must have the same number of elements; a refused\n"
+"claim changes nothing.");
 
-PyObject *fc_state_begin(StateObject *self, PyObject *arg)
+PyObject *fc_state_begin(StateObject *self, PyObject *args, PyObject *kwargs)
 {
+    static char *kwlist[] = {"numel", "unit", "new_step", NULL};
+    long long numel, want = -1;
+    int new_step = 0;
     fc_err err = {0};
     uint32_t unit;
-    if (!fc_state_ready(self))
-        return NULL;
-    long long numel = PyLong_AsLongLong(arg);
-    if (numel == -1 && PyErr_Occurred())
+    if (!fc_state_ready(self) ||
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "L|Lp:begin", kwlist, &numel, &want, &new_step))
         return NULL;
     if (fc_check_numel(numel, 0, "numel", &err) != FC_OK)
         return STATE_ERR(self, &err);
-    if (fc_core_begin(&self->core, (int64_t)numel, &unit, &err) != FC_OK)
+    if (fc_core_begin(&self->core, (int64_t)numel, want < 0 ? -1 : (int64_t)want, new_step, &unit,
+                      &err) != FC_OK)
         return STATE_ERR(self, &err);
     return PyLong_FromUnsignedLong(unit);
 }
@@ -131,11 +135,12 @@ FC_DOCSTRING(fc_state_encode_doc,
 "bytes written for each rank; the payloads lie back to back. For a method whose size is\n"
 "data-dependent (flags['varsize']) these are below plan()'s bounds.");
 
-/* Whether a unit of `numel` elements keeps an error-feedback residual. */
-static int uses_residual(StateObject *self, int64_t numel)
+/* Whether a unit of `numel` elements keeps an error-feedback residual: not where it goes as
+ * `none` (below min_numel, or fallen back), which is exact. */
+static int uses_residual(StateObject *self, int64_t numel, int world, int dtype)
 {
     return self->core.common.error_feedback &&
-           fc_core_unit_method(&self->core, numel) == self->core.method;
+           fc_core_wire_method(&self->core, numel, world, dtype) == self->core.method;
 }
 
 /* The unit's residual (new ref, its view in *r) on grad's device; NULL with err set. */
@@ -165,7 +170,7 @@ static int encode_views(StateObject *self, PyObject *grad, PyObject *send, int w
     if (whole && s->buf.numel != plan_total(ss, world))
         return fc_fail(err, FC_ERR_VALUE, "send has %lld bytes, plan() needs %lld",
                        (long long)s->buf.numel, (long long)plan_total(ss, world));
-    *use_ef = uses_residual(self, g->buf.numel);
+    *use_ef = uses_residual(self, g->buf.numel, world, g->buf.dtype);
     if (*use_ef && (*res = ef_residual(self, (uint32_t)unit, grad, g, r, err)) == NULL)
         return err->code != FC_OK ? err->code : FC_ERR_PYTHON;
     return FC_OK;
@@ -186,7 +191,7 @@ PyObject *fc_state_encode(StateObject *self, PyObject *args)
     fc_cuda_call k;
     if (encode_views(self, grad, send, world, rank, unit, 1, &g, &s, &r, &res, &use_ef, &err) != FC_OK)
         goto error;
-    if (g.device_type == kDLCUDA && cuda_prepare(self, grad, &g, &k, &err) != FC_OK)
+    if (g.device_type == kDLCUDA && fc_state_cuda_prepare(self, grad, &g, &k, &err) != FC_OK)
         goto error;
     Py_BEGIN_ALLOW_THREADS
     if (g.device_type == kDLCUDA) {
@@ -229,7 +234,7 @@ PyObject *fc_state_decode(StateObject *self, PyObject *args)
         fc_check_same_device(&o, &g, "output", &err) || fc_check_aligned(&v, "recv", &err))
         goto error;
     fc_cuda_call k;
-    if (g.device_type == kDLCUDA && cuda_prepare(self, grad, &g, &k, &err) != FC_OK)
+    if (g.device_type == kDLCUDA && fc_state_cuda_prepare(self, grad, &g, &k, &err) != FC_OK)
         goto error;
     Py_BEGIN_ALLOW_THREADS
     if (g.device_type == kDLCUDA)

@@ -229,7 +229,7 @@ static PyGetSetDef State_getset[] = {
     }
 
 GUARD2(fc_state_plan)
-GUARD2(fc_state_begin)
+GUARD3(fc_state_begin)
 GUARD2(fc_state_end_step)
 GUARD2(fc_state_encode)
 GUARD2(fc_state_decode)
@@ -246,6 +246,9 @@ GUARD2(fc_state_sync_apply)
 GUARD2(fc_state_counters)
 GUARD2(fc_state_reset_counters)
 GUARD3(fc_state_add_comm)
+GUARD2(fc_state_comm_mark)
+GUARD2(fc_state_cuda_geometry)
+GUARD3(fc_state_add_param_gather)
 GUARD2(fc_state_units)
 GUARD2(fc_state_residuals)
 GUARD2(fc_state_restore)
@@ -258,7 +261,7 @@ GUARD2(fc_state_nccl_all_to_all)
 
 static PyMethodDef State_methods[] = {
     {"plan", (PyCFunction)fc_state_plan_guarded, METH_VARARGS, fc_state_plan_doc},
-    {"begin", (PyCFunction)fc_state_begin_guarded, METH_O, fc_state_begin_doc},
+    {"begin", (PyCFunction)(void (*)(void))fc_state_begin_guarded, METH_VARARGS | METH_KEYWORDS, fc_state_begin_doc},
     {"end_step", (PyCFunction)fc_state_end_step_guarded, METH_NOARGS, fc_state_end_step_doc},
     {"encode", (PyCFunction)fc_state_encode_guarded, METH_VARARGS, fc_state_encode_doc},
     {"decode", (PyCFunction)fc_state_decode_guarded, METH_VARARGS, fc_state_decode_doc},
@@ -275,6 +278,10 @@ static PyMethodDef State_methods[] = {
     {"counters", (PyCFunction)fc_state_counters_guarded, METH_NOARGS, fc_state_counters_doc},
     {"reset_counters", (PyCFunction)fc_state_reset_counters_guarded, METH_NOARGS, fc_state_reset_counters_doc},
     {"add_comm", (PyCFunction)(void (*)(void))fc_state_add_comm_guarded, METH_VARARGS | METH_KEYWORDS, fc_state_add_comm_doc},
+    {"comm_mark", (PyCFunction)fc_state_comm_mark_guarded, METH_VARARGS, fc_state_comm_mark_doc},
+    {"_cuda_geometry", (PyCFunction)fc_state_cuda_geometry_guarded, METH_VARARGS, fc_state_cuda_geometry_doc},
+    {"add_param_gather", (PyCFunction)(void (*)(void))fc_state_add_param_gather_guarded, METH_VARARGS | METH_KEYWORDS,
+     fc_state_add_param_gather_doc},
     {"units", (PyCFunction)fc_state_units_guarded, METH_NOARGS, fc_state_units_doc},
     {"residuals", (PyCFunction)fc_state_residuals_guarded, METH_NOARGS, fc_state_residuals_doc},
     {"restore", (PyCFunction)fc_state_restore_guarded, METH_VARARGS, fc_state_restore_doc},

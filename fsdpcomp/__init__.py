@@ -6,15 +6,53 @@
 """
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
-from . import _C
+
+def _no_extension(err: ImportError) -> ImportError:
+    """What to tell a user whose fsdpcomp has no compiled _C: most often a source checkout on
+    sys.path first (the current directory, or PYTHONPATH) hiding an installed build. Python's
+    own message for it ("cannot import name '_C' from partially initialized module ... most
+    likely due to a circular import") points nowhere near that."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    checkout = os.path.isfile(os.path.join(root, "setup.py")) and os.path.isdir(os.path.join(root, "csrc"))
+    others = []
+    for entry in sys.path:
+        cand = os.path.join(os.path.abspath(entry or os.curdir), "fsdpcomp")
+        if os.path.realpath(cand) != os.path.realpath(here) and os.path.isfile(os.path.join(cand, "__init__.py")) \
+                and any(name.startswith("_C.") for name in os.listdir(cand)) and cand not in others:
+            others.append(cand)
+    if checkout:
+        what = f"fsdpcomp was imported from {here}, a source checkout whose C extension (fsdpcomp._C) is not built"
+        if others:
+            what += (f"; it shadows the fsdpcomp installed in {others[0]}, because the checkout comes "
+                     "first on sys.path (the current directory, or PYTHONPATH)")
+        fix = ("To use the installed package, run from outside the checkout or with `python -P` (no current "
+               f"directory on sys.path). To use the checkout, build it in place: `pip install -e {root}` "
+               f"(or `python setup.py build_ext --inplace` in {root}).")
+    else:
+        what = f"fsdpcomp in {here} has no compiled extension (fsdpcomp._C): the install is incomplete"
+        fix = "Reinstall it with `pip install .` from the fsdpcomp source."
+    return ImportError(f"{what}. {fix}", name="fsdpcomp._C", path=here)
+
+
+try:
+    from . import _C
+except ImportError as _err:
+    if not any(name.startswith("_C.") for name in os.listdir(os.path.dirname(os.path.abspath(__file__)))):
+        raise _no_extension(_err) from _err
+    raise  # _C is there but does not load (another Python, a missing library): Python's message says why
 from ._C import CudaError, NcclError, PayloadError
+from ._nccl import release_nccl
 from .cli import add_argparse_args, from_args
 from .counters import Counters
 from .ddp import ddp_hook
 from .fsdp2 import AllReduceHook, ReduceScatter
 from .hooks import fsdp_hook
+from .param_gather import AllGather
 from .register import register
 from .register_fsdp2 import register_replicate
 from .results import append_result, build_record, combine_counters, read_results
@@ -28,16 +66,29 @@ def methods() -> list[str]:
     return list(_C.methods())
 
 
+# Methods with CUDA kernels: the table in cuda/fc_cu_methods.cu (tests/test_cuda_build.py checks
+# this against the built library's own answer).
+_CUDA_METHODS = frozenset({"none", "fp16", "bf16", "int8", "fp8", "intN", "qsgd", "nc", "onebit"})
+
+
+def _cuda_built() -> bool:
+    """Whether this build has the CUDA library (where the loader looks for it; not loaded)."""
+    lib = os.environ.get("FSDPCOMP_CUDA_LIB") or os.path.join(os.path.dirname(_C.__file__), "_fsdpcomp_cuda.so")
+    return os.path.exists(lib)
+
+
 def method_info(name: str) -> dict[str, Any]:
-    """A method's summary, properties and config keys (with defaults, ranges and docs)."""
+    """A method's summary, properties and config keys (with defaults, ranges and docs); "cuda":
+    whether it takes CUDA tensors in this build."""
     info = _C.method_info(name)
     info["common_keys"] = _C.method_info("")
+    info["cuda"] = info["name"] in _CUDA_METHODS and _cuda_built()
     return info
 
 
 __all__ = [
-    "AllReduceHook", "CommState", "Counters", "CudaError", "NcclError", "PayloadError",
+    "AllGather", "AllReduceHook", "CommState", "Counters", "CudaError", "NcclError", "PayloadError",
     "ReduceScatter", "__version__", "add_argparse_args", "append_result", "build_record",
     "combine_counters", "ddp_hook", "from_args", "fsdp_hook", "method_info", "methods",
-    "read_results", "register", "register_replicate",
+    "read_results", "register", "register_replicate", "release_nccl",
 ]

@@ -12,7 +12,7 @@ _ORDER = [
     ("comm_time_s", "s"), ("extra_collectives", ""), ("extra_collective_time_s", "s"),
     ("grad_rel_error", ""), ("grad_cos_sim", ""), ("residual_norm", ""), ("residual_bytes", "B"),
     ("nonfinite_in", ""), ("nonfinite_out", ""), ("saturated", ""), ("calls_uncompressed", ""),
-    ("step", ""), ("units", ""),
+    ("fallback_units", ""), ("step", ""), ("units", ""),
 ]
 
 

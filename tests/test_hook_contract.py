@@ -101,8 +101,9 @@ def test_compressed_all_gather_keeps_replicas_identical(world):
         # two int8 roundings of values ~N(0, 4/W): well under one step of a 64-block each
         assert (g - ref).abs().max() < 0.25
         assert c["ratio"] > 3.5, c["ratio"]  # vs ~1.6 with the uncompressed all-gather
-    plain = run_ranks(_all_reduce, world, "int8", numel, {"block_size": 64}, 3)[0][2]
-    assert plain["ratio"] < 2.0
+    plain = run_ranks(_all_reduce, world, "int8", numel, {"block_size": 64, "allgather_compress": False},
+                      3)[0][2]
+    assert plain["ratio"] < 2.0  # the opt-out: the reduced shards go back in fp32
 
 
 def test_residuals_are_kept_per_unit_even_for_equal_sizes(gen):
@@ -139,7 +140,7 @@ def test_unit_order_mismatch_is_reported(gen):
     out = torch.empty(100)
     fsdpcomp.fsdp_hook(state, torch.randn(100, generator=gen), out)
     state.end_step()
-    with pytest.raises(RuntimeError, match="call order"):
+    with pytest.raises(ValueError, match="200 elements but unit 0 had 100.*call order"):
         fsdpcomp.fsdp_hook(state, torch.randn(200, generator=gen), torch.empty(200))
 
 

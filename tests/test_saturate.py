@@ -42,26 +42,30 @@ def test_fp16_saturates_and_the_residual_delivers_the_rest():
 
 def test_fp16_saturates_after_its_predivide():
     a, b = fsdpcomp.CommState("fp16"), fsdpcomp.CommState("fp16")
-    g = [torch.full((8,), 3e5), torch.full((8,), 3e5)]
-    outs = [torch.empty(4), torch.empty(4)]
+    # 64 elements: a unit small enough that fp16's payload is no smaller than none's goes as none
+    g = [torch.full((64,), 3e5), torch.full((64,), 3e5)]
+    outs = [torch.empty(32), torch.empty(32)]
     exchange([a, b], g, outs)
     for o in outs:
         assert torch.isfinite(o).all() and (o > 6e4).all()
-    assert a.counters()["saturated"] == 4  # rank 0's payload to rank 1: 4 elements beyond 65504 * 2
+    assert a.counters()["fallback_units"] == 0
+    assert a.counters()["saturated"] == 32  # rank 0's payload to rank 1: 32 elements beyond 65504 * 2
 
 
 def test_bf16_near_fp32_max_saturates():
     s = ef_state("bf16", {})
-    g = torch.tensor([3.4e38, -3.4e38, 1.0, FMAX])
+    g = torch.zeros(64)  # a unit of 4 would go as none: bf16's payload would be no smaller
+    g[:4] = torch.tensor([3.4e38, -3.4e38, 1.0, FMAX])
     out = one_step(s, g)
     assert torch.isfinite(out).all() and torch.isfinite(s._core.residuals()[0]).all()
     assert out[0] == torch.tensor(0x7F7F, dtype=torch.int16).view(torch.bfloat16).float()
     assert s.counters()["saturated"] == 3
 
 
-def adversarial(n=1024):
+def adversarial(n=4096):
     """Finite values that stress every range: fp32's largest, mixed signs near it, a block of
-    subnormals, a block of tiny normals, ordinary values."""
+    subnormals, a block of tiny normals, ordinary values. 4096 elements: sketch's default table
+    (3 x 512 fp32) must be smaller than the unit, or the unit goes as none."""
     g = torch.Generator().manual_seed(14)
     x = torch.randn(n, generator=g)
     x[:64] = FMAX * torch.sign(torch.randn(64, generator=g))
