@@ -79,6 +79,10 @@ class CommState:
         cfg = self._core.config  # read once: the property copies a dict
         self._transport = cfg["transport"]
         self._ef = cfg["error_feedback"]
+        self._zero_nonfinite = cfg["nonfinite"] == "zero"
+        # what the all-gather half's torch ops saturated (_range.py), per device: read with
+        # counters(), so CUDA calls never wait for the count
+        self._gather_saturated: dict[torch.device, torch.Tensor] = {}
         self._gather_compressed = cfg["allgather_compress"]
         self._gather_explicit = "allgather_compress" in config  # set by name, not by default
         self._min_numel = cfg["min_numel"]
@@ -110,10 +114,18 @@ class CommState:
         return self._core.step
 
     def counters(self) -> Counters:
-        return Counters(self._core.counters())
+        c = self._core.counters()
+        c["saturated"] += sum(int(t) for t in self._gather_saturated.values())
+        return Counters(c)
 
     def reset_counters(self) -> None:
         self._core.reset_counters()
+        self._gather_saturated.clear()
+
+    def _count_saturated(self, count: torch.Tensor) -> None:
+        """Adds a count of the all-gather half's saturations (a 0-dim tensor on any device)."""
+        total = self._gather_saturated.get(count.device)
+        self._gather_saturated[count.device] = count if total is None else total + count
 
     def end_step(self) -> None:
         """Marks the end of a backward pass. Called automatically at the end of every backward
