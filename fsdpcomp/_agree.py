@@ -68,20 +68,42 @@ def agree(state, grad: torch.Tensor, world: int, rank: int) -> None:
     key = (grad.numel(), grad.dtype, world)
     if (group, key) in state._agreed_shapes:
         return
-    desc = _description(state, grad, world)
+    _settle(state, group, key, _description(state, grad, world), _signature(state, grad, world, rank),
+            grad.device)
+
+
+def agree_gather(state, shard: torch.Tensor, world: int, group) -> None:
+    """Before the first parameter all-gather (fsdpcomp.AllGather) of this shard shape: ranks whose
+    param_gather codecs differ would all-gather payloads of different sizes (gloo aborts) or
+    decode each other's weights with the wrong codec. The same handshake, over the gather's
+    group; any change of what a rank would send handshakes again."""
+    if world == 1:
+        return
+    group = group if group is not None else _group_of(state)
+    key = ("param_gather", shard.numel(), shard.dtype, world)
+    if (group, key) in state._agreed_shapes:
+        return
+    desc = {"exchange": "parameter all-gather", "method": state.method, **state._core.wire_config,
+            "wire_version": _C.WIRE_VERSION, "dtype": str(shard.dtype).replace("torch.", ""),
+            "shard_numel": shard.numel(), "world": world}
+    _settle(state, group, key, desc, None, shard.device)
+
+
+def _settle(state, group, key, desc: dict, sig, device: torch.device) -> None:
+    """Handshakes unless this process group has settled the same description for this key, or
+    (sig given) one whose exchange looks the same (the header fingerprint catches the rest)."""
     digest = hashlib.blake2b(json.dumps(desc, sort_keys=True).encode(), digest_size=8).digest()
-    sig = _signature(state, grad, world, rank)
     table = _agreed.setdefault(group, {})
     settled = table.get(key)
-    if settled is None or (settled[0] != digest and settled[2] != sig):
-        _handshake(state, group, desc, digest, grad, world)
+    if settled is None or (settled[0] != digest and (sig is None or settled[2] != sig)):
+        _handshake(state, group, desc, digest, device, desc["world"])
         table[key] = (digest, desc, sig)
     state._agreed_shapes.add((group, key))
 
 
-def _handshake(state, group, desc, digest: bytes, grad: torch.Tensor, world: int) -> None:
+def _handshake(state, group, desc, digest: bytes, device: torch.device, world: int) -> None:
     backend = str(dist.get_backend(group))
-    device = grad.device if backend == "nccl" else torch.device("cpu")
+    device = device if backend == "nccl" else torch.device("cpu")
     mine = torch.frombuffer(bytearray(digest), dtype=torch.uint8).to(device)
     every = torch.empty(world * len(digest), dtype=torch.uint8, device=device)
     t0 = time.perf_counter()
@@ -101,10 +123,12 @@ def _disagreement(descs: list[dict], mine: dict) -> str:
     keys = sorted({k for d in descs for k in d if any(e.get(k, "(absent)") != descs[0].get(k, "(absent)") for e in descs)})
     lines = [f"  '{k}': " + ", ".join(f"rank {r}: {d.get(k, '(absent)')!r}" for r, d in enumerate(descs))
              for k in keys]
-    return (f"ranks disagree on what goes on the wire for a unit of {mine['unit_numel']} "
-            f"{mine['dtype']} elements over {mine['world']} ranks (checked before the first "
-            f"exchange of each unit shape); run every rank with the same method and config. "
-            f"Keys that differ ({', '.join(keys)}):\n" + "\n".join(lines))
+    what = (f"a unit of {mine['unit_numel']}" if "unit_numel" in mine
+            else f"the parameter all-gather of a shard of {mine['shard_numel']}")
+    return (f"ranks disagree on what goes on the wire for {what} {mine['dtype']} elements over "
+            f"{mine['world']} ranks (checked before the first exchange of each shape); run every "
+            f"rank with the same method and config. Keys that differ ({', '.join(keys)}):\n"
+            + "\n".join(lines))
 
 
 _FINGERPRINTS = re.compile(r"fingerprint ([0-9a-f]{8}), this rank's ([0-9a-f]{8})")

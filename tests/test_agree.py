@@ -109,3 +109,42 @@ def test_same_size_mismatch_in_one_process_is_a_payload_error():
     states = [fsdpcomp.CommState("qsgd", {"levels": 7}), fsdpcomp.CommState("qsgd", {"levels": 5})]
     with pytest.raises(fsdpcomp.PayloadError, match="config"):
         exchange(states, [torch.randn(1000), torch.randn(1000)], [torch.empty(500), torch.empty(500)])
+
+
+PARAM_MISMATCHES = [  # FSDP2 parameter all-gathers: (rank 0's config, rank 1's, a key the error names)
+    ({"param_gather": "int8"}, {"param_gather": "bf16"}, "param_gather"),
+    ({"param_gather": "int8", "param_gather_block_size": 256},
+     {"param_gather": "int8", "param_gather_block_size": 64}, "param_gather_block_size"),
+    ({"param_gather": "fp8"}, {}, "param_gather"),  # fp8 payloads against torch's own all-gather
+]
+
+
+def _gather_worker(rank, world, cases):
+    import torch.distributed as dist
+    from fsdpcomp.param_gather import AllGather
+
+    results = []
+    for i, (a, b, _) in enumerate(cases):
+        state = fsdpcomp.CommState("int8", a if rank == 0 else b)
+        n = 512 + 16 * i  # a fresh shard shape per case
+        out = torch.empty(world * n)
+        try:
+            for _ in range(3):
+                AllGather(state)(out, torch.randn(n), dist.group.WORLD)
+            results.append(("ok", state.counters()["extra_collectives"]))
+        except Exception as e:  # noqa: BLE001 - the test inspects what was raised
+            results.append((type(e).__name__, str(e)))
+    return results
+
+
+def test_mismatched_parameter_gathers_raise_value_error_on_every_rank():
+    """Before the first gather of a shard shape (FSDP2's forward, before any reduce-scatter):
+    on main, int8 against bf16 payloads of other sizes took gloo down."""
+    cases = PARAM_MISMATCHES + [({"param_gather": "int8"}, {"param_gather": "int8"}, None)]
+    for rank, results in enumerate(run_ranks(_gather_worker, 2, cases)):
+        for (a, b, key), (kind, msg) in zip(cases, results):
+            if key is None:  # the ranks agree: one handshake for three gathers of the shape
+                assert (kind, msg) == ("ok", 1), (rank, kind, msg)
+                continue
+            assert kind == "ValueError", (rank, a, b, kind, msg)
+            assert key in msg and "parameter all-gather" in msg and "rank 1" in msg, msg
