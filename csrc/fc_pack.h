@@ -12,10 +12,10 @@ FC_HOSTDEV int64_t fc_pack_bytes(int64_t n, int w)
     return (n + 7) / 8 * w;
 }
 
-/* Codes c[0..7] (each < 2^w, w <= 16) into w bytes, little-endian bit order. */
-FC_HOSTDEV void fc_pack8(const uint32_t *c, int w, uint8_t *out)
+/* Codes c[0..7] (each < 2^w, w <= 16) as 128 bits lo | hi << 64, code j at bit j * w. */
+FC_HOSTDEV void fc_pack8_words(const uint32_t *c, int w, uint64_t *lo_out, uint64_t *hi_out)
 {
-    uint64_t lo = 0, hi = 0; /* 128 bits hold 8 codes of up to 16 bits */
+    uint64_t lo = 0, hi = 0;
     for (int j = 0; j < 8; j++) {
         int pos = j * w;
         if (pos < 64) {
@@ -26,6 +26,15 @@ FC_HOSTDEV void fc_pack8(const uint32_t *c, int w, uint8_t *out)
             hi |= (uint64_t)c[j] << (pos - 64);
         }
     }
+    *lo_out = lo;
+    *hi_out = hi;
+}
+
+/* Codes c[0..7] (each < 2^w, w <= 16) into w bytes, little-endian bit order. */
+FC_HOSTDEV void fc_pack8(const uint32_t *c, int w, uint8_t *out)
+{
+    uint64_t lo, hi;
+    fc_pack8_words(c, w, &lo, &hi);
     for (int b = 0; b < w; b++)
         out[b] = (uint8_t)(b < 8 ? lo >> (8 * b) : hi >> (8 * (b - 8)));
 }

@@ -36,6 +36,32 @@ FC_HOSTDEV uint32_t fc_abs_bits(float x)
  * block holding a NaN or Inf, on the CPU and in CUDA (where NAN is not a device constant). */
 #define FC_NAN_BITS 0x7fc00000u
 
+/* r = a op b with the NaN x86 gives (the first NaN operand, quieted; Inf - Inf: its default NaN,
+ * 0xffc00000): what the CPU path's g + e is, from its hardware. The CUDA kernels add g + e with
+ * fc_add_x86, since a GPU's arithmetic returns one canonical NaN, and a NaN's sign and payload
+ * reach the payload bytes (onebit's sign bits, the NaN of qsgd's and onebit's sums, casts). */
+FC_HOSTDEV float fc_nan_x86(float r, float a, float b)
+{
+    if (fc_abs_bits(r) <= FC_INF_BITS)
+        return r;
+    if (fc_abs_bits(a) > FC_INF_BITS)
+        return fc_bits_f32(fc_f32_bits(a) | 0x00400000u);
+    if (fc_abs_bits(b) > FC_INF_BITS)
+        return fc_bits_f32(fc_f32_bits(b) | 0x00400000u);
+    return fc_bits_f32(0xffc00000u);
+}
+
+FC_HOSTDEV float fc_add_x86(float a, float b)
+{
+    return fc_nan_x86(a + b, a, b);
+}
+
+/* a * b, the same way (fp16's pre-division by the world size). */
+FC_HOSTDEV float fc_mul_x86(float a, float b)
+{
+    return fc_nan_x86(a * b, a, b);
+}
+
 /* The absmax scale of a block for a symmetric quantiser whose largest code is qmax, from the
  * block's largest |x| as bits (fc_abs_bits): writes scale = amax / qmax and returns the
  * multiplier qmax / amax, or returns 0 for a block that is all zeros (scale 0) or holds a

@@ -94,7 +94,7 @@ struct fc_cu_src {
     {
         float v = fc_cu_load(grad, gdt, i);
         if (res != NULL)
-            v += fc_cu_load(res, rdt, i);
+            v = fc_add_x86(v, fc_cu_load(res, rdt, i)); // the CPU's NaN bits (fc_quant.h)
         if (zero_nonfinite && !(fc_abs_bits(v) < FC_INF_BITS))
             v = 0.0f;
         return v;

@@ -1,5 +1,5 @@
 // fc_cu_cast.cu: kernels of `none`, `fp16` and `bf16`, element-wise codes (m_none.c, m_cast.c).
-#include "fc_cu.cuh"
+#include "fc_cu_codecs.cuh"
 
 // One fused pass per chunk: g' -> code -> body; e = g' - D(code) where the residual is kept.
 template <class M> __global__ void cast_encode(fc_cu_enc e, M m)
@@ -43,18 +43,6 @@ struct none_code {
     }
 };
 
-struct fp16_code {
-    float inv_w, w; // pre-division by the world size keeps the sum of W ranks in range
-    __device__ __forceinline__ void put(uint8_t *b, int64_t i, float x) const
-    {
-        ((uint16_t *)b)[i] = fc_f32_to_f16(x * inv_w);
-    }
-    __device__ __forceinline__ float term(const uint8_t *b, int64_t i, float alpha) const
-    {
-        return (alpha * w) * fc_f16_to_f32(((const uint16_t *)b)[i]);
-    }
-};
-
 struct bf16_code {
     int unused;
     __device__ __forceinline__ void put(uint8_t *b, int64_t i, float x) const
@@ -77,14 +65,6 @@ error:
     return rc;
 }
 
-static fp16_code make_fp16(int world)
-{
-    fp16_code m;
-    m.w = (float)world;
-    m.inv_w = 1.0f / (float)world; // the same IEEE division as the CPU encoder's
-    return m;
-}
-
 static int none_encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
 {
     return cast_launch_encode(e, none_code{a->grad_dtype}, s, err);
@@ -97,12 +77,12 @@ static int none_decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStr
 
 static int fp16_encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
 {
-    return cast_launch_encode(e, make_fp16(a->geo.world), s, err);
+    return cast_launch_encode(e, fc_cu_make_fp16(a->geo.world), s, err);
 }
 
 static int fp16_decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
 {
-    return fc_cu_launch_decode_dense(d, make_fp16(a->geo.world), s, err);
+    return fc_cu_launch_decode_dense(d, fc_cu_make_fp16(a->geo.world), s, err);
 }
 
 static int bf16_encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)

@@ -2,13 +2,19 @@
 // line here; a method missing from this list makes CUDA tensors raise a clear TypeError.
 #include "fc_cu.cuh"
 
-extern const fc_cu_method fc_cu_none, fc_cu_fp16, fc_cu_bf16, fc_cu_int8;
+extern const fc_cu_method fc_cu_none, fc_cu_fp16, fc_cu_bf16, fc_cu_int8, fc_cu_fp8, fc_cu_intn,
+    fc_cu_qsgd, fc_cu_nc, fc_cu_onebit;
 
 static const fc_cu_method *const table[] = {
     &fc_cu_none,
     &fc_cu_fp16,
     &fc_cu_bf16,
     &fc_cu_int8,
+    &fc_cu_fp8,
+    &fc_cu_intn,
+    &fc_cu_qsgd,
+    &fc_cu_nc,
+    &fc_cu_onebit,
 };
 
 const fc_cu_method *fc_cu_method_by_id(int id)

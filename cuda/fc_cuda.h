@@ -61,7 +61,8 @@ enum {
     FC_PAYLOAD_DTYPE = 4,
     FC_PAYLOAD_ORDER = 5, /* unit or step differ */
     FC_PAYLOAD_NUMEL = 6,
-    FC_PAYLOAD_BODY = 7
+    FC_PAYLOAD_BODY = 7,
+    FC_PAYLOAD_CODES = 8 /* a code the encoder cannot write (the CPU decoder's PayloadError) */
 };
 
 typedef struct {

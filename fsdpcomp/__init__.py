@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from . import _C
@@ -28,10 +29,23 @@ def methods() -> list[str]:
     return list(_C.methods())
 
 
+# Methods with CUDA kernels: the table in cuda/fc_cu_methods.cu (tests/test_cuda_build.py checks
+# this against the built library's own answer).
+_CUDA_METHODS = frozenset({"none", "fp16", "bf16", "int8", "fp8", "intN", "qsgd", "nc", "onebit"})
+
+
+def _cuda_built() -> bool:
+    """Whether this build has the CUDA library (where the loader looks for it; not loaded)."""
+    lib = os.environ.get("FSDPCOMP_CUDA_LIB") or os.path.join(os.path.dirname(_C.__file__), "_fsdpcomp_cuda.so")
+    return os.path.exists(lib)
+
+
 def method_info(name: str) -> dict[str, Any]:
-    """A method's summary, properties and config keys (with defaults, ranges and docs)."""
+    """A method's summary, properties and config keys (with defaults, ranges and docs); "cuda":
+    whether it takes CUDA tensors in this build."""
     info = _C.method_info(name)
     info["common_keys"] = _C.method_info("")
+    info["cuda"] = info["name"] in _CUDA_METHODS and _cuda_built()
     return info
 
 

@@ -1,11 +1,15 @@
-"""CUDA kernels against the CPU reference, byte for byte, and the NCCL transport at world size 1
-through a real FSDP1 run. Skips (with the reason) where there is no GPU or no CUDA library."""
+"""CUDA kernels against the CPU reference, byte for byte (the cases and checks of
+tests/cuda_cases.py: every method with CUDA kernels, at odd sizes, W = 1, 3, 4, fp32/bf16/fp16
+gradients, error feedback with fp32 and bf16 residuals over two steps, NaN/Inf in both
+`nonfinite` modes), and the NCCL transport at world size 1 through a real FSDP1 run. Skips
+(with the reason) where there is no GPU or no CUDA library."""
 import os
 
 import pytest
 import torch
 
 import fsdpcomp
+from cuda_cases import check_decode, check_encode, check_sum_order, cpu_encode, cuda_cases, cuda_methods
 from fsdpcomp import _C
 
 if not torch.cuda.is_available():
@@ -14,78 +18,115 @@ if not torch.cuda.is_available():
 if not _C.cuda_info()["available"]:
     pytest.skip("CUDA library not usable: " + str(_C.cuda_info()["error"]), allow_module_level=True)
 
-CASES = [
-    ("none", {}), ("fp16", {}), ("bf16", {}),
-    ("int8", {}), ("int8", {"stochastic": True}), ("int8", {"block_size": 64}),
-    ("int8", {"block_size": 4096, "stochastic": True}),
-]
-SIZES = [1, 7, 255, 1000, 4099, 65536 * 3 + 5]
+
+class OnGpu:
+    """The backend of tests/cuda_cases.py: State._core on CUDA tensors."""
+
+    def state(self, method: str, cfg: dict):
+        return fsdpcomp.CommState(method, cfg)
+
+    def encode(self, st, grad: torch.Tensor, world: int, rank: int) -> torch.Tensor:
+        g = grad.cuda()
+        self.unit = st._core.begin(g.numel())
+        s, _ = st._core.plan(g, world, rank)
+        send = torch.full((sum(s),), 0xA5, dtype=torch.uint8, device="cuda")  # unwritten bytes show
+        st._core.encode(g, send, world, rank, self.unit)
+        return send.cpu()
+
+    def residual(self, st):
+        r = st._core.residuals()[self.unit]
+        return None if r is None else r.cpu()
+
+    def end_step(self, st) -> None:
+        st.end_step()
+
+    def decode(self, method: str, cfg: dict, recv: torch.Tensor, grad: torch.Tensor, out_numel: int,
+               world: int, rank: int):
+        st = fsdpcomp.CommState(method, cfg)
+        out = torch.full((out_numel,), 7.0, dtype=grad.dtype, device="cuda")
+        st._core.decode(recv.cuda(), grad.cuda(), out, world, rank, st._core.begin(grad.numel()))
+        return out.cpu(), st.counters()["nonfinite_out"]
 
 
-def pair(method, cfg, **extra):
-    c = dict(cfg, seed=1234, **extra)
-    return fsdpcomp.CommState(method, c), fsdpcomp.CommState(method, c)
+GPU = OnGpu()
+CASES = cuda_cases()
+IDS = [m + "".join(f"-{k}={v}" for k, v in c.items()) for m, c in CASES]
+SIZES = [1, 255, 257, (1 << 20) + 3]
 
 
-def encode(state, grad, world, rank, unit):
-    s, _ = state._core.plan(grad, world, rank)
-    send = torch.zeros(sum(s), dtype=torch.uint8, device=grad.device)
-    state._core.encode(grad, send, world, rank, unit)
-    return send
+def test_cuda_flag_says_which_methods_have_kernels():
+    have = {m for m in fsdpcomp.methods() if _C_has_method(fsdpcomp.method_info(m)["id"])}
+    assert set(cuda_methods()) == have
 
 
-@pytest.mark.parametrize("method,cfg", CASES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("world,rank", [(1, 0), (3, 1), (4, 0)])
-def test_encode_bytes_and_residuals_match_cpu(method, cfg, dtype, world, rank, gen):
+def _C_has_method(method_id: int) -> bool:
+    """Whether the loaded library's table has the method: a CUDA tensor either encodes or says
+    it has no kernels."""
+    st = fsdpcomp.CommState(next(m for m in fsdpcomp.methods() if fsdpcomp.method_info(m)["id"] == method_id),
+                            {"compress_own_chunk": True})
+    g = torch.randn(64, device="cuda")
+    s, _ = st._core.plan(g, 1, 0)
+    try:
+        st._core.encode(g, torch.empty(sum(s), dtype=torch.uint8, device="cuda"), 1, 0, st._core.begin(64))
+    except TypeError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
+@pytest.mark.parametrize("world,rank", [(1, 0), (3, 1), (4, 3)])
+@pytest.mark.parametrize("res", ["fp32", "bf16"])
+def test_encode_bytes_and_residuals_match_cpu(method, cfg, dtype, world, rank, res, gen):
     for n in SIZES:
-        n = max(n, world)
-        # fresh states per size: units are keyed by call order and keep their first size
-        cpu, gpu = pair(method, cfg, error_feedback=True, compress_own_chunk=(world == 1))
-        for step in range(2):  # the second step encodes with a non-zero residual
-            g = (torch.randn(n, generator=gen) * 3).to(dtype)
-            u_c, u_g = cpu._core.begin(n), gpu._core.begin(n)
-            a = encode(cpu, g, world, rank, u_c)
-            b = encode(gpu, g.cuda(), world, rank, u_g)
-            torch.cuda.synchronize()
-            assert torch.equal(a, b.cpu()), f"{method} {cfg} n={n} step={step}: payload bytes differ"
-            rc, rg = cpu._core.residuals()[u_c], gpu._core.residuals()[u_g]
-            if rc is not None:
-                assert torch.equal(rc, rg.cpu()), f"{method} n={n} step={step}: residuals differ"
-            cpu.end_step()
-            gpu.end_step()
+        check_encode(GPU, method, cfg, dtype, world, rank, max(n, world), gen, residual_dtype=res)
 
 
-@pytest.mark.parametrize("method,cfg", CASES)
-@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-def test_loopback_decode_of_w_payloads_matches_cpu(method, cfg, out_dtype, gen):
-    world, rank = 4, 2
+@pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
+@pytest.mark.parametrize("mode", ["pass", "zero"])
+@pytest.mark.parametrize("world,rank", [(1, 0), (3, 2)])
+def test_encode_of_nonfinite_inputs_matches_cpu(method, cfg, mode, world, rank, gen):
+    for n in SIZES:
+        check_encode(GPU, method, cfg, torch.float32, world, rank, max(n, world), gen, nonfinite=mode)
+
+
+@pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_loopback_decode_of_w_payloads_matches_cpu(method, cfg, dtype, gen):
     for n in (9, 4099, 65536 * 3 + 5):
-        grads = [(torch.randn(n, generator=gen) * 2).to(out_dtype) for _ in range(world)]
-        slots = []
-        for r in range(world):  # what rank r sends to `rank`, encoded by the CPU reference
-            st = fsdpcomp.CommState(method, dict(cfg, seed=7))
-            u = st._core.begin(n)
-            send = encode(st, grads[r], world, r, u)
-            ss, _ = st._core.plan(grads[r], world, r)
-            off = sum(ss[:rank])
-            slots.append(send[off:off + ss[rank]])
-        recv = torch.cat([s for r, s in enumerate(slots) if r != rank])
-        ref, dev = fsdpcomp.CommState(method, dict(cfg, seed=7)), fsdpcomp.CommState(method, dict(cfg, seed=7))
-        shard = -(-n // world)
-        out_c = torch.empty(shard, dtype=out_dtype)
-        out_g = torch.full((shard,), 7.0, dtype=out_dtype, device="cuda")
-        ref._core.decode(recv, grads[rank], out_c, world, rank, ref._core.begin(n))
-        dev._core.decode(recv.cuda(), grads[rank].cuda(), out_g, world, rank, dev._core.begin(n))
-        torch.cuda.synchronize()
-        assert torch.equal(out_c, out_g.cpu()), f"{method} {cfg} n={n}: decoded sums differ"
-        assert dev.counters()["nonfinite_out"] == ref.counters()["nonfinite_out"]
+        check_decode(GPU, method, cfg, dtype, 4, 2, n, gen)
+    check_decode(GPU, method, cfg, dtype, 3, 1, 257, gen, nonfinite=True, compress_own=True)
+    check_decode(GPU, method, cfg, dtype, 1, 0, 1, gen, compress_own=True)
+
+
+@pytest.mark.parametrize("cfg", [{}, {"block_size": 32}, {"block_size": 64}, {"block_size": 1024}])
+def test_block_sums_take_the_cpu_order(cfg, gen):
+    check_sum_order(GPU, cfg, gen)
+
+
+@pytest.mark.parametrize("method,cfg,off,val", [("intN", {"bits": 2}, 4, 0xFF), ("qsgd", {"levels": 2}, 4, 0xFF),
+                                                ("nc", {}, 4, 0x80)])
+def test_impossible_codes_are_reported(method, cfg, off, val, gen):
+    st = fsdpcomp.CommState(method, dict(cfg, compress_own_chunk=True))
+    g = torch.randn(64, generator=gen)
+    send = cpu_encode(st, g, 1, 0, st._core.begin(64))
+    send[32 + off] = val  # the first group's codes: one no encoder writes
+    with pytest.raises(fsdpcomp.PayloadError):
+        st._core.decode(send, g, torch.empty(64), 1, 0, 0)
+    dev = fsdpcomp.CommState(method, dict(cfg, compress_own_chunk=True))
+    out = torch.empty(64, device="cuda")
+    dev._core.decode(send.cuda(), g.cuda(), out, 1, 0, dev._core.begin(64))
+    with pytest.raises(fsdpcomp.PayloadError, match="rank 0"):
+        dev.counters()
+    assert torch.isnan(out).any()
 
 
 def test_corrupt_payload_is_reported(gen):
     st = fsdpcomp.CommState("int8", {"compress_own_chunk": True})
     g = torch.randn(1000, generator=gen).cuda()
-    send = encode(st, g, 1, 0, st._core.begin(1000))
+    s, _ = st._core.plan(g, 1, 0)
+    send = torch.zeros(sum(s), dtype=torch.uint8, device="cuda")
+    st._core.encode(g, send, 1, 0, st._core.begin(1000))
     send[0] ^= 0xFF  # magic
     out = torch.empty(1000, device="cuda")
     st._core.decode(send, g, out, 1, 0, 0)

@@ -15,8 +15,8 @@ HAVE_NVCC = bool(os.environ.get("NVCC") or shutil.which("nvcc") or os.path.exist
 CPU_ONLY_BUILD = os.environ.get("FSDPCOMP_CUDA", "auto").strip().lower() in ("0", "off", "no", "false")
 
 
-def run_py(code: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=pythonpath())
+def run_py(code: str, **extra_env: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=pythonpath(), **extra_env)
     # cwd elsewhere: `python -c` puts the current directory first on sys.path
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
                           cwd=tempfile.gettempdir())
@@ -98,3 +98,35 @@ def test_compress_rejects_cuda_free_paths_by_name():
         "    print(e)\n")
     assert r.returncode == 0, r.stderr
     assert "transport" in r.stdout
+
+
+def test_cuda_flag_matches_the_library_table():
+    """method_info(m)["cuda"] is what the built library's has_method answers (fc_cuda_api's third
+    field, read through ctypes in a subprocess: no GPU needed), and False for all without it."""
+    import fsdpcomp
+    flags = {m: fsdpcomp.method_info(m)["cuda"] for m in fsdpcomp.methods()}
+    if not os.path.exists(LIB):
+        if HAVE_NVCC and not CPU_ONLY_BUILD:
+            need_lib()
+        assert not any(flags.values()), flags
+        return
+    ids = {m: fsdpcomp.method_info(m)["id"] for m in fsdpcomp.methods()}
+    r = run_py(
+        "import ctypes\n"
+        f"lib = ctypes.CDLL({LIB!r})\n"
+        "class Api(ctypes.Structure):\n"
+        "    _fields_ = [('abi', ctypes.c_int), ('build', ctypes.c_char_p),\n"
+        "                ('has_method', ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int))]\n"
+        "f = lib.fc_cuda_get_api; f.restype = ctypes.POINTER(Api); f.argtypes = [ctypes.c_int]\n"
+        "api = f(1).contents\n"
+        f"print(' '.join(str(api.has_method(i)) for i in {sorted(ids.values())!r}))\n")
+    assert r.returncode == 0, r.stderr
+    has = dict(zip(sorted(ids.values()), (bool(int(v)) for v in r.stdout.split())))
+    assert flags == {m: has[ids[m]] for m in flags}
+
+
+def test_cuda_flag_is_false_without_the_library():
+    r = run_py("import fsdpcomp\nprint(any(fsdpcomp.method_info(m)['cuda'] for m in fsdpcomp.methods()))",
+               FSDPCOMP_CUDA_LIB=os.path.join(tempfile.gettempdir(), "no", "_fsdpcomp_cuda.so"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"

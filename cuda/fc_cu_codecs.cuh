@@ -1,0 +1,605 @@
+// fc_cu_codecs.cuh: the dense value codecs (int8, fp8, intN, qsgd, nc, onebit; fp16's element
+// rule) as device code that encodes any array of values to the bytes the CPU's m_<name>.c
+// writes for it, and decodes one element of such a body. The dense methods' kernels
+// (fc_cu_<name>.cu via fc_cu_dense.cuh) and the sparsifiers' value codecs both use them.
+//
+// Encoding: every lane of a warp calls fc_cu_encode_blocks(codec, x, n, body, rng, sink, warp,
+// warps) with the same arguments; warp `warp` of `warps` takes every warps-th unit (fc_cu_unit)
+// of the array. x is
+// a loader (fc_cu_chunk_x, fc_cu_f32_values), rng the stream the CPU's encode got (its
+// fc_chunk.rng), sink receives (x, e = x - D(C(x))) per element when sink.on() (fc_cu_no_sink
+// for none). Launch with FC_CU_CODEC_THREADS threads per block: qsgd and onebit keep their
+// tiles in static shared memory indexed by warp.
+// Decoding: C::dec d = codec.at(n) for an array of n; d.term(body, i, alpha, &bad) is exactly
+// what the CPU's decode_add adds to acc[i] (alpha * D(body)[i]); *bad set for a code the
+// encoder cannot write (the CPU raises PayloadError there).
+#ifndef FC_CU_CODECS_CUH
+#define FC_CU_CODECS_CUH
+
+#include "fc_cu_tile.cuh"
+#include "fc_fp8.h"
+#include "fc_intn.h"
+#include "fc_nc.h"
+#include "fc_onebit.h"
+#include "fc_pack.h"
+#include "fc_qsgd.h"
+
+__host__ __device__ __forceinline__ int64_t fc_cu_nblocks(int64_t n, int64_t bs)
+{
+    return (n + bs - 1) / bs;
+}
+
+__host__ __device__ __forceinline__ int fc_cu_log2(int64_t pow2)
+{
+    int s = 0;
+    while (((int64_t)1 << s) < pow2)
+        s++;
+    return s;
+}
+
+// The block codecs' common walk: per unit, pass 1 loads the tiles and reduces them (C::red),
+// the block's parameters follow (C::block, which writes the block's metadata), pass 2 writes the
+// codes of each group of 8 (C::code8) and hands e = x + D_{-1}(code) to the sink. A unit of one
+// tile keeps its values in registers and loads the warp's next unit before coding this one (two
+// tiles in flight per warp); larger blocks reload their tiles in pass 2 (from L1/L2).
+template <class C, class L, class S>
+__device__ __forceinline__ void fc_cu_encode_blocks(const C &c, const L &x, int64_t n,
+                                                    uint8_t *body, const fc_rng &rng, S &sink,
+                                                    int64_t warp, int64_t warps)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t bs = c.bs, U = fc_cu_unit(bs);
+    const int G = fc_cu_block_lanes(bs);
+    const bool keep = U == FC_CU_TILE, dec = sink.on();
+    const int64_t units = (n + U - 1) / U;
+    float next[8];
+    if (keep && warp < units)
+        x.load8(warp * U + 8 * lane, fc_cu_valid8(n, warp * U + 8 * lane), next);
+    for (int64_t u = warp; u < units; u += warps) {
+        const int64_t lo = u * U;
+        const int64_t b = (lo + 8 * lane) / bs; // the lane's block (the unit's only one if bs >= 256)
+        typename C::red r;
+        c.red_init(r);
+        float v[8];
+        for (int64_t t = lo; t < lo + U; t += FC_CU_TILE) {
+            const int64_t i = t + 8 * lane;
+            const int m = fc_cu_valid8(n, i);
+            if (keep) {
+                for (int j = 0; j < 8; j++)
+                    v[j] = next[j];
+                const int64_t ni = i + warps * U;
+                if (u + warps < units)
+                    x.load8(ni, fc_cu_valid8(n, ni), next);
+            } else {
+                x.load8(i, m, v);
+            }
+            c.red_tile(r, i - b * bs, m, v);
+        }
+        const typename C::blk k = c.block(r, G, b, n, body, lane % G == 0 && b * bs < n);
+        for (int64_t t = lo; t < lo + U; t += FC_CU_TILE) {
+            const int64_t i = t + 8 * lane;
+            const int m = fc_cu_valid8(n, i);
+            if (m == 0)
+                continue; // no collective below
+            if (!keep)
+                x.load8(i, m, v);
+            float d[8];
+            c.code8(k, rng, i, m, v, n, body, dec, d);
+            if (dec) {
+                float e[8];
+                for (int j = 0; j < 8; j++)
+                    e[j] = v[j] + d[j]; // the CPU's x + decode_add(alpha = -1)
+                sink.put8(i, m, v, e);
+            }
+        }
+    }
+}
+
+// ---- absmax reductions (int8, fp8, nc, intN absmax): the largest |x| as bits
+
+struct fc_cu_amax_red {
+    uint32_t amax;
+};
+
+__device__ __forceinline__ void fc_cu_amax_tile(uint32_t &amax, const float v[8])
+{
+    for (int k = 0; k < 8; k++) { // the zeros past the end are neutral
+        const uint32_t a = fc_abs_bits(v[k]);
+        amax = a > amax ? a : amax;
+    }
+}
+
+// ---- int8 (m_int8.c): per block s = amax / 127, q = round(x / s) or floor(x / s + u)
+
+struct fc_cu_int8_codec {
+    int64_t bs;
+    int stochastic;
+
+    typedef fc_cu_amax_red red;
+    struct blk {
+        float scale, inv;
+    };
+
+    __host__ __device__ int64_t meta_bytes(int64_t n) const { return 4 * fc_cu_nblocks(n, bs); }
+    __device__ void red_init(red &r) const { r.amax = 0; }
+    __device__ void red_tile(red &r, int64_t, int, const float v[8]) const { fc_cu_amax_tile(r.amax, v); }
+
+    __device__ blk block(red &r, int G, int64_t b, int64_t, uint8_t *body, bool lead) const
+    {
+        blk k;
+        k.inv = fc_absmax_scale(fc_cu_group_max(r.amax, G), 127.0f, &k.scale);
+        if (lead)
+            ((float *)body)[b] = k.scale;
+        return k;
+    }
+
+    __device__ void code8(const blk &k, const fc_rng &rng, int64_t i, int m, const float v[8],
+                          int64_t n, uint8_t *body, bool dec, float d[8]) const
+    {
+        uint8_t q8[8];
+        fc_u32x4 r = {{0u, 0u, 0u, 0u}};
+        if (stochastic && k.inv != 0.0f)
+            r = fc_rng_draw8(&rng, (uint32_t)(i >> 3));
+        const float s_neg = -1.0f * k.scale; // decode_add's alpha * scale, alpha = -1
+        for (int j = 0; j < 8; j++) {
+            int32_t q = 0;
+            if (k.inv != 0.0f) { // zero or non-finite block: zero codes (fc_absmax_scale)
+                if (!stochastic) {
+                    float f = fc_round_even(v[j] * k.inv);
+                    f = f > 127.0f ? 127.0f : f < -127.0f ? -127.0f : f;
+                    q = (int32_t)f;
+                } else {
+                    q = fc_floor_i32(v[j] * k.inv + fc_u01_16(fc_rng_h16(r, (uint32_t)j)));
+                    q = q > 127 ? 127 : q < -127 ? -127 : q;
+                }
+            }
+            q8[j] = (uint8_t)(int8_t)q;
+            if (dec)
+                d[j] = s_neg * (float)q;
+        }
+        fc_cu_store_bytes(body + meta_bytes(n) + i, q8, m);
+    }
+
+    struct dec {
+        int64_t meta;
+        int shift;
+        __device__ float term(const uint8_t *b, int64_t i, float alpha, int *) const
+        {
+            const float s = alpha * ((const float *)b)[i >> shift];
+            return s * (float)((const int8_t *)(b + meta))[i];
+        }
+    };
+    __host__ __device__ dec at(int64_t n) const { return dec{meta_bytes(n), fc_cu_log2(bs)}; }
+};
+
+// ---- fp8 (m_fp8.c): per block s = amax / fmax, code = fp8(x / s)
+
+struct fc_cu_fp8_codec {
+    int64_t bs;
+    int fmt; // FC_FP8_E4M3 or FC_FP8_E5M2
+
+    typedef fc_cu_amax_red red;
+    struct blk {
+        float scale, inv;
+    };
+
+    __host__ __device__ int64_t meta_bytes(int64_t n) const { return 4 * fc_cu_nblocks(n, bs); }
+    __device__ void red_init(red &r) const { r.amax = 0; }
+    __device__ void red_tile(red &r, int64_t, int, const float v[8]) const { fc_cu_amax_tile(r.amax, v); }
+
+    __device__ blk block(red &r, int G, int64_t b, int64_t, uint8_t *body, bool lead) const
+    {
+        blk k;
+        k.inv = fc_absmax_scale(fc_cu_group_max(r.amax, G), fc_fp8_max(fmt), &k.scale);
+        if (lead)
+            ((float *)body)[b] = k.scale;
+        return k;
+    }
+
+    __device__ void code8(const blk &k, const fc_rng &, int64_t i, int m, const float v[8],
+                          int64_t n, uint8_t *body, bool dec, float d[8]) const
+    {
+        uint8_t q8[8];
+        const float s_neg = -1.0f * k.scale;
+        for (int j = 0; j < 8; j++) {
+            q8[j] = k.inv != 0.0f ? fc_f32_to_fp8(v[j] * k.inv, fmt) : (uint8_t)0;
+            if (dec)
+                d[j] = s_neg * fc_fp8_to_f32(q8[j], fmt);
+        }
+        fc_cu_store_bytes(body + meta_bytes(n) + i, q8, m);
+    }
+
+    struct dec {
+        int64_t meta;
+        int shift, fmt;
+        __device__ float term(const uint8_t *b, int64_t i, float alpha, int *) const
+        {
+            const float s = alpha * ((const float *)b)[i >> shift];
+            return s * fc_fp8_to_f32(b[meta + i], fmt);
+        }
+    };
+    __host__ __device__ dec at(int64_t n) const { return dec{meta_bytes(n), fc_cu_log2(bs), fmt}; }
+};
+
+// ---- nc (m_nc.c): per block the largest exponent, per element sign + stochastic power of two
+
+struct fc_cu_nc_codec {
+    int64_t bs;
+
+    typedef fc_cu_amax_red red;
+    struct blk {
+        uint32_t emax, stored;
+    };
+
+    __host__ __device__ int64_t meta_bytes(int64_t n) const { return 4 * fc_cu_nblocks(n, bs); }
+    __device__ void red_init(red &r) const { r.amax = 0; }
+    __device__ void red_tile(red &r, int64_t, int, const float v[8]) const { fc_cu_amax_tile(r.amax, v); }
+
+    __device__ blk block(red &r, int G, int64_t b, int64_t, uint8_t *body, bool lead) const
+    {
+        blk k;
+        k.emax = fc_nc_emax(fc_cu_group_max(r.amax, G), &k.stored);
+        if (lead)
+            ((uint32_t *)body)[b] = k.stored;
+        return k;
+    }
+
+    __device__ void code8(const blk &k, const fc_rng &rng, int64_t i, int m, const float v[8],
+                          int64_t n, uint8_t *body, bool dec, float d[8]) const
+    {
+        uint8_t q8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (k.emax != 0) {
+            const fc_u32x4 r = fc_rng_draw8(&rng, (uint32_t)(i >> 3));
+            for (int j = 0; j < 8; j++)
+                q8[j] = fc_nc_encode(v[j], k.emax, fc_rng_h16(r, (uint32_t)j));
+        }
+        if (dec)
+            for (int j = 0; j < 8; j++) // the decode of the block as stored (255: NaN)
+                d[j] = k.stored == 255 ? fc_bits_f32(FC_NAN_BITS) : fc_nc_term(q8[j], k.stored, -1.0f);
+        fc_cu_store_bytes(body + meta_bytes(n) + i, q8, m);
+    }
+
+    struct dec {
+        int64_t meta;
+        int shift;
+        __device__ float term(const uint8_t *b, int64_t i, float alpha, int *bad) const
+        {
+            const uint32_t emax = ((const uint32_t *)b)[i >> shift];
+            const uint8_t code = b[meta + i];
+            if (emax == 255)
+                return fc_bits_f32(FC_NAN_BITS); // a non-finite block passes NaN on
+            if (emax > 255 || fc_nc_code_bad(code, emax)) {
+                *bad = 1;
+                return 0.0f;
+            }
+            return fc_nc_term(code, emax, alpha);
+        }
+    };
+    __host__ __device__ dec at(int64_t n) const { return dec{meta_bytes(n), fc_cu_log2(bs)}; }
+};
+
+// ---- intN (m_intn.c): bits-wide codes packed 8 per `bits` bytes; absmax scale or (min, step)
+
+struct fc_cu_intn_codec {
+    int64_t bs;
+    int bits, stochastic, scheme;
+
+    struct red {
+        uint32_t amax;
+        int32_t kmin, kmax; // fc_intn_key range (minmax)
+    };
+    struct blk {
+        fc_intn_map map;
+        fc_intn_dec dneg; // decode with alpha = -1, for the residual
+    };
+
+    __host__ __device__ int64_t meta_bytes(int64_t n) const
+    {
+        return (scheme == FC_INTN_MINMAX ? 8 : 4) * fc_cu_nblocks(n, bs);
+    }
+    __device__ void red_init(red &r) const
+    {
+        r.amax = 0;
+        r.kmin = INT32_MAX;
+        r.kmax = INT32_MIN;
+    }
+    __device__ void red_tile(red &r, int64_t, int m, const float v[8]) const
+    {
+        if (scheme != FC_INTN_MINMAX) {
+            fc_cu_amax_tile(r.amax, v);
+            return;
+        }
+        for (int j = 0; j < 8; j++) {
+            const int32_t key = fc_intn_key(fc_f32_bits(v[j]));
+            r.kmin = j < m && key < r.kmin ? key : r.kmin;
+            r.kmax = j < m && key > r.kmax ? key : r.kmax;
+        }
+    }
+
+    __device__ blk block(red &r, int G, int64_t b, int64_t, uint8_t *body, bool lead) const
+    {
+        blk k;
+        float meta[2];
+        if (scheme == FC_INTN_MINMAX) {
+            float small, big;
+            int finite;
+            fc_intn_key_range_values(fc_cu_group_min_i32(r.kmin, G), fc_cu_group_max_i32(r.kmax, G),
+                                     &small, &big, &finite);
+            fc_intn_minmax_map(bits, small, big, finite, &k.map, &meta[0], &meta[1]);
+            if (lead) {
+                ((float *)body)[2 * b] = meta[0];
+                ((float *)body)[2 * b + 1] = meta[1];
+            }
+        } else {
+            meta[0] = fc_intn_absmax_map(bits, fc_cu_group_max(r.amax, G), &k.map);
+            if (lead)
+                ((float *)body)[b] = meta[0];
+        }
+        k.dneg = fc_intn_dec_block(bits, scheme, meta, 0, -1.0f);
+        return k;
+    }
+
+    __device__ void code8(const blk &k, const fc_rng &rng, int64_t i, int m, const float v[8],
+                          int64_t n, uint8_t *body, bool dec, float d[8]) const
+    {
+        fc_u32x4 r = {{0u, 0u, 0u, 0u}};
+        if (stochastic && k.map.ok)
+            r = fc_rng_draw8(&rng, (uint32_t)(i >> 3));
+        uint32_t codes[8]; // the group's unused slots are code 0, as the CPU packs them
+        for (int j = 0; j < 8; j++) {
+            codes[j] = j < m ? fc_intn_code(&k.map, v[j], stochastic, fc_u01_16(fc_rng_h16(r, (uint32_t)j)))
+                             : 0u;
+            if (dec)
+                d[j] = fc_intn_value(&k.dneg, codes[j]);
+        }
+        uint64_t lo, hi;
+        fc_pack8_words(codes, bits, &lo, &hi);
+        fc_cu_store_group(body + meta_bytes(n) + (i >> 3) * bits, lo, hi, bits);
+    }
+
+    struct dec {
+        int64_t meta;
+        int shift, bits, scheme;
+        __device__ float term(const uint8_t *b, int64_t i, float alpha, int *bad) const
+        {
+            const fc_intn_dec d = fc_intn_dec_block(bits, scheme, (const float *)b, i >> shift, alpha);
+            const uint32_t code = fc_cu_unpack1(b + meta + (i >> 3) * bits, bits, (int)(i & 7));
+            if (code > d.top) { // absmax: a code above 2 * qmax is never written
+                *bad = 1;
+                return 0.0f;
+            }
+            return fc_intn_value(&d, code);
+        }
+    };
+    __host__ __device__ dec at(int64_t n) const
+    {
+        return dec{meta_bytes(n), fc_cu_log2(bs), bits, scheme};
+    }
+};
+
+// ---- qsgd (m_qsgd.c): per bucket the L2 norm, per element sign + stochastic level
+
+// The terms of a bucket's sum of squares.
+struct fc_cu_sq_terms {
+    __device__ __forceinline__ void add(double v, double *s) const { s[0] += v * v; }
+};
+
+// The NaN a bucket's sum of squares ends with (x * x of a NaN is that NaN; squares of Infs are
+// +Inf, so no NaN is made): the lowest such element's key, FC_CU_NO_NAN for none.
+__device__ __forceinline__ unsigned long long fc_cu_sq_nan(const float v[8], int m, int64_t off,
+                                                          unsigned long long best)
+{
+    for (int j = 0; j < 8; j++)
+        if (j < m && fc_abs_bits(v[j]) > FC_INF_BITS) {
+            const unsigned long long key = fc_cu_nan_key(off + j, fc_f32_bits(v[j]));
+            best = key < best ? key : best;
+        }
+    return best;
+}
+
+struct fc_cu_qsgd_codec {
+    int64_t bs;
+    int32_t levels;
+    int w; // fc_qsgd_width(levels)
+
+    struct red {
+        fc_cu_tile_sums<1> sums;
+        unsigned long long nan;
+    };
+    struct blk {
+        float norm, inv, step;
+        int ok;
+    };
+
+    __host__ __device__ int64_t meta_bytes(int64_t n) const { return 4 * fc_cu_nblocks(n, bs); }
+
+    __device__ void red_init(red &r) const
+    {
+        __shared__ double tile[FC_CU_CODEC_WARPS][FC_CU_TILE_WORDS];
+        __shared__ double tot[FC_CU_CODEC_WARPS][32];
+        const int wi = threadIdx.x >> 5;
+        r.sums.init(tile[wi], tot[wi]);
+        r.nan = FC_CU_NO_NAN;
+    }
+    __device__ void red_tile(red &r, int64_t off, int m, const float v[8]) const
+    {
+        r.sums.tile_add(bs, v, fc_cu_sq_terms());
+        r.nan = fc_cu_sq_nan(v, m, off, r.nan);
+    }
+
+    __device__ blk block(red &r, int G, int64_t b, int64_t, uint8_t *body, bool lead) const
+    {
+        blk k;
+        const unsigned long long nan = fc_cu_group_min_u64(r.nan, G);
+        k.norm = nan != FC_CU_NO_NAN ? fc_bits_f32((uint32_t)nan) : fc_qsgd_norm(r.sums.total(bs, 0));
+        k.ok = fc_qsgd_ok(k.norm);
+        k.inv = k.ok ? (float)levels / k.norm : 0.0f;
+        k.step = k.norm / (float)levels;
+        if (lead)
+            ((float *)body)[b] = k.norm;
+        return k;
+    }
+
+    __device__ void code8(const blk &k, const fc_rng &rng, int64_t i, int m, const float v[8],
+                          int64_t n, uint8_t *body, bool dec, float d[8]) const
+    {
+        uint32_t codes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (k.ok) {
+            const fc_u32x4 r = fc_rng_draw8(&rng, (uint32_t)(i >> 3));
+            for (int j = 0; j < 8; j++)
+                if (j < m)
+                    codes[j] = fc_qsgd_code(v[j], k.inv, levels, fc_rng_h16(r, (uint32_t)j));
+        }
+        if (dec)
+            for (int j = 0; j < 8; j++)
+                d[j] = -1.0f * fc_qsgd_value(codes[j], k.step);
+        uint64_t lo, hi;
+        fc_pack8_words(codes, w, &lo, &hi);
+        fc_cu_store_group(body + meta_bytes(n) + (i >> 3) * w, lo, hi, w);
+    }
+
+    struct dec {
+        int64_t meta;
+        int shift, w;
+        int32_t levels;
+        __device__ float term(const uint8_t *b, int64_t i, float alpha, int *bad) const
+        {
+            const float step = ((const float *)b)[i >> shift] / (float)levels;
+            const uint32_t code = fc_cu_unpack1(b + meta + (i >> 3) * w, w, (int)(i & 7));
+            if ((code >> 1) > (uint32_t)levels) {
+                *bad = 1;
+                return 0.0f;
+            }
+            return alpha * fc_qsgd_value(code, step);
+        }
+    };
+    __host__ __device__ dec at(int64_t n) const { return dec{meta_bytes(n), fc_cu_log2(bs), w, levels}; }
+};
+
+// ---- onebit (m_onebit.c): sign bits, per block the mean of the x >= 0 and of the x < 0
+
+// The terms of a block's two sums: x adds to the positive sum (s[0]) or, sign bit set, to the
+// negative one (s[1]). The CPU adds x * 1 to one and x * 0 (a zero of x's sign) to the other;
+// a zero of the sum's own sign leaves it unchanged, so the sums are the same (m_onebit.c).
+struct fc_cu_sign_terms {
+    __device__ __forceinline__ void add(double v, double *s) const
+    {
+        if (__double_as_longlong(v) < 0)
+            s[1] += v;
+        else
+            s[0] += v;
+    }
+};
+
+struct fc_cu_onebit_codec {
+    int64_t bs;
+
+    struct red {
+        fc_cu_tile_sums<2> sums;
+        unsigned long long nan[2]; // NaN terms of the positive and the negative sum
+        int32_t pos, count;
+    };
+    struct blk {
+        float mean[2];
+    };
+
+    __host__ __device__ int64_t meta_bytes(int64_t n) const { return 8 * fc_cu_nblocks(n, bs); }
+
+    __device__ void red_init(red &r) const
+    {
+        __shared__ double tile[FC_CU_CODEC_WARPS][FC_CU_TILE_WORDS];
+        __shared__ double tot[FC_CU_CODEC_WARPS][64];
+        const int wi = threadIdx.x >> 5;
+        r.sums.init(tile[wi], tot[wi]);
+        r.nan[0] = r.nan[1] = FC_CU_NO_NAN;
+        r.pos = r.count = 0;
+    }
+
+    // The CPU's NaN terms: a NaN adds itself to both sums; an Inf times 0 is x86's default NaN
+    // (0xffc00000 as fp32), -Inf's in the positive sum and +Inf's in the negative one.
+    __device__ void red_tile(red &r, int64_t off, int m, const float v[8]) const
+    {
+        r.sums.tile_add(bs, v, fc_cu_sign_terms());
+        for (int j = 0; j < 8; j++) {
+            const uint32_t u = fc_f32_bits(v[j]), a = u & 0x7fffffffu;
+            if (j >= m)
+                break;
+            r.pos += 1 - (int32_t)(u >> 31);
+            if (a < FC_INF_BITS)
+                continue;
+            const unsigned long long key = fc_cu_nan_key(off + j, a > FC_INF_BITS ? u : 0xffc00000u);
+            const int k = a > FC_INF_BITS ? -1 : (int)(u >> 31) ^ 1; // -1: both sums
+            if (k != 1)
+                r.nan[0] = key < r.nan[0] ? key : r.nan[0];
+            if (k != 0)
+                r.nan[1] = key < r.nan[1] ? key : r.nan[1];
+        }
+        r.count += m;
+    }
+
+    __device__ blk block(red &r, int G, int64_t b, int64_t, uint8_t *body, bool lead) const
+    {
+        blk k;
+        const int32_t pos = fc_cu_group_sum_i32(r.pos, G), cnt = fc_cu_group_sum_i32(r.count, G);
+        const int64_t counts[2] = {pos, cnt - pos};
+        for (int s = 0; s < 2; s++) {
+            const unsigned long long nan = fc_cu_group_min_u64(r.nan[s], G);
+            const double sum = r.sums.total(bs, s);
+            k.mean[s] = nan != FC_CU_NO_NAN && counts[s] ? fc_bits_f32((uint32_t)nan)
+                                                         : fc_onebit_mean(sum, counts[s]);
+        }
+        if (lead) {
+            ((float *)body)[2 * b] = k.mean[0];
+            ((float *)body)[2 * b + 1] = k.mean[1];
+        }
+        return k;
+    }
+
+    __device__ void code8(const blk &k, const fc_rng &, int64_t i, int m, const float v[8],
+                          int64_t n, uint8_t *body, bool dec, float d[8]) const
+    {
+        uint32_t byte = 0;
+        for (int j = 0; j < 8; j++) {
+            const uint32_t bit = j < m ? fc_f32_bits(v[j]) >> 31 : 0u;
+            byte |= bit << j;
+            if (dec)
+                d[j] = fc_onebit_value(k.mean, bit, -1.0f);
+        }
+        body[meta_bytes(n) + (i >> 3)] = (uint8_t)byte;
+    }
+
+    struct dec {
+        int64_t meta;
+        int shift;
+        __device__ float term(const uint8_t *b, int64_t i, float alpha, int *) const
+        {
+            const uint32_t bit = (b[meta + (i >> 3)] >> (i & 7)) & 1u;
+            return fc_onebit_value((const float *)b + 2 * (i >> shift), bit, alpha);
+        }
+    };
+    __host__ __device__ dec at(int64_t n) const { return dec{meta_bytes(n), fc_cu_log2(bs)}; }
+};
+
+// ---- fp16 (m_cast.c): element-wise, pre-divided by the world size (1 / W as the CPU divides)
+
+struct fc_cu_fp16_code {
+    float inv_w, w;
+    __device__ __forceinline__ void put(uint8_t *b, int64_t i, float x) const
+    {
+        ((uint16_t *)b)[i] = fc_f32_to_f16(fc_mul_x86(x, inv_w)); // a NaN keeps its sign
+    }
+    __device__ __forceinline__ float term(const uint8_t *b, int64_t i, float alpha) const
+    {
+        return (alpha * w) * fc_f16_to_f32(((const uint16_t *)b)[i]);
+    }
+};
+
+static inline fc_cu_fp16_code fc_cu_make_fp16(int world)
+{
+    fc_cu_fp16_code m;
+    m.w = (float)world;
+    m.inv_w = 1.0f / (float)world; // the same IEEE division as the CPU encoder's
+    return m;
+}
+
+#endif

@@ -1,0 +1,348 @@
+// fc_cu_tile.cuh: the warp machinery of the block codecs (fc_cu_codecs.cuh): a warp loads a
+// tile of 256 values, each lane 8 consecutive ones (one Philox call, one packed group, one byte
+// of sign bits), through a loader (g' of a chunk, or any fp32 array), reduces per quantisation
+// block within groups of lanes, and hands (x, e = x - D(C(x))) to a sink (error feedback, or
+// nothing). Also the CPU's 8-lane double sums in its order, and the NaN those sums produce.
+#ifndef FC_CU_TILE_CUH
+#define FC_CU_TILE_CUH
+
+#include "fc_cu.cuh"
+
+#define FC_CU_TILE 256       // elements a warp holds at once: 32 lanes x 8
+#define FC_CU_CODEC_WARPS 8  // warps per thread block of every codec kernel (shared tiles)
+#define FC_CU_CODEC_THREADS (32 * FC_CU_CODEC_WARPS)
+#define FC_CU_FULL 0xffffffffu
+
+// Valid elements of the group of 8 at i (a multiple of 8) in an array of n: 0..8.
+__device__ __forceinline__ int fc_cu_valid8(int64_t n, int64_t i)
+{
+    const int64_t m = n - i;
+    return m <= 0 ? 0 : m >= 8 ? 8 : (int)m;
+}
+
+// Lanes that share one quantisation block of bs elements (a power of two >= 8): a block below a
+// tile is bs / 8 lanes, 256 / bs blocks per tile; a larger one is the whole warp, tile by tile.
+__host__ __device__ __forceinline__ int fc_cu_block_lanes(int64_t bs)
+{
+    return bs >= FC_CU_TILE ? 32 : (int)(bs >> 3);
+}
+
+// Elements a warp encodes as one unit: one block, or one tile of several blocks.
+__host__ __device__ __forceinline__ int64_t fc_cu_unit(int64_t bs)
+{
+    return bs > FC_CU_TILE ? bs : FC_CU_TILE;
+}
+
+// ---- reductions within the aligned groups of G lanes (G a power of two, warp-uniform)
+
+__device__ __forceinline__ uint32_t fc_cu_group_max(uint32_t v, int G)
+{
+    for (int o = 1; o < G; o <<= 1) {
+        const uint32_t w = __shfl_xor_sync(FC_CU_FULL, v, o);
+        v = w > v ? w : v;
+    }
+    return v;
+}
+
+__device__ __forceinline__ int32_t fc_cu_group_min_i32(int32_t v, int G)
+{
+    for (int o = 1; o < G; o <<= 1) {
+        const int32_t w = __shfl_xor_sync(FC_CU_FULL, v, o);
+        v = w < v ? w : v;
+    }
+    return v;
+}
+
+__device__ __forceinline__ int32_t fc_cu_group_max_i32(int32_t v, int G)
+{
+    for (int o = 1; o < G; o <<= 1) {
+        const int32_t w = __shfl_xor_sync(FC_CU_FULL, v, o);
+        v = w > v ? w : v;
+    }
+    return v;
+}
+
+__device__ __forceinline__ unsigned long long fc_cu_group_min_u64(unsigned long long v, int G)
+{
+    for (int o = 1; o < G; o <<= 1) {
+        const unsigned long long w = __shfl_xor_sync(FC_CU_FULL, v, o);
+        v = w < v ? w : v;
+    }
+    return v;
+}
+
+__device__ __forceinline__ int32_t fc_cu_group_sum_i32(int32_t v, int G)
+{
+    for (int o = 1; o < G; o <<= 1)
+        v += __shfl_xor_sync(FC_CU_FULL, v, o);
+    return v;
+}
+
+// ---- loads and stores of 8 consecutive elements
+
+__device__ __forceinline__ int fc_cu_aligned16(const void *p)
+{
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+// v[k] = element k of the 8 at p (dtype dt); `vec`: p is 16-byte aligned.
+__device__ __forceinline__ void fc_cu_load8_dt(const void *p, int dt, int vec, float v[8])
+{
+    if (dt == FC_CU_F32) {
+        const float *f = (const float *)p;
+        if (vec) {
+            const float4 a = ((const float4 *)f)[0], b = ((const float4 *)f)[1];
+            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+            v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        } else {
+            for (int k = 0; k < 8; k++)
+                v[k] = f[k];
+        }
+        return;
+    }
+    uint16_t h[8];
+    if (vec) {
+        const uint4 q = *(const uint4 *)p;
+        const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+        for (int k = 0; k < 8; k++)
+            h[k] = (uint16_t)(w[k >> 1] >> (16 * (k & 1)));
+    } else {
+        for (int k = 0; k < 8; k++)
+            h[k] = ((const uint16_t *)p)[k];
+    }
+    for (int k = 0; k < 8; k++)
+        v[k] = dt == FC_CU_BF16 ? fc_bf16_to_f32(h[k]) : fc_f16_to_f32(h[k]);
+}
+
+// g' = g (+ e) of one chunk, element i of it at start + i: fc_cu_src's rule, 8 at a time.
+struct fc_cu_chunk_x {
+    fc_cu_src s;
+    int64_t start;
+    int vec; // gradient and residual rows 16-byte aligned at every multiple of 8
+
+    __device__ static fc_cu_chunk_x make(const fc_cu_src &s, int64_t start)
+    {
+        fc_cu_chunk_x x;
+        x.s = s;
+        x.start = start;
+        const int gsz = s.gdt == FC_CU_F32 ? 4 : 2, rsz = s.rdt == FC_CU_F32 ? 4 : 2;
+        x.vec = fc_cu_aligned16((const uint8_t *)s.grad + start * gsz) &&
+                (s.res == NULL || fc_cu_aligned16((const uint8_t *)s.res + start * rsz));
+        return x;
+    }
+
+    // v[k] = x[i + k] for k < m, 0 past it; i a multiple of 8.
+    __device__ __forceinline__ void load8(int64_t i, int m, float v[8]) const
+    {
+        const int64_t a = start + i;
+        if (m < 8 || !vec) {
+            for (int k = 0; k < 8; k++)
+                v[k] = k < m ? s.x(a + k) : 0.0f;
+            return;
+        }
+        const int gsz = s.gdt == FC_CU_F32 ? 4 : 2;
+        fc_cu_load8_dt((const uint8_t *)s.grad + a * gsz, s.gdt, 1, v);
+        if (s.res != NULL) {
+            float r[8];
+            const int rsz = s.rdt == FC_CU_F32 ? 4 : 2;
+            fc_cu_load8_dt((const uint8_t *)s.res + a * rsz, s.rdt, 1, r);
+            for (int k = 0; k < 8; k++)
+                v[k] = fc_add_x86(v[k], r[k]);
+        }
+        if (s.zero_nonfinite)
+            for (int k = 0; k < 8; k++)
+                v[k] = fc_abs_bits(v[k]) < FC_INF_BITS ? v[k] : 0.0f;
+    }
+};
+
+// Any fp32 array (the kept values of a sparsifier, say).
+struct fc_cu_f32_values {
+    const float *v;
+
+    __device__ __forceinline__ void load8(int64_t i, int m, float out[8]) const
+    {
+        if (m == 8) {
+            fc_cu_load8_dt(v + i, FC_CU_F32, fc_cu_aligned16(v + i), out);
+            return;
+        }
+        for (int k = 0; k < 8; k++)
+            out[k] = k < m ? v[i + k] : 0.0f;
+    }
+};
+
+// ---- sinks: what a codec does with each element's x and e = x - D(C(x))
+
+struct fc_cu_no_sink {
+    __device__ __forceinline__ bool on() const { return false; }
+    __device__ __forceinline__ void put8(int64_t, int, const float *, const float *) {}
+};
+
+// Error feedback of one chunk: e into the residual (when kept) and the sums for ||e||^2 and the
+// sampled statistics, as the CPU's update_residual.
+struct fc_cu_res_sink {
+    void *res;
+    int rdt;
+    int64_t start;
+    int ef, sample, vec;
+    fc_cu_esum sum;
+
+    __device__ __forceinline__ bool on() const { return ef || sample; }
+
+    __device__ __forceinline__ void put8(int64_t i, int m, const float x[8], const float e[8])
+    {
+        if (ef) {
+            const int64_t a = start + i;
+            if (m == 8 && vec && rdt == FC_CU_F32) {
+                float4 *p = (float4 *)((float *)res + a);
+                p[0] = make_float4(e[0], e[1], e[2], e[3]);
+                p[1] = make_float4(e[4], e[5], e[6], e[7]);
+            } else if (m == 8 && vec) {
+                uint32_t w[4];
+                for (int k = 0; k < 4; k++)
+                    w[k] = (uint32_t)fc_f32_to_bf16(e[2 * k]) | (uint32_t)fc_f32_to_bf16(e[2 * k + 1]) << 16;
+                *(uint4 *)((uint16_t *)res + a) = make_uint4(w[0], w[1], w[2], w[3]);
+            } else {
+                for (int k = 0; k < 8; k++) // fixed trip counts: the arrays stay in registers
+                    if (k < m)
+                        fc_cu_store_res(res, rdt, a + k, e[k]);
+            }
+        }
+        for (int k = 0; k < 8; k++)
+            if (k < m)
+                sum.add(x[k], e[k]);
+    }
+};
+
+// cnt (<= 8) bytes of c at p; 8 bytes at a 4-byte aligned p as two words.
+__device__ __forceinline__ void fc_cu_store_bytes(uint8_t *p, const uint8_t *c, int cnt)
+{
+    if (cnt == 8 && ((uintptr_t)p & 3u) == 0) {
+        ((uint32_t *)p)[0] = (uint32_t)c[0] | (uint32_t)c[1] << 8 | (uint32_t)c[2] << 16 | (uint32_t)c[3] << 24;
+        ((uint32_t *)p)[1] = (uint32_t)c[4] | (uint32_t)c[5] << 8 | (uint32_t)c[6] << 16 | (uint32_t)c[7] << 24;
+        return;
+    }
+    for (int k = 0; k < 8; k++)
+        if (k < cnt)
+            p[k] = c[k];
+}
+
+// The low cnt (<= 16) bytes of lo | hi << 64 at p, little-endian: a packed group of codes.
+__device__ __forceinline__ void fc_cu_store_group(uint8_t *p, uint64_t lo, uint64_t hi, int cnt)
+{
+    if (cnt == 4 && ((uintptr_t)p & 3u) == 0) {
+        *(uint32_t *)p = (uint32_t)lo;
+    } else if (cnt == 2 && ((uintptr_t)p & 1u) == 0) {
+        *(uint16_t *)p = (uint16_t)lo;
+    } else {
+        for (int k = 0; k < cnt; k++)
+            p[k] = (uint8_t)(k < 8 ? lo >> (8 * k) : hi >> (8 * (k - 8)));
+    }
+}
+
+// Code j (0..7) of w bits of the packed group at p (w bytes): fc_unpack8's bit order, reading
+// only the group's own bytes.
+__device__ __forceinline__ uint32_t fc_cu_unpack1(const uint8_t *p, int w, int j)
+{
+    const int bit = j * w, lo = bit >> 3;
+    uint32_t v = 0;
+    for (int k = 0; k < 3 && lo + k < w; k++)
+        v |= (uint32_t)p[lo + k] << (8 * k);
+    return (v >> (bit & 7)) & ((1u << w) - 1u);
+}
+
+// ---- the CPU's block sums (fc_block.h): 8 double lanes, element i of a block starting at lo
+// adding into lane (i - lo) % 8 in increasing i, combined as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).
+
+// Lanes j = lane % 8 of each aligned group of 8 hold l_j; all 8 get the total. Each add is the
+// CPU's (IEEE addition commutes exactly; a NaN's bits are decided by fc_cu_nan_key below).
+__device__ __forceinline__ double fc_cu_lanes_total(double s)
+{
+    s += __shfl_xor_sync(FC_CU_FULL, s, 1);
+    s += __shfl_xor_sync(FC_CU_FULL, s, 2);
+    s += __shfl_xor_sync(FC_CU_FULL, s, 4);
+    return s;
+}
+
+// Which NaN such a sum ends with, on the CPU: a NaN term (x * x of a NaN, x * 0 of an Inf, ...)
+// replaces a lane's value as it is added (x86 keeps the first operand's NaN, and GCC adds the
+// term to the lane: the lane's last NaN term wins), and the tree keeps its left operand's: the
+// lowest lane with a NaN term decides. A term as (key << 32 | bits), smallest first: key is
+// (lane << 24) | (2^24 - 1 - (i - lo)), the float bits of the NaN after the sum's rounding to
+// fp32 (quieted). tests/test_nonfinite_rule.py checks this rule on the CPU paths.
+#define FC_CU_NO_NAN 0xffffffffffffffffull
+
+__device__ __forceinline__ unsigned long long fc_cu_nan_key(int64_t off, uint32_t nan_bits)
+{
+    const uint32_t key = (uint32_t)(off & 7) << 24 | (0xffffffu - (uint32_t)off);
+    return (unsigned long long)key << 32 | (nan_bits | 0x00400000u);
+}
+
+// ---- the serial lane sums of a warp's tiles, in the CPU's order: the tile goes through shared
+// memory as doubles (converted by all lanes), then lane j of each block adds its column in
+// sequence. NS sums per element: T::add(double v, double *s) adds v's terms.
+
+// Element j of group g (lane g's 8 values) of a tile in shared memory: by column, padded, so
+// that both the lanes' stores and the 8 columns' serial reads hit distinct banks.
+#define FC_CU_TILE_WORDS (8 * 33)
+__device__ __forceinline__ int fc_cu_tile_at(int g, int j)
+{
+    return j * 33 + g;
+}
+
+template <int NS> struct fc_cu_tile_sums {
+    double run[NS]; // blocks of >= 256: this lane's running CPU lane sum (lanes 0..7)
+    double *tile;   // this warp's FC_CU_TILE_WORDS doubles
+    double *tot;    // this warp's 32 x NS block totals (blocks below a tile)
+
+    __device__ __forceinline__ void init(double *tile_, double *tot_)
+    {
+        tile = tile_;
+        tot = tot_;
+        for (int k = 0; k < NS; k++)
+            run[k] = 0.0;
+    }
+
+    // One tile, all lanes: v are the lane's 8 values (0 past the end: a +0 term, which leaves
+    // every such sum as it was). T::add(v, s) adds element v's terms to s[0..NS).
+    template <class T> __device__ __forceinline__ void tile_add(int64_t bs, const float v[8], const T &t)
+    {
+        const int lane = threadIdx.x & 31, j = lane & 7;
+        for (int k = 0; k < 8; k++)
+            tile[fc_cu_tile_at(lane, k)] = (double)v[k];
+        __syncwarp();
+        if (bs >= FC_CU_TILE) {
+            if (lane < 8)
+                for (int g = 0; g < 32; g++)
+                    t.add(tile[fc_cu_tile_at(g, j)], run);
+        } else {
+            const int blocks = (int)(FC_CU_TILE / bs), gpb = (int)(bs >> 3);
+            const int rounds = blocks > 4 ? blocks / 4 : 1;
+            for (int it = 0; it < rounds; it++) {
+                const int q = (lane >> 3) + 4 * it;
+                double s[NS];
+                for (int k = 0; k < NS; k++)
+                    s[k] = 0.0;
+                if (q < blocks)
+                    for (int g = 0; g < gpb; g++)
+                        t.add(tile[fc_cu_tile_at(q * gpb + g, j)], s);
+                for (int k = 0; k < NS; k++)
+                    s[k] = fc_cu_lanes_total(s[k]);
+                if (q < blocks && j == 0)
+                    for (int k = 0; k < NS; k++)
+                        tot[NS * q + k] = s[k];
+            }
+        }
+        __syncwarp();
+    }
+
+    // After the unit's tiles: sum k of this lane's block (all lanes).
+    __device__ __forceinline__ double total(int64_t bs, int k)
+    {
+        const int lane = threadIdx.x & 31;
+        if (bs >= FC_CU_TILE)
+            return __shfl_sync(FC_CU_FULL, fc_cu_lanes_total(run[k]), 0);
+        return tot[NS * (lane / fc_cu_block_lanes(bs)) + k];
+    }
+};
+
+#endif

@@ -1,0 +1,166 @@
+"""What the CUDA tests check, written once for two backends: the GPU (tests/test_cuda.py) and the
+host emulation of the CUDA library (tests/test_cuda_emulated.py). A backend encodes and decodes
+like State._core on its device; the CPU path is the reference: payload bytes, residuals (fp32
+and bf16) and decoded outputs must equal it bit for bit (NaN compared as NaN: which NaN an
+fp32 sum produces is the hardware's, see docs/methods.md)."""
+from __future__ import annotations
+
+import fsdpcomp
+import torch
+from method_cases import CASES
+
+DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+# Block sizes that take the kernels' other paths (fc_cu_tile.cuh): blocks of 8 lanes' worth
+# and below, one tile, several tiles per block (values reloaded in the second pass).
+EXTRA = [
+    ("int8", {"block_size": 4096, "stochastic": True}), ("fp8", {"block_size": 8}),
+    ("intN", {"bits": 2, "scheme": "minmax", "block_size": 1024}),
+    ("intN", {"bits": 4, "block_size": 8, "stochastic": True}),
+    ("qsgd", {"levels": 1000, "bucket_size": 8}), ("qsgd", {"levels": 3, "bucket_size": 2048}),
+    ("nc", {"block_size": 1024}), ("onebit", {"block_size": 8}), ("onebit", {"block_size": 1024}),
+]
+
+
+def cuda_methods() -> list[str]:
+    return [m for m in fsdpcomp.methods() if fsdpcomp.method_info(m)["cuda"]]
+
+
+def cuda_cases() -> list[tuple[str, dict]]:
+    """method_cases' configs of every method with CUDA kernels, each method's defaults, and
+    EXTRA: the block geometries the kernels treat apart."""
+    ms = set(cuda_methods())
+    out = [c for c in CASES if c[0] in ms]
+    out += [(m, {}) for m in sorted(ms) if (m, {}) not in out]
+    return out + [c for c in EXTRA if c[0] in ms]
+
+
+# NaN/Inf placed so that blocks hold several, two NaN terms share a lane of the CPU's 8-lane sums
+# (elements 0, 8 and 16), and NaNs differ in payload and sign: which NaN a block's sum ends with
+# is then decided by the rule the kernels reproduce (tests/test_nonfinite_rule.py).
+NONFINITE = [(0, 0x7FC00001), (8, 0xFFC0ABCD), (3, 0x7F800000), (11, 0xFF800000), (16, 0x7FA00003),
+             (-1, 0xFF800000), (0.5, 0x7FD00000), (0.5001, 0x7F800000)]
+
+
+def make_grad(n: int, dtype: torch.dtype, gen: torch.Generator, nonfinite: bool = False) -> torch.Tensor:
+    """Fresh random data, scaled (never zeros); with `nonfinite`, NONFINITE's values at its places
+    (an int: that index, negative from the end; a float: that fraction of n)."""
+    g = torch.randn(n, generator=gen) * 3
+    if nonfinite:
+        bits = g.view(torch.int32)
+        for at, pattern in NONFINITE:
+            i = int(at * n) if isinstance(at, float) else at % n if at < 0 else at
+            if i < n:
+                bits[i] = pattern - (1 << 32) if pattern >= 1 << 31 else pattern
+    return g.to(dtype)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit patterns, except that any NaN equals any NaN."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    na, nb = torch.isnan(a.float()), torch.isnan(b.float())
+    view = torch.int32 if a.element_size() == 4 else torch.int16
+    return bool(torch.equal(na, nb) and torch.equal(a.view(view)[~na], b.view(view)[~nb]))
+
+
+def differ_at(a: torch.Tensor, b: torch.Tensor) -> list[int]:
+    view = torch.int32 if a.element_size() == 4 else torch.int16
+    return (a.view(view) != b.view(view)).nonzero().flatten()[:8].tolist()
+
+
+def common_cfg(world: int, residual_dtype: str = "fp32", nonfinite: str = "pass") -> dict:
+    return {"seed": 1234, "error_feedback": True, "residual_dtype": residual_dtype,
+            "compress_own_chunk": world == 1, "nonfinite": nonfinite}
+
+
+def cpu_encode(state: fsdpcomp.CommState, grad: torch.Tensor, world: int, rank: int, unit: int) -> torch.Tensor:
+    s, _ = state._core.plan(grad, world, rank)
+    send = torch.zeros(sum(s), dtype=torch.uint8)
+    state._core.encode(grad, send, world, rank, unit)
+    return send
+
+
+def check_encode(backend, method: str, cfg: dict, dtype: torch.dtype, world: int, rank: int, n: int,
+                 gen: torch.Generator, residual_dtype: str = "fp32", nonfinite: str | None = None,
+                 steps: int = 2) -> None:
+    """`steps` encodes of fresh gradients with error feedback (from the second on the residual is
+    not zero): the backend's payload bytes and residuals equal the CPU's. `nonfinite`: NaN/Inf in
+    the gradient, with that `nonfinite` mode."""
+    full = dict(cfg, **common_cfg(world, residual_dtype, nonfinite or "pass"))
+    cpu, dev = fsdpcomp.CommState(method, full), backend.state(method, full)
+    for step in range(steps):
+        g = make_grad(n, dtype, gen, nonfinite=nonfinite is not None)
+        u = cpu._core.begin(n)
+        a = cpu_encode(cpu, g, world, rank, u)
+        b = backend.encode(dev, g, world, rank)
+        where = (f"{method} {cfg} {dtype} W={world} r={rank} n={n} step={step} res={residual_dtype} "
+                 f"nonfinite={nonfinite}")
+        assert a.shape == b.shape, f"{where}: {b.numel()} payload bytes, the CPU wrote {a.numel()}"
+        diff = (a != b).nonzero().flatten()
+        assert diff.numel() == 0, f"{where}: payload bytes differ at {diff[:8].tolist()} (of {a.numel()})"
+        rc, rd = cpu._core.residuals()[u], backend.residual(dev)
+        assert (rc is None) == (rd is None), f"{where}: residual kept on one side only"
+        if rc is not None:
+            assert same_bits(rc, rd), f"{where}: residuals differ at {differ_at(rc, rd)}"
+        cpu.end_step()
+        backend.end_step(dev)
+
+
+def cpu_payloads(method: str, cfg: dict, grads: list[torch.Tensor], world: int, rank: int) -> torch.Tensor:
+    """What every other rank sends to `rank` (its receive buffer), encoded by the CPU reference."""
+    slots = []
+    for r, g in enumerate(grads):
+        st = fsdpcomp.CommState(method, cfg)
+        send = cpu_encode(st, g, world, r, st._core.begin(g.numel()))
+        ss, _ = st._core.plan(g, world, r)
+        off = sum(ss[:rank])
+        slots.append(send[off:off + ss[rank]])
+    return torch.cat(slots)
+
+
+def check_decode(backend, method: str, cfg: dict, dtype: torch.dtype, world: int, rank: int, n: int,
+                 gen: torch.Generator, nonfinite: bool = False, compress_own: bool = False) -> None:
+    """Loopback: W payloads from the CPU, decoded (summed in rank order with the own chunk, / W)
+    by the backend and by the CPU: the same output and the same count of non-finite outputs."""
+    full = dict(cfg, seed=7, compress_own_chunk=compress_own)
+    grads = [make_grad(n, dtype, gen, nonfinite=nonfinite and r == (rank + 1) % world) for r in range(world)]
+    recv = cpu_payloads(method, full, grads, world, rank)
+    shard = -(-n // world)
+    ref = fsdpcomp.CommState(method, full)
+    out_c = torch.empty(shard + 3, dtype=dtype)  # 3 more: FSDP's padded tail is zeroed
+    ref._core.decode(recv, grads[rank], out_c, world, rank, ref._core.begin(n))
+    out_d, nonfinite_out = backend.decode(method, full, recv, grads[rank], out_c.numel(), world, rank)
+    where = f"{method} {cfg} {dtype} W={world} r={rank} n={n} nonfinite={nonfinite}"
+    assert same_bits(out_c, out_d), f"{where}: decoded sums differ"
+    assert nonfinite_out == ref.counters()["nonfinite_out"], where
+
+
+def sum_order_block(bs: int) -> torch.Tensor:
+    """A block (bs >= 32, all >= 0) whose onebit mean lands on an fp32 rounding tie in the CPU's
+    order of its 8-lane double sums (fc_block.h) and off it in another: lane 0 sums to
+    1 + 2^-24 (mean (1 + 2^-24) / bs, a tie: rounds to 1 / bs), lanes 1 and 3 to 3/4 of half a
+    double ulp each, which the CPU's tree ((l0+l1)+(l2+l3))+... drops one at a time, but a tree
+    that adds l1 and l3 first (or another lane assignment) adds as one ulp: the mean rounds up.
+    qsgd's norms go through the same lane sums in the kernels (fc_cu_tile_sums); its square
+    root halves such a difference below a double ulp, so onebit is the probe."""
+    x = torch.zeros(bs)
+    x[0], x[8] = 1.0, 2.0 ** -24
+    x[1] = x[3] = 3 * 2.0 ** -55
+    return x
+
+
+def check_sum_order(backend, cfg: dict, gen: torch.Generator) -> None:
+    """onebit on probe blocks (sum_order_block) between random ones, one chunk, error feedback:
+    the bytes show whether the backend adds in the CPU's order."""
+    bs = cfg.get("block_size", 256)
+    if bs < 32:
+        return
+    probe = sum_order_block(bs)
+    g = torch.cat([probe, make_grad(bs, torch.float32, gen), probe, make_grad(bs, torch.float32, gen)])
+    full = dict(cfg, **common_cfg(1))
+    cpu, dev = fsdpcomp.CommState("onebit", full), backend.state("onebit", full)
+    a = cpu_encode(cpu, g, 1, 0, cpu._core.begin(g.numel()))
+    b = backend.encode(dev, g, 1, 0)
+    assert torch.equal(a, b), f"onebit {cfg}: payload bytes differ on the sum-order probe"
+    assert same_bits(cpu._core.residuals()[0], backend.residual(dev))

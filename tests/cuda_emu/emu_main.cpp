@@ -1,0 +1,239 @@
+// emu_main.cpp (tests only): runs the CUDA library's encode or decode (fc_cuda_get_api, the real
+// driver and kernels of cuda/, built against the host emulation in cuda_runtime.h) on buffers
+// in a directory, for tests/test_cuda_emulated.py; and the codecs of fc_cu_codecs.cuh alone on
+// an fp32 array, as a sparsifier's value codec uses them.
+//   emu encode DIR: args.txt, grad.bin [, res.bin] -> send.bin [, res.bin rewritten], ws.bin
+//   emu decode DIR: args.txt, recv.bin, grad.bin -> out.bin, ws.bin
+//   emu array DIR: args.txt, x.bin, acc.bin -> body.bin, acc.bin (+= alpha * decode of body)
+// args.txt holds "key value" lines (and "cfg NAME VALUE" for the method's keys).
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "fc_cu_codecs.cuh"
+
+extern "C" const fc_cuda_api *fc_cuda_get_api(int abi);
+
+// The NCCL transport is not emulated.
+int fc_cu_nccl_unique_id(uint8_t *, fc_err *err) { return fc_fail(err, FC_ERR_NCCL, "no NCCL in the emulation"); }
+int fc_cu_nccl_comm_init(const uint8_t *, int, int, int, fc_cuda_comm **, fc_err *err)
+{
+    return fc_fail(err, FC_ERR_NCCL, "no NCCL in the emulation");
+}
+void fc_cu_nccl_comm_free(fc_cuda_comm *) {}
+int fc_cu_nccl_all_to_all(fc_cuda_ctx *, fc_cuda_comm *, int, void *, const uint8_t *, const int64_t *,
+                          uint8_t *, const int64_t *, fc_err *err)
+{
+    return fc_fail(err, FC_ERR_NCCL, "no NCCL in the emulation");
+}
+
+static std::vector<uint8_t> slurp(const std::string &path)
+{
+    std::vector<uint8_t> v;
+    FILE *f = fopen(path.c_str(), "rb");
+    if (f == NULL) {
+        fprintf(stderr, "cannot open %s\n", path.c_str());
+        exit(2);
+    }
+    uint8_t buf[1 << 16];
+    size_t k;
+    while ((k = fread(buf, 1, sizeof buf, f)) > 0)
+        v.insert(v.end(), buf, buf + k);
+    fclose(f);
+    return v;
+}
+
+static void spill(const std::string &path, const void *p, size_t n)
+{
+    FILE *f = fopen(path.c_str(), "wb");
+    if (f == NULL || fwrite(p, 1, n, f) != n) {
+        fprintf(stderr, "cannot write %s\n", path.c_str());
+        exit(2);
+    }
+    fclose(f);
+}
+
+// ---- the codecs on an array: encode by warps (no residual), decode one element per thread
+
+template <class C>
+__global__ void encode_array(const float *x, int64_t n, uint8_t *body, fc_rng rng, C c)
+{
+    const fc_cu_f32_values v{x};
+    fc_cu_no_sink none;
+    fc_cu_encode_blocks(c, v, n, body, rng, none, (int64_t)blockIdx.x * FC_CU_CODEC_WARPS + (threadIdx.x >> 5),
+                        (int64_t)gridDim.x * FC_CU_CODEC_WARPS);
+}
+
+template <class C> __global__ void decode_array(const uint8_t *body, int64_t n, float alpha, float *acc, C c)
+{
+    const typename C::dec d = c.at(n);
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int bad = 0;
+        acc[i] += d.term(body, i, alpha, &bad);
+    }
+}
+
+template <class C>
+static void run_array(const C &c, std::map<std::string, double> &a, const std::vector<uint8_t> &x,
+                      std::vector<uint8_t> &acc, std::vector<uint8_t> &body)
+{
+    const int64_t n = (int64_t)(x.size() / 4);
+    const int64_t units = (n + fc_cu_unit(c.bs) - 1) / fc_cu_unit(c.bs);
+    fc_rng base;
+    base.key0 = (uint32_t)(uint64_t)a["seed"];
+    base.key1 = (uint32_t)((uint64_t)a["seed"] >> 32);
+    base.unit = (uint32_t)a["unit"];
+    base.step = 0;
+    const fc_rng rng = fc_cu_chunk_rng(base, (int)a["chunk"], (int)a["rank"]);
+    // few blocks, so that warps walk several units each
+    fc_emu_launch(encode_array<C>, dim3((unsigned)(units < 2 ? 1 : 2)), dim3(FC_CU_CODEC_THREADS))(
+        (const float *)x.data(), n, body.data(), rng, c);
+    fc_emu_launch(decode_array<C>, dim3(2), dim3(64))((const uint8_t *)body.data(), n, (float)a["alpha"],
+                                                       (float *)acc.data(), c);
+}
+
+static double cfg_of(const fc_cuda_method_cfg &m, const char *name, double def)
+{
+    for (int i = 0; i < m.n_cfg; i++)
+        if (strcmp(m.cfg[i].name, name) == 0)
+            return m.cfg[i].value;
+    return def;
+}
+
+static void array_mode(const fc_cuda_method_cfg &m, std::map<std::string, double> &a, const std::string &dir)
+{
+    std::vector<uint8_t> x = slurp(dir + "/x.bin"), acc = slurp(dir + "/acc.bin");
+    std::vector<uint8_t> body((size_t)a["body_bytes"], 0xA5);
+    const int64_t bs = (int64_t)cfg_of(m, "block_size", cfg_of(m, "bucket_size", 256));
+    if (m.id == 3)
+        run_array(fc_cu_int8_codec{bs, (int)cfg_of(m, "stochastic", 0)}, a, x, acc, body);
+    else if (m.id == 4)
+        run_array(fc_cu_fp8_codec{bs, (int)cfg_of(m, "format", 0)}, a, x, acc, body);
+    else if (m.id == 5)
+        run_array(fc_cu_intn_codec{bs, (int)cfg_of(m, "bits", 4), (int)cfg_of(m, "stochastic", 0),
+                                   (int)cfg_of(m, "scheme", 0)}, a, x, acc, body);
+    else if (m.id == 6)
+        run_array(fc_cu_qsgd_codec{bs, (int32_t)cfg_of(m, "levels", 15), fc_qsgd_width((int64_t)cfg_of(m, "levels", 15))},
+                  a, x, acc, body);
+    else if (m.id == 7)
+        run_array(fc_cu_nc_codec{bs}, a, x, acc, body);
+    else if (m.id == 14)
+        run_array(fc_cu_onebit_codec{bs}, a, x, acc, body);
+    else
+        exit(3);
+    spill(dir + "/body.bin", body.data(), body.size());
+    spill(dir + "/acc.bin", acc.data(), acc.size());
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3) {
+        fprintf(stderr, "usage: emu encode|decode|array DIR\n");
+        return 2;
+    }
+    const std::string mode = argv[1], dir = argv[2];
+    std::map<std::string, double> a;
+    std::vector<std::string> names; // storage for the config key names
+    fc_cuda_method_cfg m;
+    memset(&m, 0, sizeof m);
+    {
+        FILE *f = fopen((dir + "/args.txt").c_str(), "r");
+        if (f == NULL)
+            return 2;
+        char key[128], name[128];
+        double v;
+        names.reserve(FC_CUDA_MAX_CFG);
+        while (fscanf(f, "%127s", key) == 1) {
+            if (strcmp(key, "cfg") == 0 && fscanf(f, "%127s %lf", name, &v) == 2) {
+                names.push_back(name);
+                m.cfg[m.n_cfg].name = names.back().c_str();
+                m.cfg[m.n_cfg++].value = v;
+            } else if (fscanf(f, "%lf", &v) == 1) {
+                a[key] = v;
+            }
+        }
+        fclose(f);
+    }
+    m.id = (int)a["method"];
+    if (mode == "array") {
+        array_mode(m, a, dir);
+        return 0;
+    }
+    fc_cuda_geom g;
+    memset(&g, 0, sizeof g);
+    g.numel = (int64_t)a["numel"];
+    g.world = (int)a["world"];
+    g.per = (g.numel + g.world - 1) / g.world;
+    g.rank = (int)a["rank"];
+    g.skip_own = (int)a["skip_own"];
+    g.pay_full = (int64_t)a["pay_full"];
+    g.body_full = (int64_t)a["body_full"];
+    g.pay_last = (int64_t)a["pay_last"];
+    g.body_last = (int64_t)a["body_last"];
+    const fc_cuda_api *api = fc_cuda_get_api(FC_CUDA_ABI);
+    fc_cuda_ctx *ctx = api->ctx_new();
+    std::vector<uint8_t> ws(FC_CUDA_WS_BYTES, 0);
+    fc_err err;
+    memset(&err, 0, sizeof err);
+    int rc;
+    std::vector<uint8_t> grad = slurp(dir + "/grad.bin");
+    if (mode == "encode") {
+        fc_cuda_encode_args e;
+        memset(&e, 0, sizeof e);
+        e.m = m;
+        e.geo = g;
+        e.grad = grad.data();
+        e.grad_dtype = (int)a["gdt"];
+        std::vector<uint8_t> res;
+        if (a["rdt"] >= 0) {
+            res = slurp(dir + "/res.bin");
+            e.residual = res.data();
+            e.res_dtype = (int)a["rdt"];
+        }
+        std::vector<uint8_t> send((size_t)a["send_bytes"], 0xA5); // unwritten bytes show
+        e.send = send.data();
+        e.unit = (uint32_t)a["unit"];
+        e.step = (uint32_t)a["step"];
+        e.seed = (uint64_t)a["seed"];
+        e.nonfinite_zero = (int)a["nonfinite_zero"];
+        e.sample = (int)a["sample"];
+        e.ws = (fc_cuda_ws *)ws.data();
+        rc = api->encode(ctx, &e, &err);
+        if (rc == FC_OK) {
+            spill(dir + "/send.bin", send.data(), send.size());
+            if (!res.empty())
+                spill(dir + "/res.bin", res.data(), res.size());
+        }
+    } else {
+        fc_cuda_decode_args d;
+        memset(&d, 0, sizeof d);
+        d.m = m;
+        d.geo = g;
+        std::vector<uint8_t> recv = slurp(dir + "/recv.bin");
+        d.recv = recv.data();
+        d.slot = (int64_t)a["slot"];
+        d.grad = grad.data();
+        d.grad_dtype = (int)a["gdt"];
+        d.out_dtype = (int)a["odt"];
+        d.out_numel = (int64_t)a["out_numel"];
+        std::vector<uint8_t> out((size_t)d.out_numel * (d.out_dtype == 0 ? 4 : 2), 0xA5);
+        d.out = out.data();
+        d.unit = (uint32_t)a["unit"];
+        d.step = (uint32_t)a["step"];
+        d.seed = (uint64_t)a["seed"];
+        d.ws = (fc_cuda_ws *)ws.data();
+        rc = api->decode(ctx, &d, &err);
+        if (rc == FC_OK)
+            spill(dir + "/out.bin", out.data(), out.size());
+    }
+    api->ctx_free(ctx);
+    if (rc != FC_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    spill(dir + "/ws.bin", ws.data(), sizeof(fc_cuda_ws));
+    return 0;
+}

@@ -1,0 +1,228 @@
+"""The CUDA library's driver and kernels run on the CPU: cuda/*.cu compiled as C++ against a host
+emulation of the CUDA runtime (tests/cuda_emu: a host thread per CUDA thread, warp shuffles as
+barriers of the warp's lanes), then the checks of tests/test_cuda.py against the CPU path at
+small sizes. It proves the kernels' logic (indexing, block reductions in the CPU's order,
+packing, draws, residuals, decode, corrupt codes) without a GPU; what only a GPU shows (timing,
+the memory model, NaN bits of the hardware's own arithmetic) is left to tests/gpu/run.sh."""
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+
+import fsdpcomp
+from cuda_cases import DTYPES, check_decode, check_encode, check_sum_order, cpu_encode, cuda_cases, make_grad
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "cuda_emu"))
+import build as emu_build  # noqa: E402
+
+if not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")):
+    pytest.skip("no C++ compiler for the CUDA emulation", allow_module_level=True)
+
+WS_NONFINITE_OUT, WS_PAYLOAD_ERROR = 8, 48  # byte offsets in fc_cuda_ws (cuda/fc_cuda.h)
+FC_PAYLOAD_CODES = 8
+
+
+@pytest.fixture(scope="module")
+def emu():
+    out = os.environ.get("FSDPCOMP_EMU_DIR") or os.path.join(tempfile.gettempdir(), f"fsdpcomp_cuda_emu_{os.getuid()}")
+    os.makedirs(out, exist_ok=True)
+    return Emulated(emu_build.build(out))
+
+
+def align16(v: int) -> int:
+    return (v + 15) // 16 * 16
+
+
+class EmuState:
+    """What the C module keeps per State for the CUDA path, on the host: config, step, units,
+    residuals (fc_cuda_path.c's job)."""
+
+    def __init__(self, method: str, cfg: dict):
+        self.method, self.cfg = method, cfg
+        self.core = fsdpcomp.CommState(method, cfg)._core  # config resolution and sizes only
+        info = fsdpcomp.method_info(method)
+        self.id = info["id"]
+        self.keys = []
+        for k in info["keys"]:
+            v = cfg.get(k["name"], k["default"])
+            self.keys.append((k["name"], float(k["choices"].index(v) if k["choices"] else v)))
+        conf = self.core.config
+        self.ef = bool(conf["error_feedback"])
+        self.res_dtype = torch.float32 if conf["residual_dtype"] == "fp32" else torch.bfloat16
+        self.step, self.calls, self.res = 0, 0, None
+
+
+class Emulated:
+    def __init__(self, exe: str):
+        self.exe = exe
+
+    def state(self, method: str, cfg: dict) -> EmuState:
+        return EmuState(method, cfg)
+
+    def end_step(self, st: EmuState) -> None:
+        st.step += 1
+
+    def residual(self, st: EmuState):
+        return st.res
+
+    @staticmethod
+    def body(st: EmuState, n: int, dtype: torch.dtype) -> int:
+        """Body bytes of a chunk of n (fc_cuda_path.c's body_bytes)."""
+        if n == 0:
+            return 0
+        if st.method == "none":  # the gradient's own dtype on the wire
+            return n * torch.empty(0, dtype=dtype).element_size()
+        lay = st.core.layout(n)
+        return lay["value_bytes"] + lay["meta_bytes"] + lay["index_bytes"]
+
+    def geometry(self, st: EmuState, n: int, world: int, rank: int, dtype: torch.dtype) -> dict:
+        per = -(-n // world)
+        last = n - (n - 1) // per * per
+        bf, bl = self.body(st, per, dtype), self.body(st, last, dtype)
+        return {"numel": n, "world": world, "rank": rank, "skip_own": int(not st.core.config["compress_own_chunk"]),
+                "pay_full": align16(32 + bf), "body_full": bf, "pay_last": align16(32 + bl), "body_last": bl}
+
+    def run(self, mode: str, st: EmuState, args: dict, files: dict) -> tuple[str, bytes]:
+        with tempfile.TemporaryDirectory() as d:
+            for name, t in files.items():
+                with open(os.path.join(d, name), "wb") as f:
+                    f.write(t.contiguous().view(torch.uint8).numpy().tobytes())
+            with open(os.path.join(d, "args.txt"), "w") as f:
+                f.write(f"method {st.id}\n")
+                for k, v in st.keys:
+                    f.write(f"cfg {k} {v!r}\n")
+                for k, v in args.items():
+                    f.write(f"{k} {v}\n")
+            r = subprocess.run([self.exe, mode, d], capture_output=True, text=True, timeout=600)
+            if r.returncode != 0:
+                raise RuntimeError(f"emulated {mode} failed: {r.stderr.strip()}")
+            outs = {}
+            for name in os.listdir(d):
+                with open(os.path.join(d, name), "rb") as f:
+                    outs[name] = f.read()
+            return outs
+
+    def encode(self, st: EmuState, grad: torch.Tensor, world: int, rank: int) -> torch.Tensor:
+        n = grad.numel()
+        conf = st.core.config
+        sends, _ = st.core.plan(grad, world, rank)
+        args = dict(self.geometry(st, n, world, rank, grad.dtype), gdt=DTYPES[grad.dtype], rdt=-1,
+                    send_bytes=sum(sends), unit=0, step=st.step, seed=conf["seed"],
+                    nonfinite_zero=int(conf["nonfinite"] == "zero"),
+                    sample=int(conf["error_stats_every"] > 0 and st.calls % conf["error_stats_every"] == 0))
+        files = {"grad.bin": grad}
+        if st.ef:
+            if st.res is None:
+                st.res = torch.zeros(n, dtype=st.res_dtype)
+            args["rdt"] = DTYPES[st.res_dtype]
+            files["res.bin"] = st.res
+        outs = self.run("encode", st, args, files)
+        st.calls += 1
+        if st.ef:
+            st.res = torch.frombuffer(bytearray(outs["res.bin"]), dtype=torch.uint8).view(st.res_dtype).clone()
+        return torch.frombuffer(bytearray(outs["send.bin"]), dtype=torch.uint8).clone()
+
+    def decode(self, method: str, cfg: dict, recv: torch.Tensor, grad: torch.Tensor, out_numel: int,
+               world: int, rank: int, expect_error: bool = False):
+        st = EmuState(method, cfg)
+        n = grad.numel()
+        own = -(-n // world)
+        own = max(0, min(own, n - rank * own))
+        args = dict(self.geometry(st, n, world, rank, grad.dtype), gdt=DTYPES[grad.dtype], odt=DTYPES[grad.dtype],
+                    out_numel=out_numel, slot=align16(32 + self.body(st, own, grad.dtype)) if own else 0,
+                    unit=0, step=0, seed=st.core.config["seed"])
+        outs = self.run("decode", st, args, {"recv.bin": recv, "grad.bin": grad})
+        out = torch.frombuffer(bytearray(outs["out.bin"]), dtype=torch.uint8).view(grad.dtype).clone()
+        ws = outs["ws.bin"]
+        nonfinite_out = struct.unpack_from("<Q", ws, WS_NONFINITE_OUT)[0]
+        if expect_error:
+            code, rank = struct.unpack_from("<Ii", ws, WS_PAYLOAD_ERROR)
+            return out, code, rank
+        assert struct.unpack_from("<I", ws, WS_PAYLOAD_ERROR)[0] == 0, "emulated decode reported a payload error"
+        return out, nonfinite_out
+
+
+CASES = cuda_cases()
+IDS = [m + "".join(f"-{k}={v}" for k, v in c.items()) for m, c in CASES]
+
+
+@pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
+@pytest.mark.parametrize("world,rank,dtype,res", [(1, 0, torch.float32, "fp32"), (3, 1, torch.bfloat16, "bf16"),
+                                                  (4, 3, torch.float16, "fp32")])
+def test_emulated_encode_matches_cpu(emu, method, cfg, world, rank, dtype, res, gen):
+    for n in (1, 255, 257, 2053):
+        check_encode(emu, method, cfg, dtype, max(world, 1), rank, max(n, world), gen, residual_dtype=res)
+
+
+@pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
+@pytest.mark.parametrize("mode", ["pass", "zero"])
+def test_emulated_encode_of_nonfinite_matches_cpu(emu, method, cfg, mode, gen):
+    for world, rank, n in ((1, 0, 255), (3, 0, 1031)):
+        check_encode(emu, method, cfg, torch.float32, world, rank, n, gen, nonfinite=mode)
+
+
+@pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
+def test_emulated_loopback_decode_matches_cpu(emu, method, cfg, gen):
+    check_decode(emu, method, cfg, torch.float32, 4, 2, 1029, gen)
+    check_decode(emu, method, cfg, torch.bfloat16, 3, 0, 777, gen, nonfinite=True, compress_own=True)
+    check_decode(emu, method, cfg, torch.float32, 1, 0, 5, gen, compress_own=True)
+
+
+@pytest.mark.parametrize("cfg", [{}, {"block_size": 32}, {"block_size": 64}, {"block_size": 1024}])
+def test_emulated_block_sums_take_the_cpu_order(emu, cfg, gen):
+    check_sum_order(emu, cfg, gen)
+
+
+# A code no encoder writes, per method with such codes: (config, byte offset in the body, value)
+CORRUPT = {
+    "intN": ({"bits": 2}, 4, 0xFF),          # code 3 > 2 * qmax
+    "qsgd": ({"levels": 2}, 4, 0xFF),        # level 3 > 2 (width 3)
+    "nc": ({}, 4, 0x80),                     # a signed zero code
+}
+
+
+@pytest.mark.parametrize("method", sorted(CORRUPT))
+def test_emulated_decode_reports_impossible_codes(emu, method, gen):
+    cfg, off, val = CORRUPT[method]
+    cfg = dict(cfg, compress_own_chunk=True)
+    g = make_grad(64, torch.float32, gen)
+    st = fsdpcomp.CommState(method, cfg)
+    send = cpu_encode(st, g, 1, 0, st._core.begin(64))
+    send[32 + off] = val
+    with pytest.raises(fsdpcomp.PayloadError):
+        st._core.decode(send, g, torch.empty(64), 1, 0, 0)
+    out, code, rank = emu.decode(method, cfg, send, g, 64, 1, 0, expect_error=True)
+    assert code == FC_PAYLOAD_CODES and rank == 0
+    assert torch.isnan(out).any()
+
+
+CODEC_CASES = [(m, c) for m, c in CASES if m not in ("none", "fp16", "bf16")]
+
+
+@pytest.mark.parametrize("method,cfg", CODEC_CASES, ids=[IDS[CASES.index(c)] for c in CODEC_CASES])
+def test_emulated_codec_on_an_array_matches_cpu(emu, method, cfg, gen):
+    """fc_cu_codecs.cuh as a sparsifier's value codec uses it: an fp32 array (no residual) into
+    the body State.compress writes for it with the same stream, and acc += alpha * decode."""
+    for n, chunk, world, rank in ((1, 0, 1, 0), (700, 2, 3, 1), (2100, 1, 4, 3)):
+        x = make_grad(n, torch.float32, gen)
+        st = fsdpcomp.CommState(method, dict(cfg, seed=99))
+        buf = torch.zeros(st._core.payload_bytes(n), dtype=torch.uint8)
+        w = st._core.compress(x, buf, unit=5, chunk=chunk, world=world, rank=rank)
+        acc = torch.randn(n, generator=gen)
+        want = acc.clone()
+        st._core.decompress(buf[:w], want, alpha=-0.5, unit=5, chunk=chunk, world=world)
+        est = EmuState(method, dict(cfg, seed=99))
+        outs = emu.run("array", est, {"seed": 99, "unit": 5, "chunk": chunk, "rank": rank, "alpha": -0.5,
+                                      "body_bytes": Emulated.body(est, n, torch.float32)},
+                       {"x.bin": x, "acc.bin": acc})
+        got = torch.frombuffer(bytearray(outs["body.bin"]), dtype=torch.uint8)
+        assert torch.equal(got, buf[32:32 + got.numel()]), f"{method} {cfg} n={n}: body bytes differ"
+        dec = torch.frombuffer(bytearray(outs["acc.bin"]), dtype=torch.float32)
+        assert torch.equal(dec.view(torch.int32), want.view(torch.int32)), f"{method} {cfg} n={n}: decode differs"
