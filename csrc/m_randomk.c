@@ -45,8 +45,7 @@ static void randk_indices(const fc_chunk *c, int64_t k, uint32_t *idx)
     for (int64_t g = 0; g < n && need > 0; g += 4) {
         fc_u32x4 r = fc_rng_draw4(&c->rng_shared, (uint32_t)(g >> 2));
         for (int j = 0; j < 4 && g + j < n && need > 0; j++) {
-            uint64_t left = (uint64_t)(n - (g + j));
-            if ((uint64_t)r.v[j] * left < ((uint64_t)need << 32)) {
+            if (fc_rule_randk_take(r.v[j], (uint64_t)(n - (g + j)), need)) {
                 idx[m++] = (uint32_t)(g + j);
                 need--;
             }

@@ -195,6 +195,10 @@ typedef struct {
     int id;
     int (*encode)(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err);
     int (*decode)(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err);
+    // Optional (sparse, aggregate and stateful methods): the device scratch (a->x.scratch) an
+    // encode (dec NULL) or a decode (enc NULL) needs; NULL for none.
+    int (*scratch)(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, int64_t *bytes,
+                   fc_err *err);
 } fc_cu_method;
 
 // A config value by key name; `def` when the key is absent.

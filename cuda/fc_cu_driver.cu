@@ -279,6 +279,15 @@ int fc_cu_nccl_all_to_all(fc_cuda_ctx *ctx, fc_cuda_comm *comm, int device, void
                           const uint8_t *send, const int64_t *send_splits, uint8_t *recv,
                           const int64_t *recv_splits, fc_err *err);
 
+// the sparse, aggregate and stateful methods' entries (fc_cu_sparse_api.cu, fc_cu_fetch.cu)
+int fc_cu_scratch_bytes(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, int64_t *bytes,
+                        fc_err *err);
+int fc_cu_fetch_picks(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_err *err);
+int fc_cu_fetch_values(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_err *err);
+int fc_cu_fetch_finish(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_err *err);
+int fc_cu_copy(fc_cuda_ctx *ctx, int device, void *stream, void *dst, const void *src, int64_t bytes,
+               int to_host, fc_err *err);
+
 #ifndef FC_CUDA_BUILD_INFO
 #define FC_CUDA_BUILD_INFO "unknown"
 #endif
@@ -297,6 +306,11 @@ static const fc_cuda_api api = {
     fc_cu_nccl_comm_init,
     fc_cu_nccl_comm_free,
     fc_cu_nccl_all_to_all,
+    fc_cu_scratch_bytes,
+    fc_cu_fetch_picks,
+    fc_cu_fetch_values,
+    fc_cu_fetch_finish,
+    fc_cu_copy,
 };
 
 // The library's only exported symbol.

@@ -22,6 +22,13 @@ EXTRA = [
 ]
 
 
+# Methods whose CUDA calls need the State's host side beyond a dense method's arguments (device
+# scratch, a unit state, a second round, data-dependent sizes): tests/test_cuda_emulated.py's
+# executable leaves them to tests/test_cuda_sparse.py, which the real _C drives (on a GPU, or
+# under the emulation built as a library: tests/test_cuda_sparse_emulated.py).
+NEEDS_HOST = frozenset({"topk", "randomk", "thresholdv", "sketch", "gradiveq"})
+
+
 def cuda_methods() -> list[str]:
     return [m for m in fsdpcomp.methods() if fsdpcomp.method_info(m)["cuda"]]
 
@@ -75,10 +82,11 @@ def common_cfg(world: int, residual_dtype: str = "fp32", nonfinite: str = "pass"
 
 
 def cpu_encode(state: fsdpcomp.CommState, grad: torch.Tensor, world: int, rank: int, unit: int) -> torch.Tensor:
+    """The payloads back to back (data-dependent sizes: as long as they are, not the plan)."""
     s, _ = state._core.plan(grad, world, rank)
     send = torch.zeros(sum(s), dtype=torch.uint8)
-    state._core.encode(grad, send, world, rank, unit)
-    return send
+    sizes = state._core.encode(grad, send, world, rank, unit)
+    return send[:sum(sizes)]
 
 
 def check_encode(backend, method: str, cfg: dict, dtype: torch.dtype, world: int, rank: int, n: int,
@@ -112,10 +120,11 @@ def cpu_payloads(method: str, cfg: dict, grads: list[torch.Tensor], world: int, 
     slots = []
     for r, g in enumerate(grads):
         st = fsdpcomp.CommState(method, cfg)
-        send = cpu_encode(st, g, world, r, st._core.begin(g.numel()))
         ss, _ = st._core.plan(g, world, r)
-        off = sum(ss[:rank])
-        slots.append(send[off:off + ss[rank]])
+        send = torch.zeros(sum(ss), dtype=torch.uint8)
+        sizes = st._core.encode(g, send, world, r, st._core.begin(g.numel()))
+        off = sum(sizes[:rank])  # payloads back to back: the plan's, or data-dependent sizes
+        slots.append(send[off:off + sizes[rank]])
     return torch.cat(slots)
 
 

@@ -43,7 +43,9 @@ static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
 
 typedef enum { cudaSuccess = 0, cudaErrorNotReady = 600, cudaErrorInvalidValue = 1 } cudaError_t;
 typedef int cudaMemcpyKind;
+#define cudaMemcpyHostToDevice 1
 #define cudaMemcpyDeviceToHost 2
+#define cudaMemcpyDeviceToDevice 3
 struct fc_emu_stream;
 typedef fc_emu_stream *cudaStream_t;
 typedef struct fc_emu_event {
@@ -85,9 +87,12 @@ struct fc_emu_warp {
 
 inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 inline thread_local fc_emu_warp *fc_emu_cur;
+inline thread_local std::barrier<> *fc_emu_block; // the block's threads (__syncthreads)
 inline std::mutex fc_emu_atomic;
 
 static inline void __syncwarp(unsigned = 0xffffffffu) { fc_emu_cur->bar.arrive_and_wait(); }
+// Every thread of the block (one that returned early deadlocks it, as CUDA does not promise).
+static inline void __syncthreads(void) { fc_emu_block->arrive_and_wait(); }
 
 template <class T> static inline T fc_emu_shfl(T v, int src)
 {
@@ -109,6 +114,30 @@ template <class T> static inline T __shfl_sync(unsigned, T v, int src)
     return fc_emu_shfl(v, src);
 }
 
+template <class T> static inline T __shfl_up_sync(unsigned, T v, unsigned d)
+{
+    const int lane = (int)(threadIdx.x & 31);
+    const T r = fc_emu_shfl(v, lane >= (int)d ? lane - (int)d : lane);
+    return r;
+}
+static inline unsigned __ballot_sync(unsigned, int pred)
+{
+    const unsigned bit = pred ? 1u << (threadIdx.x & 31) : 0u;
+    unsigned all = 0;
+    for (int l = 0; l < 32; l++) // every lane's bit, through the warp's slots
+        all |= fc_emu_shfl(bit, l);
+    return all;
+}
+static inline int __popc(unsigned v) { return __builtin_popcount(v); }
+static inline int __ffs(int v) { return __builtin_ffs(v); }
+
+template <class T> static inline T atomicOr(T *p, T v)
+{
+    std::lock_guard<std::mutex> g(fc_emu_atomic);
+    T old = *p;
+    *p = old | v;
+    return old;
+}
 template <class T> static inline T atomicAdd(T *p, T v)
 {
     std::lock_guard<std::mutex> g(fc_emu_atomic);
@@ -137,7 +166,7 @@ template <class K> struct fc_emu_launcher {
         std::vector<fc_emu_warp *> warps;
         for (unsigned w = 0; w < nw; w++)
             warps.push_back(new fc_emu_warp((int)(w + 1 < nw ? 32 : nt - 32 * w)));
-        std::barrier<> between((std::ptrdiff_t)nt);
+        std::barrier<> between((std::ptrdiff_t)nt), inside((std::ptrdiff_t)nt);
         std::vector<std::thread> ts;
         for (unsigned t = 0; t < nt; t++)
             ts.emplace_back([&, t]() {
@@ -145,6 +174,7 @@ template <class K> struct fc_emu_launcher {
                 blockDim = block;
                 gridDim = grid;
                 fc_emu_cur = warps[t / 32];
+                fc_emu_block = &inside;
                 for (unsigned y = 0; y < grid.y; y++)
                     for (unsigned x = 0; x < grid.x; x++) {
                         blockIdx = dim3(x, y, 0);

@@ -17,18 +17,7 @@
 
 extern "C" const fc_cuda_api *fc_cuda_get_api(int abi);
 
-// The NCCL transport is not emulated.
-int fc_cu_nccl_unique_id(uint8_t *, fc_err *err) { return fc_fail(err, FC_ERR_NCCL, "no NCCL in the emulation"); }
-int fc_cu_nccl_comm_init(const uint8_t *, int, int, int, fc_cuda_comm **, fc_err *err)
-{
-    return fc_fail(err, FC_ERR_NCCL, "no NCCL in the emulation");
-}
-void fc_cu_nccl_comm_free(fc_cuda_comm *) {}
-int fc_cu_nccl_all_to_all(fc_cuda_ctx *, fc_cuda_comm *, int, void *, const uint8_t *, const int64_t *,
-                          uint8_t *, const int64_t *, fc_err *err)
-{
-    return fc_fail(err, FC_ERR_NCCL, "no NCCL in the emulation");
-}
+// The NCCL transport and CUB are stubbed in emu_stubs.cpp.
 
 static std::vector<uint8_t> slurp(const std::string &path)
 {

@@ -1,0 +1,292 @@
+// fc_cu_sparse_common.cu: the kernels the sparse methods share: the value codec over the kept
+// values of each chunk, the index coding, the two residual passes of a sparse encode, and the
+// fp32 accumulator of a sparse decode.
+#include "fc_cu_sparse.cuh"
+
+#define SP_THREADS 256
+
+// ---- value codecs
+
+// One job (chunk) per grid row; the warps of a row share its array, unit by unit.
+template <class C>
+__global__ void __launch_bounds__(FC_CU_CODEC_THREADS) vc_encode_blocks(C codec, const fc_cu_vc_job *jobs)
+{
+    const fc_cu_vc_job j = jobs[blockIdx.y];
+    if (j.k <= 0)
+        return; // the whole block
+    fc_cu_no_sink sink;
+    const fc_cu_f32_values x = {j.vals};
+    fc_cu_encode_blocks(codec, x, j.k, j.out, j.rng, sink,
+                        (int64_t)blockIdx.x * FC_CU_CODEC_WARPS + (threadIdx.x >> 5),
+                        (int64_t)gridDim.x * FC_CU_CODEC_WARPS);
+}
+
+// fp32 (the values as they are) and fp16 (pre-divided by W), element by element.
+__global__ void vc_encode_elems(int quantize, fc_cu_fp16_code h, const fc_cu_vc_job *jobs)
+{
+    const fc_cu_vc_job j = jobs[blockIdx.y];
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < j.k; i += stride) {
+        if (quantize == FC_VC_NONE)
+            ((float *)j.out)[i] = j.vals[i];
+        else
+            h.put(j.out, i, j.vals[i]);
+    }
+}
+
+template <class C>
+static int vc_launch_blocks(const C &codec, const fc_cu_vc_job *jobs, int count, int64_t kmax,
+                            cudaStream_t s, fc_err *err)
+{
+    int rc = FC_OK;
+    const int64_t units = (kmax + fc_cu_unit(codec.bs) - 1) / fc_cu_unit(codec.bs);
+    dim3 grid = fc_cu_grid(units, FC_CU_CODEC_WARPS, count);
+    grid.x = grid.x > 1024 ? 1024 : grid.x; // the warps stride over the units
+    vc_encode_blocks<C><<<grid, FC_CU_CODEC_THREADS, 0, s>>>(codec, jobs);
+    FC_CHECK_LAUNCH(err, error);
+error:
+    return rc;
+}
+
+int fc_cu_vc_encode(const fc_cu_vc &vc, const fc_cu_vc_job *jobs, int count, int64_t kmax,
+                    cudaStream_t s, fc_err *err)
+{
+    int rc = FC_OK;
+    if (count <= 0 || kmax <= 0)
+        return FC_OK;
+    switch (vc.shape.quantize) {
+    case FC_VC_INT8:
+        return vc_launch_blocks(vc.int8(), jobs, count, kmax, s, err);
+    case FC_VC_QSGD:
+        return vc_launch_blocks(vc.qsgd(), jobs, count, kmax, s, err);
+    case FC_VC_NC:
+        return vc_launch_blocks(vc.nc(), jobs, count, kmax, s, err);
+    case FC_VC_INTN:
+        return vc_launch_blocks(vc.intn(), jobs, count, kmax, s, err);
+    default: {
+        dim3 grid(fc_cu_blocks(kmax, SP_THREADS * 4), (unsigned)count);
+        grid.x = grid.x > 1024 ? 1024 : grid.x;
+        vc_encode_elems<<<grid, SP_THREADS, 0, s>>>(vc.shape.quantize, vc.fp16, jobs);
+        FC_CHECK_LAUNCH(err, error);
+    }
+    }
+error:
+    return rc;
+}
+
+// ---- index coding: one grid row per chunk. Pass 1 writes 16/32-bit indices and zeroes a
+// bitmap (and the padding); pass 2 sets a bitmap's bits (bytes shared by indices: atomics on
+// the region's 32-bit words, which lie 4-byte aligned after the 16-byte aligned header).
+
+__global__ void index_write(fc_cu_selection sel, fc_cu_outs outs, int64_t at)
+{
+    const fc_cu_sel_chunk h = sel.ch[blockIdx.y];
+    if (!h.on)
+        return;
+    uint8_t *region = outs.at((int)blockIdx.y) + FC_HEADER_BYTES + at;
+    const int64_t bytes = fc_rule_index_bytes(h.n, h.k);
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const int64_t t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (fc_rule_use_bitmap(h.n, h.k)) {
+        for (int64_t w = t0; w < bytes / 4; w += stride)
+            ((uint32_t *)region)[w] = 0;
+    } else if (fc_rule_index_width(h.n) == 2) {
+        for (int64_t j = t0; j < h.k; j += stride)
+            ((uint16_t *)region)[j] = (uint16_t)(sel.idx[h.off + j] - h.start);
+        if (t0 == 0 && (h.k & 1))
+            ((uint16_t *)region)[h.k] = 0; // padding to 4 bytes
+    } else {
+        for (int64_t j = t0; j < h.k; j += stride)
+            ((uint32_t *)region)[j] = (uint32_t)(sel.idx[h.off + j] - h.start);
+    }
+}
+
+__global__ void index_bits(fc_cu_selection sel, fc_cu_outs outs, int64_t at)
+{
+    const fc_cu_sel_chunk h = sel.ch[blockIdx.y];
+    if (!h.on || !fc_rule_use_bitmap(h.n, h.k))
+        return;
+    uint32_t *words = (uint32_t *)(outs.at((int)blockIdx.y) + FC_HEADER_BYTES + at);
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < h.k; j += stride) {
+        const int64_t l = sel.idx[h.off + j] - h.start;
+        atomicOr(&words[l >> 5], 1u << (l & 31));
+    }
+}
+
+int fc_cu_index_encode(const fc_cu_selection &sel, const fc_cu_outs &outs, int64_t at,
+                       cudaStream_t s, fc_err *err)
+{
+    int rc = FC_OK;
+    const dim3 grid(fc_cu_blocks(sel.sp.per, SP_THREADS * 8), (unsigned)sel.sp.chunks);
+    index_write<<<grid, SP_THREADS, 0, s>>>(sel, outs, at);
+    FC_CHECK_LAUNCH(err, error);
+    index_bits<<<grid, SP_THREADS, 0, s>>>(sel, outs, at);
+    FC_CHECK_LAUNCH(err, error);
+error:
+    return rc;
+}
+
+// ---- residuals
+
+// e = x over every sent chunk without a non-finite value (those keep their old residual, as on
+// the CPU), with ||e||^2 and the sampled chunk's statistics; the kept coordinates follow.
+__global__ void res_dense(fc_cu_enc e)
+{
+    const int c = blockIdx.y;
+    int64_t start, n;
+    fc_cu_span(e.geo, c, &start, &n);
+    if (!fc_cu_sent(e.geo, c, n))
+        return;
+    fc_cu_res_sink sink;
+    sink.res = e.res;
+    sink.rdt = e.rdt;
+    sink.start = start;
+    sink.ef = e.res != NULL && e.bad[c] == 0;
+    sink.sample = c == e.sample_chunk && e.bad[c] == 0;
+    if (!sink.on())
+        return;
+    sink.vec = e.res != NULL && fc_cu_aligned16((const uint8_t *)e.res + start * (e.rdt == FC_CU_F32 ? 4 : 2));
+    const fc_cu_chunk_x x = fc_cu_chunk_x::make(e.src, start);
+    const int64_t stride = 8 * (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = 8 * ((int64_t)blockIdx.x * blockDim.x + threadIdx.x); i < n; i += stride) {
+        float v[8];
+        const int m = fc_cu_valid8(n, i);
+        x.load8(i, m, v);
+        sink.put8(i, m, v, v);
+    }
+    sink.sum.flush(e.ws, sink.ef ? e.unit_slot : -1, sink.sample);
+}
+
+// At the kept coordinates: e replaces x, and the sums move from (x, x) to (x, e).
+__global__ void res_fix(fc_cu_enc e, const int64_t *idx, const float *xv, const float *ev,
+                        const int64_t *num, int64_t n)
+{
+    const int64_t total = num != NULL ? *num : n;
+    const double inv = 1.0 / (double)(e.geo.per > 0 ? e.geo.per : 1);
+    double dee_unit = 0, dee = 0, dxe = 0;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < total; j += stride) {
+        const int64_t i = idx[j];
+        const int c = fc_cu_chunk_of(i, e.geo.per, inv);
+        const int ef = e.res != NULL && e.bad[c] == 0;
+        const int sample = c == e.sample_chunk && e.bad[c] == 0;
+        const double x = xv[j], v = ev[j];
+        if (ef) {
+            fc_cu_store_res(e.res, e.rdt, i, ev[j]);
+            dee_unit += v * v - x * x;
+        }
+        if (sample) {
+            dee += v * v - x * x;
+            dxe += x * v - x * x;
+        }
+    }
+    dee_unit = fc_cu_warp_sum(dee_unit);
+    dee = fc_cu_warp_sum(dee);
+    dxe = fc_cu_warp_sum(dxe);
+    if ((threadIdx.x & 31) == 0) {
+        if (e.unit_slot >= 0 && dee_unit != 0)
+            atomicAdd(&e.ws->unit_sq[e.unit_slot], dee_unit);
+        if (dee != 0 || dxe != 0) {
+            atomicAdd(&e.ws->call_sum[0], dee);
+            atomicAdd(&e.ws->call_sum[2], dxe);
+        }
+    }
+}
+
+int fc_cu_res_dense(const fc_cu_enc &e, cudaStream_t s, fc_err *err)
+{
+    int rc = FC_OK;
+    if (e.res == NULL && e.sample_chunk < 0)
+        return FC_OK;
+    res_dense<<<fc_cu_grid(e.geo.per, SP_THREADS * 8, e.geo.world), SP_THREADS, 0, s>>>(e);
+    FC_CHECK_LAUNCH(err, error);
+error:
+    return rc;
+}
+
+int fc_cu_res_fix(const fc_cu_enc &e, const int64_t *idx, const float *xv, const float *ev,
+                  const int64_t *num, int64_t n, cudaStream_t s, fc_err *err)
+{
+    int rc = FC_OK;
+    if ((e.res == NULL && e.sample_chunk < 0) || n <= 0)
+        return FC_OK;
+    res_fix<<<fc_cu_blocks(n, SP_THREADS * 4), SP_THREADS, 0, s>>>(e, idx, xv, ev, num, n);
+    FC_CHECK_LAUNCH(err, error);
+error:
+    return rc;
+}
+
+// ---- the decode's accumulator
+
+__global__ void acc_zero(float *acc, int64_t n)
+{
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        acc[i] = 0.0f;
+}
+
+__global__ void acc_own(fc_cu_dec d, float *acc, int64_t start, int64_t n)
+{
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        acc[i] += fc_cu_load(d.grad, d.gdt, start + i);
+}
+
+__global__ void acc_write(fc_cu_dec d, const float *acc, int64_t n)
+{
+    const float w = (float)d.geo.world;
+    unsigned long long bad = 0;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
+        if (i < n) {
+            fc_cu_store_out(d.out, d.odt, i, acc[i] / w, &bad);
+        } else if (d.odt == FC_CU_F32) { // FSDP's padded tail of the output
+            ((float *)d.out)[i] = 0.0f;
+        } else {
+            ((uint16_t *)d.out)[i] = 0;
+        }
+    }
+    bad = fc_cu_warp_sum(bad);
+    if ((threadIdx.x & 31) == 0 && bad)
+        atomicAdd(&d.ws->nonfinite_out, bad);
+}
+
+int fc_cu_acc_zero(const fc_cu_dec &d, float *acc, cudaStream_t s, fc_err *err)
+{
+    int rc = FC_OK;
+    int64_t start, n;
+    fc_cu_span(d.geo, d.geo.rank, &start, &n);
+    if (n > 0) {
+        acc_zero<<<fc_cu_blocks(n, SP_THREADS * 4), SP_THREADS, 0, s>>>(acc, n);
+        FC_CHECK_LAUNCH(err, error);
+    }
+error:
+    return rc;
+}
+
+int fc_cu_acc_own(const fc_cu_dec &d, float *acc, cudaStream_t s, fc_err *err)
+{
+    int rc = FC_OK;
+    int64_t start, n;
+    fc_cu_span(d.geo, d.geo.rank, &start, &n);
+    if (n > 0) {
+        acc_own<<<fc_cu_blocks(n, SP_THREADS * 4), SP_THREADS, 0, s>>>(d, acc, start, n);
+        FC_CHECK_LAUNCH(err, error);
+    }
+error:
+    return rc;
+}
+
+int fc_cu_acc_write(const fc_cu_dec &d, const float *acc, cudaStream_t s, fc_err *err)
+{
+    int rc = FC_OK;
+    int64_t start, n;
+    fc_cu_span(d.geo, d.geo.rank, &start, &n);
+    if (d.out_numel > 0) {
+        acc_write<<<fc_cu_blocks(d.out_numel, SP_THREADS * 4), SP_THREADS, 0, s>>>(d, acc, n);
+        FC_CHECK_LAUNCH(err, error);
+    }
+error:
+    return rc;
+}
