@@ -264,7 +264,7 @@ static fc_cu_sel_pred make_pred(const fc_cu_selection &sel, int mode, const fc_c
     return p;
 }
 
-int fc_cu_topk(const fc_cu_selection &sel, const fc_cu_src &src, const fc_cu_krule &kr,
+int fc_cu_select_topk(const fc_cu_selection &sel, const fc_cu_src &src, const fc_cu_krule &kr,
                cudaStream_t s, fc_err *err)
 {
     int rc = FC_OK;
@@ -304,7 +304,7 @@ error:
     return rc;
 }
 
-int fc_cu_threshold(const fc_cu_selection &sel, const fc_cu_src &src, float v, cudaStream_t s,
+int fc_cu_select_threshold(const fc_cu_selection &sel, const fc_cu_src &src, float v, cudaStream_t s,
                     fc_err *err)
 {
     int rc = FC_OK;
@@ -322,7 +322,7 @@ error:
     return rc;
 }
 
-int fc_cu_bitmap_select(const fc_cu_selection &sel, cudaStream_t s, fc_err *err)
+int fc_cu_select_bits(const fc_cu_selection &sel, cudaStream_t s, fc_err *err)
 {
     int rc = FC_OK;
     const int W = sel.sp.chunks;

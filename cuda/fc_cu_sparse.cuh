@@ -134,14 +134,14 @@ int fc_cu_sel_carve(fc_cu_arena &ar, const fc_cu_sel_space &sp, fc_cu_selection 
 // Top-k of each chunk by magnitude (fc_select.c's rule: NaN largest, ties to the lowest
 // indices), kept indices ascending. Keys are src.x's magnitudes; src is read three times, with
 // a radix select on the candidates of the first digit in between (fc_cu_select.cu).
-int fc_cu_topk(const fc_cu_selection &sel, const fc_cu_src &src, const fc_cu_krule &kr,
+int fc_cu_select_topk(const fc_cu_selection &sel, const fc_cu_src &src, const fc_cu_krule &kr,
                cudaStream_t s, fc_err *err);
 // Every i with |src.x(i)| > v (fc_rule_thrv_keep), per chunk counted into k and off.
-int fc_cu_threshold(const fc_cu_selection &sel, const fc_cu_src &src, float v, cudaStream_t s,
+int fc_cu_select_threshold(const fc_cu_selection &sel, const fc_cu_src &src, float v, cudaStream_t s,
                     fc_err *err);
 // The set bits of the chunks whose table entry the caller filled (start, n, on, bits), per
 // chunk counted into k and off.
-int fc_cu_bitmap_select(const fc_cu_selection &sel, cudaStream_t s, fc_err *err);
+int fc_cu_select_bits(const fc_cu_selection &sel, cudaStream_t s, fc_err *err);
 
 // Where rank r's payload lies in a receive buffer: uniform slots (fixed sizes), or offsets
 // found on the device (data-dependent sizes).
@@ -271,6 +271,42 @@ struct fc_cu_outs {
 // outs.at(c) + 32 + at; its indices are idx[off .. off + k) minus its start.
 int fc_cu_index_encode(const fc_cu_selection &sel, const fc_cu_outs &outs, int64_t at,
                        cudaStream_t s, fc_err *err);
+
+// ---- the encode of index payloads (topk, thresholdv) after their selection: x gathered at the
+// kept indices (vals), the indices written, the values through the codec or, with `sign`,
+// thresholdv's sign bits, and the residual (ev: e at the kept indices). jobs: chunks entries;
+// kmax bounds a chunk's k (the grid); total bounds the kept indices of all chunks.
+struct fc_cu_sp_values {
+    fc_cu_vc vc;
+    int sign;     // thresholdv "values": "sign": one bit per kept element, decoding to +-v
+    float sign_v; // v
+};
+
+int fc_cu_sp_encode(const fc_cu_selection &sel, const fc_cu_enc &e, const fc_cu_outs &outs, int64_t at,
+                    const fc_cu_sp_values &vals_as, float *vals, float *ev, fc_cu_vc_job *jobs,
+                    int64_t kmax, int64_t total, cudaStream_t s, fc_err *err);
+
+// One received index payload, as its decode reads it (device; the method fills it).
+struct fc_cu_sp_desc {
+    int64_t off;     // the payload's start in the receive buffer
+    int64_t k;       // coordinates it carries
+    int width;       // indices: 0 a bitmap, 2 or 4 bytes each
+    int64_t at_idx;  // body offsets of the indices and of the values
+    int64_t at_vals;
+};
+
+struct fc_cu_sp_decoder {
+    fc_cu_selection sel;  // the set bits of one payload's bitmap at a time
+    float *acc;           // the own chunk's fp32 sum
+    fc_cu_sp_desc *desc;  // per rank
+};
+
+int fc_cu_sp_carve(fc_cu_arena &ar, int64_t n, int world, fc_cu_sp_decoder *dec, fc_err *err);
+// Every sender's payload (desc, filled) checked and added at its indices, in rank order with
+// the own chunk in its place, then out = acc / W. A malformed payload is rejected as the CPU
+// decoder would raise, and poisons the sum.
+int fc_cu_sp_decode(const fc_cu_sp_decoder &dec, const fc_cu_dec &d, const fc_cu_sp_values &vals_as,
+                    uint32_t unit, uint32_t step, cudaStream_t s, fc_err *err);
 
 // ---- the residual of a sparse encode: e = x everywhere but at the kept coordinates, where
 // e = x + (the method's correction). Two passes: dense (e = x, only the chunks without a

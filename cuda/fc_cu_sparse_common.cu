@@ -290,3 +290,211 @@ int fc_cu_acc_write(const fc_cu_dec &d, const float *acc, cudaStream_t s, fc_err
 error:
     return rc;
 }
+
+// ---- index payloads: the encode after the selection
+
+// x at the kept indices, before the residual changes what x reads.
+__global__ void sp_gather(fc_cu_src src, const int64_t *idx, const int64_t *num, float *vals)
+{
+    const int64_t total = *num, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < total; j += stride)
+        vals[j] = src.x(idx[j]);
+}
+
+// Where chunk c's values go: after its header, `at` bytes of the body and its index region.
+__device__ __forceinline__ uint8_t *sp_values_at(const fc_cu_outs &outs, int c, int64_t at,
+                                                 const fc_cu_sel_chunk &h)
+{
+    return outs.at(c) + FC_HEADER_BYTES + at + fc_rule_index_bytes(h.n, h.k);
+}
+
+__global__ void sp_jobs(fc_cu_selection sel, fc_cu_outs outs, int64_t at, float *vals, fc_rng base,
+                        int rank, fc_cu_vc_job *jobs)
+{
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < sel.sp.chunks; c += gridDim.x * blockDim.x) {
+        const fc_cu_sel_chunk h = sel.ch[c];
+        fc_cu_vc_job j;
+        j.vals = vals + h.off;
+        j.k = h.on ? h.k : 0;
+        j.out = h.on ? sp_values_at(outs, c, at, h) : NULL;
+        j.rng = fc_cu_vc_rng(base, c, rank);
+        jobs[c] = j;
+    }
+}
+
+// thresholdv's sign bits: bit j of the chunk's k set when its value is negative (a NaN by its
+// sign bit), the bits past k zero.
+__global__ void sp_sign_bits(fc_cu_selection sel, fc_cu_outs outs, int64_t at, const float *vals)
+{
+    const fc_cu_sel_chunk h = sel.ch[blockIdx.y];
+    if (!h.on)
+        return;
+    uint8_t *bits = sp_values_at(outs, (int)blockIdx.y, at, h);
+    const int64_t bytes = (h.k + 7) / 8, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; b < bytes; b += stride) {
+        uint32_t byte = 0;
+        for (int j = 0; j < 8 && 8 * b + j < h.k; j++)
+            byte |= (fc_f32_bits(vals[h.off + 8 * b + j]) >> 31) << j;
+        bits[b] = (uint8_t)byte;
+    }
+}
+
+// e at the kept indices: x + (0 + (-1) * D) for codec values (the CPU's decode_add into zeroed
+// values, then added), x + (+-v decoded with alpha = -1) for sign bits.
+__global__ void sp_corrections(fc_cu_selection sel, fc_cu_outs outs, int64_t at, fc_cu_sp_values va,
+                               const float *vals, float *ev)
+{
+    const int64_t total = *sel.num, stride = (int64_t)gridDim.x * blockDim.x;
+    const double inv = 1.0 / (double)(sel.sp.per > 0 ? sel.sp.per : 1);
+    const float pos = -1.0f * va.sign_v, neg = -1.0f * -va.sign_v;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < total; j += stride) {
+        const int c = fc_cu_chunk_of(sel.idx[j], sel.sp.per, inv);
+        const fc_cu_sel_chunk h = sel.ch[c];
+        const uint8_t *v = sp_values_at(outs, c, at, h);
+        const int64_t jj = j - h.off;
+        int bad = 0;
+        if (va.sign)
+            ev[j] = vals[j] + ((v[jj >> 3] >> (jj & 7)) & 1u ? neg : pos);
+        else
+            ev[j] = vals[j] + (0.0f + va.vc.term(v, h.k, jj, -1.0f, &bad));
+    }
+}
+
+int fc_cu_sp_encode(const fc_cu_selection &sel, const fc_cu_enc &e, const fc_cu_outs &outs, int64_t at,
+                    const fc_cu_sp_values &va, float *vals, float *ev, fc_cu_vc_job *jobs, int64_t kmax,
+                    int64_t total, cudaStream_t s, fc_err *err)
+{
+    int rc = FC_OK;
+    const int W = sel.sp.chunks;
+    const unsigned gb = fc_cu_blocks(total, SP_THREADS * 4);
+    sp_gather<<<gb, SP_THREADS, 0, s>>>(e.src, sel.idx, sel.num, vals);
+    FC_CHECK_LAUNCH(err, error);
+    FC_TRY(fc_cu_index_encode(sel, outs, at, s, err));
+    if (va.sign) {
+        const dim3 grid(fc_cu_blocks((kmax + 7) / 8, SP_THREADS), (unsigned)W);
+        sp_sign_bits<<<grid, SP_THREADS, 0, s>>>(sel, outs, at, vals);
+        FC_CHECK_LAUNCH(err, error);
+    } else {
+        sp_jobs<<<fc_cu_blocks(W, SP_THREADS), SP_THREADS, 0, s>>>(sel, outs, at, vals, e.rng, e.geo.rank, jobs);
+        FC_CHECK_LAUNCH(err, error);
+        FC_TRY(fc_cu_vc_encode(va.vc, jobs, W, kmax, s, err));
+    }
+    if (e.res != NULL || e.sample_chunk >= 0) {
+        sp_corrections<<<gb, SP_THREADS, 0, s>>>(sel, outs, at, va, vals, ev);
+        FC_CHECK_LAUNCH(err, error);
+        FC_TRY(fc_cu_res_dense(e, s, err));
+        FC_TRY(fc_cu_res_fix(e, sel.idx, vals, ev, sel.num, total, s, err));
+    }
+error:
+    return rc;
+}
+
+// ---- index payloads: the decode
+
+int fc_cu_sp_carve(fc_cu_arena &ar, int64_t n, int world, fc_cu_sp_decoder *dec, fc_err *err)
+{
+    fc_cu_sel_space sp = {n, n > 0 ? n : 1, 1, -1};
+    dec->acc = ar.take<float>(n);
+    dec->desc = ar.take<fc_cu_sp_desc>(world);
+    return fc_cu_sel_carve(ar, sp, &dec->sel, err);
+}
+
+__device__ __forceinline__ const uint8_t *sp_body(const fc_cu_dec &d, const fc_cu_sp_desc &p)
+{
+    return d.recv + p.off + FC_HEADER_BYTES;
+}
+
+// The bitmap of sender r, if it sends one (and was not rejected), for fc_cu_bitmap_select.
+__global__ void sp_bits_prepare(fc_cu_dec d, const fc_cu_sp_desc *desc, int r, fc_cu_sel_chunk *ch, int64_t n)
+{
+    fc_cu_sel_chunk h;
+    memset(&h, 0, sizeof(h));
+    h.n = n;
+    h.on = d.bad[r] == 0 && desc[r].width == 0;
+    h.bits = sp_body(d, desc[r]) + desc[r].at_idx;
+    ch[0] = h;
+}
+
+__device__ __forceinline__ int64_t sp_index(const fc_cu_dec &d, const fc_cu_sp_desc &p, const int64_t *list, int64_t j)
+{
+    const uint8_t *b = sp_body(d, p) + p.at_idx;
+    return p.width == 0 ? list[j] : p.width == 2 ? (int64_t)((const uint16_t *)b)[j] : (int64_t)((const uint32_t *)b)[j];
+}
+
+// What the CPU decoder checks before it adds anything: the bitmap's count, the indices in range
+// and ascending, the values' codes (or the sign bits past k).
+__global__ void sp_check(fc_cu_dec d, const fc_cu_sp_desc *desc, int r, fc_cu_selection sel, fc_cu_sp_values va,
+                         int64_t n, uint32_t unit, uint32_t step)
+{
+    const fc_cu_sp_desc p = desc[r];
+    if (d.bad[r] != 0)
+        return;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x, t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t0 == 0 && p.width == 0 && *sel.num != p.k)
+        fc_cu_reject(d.ws, d.ws->bad, r, FC_PAYLOAD_INDEX, unit, step);
+    if (t0 == 0 && va.sign && (p.k & 7) != 0 && (sp_body(d, p)[p.at_vals + (p.k >> 3)] >> (p.k & 7)) != 0)
+        fc_cu_reject(d.ws, d.ws->bad, r, FC_PAYLOAD_COUNT, unit, step);
+    const int64_t listed = p.width == 0 ? (*sel.num < p.k ? *sel.num : p.k) : p.k;
+    for (int64_t j = t0; j < listed; j += stride) {
+        const int64_t i = sp_index(d, p, sel.idx, j);
+        if (i >= n || (j > 0 && i <= sp_index(d, p, sel.idx, j - 1)))
+            fc_cu_reject(d.ws, d.ws->bad, r, FC_PAYLOAD_INDEX, unit, step);
+        int bad = 0;
+        if (!va.sign)
+            (void)va.vc.term(sp_body(d, p) + p.at_vals, p.k, j, 1.0f, &bad);
+        if (bad)
+            fc_cu_reject(d.ws, d.ws->bad, r, FC_PAYLOAD_CODES, unit, step);
+    }
+}
+
+// acc[idx[j]] += value j: 0 + D for codec values, +-v for sign bits (as the CPU adds them); a
+// rejected payload makes every element NaN.
+__global__ void sp_scatter(fc_cu_dec d, const fc_cu_sp_desc *desc, int r, fc_cu_selection sel, fc_cu_sp_values va,
+                           int64_t n, float *acc)
+{
+    const fc_cu_sp_desc p = desc[r];
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x, t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (d.bad[r] != 0) {
+        for (int64_t i = t0; i < n; i += stride)
+            acc[i] += fc_cu_poison();
+        return;
+    }
+    const uint8_t *v = sp_body(d, p) + p.at_vals;
+    const float pos = 1.0f * va.sign_v, neg = 1.0f * -va.sign_v;
+    for (int64_t j = t0; j < p.k; j += stride) {
+        int bad = 0;
+        const int64_t i = sp_index(d, p, sel.idx, j);
+        if (va.sign)
+            acc[i] += (v[j >> 3] >> (j & 7)) & 1u ? neg : pos;
+        else
+            acc[i] += 0.0f + va.vc.term(v, p.k, j, 1.0f, &bad);
+    }
+}
+
+int fc_cu_sp_decode(const fc_cu_sp_decoder &dec, const fc_cu_dec &d, const fc_cu_sp_values &va, uint32_t unit,
+                    uint32_t step, cudaStream_t s, fc_err *err)
+{
+    int rc = FC_OK;
+    int64_t start, n;
+    fc_cu_span(d.geo, d.geo.rank, &start, &n);
+    const unsigned blocks = fc_cu_blocks(n, SP_THREADS * 4);
+    if (n > 0) {
+        FC_TRY(fc_cu_acc_zero(d, dec.acc, s, err));
+        for (int r = 0; r < d.geo.world; r++) { // rank order: the sum every rank and the CPU make
+            if (d.geo.skip_own && r == d.geo.rank) {
+                FC_TRY(fc_cu_acc_own(d, dec.acc, s, err));
+                continue;
+            }
+            sp_bits_prepare<<<1, 1, 0, s>>>(d, dec.desc, r, dec.sel.ch, n);
+            FC_CHECK_LAUNCH(err, error);
+            FC_TRY(fc_cu_select_bits(dec.sel, s, err));
+            sp_check<<<blocks, SP_THREADS, 0, s>>>(d, dec.desc, r, dec.sel, va, n, unit, step);
+            FC_CHECK_LAUNCH(err, error);
+            sp_scatter<<<blocks, SP_THREADS, 0, s>>>(d, dec.desc, r, dec.sel, va, n, dec.acc);
+            FC_CHECK_LAUNCH(err, error);
+        }
+    }
+    FC_TRY(fc_cu_acc_write(d, dec.acc, s, err));
+error:
+    return rc;
+}

@@ -213,3 +213,35 @@ def test_gradiveq_resumes_from_a_checkpoint_on_the_device(gen):
     want = cpu_encode(cpu, g, 1, 0, cpu._core.begin(n))
     assert torch.equal(BACKEND.encode(a[0], g, 1, 0), want)
     assert torch.equal(BACKEND.encode(b, g, 1, 0), want)
+
+
+def encode_both(method: str, cfg: dict, g: torch.Tensor, world: int, rank: int, steps: int = 2):
+    """`steps` encodes of g on the CPU and on the device (error feedback): bytes and residuals."""
+    full = dict(cfg, seed=3, error_feedback=True, compress_own_chunk=world == 1, pipeline=False)
+    cpu, dev = fsdpcomp.CommState(method, full), new_state(method, full)
+    for step in range(steps):
+        a = cpu_encode(cpu, g, world, rank, cpu._core.begin(g.numel()))
+        b = BACKEND.encode(dev, g, world, rank)
+        assert torch.equal(a, b), f"{method} {cfg} W={world} step {step}: payload bytes differ at " \
+                                  f"{(a != b).nonzero().flatten()[:8].tolist() if a.shape == b.shape else 'sizes'}"
+        assert same_bits(cpu._core.residuals()[0], BACKEND.residual(dev)), f"{method} {cfg}: residuals differ"
+        cpu.end_step()
+        dev.end_step()
+
+
+@pytest.mark.parametrize("k", [1, 7, 300, 999, 1000, 5000])
+def test_topk_ties_go_to_the_lowest_indices(k, gen):
+    """Magnitudes from a few values (and zeros): the k-th largest is tied many times over, and
+    the kept ties must be the lowest indices, as fc_select.c keeps them."""
+    g = torch.randint(-3, 4, (3001,), generator=gen).float() * 0.25
+    g[::7] = 0.0
+    g[5] = -0.0
+    for world, rank in ((1, 0), (3, 1)):
+        encode_both("topk", {"k": k}, g, world, rank)
+    encode_both("topk", {"k": k}, torch.zeros(3001), 2, 0)  # every magnitude tied
+
+
+@pytest.mark.parametrize("n,k", [(70001, 50), (70001, 9000), (1000, 40), (1000, 200), (4096, 256), (4096, 257)])
+def test_topk_index_formats(n, k, gen):
+    """32-bit indices (n > 65536), 16-bit and the bitmap, and the switch between them."""
+    encode_both("topk", {"k": k, "quantize": "fp16"}, make_grad(n, torch.float32, gen), 1, 0)
