@@ -157,7 +157,25 @@ def exchange(states, grads, world, on_device):
         recv = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8, device=dev)
         out = torch.zeros(shard, dtype=g.dtype, device=dev)
         st._core.decode(recv, g.to(dev), out, world, r, units[r])
-        outs.append(out.cpu())
+        outs.append(out)
+    kmax = states[0]._core.fetch_kmax(n, world)
+    if kmax:  # the second round: picks all-gathered, values all-to-all, then finish
+        picks = []
+        for st, u in zip(states, units):
+            p = torch.zeros(kmax, dtype=torch.int32, device=dev)
+            st._core.fetch_picks(u, p.view(torch.uint8))
+            picks.append(p)
+        everyone = torch.cat(picks)
+        vals, splits = [], []
+        for r, (st, g) in enumerate(zip(states, grads)):
+            send = torch.zeros(world * kmax, dtype=torch.float32, device=dev)
+            ss, _ = st._core.fetch(everyone.view(torch.uint8), g.to(dev), send.view(torch.uint8), world, r, units[r])
+            vals.append(send)
+            splits.append(ss)
+        for r, (st, g) in enumerate(zip(states, grads)):
+            recv = torch.cat([vals[q][sum(splits[q][:r]):sum(splits[q][:r + 1])] for q in range(world)])
+            st._core.finish(recv.view(torch.uint8), g.to(dev), outs[r], world, r, units[r])
+    outs = [o.cpu() for o in outs]
     vecs = [st._core.sync_vector(u) for st, u in zip(states, units)]
     summed = None
     if vecs[0] is not None:
@@ -245,3 +263,129 @@ def test_topk_ties_go_to_the_lowest_indices(k, gen):
 def test_topk_index_formats(n, k, gen):
     """32-bit indices (n > 65536), 16-bit and the bitmap, and the switch between them."""
     encode_both("topk", {"k": k, "quantize": "fp16"}, make_grad(n, torch.float32, gen), 1, 0)
+
+
+@pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
+def test_exchange_over_ranks_matches_cpu(method, cfg, gen):
+    """W States as W ranks, both sides encoding and decoding (and, where the method has them, the
+    second round and the unit-state sync): every rank's output and residual equal the CPU's, over
+    steps with error feedback, and the counters of what was sent agree."""
+    for world in (2, 3):
+        full = dict(cfg, seed=21, error_feedback=True)
+        cpus = [fsdpcomp.CommState(method, full) for _ in range(world)]
+        devs = [new_state(method, full) for _ in range(world)]
+        n = 3 * 677 + 1
+        for step in range(3):
+            grads = [make_grad(n, torch.float32, gen, nonfinite=step == 1 and r == 0) for r in range(world)]
+            out_c, _ = exchange(cpus, grads, world, False)
+            out_d, _ = exchange(devs, grads, world, True)
+            for r in range(world):
+                where = f"{method} {cfg} W={world} step {step} rank {r}"
+                assert same_bits(out_c[r], out_d[r]), f"{where}: outputs differ"
+                rc, rd = cpus[r]._core.residuals()[0], devs[r]._core.residuals()[0]
+                assert (rc is None) == (rd is None) and (rc is None or same_bits(rc, rd.cpu())), f"{where}: residuals"
+        for c, d in zip(cpus, devs):
+            kc, kd = c.counters(), d.counters()
+            for key in ("bytes_sent", "header_bytes", "meta_bytes", "index_bytes", "value_bytes", "chunks_sent",
+                        "nonfinite_in", "nonfinite_out", "extra_collectives", "calls"):
+                assert kc[key] == kd[key], f"{method} {cfg} W={world}: counter {key} {kc[key]} != {kd[key]}"
+            assert kd["residual_norm"] == pytest.approx(kc["residual_norm"], rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.5, 2.5, 1e9])
+@pytest.mark.parametrize("values", ["exact", "sign"])
+def test_thresholdv_sizes_are_the_cpus(threshold, values, gen):
+    """Data-dependent sizes: encode() returns what the device wrote, the CPU's sizes, for counts
+    from none to every element, and the packed payloads decode on the other side."""
+    if values == "sign" and threshold == 0.0:
+        threshold = 1e-3  # sign needs v > 0
+    cfg = {"threshold": threshold, "values": values}
+    for world, rank in ((1, 0), (4, 2)):
+        full = dict(cfg, seed=3, error_feedback=True, compress_own_chunk=world == 1, pipeline=False)
+        cpu, dev = fsdpcomp.CommState("thresholdv", full), new_state("thresholdv", full)
+        g = make_grad(4099, torch.float32, gen)
+        g[:700] = 0.0  # a chunk with nothing above any threshold
+        s, _ = cpu._core.plan(g, world, rank)
+        a = torch.zeros(sum(s), dtype=torch.uint8)
+        b = torch.zeros(sum(s), dtype=torch.uint8, device=DEV)
+        sa = cpu._core.encode(g, a, world, rank, cpu._core.begin(g.numel()))
+        sb = dev._core.encode(g.to(DEV), b, world, rank, dev._core.begin(g.numel()))
+        assert sa == sb, f"{cfg} W={world}: sizes {sb}, the CPU's {sa}"
+        assert torch.equal(a[:sum(sa)], b[:sum(sb)].cpu())
+        assert dev.counters()["value_bytes"] == cpu.counters()["value_bytes"]
+    states_c = [fsdpcomp.CommState("thresholdv", dict(cfg, seed=4)) for _ in range(3)]
+    states_d = [new_state("thresholdv", dict(cfg, seed=4)) for _ in range(3)]
+    grads = [make_grad(2001, torch.float32, gen) for _ in range(3)]
+    oc, _ = exchange(states_c, grads, 3, False)
+    od, _ = exchange(states_d, grads, 3, True)
+    assert all(same_bits(x, y) for x, y in zip(oc, od))
+
+
+def corrupt_decode(method, cfg, n, edit):
+    """A CPU payload for one rank, edited, decoded on the device: the PayloadError comes when
+    counters are read, and the output is NaN, as a rejected dense payload makes it."""
+    full = dict(cfg, seed=5, compress_own_chunk=True, pipeline=False)
+    st = fsdpcomp.CommState(method, full)
+    g = make_grad(n, torch.float32, gen=torch.Generator().manual_seed(1))
+    send = cpu_encode(st, g, 1, 0, st._core.begin(n))
+    edit(send)
+    with pytest.raises(fsdpcomp.PayloadError):
+        st._core.decode(send, g, torch.empty(n), 1, 0, 0)
+    dev = new_state(method, full)
+    out = torch.zeros(n, device=DEV)
+    dev._core.decode(send.to(DEV), g.to(DEV), out, 1, 0, dev._core.begin(n))
+    with pytest.raises(fsdpcomp.PayloadError, match="rank 0"):
+        dev.counters()
+    assert torch.isnan(out.cpu()).all()
+
+
+def _swap_u16(at):
+    def edit(send):
+        a, b = send[at:at + 2].clone(), send[at + 2:at + 4].clone()
+        send[at:at + 2], send[at + 2:at + 4] = b, a
+    return edit
+
+
+def test_sparse_payloads_that_the_cpu_rejects_are_rejected():
+    corrupt_decode("topk", {"k": 20}, 1000, _swap_u16(32))  # 16-bit indices out of order
+    corrupt_decode("topk", {"k": 300}, 1000, lambda p: p.__setitem__(32, int(p[32]) ^ 0x01))  # bitmap count
+    corrupt_decode("thresholdv", {"threshold": 1.0}, 1000, lambda p: p.__setitem__(32, int(p[32]) + 1))  # count
+    corrupt_decode("topk", {"k": 20, "quantize": "qsgd"}, 1000, lambda p: p.__setitem__(32 + 40 + 4, 0xFF))  # code
+
+
+def test_second_round_picks_that_the_cpu_rejects_are_reported(gen):
+    """Owner picks corrupted on the wire: the CPU's fetch raises; the device's reports it at the
+    next counters() and sends NaN to that owner instead of values."""
+    cfg = {"rows": 3, "cols": 64, "k": 8, "second_round": True, "seed": 2, "error_feedback": True}
+    n, world = 600, 2
+    for on_device in (False, True):
+        states = [new_state("sketch", cfg) if on_device else fsdpcomp.CommState("sketch", cfg) for _ in range(world)]
+        dev = DEV if on_device else "cpu"
+        grads = [make_grad(n, torch.float32, gen) for _ in range(world)]
+        units = []
+        sizes, sends = [], []
+        for r, st in enumerate(states):
+            g = grads[r].to(dev)
+            units.append(st._core.begin(n))
+            s, _ = st._core.plan(g, world, r)
+            send = torch.zeros(sum(s), dtype=torch.uint8, device=dev)
+            sizes.append(st._core.encode(g, send, world, r, units[r]))
+            sends.append(send)
+        for r, st in enumerate(states):
+            recv = torch.cat([sends[q][sum(sizes[q][:r]):sum(sizes[q][:r + 1])] for q in range(world)])
+            st._core.decode(recv, grads[r].to(dev), torch.zeros(n // world, device=dev), world, r, units[r])
+        kmax = states[0]._core.fetch_kmax(n, world)
+        everyone = torch.zeros(world * kmax, dtype=torch.int32, device=dev)
+        for r, st in enumerate(states):
+            st._core.fetch_picks(units[r], everyone[r * kmax:(r + 1) * kmax].view(torch.uint8))
+        everyone[1], everyone[2] = everyone[2].clone(), everyone[1].clone()  # owner 0's out of order
+        send = torch.zeros(world * kmax, dtype=torch.float32, device=dev)
+        if not on_device:
+            with pytest.raises(fsdpcomp.PayloadError):
+                states[1]._core.fetch(everyone.view(torch.uint8), grads[1], send.view(torch.uint8), world, 1, units[1])
+        else:
+            ss, _ = states[1]._core.fetch(everyone.view(torch.uint8), grads[1].to(dev), send.view(torch.uint8),
+                                          world, 1, units[1])
+            assert torch.isnan(send[:ss[0]].cpu()).all()
+            with pytest.raises(fsdpcomp.PayloadError, match="rank 0"):
+                states[1].counters()
