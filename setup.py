@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from concurrent.futures import ThreadPoolExecutor
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -119,7 +120,8 @@ class BuildExt(build_ext):
             return
         cuda = cuda_home(nvcc)
         nccl_inc, nccl_lib = find_nccl(cuda)
-        archs = [a.strip() for a in os.environ.get("FSDPCOMP_CUDA_ARCHS", DEFAULT_ARCHS).replace(",", ";").split(";") if a.strip()]
+        archs = [a.strip() for a in (os.environ.get("FSDPCOMP_CUDA_ARCHS") or DEFAULT_ARCHS).replace(",", ";").split(";")
+                 if a.strip()] or DEFAULT_ARCHS.split(";")
         gencode = []
         for a in archs:
             gencode.append("-gencode=arch=compute_%s,code=sm_%s" % (a, a))
@@ -144,13 +146,22 @@ class BuildExt(build_ext):
                  "-Werror", "all-warnings"] + gencode + incs + defs
         if env_flag("FSDPCOMP_DEBUG"):
             flags += ["-G", "-g"]
-        objs = []
-        for src in sources:
-            obj = os.path.join(obj_dir, os.path.basename(src) + ".o")
+        objs = [os.path.join(obj_dir, os.path.basename(src) + ".o") for src in sources]
+        # nvcc compiles one file at a time (every arch in turn): the files go in parallel, one
+        # per core, each job's output printed whole when it ends so errors read in one piece
+        jobs = max(1, min(len(sources), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                          else (os.cpu_count() or 1)))
+
+        def compile_one(src_obj):
+            src, obj = src_obj
             cmd = [nvcc, "-c", src, "-o", obj] + flags
-            print(" ".join(cmd))
-            subprocess.check_call(cmd)
-            objs.append(obj)
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            print(" ".join(cmd) + ("\n" + r.stdout + r.stderr if r.stdout or r.stderr else ""), flush=True)
+            if r.returncode != 0:
+                raise RuntimeError("nvcc failed (exit %d) on %s:\n%s%s" % (r.returncode, src, r.stdout, r.stderr))
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(compile_one, zip(sources, objs)))
         lib = os.path.join(out_dir, "_fsdpcomp_cuda.so")
         # cudart static: no libcudart.so to find at load time; NCCL is resolved at run time
         # from the copy torch already loaded (dlopen RTLD_NOLOAD first), never linked here.
@@ -158,9 +169,9 @@ class BuildExt(build_ext):
         print(" ".join(cmd))
         subprocess.check_call(cmd)
         BuildExt.summary.append(
-            "CUDA: built %s (nvcc %s, archs %s + PTX %s, NCCL headers %s)"
+            "CUDA: built %s (nvcc %s, archs %s + PTX %s, %d files on %d jobs, NCCL headers %s)"
             % (os.path.relpath(lib, HERE) if lib.startswith(HERE) else lib, nvcc, ",".join(archs), archs[-1],
-               nccl_inc or "not found: built-in NCCL declarations"))
+               len(sources), jobs, nccl_inc or "not found: built-in NCCL declarations"))
 
 
 ext = Extension(

@@ -15,8 +15,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # beside this file: fmt, projection
 from fmt import fmt, fmt_bytes  # noqa: E402
 import projection  # noqa: E402
+import results_step  # noqa: E402
 
 COMM_CMD = "sudo python benchmarks/comm_bench.py --world 2 3 4 --sizes 16M 64M --links 1 10 unshaped"
+KERNELS_JSON = os.path.join("benchmarks", "results", "kernels.json")  # comm_bench's default
 TRAIN_CMD = {"cpu": "sudo python benchmarks/train_bench.py --setting cpu --seeds 0 1 2",
              "gpu": "python benchmarks/train_bench.py --setting gpu"}
 
@@ -105,14 +107,23 @@ def comm_section(data: dict, rel: str, brief: bool = False) -> list[str]:
         out += _md_table(["Gbit/s", "GPUs", "method", "ratio", "projected ms", "vs NCCL rs", "vs none"], rows)
         # the step projection follows from the rows above and projection.py's stated assumptions
         compute_s = projection.compute_time(c["numel"])
-        steps = projection.step_table(c["rows"], c["numel"], c["alpha_us"] * 1e-6, compute_s)
+        # the int8 parameter codec is the int8 gradient codec (block 256): the same measured ratio
+        int8 = next((r for r in c["rows"] if r["method"] == "int8"), None)
+        kernels, _ = projection.load_kernel_times(KERNELS_JSON)
+        steps = projection.step_table(c["rows"], c["numel"], c["alpha_us"] * 1e-6, compute_s,
+                                      int8["ratio"] if int8 else None, kernels.get("int8"))
         out += ["", "### PROJECTED step speedup for GPU clusters (not measured)", "",
-                f"{projection.step_caption(c['numel'], compute_s)}. The parameter all-gathers are not "
-                "compressed, so they bound what compressing the reduce-scatter alone can give.", ""]
+                f"{projection.step_caption(c['numel'], compute_s)}. Uncompressed all-gathers bound what "
+                "compressing the reduce-scatter alone can give; `+ gathers` compresses them too "
+                f"(int8, ratio {fmt(int8 and int8['ratio'], '.2f')}"
+                + (", codec from GPU kernel times" if kernels.get("int8") else ", codec time 0: an upper bound")
+                + "), against the same uncompressed baseline.", ""]
         rows = [[f"{r['gbit']:.0f}", str(r["world"]), r["method"], f"{r['ratio']:.2f}", f"{r['step_s'] * 1e3:.2f}",
-                 f"{r['speedup_no_overlap']:.2f}", f"{r['speedup_full_overlap']:.2f}"] for r in steps]
+                 f"{r['speedup_no_overlap']:.2f}", f"{r['speedup_full_overlap']:.2f}",
+                 fmt(r.get("speedup_no_overlap_gathers"), ".2f"), fmt(r.get("speedup_full_overlap_gathers"), ".2f")]
+                for r in steps]
         out += _md_table(["Gbit/s", "GPUs", "method", "ratio", "step ms", "speedup, no overlap",
-                          "speedup, overlap"], rows)
+                          "speedup, overlap", "+ gathers, no overlap", "+ gathers, overlap"], rows)
     if os.path.exists(os.path.join(os.path.dirname(data["_path"]), "comm_bench.png")):
         out += ["", f"![reduce-scatter time per call]({rel}/comm_bench.png)"]
     out += ["", "Reproduce:", "", "```", reproduce_cmd(m, COMM_CMD), "```", ""]
@@ -155,12 +166,12 @@ def reproduce_cmd(meta: dict, default: str) -> str:
     argv = meta.get("argv")
     if not argv:
         return default
-    # --out_dir and --train_repo name scratch folders of the machine that ran it: leave them out
+    # --out_dir, --train_repo and --work_dir name scratch folders of the machine that ran it: leave them out
     keep, skip = [], False
     for a in argv:
         if skip:
             skip = False
-        elif a in ("--out_dir", "--train_repo"):
+        elif a in ("--out_dir", "--train_repo", "--work_dir"):
             skip = True
         else:
             keep.append(shlex.quote(a))
@@ -184,6 +195,9 @@ def sections(results_dir: str, rel: str, brief: bool = False) -> list[str]:
         lines += comm_section(load(comm), rel, brief)
     else:
         lines += ["## Reduce-scatter", "", f"No {comm} yet: run `{COMM_CMD}`.", ""]
+    for path in sorted(glob.glob(os.path.join(results_dir, "step_bench_*.json"))):
+        data = load(path)
+        lines += results_step.step_section(data, rel, reproduce_cmd(data["meta"], results_step.STEP_CMD), brief)
     trains = sorted(glob.glob(os.path.join(results_dir, "train_bench_*.json")))
     for path in trains:
         lines += train_section(load(path), rel)

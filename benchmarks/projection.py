@@ -92,23 +92,44 @@ def compute_time(params: int, tokens: int = STEP_TOKENS, peak_tflops: float = ST
 def step_caption(numel: int, compute_s: float) -> str:
     return (f"PROJECTED step speedup over the same FSDP step with NCCL's reduce-scatter (not measured): "
             f"{numel} parameters, compute {compute_s * 1e3:.1f} ms = 6 x params x {STEP_TOKENS} tokens / "
-            f"({STEP_PEAK_TFLOPS:g} TFLOP/s x {STEP_MFU:.0%} MFU), plus two uncompressed fp32 parameter "
-            f"all-gathers; 'no overlap' adds compute and communication, 'overlap' hides the smaller")
+            f"({STEP_PEAK_TFLOPS:g} TFLOP/s x {STEP_MFU:.0%} MFU), plus two fp32 parameter all-gathers "
+            f"(forward and backward), uncompressed or (`+ gathers`) int8 (`param_gather`); 'no overlap' adds "
+            f"compute and communication, 'overlap' hides the smaller")
 
 
-def step_table(cluster_rows: list[dict], numel: int, alpha_s: float, compute_s: float) -> list[dict]:
+def gather_time(numel: int, world: int, gbit: float, alpha_s: float, ratio: float = 1.0,
+                kernel: dict | None = None) -> float:
+    """One FSDP parameter all-gather of `numel` fp32 parameters (a ring moves what a reduce-scatter
+    does), its payloads `ratio` times smaller; with a codec (`param_gather`), each rank encodes
+    its shard and decodes all W shards, at `kernel`'s times per element (0 without them)."""
+    codec = 0.0
+    if kernel:
+        codec = kernel["encode_s_per_elem"] * numel / world + kernel["decode_s_per_elem"] * numel
+    return ring_rs_time(numel, 4 / ratio, world, gbit, alpha_s) + codec
+
+
+def step_table(cluster_rows: list[dict], numel: int, alpha_s: float, compute_s: float,
+               gather_ratio: float | None = None, gather_kernel: dict | None = None) -> list[dict]:
     """Projected FSDP step time per cluster row: compute, two fp32 parameter all-gathers
-    (forward and backward, uncompressed) and the gradient reduce-scatter, either one after the
-    other (no overlap: the bound a slow link hits) or hidden behind compute (full overlap).
-    The baseline is the same step with NCCL's ring reduce-scatter."""
+    (forward and backward) and the gradient reduce-scatter, either one after the other (no
+    overlap: the bound a slow link hits) or hidden behind compute (full overlap). The baseline
+    is the same step with NCCL's ring reduce-scatter and uncompressed all-gathers. With
+    `gather_ratio` (the int8 parameter codec's, from a measured payload), each row also gets the
+    step whose all-gathers are compressed too (`*_gathers`)."""
     rows = []
     for c in cluster_rows:
         world, gbit = c["world"], c["gbit"]
         rs_nccl = ring_rs_time(numel, 4, world, gbit, alpha_s)
-        ag = 2 * rs_nccl  # an all-gather moves what a reduce-scatter does
+        ag = 2 * gather_time(numel, world, gbit, alpha_s)
         base_serial, mine_serial = compute_s + ag + rs_nccl, compute_s + ag + c["time_s"]
         base_overlap, mine_overlap = max(compute_s, ag + rs_nccl), max(compute_s, ag + c["time_s"])
-        rows.append({"gbit": gbit, "world": world, "method": c["method"], "ratio": c["ratio"],
-                     "step_s": mine_serial, "speedup_no_overlap": base_serial / mine_serial,
-                     "speedup_full_overlap": base_overlap / mine_overlap})
+        row = {"gbit": gbit, "world": world, "method": c["method"], "ratio": c["ratio"],
+               "step_s": mine_serial, "speedup_no_overlap": base_serial / mine_serial,
+               "speedup_full_overlap": base_overlap / mine_overlap}
+        if gather_ratio:
+            ag_c = 2 * gather_time(numel, world, gbit, alpha_s, gather_ratio, gather_kernel)
+            row.update(step_s_gathers=compute_s + ag_c + c["time_s"],
+                       speedup_no_overlap_gathers=base_serial / (compute_s + ag_c + c["time_s"]),
+                       speedup_full_overlap_gathers=base_overlap / max(compute_s, ag_c + c["time_s"]))
+        rows.append(row)
     return rows

@@ -8,6 +8,8 @@
 static const char *const residual_dtypes[] = {"fp32", "bf16", NULL};
 static const char *const nonfinite_modes[] = {"pass", "zero", NULL};
 static const char *const transports[] = {"auto", "torch", "nccl", NULL};
+/* The parameter codecs: each is the method of the same name (fsdpcomp/param_gather.py). */
+static const char *const param_codecs[] = {"none", "bf16", "fp8", "int8", NULL};
 
 const fc_key fc_common_keys[] = {
     FC_BOOL(fc_common, error_feedback, 0,
@@ -33,7 +35,16 @@ const fc_key fc_common_keys[] = {
            "the next is encoded (element- and block-wise methods; 0: whole payloads)"),
     FC_BOOL(fc_common, allgather_compress, 0,
             "all-reduces (NO_SHARD, DDP, replica all-reduce): compress the all-gather of the reduced "
-            "shards too; every rank, the owner included, uses the decoded shard (CPU tensors)"),
+            "shards too; every rank, the owner included, uses the decoded shard"),
+    FC_FLOAT(fc_common, timeout_s, 0, 0, 1e9, 0,
+             "transport nccl: seconds after which a communicator whose peer never joins or whose "
+             "all-to-all never completes is aborted and NcclError raised (0: the process group's "
+             "timeout)"),
+    FC_CHOICE(fc_common, param_gather, 0, param_codecs,
+              "FSDP2: codec of the parameter all-gathers (nearest rounding; every rank, the owner "
+              "included, computes with the decoded weights; the sharded weights stay exact)"),
+    FC_INT(fc_common, param_gather_block_size, 256, 8, 16777216.0, FC_KEY_POW2,
+           "elements per scale of the fp8/int8 parameter all-gather; a power of two"),
     FC_KEYS_END,
 };
 
@@ -155,13 +166,17 @@ int fc_config_parse(const fc_method *m, PyObject *config, fc_common *common, voi
     common->error_feedback = (m->flags & FC_EF_DEFAULT) != 0;
     memset(cfg, 0, FC_CFG_MAX);
     set_defaults(m->keys, cfg);
-    if (config == NULL || config == Py_None)
+    if (config == NULL || config == Py_None) {
+        if (m->ef_default != NULL)
+            common->error_feedback = m->ef_default(cfg);
         return m->check ? m->check(cfg, err) : FC_OK;
+    }
     if (!PyDict_Check(config))
         return fc_fail(err, FC_ERR_TYPE, "config must be a dict (or None), got %s",
                        Py_TYPE(config)->tp_name);
     PyObject *key, *value; /* borrowed */
     Py_ssize_t pos = 0;
+    int ef_given = 0;
     while (PyDict_Next(config, &pos, &key, &value)) {
         if (!PyUnicode_Check(key))
             return fc_fail(err, FC_ERR_VALUE, "config keys must be strings, got %s",
@@ -192,7 +207,10 @@ int fc_config_parse(const fc_method *m, PyObject *config, fc_common *common, voi
         int rc = parse_value(m->name, k, value, dst, err);
         if (rc != FC_OK)
             return rc;
+        ef_given |= dst == (void *)common && k->offset == offsetof(fc_common, error_feedback);
     }
+    if (m->ef_default != NULL && !ef_given)
+        common->error_feedback = m->ef_default(cfg);
     return m->check ? m->check(cfg, err) : FC_OK;
 }
 

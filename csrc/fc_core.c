@@ -283,25 +283,34 @@ void fc_core_plan(const fc_core *s, int64_t numel, int dtype, int world, int ran
 
 /* ---- units and steps ---- */
 
-int fc_core_begin(fc_core *s, int64_t numel, uint32_t *unit, fc_err *err)
+int fc_core_begin(fc_core *s, int64_t numel, int64_t want, int new_step, uint32_t *unit,
+                  fc_err *err)
 {
-    uint32_t u = s->cursor;
-    if ((int32_t)u < s->n_units) {
-        if (s->units[u].numel != numel)
-            return fc_fail(err, FC_ERR_STATE,
-                           "unit %u of step %u has %lld elements but had %lld in the first step: "
-                           "the hook is keyed by call order, which must be the same every step "
-                           "(call end_step() after each backward if the hook runs outside one)",
-                           u, s->step, (long long)numel, (long long)s->units[u].numel);
-    } else {
-        if (s->n_units == s->cap_units) {
-            int32_t cap = s->cap_units ? 2 * s->cap_units : 16;
-            fc_unit *p = (fc_unit *)realloc(s->units, (size_t)cap * sizeof(fc_unit));
-            if (p == NULL)
-                return fc_fail(err, FC_ERR_NOMEM, "could not grow the unit table");
-            s->units = p;
-            s->cap_units = cap;
-        }
+    /* everything is checked, and the table grown, before the step or the cursor move: a
+     * refused claim leaves the state as it was, so its retry gets the same unit */
+    const uint32_t u = want >= 0 ? (uint32_t)want : new_step ? 0 : s->cursor;
+    if (want > (int64_t)s->n_units)
+        return fc_fail(err, FC_ERR_VALUE, "unit must be in [0, %d] (a unit seen before, or the "
+                       "next new one), got %lld", s->n_units, (long long)want);
+    if ((int32_t)u < s->n_units && s->units[u].numel != numel)
+        return fc_fail(err, FC_ERR_VALUE,
+                       "grad has %lld elements but unit %u had %lld when it was first seen: %s",
+                       (long long)numel, u, (long long)s->units[u].numel,
+                       want >= 0 ? "one unit key, one size"
+                                 : "units are keyed by call order, which must be the same every "
+                                   "step (call end_step() after each backward if the hook runs "
+                                   "outside one)");
+    if ((int32_t)u == s->n_units && s->n_units == s->cap_units) {
+        int32_t cap = s->cap_units ? 2 * s->cap_units : 16;
+        fc_unit *p = (fc_unit *)realloc(s->units, (size_t)cap * sizeof(fc_unit));
+        if (p == NULL)
+            return fc_fail(err, FC_ERR_NOMEM, "could not grow the unit table");
+        s->units = p;
+        s->cap_units = cap;
+    }
+    if (new_step)
+        fc_core_end_step(s);
+    if ((int32_t)u == s->n_units) {
         memset(&s->units[u], 0, sizeof(fc_unit));
         s->units[u].numel = numel;
         s->n_units = (int32_t)u + 1;

@@ -28,6 +28,9 @@ typedef struct {
     int allgather_compress; /* all-reduce meaning: compress the all-gather of reduced shards too */
     int pipeline;           /* the Python side's per-peer exchange (fc_core_encode_part) */
     int64_t pipeline_piece; /* elements per piece of a payload in that exchange (0: whole) */
+    double timeout_s;       /* transport nccl: a stalled peer aborts after this (0: the group's) */
+    int param_gather;       /* FSDP2 parameter all-gather codec: 0 none, 1 bf16, 2 fp8, 3 int8 */
+    int64_t param_gather_block_size; /* elements per scale of the fp8/int8 parameter codec */
 } fc_common;
 
 typedef struct {
@@ -124,8 +127,12 @@ int64_t fc_payload_bytes(const fc_core *s, const fc_method *m, int64_t n, int dt
 void fc_core_plan(const fc_core *s, int64_t numel, int dtype, int world, int rank,
                   int64_t *send_splits, int64_t *recv_splits);
 
-/* Claims the next unit index of this step, checking its size against the first step's. */
-int fc_core_begin(fc_core *s, int64_t numel, uint32_t *unit, fc_err *err);
+/* Claims a unit for a call of `numel` elements: unit `want` (a unit seen before, or n_units
+ * for a new one), or with want < 0 the next one in call order (the cursor). new_step ends the
+ * step first (then want < 0 means unit 0). The size is checked against the unit's first call,
+ * and nothing changes unless the claim succeeds. */
+int fc_core_begin(fc_core *s, int64_t numel, int64_t want, int new_step, uint32_t *unit,
+                  fc_err *err);
 void fc_core_end_step(fc_core *s);
 
 /* sizes[c]: bytes of the payload for rank c (0 for none); they lie back to back in send. For

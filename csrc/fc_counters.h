@@ -23,6 +23,11 @@ typedef struct {
     int64_t extra_collectives;
     int64_t stats_samples;
     double compress_s, decompress_s, comm_s, extra_collective_s;
+    /* FSDP2's parameter all-gathers (fsdpcomp.AllGather), apart from the gradient path above */
+    int64_t param_gather_calls;
+    int64_t param_gather_bytes_raw;  /* what an uncompressed all-gather sends from this rank */
+    int64_t param_gather_bytes_sent; /* the payloads this rank sent */
+    double param_gather_s, param_gather_codec_s; /* wall time of the calls, and their codec part */
     double err_sq, ref_sq; /* sampled ||g' - D(C(g'))||^2 and ||g'||^2 */
     double cos_sum;        /* sum over samples of cos(g', D(C(g'))) */
 } fc_counters;

@@ -128,6 +128,7 @@ static int encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *gr
     int rc = method_cfg(s, m, &a->m, err);
     if (rc != FC_OK)
         return rc;
+    a->varsize = (m->flags & FC_VARSIZE) != 0;
     a->device = k->device;
     a->stream = k->stream;
     geometry(s, m, N, grad->dtype, world, rank, &a->geo);
@@ -247,6 +248,7 @@ static int decode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *re
     int rc = method_cfg(s, m, &a->m, err);
     if (rc != FC_OK)
         return rc;
+    a->varsize = (m->flags & FC_VARSIZE) != 0;
     a->device = k->device;
     a->stream = k->stream;
     geometry(s, m, N, grad->dtype, world, rank, &a->geo);
@@ -264,7 +266,10 @@ static int decode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *re
     a->ws = k->ws;
     a->x = k->x;
     a->x.learn = 0;
-    a->x.fetch_k = fc_core_fetch_kmax(s, N, world) > 0 ? fc_core_fetch_k(s, m, n) : 0;
+    /* a second round follows exactly when there is a fetch buffer (the kernels' test) */
+    const int second = fc_core_fetch_kmax(s, N, world) > 0;
+    a->x.fetch = second ? a->x.fetch : NULL;
+    a->x.fetch_k = second ? fc_core_fetch_k(s, m, n) : 0;
     a->x.packed_bytes = (m->flags & FC_VARSIZE) && recv != NULL ? recv->numel : 0;
     return FC_OK;
 }
@@ -311,7 +316,7 @@ int fc_cuda_decode(fc_core *s, const fc_cuda_call *k, const fc_buf *recv, const 
                        world, varsize ? "at most " : "", (long long)total);
     fc_cuda_decode_args a;
     FC_TRY(decode_args(s, k, recv, grad, out, world, rank, unit, &a, err));
-    if (a.x.fetch_k > 0 && a.x.fetch == NULL)
+    if (fc_core_fetch_kmax(s, N, world) > 0 && a.x.fetch == NULL)
         FC_TRY(fc_fail(err, FC_ERR_STATE, "internal: a second round without its fetch buffer"));
     s->picks_unit = -1;
     FC_TRY(k->api->decode(k->ctx, &a, err));
@@ -446,4 +451,104 @@ int fc_cuda_fetch_finish(fc_core *s, const fc_cuda_call *k, const float *recv, i
     s->picks_unit = -1; /* used once */
 error:
     return rc;
+}
+
+/* One chunk of n elements as its own unit: chunk 0 is all of it and the other W - 1 are empty,
+ * so the kernels' chunk 0 is the CPU's single payload; the RNG's chunk id and rank come in
+ * apart (chunk_base, geo.rank). */
+static void single_geometry(const fc_core *s, int64_t n, int world, int rank, fc_cuda_geom *g)
+{
+    fc_layout l;
+    memset(g, 0, sizeof(*g));
+    g->numel = n;
+    g->per = n;
+    g->world = world;
+    g->rank = rank;
+    g->skip_own = 0;
+    g->pay_full = g->pay_last = fc_payload_bytes(s, s->method, n, FC_F32);
+    g->body_full = g->body_last = body_bytes(s, s->method, n, world, FC_F32, &l);
+}
+
+int fc_cuda_compress(fc_core *s, const fc_cuda_call *k, const fc_buf *x, fc_buf *payload,
+                     uint32_t unit, uint32_t chunk, int world, int rank, int64_t *written,
+                     fc_err *err)
+{
+    const fc_method *m = s->method;
+    const int64_t need = fc_payload_bytes(s, m, x->numel, FC_F32);
+    int rc = check_method(k, m, err);
+    if (rc != FC_OK)
+        return rc;
+    if (m->unit_floats != NULL)
+        return fc_fail(err, FC_ERR_TYPE, "method '%s' keeps per-unit state, which compress() "
+                       "does not keep on the GPU yet; use CPU tensors", m->name);
+    if (payload->numel < need)
+        return fc_fail(err, FC_ERR_VALUE, "payload buffer holds %lld bytes, need %lld",
+                       (long long)payload->numel, (long long)need);
+    fc_cuda_encode_args a;
+    memset(&a, 0, sizeof(a));
+    if ((rc = method_cfg(s, m, &a.m, err)) != FC_OK)
+        return rc;
+    a.varsize = (m->flags & FC_VARSIZE) != 0;
+    a.device = k->device;
+    a.stream = k->stream;
+    single_geometry(s, x->numel, world, rank, &a.geo);
+    a.grad = x->data;
+    a.grad_dtype = FC_F32;
+    a.res_dtype = FC_F32;
+    a.send = (uint8_t *)payload->data;
+    a.unit = unit;
+    a.step = s->step;
+    a.chunk_base = chunk;
+    a.seed = (uint64_t)s->common.seed;
+    a.ws = k->ws;
+    return k->api->compress(k->ctx, &a, written, err);
+}
+
+int fc_cuda_decompress(fc_core *s, const fc_cuda_call *k, const fc_buf *payload, fc_buf *acc,
+                       float alpha, uint32_t unit, uint32_t chunk, int world, fc_err *err)
+{
+    const fc_method *m = s->method;
+    int rc = check_method(k, m, err);
+    if (rc != FC_OK)
+        return rc;
+    if (m->unit_floats != NULL)
+        return fc_fail(err, FC_ERR_TYPE, "method '%s' keeps per-unit state, which decompress() "
+                       "does not keep on the GPU yet; use CPU tensors", m->name);
+    /* the CPU's first check, here on the host: the header itself must be readable */
+    if (payload->numel < FC_HEADER_BYTES)
+        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank 0: %lld bytes, shorter than the "
+                       "%d-byte header", (long long)payload->numel, FC_HEADER_BYTES);
+    fc_cuda_decode_args a;
+    memset(&a, 0, sizeof(a));
+    if ((rc = method_cfg(s, m, &a.m, err)) != FC_OK)
+        return rc;
+    a.varsize = (m->flags & FC_VARSIZE) != 0;
+    a.device = k->device;
+    a.stream = k->stream;
+    single_geometry(s, acc->numel, world, 0, &a.geo);
+    a.recv = (const uint8_t *)payload->data;
+    a.slot = payload->numel;
+    a.grad = acc->data; /* never read: the own chunk is not part of a single payload's sum */
+    a.grad_dtype = FC_F32;
+    a.out = acc->data;
+    a.out_dtype = FC_F32;
+    a.out_numel = acc->numel;
+    a.unit = unit;
+    a.step = s->step;
+    a.chunk_base = chunk;
+    a.seed = (uint64_t)s->common.seed;
+    a.alpha = alpha;
+    a.ws = k->ws;
+    return k->api->decompress(k->ctx, &a, err);
+}
+
+void fc_cuda_probe(const fc_core *s, const fc_cuda_api *api, int64_t numel, int dtype, int world,
+                   int rank, int64_t *rows)
+{
+    const fc_method *m = fc_core_unit_method(s, numel);
+    fc_cuda_geom g;
+    int64_t start, n;
+    geometry(s, m, numel, dtype, world, rank, &g);
+    fc_chunk_span(numel, world, rank, &start, &n);
+    api->probe_geometry(&g, fc_payload_bytes(s, m, n, dtype), rows);
 }

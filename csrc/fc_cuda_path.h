@@ -6,7 +6,7 @@
 #include "fc_core.h"
 #include "fc_cuda_loader.h"
 
-typedef struct {
+typedef struct fc_cuda_call_s {
     const fc_cuda_api *api;
     fc_cuda_ctx *ctx;
     fc_cuda_ws *ws; /* device memory of a torch tensor the State holds */
@@ -44,5 +44,19 @@ int fc_cuda_fetch_finish(fc_core *s, const fc_cuda_call *k, const float *recv, i
                          fc_err *err);
 /* Bytes of the fetch buffer a unit's second round keeps on the device. */
 int64_t fc_cuda_fetch_bytes(int64_t kmax);
+
+/* fc_core_compress / fc_core_decompress on device memory: the same payload bytes, the same
+ * checks (a malformed header is caught on the device: acc becomes NaN and the next counters()
+ * raises). x and acc are fp32. */
+int fc_cuda_compress(fc_core *s, const fc_cuda_call *k, const fc_buf *x, fc_buf *payload,
+                     uint32_t unit, uint32_t chunk, int world, int rank, int64_t *written,
+                     fc_err *err);
+int fc_cuda_decompress(fc_core *s, const fc_cuda_call *k, const fc_buf *payload, fc_buf *acc,
+                       float alpha, uint32_t unit, uint32_t chunk, int world, fc_err *err);
+
+/* Tests: the rows fc_cuda_geom gives the kernels (fc_cuda_api.probe_geometry) for a unit of
+ * `numel` elements of `dtype`, as the collective builds it; rows holds world * FC_GEO_COLS. */
+void fc_cuda_probe(const fc_core *s, const fc_cuda_api *api, int64_t numel, int dtype, int world,
+                   int rank, int64_t *rows);
 
 #endif

@@ -126,6 +126,11 @@ typedef struct fc_method {
     int64_t (*fetch_k)(const fc_chunk *c);
     int (*pick)(const fc_chunk *c, const uint8_t *agg, const float *own, uint32_t *idx,
                 fc_err *err);
+    /* Optional: whether error feedback is on by default for this parsed config (NULL: the flag
+     * FC_EF_DEFAULT decides). For a method whose receivers, in some modes, apply something else
+     * than the sum of the senders' decodes (a vote, heavy hitters of a summed sketch): there a
+     * sender's residual cannot be what was applied (docs/methods.md), so it is off by default. */
+    int (*ef_default)(const void *cfg);
 } fc_method;
 
 /* The aggregate hook of methods whose body is one fp32 array: agg += body (fc_linear.c). */

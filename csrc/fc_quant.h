@@ -16,9 +16,15 @@ FC_HOSTDEV float fc_round_even(float v)
     return (v + magic) - magic;
 }
 
-/* floor(v) for |v| < 2^31 without libm. */
+/* floor(v) for |v| < 2^31 without libm. A NaN or a v outside int32 (a block whose 1 / scale
+ * overflowed) gives INT32_MIN, as x86's conversion does on the CPU path; a GPU's conversion
+ * saturates, so the kernels ask for x86's answer. */
 FC_HOSTDEV int32_t fc_floor_i32(float v)
 {
+#ifdef __CUDA_ARCH__
+    if (!(v >= -2147483648.0f && v < 2147483648.0f))
+        return INT32_MIN;
+#endif
     int32_t t = (int32_t)v;
     return t - ((float)t > v);
 }

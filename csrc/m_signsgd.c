@@ -1,8 +1,11 @@
 /* m_signsgd.c: `signsgd`, one sign bit per element (bit set: x < 0). mode "scaled"
- * (EF-signSGD, Karimireddy et al. 2019): one fp32 ||x||_1 / d per block, decode +-that; pair it
- * with error_feedback. mode "majority" (Bernstein et al. 2018): no scale; the receiver sums
- * the senders' votes and outputs `scale` * sign(sum) (ties: 0) for the W-1 received chunks;
- * the own chunk stays exact unless compress_own_chunk, which gives the paper's full vote. */
+ * (EF-signSGD, Karimireddy et al. 2019): one fp32 ||x||_1 / d per block, decode +-that, with
+ * error feedback (on by default). mode "majority" (Bernstein et al. 2018): no scale; the
+ * receiver sums the senders' votes and outputs `scale` * sign(sum) (ties: 0) for the W-1
+ * received chunks; the own chunk stays exact unless compress_own_chunk, which gives the paper's
+ * full vote. Error feedback is off by default there, as in the paper: the vote's outcome is not
+ * the sum of the senders' +-scale, so a sender's residual x - scale * sign(x) is not what was
+ * left out (exact only while at most 2 senders vote: W <= 3). */
 #include <math.h>
 #include <string.h>
 #include "fc_block.h"
@@ -142,10 +145,16 @@ static int sign_decode_agg(const fc_chunk *c, const uint8_t *agg, int senders, f
     return FC_OK;
 }
 
+/* error feedback by default in scaled mode only (see the top of the file) */
+static int sign_ef_default(const void *cfg)
+{
+    return ((const sign_cfg *)cfg)->mode != MODE_MAJORITY;
+}
+
 const fc_method fc_method_signsgd = {
     .name = "signsgd",
     .id = 13,
-    .flags = FC_EF_DEFAULT, /* EF-signSGD (Karimireddy et al.); set it false for plain majority vote */
+    .flags = FC_EF_DEFAULT, /* EF-signSGD (Karimireddy et al.), the default mode */
     .summary = "sign bits; scaled (EF-signSGD, L1 scale per block) or majority vote; "
                "1 bit (+ 32/block_size when scaled)",
     .cfg_size = sizeof(sign_cfg),
@@ -156,4 +165,5 @@ const fc_method fc_method_signsgd = {
     .agg_bytes = sign_agg_bytes,
     .aggregate = sign_aggregate,
     .decode_agg = sign_decode_agg,
+    .ef_default = sign_ef_default,
 };

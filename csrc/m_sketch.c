@@ -5,8 +5,11 @@
  * hitters; k = 0 keeps every estimate). With `second_round`, Sketched-SGD's second round: the
  * owner only picks the k heavy coordinates (estimates of the peers' sum plus its own exact
  * chunk) and fetches the senders' exact values there (fc_fetch.c); nothing is decoded from the
- * sketch, so a sender's residual is its whole chunk but those k values. Biased; error feedback
- * by default. */
+ * sketch, so a sender's residual is its whole chunk but those k values: exactly what the owner
+ * did not apply. Biased; error feedback on by default with the second round (Sketched-SGD's
+ * own), off without it: the heavy hitters of the summed sketch are not the sum of each
+ * sender's own heavy hitters (the residual's reference), so from 2 senders on (W >= 3) a
+ * sender's residual is not what was left out. */
 #include <string.h>
 #include "fc_hash.h"
 #include "fc_method.h"
@@ -179,10 +182,16 @@ static int sketch_decode_agg(const fc_chunk *c, const uint8_t *agg, int senders,
     return unsketch(c, (const float *)agg, alpha, acc);
 }
 
+/* error feedback by default with the second round only (see the top of the file) */
+static int sketch_ef_default(const void *cfg)
+{
+    return ((const sketch_cfg *)cfg)->second_round;
+}
+
 const fc_method fc_method_sketch = {
     .name = "sketch",
     .id = 11,
-    .flags = FC_LINEAR | FC_RANDOM | FC_EF_DEFAULT,
+    .flags = FC_LINEAR | FC_RANDOM,
     .summary = "count sketch (rows x cols fp32), summed compressed; heavy hitters of the summed "
                "sketch decoded, or with second_round their exact values fetched (Sketched-SGD)",
     .cfg_size = sizeof(sketch_cfg),
@@ -197,4 +206,5 @@ const fc_method fc_method_sketch = {
     .decode_agg = sketch_decode_agg,
     .fetch_k = sketch_fetch_k,
     .pick = sketch_pick,
+    .ef_default = sketch_ef_default,
 };

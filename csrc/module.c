@@ -78,12 +78,19 @@ static PyObject *mod_method_info(PyObject *mod, PyObject *arg)
         return NULL;
     }
     unsigned f = m->flags;
+    /* error feedback in the default config (a method's ef_default may refine its flag) */
+    fc_common common;
+    _Alignas(16) unsigned char cfg[FC_CFG_MAX];
+    fc_err err = {0};
+    int ef = (f & FC_EF_DEFAULT) != 0;
+    if (fc_config_parse(m, NULL, &common, cfg, &err) == FC_OK)
+        ef = common.error_feedback;
     return Py_BuildValue("{s:s,s:i,s:s,s:O,s:O,s:O,s:O,s:O,s:N}", "name", m->name, "id", m->id,
                          "summary", m->summary, "unbiased", (f & FC_UNBIASED) ? Py_True : Py_False,
                          "linear", (f & FC_LINEAR) ? Py_True : Py_False, "random",
                          (f & FC_RANDOM) ? Py_True : Py_False, "varsize",
                          (f & FC_VARSIZE) ? Py_True : Py_False, "error_feedback_default",
-                         (f & FC_EF_DEFAULT) ? Py_True : Py_False, "keys", fc_keys_info(m->keys));
+                         ef ? Py_True : Py_False, "keys", fc_keys_info(m->keys));
 }
 
 PyDoc_STRVAR(cuda_info_doc,
@@ -132,6 +139,7 @@ static PyMethodDef module_functions[] = {
     {"_reference_kernels", mod_reference_kernels, METH_O, reference_kernels_doc},
     {"nccl_unique_id", fc_mod_nccl_unique_id, METH_NOARGS, fc_mod_nccl_unique_id_doc},
     {"nccl_comm_init", fc_mod_nccl_comm_init, METH_VARARGS, fc_mod_nccl_comm_init_doc},
+    {"nccl_comm_release", fc_mod_nccl_comm_release, METH_O, fc_mod_nccl_comm_release_doc},
     {NULL},
 };
 

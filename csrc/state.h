@@ -79,6 +79,12 @@ PyObject *fc_state_views_done(StateObject *self, int rc, const fc_err *err, fc_v
 /* A tuple of `world` ints. New ref. */
 PyObject *fc_sizes_tuple(const int64_t *sizes, int world);
 
+/* state_codec.c: the CUDA library's table, the state's context and device workspace, and the
+ * current stream of grad's device, for a call on CUDA tensors (fc_cuda_path.h's fc_cuda_call). */
+struct fc_cuda_call_s;
+int fc_state_cuda_prepare(StateObject *self, PyObject *grad, const fc_view *g,
+                          struct fc_cuda_call_s *k, fc_err *err);
+
 /* ---- state_type.c: lifecycle, attributes, the method table and the residuals it owns */
 
 extern PyType_Spec fc_state_spec;
@@ -112,7 +118,7 @@ extern const char fc_state_emulate_cuda_doc[];
 
 /* state_codec.c: the collective, one peer at a time, and the unit-state sync */
 PyObject *fc_state_plan(StateObject *self, PyObject *args);
-PyObject *fc_state_begin(StateObject *self, PyObject *arg);
+PyObject *fc_state_begin(StateObject *self, PyObject *args, PyObject *kwargs);
 PyObject *fc_state_end_step(StateObject *self, PyObject *ignored);
 PyObject *fc_state_encode(StateObject *self, PyObject *args);
 PyObject *fc_state_decode(StateObject *self, PyObject *args);
@@ -147,7 +153,11 @@ extern const char fc_state_fetch_kmax_doc[], fc_state_fetch_picks_doc[], fc_stat
 PyObject *fc_state_counters(StateObject *self, PyObject *ignored);
 PyObject *fc_state_reset_counters(StateObject *self, PyObject *ignored);
 PyObject *fc_state_add_comm(StateObject *self, PyObject *args, PyObject *kwds);
-extern const char fc_state_counters_doc[], fc_state_reset_counters_doc[], fc_state_add_comm_doc[];
+PyObject *fc_state_comm_mark(StateObject *self, PyObject *args);
+PyObject *fc_state_cuda_geometry(StateObject *self, PyObject *args);
+PyObject *fc_state_add_param_gather(StateObject *self, PyObject *args, PyObject *kwds);
+extern const char fc_state_counters_doc[], fc_state_reset_counters_doc[], fc_state_add_comm_doc[],
+    fc_state_comm_mark_doc[], fc_state_cuda_geometry_doc[], fc_state_add_param_gather_doc[];
 
 /* state_checkpoint.c */
 PyObject *fc_state_units(StateObject *self, PyObject *ignored);
@@ -161,7 +171,8 @@ extern const char fc_state_units_doc[], fc_state_residuals_doc[], fc_state_unit_
 PyObject *fc_state_nccl_all_to_all(StateObject *self, PyObject *args);
 PyObject *fc_mod_nccl_unique_id(PyObject *mod, PyObject *ignored);
 PyObject *fc_mod_nccl_comm_init(PyObject *mod, PyObject *args);
+PyObject *fc_mod_nccl_comm_release(PyObject *mod, PyObject *arg);
 extern const char fc_state_nccl_all_to_all_doc[], fc_mod_nccl_unique_id_doc[],
-    fc_mod_nccl_comm_init_doc[];
+    fc_mod_nccl_comm_init_doc[], fc_mod_nccl_comm_release_doc[];
 
 #endif

@@ -3,6 +3,8 @@
 #include "state.h" /* first: it includes Python.h */
 #include <string.h>
 
+#include "fc_cuda_path.h"
+
 FC_DOCSTRING(fc_state_payload_bytes_doc,
 "payload_bytes(n) -> int\n\nBytes of one fp32 chunk of n elements on the wire: header, body and padding.");
 
@@ -53,8 +55,10 @@ PyObject *fc_state_layout(StateObject *self, PyObject *arg)
 
 FC_DOCSTRING(fc_state_compress_doc,
 "compress(x, payload, unit=0, chunk=0, world=1, rank=0) -> int\n\n"
-"Encodes the fp32 CPU tensor x as one payload into the uint8 tensor `payload`; returns its\n"
-"size. The RNG stream is keyed by (seed, rank, step, unit, chunk) as in the collective.");
+"Encodes the fp32 tensor x as one payload into the uint8 tensor `payload` on the same device;\n"
+"returns its size. The RNG stream is keyed by (seed, rank, step, unit, chunk) as in the\n"
+"collective. On CUDA the bytes are the CPU's, queued on the current stream (a method whose size\n"
+"is data-dependent waits for it to read the size back).");
 
 PyObject *fc_state_compress(StateObject *self, PyObject *args, PyObject *kwds)
 {
@@ -69,18 +73,24 @@ PyObject *fc_state_compress(StateObject *self, PyObject *args, PyObject *kwds)
         !PyArg_ParseTupleAndKeywords(args, kwds, "OO|IIii:compress", kwlist, &x, &payload, &unit,
                                      &chunk, &world, &rank))
         return NULL;
+    fc_cuda_call k;
     if (fc_view_get(x, "x", FC_DT_F32, &xv, &err) || fc_view_get(payload, "payload", FC_DT_U8, &pv, &err) ||
-        fc_check_cpu(&xv, "x", &err) || fc_check_cpu(&pv, "payload", &err) ||
+        fc_check_same_device(&pv, &xv, "payload", &err) ||
         fc_check_aligned(&pv, "payload", &err) || fc_check_world(world, rank, &err))
         goto error;
     if (xv.buf.numel == 0) {
         fc_fail(&err, FC_ERR_VALUE, "x must have at least one element");
         goto error;
     }
+    if (fc_state_on_cuda(self, &xv) && fc_state_cuda_prepare(self, x, &xv, &k, &err) != FC_OK)
+        goto error;
     self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
-    rc = fc_core_compress(&self->core, (const float *)xv.buf.data, xv.buf.numel,
-                          (uint8_t *)pv.buf.data, pv.buf.numel, unit, chunk, world, rank, &written, &err);
+    if (fc_state_on_cuda(self, &xv))
+        rc = fc_cuda_compress(&self->core, &k, &xv.buf, &pv.buf, unit, chunk, world, rank, &written, &err);
+    else
+        rc = fc_core_compress(&self->core, (const float *)xv.buf.data, xv.buf.numel,
+                              (uint8_t *)pv.buf.data, pv.buf.numel, unit, chunk, world, rank, &written, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
 error: /* and success: rc says which */
@@ -92,8 +102,9 @@ error: /* and success: rc says which */
 FC_DOCSTRING(fc_state_decompress_doc,
 "decompress(payload, acc, alpha=1.0, unit=0, chunk=0, world=1)\n\n"
 "Validates one payload for a chunk of acc.numel() elements and adds alpha times its decode to\n"
-"the fp32 CPU tensor acc. A malformed payload raises PayloadError and leaves acc untouched\n"
-"when the header is at fault.");
+"the fp32 tensor acc (on the payload's device). A malformed payload raises PayloadError and\n"
+"leaves acc untouched when the header is at fault; on CUDA the check runs on the device\n"
+"without a wait: acc becomes NaN and the next counters() raises the PayloadError.");
 
 PyObject *fc_state_decompress(StateObject *self, PyObject *args, PyObject *kwds)
 {
@@ -108,18 +119,24 @@ PyObject *fc_state_decompress(StateObject *self, PyObject *args, PyObject *kwds)
         !PyArg_ParseTupleAndKeywords(args, kwds, "OO|dIIi:decompress", kwlist, &payload, &acc,
                                      &alpha, &unit, &chunk, &world))
         return NULL;
+    fc_cuda_call k;
     if (fc_view_get(payload, "payload", FC_DT_U8, &pv, &err) || fc_view_get(acc, "acc", FC_DT_F32, &av, &err) ||
-        fc_check_cpu(&pv, "payload", &err) || fc_check_cpu(&av, "acc", &err) ||
+        fc_check_same_device(&av, &pv, "acc", &err) ||
         fc_check_aligned(&pv, "payload", &err) || fc_check_world(world, 0, &err))
         goto error;
     if (av.buf.numel == 0) {
         fc_fail(&err, FC_ERR_VALUE, "acc must have at least one element");
         goto error;
     }
+    if (fc_state_on_cuda(self, &av) && fc_state_cuda_prepare(self, acc, &av, &k, &err) != FC_OK)
+        goto error;
     self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
-    rc = fc_core_decompress(&self->core, (const uint8_t *)pv.buf.data, pv.buf.numel, av.buf.numel,
-                            (float)alpha, (float *)av.buf.data, unit, chunk, world, &err);
+    if (fc_state_on_cuda(self, &av))
+        rc = fc_cuda_decompress(&self->core, &k, &pv.buf, &av.buf, (float)alpha, unit, chunk, world, &err);
+    else
+        rc = fc_core_decompress(&self->core, (const uint8_t *)pv.buf.data, pv.buf.numel, av.buf.numel,
+                                (float)alpha, (float *)av.buf.data, unit, chunk, world, &err);
     Py_END_ALLOW_THREADS
     self->busy = 0;
 error: /* and success: rc says which */

@@ -94,24 +94,28 @@ error:
 }
 
 FC_DOCSTRING(fc_state_begin_doc,
-"begin(numel) -> unit\n\n"
-"Claims the next unit index of this step (units are keyed by call order within a step) and\n"
-"checks that a unit seen before still has the same number of elements.");
+"begin(numel, unit=-1, new_step=False) -> unit\n\n"
+"Claims the unit of a call of `numel` elements: `unit` (one seen before, or the next new index)\n"
+"or, with unit=-1, the next one in call order within this step. new_step ends the step first\n"
+"(as end_step() would). A unit seen before must have the same number of elements; a refused\n"
+"claim changes nothing.");
 
-PyObject *fc_state_begin(StateObject *self, PyObject *arg)
+PyObject *fc_state_begin(StateObject *self, PyObject *args, PyObject *kwargs)
 {
+    static char *kwlist[] = {"numel", "unit", "new_step", NULL};
+    long long numel, want = -1;
+    int new_step = 0;
     fc_err err = {0};
     uint32_t unit;
-    if (!fc_state_ready(self))
-        return NULL;
-    long long numel = PyLong_AsLongLong(arg);
-    if (numel == -1 && PyErr_Occurred())
+    if (!fc_state_ready(self) ||
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "L|Lp:begin", kwlist, &numel, &want, &new_step))
         return NULL;
     if (numel < 0) {
         PyErr_Format(PyExc_ValueError, "numel must be >= 0, got %lld", numel);
         return NULL;
     }
-    if (fc_core_begin(&self->core, (int64_t)numel, &unit, &err) != FC_OK)
+    if (fc_core_begin(&self->core, (int64_t)numel, want < 0 ? -1 : (int64_t)want, new_step, &unit,
+                      &err) != FC_OK)
         return STATE_ERR(self, &err);
     return PyLong_FromUnsignedLong(unit);
 }

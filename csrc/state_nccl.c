@@ -104,30 +104,49 @@ PyObject *fc_mod_nccl_unique_id(PyObject *mod, PyObject *Py_UNUSED(ignored))
     return PyBytes_FromStringAndSize((const char *)id, 128);
 }
 
+/* The capsule's destructor: never a collective call (ncclCommDestroy waits for the peers,
+ * which are not destroying theirs at this moment: a hang, or a crash at exit). A communicator
+ * fsdpcomp.release_nccl() did not release is aborted while the interpreter runs (local: its
+ * memory and threads are freed, peers still using it fail or time out), and left to the process's
+ * exit while the interpreter finalizes (then the CUDA runtime and NCCL may be going down too,
+ * and any call into them can hang or crash). An exception in flight is kept: destructors run
+ * during unwinding. */
 static void comm_capsule_free(PyObject *cap)
 {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
     fc_cuda_comm *c = (fc_cuda_comm *)PyCapsule_GetPointer(cap, NCCL_CAPSULE);
     PyObject *ctx = (PyObject *)PyCapsule_GetContext(cap);
+#if PY_VERSION_HEX >= 0x030D0000
+    const int exiting = Py_IsFinalizing();
+#else
+    const int exiting = _Py_IsFinalizing();
+#endif
     if (c != NULL && fc_cuda_api_loaded() != NULL)
-        fc_cuda_api_loaded()->nccl_comm_free(c);
+        fc_cuda_api_loaded()->nccl_comm_free(c, exiting);
     Py_XDECREF(ctx);
-    PyErr_Clear();
+    PyErr_Clear(); /* from the capsule calls above, never the caller's */
+    PyErr_Restore(type, value, tb);
 }
 
 FC_DOCSTRING(fc_mod_nccl_comm_init_doc,
-"nccl_comm_init(unique_id, world, rank, device) -> comm\n\n"
-"ncclCommInitRank on `device` (blocks until every rank of the group has joined). The returned\n"
-"capsule destroys the communicator when dropped.");
+"nccl_comm_init(unique_id, world, rank, device, timeout_s) -> comm\n\n"
+"A non-blocking NCCL communicator on `device`: every rank of the group calls it, and it raises\n"
+"NcclError when they have not all joined within timeout_s (0: no limit). Its all-to-alls are\n"
+"watched: one still running timeout_s after it was queued aborts it. End it with\n"
+"nccl_comm_release() on every rank; a capsule dropped unreleased aborts it (locally).");
 
 PyObject *fc_mod_nccl_comm_init(PyObject *mod, PyObject *args)
 {
     const char *id;
     Py_ssize_t id_len;
     int world, rank, device, rc;
+    double timeout_s;
     fc_err err = {0};
     fc_cuda_comm *comm = NULL;
     PyObject *cap = NULL, *ctx = NULL;
-    if (!PyArg_ParseTuple(args, "y#iii:nccl_comm_init", &id, &id_len, &world, &rank, &device))
+    if (!PyArg_ParseTuple(args, "y#iiid:nccl_comm_init", &id, &id_len, &world, &rank, &device,
+                          &timeout_s))
         return NULL;
     if (id_len != 128) {
         PyErr_Format(PyExc_ValueError, "unique_id must be 128 bytes, got %zd", id_len);
@@ -138,11 +157,15 @@ PyObject *fc_mod_nccl_comm_init(PyObject *mod, PyObject *args)
                      "range (world <= %d)", rank, world, device, FC_MAX_WORLD);
         return NULL;
     }
+    if (!(timeout_s >= 0) || timeout_s > 1e9) {
+        PyErr_Format(PyExc_ValueError, "timeout_s must be in [0, 1e9] seconds, got %g", timeout_s);
+        return NULL;
+    }
     const fc_cuda_api *api = fc_cuda_api_get(&err);
     if (api == NULL)
         return fc_raise_err(state_of_module(mod), &err);
     Py_BEGIN_ALLOW_THREADS
-    rc = api->nccl_comm_init((const uint8_t *)id, world, rank, device, &comm, &err);
+    rc = api->nccl_comm_init((const uint8_t *)id, world, rank, device, timeout_s, &comm, &err);
     Py_END_ALLOW_THREADS
     if (rc != FC_OK)
         return fc_raise_err(state_of_module(mod), &err);
@@ -150,10 +173,34 @@ PyObject *fc_mod_nccl_comm_init(PyObject *mod, PyObject *args)
     cap = ctx ? PyCapsule_New(comm, NCCL_CAPSULE, comm_capsule_free) : NULL;
     if (cap == NULL || PyCapsule_SetContext(cap, ctx) < 0) {
         if (cap == NULL)
-            api->nccl_comm_free(comm);
+            api->nccl_comm_free(comm, 0);
         Py_XDECREF(cap);
         Py_XDECREF(ctx);
         return NULL;
     }
     return cap; /* the context tuple is owned by the capsule now */
+}
+
+FC_DOCSTRING(fc_mod_nccl_comm_release_doc,
+"nccl_comm_release(comm)\n\n"
+"Collective: every rank of the communicator calls it. Waits for its queued all-to-alls, then\n"
+"ncclCommFinalize + ncclCommDestroy; raises NcclError (and aborts it) when that does not\n"
+"finish within its timeout. A released or aborted communicator raises NcclError when used.");
+
+PyObject *fc_mod_nccl_comm_release(PyObject *mod, PyObject *cap)
+{
+    fc_err err = {0};
+    int rc;
+    fc_cuda_comm *comm = (fc_cuda_comm *)PyCapsule_GetPointer(cap, NCCL_CAPSULE);
+    if (comm == NULL)
+        return NULL;
+    const fc_cuda_api *api = fc_cuda_api_get(&err);
+    if (api == NULL)
+        return fc_raise_err(state_of_module(mod), &err);
+    Py_BEGIN_ALLOW_THREADS
+    rc = api->nccl_comm_release(comm, &err);
+    Py_END_ALLOW_THREADS
+    if (rc != FC_OK)
+        return fc_raise_err(state_of_module(mod), &err);
+    Py_RETURN_NONE;
 }

@@ -186,7 +186,7 @@ static PyGetSetDef State_getset[] = {
 
 static PyMethodDef State_methods[] = {
     {"plan", (PyCFunction)fc_state_plan, METH_VARARGS, fc_state_plan_doc},
-    {"begin", (PyCFunction)fc_state_begin, METH_O, fc_state_begin_doc},
+    {"begin", (PyCFunction)(void (*)(void))fc_state_begin, METH_VARARGS | METH_KEYWORDS, fc_state_begin_doc},
     {"end_step", (PyCFunction)fc_state_end_step, METH_NOARGS, fc_state_end_step_doc},
     {"encode", (PyCFunction)fc_state_encode, METH_VARARGS, fc_state_encode_doc},
     {"decode", (PyCFunction)fc_state_decode, METH_VARARGS, fc_state_decode_doc},
@@ -203,6 +203,10 @@ static PyMethodDef State_methods[] = {
     {"counters", (PyCFunction)fc_state_counters, METH_NOARGS, fc_state_counters_doc},
     {"reset_counters", (PyCFunction)fc_state_reset_counters, METH_NOARGS, fc_state_reset_counters_doc},
     {"add_comm", (PyCFunction)(void (*)(void))fc_state_add_comm, METH_VARARGS | METH_KEYWORDS, fc_state_add_comm_doc},
+    {"comm_mark", (PyCFunction)fc_state_comm_mark, METH_VARARGS, fc_state_comm_mark_doc},
+    {"_cuda_geometry", (PyCFunction)fc_state_cuda_geometry, METH_VARARGS, fc_state_cuda_geometry_doc},
+    {"add_param_gather", (PyCFunction)(void (*)(void))fc_state_add_param_gather, METH_VARARGS | METH_KEYWORDS,
+     fc_state_add_param_gather_doc},
     {"units", (PyCFunction)fc_state_units, METH_NOARGS, fc_state_units_doc},
     {"residuals", (PyCFunction)fc_state_residuals, METH_NOARGS, fc_state_residuals_doc},
     {"restore", (PyCFunction)fc_state_restore, METH_VARARGS, fc_state_restore_doc},

@@ -18,16 +18,28 @@
 #define FC_CU_BF16 1
 #define FC_CU_F16 2
 
-// Records file:line and CUDA's message, then jumps to the function's cleanup.
+// Records file:line and CUDA's message, then jumps to the function's cleanup. The failure is
+// also taken out of the runtime's per-thread last-error slot: it is reported here, and left
+// there it would make the next FC_CHECK_LAUNCH on this thread (a later call's, maybe another
+// State's) raise it again. A sticky error (a broken context) comes back from every call anyway.
 #define FC_CHECK_CUDA(call, err, label)                                                      \
     do {                                                                                     \
         cudaError_t fc_ce_ = (call);                                                         \
         if (fc_ce_ != cudaSuccess) {                                                         \
             fc_fail((err), FC_ERR_CUDA, "%s:%d: %s failed: %s (%s)", __FILE__, __LINE__,      \
                     #call, cudaGetErrorString(fc_ce_), cudaGetErrorName(fc_ce_));             \
+            (void)cudaGetLastError();                                                        \
             rc = FC_ERR_CUDA;                                                                \
             goto label;                                                                      \
         }                                                                                    \
+    } while (0)
+
+// A call whose failure loses nothing but itself (a timing, a device switch back): its error
+// must not stay in the last-error slot for the next FC_CHECK_LAUNCH to find.
+#define FC_CUDA_IGNORE(call)                                                                 \
+    do {                                                                                     \
+        if ((call) != cudaSuccess)                                                           \
+            (void)cudaGetLastError();                                                        \
     } while (0)
 
 // After a launch: a bad configuration shows up here, not at the next sync.
@@ -162,16 +174,24 @@ struct fc_cu_enc {
     uint8_t *send;
     const unsigned int *bad; // per chunk: non-finite count of this call (residual kept if > 0)
     fc_cuda_ws *ws;
-    int unit_slot;    // index into ws->unit_sq, -1 when not tracked
-    int sample_chunk; // the chunk whose statistics are sampled, -1 for none
-    fc_rng rng;       // chunk and key1 filled per chunk by fc_cu_chunk_rng
+    int unit_slot; // index into ws->unit_sq, -1 when not tracked
+    int sample;    // this call samples the error statistics of ws->sample_chunk (fc_cu_sampled)
+    fc_rng rng;    // chunk and key1 filled per chunk by fc_cu_chunk_rng; chunk: the base id
 };
 
-// The sender's stream for chunk c, exactly as the CPU's make_chunk builds it.
+// Whether chunk c's error statistics are this call's sample: the first sent chunk whose g' has
+// no NaN/Inf, as the CPU picks it; chosen on the device once the non-finite counts are in.
+__device__ __forceinline__ int fc_cu_sampled(const fc_cu_enc &e, int c)
+{
+    return e.sample && e.ws->sample_chunk == c;
+}
+
+// The sender's stream for chunk c, exactly as the CPU's make_chunk builds it. base.chunk is
+// the id of chunk 0: 0 in the collective, compress()'s `chunk` for its single payload.
 __host__ __device__ __forceinline__ fc_rng fc_cu_chunk_rng(fc_rng base, int chunk, int rank)
 {
     fc_rng r = base;
-    r.chunk = (uint32_t)chunk;
+    r.chunk = base.chunk + (uint32_t)chunk;
     r.key1 ^= 0x85EBCA6Bu * (uint32_t)(rank + 1);
     return r;
 }
@@ -187,6 +207,11 @@ struct fc_cu_dec {
     int64_t out_numel;
     const unsigned int *bad; // per source rank: 1 when its header was rejected
     fc_cuda_ws *ws;
+    // decompress(): one payload in slot 0 of chunk 0, and out (fp32) += alpha * D(it), the
+    // CPU's decode_add: no own chunk, no division by W, no padded tail. A method's decoder
+    // honours this (fc_cu_decode_dense does) or decompress() gives wrong sums.
+    int add;
+    float alpha;
 };
 
 // A CUDA method: launches its fused kernels. encode writes the bodies and the residuals;
@@ -199,7 +224,16 @@ typedef struct {
     // encode (dec NULL) or a decode (enc NULL) needs; NULL for none.
     int (*scratch)(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, int64_t *bytes,
                    fc_err *err);
+    // Optional: why compress()/decompress() cannot run this method's kernels (its decode sums
+    // a whole unit and does not honour fc_cu_dec.add, or it needs the State's device scratch,
+    // which a single payload does not get); NULL: they can.
+    const char *no_single;
 } fc_cu_method;
+
+// The no_single of the sparse, aggregate and stateful methods: a TypeError naming the method.
+#define FC_CU_NO_SINGLE(name)                                                                      \
+    "method '" name "' has no single-payload CUDA kernels yet (compress()/decompress(), the "     \
+    "compressed all-gather's path); use CPU tensors"
 
 // A config value by key name; `def` when the key is absent.
 static inline double fc_cu_cfg(const fc_cuda_method_cfg *m, const char *name, double def)
@@ -242,6 +276,12 @@ template <class V> __global__ void fc_cu_decode_dense(fc_cu_dec d, V v)
     const float w = (float)d.geo.world;
     unsigned long long bad = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    if (d.add) { // decompress(): the CPU's decode_add, acc[i] += alpha * D(body)[i]
+        const uint8_t *body = d.recv + FC_HEADER_BYTES;
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride)
+            ((float *)d.out)[i] += d.bad[0] ? __int_as_float(0x7fc00000) : v.term(body, i, d.alpha);
+        return;
+    }
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
         if (i >= n) { // FSDP's padded tail of the output
             if (d.odt == FC_CU_F32)

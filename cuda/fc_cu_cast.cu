@@ -11,7 +11,7 @@ template <class M> __global__ void cast_encode(fc_cu_enc e, M m)
         return;
     uint8_t *body = e.send + fc_cu_send_off(e.geo, c) + FC_HEADER_BYTES;
     const int ef = e.res != NULL && e.bad[c] == 0;
-    const int sample = c == e.sample_chunk && e.bad[c] == 0;
+    const int sample = fc_cu_sampled(e, c);
     fc_cu_esum sum;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {

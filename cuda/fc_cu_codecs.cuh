@@ -5,11 +5,14 @@
 //
 // Encoding: every lane of a warp calls fc_cu_encode_blocks(codec, x, n, body, rng, sink, warp,
 // warps) with the same arguments; warp `warp` of `warps` takes every warps-th unit (fc_cu_unit)
-// of the array. x is
-// a loader (fc_cu_chunk_x, fc_cu_f32_values), rng the stream the CPU's encode got (its
-// fc_chunk.rng), sink receives (x, e = x - D(C(x))) per element when sink.on() (fc_cu_no_sink
-// for none). Launch with FC_CU_CODEC_THREADS threads per block: qsgd and onebit keep their
-// tiles in static shared memory indexed by warp.
+// of the array. x is a loader (fc_cu_chunk_x, fc_cu_f32_values), rng the stream the CPU's
+// encode got (its fc_chunk.rng), sink receives (x, e = x - D(C(x))) per element when sink.on()
+// (fc_cu_no_sink for none). Launch with FC_CU_CODEC_THREADS threads per block: qsgd and onebit
+// keep their tiles in static shared memory indexed by warp. tests/cuda_emu/emu_main.cpp's
+// encode_array / decode_array are a minimal example of both on an array.
+// As a sparsifier's value codec (fc_sparse.c): the codec at its method's defaults, the k kept
+// values as the array, rng = the chunk's stream with chunk ^= 0x5bd1e995 (sub_chunk); `none`
+// is the fp32 values as they are, `fp16` fc_cu_fp16_code with the parent chunk's world.
 // Decoding: C::dec d = codec.at(n) for an array of n; d.term(body, i, alpha, &bad) is exactly
 // what the CPU's decode_add adds to acc[i] (alpha * D(body)[i]); *bad set for a code the
 // encoder cannot write (the CPU raises PayloadError there).
@@ -144,12 +147,15 @@ struct fc_cu_int8_codec {
         for (int j = 0; j < 8; j++) {
             int32_t q = 0;
             if (k.inv != 0.0f) { // zero or non-finite block: zero codes (fc_absmax_scale)
+                // x * inv as x86 has it: 1 / scale overflows for a block of tiny values,
+                // and 0 * Inf is x86's negative default NaN, not the GPU's canonical one
+                const float t = fc_mul_x86(v[j], k.inv);
                 if (!stochastic) {
-                    float f = fc_round_even(v[j] * k.inv);
+                    float f = fc_round_even(t);
                     f = f > 127.0f ? 127.0f : f < -127.0f ? -127.0f : f;
                     q = (int32_t)f;
                 } else {
-                    q = fc_floor_i32(v[j] * k.inv + fc_u01_16(fc_rng_h16(r, (uint32_t)j)));
+                    q = fc_floor_i32(t + fc_u01_16(fc_rng_h16(r, (uint32_t)j)));
                     q = q > 127 ? 127 : q < -127 ? -127 : q;
                 }
             }
@@ -202,7 +208,8 @@ struct fc_cu_fp8_codec {
         uint8_t q8[8];
         const float s_neg = -1.0f * k.scale;
         for (int j = 0; j < 8; j++) {
-            q8[j] = k.inv != 0.0f ? fc_f32_to_fp8(v[j] * k.inv, fmt) : (uint8_t)0;
+            // fc_mul_x86: a block of tiny values overflows inv; 0 * Inf keeps x86's NaN sign
+            q8[j] = k.inv != 0.0f ? fc_f32_to_fp8(fc_mul_x86(v[j], k.inv), fmt) : (uint8_t)0;
             if (dec)
                 d[j] = s_neg * fc_fp8_to_f32(q8[j], fmt);
         }

@@ -6,17 +6,19 @@
 #include <stdlib.h>
 #include "fc_cu.cuh"
 
-#define FC_CU_EVENTS 64
+#define FC_CU_EVENTS 64 // event pairs per kind: calls whose timing may be in flight at once
 
 typedef struct {
     cudaEvent_t a, b;
-    int pending;
+    int pending; // both recorded, elapsed time not yet harvested
 } fc_cu_timer;
 
 struct fc_cuda_ctx {
     fc_cu_timer t[FC_TIME_KINDS][FC_CU_EVENTS];
-    int next[FC_TIME_KINDS];
+    int next[FC_TIME_KINDS];       // ring position of the next pair of each kind
     double seconds[FC_TIME_KINDS]; // harvested, not yet handed to the State's counters
+    fc_cu_timer *open_comm;        // comm_mark's begin, waiting for its end
+    int open_kind;
     cudaStream_t last_stream;      // where the workspace was last written
     int last_device;
     int have_last;
@@ -24,9 +26,13 @@ struct fc_cuda_ctx {
 
 fc_cuda_ctx *fc_cu_ctx_new(void);
 void fc_cu_ctx_free(fc_cuda_ctx *ctx);
+// The next free pair of `kind` with `a` recorded on s, or NULL (the call goes untimed) when
+// the GPU still runs the call that used it 64 calls ago, or an event call failed.
 fc_cu_timer *fc_cu_timer_start(fc_cuda_ctx *ctx, int kind, cudaStream_t s);
 void fc_cu_timer_stop(fc_cu_timer *t, cudaStream_t s);
+// Adds finished pairs to ctx->seconds; `wait`: waits for every pending one first.
 void fc_cu_timers_harvest(fc_cuda_ctx *ctx, int wait);
+int fc_cu_comm_mark(fc_cuda_ctx *ctx, int device, void *stream, int end, int kind, fc_err *err);
 
 const fc_cu_method *fc_cu_method_by_id(int id);
 
@@ -51,7 +57,7 @@ error:
 static inline void fc_cu_device_leave(const fc_cu_device_guard *g)
 {
     if (g->changed)
-        cudaSetDevice(g->prev);
+        FC_CUDA_IGNORE(cudaSetDevice(g->prev));
 }
 
 #endif

@@ -22,7 +22,7 @@ __global__ void __launch_bounds__(FC_CU_CODEC_THREADS, 2) fc_cu_encode_dense(fc_
     sink.rdt = e.rdt;
     sink.start = start;
     sink.ef = e.res != NULL && e.bad[c] == 0; // a chunk with a NaN/Inf keeps its old residual
-    sink.sample = c == e.sample_chunk && e.bad[c] == 0;
+    sink.sample = fc_cu_sampled(e, c);
     sink.vec = e.res != NULL && fc_cu_aligned16((const uint8_t *)e.res + start * (e.rdt == FC_CU_F32 ? 4 : 2));
     const int64_t warp = (int64_t)blockIdx.x * FC_CU_CODEC_WARPS + (threadIdx.x >> 5);
     fc_cu_encode_blocks(codec, x, n, body, fc_cu_chunk_rng(e.rng, c, e.geo.rank), sink, warp,

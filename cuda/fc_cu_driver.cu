@@ -52,12 +52,28 @@ __global__ void write_headers(fc_cuda_geom geo, uint8_t *send, int method, int d
         p[i] = 0;
 }
 
-// The sampled call's sums become one sample of the error statistics, as in the CPU driver.
-__global__ void finish_sample(fc_cuda_ws *ws)
+// The call's sampled chunk, once the non-finite counts are in: the first sent chunk whose g'
+// has no NaN/Inf, as the CPU's encode picks it (a chunk with one is skipped, not counted).
+__global__ void pick_sample(fc_cuda_geom geo, fc_cuda_ws *ws)
+{
+    int pick = -1;
+    for (int c = 0; c < geo.world && pick < 0; c++) {
+        int64_t start, n;
+        fc_cu_span(geo, c, &start, &n);
+        if (fc_cu_sent(geo, c, n) && ws->bad[c] == 0)
+            pick = c;
+    }
+    ws->sample_chunk = pick;
+}
+
+// The sampled call's sums become one sample of the error statistics, by the CPU driver's rule:
+// no sample without a finite chunk; with error feedback every sample counts (fc_core.c's
+// encode_chunk), without it only one whose sums are finite (its sample_error).
+__global__ void finish_sample(fc_cuda_ws *ws, int ef)
 {
     const double ee = ws->call_sum[0], xx = ws->call_sum[1], xe = ws->call_sum[2];
     ws->call_sum[0] = ws->call_sum[1] = ws->call_sum[2] = 0;
-    if (!isfinite(xx) || !isfinite(ee))
+    if (ws->sample_chunk < 0 || (!ef && (!isfinite(xx) || !isfinite(ee))))
         return;
     const double xd = xx - xe, dd = xx - 2 * xe + ee; // D = x - e
     ws->err_sq += ee;
@@ -69,19 +85,23 @@ __global__ void finish_sample(fc_cuda_ws *ws)
 // Rejects payloads whose header does not match what this rank expects (fc_core.c's
 // check_header); a rejected slot is never read and makes its outputs NaN, and the first
 // rejection is kept in the workspace for the host to raise when it next reads counters.
-__global__ void check_headers(fc_cuda_geom geo, const uint8_t *recv, int64_t slot, int method,
-                              int dtype, uint32_t unit, uint32_t step, fc_cuda_ws *ws)
+// `senders`: the ranks whose slots are checked (the world; 1 for decompress()).
+__global__ void check_headers(fc_cuda_geom geo, const uint8_t *recv, int64_t slot, int senders,
+                              int method, int dtype, int varsize, uint32_t unit, uint32_t step,
+                              fc_cuda_ws *ws)
 {
     int64_t start, n;
     fc_cu_span(geo, geo.rank, &start, &n);
     const uint64_t body_expect = (uint64_t)fc_cu_body_bytes(geo, n);
-    for (int r = threadIdx.x; r < geo.world; r += blockDim.x) {
+    for (int r = threadIdx.x; r < senders; r += blockDim.x) {
         if (geo.skip_own && r == geo.rank)
             continue;
         fc_header h;
         memcpy(&h, recv + fc_cu_recv_off(geo, r, slot), sizeof(h));
         unsigned int code = 0;
-        if (h.magic != FC_MAGIC)
+        if (h.magic == FC_MAGIC_ABORTED)
+            code = FC_PAYLOAD_ABORTED;
+        else if (h.magic != FC_MAGIC)
             code = FC_PAYLOAD_MAGIC;
         else if (h.version != FC_WIRE_VERSION)
             code = FC_PAYLOAD_VERSION;
@@ -93,7 +113,8 @@ __global__ void check_headers(fc_cuda_geom geo, const uint8_t *recv, int64_t slo
             code = FC_PAYLOAD_ORDER;
         else if (h.numel != (uint64_t)n)
             code = FC_PAYLOAD_NUMEL;
-        else if (h.body_bytes != body_expect || h.body_bytes > (uint64_t)(slot - FC_HEADER_BYTES))
+        else if ((varsize ? h.body_bytes > body_expect : h.body_bytes != body_expect) ||
+                 h.body_bytes > (uint64_t)(slot - FC_HEADER_BYTES))
             code = FC_PAYLOAD_BODY;
         ws->bad[r] = code;
         if (code != 0 && atomicCAS(&ws->payload_error, 0u, code) == 0u) {
@@ -104,6 +125,64 @@ __global__ void check_headers(fc_cuda_geom geo, const uint8_t *recv, int64_t slo
     }
 }
 
+static int check_call(const fc_cu_method *m, int id, const fc_cuda_geom *geo, fc_err *err)
+{
+    if (m == NULL)
+        return fc_fail(err, FC_ERR_TYPE, "method id %d has no CUDA kernels in this build", id);
+    if (geo->world < 1 || geo->world > FC_CUDA_MAX_WORLD)
+        return fc_fail(err, FC_ERR_VALUE, "world must be in [1, %d], got %d", FC_CUDA_MAX_WORLD,
+                       geo->world);
+    return FC_OK;
+}
+
+// What every encode kernel reads, from the call's arguments; the caller sets what differs.
+static fc_cu_enc enc_of(const fc_cuda_encode_args *a)
+{
+    fc_cu_enc e;
+    memset(&e, 0, sizeof(e));
+    e.geo = a->geo;
+    e.src.grad = a->grad;
+    e.src.res = a->residual;
+    e.src.gdt = a->grad_dtype;
+    e.src.rdt = a->res_dtype;
+    e.res = a->residual;
+    e.rdt = a->res_dtype;
+    e.send = a->send;
+    e.bad = a->ws->bad;
+    e.ws = a->ws;
+    e.unit_slot = -1;
+    e.rng.key0 = (uint32_t)a->seed;
+    e.rng.key1 = (uint32_t)(a->seed >> 32);
+    e.rng.chunk = a->chunk_base;
+    e.rng.unit = a->unit;
+    e.rng.step = a->step;
+    return e;
+}
+
+static fc_cu_dec dec_of(const fc_cuda_decode_args *a)
+{
+    fc_cu_dec d;
+    memset(&d, 0, sizeof(d));
+    d.geo = a->geo;
+    d.recv = a->recv;
+    d.slot = a->slot;
+    d.grad = a->grad;
+    d.gdt = a->grad_dtype;
+    d.out = a->out;
+    d.odt = a->out_dtype;
+    d.out_numel = a->out_numel;
+    d.bad = a->ws->bad;
+    d.ws = a->ws;
+    return d;
+}
+
+static void note_stream(fc_cuda_ctx *ctx, cudaStream_t s, int device)
+{
+    ctx->last_stream = s;
+    ctx->last_device = device;
+    ctx->have_last = 1;
+}
+
 static int encode(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, fc_err *err)
 {
     int rc = FC_OK;
@@ -111,41 +190,15 @@ static int encode(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, fc_err *err)
     fc_cu_timer *t = NULL;
     const cudaStream_t s = (cudaStream_t)a->stream;
     const fc_cu_method *m = fc_cu_method_by_id(a->m.id);
-    if (m == NULL)
-        return fc_fail(err, FC_ERR_TYPE, "method id %d has no CUDA kernels in this build", a->m.id);
-    if (a->geo.world < 1 || a->geo.world > FC_CUDA_MAX_WORLD)
-        return fc_fail(err, FC_ERR_VALUE, "world must be in [1, %d], got %d", FC_CUDA_MAX_WORLD,
-                       a->geo.world);
+    FC_TRY(check_call(m, a->m.id, &a->geo, err));
     if (a->geo.numel == 0)
         return FC_OK;
     FC_TRY(fc_cu_device_enter(&dg, a->device, err));
     t = fc_cu_timer_start(ctx, FC_TIME_COMPRESS, s);
     {
-        fc_cu_enc e;
-        memset(&e, 0, sizeof(e));
-        e.geo = a->geo;
-        e.src.grad = a->grad;
-        e.src.res = a->residual;
-        e.src.gdt = a->grad_dtype;
-        e.src.rdt = a->res_dtype;
-        e.res = a->residual;
-        e.rdt = a->res_dtype;
-        e.send = a->send;
-        e.bad = a->ws->bad;
-        e.ws = a->ws;
+        fc_cu_enc e = enc_of(a);
         e.unit_slot = a->residual != NULL && a->unit < FC_CUDA_MAX_UNITS ? (int)a->unit : -1;
-        e.sample_chunk = -1;
-        for (int c = 0; a->sample && c < a->geo.world && e.sample_chunk < 0; c++) {
-            int64_t st, n;
-            fc_cu_span(a->geo, c, &st, &n);
-            if (fc_cu_sent(a->geo, c, n))
-                e.sample_chunk = c;
-        }
-        e.rng.key0 = (uint32_t)a->seed;
-        e.rng.key1 = (uint32_t)(a->seed >> 32);
-        e.rng.unit = a->unit;
-        e.rng.step = a->step;
-
+        e.sample = a->sample;
         FC_CHECK_CUDA(cudaMemsetAsync(a->ws->bad, 0, sizeof(unsigned int) * (size_t)a->geo.world, s),
                       err, error);
         if (e.unit_slot >= 0)
@@ -153,20 +206,22 @@ static int encode(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, fc_err *err)
         count_nonfinite<<<fc_cu_grid(a->geo.per, FC_CU_THREADS * 8, a->geo.world), FC_CU_THREADS, 0, s>>>(
             a->geo, e.src, a->ws);
         FC_CHECK_LAUNCH(err, error);
+        if (a->sample) {
+            pick_sample<<<1, 1, 0, s>>>(a->geo, a->ws);
+            FC_CHECK_LAUNCH(err, error);
+        }
         e.src.zero_nonfinite = a->nonfinite_zero;
         write_headers<<<a->geo.world, 32, 0, s>>>(a->geo, a->send, a->m.id, a->grad_dtype, a->unit, a->step);
         FC_CHECK_LAUNCH(err, error);
         FC_TRY(m->encode(a, &e, s, err));
-        if (e.sample_chunk >= 0) {
-            finish_sample<<<1, 1, 0, s>>>(a->ws);
+        if (a->sample) {
+            finish_sample<<<1, 1, 0, s>>>(a->ws, a->residual != NULL);
             FC_CHECK_LAUNCH(err, error);
         }
     }
     fc_cu_timer_stop(t, s);
     t = NULL;
-    ctx->last_stream = s;
-    ctx->last_device = a->device;
-    ctx->have_last = 1;
+    note_stream(ctx, s, a->device);
 error:
     if (t != NULL)
         fc_cu_timer_stop(t, s);
@@ -181,45 +236,118 @@ static int decode(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *err)
     fc_cu_timer *t = NULL;
     const cudaStream_t s = (cudaStream_t)a->stream;
     const fc_cu_method *m = fc_cu_method_by_id(a->m.id);
-    if (m == NULL)
-        return fc_fail(err, FC_ERR_TYPE, "method id %d has no CUDA kernels in this build", a->m.id);
-    if (a->geo.world < 1 || a->geo.world > FC_CUDA_MAX_WORLD)
-        return fc_fail(err, FC_ERR_VALUE, "world must be in [1, %d], got %d", FC_CUDA_MAX_WORLD,
-                       a->geo.world);
+    FC_TRY(check_call(m, a->m.id, &a->geo, err));
     if (a->out_numel == 0)
         return FC_OK;
     FC_TRY(fc_cu_device_enter(&dg, a->device, err));
     t = fc_cu_timer_start(ctx, FC_TIME_DECOMPRESS, s);
     {
-        fc_cu_dec d;
-        memset(&d, 0, sizeof(d));
-        d.geo = a->geo;
-        d.recv = a->recv;
-        d.slot = a->slot;
-        d.grad = a->grad;
-        d.gdt = a->grad_dtype;
-        d.out = a->out;
-        d.odt = a->out_dtype;
-        d.out_numel = a->out_numel;
-        d.bad = a->ws->bad;
-        d.ws = a->ws;
+        fc_cu_dec d = dec_of(a);
         FC_CHECK_CUDA(cudaMemsetAsync(a->ws->bad, 0, sizeof(unsigned int) * (size_t)a->geo.world, s),
                       err, error);
         int64_t start, n;
         fc_cu_span(a->geo, a->geo.rank, &start, &n);
         if (n > 0 && a->slot > 0) {
             int threads = a->geo.world < 256 ? 32 * ((a->geo.world + 31) / 32) : 256;
-            check_headers<<<1, threads, 0, s>>>(a->geo, a->recv, a->slot, a->m.id, a->grad_dtype,
-                                                a->unit, a->step, a->ws);
+            check_headers<<<1, threads, 0, s>>>(a->geo, a->recv, a->slot, a->geo.world, a->m.id,
+                                                a->grad_dtype, a->varsize, a->unit, a->step, a->ws);
             FC_CHECK_LAUNCH(err, error);
         }
         FC_TRY(m->decode(a, &d, s, err));
     }
     fc_cu_timer_stop(t, s);
     t = NULL;
-    ctx->last_stream = s;
-    ctx->last_device = a->device;
-    ctx->have_last = 1;
+    note_stream(ctx, s, a->device);
+error:
+    if (t != NULL)
+        fc_cu_timer_stop(t, s);
+    fc_cu_device_leave(&dg);
+    return rc;
+}
+
+// compress(): chunk 0 of a.geo (numel = per = n, skip_own 0: the other chunks are empty) as one
+// payload, with the CPU's fc_core_compress semantics: the input read as it is (no non-finite
+// count or zeroing), no residual, no sample, the RNG keyed by a.chunk_base and a.geo.rank.
+static int compress(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *written, fc_err *err)
+{
+    int rc = FC_OK;
+    fc_cu_device_guard dg = {0, 0};
+    fc_cu_timer *t = NULL;
+    const cudaStream_t s = (cudaStream_t)a->stream;
+    const fc_cu_method *m = fc_cu_method_by_id(a->m.id);
+    *written = 0;
+    FC_TRY(check_call(m, a->m.id, &a->geo, err));
+    if (m->no_single != NULL)
+        return fc_fail(err, FC_ERR_TYPE, "%s", m->no_single);
+    if (a->geo.numel < 1 || a->geo.per != a->geo.numel || a->geo.skip_own || a->residual != NULL ||
+        a->sample)
+        return fc_fail(err, FC_ERR_STATE, "internal: compress() takes a one-chunk geometry without "
+                       "residual or sample");
+    FC_TRY(fc_cu_device_enter(&dg, a->device, err));
+    t = fc_cu_timer_start(ctx, FC_TIME_COMPRESS, s);
+    {
+        fc_cu_enc e = enc_of(a);
+        FC_CHECK_CUDA(cudaMemsetAsync(a->ws->bad, 0, sizeof(unsigned int) * (size_t)a->geo.world, s),
+                      err, error);
+        write_headers<<<a->geo.world, 32, 0, s>>>(a->geo, a->send, a->m.id, a->grad_dtype, a->unit, a->step);
+        FC_CHECK_LAUNCH(err, error);
+        FC_TRY(m->encode(a, &e, s, err));
+    }
+    fc_cu_timer_stop(t, s);
+    t = NULL;
+    note_stream(ctx, s, a->device);
+    *written = a->geo.pay_full;
+    if (a->varsize) { // how long the body came out is in the header the encode wrote
+        fc_header h;
+        FC_CHECK_CUDA(cudaMemcpyAsync(&h, a->send, sizeof(h), cudaMemcpyDeviceToHost, s), err, error);
+        FC_CHECK_CUDA(cudaStreamSynchronize(s), err, error);
+        if (h.body_bytes > (uint64_t)(a->geo.pay_full - FC_HEADER_BYTES)) {
+            rc = fc_fail(err, FC_ERR_STATE, "internal: the encode wrote a %llu-byte body, its "
+                         "layout allows %lld", (unsigned long long)h.body_bytes,
+                         (long long)(a->geo.pay_full - FC_HEADER_BYTES));
+            goto error;
+        }
+        *written = fc_align_up(FC_HEADER_BYTES + (int64_t)h.body_bytes);
+    }
+error:
+    if (t != NULL)
+        fc_cu_timer_stop(t, s);
+    fc_cu_device_leave(&dg);
+    return rc;
+}
+
+// decompress(): out (fp32) += alpha * D(payload): the header checked as the CPU's decode_one
+// checks it (a rejected payload makes out NaN and counters() raise), then the method's decoder
+// in its add mode (fc_cu_dec.add) on a one-chunk geometry.
+static int decompress(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *err)
+{
+    int rc = FC_OK;
+    fc_cu_device_guard dg = {0, 0};
+    fc_cu_timer *t = NULL;
+    const cudaStream_t s = (cudaStream_t)a->stream;
+    const fc_cu_method *m = fc_cu_method_by_id(a->m.id);
+    FC_TRY(check_call(m, a->m.id, &a->geo, err));
+    if (m->no_single != NULL)
+        return fc_fail(err, FC_ERR_TYPE, "%s", m->no_single);
+    if (a->out_numel < 1 || a->geo.numel != a->out_numel || a->geo.per != a->geo.numel ||
+        a->geo.rank != 0 || a->geo.skip_own || a->out_dtype != FC_CU_F32 || a->slot < FC_HEADER_BYTES)
+        return fc_fail(err, FC_ERR_STATE, "internal: decompress() takes a one-chunk geometry, an "
+                       "fp32 output of its length and a slot of at least a header");
+    FC_TRY(fc_cu_device_enter(&dg, a->device, err));
+    t = fc_cu_timer_start(ctx, FC_TIME_DECOMPRESS, s);
+    {
+        fc_cu_dec d = dec_of(a);
+        d.add = 1;
+        d.alpha = a->alpha;
+        FC_CHECK_CUDA(cudaMemsetAsync(a->ws->bad, 0, sizeof(unsigned int), s), err, error);
+        check_headers<<<1, 32, 0, s>>>(a->geo, a->recv, a->slot, 1, a->m.id, a->grad_dtype,
+                                       a->varsize, a->unit, a->step, a->ws);
+        FC_CHECK_LAUNCH(err, error);
+        FC_TRY(m->decode(a, &d, s, err));
+    }
+    fc_cu_timer_stop(t, s);
+    t = NULL;
+    note_stream(ctx, s, a->device);
 error:
     if (t != NULL)
         fc_cu_timer_stop(t, s);
@@ -232,14 +360,17 @@ static int read_counters(fc_cuda_ctx *ctx, const fc_cuda_ws *dev_ws, fc_cuda_ws 
 {
     int rc = FC_OK;
     fc_cu_device_guard dg = {0, 0};
-    memset(host_ws, 0, sizeof(*host_ws));
-    if (ctx->have_last && dev_ws != NULL) {
+    if (host_ws != NULL)
+        memset(host_ws, 0, sizeof(*host_ws));
+    if (ctx->have_last) {
         FC_TRY(fc_cu_device_enter(&dg, ctx->last_device, err));
-        FC_CHECK_CUDA(cudaMemcpyAsync(host_ws, dev_ws, sizeof(*host_ws), cudaMemcpyDeviceToHost,
-                                      ctx->last_stream), err, error);
-        FC_CHECK_CUDA(cudaStreamSynchronize(ctx->last_stream), err, error);
-        fc_cu_timers_harvest(ctx, 1);
+        if (dev_ws != NULL && host_ws != NULL) {
+            FC_CHECK_CUDA(cudaMemcpyAsync(host_ws, dev_ws, sizeof(*host_ws), cudaMemcpyDeviceToHost,
+                                          ctx->last_stream), err, error);
+            FC_CHECK_CUDA(cudaStreamSynchronize(ctx->last_stream), err, error);
+        }
     }
+    fc_cu_timers_harvest(ctx, 1); // comm marks may be all there is (nothing encoded yet)
     for (int k = 0; k < FC_TIME_KINDS; k++) {
         seconds[k] = ctx->seconds[k];
         ctx->seconds[k] = 0;
@@ -253,17 +384,35 @@ static int reset_counters(fc_cuda_ctx *ctx, fc_cuda_ws *dev_ws, fc_err *err)
 {
     int rc = FC_OK;
     fc_cu_device_guard dg = {0, 0};
-    if (ctx->have_last && dev_ws != NULL) {
+    if (ctx->have_last) {
         FC_TRY(fc_cu_device_enter(&dg, ctx->last_device, err));
-        FC_CHECK_CUDA(cudaMemsetAsync(dev_ws, 0, offsetof(fc_cuda_ws, call_sum), ctx->last_stream),
-                      err, error);
-        fc_cu_timers_harvest(ctx, 1);
+        if (dev_ws != NULL)
+            FC_CHECK_CUDA(cudaMemsetAsync(dev_ws, 0, offsetof(fc_cuda_ws, call_sum), ctx->last_stream),
+                          err, error);
     }
+    fc_cu_timers_harvest(ctx, 1); // what ran before the reset is not counted after it
     for (int k = 0; k < FC_TIME_KINDS; k++)
         ctx->seconds[k] = 0;
 error:
     fc_cu_device_leave(&dg);
     return rc;
+}
+
+// Host only: what fc_cu.cuh's geometry gives for every chunk, for the CPU tests to compare
+// with the CPU driver's plan (no CUDA call: runs where there is no GPU).
+static void probe_geometry(const fc_cuda_geom *g, int64_t slot, int64_t *rows)
+{
+    for (int c = 0; c < g->world; c++) {
+        int64_t *row = rows + (int64_t)c * FC_GEO_COLS, start, n;
+        fc_cu_span(*g, c, &start, &n);
+        const int sent = fc_cu_sent(*g, c, n);
+        row[FC_GEO_START] = start;
+        row[FC_GEO_LEN] = n;
+        row[FC_GEO_SENT] = sent;
+        row[FC_GEO_SEND_OFF] = sent ? fc_cu_send_off(*g, c) : -1;
+        row[FC_GEO_BODY] = sent ? fc_cu_body_bytes(*g, n) : -1;
+        row[FC_GEO_RECV_OFF] = g->skip_own && c == g->rank ? -1 : fc_cu_recv_off(*g, c, slot);
+    }
 }
 
 static int has_method(int id)
@@ -272,12 +421,13 @@ static int has_method(int id)
 }
 
 int fc_cu_nccl_unique_id(uint8_t id[128], fc_err *err);
-int fc_cu_nccl_comm_init(const uint8_t id[128], int world, int rank, int device, fc_cuda_comm **out,
-                         fc_err *err);
-void fc_cu_nccl_comm_free(fc_cuda_comm *comm);
+int fc_cu_nccl_comm_init(const uint8_t id[128], int world, int rank, int device, double timeout_s,
+                         fc_cuda_comm **out, fc_err *err);
+void fc_cu_nccl_comm_free(fc_cuda_comm *comm, int leak);
 int fc_cu_nccl_all_to_all(fc_cuda_ctx *ctx, fc_cuda_comm *comm, int device, void *stream,
                           const uint8_t *send, const int64_t *send_splits, uint8_t *recv,
                           const int64_t *recv_splits, fc_err *err);
+int fc_cu_nccl_comm_release(fc_cuda_comm *comm, fc_err *err);
 
 // the sparse, aggregate and stateful methods' entries (fc_cu_sparse_api.cu, fc_cu_fetch.cu)
 int fc_cu_scratch_bytes(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, int64_t *bytes,
@@ -306,6 +456,13 @@ static const fc_cuda_api api = {
     fc_cu_nccl_comm_init,
     fc_cu_nccl_comm_free,
     fc_cu_nccl_all_to_all,
+    // ABI 2: the driver's additions
+    compress,
+    decompress,
+    fc_cu_comm_mark,
+    fc_cu_nccl_comm_release,
+    probe_geometry,
+    // ABI 3: the sparse, aggregate and stateful methods
     fc_cu_scratch_bytes,
     fc_cu_fetch_picks,
     fc_cu_fetch_values,

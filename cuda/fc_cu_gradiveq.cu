@@ -49,7 +49,7 @@ __global__ void gvq_residual(fc_cu_enc e, gvq_cfg g, const float *u)
     sink.rdt = e.rdt;
     sink.start = start;
     sink.ef = e.res != NULL && e.bad[c] == 0; // a chunk with a NaN/Inf keeps its old residual
-    sink.sample = c == e.sample_chunk && e.bad[c] == 0;
+    sink.sample = fc_cu_sampled(e, c);
     if (!sink.on())
         return;
     sink.vec = e.res != NULL && fc_cu_aligned16((const uint8_t *)e.res + start * (e.rdt == FC_CU_F32 ? 4 : 2));
@@ -171,7 +171,7 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
         }
         gvq_coefs<<<fc_cu_grid(coefs, GVQ_THREADS * 4, a->geo.world), GVQ_THREADS, 0, s>>>(*e, g, u);
         FC_CHECK_LAUNCH(err, error);
-        if (e->res != NULL || e->sample_chunk >= 0) {
+        if (e->res != NULL || e->sample) {
             gvq_residual<<<fc_cu_grid(a->geo.per, GVQ_THREADS * 8, a->geo.world), GVQ_THREADS, 0, s>>>(*e, g, u);
             FC_CHECK_LAUNCH(err, error);
         }
@@ -199,4 +199,5 @@ error:
     return rc;
 }
 
-extern const fc_cu_method fc_cu_gradiveq = {12, encode, decode, NULL};
+extern const fc_cu_method fc_cu_gradiveq = {12, encode, decode, NULL,
+                                            FC_CU_NO_SINGLE("gradiveq")};

@@ -260,7 +260,7 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
         rk_jobs<<<1, 256, 0, s>>>(p.sp, a->send, p.vals, e->rng, p.jobs);
         FC_CHECK_LAUNCH(err, error);
         FC_TRY(fc_cu_vc_encode(c.vc, p.jobs, a->geo.world, fc_rule_sparse_k(a->geo.per, c.kr.k, c.kr.ratio), s, err));
-        if (e->res != NULL || e->sample_chunk >= 0) {
+        if (e->res != NULL || e->sample) {
             rk_corrections<<<gb, FC_CU_THREADS, 0, s>>>(p.sp, a->send, c.scale, c.vc, p.vals, p.ev, p.total);
             FC_CHECK_LAUNCH(err, error);
             FC_TRY(fc_cu_res_dense(*e, s, err));
@@ -420,4 +420,5 @@ error:
     return rc;
 }
 
-extern const fc_cu_method fc_cu_randomk = {9, encode, decode, scratch};
+extern const fc_cu_method fc_cu_randomk = {9, encode, decode, scratch,
+                                           FC_CU_NO_SINGLE("randomk")};

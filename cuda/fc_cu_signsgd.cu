@@ -202,4 +202,5 @@ error:
     return rc;
 }
 
-extern const fc_cu_method fc_cu_signsgd = {13, encode, decode, NULL};
+extern const fc_cu_method fc_cu_signsgd = {13, encode, decode, NULL,
+                                           FC_CU_NO_SINGLE("signsgd")};

@@ -252,7 +252,7 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
                 FC_TRY(fc_fail(err, FC_ERR_STATE, "internal: sketch's second round without its fetch buffer"));
             FC_TRY(fc_cu_res_dense(*e, s, err));
             FC_TRY(fc_cu_fetch_keep_flags(a->x.fetch, a->ws, a->geo.world, s, err));
-        } else if (e->res != NULL || e->sample_chunk >= 0) {
+        } else if (e->res != NULL || e->sample) {
             fc_cu_src est;
             memset(&est, 0, sizeof(est));
             est.grad = p.est;
@@ -408,15 +408,15 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
     FC_TRY(fc_cu_arena_check(ar, err));
     {
         const int senders = n > 0 ? a->geo.world - (a->geo.skip_own ? 1 : 0) : 0;
-        const int pick = a->x.fetch_k > 0; // the second round: the owner only picks
+        // a second round follows (the unit's kmax > 0: only then is there a fetch buffer): the
+        // owner only picks, none of an empty chunk, and writes no output yet, as the CPU's decode
+        const int pick = a->x.fetch != NULL;
         const int64_t cells = (int64_t)c.rows * c.cols;
         const fc_rng shared = shared_rng(a->seed, a->unit, a->step);
         fc_cu_src est;
         memset(&est, 0, sizeof(est));
         est.grad = p.est;
         est.gdt = FC_CU_F32;
-        if (pick && a->x.fetch == NULL)
-            FC_TRY(fc_fail(err, FC_ERR_STATE, "internal: sketch's second round without its fetch buffer"));
         if (!pick && d->out_numel > 0) {
             sk_dense<<<fc_cu_blocks(d->out_numel, SK_THREADS * 4), SK_THREADS, 0, s>>>(*d);
             FC_CHECK_LAUNCH(err, error);
@@ -459,4 +459,5 @@ error:
     return rc;
 }
 
-extern const fc_cu_method fc_cu_sketch = {11, encode, decode, scratch};
+extern const fc_cu_method fc_cu_sketch = {11, encode, decode, scratch,
+                                          FC_CU_NO_SINGLE("sketch")};

@@ -143,7 +143,7 @@ __global__ void res_dense(fc_cu_enc e)
     sink.rdt = e.rdt;
     sink.start = start;
     sink.ef = e.res != NULL && e.bad[c] == 0;
-    sink.sample = c == e.sample_chunk && e.bad[c] == 0;
+    sink.sample = fc_cu_sampled(e, c);
     if (!sink.on())
         return;
     sink.vec = e.res != NULL && fc_cu_aligned16((const uint8_t *)e.res + start * (e.rdt == FC_CU_F32 ? 4 : 2));
@@ -170,7 +170,7 @@ __global__ void res_fix(fc_cu_enc e, const int64_t *idx, const float *xv, const 
         const int64_t i = idx[j];
         const int c = fc_cu_chunk_of(i, e.geo.per, inv);
         const int ef = e.res != NULL && e.bad[c] == 0;
-        const int sample = c == e.sample_chunk && e.bad[c] == 0;
+        const int sample = fc_cu_sampled(e, c);
         const double x = xv[j], v = ev[j];
         if (ef) {
             fc_cu_store_res(e.res, e.rdt, i, ev[j]);
@@ -197,7 +197,7 @@ __global__ void res_fix(fc_cu_enc e, const int64_t *idx, const float *xv, const 
 int fc_cu_res_dense(const fc_cu_enc &e, cudaStream_t s, fc_err *err)
 {
     int rc = FC_OK;
-    if (e.res == NULL && e.sample_chunk < 0)
+    if (e.res == NULL && !e.sample)
         return FC_OK;
     res_dense<<<fc_cu_grid(e.geo.per, SP_THREADS * 8, e.geo.world), SP_THREADS, 0, s>>>(e);
     FC_CHECK_LAUNCH(err, error);
@@ -209,7 +209,7 @@ int fc_cu_res_fix(const fc_cu_enc &e, const int64_t *idx, const float *xv, const
                   const int64_t *num, int64_t n, cudaStream_t s, fc_err *err)
 {
     int rc = FC_OK;
-    if ((e.res == NULL && e.sample_chunk < 0) || n <= 0)
+    if ((e.res == NULL && !e.sample) || n <= 0)
         return FC_OK;
     res_fix<<<fc_cu_blocks(n, SP_THREADS * 4), SP_THREADS, 0, s>>>(e, idx, xv, ev, num, n);
     FC_CHECK_LAUNCH(err, error);
@@ -379,7 +379,7 @@ int fc_cu_sp_encode(const fc_cu_selection &sel, const fc_cu_enc &e, const fc_cu_
         FC_CHECK_LAUNCH(err, error);
         FC_TRY(fc_cu_vc_encode(va.vc, jobs, W, kmax, s, err));
     }
-    if (e.res != NULL || e.sample_chunk >= 0) {
+    if (e.res != NULL || e.sample) {
         sp_corrections<<<gb, SP_THREADS, 0, s>>>(sel, outs, at, va, vals, ev);
         FC_CHECK_LAUNCH(err, error);
         FC_TRY(fc_cu_res_dense(e, s, err));

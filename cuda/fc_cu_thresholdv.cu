@@ -242,4 +242,5 @@ error:
     return rc;
 }
 
-extern const fc_cu_method fc_cu_thresholdv = {10, encode, decode, scratch};
+extern const fc_cu_method fc_cu_thresholdv = {10, encode, decode, scratch,
+                                              FC_CU_NO_SINGLE("thresholdv")};

@@ -121,4 +121,5 @@ error:
     return rc;
 }
 
-extern const fc_cu_method fc_cu_topk = {8, encode, decode, scratch};
+extern const fc_cu_method fc_cu_topk = {8, encode, decode, scratch,
+                                        FC_CU_NO_SINGLE("topk")};

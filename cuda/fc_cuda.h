@@ -11,7 +11,9 @@
 extern "C" {
 #endif
 
-#define FC_CUDA_ABI 1
+/* 2: compress/decompress, comm marks, NCCL timeout and release, geometry probe; 3: the sparse,
+ * aggregate and stateful methods' scratch, second round and copies (and their argument fields) */
+#define FC_CUDA_ABI 3
 #define FC_CUDA_MAX_WORLD 1024 /* equals FC_MAX_WORLD of the CPU driver */
 #define FC_CUDA_MAX_UNITS 4096 /* units whose residual norm the device keeps */
 #define FC_CUDA_MAX_CFG 16
@@ -48,6 +50,9 @@ typedef struct {
     int payload_error_rank;
     unsigned int payload_error_unit, payload_error_step;
     double call_sum[3];          /* this call's sampled ||e||^2, ||x||^2, x.e */
+    int sample_chunk;            /* this call's sampled chunk, picked on the device after the
+                                  * non-finite count: the first sent one without NaN/Inf in g'
+                                  * (the CPU's rule), -1 when every sent chunk has one */
     double unit_sq[FC_CUDA_MAX_UNITS];
     unsigned int bad[FC_CUDA_MAX_WORLD]; /* non-finite count per chunk of this call */
 } fc_cuda_ws;
@@ -62,7 +67,9 @@ enum {
     FC_PAYLOAD_ORDER = 5, /* unit or step differ */
     FC_PAYLOAD_NUMEL = 6,
     FC_PAYLOAD_BODY = 7,
-    FC_PAYLOAD_CODES = 8 /* a code the encoder cannot write (the CPU decoder's PayloadError) */
+    FC_PAYLOAD_CODES = 8, /* a code no encoder writes (the dense kernels' decoders; the CPU's
+                           * PayloadError) */
+    FC_PAYLOAD_ABORTED = 9 /* the NCCL communicator was aborted: the payload never arrived */
 };
 
 /* The sparse methods' own rejections (the CPU decoders' PayloadErrors), kept apart from the
@@ -81,7 +88,8 @@ typedef struct {
     int64_t scratch_bytes;
     float *ustate; /* the unit's method state on the device (gradiveq: basis, then covariance) */
     int learn;     /* encode adds this step's covariance into ustate (gradiveq's learn steps) */
-    uint8_t *fetch; /* second round: picks and encode's chunk flags, kept from call to call */
+    uint8_t *fetch; /* second round: picks and encode's chunk flags, kept from call to call;
+                     * NULL when no second round follows (the unit's kmax is 0) */
     int64_t fetch_k; /* second round: the owner's picks (decode), 0 without a second round */
     /* Data-dependent sizes (thresholdv). Encode: payloads back to back in `send` (the headers
      * the driver wrote at the plan's slots are overwritten), and `sent` (host, world entries)
@@ -92,8 +100,15 @@ typedef struct {
     int64_t packed_bytes;
 } fc_cuda_extra;
 
+/* What the NCCL transport writes over a receive buffer whose all-to-all was aborted (a 4-byte
+ * pattern, so every slot's magic reads it): the decode rejects every payload as FC_PAYLOAD_ABORTED
+ * and poisons its outputs instead of summing whatever the buffer held. */
+#define FC_MAGIC_ABORTED 0xAB0A7ED0u
+
 typedef struct {
     fc_cuda_method_cfg m;
+    int varsize;  /* the method's body size is data-dependent (FC_VARSIZE): the geometry's are
+                   * upper bounds */
     int device;
     void *stream; /* cudaStream_t current at the hook call */
     fc_cuda_geom geo;
@@ -103,15 +118,18 @@ typedef struct {
     int res_dtype;
     uint8_t *send;
     uint32_t unit, step;
+    uint32_t chunk_base; /* the RNG's chunk id of chunk 0: 0 in the collective; compress()'s
+                          * `chunk`, whose single payload is chunk 0 of a one-chunk geometry */
     uint64_t seed;
     int nonfinite_zero;
-    int sample; /* accumulate error statistics from the first sent chunk */
+    int sample; /* accumulate error statistics from the first sent chunk without NaN/Inf */
     fc_cuda_ws *ws;
     fc_cuda_extra x; /* the sparse, aggregate and stateful methods' part (zero for the others) */
 } fc_cuda_encode_args;
 
 typedef struct {
     fc_cuda_method_cfg m;
+    int varsize;
     int device;
     void *stream;
     fc_cuda_geom geo; /* of the unit; the own chunk is chunk `rank` */
@@ -123,7 +141,10 @@ typedef struct {
     int out_dtype;
     int64_t out_numel;
     uint32_t unit, step;
+    uint32_t chunk_base; /* the RNG's chunk id of the own chunk is chunk_base + geo.rank: 0 in
+                          * the collective; decompress()'s `chunk` (its geometry has rank 0) */
     uint64_t seed;
+    float alpha; /* decompress() only: out (fp32) += alpha * D(the one payload in recv) */
     fc_cuda_ws *ws;
     fc_cuda_extra x; /* as in fc_cuda_encode_args */
 } fc_cuda_decode_args;
@@ -165,8 +186,27 @@ typedef struct {
     fc_cuda_ws *ws;
 } fc_cuda_fetch_args;
 
-/* Timings are kept per kind and read lazily through cudaEvent elapsed times. */
-enum { FC_TIME_COMPRESS = 0, FC_TIME_COMM = 1, FC_TIME_DECOMPRESS = 2, FC_TIME_KINDS = 3 };
+/* Timings are kept per kind and read lazily through cudaEvent elapsed times. EXTRA is the time
+ * of collectives beyond the all-to-all (size exchanges, all-gathers, second rounds): it counts
+ * in comm_time_s too. */
+enum {
+    FC_TIME_COMPRESS = 0,
+    FC_TIME_COMM = 1,
+    FC_TIME_DECOMPRESS = 2,
+    FC_TIME_EXTRA = 3,
+    FC_TIME_KINDS = 4
+};
+
+/* One row of the geometry probe (tests): what the kernels compute for chunk c. */
+enum {
+    FC_GEO_START = 0, /* fc_cu_span */
+    FC_GEO_LEN = 1,
+    FC_GEO_SENT = 2,     /* fc_cu_sent */
+    FC_GEO_SEND_OFF = 3, /* fc_cu_send_off, -1 when not sent */
+    FC_GEO_BODY = 4,     /* fc_cu_body_bytes, -1 when not sent */
+    FC_GEO_RECV_OFF = 5, /* fc_cu_recv_off of rank c, -1 for the own slot kept exact */
+    FC_GEO_COLS = 6
+};
 
 typedef struct fc_cuda_ctx fc_cuda_ctx; /* per State: events, last stream */
 typedef struct fc_cuda_comm fc_cuda_comm; /* one NCCL communicator */
@@ -182,21 +222,44 @@ typedef struct {
     int (*encode)(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, fc_err *err);
     /* sum in rank order of the own exact chunk and the payloads, / W, cast, into out */
     int (*decode)(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *err);
-    /* copies the workspace to host (waits for the last stream) and harvests finished timings */
+    /* copies the workspace to host (waits for the last stream; both NULL: none) and harvests
+     * the timings, waiting for them; no Python: the caller releases the GIL around it */
     int (*read_counters)(fc_cuda_ctx *ctx, const fc_cuda_ws *dev_ws, fc_cuda_ws *host_ws,
                          double seconds[FC_TIME_KINDS], fc_err *err);
     /* zeroes the cumulative part of the workspace on the last stream */
     int (*reset_counters)(fc_cuda_ctx *ctx, fc_cuda_ws *dev_ws, fc_err *err);
     /* NCCL: 128-byte unique id, communicator, grouped send/recv on the given stream */
     int (*nccl_unique_id)(uint8_t id[128], fc_err *err);
+    /* a non-blocking communicator, joined within timeout_s (else aborted, FC_ERR_NCCL); its
+     * operations are watched by a thread that aborts it when one runs past timeout_s */
     int (*nccl_comm_init)(const uint8_t id[128], int world, int rank, int device,
-                          fc_cuda_comm **out, fc_err *err);
-    void (*nccl_comm_free)(fc_cuda_comm *comm);
+                          double timeout_s, fc_cuda_comm **out, fc_err *err);
+    /* local teardown for a destructor, never collective: ncclCommAbort, or with `leak` (the
+     * interpreter is exiting) nothing but our own record */
+    void (*nccl_comm_free)(fc_cuda_comm *comm, int leak);
     int (*nccl_all_to_all)(fc_cuda_ctx *ctx, fc_cuda_comm *comm, int device, void *stream,
                            const uint8_t *send, const int64_t *send_splits, uint8_t *recv,
                            const int64_t *recv_splits, fc_err *err);
 
-    /* ---- the sparse, aggregate and stateful methods (cuda/fc_cu_sparse_api.cu) ---- */
+    /* ---- ABI 2: the driver's additions (kept together) */
+    /* one payload of a.geo's chunk 0 (compress()): no non-finite count, no residual, no
+     * sample; *written is the payload's padded size (read back from its header for a method
+     * whose size is data-dependent: that waits for the stream) */
+    int (*compress)(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *written, fc_err *err);
+    /* out (fp32, a.out_numel elements) += a.alpha * D(the one payload in a.recv) */
+    int (*decompress)(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *err);
+    /* an event on `stream` before (end 0) or after (end 1) a collective issued elsewhere
+     * (torch.distributed), timed as `kind` (FC_TIME_COMM or FC_TIME_EXTRA) */
+    int (*comm_mark)(fc_cuda_ctx *ctx, int device, void *stream, int end, int kind, fc_err *err);
+    /* the collective release all ranks call together: waits for the communicator's queued
+     * work (at most timeout_s), ncclCommFinalize + ncclCommDestroy; aborts on a timeout. The
+     * record stays valid (released) until nccl_comm_free. */
+    int (*nccl_comm_release)(fc_cuda_comm *comm, fc_err *err);
+    /* host only, no CUDA call (tests): rows[c * FC_GEO_COLS + FC_GEO_*] for every chunk c as
+     * the kernels compute it, `slot` the receive slot size */
+    void (*probe_geometry)(const fc_cuda_geom *geo, int64_t slot, int64_t *rows);
+
+    /* ---- ABI 3: the sparse, aggregate and stateful methods (cuda/fc_cu_sparse_api.cu) */
     /* Device scratch (a.x.scratch) an encode (dec NULL) or a decode (enc NULL) of these
      * arguments needs; 0 for a method that needs none. */
     int (*scratch_bytes)(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec,

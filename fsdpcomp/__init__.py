@@ -11,11 +11,13 @@ from typing import Any
 
 from . import _C
 from ._C import CudaError, NcclError, PayloadError
+from ._nccl import release_nccl
 from .cli import add_argparse_args, from_args
 from .counters import Counters
 from .ddp import ddp_hook
 from .fsdp2 import AllReduceHook, ReduceScatter
 from .hooks import fsdp_hook
+from .param_gather import AllGather
 from .register import register
 from .register_fsdp2 import register_replicate
 from .results import append_result, build_record, combine_counters, read_results
@@ -32,8 +34,7 @@ def methods() -> list[str]:
 # Methods with CUDA kernels: the table in cuda/fc_cu_methods.cu (tests/test_cuda_build.py checks
 # this against the built library's own answer).
 _CUDA_METHODS = frozenset({"none", "fp16", "bf16", "int8", "fp8", "intN", "qsgd", "nc", "onebit",
-                           "signsgd", "gradiveq", "topk", "thresholdv", "randomk",
-                           "sketch"})
+                           "signsgd", "topk", "randomk", "thresholdv", "sketch", "gradiveq"})
 
 
 def _cuda_built() -> bool:
@@ -52,8 +53,8 @@ def method_info(name: str) -> dict[str, Any]:
 
 
 __all__ = [
-    "AllReduceHook", "CommState", "Counters", "CudaError", "NcclError", "PayloadError",
+    "AllGather", "AllReduceHook", "CommState", "Counters", "CudaError", "NcclError", "PayloadError",
     "ReduceScatter", "__version__", "add_argparse_args", "append_result", "build_record",
     "combine_counters", "ddp_hook", "from_args", "fsdp_hook", "method_info", "methods",
-    "read_results", "register", "register_replicate",
+    "read_results", "register", "register_replicate", "release_nccl",
 ]

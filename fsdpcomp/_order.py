@@ -1,53 +1,186 @@
-"""Checks that the call order a CommState keys its residuals by names the same parameter group
-(FSDP2) or bucket (DDP) every step, so one group's residual is never added to another's."""
+"""Units and steps of a CommState: which unit (residual, method state) a call belongs to, and where
+a step, one backward pass, ends.
+
+A call with a key (an FSDP1 unit's module name, an FSDP2 module's name, a DDP bucket's
+parameter names) claims that key's unit, whatever the order of the calls and whichever units sit
+out a step; a key claimed twice starts a new step. A call without a key takes the next unit in
+call order within the step.
+
+The end of a backward is caught with the autograd engine's final callback, queued on the graph
+task of each call. Reentrant activation checkpointing runs a block's backward as a nested graph
+task inside the outer one: a callback that finds itself nested (an autograd node is still
+running: the checkpoint's) moves up instead, onto the outer task, through a hook on that node,
+so the step ends with the outermost backward and never inside it. A backward that raises drops
+its callbacks unrun; the next call finds them gone and closes that step first, so a failed
+backward never leaves its step open (and every later call on a new unit)."""
 from __future__ import annotations
 
 import weakref
-from typing import Hashable
+from typing import Any, Hashable
 
-from .state import CommState
-
-_ORDERS: "weakref.WeakKeyDictionary[CommState, CallOrder]" = weakref.WeakKeyDictionary()
+import torch
 
 
-class CallOrder:
-    """The key seen at each call position of a step, learnt from the first step that reaches
-    that position. Positions restart when the state's step advances (end of backward)."""
+class Units:
+    """The unit table and step boundary of one CommState's C core."""
 
-    def __init__(self, state: CommState):
-        self._state = weakref.ref(state)
-        self._keys: list[Hashable] = []
-        self._step = -1
-        self._pos = 0
+    def __init__(self, core):
+        self._core = core
+        self.keys: list[Hashable | None] = []  # per unit: its key, or None (call order)
+        self._index: dict[Hashable, int] = {}
+        self._keyed: bool | None = None  # named units or call order; None: not yet known
+        self._claimed: set[Hashable] = set()  # keys claimed in the open step
+        self._calls = 0  # calls in the open step
+        # graph task id -> a weakref to the end-of-backward callback queued on it and not yet
+        # run, and the hooks waiting to move a nested task's end onto its outer task
+        self._ends: dict[int, weakref.ref] = {}
+        self._climbs: list[weakref.ref] = []
 
-    def claim(self, key: Hashable) -> int:
-        """Position of this call in the step; raises if another key held it before. Called
-        just before the state's own begin(), so both count the same calls."""
-        state = self._state()
-        step = state.step if state is not None else 0
-        if step != self._step:
-            self._step, self._pos = step, 0
-        pos = self._pos
-        if pos < len(self._keys) and self._keys[pos] != key:
-            raise RuntimeError(
-                f"fsdpcomp keys residuals by call order, and call {pos} of step {step} came from "
-                f"{key!r} but came from {self._keys[pos]!r} in earlier steps: the reduction order "
-                "changed (a different set of parameters got gradients?), so residuals would be "
-                "mixed between groups. Use one CommState per stable set of groups.")
-        if pos == len(self._keys):
-            self._keys.append(key)
-        self._pos = pos + 1
-        return pos
+    # ---- claiming a unit
 
-    @property
-    def keys(self) -> list[Hashable]:
-        return list(self._keys)
+    def claim(self, numel: int, key: Hashable | None) -> int:
+        """The unit of a call of `numel` elements (key None: call order). Checked before anything
+        changes: a refused claim (ValueError: another size than the unit's first call, a keyed
+        call on a state keyed by call order or the other way round) leaves no trace."""
+        keyed = key is not None
+        if self._keyed is not None and self._keyed != keyed:
+            this = f"has the key {key!r}" if keyed else "has no key"
+            raise ValueError(f"this CommState keys its units {'by call order' if keyed else 'by name'} "
+                             f"and this call {this}: one state serves either named units (as "
+                             "fsdpcomp.register sets them up) or units in call order")
+        if keyed:
+            try:
+                want = self._index.get(key)
+            except TypeError:
+                raise TypeError(f"a unit key must be hashable, got {type(key).__name__}") from None
+            if want is None:  # a new key: a new unit, or the next unnamed one of an old checkpoint
+                want = next((u for u, k in enumerate(self.keys) if k is None), len(self.keys))
+        else:
+            want = -1
+        new_step = self._calls > 0 and ((keyed and key in self._claimed) or self._backward_failed())
+        try:
+            unit = self._core.begin(numel, want, new_step)
+        except ValueError as e:
+            raise ValueError(f"{e} (unit key {key!r})" if keyed else str(e)) from None
+        if new_step:
+            self._step_ended()
+        if unit == len(self.keys):
+            self.keys.append(key)
+        if keyed:
+            self.keys[unit] = key
+            self._index[key] = unit
+            self._claimed.add(key)
+        self._keyed = keyed
+        self._calls += 1
+        self._watch(torch._C._current_graph_task_id())
+        return unit
+
+    def has(self, key: Hashable) -> bool:
+        """Whether a unit has this key."""
+        return key in self._index
+
+    def end_step(self) -> None:
+        self._core.end_step()
+        self._step_ended()
+
+    def _step_ended(self) -> None:
+        self._claimed.clear()
+        self._calls = 0
+        self._ends.clear()  # callbacks still queued find the step gone and do nothing
+        self._climbs.clear()
+
+    # ---- the end of a backward
+
+    def _watch(self, task: int) -> None:
+        """Queues the step's end on graph task `task` (once per task and step)."""
+        if task < 0 or task in self._ends:  # -1: not inside a backward; the caller ends steps
+            return
+        end = _EndOfBackward(self, task, self._core.step)
+        torch.autograd.Variable._execution_engine.queue_callback(end)
+        self._ends[task] = weakref.ref(end)
+
+    def _backward_failed(self) -> bool:
+        """A backward that raised dropped its queued callbacks, and the hooks of its nodes, unrun."""
+        pending = list(self._ends.values()) + self._climbs
+        return any(ref() is None for ref in pending)
+
+    def _backward_ended(self, end: "_EndOfBackward") -> None:
+        if self._ends.get(end.task) is not None and self._ends[end.task]() is end:
+            del self._ends[end.task]
+        if end.step != self._core.step:
+            return  # queued for a step that has ended since
+        node = torch._C._current_autograd_node()
+        if node is not None:  # a nested graph task: the node running it belongs to the outer one
+            climb = _Climb(self, end.step)
+            try:
+                node.register_hook(climb)  # kept by the node, so it goes with the graph
+            except RuntimeError:
+                return  # a node that takes no hooks: the next step's first repeated key ends it
+            self._climbs.append(weakref.ref(climb))
+            return
+        if self._calls > 0:
+            self.end_step()
+
+    # ---- checkpoints
+
+    def state(self) -> dict[str, Any]:
+        return {"unit_keys": list(self.keys), "open_keys": [k for k in self.keys if k in self._claimed]}
+
+    @staticmethod
+    def check_state(n_units: int, unit_keys: Any, open_keys: Any) -> tuple[list, list]:
+        """Validates a checkpoint's keys (before anything is restored); ValueError/TypeError.
+        A checkpoint from before units had keys has none: its units go to the keys of the next
+        calls in call order, as they were made."""
+        if unit_keys is None:
+            return [None] * n_units, []
+        if not isinstance(unit_keys, (list, tuple)) or len(unit_keys) != n_units:
+            raise ValueError(f"state_dict 'unit_keys' must list one key per unit ({n_units}), got "
+                             f"{unit_keys!r:.200}")
+        keys = list(unit_keys)
+        named = [k for k in keys if k is not None]
+        try:
+            if len(set(named)) != len(named):
+                raise ValueError("state_dict 'unit_keys' names a unit twice")
+            open_keys = list(open_keys or [])
+            if any(k not in set(named) for k in open_keys):
+                raise ValueError("state_dict 'open_keys' names a unit 'unit_keys' does not have")
+        except TypeError:
+            raise TypeError("state_dict 'unit_keys' must hold hashable keys") from None
+        return keys, open_keys
+
+    def restore(self, keys: list, open_keys: list) -> None:
+        """After the core's restore (which left the step closed): the checked keys."""
+        self.keys = keys
+        self._index = {k: u for u, k in enumerate(keys) if k is not None}
+        self._keyed = True if self._index else None  # unnamed units: the next calls decide
+        self._step_ended()
+        self._claimed = set(open_keys)
+        self._calls = len(open_keys)
 
 
-def call_order(state: CommState) -> CallOrder:
-    """The one CallOrder of `state`, shared by every hook object that drives it."""
-    order = _ORDERS.get(state)
-    if order is None:
-        order = CallOrder(state)
-        _ORDERS[state] = order
-    return order
+class _EndOfBackward:
+    """The final callback of one graph task: ends the step, or moves up when the task is nested."""
+
+    def __init__(self, units: Units, task: int, step: int):
+        self._units = weakref.ref(units)  # a dropped state must not be kept alive by autograd
+        self.task, self.step = task, step
+
+    def __call__(self) -> None:
+        units = self._units()
+        if units is not None:
+            units._backward_ended(self)
+
+
+class _Climb:
+    """A post hook on the node that ran a nested backward: runs in the outer graph task, and
+    queues the step's end there."""
+
+    def __init__(self, units: Units, step: int):
+        self._units = weakref.ref(units)
+        self.step = step
+
+    def __call__(self, *grads):
+        units = self._units()
+        if units is not None and units._core.step == self.step:
+            units._climbs = [r for r in units._climbs if r() is not self]
+            units._watch(torch._C._current_graph_task_id())

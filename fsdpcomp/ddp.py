@@ -1,5 +1,6 @@
-"""The DDP communication hook: ``model.register_comm_hook(state, fsdpcomp.ddp_hook)`` replaces
-each bucket's all-reduce by a compressed reduce-scatter and an all-gather of the reduced shards."""
+"""The DDP communication hook: ``fsdpcomp.register(ddp_model, ...)`` (or
+``ddp_model.register_comm_hook(state, fsdpcomp.ddp_hook)``) replaces each bucket's all-reduce by a
+compressed reduce-scatter and an all-gather of the reduced shards."""
 # No `from __future__ import annotations`: DDP's register_comm_hook compares the hook's
 # annotations with dist.GradBucket and Future[Tensor] as objects, and strings fail that check.
 import weakref
@@ -7,44 +8,114 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from ._order import call_order
 from .state import CommState
 
-# Backward passes each state has seen through DDP (counted on the last bucket).
-_ITERATIONS: "weakref.WeakKeyDictionary[CommState, int]" = weakref.WeakKeyDictionary()
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
-# DDP rebuilds its buckets once, before the second forward, in the order gradients became
-# ready (never when find_unused_parameters=True): residuals keyed by bucket would then mean
-# other parameters. The first backward is therefore reduced uncompressed, as torch's PowerSGD
-# hook also requires (start_powerSGD_iter >= 2).
+# DDP buckets its parameters once when it is built and again, in the order their gradients
+# became ready, before its second forward (unless find_unused_parameters without static_graph):
+# a residual made for a bucket of the first layout would then belong to other parameters. A
+# bucket of a layout that is not final is therefore reduced uncompressed (torch's PowerSGD hook
+# requires start_powerSGD_iter >= 2 for the same reason), unless the state already knows the
+# final buckets it holds (a resumed run): those are reduced as the final buckets they will be.
+
+# Backward passes each bare CommState has seen through ddp_hook (counted on the last bucket):
+# without the DDP module at hand, the first one is taken for the one before the rebuild.
+_ITERATIONS: "weakref.WeakKeyDictionary[CommState, int]" = weakref.WeakKeyDictionary()
 _WARMUP_ITERATIONS = 1
 
 
-def ddp_hook(state: CommState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+class DDPHookState:
+    """What ``fsdpcomp.register`` registers with a DDP module: the CommState, and the module,
+    which says whether its buckets are final and names their parameters. A bucket's unit key is
+    ``("ddp", names of its parameters)``, the same in every process, so a checkpoint's
+    residuals find their bucket again in a fresh DDP wrapper."""
+
+    def __init__(self, state: CommState, ddp: torch.nn.parallel.DistributedDataParallel):
+        if not isinstance(state, CommState):
+            raise TypeError(f"DDPHookState's state must be a fsdpcomp.CommState, got {type(state).__name__}")
+        self.state = state
+        self._ddp = weakref.ref(ddp)
+        self._names = {id(p): name for name, p in ddp.module.named_parameters()}
+        self._keys: dict[tuple[int, ...], tuple] = {}
+
+    def key(self, bucket: dist.GradBucket) -> tuple:
+        ids = tuple(id(p) for p in bucket.parameters())
+        key = self._keys.get(ids)
+        if key is None:
+            key = self._keys[ids] = ("ddp", tuple(self._names[i] for i in ids))
+        return key
+
+    def final(self) -> bool:
+        """Whether DDP's buckets are the ones it keeps (rebuilt, or never to be rebuilt)."""
+        ddp = self._ddp()
+        return (ddp is None or ddp._has_rebuilt_buckets or
+                (ddp.find_unused_parameters and not ddp.static_graph))
+
+    def reduce(self, bucket: dist.GradBucket, buf: torch.Tensor) -> None:
+        state, key = self.state, self.key(bucket)
+        if self.final() or state._units.has(key):
+            state.all_reduce(buf, key)
+            return
+        # A first layout: the final buckets the state knows that lie inside this one go as
+        # themselves (their parameters' gradients laid out in their order, their unit), so a
+        # resumed run reduces what the uninterrupted one did; the rest goes uncompressed.
+        where = {name: i for i, name in enumerate(key[1])}
+        grads = bucket.gradients()
+        done = set()
+        for known in state._units.keys:
+            if known[0] == "ddp" and all(name in where for name in known[1]):
+                parts = [grads[where[name]] for name in known[1]]
+                flat = torch.cat([g.reshape(-1) for g in parts])
+                state.all_reduce(flat, known)
+                for g, piece in zip(parts, flat.split([g.numel() for g in parts])):
+                    g.copy_(piece.view_as(g))
+                done.update(known[1])
+        if not done:
+            _plain_mean(state, buf)
+        elif len(done) < len(key[1]):
+            parts = [g for name, g in zip(key[1], grads) if name not in done]
+            flat = torch.cat([g.reshape(-1) for g in parts])
+            _plain_mean(state, flat)
+            for g, piece in zip(parts, flat.split([g.numel() for g in parts])):
+                g.copy_(piece.view_as(g))
+
+    def __repr__(self) -> str:
+        return f"fsdpcomp.DDPHookState({self.state!r})"
+
+
+def ddp_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Mean over ranks of the bucket's flat gradient: compressed reduce-scatter, then an
-    all-gather of the reduced shards in the bucket's dtype (not compressed). Residuals are
-    keyed by bucket (call order, checked against ``bucket.index()`` every step)."""
-    if not isinstance(state, CommState):
+    all-gather of the reduced shards in the bucket's dtype (or compressed: allgather_compress).
+    state: the ``DDPHookState`` that ``fsdpcomp.register`` registers (units keyed by the
+    bucket's parameters), or a bare CommState (units keyed by bucket index, the first backward
+    of each process uncompressed)."""
+    if not isinstance(state, (CommState, DDPHookState)):
         raise TypeError(f"ddp_hook's state must be a fsdpcomp.CommState, got {type(state).__name__}")
+    if not isinstance(bucket, dist.GradBucket):
+        raise TypeError(f"ddp_hook's bucket must be a torch.distributed.GradBucket, got {type(bucket).__name__}")
     buf = bucket.buffer()
-    if buf.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+    if buf.dtype not in _FLOATS:
         raise ValueError(f"ddp_hook: gradient bucket {bucket.index()} must be float32, bfloat16 or "
                          f"float16, got {buf.dtype}")
-    iteration = _ITERATIONS.get(state, 0)
-    if iteration < _WARMUP_ITERATIONS:
-        _plain_mean(state, buf)
+    if isinstance(state, DDPHookState):
+        state.reduce(bucket, buf)
     else:
-        call_order(state).claim(("ddp_bucket", bucket.index()))
-        state.all_reduce(buf)
-    if bucket.is_last():
-        _ITERATIONS[state] = iteration + 1
+        iteration = _ITERATIONS.get(state, 0)
+        if iteration < _WARMUP_ITERATIONS:
+            _plain_mean(state, buf)
+        else:
+            state.all_reduce(buf, ("ddp_bucket", bucket.index()))
+        if bucket.is_last():
+            _ITERATIONS[state] = iteration + 1
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(buf)
     return fut
 
 
 def _plain_mean(state: CommState, buf: torch.Tensor) -> None:
-    """The uncompressed all-reduce of a warm-up iteration (not counted: no unit, no bytes)."""
+    """The uncompressed all-reduce of a bucket whose layout is not final (not counted: no unit,
+    no bytes)."""
     world, _ = state._world_rank()
     if world > 1:
         dist.all_reduce(buf, group=state.process_group)

@@ -8,7 +8,6 @@ from typing import Hashable, Sequence
 import torch
 import torch.distributed as dist
 
-from ._order import call_order
 from .state import CommState
 
 try:  # torch >= 2.9 defines the protocol; subclassing it keeps torch's isinstance checks true
@@ -40,9 +39,9 @@ class ReduceScatter(_TorchReduceScatter):
     """FSDP2's reduce-scatter, compressed by a CommState.
 
     ``module.set_custom_reduce_scatter(fsdpcomp.ReduceScatter(state))`` on every FSDPModule
-    (``fsdpcomp.register`` does it, one object per module with its name as ``key``). Every
-    object sharing a state keys residuals by call order within a backward; with a ``key`` the
-    order is also checked to name the same group every step.
+    (``fsdpcomp.register`` does it, one object per module with its name as ``key``). With a
+    ``key`` the module keeps its own residual whatever the order of the calls and whichever
+    modules sit out a step; without one, units go by call order within a backward.
     """
 
     def __init__(self, state: CommState, key: Hashable | None = None):
@@ -65,14 +64,12 @@ class ReduceScatter(_TorchReduceScatter):
         _check_tensors(output_tensor, input_tensor, world)
         scale = _op_scale(op, world)
         _bind_group(state, group)
-        if self.key is not None:
-            call_order(state).claim(self.key)
         if scale == 1.0:
-            state.reduce_scatter(input_tensor, output_tensor)
+            state.reduce_scatter(input_tensor, output_tensor, self.key)
         else:
             # The mean in fp32, scaled in fp32, then one rounding to the reduce dtype.
             mean = state._typed_buffer("fsdp2_mean", output_tensor.numel(), torch.float32, input_tensor.device)
-            state.reduce_scatter(input_tensor, mean)
+            state.reduce_scatter(input_tensor, mean, self.key)
             output_tensor.copy_(mean.mul_(scale))
         if not async_op:
             return None
@@ -136,9 +133,7 @@ class AllReduceHook:
         if reduce_output.dtype not in _FLOATS or reduce_output.dim() != 1 or not reduce_output.is_contiguous():
             raise ValueError("reduce_output must be a flat contiguous float32/bfloat16/float16 tensor, "
                              f"got {reduce_output.dtype} of shape {tuple(reduce_output.shape)}")
-        if self.key is not None:
-            call_order(self.state).claim(self.key)
-        self.state.all_reduce(reduce_output)
+        self.state.all_reduce(reduce_output, self.key)
 
     def __repr__(self) -> str:
         return f"fsdpcomp.AllReduceHook({self.state!r}, key={self.key!r})"

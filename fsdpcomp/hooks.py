@@ -1,19 +1,81 @@
 """The FSDP1 communication hook: one function for every sharding strategy FSDP1 allows a hook
-for. Register it with ``model.register_comm_hook(state, fsdp_hook)`` or ``fsdpcomp.register``."""
+for. Register it with ``fsdpcomp.register(model, ...)`` (which names every unit) or
+``model.register_comm_hook(state, fsdp_hook)``."""
 from __future__ import annotations
+
+import weakref
+from typing import Hashable
 
 import torch
 
 from .state import CommState
 
 
-def fsdp_hook(state: CommState, grad: torch.Tensor, output: torch.Tensor | None = None) -> None:
+class UnitHookState:
+    """What FSDP1 hands the hook for one FSDP unit: the shared CommState and the unit's key (the
+    FSDP module's name, so its flat parameter's residual). ``fsdpcomp.register`` sets one on
+    every FSDP instance of the root; torch passes each instance its own ``_comm_hook_state``."""
+
+    def __init__(self, state: CommState, key: Hashable):
+        if not isinstance(state, CommState):
+            raise TypeError(f"UnitHookState's state must be a fsdpcomp.CommState, got {type(state).__name__}")
+        self.state = state
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"fsdpcomp.UnitHookState({self.state!r}, key={self.key!r})"
+
+
+class _FlatNames:
+    """Names of the flat parameters a bare CommState's hook has seen, in the order of first
+    sight ("flat_param0", ...): the same on every rank and in every process. By identity (a
+    tensor compares elementwise, so it cannot be a dict key), checked against reuse of an id."""
+
+    def __init__(self):
+        self._by_id: dict[int, tuple[weakref.ref, str]] = {}
+        self._count = 0
+
+    def name(self, flat: torch.Tensor) -> str:
+        entry = self._by_id.get(id(flat))
+        if entry is not None and entry[0]() is flat:
+            return entry[1]
+        name = f"flat_param{self._count}"
+        self._count += 1
+        self._by_id[id(flat)] = (weakref.ref(flat), name)
+        return name
+
+
+_FLAT_NAMES: "weakref.WeakKeyDictionary[CommState, _FlatNames]" = weakref.WeakKeyDictionary()
+
+
+def _flat_param_key(state: CommState) -> str | None:
+    """The key of the unit calling the hook: FSDP1 runs it in a hook on the AccumulateGrad node
+    of the unit's flat parameter, so autograd's current node names it. None outside autograd
+    (a caller driving the hook by hand): call order."""
+    flat = getattr(torch._C._current_autograd_node(), "variable", None)
+    if not getattr(flat, "_is_flat_param", False):  # FSDP1 marks its flat parameters so
+        return None
+    names = _FLAT_NAMES.get(state)
+    if names is None:
+        names = _FLAT_NAMES[state] = _FlatNames()
+    return names.name(flat)
+
+
+def fsdp_hook(state: CommState | UnitHookState, grad: torch.Tensor, output: torch.Tensor | None = None) -> None:
     """FULL_SHARD / SHARD_GRAD_OP: ``hook(state, padded_grad, sharded_output)`` fills the output
     with the mean over ranks of this rank's chunk. NO_SHARD: ``hook(state, grad)`` replaces grad
-    by the mean over ranks (all-reduce meaning). Any of fp32/bf16/fp16; sums are in fp32."""
-    if not isinstance(state, CommState):
+    by the mean over ranks (all-reduce meaning). Any of fp32/bf16/fp16; sums are in fp32.
+
+    Each FSDP unit keeps its own residual, keyed by its name (``UnitHookState``, set by
+    ``fsdpcomp.register``) or, with a bare CommState, by its flat parameter, so a unit that gets
+    no gradient in a step (FSDP1 then skips its hook) never shifts the others."""
+    if isinstance(state, UnitHookState):
+        state, key = state.state, state.key
+    elif isinstance(state, CommState):
+        key = _flat_param_key(state)
+    else:
         raise TypeError(f"fsdp_hook's state must be a fsdpcomp.CommState, got {type(state).__name__}")
     if output is None:
-        state.all_reduce(grad)
+        state.all_reduce(grad, key)
     else:
-        state.reduce_scatter(grad, output)
+        state.reduce_scatter(grad, output, key)

@@ -1,9 +1,10 @@
-"""Attaching a CommState to a ``fully_shard`` model: one ReduceScatter per FSDPModule."""
+"""Attaching a CommState to a ``fully_shard`` model: one ReduceScatter and one AllGather per FSDPModule."""
 from __future__ import annotations
 
 import torch
 
 from .fsdp2 import ReduceScatter
+from .param_gather import AllGather
 from .state import CommState
 
 
@@ -17,21 +18,23 @@ def fsdp2_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
 
 
 def register_fsdp2(model: torch.nn.Module, state: CommState) -> None:
-    """Sets a ReduceScatter keyed by the module's name on each FSDPModule; checks them all first
-    so that a refusal leaves no module half-registered."""
+    """Sets a ReduceScatter keyed by the module's name and an AllGather numbered by its position
+    (the same on every rank) on each FSDPModule; checks them all first so that a refusal leaves
+    no module half-registered."""
     modules = fsdp2_modules(model)
-    if not hasattr(modules[0][1], "set_custom_reduce_scatter"):
+    if not hasattr(modules[0][1], "set_custom_reduce_scatter") or not hasattr(modules[0][1], "set_custom_all_gather"):
         raise RuntimeError(
-            f"torch {torch.__version__} has fully_shard but no FSDPModule.set_custom_reduce_scatter "
-            "(added in torch 2.9): fsdpcomp cannot compress its reduce-scatter; upgrade torch")
+            f"torch {torch.__version__} has fully_shard but no FSDPModule.set_custom_reduce_scatter / "
+            "set_custom_all_gather (added in torch 2.9): fsdpcomp cannot compress its collectives; upgrade torch")
     for name, module in modules:
         groups = module._get_fsdp_state()._fsdp_param_groups
         if len(groups) > 1:
             raise ValueError(f"FSDPModule '{name or '<root>'}' has {len(groups)} parameter groups "
                              "(shard_placement_fn with several meshes): torch allows one custom "
                              "reduce-scatter per module only with a single group")
-    for name, module in modules:
+    for unit, (name, module) in enumerate(modules):
         module.set_custom_reduce_scatter(ReduceScatter(state, key=name or "<root>"))
+        module.set_custom_all_gather(AllGather(state, key=name or "<root>", unit=unit, module=module))
 
 
 def register_replicate(model: torch.nn.Module, state: CommState) -> None:
@@ -39,7 +42,9 @@ def register_replicate(model: torch.nn.Module, state: CommState) -> None:
     mesh and ``state.process_group`` is the replicate group; every FSDPModule gets an
     AllReduceHook (keyed by its name) that averages its reduce-scatter output across replicas."""
     from .fsdp2 import AllReduceHook
+    from .register import refuse_param_gather
 
+    refuse_param_gather(state, "register_replicate (the replica all-reduce)")
     modules = fsdp2_modules(model)
     if not modules:
         raise TypeError(f"{type(model).__name__} has no fully_shard (FSDPModule) modules")

@@ -20,6 +20,8 @@ OPTIONAL_FIELDS = (
     "index_bytes", "density", "residual_norm", "grad_rel_error", "grad_cos_sim",
     "mem_peak_alloc_gb", "mem_peak_reserved_gb", "time_to_target_ppl_s", "ppl_at_fixed_time",
     "nonfinite_steps", "torch_version", "fsdpcomp_version", "device",
+    "param_gather_calls", "param_gather_bytes_raw_total", "param_gather_bytes_sent_total",
+    "param_gather_ratio", "param_gather_time_ms", "param_gather_codec_time_ms",
 )
 COMM_OPS = ("reduce_scatter", "all_gather", "all_to_all", "all_reduce")
 
@@ -27,10 +29,13 @@ COMM_OPS = ("reduce_scatter", "all_gather", "all_to_all", "all_reduce")
 # per-rank statistics are averaged over the ranks that have a value.
 _SUMMED = ("calls", "calls_uncompressed", "elements", "chunks_sent", "bytes_raw", "bytes_sent",
            "bytes_compressed", "header_bytes", "meta_bytes", "index_bytes", "value_bytes",
-           "nonfinite_in", "nonfinite_out", "extra_collectives", "error_samples", "residual_bytes")
+           "nonfinite_in", "nonfinite_out", "extra_collectives", "error_samples", "residual_bytes",
+           "param_gather_calls", "param_gather_bytes_raw", "param_gather_bytes_sent")
 _AVERAGED = ("compress_time_s", "decompress_time_s", "comm_time_s", "extra_collective_time_s",
-             "grad_rel_error", "grad_cos_sim", "residual_norm", "density")
-_TIMES = ("compress_time_s", "decompress_time_s", "comm_time_s", "extra_collective_time_s")
+             "grad_rel_error", "grad_cos_sim", "residual_norm", "density", "param_gather_time_s",
+             "param_gather_codec_time_s")
+_TIMES = ("compress_time_s", "decompress_time_s", "comm_time_s", "extra_collective_time_s",
+          "param_gather_time_s", "param_gather_codec_time_s")
 
 
 def combine_counters(per_rank: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -95,7 +100,8 @@ def build_record(*, run: Mapping[str, Any], step_times_s: Iterable[float], token
     counters: ``combine_counters`` of all ranks, timing fields over the timed steps only.
     comm_time_ms_by_op: per-op communication time (ms, over the timed steps) when a profiler
         measured it; otherwise the compressed reduce-scatter's own comm time from the counters,
-        and null for the ops the library does not see.
+        FSDP2's parameter all-gathers (fsdpcomp.AllGather, codec time left out) when it ran
+        them, and null for the ops the library does not see.
     """
     missing = [k for k in ("run_name", "world_size", "model", "dataset", "max_length", "batch_size",
                            "compress_method", "compress_config", "seed") if k not in run]
@@ -103,10 +109,13 @@ def build_record(*, run: Mapping[str, Any], step_times_s: Iterable[float], token
         raise ValueError(f"build_record: run is missing {', '.join(missing)}")
     times = [float(t) for t in step_times_s]
     total_s = sum(times)
+    gathers = counters.get("param_gather_calls") or 0  # 0: FSDP1/DDP, or no fsdpcomp.AllGather
     if comm_time_ms_by_op is None:
         rs = counters.get("comm_time_s")
         comm_time_ms_by_op = {op: None for op in COMM_OPS}
         comm_time_ms_by_op["all_to_all"] = _ms(rs)  # the hook's compressed reduce-scatter
+        if gathers:  # like the reduce-scatter's: the time outside the codec
+            comm_time_ms_by_op["all_gather"] = _ms(counters["param_gather_time_s"] - counters["param_gather_codec_time_s"])
     by_op = {op: _finite_or_none(comm_time_ms_by_op.get(op)) for op in COMM_OPS}
     measured = [v for v in by_op.values() if v is not None]
     extra_ms = _ms(counters.get("extra_collective_time_s"))
@@ -134,6 +143,13 @@ def build_record(*, run: Mapping[str, Any], step_times_s: Iterable[float], token
         grad_rel_error=counters.get("grad_rel_error"),
         grad_cos_sim=counters.get("grad_cos_sim"),
     )
+    if gathers:
+        ag_raw, ag_sent = counters.get("param_gather_bytes_raw"), counters.get("param_gather_bytes_sent")
+        rec.update(param_gather_calls=gathers, param_gather_bytes_raw_total=ag_raw,
+                   param_gather_bytes_sent_total=ag_sent,
+                   param_gather_ratio=(ag_raw / ag_sent) if ag_raw and ag_sent else None,
+                   param_gather_time_ms=_ms(counters.get("param_gather_time_s")),
+                   param_gather_codec_time_ms=_ms(counters.get("param_gather_codec_time_s")))
     for key in OPTIONAL_FIELDS:
         rec.setdefault(key, run.get(key))
     rec.update({k: v for k, v in run.items() if k not in rec})

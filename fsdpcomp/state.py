@@ -4,7 +4,7 @@ drive it; the numerics stay in C, this file only moves buffers through torch.dis
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import Any, Hashable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -12,6 +12,8 @@ import torch.distributed as dist
 from . import _C, _nccl
 from ._gather import compressed_all_gather
 from ._config import normalize_config
+from ._order import Units
+from ._param_codec import make_param_codec
 from .counters import Counters
 
 _ELEMENT_SIZE = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
@@ -39,6 +41,19 @@ def _allocate_residual(numel: int, dtype_name: str, like: torch.Tensor) -> torch
     return torch.zeros(numel, dtype=_RESIDUAL_DTYPES[dtype_name], device=like.device)
 
 
+def _check_tensor(t: Any, name: str) -> None:
+    """What every tensor of a hook call must be, checked before the call claims its unit."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _ELEMENT_SIZE:
+        raise TypeError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
+    if t.device.type not in ("cpu", "cuda"):
+        raise TypeError(f"{name} must be on the CPU or a CUDA device, got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous()), got shape "
+                         f"{tuple(t.shape)} with strides {t.stride()}")
+
+
 class CommState:
     """A gradient compressor attached to a process group.
 
@@ -57,15 +72,18 @@ class CommState:
         self.process_group = process_group
         self._buffers: dict[tuple[str, str], torch.Tensor] = {}
         self._plans: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}
-        self._step_open = False
+        self._units = Units(self._core)  # which unit a call is, where a step ends
+        self._device: torch.device | None = None  # where the units live: one state, one device
         self._varsize = bool(self._core.flags["varsize"])
         cfg = self._core.config  # read once: the property copies a dict
         self._transport = cfg["transport"]
         self._ef = cfg["error_feedback"]
         self._gather_compressed = cfg["allgather_compress"]
         self._pipeline = cfg["pipeline"]
+        self._timeout_s = cfg["timeout_s"]
         self._group_ranks: tuple[dist.ProcessGroup, list[int]] | None = None  # for _peers()
         self._gather_residuals: dict[int, torch.Tensor] = {}  # all-gather stage, per unit
+        self._param_codec = make_param_codec(cfg)  # FSDP2 parameter all-gathers (param_gather.py)
         if self._gather_compressed and cfg.get("second_round"):
             # a single payload (the all-gather stage) has no second round to fetch values with
             raise ValueError("config key 'allgather_compress' cannot be combined with "
@@ -95,17 +113,18 @@ class CommState:
     def end_step(self) -> None:
         """Marks the end of a backward pass. Called automatically at the end of every backward
         that ran the hook; call it yourself only when driving the hook outside autograd."""
-        self._core.end_step()
-        self._step_open = False
+        self._units.end_step()
 
     def state_dict(self) -> dict[str, Any]:
-        """Method, config, step, unit sizes, residuals (cloned) and the units' method state
-        (gradiveq's basis: a resumed run encodes as the uninterrupted one would), for checkpoints."""
+        """Method, config, step, unit sizes and keys, residuals (cloned) and the units' method
+        state (gradiveq's basis: a resumed run encodes as the uninterrupted one would), for
+        checkpoints."""
         return {
             "method": self.method,
             "config": self.config,
             "step": self._core.step,
             "units": self._core.units(),
+            **self._units.state(),
             "residuals": [None if r is None else r.detach().clone() for r in self._core.residuals()],
             "unit_states": [None if b is None else torch.frombuffer(bytearray(b), dtype=torch.float32)
                             for b in self._core.unit_states()],
@@ -113,6 +132,8 @@ class CommState:
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restores a state_dict() of a state with the same method and config. Everything is
+        checked first: a refused load leaves this state as it was."""
         for key in ("method", "config", "step", "units", "residuals"):
             if key not in state_dict:
                 raise ValueError(f"fsdpcomp state_dict is missing '{key}'")
@@ -120,16 +141,20 @@ class CommState:
             raise ValueError(f"state_dict is for method '{state_dict['method']}', this state is '{self.method}'")
         if dict(state_dict["config"]) != self.config:
             raise ValueError(f"state_dict config {dict(state_dict['config'])} differs from this state's {self.config}")
+        units = list(state_dict["units"])
+        # a checkpoint from before units had keys: every unit in call order
+        keys, open_keys = Units.check_state(len(units), state_dict.get("unit_keys"),
+                                            state_dict.get("open_keys"))
         residuals = [None if r is None else r.detach().clone() for r in state_dict["residuals"]]
         # a checkpoint from before unit states were saved has none: they restart from the seed
         unit_states = state_dict.get("unit_states")
         if unit_states is not None:
             unit_states = [None if t is None else torch.as_tensor(t).detach().cpu().contiguous()
                            for t in unit_states]
-        self._core.restore(list(state_dict["units"]), residuals, int(state_dict["step"]), unit_states)
-        self._gather_residuals = {int(u): r.detach().clone().float()
-                                  for u, r in dict(state_dict.get("gather_residuals", {})).items()}
-        self._step_open = False
+        gather_residuals = _gather_residuals(state_dict.get("gather_residuals", {}), len(units))
+        self._core.restore(units, residuals, int(state_dict["step"]), unit_states)
+        self._units.restore(keys, open_keys)
+        self._gather_residuals = gather_residuals
 
     def __repr__(self) -> str:
         return f"CommState(method={self.method!r}, config={self.config!r})"
@@ -142,16 +167,30 @@ class CommState:
         group = self.process_group
         return dist.get_world_size(group), dist.get_rank(group)
 
-    def _begin(self, numel: int) -> int:
-        """Unit index of this call: call order within the backward pass. The end of the pass is
-        caught with the autograd engine's final callback, as FSDP itself does."""
-        if not self._step_open:
-            try:
-                torch.autograd.Variable._execution_engine.queue_callback(self.end_step)
-                self._step_open = True
-            except RuntimeError:
-                pass  # not inside a backward pass: the caller marks steps with end_step()
-        return self._core.begin(numel)
+    def _check_call(self, grad: Any, output: Any, world: int) -> None:
+        """Everything a reduce-scatter call's tensors must be, before it claims a unit."""
+        _check_tensor(grad, "grad")
+        device = grad.device
+        if self._device is not None and device != self._device:
+            raise TypeError(f"grad is on {device} but this CommState's units live on {self._device}: "
+                            "one state serves one device")
+        if output is None:
+            return
+        _check_tensor(output, "output")
+        if output.device != device:
+            raise TypeError(f"output is on {output.device} but grad is on {device}: all tensors of "
+                            "a call must share a device")
+        shard = -(-grad.numel() // world)
+        if output.numel() < shard:
+            raise ValueError(f"output has {output.numel()} elements, the shard needs {shard} "
+                             f"(grad has {grad.numel()} elements over {world} ranks)")
+
+    def _begin(self, grad: torch.Tensor, key: Hashable | None) -> int:
+        """Unit index of this call: its key's, or its place in call order within the backward
+        pass (fsdpcomp/_order.py has how steps end)."""
+        unit = self._units.claim(grad.numel(), key)
+        self._device = grad.device
+        return unit
 
     def _buffer(self, kind: str, nbytes: int, device: torch.device) -> torch.Tensor:
         """A reusable uint8 buffer (grown, never shrunk): no allocation per call in steady state."""
@@ -162,6 +201,26 @@ class CommState:
             self._buffers[key] = buf
         return buf[:nbytes]
 
+    def _collective(self, like: torch.Tensor, run, bytes_sent: int = 0, bytes_raw: int = 0,
+                    extra: bool = False) -> None:
+        """Runs `run()`, one torch.distributed collective on tensors like `like`, and counts it.
+        On CUDA its time is that of CUDA events around it on the current stream (the stream
+        waits for the collective, the host does not: a host clock would time the enqueue
+        only), read lazily with counters(); on the CPU, the host clock. extra: a collective
+        beyond the all-to-all (extra_collectives)."""
+        if like.is_cuda:
+            index = like.device.index if like.device.index is not None else torch.cuda.current_device()
+            stream = torch.cuda.current_stream(index).cuda_stream
+            self._core.comm_mark(index, stream, False, extra)
+            run()
+            self._core.comm_mark(index, stream, True, extra)
+            seconds = 0.0
+        else:
+            t0 = time.perf_counter()
+            run()
+            seconds = time.perf_counter() - t0
+        self._core.add_comm(seconds, bytes_sent=bytes_sent, bytes_raw=bytes_raw, extra=extra)
+
     def _plan(self, grad: torch.Tensor, world: int, rank: int):
         key = (grad.numel(), grad.dtype, world, rank)
         plan = self._plans.get(key)
@@ -170,14 +229,16 @@ class CommState:
             self._plans[key] = plan
         return plan
 
-    def reduce_scatter(self, grad: torch.Tensor, output: torch.Tensor) -> int:
+    def reduce_scatter(self, grad: torch.Tensor, output: torch.Tensor, key: Hashable | None = None) -> int:
         """output = (sum over ranks of rank r's chunk of grad) / world, compressed on the wire.
 
         grad: flat, contiguous, len = world * shard (FSDP pads it); output: the shard.
-        Returns the unit index the call was keyed by.
+        key: the unit's name (its residual and method state); None: the next unit in call order.
+        Returns the unit index. A refused call (TypeError/ValueError) changes nothing.
         """
         world, rank = self._world_rank()
-        unit = self._begin(grad.numel())
+        self._check_call(grad, output, world)
+        unit = self._begin(grad, key)
         if self._exchanges_per_peer(grad, world):
             self._per_peer_exchange(grad, output, world, rank, unit)
         else:
@@ -195,12 +256,11 @@ class CommState:
             send, recv, send_splits, recv_splits = self._exchange_sizes(sizes, send, recv, world)
         if self._transport == "nccl":
             # the C-side collective: grouped send/recv on the current stream, timed by events
-            self._core.nccl_all_to_all(_nccl.comm_for(self.process_group, grad.device), send, recv,
-                                       send_splits, recv_splits)
+            comm = _nccl.comm_for(self.process_group, grad.device, self._timeout_s)
+            self._core.nccl_all_to_all(comm, send, recv, send_splits, recv_splits)
         elif world > 1:
-            t0 = time.perf_counter()
-            dist.all_to_all_single(recv, send, list(recv_splits), list(send_splits), group=self.process_group)
-            self._core.add_comm(time.perf_counter() - t0)
+            self._collective(send, lambda: dist.all_to_all_single(
+                recv, send, list(recv_splits), list(send_splits), group=self.process_group))
         elif recv.numel():
             recv.copy_(send)  # one rank compressing its own chunk: the payload loops back
         self._core.decode(recv, grad, output, world, rank, unit)
@@ -301,9 +361,8 @@ class CommState:
         self._core.fetch_picks(unit, picks.view(torch.uint8))
         if world > 1:
             everyone = self._typed_buffer("fetch_all_picks", world * kmax, torch.int32, grad.device)
-            t0 = time.perf_counter()
-            _all_gather_single(everyone, picks, group=self.process_group)
-            self._core.add_comm(time.perf_counter() - t0, extra=True)
+            self._collective(grad, lambda: _all_gather_single(everyone, picks, group=self.process_group),
+                             extra=True)
         else:
             everyone = picks
         send = self._typed_buffer("fetch_send", world * kmax, torch.float32, grad.device)
@@ -312,10 +371,8 @@ class CommState:
         send = send[:sum(send_splits)]
         recv = self._typed_buffer("fetch_recv", sum(recv_splits), torch.float32, grad.device)
         if world > 1:
-            t0 = time.perf_counter()
-            dist.all_to_all_single(recv, send, list(recv_splits), list(send_splits),
-                                   group=self.process_group)
-            self._core.add_comm(time.perf_counter() - t0, extra=True)
+            self._collective(grad, lambda: dist.all_to_all_single(
+                recv, send, list(recv_splits), list(send_splits), group=self.process_group), extra=True)
         else:
             recv.copy_(send)  # one rank compressing its own chunk: its values loop back
         self._core.finish(recv.view(torch.uint8), grad, output, world, rank, unit)
@@ -328,11 +385,12 @@ class CommState:
             return
         summed = torch.frombuffer(bytearray(vec), dtype=torch.float32)
         if world > 1:
+            # the state lives on the host (C), so on CUDA this costs a copy each way and a wait,
+            # on the steps the method's schedule makes it due (gradiveq: its basis updates)
             t = summed.to(device)
-            t0 = time.perf_counter()
-            dist.all_reduce(t, group=self.process_group)
             nbytes = len(vec) * (world - 1) // world * 2  # ring all-reduce traffic per rank
-            self._core.add_comm(time.perf_counter() - t0, bytes_sent=nbytes, extra=True)
+            self._collective(t, lambda: dist.all_reduce(t, group=self.process_group),
+                             bytes_sent=nbytes, extra=True)
             summed = t.cpu()
         self._core.sync_apply(unit, summed)
 
@@ -345,20 +403,23 @@ class CommState:
         else:
             out_sizes = torch.tensor(send_splits, dtype=torch.int64, device=send.device)
             in_sizes = torch.empty(world, dtype=torch.int64, device=send.device)
-            t0 = time.perf_counter()
-            dist.all_to_all_single(in_sizes, out_sizes, group=self.process_group)
-            self._core.add_comm(time.perf_counter() - t0, bytes_sent=8 * (world - 1), extra=True)
+            self._collective(send, lambda: dist.all_to_all_single(in_sizes, out_sizes, group=self.process_group),
+                             bytes_sent=8 * (world - 1), extra=True)
+            # the one host sync of a data-dependent size on CUDA: the receive splits must be
+            # known on the host to post the payloads' all-to-all
             recv_splits = tuple(int(v) for v in in_sizes.tolist())
         return send[:sum(send_splits)], recv[:sum(recv_splits)], send_splits, recv_splits
 
-    def all_reduce(self, grad: torch.Tensor) -> None:
+    def all_reduce(self, grad: torch.Tensor, key: Hashable | None = None) -> None:
         """grad = mean over ranks of grad, in place: compressed reduce-scatter, then an
-        all-gather of the reduced shards, in grad's dtype or (allgather_compress) compressed."""
+        all-gather of the reduced shards, in grad's dtype or (allgather_compress) compressed.
+        key as for reduce_scatter."""
         world, _ = self._world_rank()
+        self._check_call(grad, None, world)
         n = grad.numel()
         shard = -(-n // world)
         reduced = self._buffer_like("shard", shard, grad)
-        unit = self.reduce_scatter(grad, reduced)
+        unit = self.reduce_scatter(grad, reduced, key)
         if world == 1:
             grad.copy_(reduced[:n])
             return
@@ -367,10 +428,9 @@ class CommState:
             compressed_all_gather(self, reduced, grad, unit, world, rank, self._gather_residuals)
             return
         gathered = self._buffer_like("gathered", shard * world, grad)
-        t0 = time.perf_counter()
-        _all_gather_single(gathered, reduced, group=self.process_group)
         nbytes = (world - 1) * shard * grad.element_size()
-        self._core.add_comm(time.perf_counter() - t0, bytes_sent=nbytes, bytes_raw=nbytes)
+        self._collective(grad, lambda: _all_gather_single(gathered, reduced, group=self.process_group),
+                         bytes_sent=nbytes, bytes_raw=nbytes)
         grad.copy_(gathered[:n].view_as(grad))
 
     def _buffer_like(self, kind: str, numel: int, like: torch.Tensor) -> torch.Tensor:
@@ -380,3 +440,20 @@ class CommState:
         """A reusable buffer of `numel` elements of `dtype` (a view of a cached uint8 buffer)."""
         size = _ELEMENT_SIZE.get(dtype) or torch.empty((), dtype=dtype).element_size()
         return self._buffer(kind + str(dtype), numel * size, device).view(dtype)
+
+
+def _gather_residuals(saved: Any, n_units: int) -> dict[int, torch.Tensor]:
+    """A checkpoint's all-gather residuals (allgather_compress), checked and copied."""
+    if not isinstance(saved, Mapping):
+        raise TypeError(f"state_dict 'gather_residuals' must be a dict of unit -> tensor, got "
+                        f"{type(saved).__name__}")
+    out = {}
+    for unit, r in saved.items():
+        if isinstance(unit, bool) or not isinstance(unit, int) or not 0 <= unit < n_units:
+            raise ValueError(f"state_dict 'gather_residuals' is keyed by unit (0 to {n_units - 1}), "
+                             f"got {unit!r}")
+        if not isinstance(r, torch.Tensor) or not r.is_floating_point():
+            raise TypeError(f"state_dict 'gather_residuals'[{unit}] must be a float tensor, got "
+                            f"{type(r).__name__}")
+        out[unit] = r.detach().clone().float()
+    return out

@@ -33,10 +33,10 @@ def cuda_methods() -> list[str]:
     return [m for m in fsdpcomp.methods() if fsdpcomp.method_info(m)["cuda"]]
 
 
-def cuda_cases() -> list[tuple[str, dict]]:
-    """method_cases' configs of every method with CUDA kernels, each method's defaults, and
-    EXTRA: the block geometries the kernels treat apart."""
-    ms = set(cuda_methods())
+def cuda_cases(methods: list[str] | None = None) -> list[tuple[str, dict]]:
+    """method_cases' configs of every method with CUDA kernels (`methods`: these instead), each
+    method's defaults, and EXTRA: the block geometries the kernels treat apart."""
+    ms = set(cuda_methods() if methods is None else methods)
     out = [c for c in CASES if c[0] in ms]
     out += [(m, {}) for m in sorted(ms) if (m, {}) not in out]
     return out + [c for c in EXTRA if c[0] in ms]
@@ -49,10 +49,11 @@ NONFINITE = [(0, 0x7FC00001), (8, 0xFFC0ABCD), (3, 0x7F800000), (11, 0xFF800000)
              (-1, 0xFF800000), (0.5, 0x7FD00000), (0.5001, 0x7F800000)]
 
 
-def make_grad(n: int, dtype: torch.dtype, gen: torch.Generator, nonfinite: bool = False) -> torch.Tensor:
-    """Fresh random data, scaled (never zeros); with `nonfinite`, NONFINITE's values at its places
-    (an int: that index, negative from the end; a float: that fraction of n)."""
-    g = torch.randn(n, generator=gen) * 3
+def make_grad(n: int, dtype: torch.dtype, gen: torch.Generator, nonfinite: bool = False,
+              scale: float = 3.0) -> torch.Tensor:
+    """Fresh random data times `scale` (never zeros); with `nonfinite`, NONFINITE's values at its
+    places (an int: that index, negative from the end; a float: that fraction of n)."""
+    g = torch.randn(n, generator=gen) * scale
     if nonfinite:
         bits = g.view(torch.int32)
         for at, pattern in NONFINITE:
@@ -91,14 +92,15 @@ def cpu_encode(state: fsdpcomp.CommState, grad: torch.Tensor, world: int, rank: 
 
 def check_encode(backend, method: str, cfg: dict, dtype: torch.dtype, world: int, rank: int, n: int,
                  gen: torch.Generator, residual_dtype: str = "fp32", nonfinite: str | None = None,
-                 steps: int = 2) -> None:
+                 steps: int = 2, scale: float = 3.0) -> None:
     """`steps` encodes of fresh gradients with error feedback (from the second on the residual is
     not zero): the backend's payload bytes and residuals equal the CPU's. `nonfinite`: NaN/Inf in
-    the gradient, with that `nonfinite` mode."""
+    the gradient, with that `nonfinite` mode; `scale`: the gradient's magnitude (tiny ones
+    overflow 1 / scale, where the CPU's x86 conversions decide the codes)."""
     full = dict(cfg, **common_cfg(world, residual_dtype, nonfinite or "pass"))
     cpu, dev = fsdpcomp.CommState(method, full), backend.state(method, full)
     for step in range(steps):
-        g = make_grad(n, dtype, gen, nonfinite=nonfinite is not None)
+        g = make_grad(n, dtype, gen, nonfinite=nonfinite is not None, scale=scale)
         u = cpu._core.begin(n)
         a = cpu_encode(cpu, g, world, rank, u)
         b = backend.encode(dev, g, world, rank)
@@ -137,7 +139,9 @@ def check_decode(backend, method: str, cfg: dict, dtype: torch.dtype, world: int
     recv = cpu_payloads(method, full, grads, world, rank)
     shard = -(-n // world)
     ref = fsdpcomp.CommState(method, full)
-    out_c = torch.empty(shard + 3, dtype=dtype)  # 3 more: FSDP's padded tail is zeroed
+    # 3 more: FSDP's padded tail is zeroed. 7.0 as the backends start from: what no decode
+    # writes (a second round's first decode only picks coordinates) then compares equal
+    out_c = torch.full((shard + 3,), 7.0, dtype=dtype)
     ref._core.decode(recv, grads[rank], out_c, world, rank, ref._core.begin(n))
     out_d, nonfinite_out = backend.decode(method, full, recv, grads[rank], out_c.numel(), world, rank)
     where = f"{method} {cfg} {dtype} W={world} r={rank} n={n} nonfinite={nonfinite}"

@@ -1,6 +1,7 @@
 """The CUDA part as CI can check it without a GPU: the library is built where nvcc is, exports
 only its function table, is not loaded by `import fsdpcomp`, and fails clearly without NCCL."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -40,16 +41,26 @@ def test_library_exports_only_the_table():
     assert names == ["fc_cuda_get_api"], names  # static cudart stays private: no clash with torch's
 
 
+def cuda_abi() -> int:
+    """FC_CUDA_ABI as cuda/fc_cuda.h defines it: the one number _C and the library must share."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout's
+    with open(os.path.join(root, "cuda", "fc_cuda.h")) as f:
+        m = re.search(r"#define FC_CUDA_ABI (\d+)", f.read())
+    assert m, "FC_CUDA_ABI not found in cuda/fc_cuda.h"
+    return int(m.group(1))
+
+
 def test_table_answers_only_its_abi():
     need_lib()
+    abi = cuda_abi()
     r = run_py(
         "import ctypes, sys\n"
         f"lib = ctypes.CDLL({LIB!r})\n"
         "f = lib.fc_cuda_get_api; f.restype = ctypes.c_void_p; f.argtypes = [ctypes.c_int]\n"
-        "assert f(1) is not None and f(999) is None\n"
-        "print(ctypes.c_int.from_address(f(1)).value)\n")
+        f"assert f({abi}) is not None and f({abi - 1}) is None and f(999) is None\n"
+        f"print(ctypes.c_int.from_address(f({abi})).value)\n")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "1"
+    assert r.stdout.strip() == str(abi)
 
 
 def test_import_does_not_load_cuda():
@@ -118,7 +129,7 @@ def test_cuda_flag_matches_the_library_table():
         "    _fields_ = [('abi', ctypes.c_int), ('build', ctypes.c_char_p),\n"
         "                ('has_method', ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int))]\n"
         "f = lib.fc_cuda_get_api; f.restype = ctypes.POINTER(Api); f.argtypes = [ctypes.c_int]\n"
-        "api = f(1).contents\n"
+        f"api = f({cuda_abi()}).contents\n"
         f"print(' '.join(str(api.has_method(i)) for i in {sorted(ids.values())!r}))\n")
     assert r.returncode == 0, r.stderr
     has = dict(zip(sorted(ids.values()), (bool(int(v)) for v in r.stdout.split())))

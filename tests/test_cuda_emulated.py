@@ -149,8 +149,19 @@ class Emulated:
         return out, nonfinite_out
 
 
-CASES = [c for c in cuda_cases() if c[0] not in NEEDS_HOST]  # those: test_cuda_sparse_emulated.py
+# The methods with kernels in cuda/ (the emulation needs no nvcc, so not the build's "cuda" flag;
+# test_emulated_table_is_the_source_list checks the list against the compiled table), but those
+# that need the host glue (device scratch, unit state, data-dependent sizes): their cases run in
+# test_cuda_sparse_emulated.py, through the real _C.
+CASES = cuda_cases(sorted(set(fsdpcomp._CUDA_METHODS) - NEEDS_HOST))
 IDS = [m + "".join(f"-{k}={v}" for k, v in c.items()) for m, c in CASES]
+
+
+def test_emulated_table_is_the_source_list(emu):
+    r = subprocess.run([emu.exe, "methods", "-"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    ids = {fsdpcomp.method_info(m)["id"]: m for m in fsdpcomp.methods()}
+    assert {ids[int(i)] for i in r.stdout.split()} == set(fsdpcomp._CUDA_METHODS)
 
 
 @pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
@@ -166,6 +177,12 @@ def test_emulated_encode_matches_cpu(emu, method, cfg, world, rank, dtype, res, 
 def test_emulated_encode_of_nonfinite_matches_cpu(emu, method, cfg, mode, gen):
     for world, rank, n in ((1, 0, 255), (3, 0, 1031)):
         check_encode(emu, method, cfg, torch.float32, world, rank, n, gen, nonfinite=mode)
+
+
+@pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
+def test_emulated_encode_of_tiny_and_huge_values_matches_cpu(emu, method, cfg, gen):
+    for scale in (1e-40, 1e-37, 1e30):
+        check_encode(emu, method, cfg, torch.float32, 3, 1, 1031, gen, scale=scale)
 
 
 @pytest.mark.parametrize("method,cfg", CASES, ids=IDS)

@@ -7,7 +7,6 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import fsdpcomp
-from fsdpcomp._order import call_order
 from dist_utils import run_ranks
 
 STEPS = 4
@@ -62,7 +61,7 @@ def _bad_input(rank, world):
 def _scenarios(rank, world):
     base, _, _ = _train(rank, STEPS)
     mine, _, state = _train(rank, STEPS, "none")
-    res = {"none": (base, mine, dict(state.counters()), call_order(state).keys)}
+    res = {"none": (base, mine, dict(state.counters()), state.state_dict()["unit_keys"])}
     lossy = {"int8": {"block_size": 64}}
     if "topk" in fsdpcomp.methods():
         lossy["topk"] = {"ratio": 0.25, "error_feedback": True}
@@ -90,7 +89,9 @@ def test_none_equals_ddp_allreduce(ranks):
             assert torch.allclose(b, m, atol=TOL, rtol=0), (rank, (b - m).abs().max().item())
         n_buckets = len(keys)
         assert n_buckets >= 2, keys  # the small bucket cap gives several buckets
-        assert keys == [("ddp_bucket", i) for i in range(n_buckets)]  # DDP reduces in index order
+        # one unit per bucket, keyed by its parameters' names, every parameter in one bucket
+        names = [n for _, ps in keys for n in ps]
+        assert all(k[0] == "ddp" for k in keys) and sorted(names) == sorted(set(names)) and len(names) == 6
         # the first backward is uncompressed (DDP rebuilds its buckets after it)
         assert ctr["calls"] == (STEPS - 1) * n_buckets and ctr["step"] == STEPS - 1
         n_params = sum(p.numel() for p in base)

@@ -6,7 +6,6 @@ import torch
 import torch.distributed as dist
 
 import fsdpcomp
-from fsdpcomp._order import call_order
 from dist_utils import run_ranks
 
 fully_shard = pytest.importorskip("torch.distributed.fsdp").fully_shard
@@ -89,7 +88,7 @@ def _bad_inputs(rank, world):
     rs(out, inp, dist.group.WORLD, dist.ReduceOp.AVG)
     work = rs(out, inp, dist.group.WORLD, dist.ReduceOp.AVG, async_op=True)
     work.wait()
-    return errors, state.counters()["calls"], call_order(state).keys
+    return errors, dict(state.counters()), state.state_dict()["unit_keys"]
 
 
 def _scenarios(rank, world):
@@ -98,7 +97,7 @@ def _scenarios(rank, world):
         # gloo has no PREMUL_SUM: torch's reference for a divide factor is then SUM + post-divide
         base, _, _ = _train(rank, STEPS, force_sum="divide_factor" in kw, **kw)
         mine, _, state = _train(rank, STEPS, "none", **kw)
-        res[name] = (base, mine, dict(state.counters()), call_order(state).keys)
+        res[name] = (base, mine, dict(state.counters()), state.state_dict()["unit_keys"])
     lossy = {"int8": {"block_size": 64}}
     if "topk" in fsdpcomp.methods():
         lossy["topk"] = {"ratio": 0.25, "error_feedback": True}
@@ -124,8 +123,7 @@ def test_none_equals_torch_reduce_scatter(ranks, case):
             assert torch.allclose(b, m, atol=tol, rtol=0), (rank, (b - m).abs().max().item())
         assert ctr["calls"] == STEPS * 4  # three Linear units + the root (LayerNorm)
         assert ctr["bytes_sent"] > 0 and ctr["elements"] > 0
-        # every group claimed one position, the same on every rank; claim() raised had the
-        # order changed between steps
+        # one unit per group, keyed by the module's name, in the same order on every rank
         assert sorted(keys) == ["0", "2", "4", "<root>"] and keys == results[0][case][3]
 
 
@@ -143,25 +141,31 @@ def test_lossy_methods_train(ranks, method):
 
 def test_bad_input_is_refused(ranks):
     world, results = ranks
-    errors, calls, keys = results[0]["bad"]
+    errors, ctr, keys = results[0]["bad"]
     for name, kind, msg in errors:
         assert kind is not None, f"bad input '{name}' was accepted"
     text = dict((n, m) for n, _, m in errors)
     assert "MAX" in text["op"] and "needs" in text["size"] and "float64" in text["dtype"]
-    # only the two good calls (one step: no backward ended it) claimed a position and counted
-    assert calls == 2 and keys == ["direct", "direct"]
+    # only the two good calls counted: one unit, its key claimed again, so a second step
+    assert ctr["calls"] == 2 and ctr["step"] == 1 and keys == ["direct"]
 
 
-def test_call_order_change_is_refused(gen):
-    # One process, no process group: a world of one loops its own payload back.
-    state = fsdpcomp.CommState("int8", {"error_feedback": True})
+def test_units_follow_their_keys_whatever_the_order(gen):
+    """Keyed units keep their residual when the order of the calls changes (one process, no
+    process group: a world of one loops its own payload back)."""
+    state = fsdpcomp.CommState("topk", {"ratio": 0.1, "compress_own_chunk": True})
     a, b = fsdpcomp.ReduceScatter(state, key="a"), fsdpcomp.ReduceScatter(state, key="b")
-    x, y = torch.randn(64, generator=gen), torch.randn(64, generator=gen)
-    a(torch.empty(64), x)
-    b(torch.empty(64), y)
-    state.end_step()
-    with pytest.raises(RuntimeError, match="call 0 of step 1 came from 'b'"):
-        b(torch.empty(64), y)
+    alone = {k: fsdpcomp.CommState("topk", {"ratio": 0.1, "compress_own_chunk": True}) for k in "ab"}
+    xs = [(torch.randn(64, generator=gen), torch.randn(64, generator=gen)) for _ in range(3)]
+    for step, (x, y) in enumerate(xs):
+        order = [(a, "a", x), (b, "b", y)] if step % 2 == 0 else [(b, "b", y), (a, "a", x)]
+        for rs, key, g in order:
+            out, ref = torch.empty(64), torch.empty(64)
+            rs(out, g)
+            fsdpcomp.ReduceScatter(alone[key])(ref, g)
+            alone[key].end_step()
+            assert torch.equal(out, ref), (step, key)
+    assert state.step == 2 and state.state_dict()["unit_keys"] == ["a", "b"]
 
 
 def test_register_refuses_unknown_models():

@@ -136,7 +136,7 @@ def test_unit_order_mismatch_is_reported(gen):
     out = torch.empty(100)
     fsdpcomp.fsdp_hook(state, torch.randn(100, generator=gen), out)
     state.end_step()
-    with pytest.raises(RuntimeError, match="call order"):
+    with pytest.raises(ValueError, match="200 elements but unit 0 had 100.*call order"):
         fsdpcomp.fsdp_hook(state, torch.randn(200, generator=gen), torch.empty(200))
 
 

@@ -56,6 +56,8 @@ typedef struct fc_emu_event {
     int recorded;
 } *cudaEvent_t;
 #define cudaEventDefault 0
+#define cudaEventDisableTiming 2
+#define cudaHostAllocMapped 2
 
 static inline cudaError_t cudaGetLastError(void) { return cudaSuccess; }
 static inline const char *cudaGetErrorString(cudaError_t) { return "emulated"; }
@@ -80,8 +82,11 @@ static inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t = 0) { e->
 static inline cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
 static inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
 static inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t, cudaEvent_t) { *ms = 0.0f; return cudaSuccess; }
+static inline cudaError_t cudaHostAlloc(void **p, size_t n, unsigned) { *p = calloc(1, n); return cudaSuccess; }
+static inline cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
+static inline cudaError_t cudaHostGetDevicePointer(void **d, void *h, unsigned) { *d = h; return cudaSuccess; }
 
-// ---- threads, warps, blocks: every CUDA thread is a fiber (ucontext) of the launching host
+// ---- threads, warps, blocks: every CUDA thread is a fiber (its own stack) of the launching host
 // thread, run cooperatively: a barrier (a warp's, for shuffles and __syncwarp; the block's) is a
 // count the fiber waits on by yielding to the launch's scheduler. One host thread, no locks, and
 // no host thread per CUDA thread, which on a loaded machine cost more than the kernels.
@@ -98,7 +103,8 @@ struct fc_emu_warp {
 };
 
 struct fc_emu_fiber {
-    ucontext_t ctx;
+    ucontext_t ctx; // swapcontext's (FC_EMU_FAST: unused)
+    void *sp;       // fc_emu_swap's: the saved stack pointer
     dim3 tid, bid;
     fc_emu_warp *warp;
     bool done;
@@ -109,8 +115,27 @@ inline thread_local fc_emu_warp *fc_emu_cur;
 inline thread_local fc_emu_bar *fc_emu_block; // the block's threads (__syncthreads)
 inline thread_local fc_emu_fiber *fc_emu_self;
 inline thread_local ucontext_t fc_emu_sched;
+inline thread_local void *fc_emu_sched_sp;
 inline thread_local unsigned long long fc_emu_progress; // arrivals: a round without any is a deadlock
 inline std::mutex fc_emu_atomic;
+
+#if defined(__x86_64__) && defined(__linux__)
+// A switch between fibers without a system call (emu_stubs.cpp): swapcontext also saves and
+// restores the signal mask, one syscall per switch, which was most of the emulation's time.
+// fc_emu_swap pushes the callee-saved registers, MXCSR and the x87 control word, stores the
+// stack pointer in *save_sp, loads load_sp and pops what the other side pushed.
+#define FC_EMU_FAST 1
+extern "C" void fc_emu_swap(void **save_sp, void *load_sp);
+#endif
+
+static inline void fc_emu_yield(void)
+{
+#ifdef FC_EMU_FAST
+    fc_emu_swap(&fc_emu_self->sp, fc_emu_sched_sp);
+#else
+    swapcontext(&fc_emu_self->ctx, &fc_emu_sched);
+#endif
+}
 
 static inline void fc_emu_wait(fc_emu_bar *b)
 {
@@ -122,7 +147,7 @@ static inline void fc_emu_wait(fc_emu_bar *b)
         return;
     }
     while (b->gen == g)
-        swapcontext(&fc_emu_self->ctx, &fc_emu_sched);
+        fc_emu_yield();
 }
 
 static inline void __syncwarp(unsigned = 0xffffffffu) { fc_emu_wait(&fc_emu_cur->bar); }
@@ -197,6 +222,44 @@ static inline void fc_emu_entry(void)
 {
     (*fc_emu_body)();
     fc_emu_self->done = true; // back to the scheduler through uc_link
+#ifdef FC_EMU_FAST
+    fc_emu_yield(); // never resumed
+    __builtin_trap();
+#endif
+}
+
+// A fiber's first stack: what fc_emu_swap pops (MXCSR and control word as they are now, zeroed
+// registers), then its return into fc_emu_entry, 16-byte aligned as at a call.
+static inline void fc_emu_start(fc_emu_fiber &f, char *stack, size_t size)
+{
+#ifdef FC_EMU_FAST
+    uintptr_t top = ((uintptr_t)(stack + size)) & ~(uintptr_t)15;
+    void **sp = (void **)top;
+    *--sp = nullptr; // fc_emu_entry's own return address: it never returns
+    *--sp = (void *)&fc_emu_entry;
+    for (int r = 0; r < 6; r++) // rbp rbx r12 r13 r14 r15
+        *--sp = nullptr;
+    uint32_t mxcsr;
+    uint16_t cw;
+    __asm__ volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(mxcsr), "=m"(cw));
+    *--sp = (void *)((uintptr_t)mxcsr | (uintptr_t)cw << 32); // MXCSR at 0, control word at 4
+    f.sp = sp;
+#else
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = stack;
+    f.ctx.uc_stack.ss_size = size;
+    f.ctx.uc_link = &fc_emu_sched;
+    makecontext(&f.ctx, fc_emu_entry, 0);
+#endif
+}
+
+static inline void fc_emu_resume(fc_emu_fiber &f)
+{
+#ifdef FC_EMU_FAST
+    fc_emu_swap(&fc_emu_sched_sp, f.sp);
+#else
+    swapcontext(&fc_emu_sched, &f.ctx);
+#endif
 }
 
 template <class K> struct fc_emu_launcher {
@@ -221,6 +284,8 @@ template <class K> struct fc_emu_launcher {
                 }
         };
         std::function<void()> *outer_body = fc_emu_body;
+        fc_emu_fiber *outer_self = fc_emu_self;
+        void *outer_sched = fc_emu_sched_sp;
         fc_emu_body = &body;
         blockDim = block;
         gridDim = grid;
@@ -229,11 +294,7 @@ template <class K> struct fc_emu_launcher {
         std::vector<fc_emu_fiber> fibers(nt);
         for (unsigned t = 0; t < nt; t++) {
             fc_emu_fiber &f = fibers[t];
-            getcontext(&f.ctx);
-            f.ctx.uc_stack.ss_sp = stacks[t].get();
-            f.ctx.uc_stack.ss_size = stack;
-            f.ctx.uc_link = &fc_emu_sched;
-            makecontext(&f.ctx, fc_emu_entry, 0);
+            fc_emu_start(f, stacks[t].get(), stack);
             f.tid = dim3(t, 0, 0);
             f.bid = dim3(0, 0, 0);
             f.warp = warps[t / 32].get();
@@ -251,7 +312,7 @@ template <class K> struct fc_emu_launcher {
                 blockIdx = f.bid;
                 fc_emu_cur = f.warp;
                 fc_emu_block = &inside;
-                swapcontext(&fc_emu_sched, &f.ctx);
+                fc_emu_resume(f);
                 f.bid = blockIdx;
                 if (f.done) {
                     alive--;
@@ -264,6 +325,8 @@ template <class K> struct fc_emu_launcher {
             }
         }
         fc_emu_body = outer_body;
+        fc_emu_self = outer_self;
+        fc_emu_sched_sp = outer_sched;
     }
 };
 

@@ -5,6 +5,7 @@
 //   emu encode DIR: args.txt, grad.bin [, res.bin] -> send.bin [, res.bin rewritten], ws.bin
 //   emu decode DIR: args.txt, recv.bin, grad.bin -> out.bin, ws.bin
 //   emu array DIR: args.txt, x.bin, acc.bin -> body.bin, acc.bin (+= alpha * decode of body)
+//   emu methods -: the wire ids of the methods with kernels
 // args.txt holds "key value" lines (and "cfg NAME VALUE" for the method's keys).
 #include <cstdio>
 #include <cstdlib>
@@ -17,7 +18,7 @@
 
 extern "C" const fc_cuda_api *fc_cuda_get_api(int abi);
 
-// The NCCL transport and CUB are stubbed in emu_stubs.cpp.
+// CUB is stubbed in emu_stubs.cpp.
 
 static std::vector<uint8_t> slurp(const std::string &path)
 {
@@ -120,10 +121,16 @@ static void array_mode(const fc_cuda_method_cfg &m, std::map<std::string, double
 int main(int argc, char **argv)
 {
     if (argc != 3) {
-        fprintf(stderr, "usage: emu encode|decode|array DIR\n");
+        fprintf(stderr, "usage: emu encode|decode|array DIR | emu methods -\n");
         return 2;
     }
     const std::string mode = argv[1], dir = argv[2];
+    if (mode == "methods") { // the wire ids with kernels
+        for (int id = 0; id < 256; id++)
+            if (fc_cuda_get_api(FC_CUDA_ABI)->has_method(id))
+                printf("%d\n", id);
+        return 0;
+    }
     std::map<std::string, double> a;
     std::vector<std::string> names; // storage for the config key names
     fc_cuda_method_cfg m;

@@ -1,23 +1,42 @@
-// emu_stubs.cpp (tests only): what the emulation of the CUDA library replaces: the NCCL transport
-// (not emulated: it fails clearly) and the two CUB algorithms of fc_cu_cub.cu, as plain host
-// loops with the same contract (a stable compaction in index order, a stable sort by key).
+// emu_stubs.cpp (tests only): what the emulation of the CUDA library replaces: the two CUB
+// algorithms of fc_cu_cub.cu, as plain host loops with the same contract (a stable compaction in
+// index order, a stable sort by key).
 #include <algorithm>
 #include <numeric>
 #include <vector>
 
 #include "fc_cu_sparse.cuh"
 
-int fc_cu_nccl_unique_id(uint8_t *, fc_err *err) { return fc_fail(err, FC_ERR_NCCL, "no NCCL in the emulation"); }
-int fc_cu_nccl_comm_init(const uint8_t *, int, int, int, fc_cuda_comm **, fc_err *err)
-{
-    return fc_fail(err, FC_ERR_NCCL, "no NCCL in the emulation");
-}
-void fc_cu_nccl_comm_free(fc_cuda_comm *) {}
-int fc_cu_nccl_all_to_all(fc_cuda_ctx *, fc_cuda_comm *, int, void *, const uint8_t *, const int64_t *,
-                          uint8_t *, const int64_t *, fc_err *err)
-{
-    return fc_fail(err, FC_ERR_NCCL, "no NCCL in the emulation");
-}
+#ifdef FC_EMU_FAST
+// fc_emu_swap(void **save_sp, void *load_sp), System V x86-64 (cuda_runtime.h says why).
+__asm__(".text\n"
+        ".globl fc_emu_swap\n"
+        ".hidden fc_emu_swap\n"
+        ".type fc_emu_swap, @function\n"
+        "fc_emu_swap:\n"
+        "    pushq %rbp\n"
+        "    pushq %rbx\n"
+        "    pushq %r12\n"
+        "    pushq %r13\n"
+        "    pushq %r14\n"
+        "    pushq %r15\n"
+        "    subq $8, %rsp\n"
+        "    stmxcsr (%rsp)\n"
+        "    fnstcw 4(%rsp)\n"
+        "    movq %rsp, (%rdi)\n"
+        "    movq %rsi, %rsp\n"
+        "    ldmxcsr (%rsp)\n"
+        "    fldcw 4(%rsp)\n"
+        "    addq $8, %rsp\n"
+        "    popq %r15\n"
+        "    popq %r14\n"
+        "    popq %r13\n"
+        "    popq %r12\n"
+        "    popq %rbx\n"
+        "    popq %rbp\n"
+        "    ret\n"
+        ".size fc_emu_swap, .-fc_emu_swap\n");
+#endif
 
 cudaError_t fc_cu_select_if(void *temp, size_t *temp_bytes, const fc_cu_sel_pred &pred, int64_t *out,
                             int64_t *num, int64_t n, cudaStream_t)

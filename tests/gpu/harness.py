@@ -1,0 +1,136 @@
+"""Runs one group of GPU checks for tests/gpu/run.sh: each check function of the group's module
+(`check_*`, in file order) in its own subprocess with a time limit, so a crash or a hang costs
+that check only. Every result goes into one JSON summary (merged with what earlier groups wrote:
+passed / failed / skipped, the reason, seconds, and the check's details) and one log.
+
+    python tests/gpu/harness.py GROUP --out DIR [--only NAME ...]
+    python tests/gpu/harness.py --one MODULE:CHECK --result FILE     (the subprocess side)
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(HERE)
+ROOT = os.path.dirname(TESTS)
+
+GROUPS = {  # group -> (module, seconds each check may take)
+    "bytes": ("checks_bytes", 420),
+    "driver": ("checks_driver", 180),
+    "train": ("checks_train", 420),
+}
+
+
+def checks_of(module_name: str) -> list[str]:
+    mod = importlib.import_module(module_name)
+    funcs = [(f.__code__.co_firstlineno, n) for n, f in vars(mod).items()
+             if n.startswith("check_") and inspect.isfunction(f) and f.__module__ == mod.__name__]
+    return [n for _, n in sorted(funcs)]
+
+
+def run_one(spec: str, result_path: str) -> int:
+    """The subprocess: runs MODULE:CHECK and writes {status, detail|reason|error} as JSON."""
+    from gpu_common import Skip  # the class the checks raise (not a copy in __main__)
+    module_name, name = spec.split(":")
+    out = {"status": "failed"}
+    try:
+        detail = getattr(importlib.import_module(module_name), name)()
+        out = {"status": "passed", "detail": detail}
+    except Skip as e:
+        out = {"status": "skipped", "reason": str(e)}
+    except BaseException as e:  # noqa: BLE001 - every failure is a result to report
+        out = {"status": "failed", "error": f"{type(e).__name__}: {e}",
+               "traceback": traceback.format_exc()[-6000:]}
+        detail = getattr(e, "detail", None)
+        if detail is not None:
+            out["detail"] = detail
+    with open(result_path, "w") as f:
+        json.dump(out, f, indent=1, default=str)
+    return 0
+
+
+def merge(summary_path: str, group: str, results: dict) -> dict:
+    summary = {}
+    if os.path.exists(summary_path):
+        with open(summary_path) as f:
+            summary = json.load(f)
+    summary.setdefault("checks", {})
+    now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    for name, r in results.items():  # a later run of a check replaces its earlier result
+        r.setdefault("at", now)
+        summary["checks"][f"{group}.{name}"] = r
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    for r in summary["checks"].values():
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    summary["counts"] = counts
+    summary["updated"] = now
+    tmp = summary_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(summary, f, indent=1, default=str)
+    os.replace(tmp, summary_path)
+    return summary
+
+
+def run_group(group: str, out_dir: str, only: list[str]) -> int:
+    module_name, limit = GROUPS[group]
+    names = [n for n in checks_of(module_name) if not only or n in only or n[6:] in only]
+    results, failed = {}, 0
+    for name in names:
+        result_path = os.path.join(out_dir, f".{group}.{name}.json")
+        if os.path.exists(result_path):
+            os.remove(result_path)
+        t0 = time.time()
+        print(f"[{group}] {name} ...", flush=True)
+        try:
+            p = subprocess.run([sys.executable, __file__, "--one", f"{module_name}:{name}", "--result", result_path],
+                               timeout=limit, cwd=ROOT, stdout=sys.stdout, stderr=sys.stderr)
+            rc = p.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        r = {"status": "failed", "error": f"no result (exit {rc}: crashed, or past its {limit} s limit)"}
+        if os.path.exists(result_path):
+            with open(result_path) as f:
+                r = json.load(f)
+            os.remove(result_path)
+        r["seconds"] = round(time.time() - t0, 1)
+        results[name[6:]] = r
+        failed += r["status"] == "failed"
+        why = r.get("error") or r.get("reason") or ""
+        print(f"[{group}] {name}: {r['status'].upper()} ({r['seconds']} s) {why}", flush=True)
+        if r["status"] == "failed" and r.get("traceback"):
+            print(r["traceback"], flush=True)
+    merge(os.path.join(out_dir, "summary.json"), group, results)
+    return 1 if failed else 0
+
+
+def main() -> int:
+    sys.path[:0] = [HERE, TESTS, ROOT]
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("group", nargs="?", choices=sorted(GROUPS))
+    ap.add_argument("--out", default=os.path.join(ROOT, "build", "gpu"))
+    ap.add_argument("--only", nargs="*", default=[])
+    ap.add_argument("--one")
+    ap.add_argument("--result")
+    ap.add_argument("--merge", nargs=3, metavar=("GROUP", "NAME", "RESULT_JSON"),
+                    help="adds one result (run.sh's own steps: build, sanitizer, benchmark)")
+    args = ap.parse_args()
+    if args.one:
+        return run_one(args.one, args.result)
+    os.makedirs(args.out, exist_ok=True)
+    if args.merge:
+        group, name, result = args.merge
+        merge(os.path.join(args.out, "summary.json"), group, {name: json.loads(result)})
+        return 0
+    return run_group(args.group, args.out, args.only)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
