@@ -1,4 +1,4 @@
-# Writes docs/results.md from the benchmarks' JSON files (comm_bench.json, train_bench_*.json): machine, date, versions, tables, plots, commands.
+# Writes docs/results.md from the benchmarks' JSON files (comm_bench.json, train_bench_*.json): machine, date, versions, tables, plots, commands; and README's short Results (--readme).
 """    python benchmarks/make_results_md.py [--results_dir benchmarks/results] [--out docs/results.md]
 
 Only numbers found in the JSON files are written; a benchmark whose JSON is missing gets a line
@@ -183,12 +183,7 @@ README_BEGIN, README_END = "<!-- results:begin -->", "<!-- results:end -->"
 
 def sections(results_dir: str, rel: str, brief: bool = False) -> list[str]:
     """The generated sections, with plot links relative to `rel` (where the page lives)."""
-    def load(path):
-        with open(path) as f:
-            data = json.load(f)
-        data["_path"] = path
-        return data
-
+    load = _load
     lines = []
     comm = os.path.join(results_dir, "comm_bench.json")
     if os.path.exists(comm):
@@ -207,20 +202,108 @@ def sections(results_dir: str, rel: str, brief: bool = False) -> list[str]:
     return lines
 
 
-def update_readme(path: str, results_dir: str) -> None:
-    """Replaces README's Results section (between the markers) with the generated one."""
+def _load(path: str) -> dict:
+    with open(path) as f:
+        data = json.load(f)
+    data["_path"] = path
+    return data
+
+
+def headline(results_dir: str, rel: str, doc_link: str) -> list[str]:
+    """README's short Results: one headline table (the reduce-scatter on the link the targets
+    are set on, the largest size, 2 ranks), the plot, and every target met or missed in one line
+    each; the rest is in docs/results.md (doc_link)."""
+    out = []
+    comm_path = os.path.join(results_dir, "comm_bench.json")
+    comm = _load(comm_path) if os.path.exists(comm_path) else None
+    if comm is None:
+        out += [f"No {comm_path} yet: run `{COMM_CMD}`.", ""]
+    else:
+        m = comm["meta"]
+        runs = [r for r in comm["runs"] if r["link"].startswith("1 Gbit")] or comm["runs"]
+        run = min(runs, key=lambda r: r["world"])
+        size = run["sizes"][-1]
+        out += [f"The reduce-scatter at {run['link'].split(' (')[0]}, {run['world']} ranks, {size['numel']} fp32 "
+                f"elements (benchmarks/comm_bench.py, {m['date'][:10]}, {m['cpu']}, {m['cores']} cores; median of "
+                f"{size['reps']} calls, checked against the exact mean first):", ""]
+        rows = [[r["method"], f"{r['ratio']:.2f}", f"{r['median_s'] * 1e3:.0f}",
+                 fmt(r["speedup_vs_torch_reduce_scatter"], ".2f"), fmt(r["speedup_vs_none"], ".2f"),
+                 fmt(r["fraction_of_ideal"], ".0%")] for r in size["rows"]]
+        out += _md_table(["method", "ratio", "ms", "vs torch rs", "vs none", "of ideal"], rows) + [""]
+        if os.path.exists(os.path.join(results_dir, "comm_bench.png")):
+            out += [f"![reduce-scatter time per call]({rel}/comm_bench.png)", ""]
+    out += ["Targets (the reduce-scatter at 1 Gbit/s, 2-4 ranks, 16M and 64M elements; training: the tiny "
+            "model on 2 CPU ranks):", ""]
+    if comm is not None:
+        out += _comm_target_lines(comm["targets"])
+    out += _train_target_lines([_load(p) for p in sorted(glob.glob(os.path.join(results_dir, "train_bench_*.json")))])
+    out += ["", f"Every link, size, world size and training run, the projections for GPU clusters and the "
+            f"commands that reproduce them: [{doc_link}]({doc_link}).", ""]
+    return out
+
+
+def _comm_target_lines(targets: list[dict]) -> list[str]:
+    """One line per kind of target: how many of its cases were met, per method."""
+    kinds: dict[str, dict[str, list[dict]]] = {}
+    for t in targets:
+        method, _, what = t["target"].partition(" ")
+        kinds.setdefault(what, {}).setdefault(method, []).append(t)
+    out = []
+    for what, by_method in kinds.items():
+        cells = []
+        for method, ts in by_method.items():
+            met = sum(1 for t in ts if t["met"])
+            vals = [t["value"] for t in ts if t.get("value") is not None]
+            span = f" ({min(vals):.2f}-{max(vals):.2f})" if vals and len(by_method) == 1 else ""
+            cells.append(f"`{method}` {met}/{len(ts)}{span}")
+        out.append(f"- {what}: met in " + ", ".join(cells))
+    return out
+
+
+def _train_target_lines(trains: list[dict]) -> list[str]:
+    """Per training target, what met it (or came closest), and in which run: the run with the
+    most seeds first."""
+    found: dict[str, list[tuple[dict, dict]]] = {}
+    for data in trains:
+        for t in data["targets"]:
+            if t["met"] is not None:
+                found.setdefault(t["target"], []).append((t, data["meta"]))
+    out = []
+    for target, entries in found.items():
+        entries.sort(key=lambda e: (-len(e[1].get("seeds") or [0]), e[0]["miss_by_pct"]))
+        met = [e for e in entries if e[0]["met"]]
+        shown = met if met else entries[:1]
+        best_run = shown[0][1]
+        cells = []
+        for t, meta in shown:
+            if meta is best_run:  # one run's numbers: the one with the most seeds
+                cells.append(f"`{t['method']}` {t['delta_ppl_pct']:+.2f}%")
+        where = (f"{best_run['stem']}: {len(best_run.get('seeds') or [0])} seed(s), "
+                 f"{best_run['max_steps']} steps")
+        if met:
+            out.append(f"- MET: {target}: " + ", ".join(cells) + f" ({where})")
+        else:
+            out.append(f"- MISSED: {target}: closest " + ", ".join(cells)
+                       + f", by {shown[0][0]['miss_by_pct']:.2f} points ({where})")
+    return out
+
+
+def update_readme(path: str, results_dir: str, doc_out: str) -> None:
+    """Replaces README's Results section (between the markers) with the short headline."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
     if README_BEGIN not in text or README_END not in text:
         raise SystemExit(f"{path} has no {README_BEGIN} ... {README_END} markers")
-    rel = os.path.relpath(os.path.abspath(results_dir), os.path.dirname(os.path.abspath(path)))
-    body = [("#" + line) if line.startswith("## ") else line for line in sections(results_dir, rel, brief=True)]
+    here = os.path.dirname(os.path.abspath(path))
+    rel = os.path.relpath(os.path.abspath(results_dir), here)
+    doc_link = os.path.relpath(os.path.abspath(doc_out), here)
+    body = headline(results_dir, rel, doc_link)
     head, rest = text.split(README_BEGIN, 1)
     _, tail = rest.split(README_END, 1)
     note = ("Generated by `python benchmarks/make_results_md.py --readme README.md` from "
             f"`{results_dir}`; do not edit by hand.")
     with open(path, "w", encoding="utf-8") as f:
-        f.write(head + README_BEGIN + "\n" + note + "\n\n" + "\n".join(body) + "\n" + README_END + tail)
+        f.write(head + README_BEGIN + "\n" + note + "\n\n" + "\n".join(body) + README_END + tail)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         f.write("\n".join(lines))
     print(f"wrote {args.out}")
     if args.readme:
-        update_readme(args.readme, args.results_dir)
+        update_readme(args.readme, args.results_dir, args.out)
         print(f"updated the Results section of {args.readme}")
     return 0
 

@@ -33,9 +33,11 @@ const fc_key fc_common_keys[] = {
     FC_INT(fc_common, pipeline_piece, 1048576, 0, 9007199254740991.0, 0,
            "with pipeline: elements per piece a payload is cut into, so the first piece travels while "
            "the next is encoded (element- and block-wise methods; 0: whole payloads)"),
-    FC_BOOL(fc_common, allgather_compress, 0,
+    FC_BOOL(fc_common, allgather_compress, 1,
             "all-reduces (NO_SHARD, DDP, replica all-reduce): compress the all-gather of the reduced "
-            "shards too; every rank, the owner included, uses the decoded shard"),
+            "shards too, where the payload is smaller than the shard; every rank, the owner included, "
+            "uses the decoded shards (a method without a single-payload codec on the device goes "
+            "uncompressed unless the key is set by name)"),
     FC_FLOAT(fc_common, timeout_s, 0, 0, 1e9, 0,
              "transport nccl: seconds after which a communicator whose peer never joins or whose "
              "all-to-all never completes is aborted and NcclError raised (0: the process group's "
@@ -160,6 +162,78 @@ static int parse_value(const char *method, const fc_key *k, PyObject *v, void *d
     }
 }
 
+/* `num_bits`: a quantiser's width as the study this library grew from spells it (its int8 run is
+ * '{"num_bits": 8}'). Accepted where it names what the method already has: int8's fixed 8
+ * bits, and for a method with a `bits` key (intN) that key itself. An alias, so the resolved
+ * config never shows it. */
+#define NUM_BITS "num_bits"
+
+/* Methods whose codes have one fixed width (no `bits` key to set). */
+static const struct {
+    const char *method;
+    int64_t bits;
+} fixed_bits[] = {{"int8", 8}};
+
+/* "2, 3 or 4" for an integer key's range. */
+static void range_text(const fc_key *k, char *buf, size_t cap)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int64_t v = (int64_t)k->lo; v <= (int64_t)k->hi && used < cap && v - (int64_t)k->lo < 16; v++)
+        used += (size_t)snprintf(buf + used, cap - used, "%s%lld",
+                                 v == (int64_t)k->lo ? "" : v == (int64_t)k->hi ? " or " : ", ",
+                                 (long long)v);
+}
+
+static int parse_num_bits(const fc_method *m, PyObject *config, PyObject *v, void *cfg, fc_err *err)
+{
+    if (!PyLong_Check(v) || PyBool_Check(v))
+        return fc_fail(err, FC_ERR_VALUE, "%s config key '" NUM_BITS "' must be an integer, got %s",
+                       m->name, Py_TYPE(v)->tp_name);
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (x == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        overflow = 1;
+    }
+    for (size_t i = 0; i < sizeof(fixed_bits) / sizeof(fixed_bits[0]); i++)
+        if (strcmp(m->name, fixed_bits[i].method) == 0) {
+            if (overflow)
+                return fc_fail(err, FC_ERR_VALUE, "%s config key '" NUM_BITS "' must be %lld, got "
+                               "an integer beyond 64 bits", m->name, (long long)fixed_bits[i].bits);
+            if (x != fixed_bits[i].bits)
+                return fc_fail(err, FC_ERR_VALUE, "%s config key '" NUM_BITS "' must be %lld (its "
+                               "codes have that width; for 2, 3 or 4 bits use intN), got %lld",
+                               m->name, (long long)fixed_bits[i].bits, x);
+            return FC_OK;
+        }
+    const fc_key *bits = find_key(m->keys, "bits");
+    if (bits == NULL || bits->kind != FC_KEY_INT)
+        return fc_fail(err, FC_ERR_VALUE, "config key '" NUM_BITS "' sets the code width of int8 "
+                       "(8) or intN (2, 3 or 4, as its key 'bits'); method '%s' has no code width "
+                       "to set", m->name);
+    char valid[64];
+    range_text(bits, valid, sizeof(valid));
+    if (overflow)
+        return fc_fail(err, FC_ERR_VALUE, "%s config key '" NUM_BITS "' (the same as 'bits') must "
+                       "be %s, got an integer beyond 64 bits", m->name, valid);
+    if ((double)x < bits->lo || (double)x > bits->hi)
+        return fc_fail(err, FC_ERR_VALUE, "%s config key '" NUM_BITS "' (the same as 'bits') must "
+                       "be %s, got %lld", m->name, valid, x);
+    /* both given: they must agree (a bad 'bits' value gets its own message when it is parsed) */
+    PyObject *other = PyDict_GetItemString(config, "bits"); /* borrowed */
+    if (other != NULL && PyLong_Check(other) && !PyBool_Check(other)) {
+        long long b = PyLong_AsLongLongAndOverflow(other, &overflow);
+        if (b == -1 && PyErr_Occurred())
+            PyErr_Clear();
+        if (overflow || b != x)
+            return fc_fail(err, FC_ERR_VALUE, "%s config keys '" NUM_BITS "' (%lld) and 'bits' "
+                           "disagree: give one of them", m->name, x);
+    }
+    *(int64_t *)((char *)cfg + bits->offset) = (int64_t)x;
+    return FC_OK;
+}
+
 int fc_config_parse(const fc_method *m, PyObject *config, fc_common *common, void *cfg, fc_err *err)
 {
     set_defaults(fc_common_keys, common);
@@ -185,6 +259,12 @@ int fc_config_parse(const fc_method *m, PyObject *config, fc_common *common, voi
         if (name == NULL) {
             PyErr_Clear();
             return fc_fail(err, FC_ERR_VALUE, "config key is not valid text");
+        }
+        if (strcmp(name, NUM_BITS) == 0) {
+            int rc = parse_num_bits(m, config, value, cfg, err);
+            if (rc != FC_OK)
+                return rc;
+            continue;
         }
         const fc_key *k = find_key(m->keys, name);
         void *dst = cfg;

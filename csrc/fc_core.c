@@ -221,6 +221,25 @@ const fc_method *fc_core_unit_method(const fc_core *s, int64_t numel)
     return numel < s->common.min_numel ? &fc_method_none : s->method;
 }
 
+/* Whether a chunk of n elements goes out no smaller as m than as `none` (padded sizes: what
+ * the wire carries). */
+static int no_smaller(const fc_core *s, const fc_method *m, int64_t n, int dtype)
+{
+    return n > 0 && fc_payload_bytes(s, m, n, dtype) >= fc_payload_bytes(s, &fc_method_none, n, dtype);
+}
+
+const fc_method *fc_core_wire_method(const fc_core *s, int64_t numel, int world, int dtype)
+{
+    const fc_method *m = fc_core_unit_method(s, numel);
+    if (m == &fc_method_none || (m->flags & FC_VARSIZE) || numel <= 0 || world < 1)
+        return m;
+    /* a unit's chunks have two lengths at most: ceil(N / W), and the last non-empty one's */
+    const int64_t per = (numel + world - 1) / world, last = numel - (numel - 1) / per * per;
+    if (m->fetch_k != NULL && fc_core_fetch_k(s, m, per) > 0)
+        dtype = FC_BF16; /* `none` at 2 bytes per element: no larger than any dtype's */
+    return no_smaller(s, m, per, dtype) || no_smaller(s, m, last, dtype) ? &fc_method_none : m;
+}
+
 void fc_chunk_span(int64_t n, int world, int c, int64_t *start, int64_t *len)
 {
     int64_t per = (n + world - 1) / world;
@@ -268,7 +287,7 @@ int64_t fc_payload_bytes(const fc_core *s, const fc_method *m, int64_t n, int dt
 void fc_core_plan(const fc_core *s, int64_t numel, int dtype, int world, int rank,
                   int64_t *send_splits, int64_t *recv_splits)
 {
-    const fc_method *m = fc_core_unit_method(s, numel);
+    const fc_method *m = fc_core_wire_method(s, numel, world, dtype);
     int64_t start, own;
     fc_chunk_span(numel, world, rank, &start, &own);
     int64_t p_own = fc_payload_bytes(s, m, own, dtype);
@@ -391,11 +410,16 @@ static void write_header(uint8_t *p, const fc_method *m, int dtype, uint32_t uni
     memcpy(p, &h, sizeof(h));
 }
 
-/* Encodes x (c->n values) as one payload at p; returns its padded size in *size. */
+/* Encodes x (c->n values) as one payload at p; returns its padded size in *size and the method
+ * it was written with in *wm: m, or (with `fallback`, in a collective) `none` where a
+ * data-dependent payload would have been no smaller than `none`'s (the receiver reads which
+ * from the header). */
 static int encode_one(fc_core *s, const fc_method *m, const fc_chunk *c, const float *x, uint8_t *p,
-                      int64_t cap, int64_t *size, fc_layout *used, fc_err *err)
+                      int64_t cap, int fallback, int64_t *size, fc_layout *used, const fc_method **wm,
+                      fc_err *err)
 {
     int64_t full = fc_payload_bytes(s, m, c->n, c->wire_dtype);
+    *wm = m;
     if (full > cap)
         return fc_fail(err, FC_ERR_VALUE, "payload buffer holds %lld bytes, need %lld",
                        (long long)cap, (long long)full);
@@ -404,8 +428,19 @@ static int encode_one(fc_core *s, const fc_method *m, const fc_chunk *c, const f
         return rc;
     int64_t body = fc_layout_bytes(used);
     /* a data-dependent body is as long as it is: payloads are packed back to back */
-    if (m->flags & FC_VARSIZE)
+    if (m->flags & FC_VARSIZE) {
         full = fc_align_up(FC_HEADER_BYTES + body);
+        const int64_t plain = fc_payload_bytes(s, &fc_method_none, c->n, c->wire_dtype);
+        if (fallback && full >= plain) { /* most values passed: exact values cost less */
+            fc_chunk cn = *c;
+            cn.cfg = NULL;
+            if ((rc = fc_method_none.encode(&cn, x, p + FC_HEADER_BYTES, used, err)) != FC_OK)
+                return rc;
+            m = *wm = &fc_method_none;
+            body = fc_layout_bytes(used);
+            full = plain;
+        }
+    }
     if (FC_HEADER_BYTES + body > full)
         return fc_fail(err, FC_ERR_STATE, "internal: %s wrote %lld body bytes past its layout's %lld",
                        m->name, (long long)body, (long long)(full - FC_HEADER_BYTES));
@@ -489,6 +524,17 @@ FC_CLONES static void dots3_f32(const float *e, const float *x, int64_t n, doubl
     *ee = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
     *xx = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
     *xe = ((c[0] + c[1]) + (c[2] + c[3])) + ((c[4] + c[5]) + (c[6] + c[7]));
+}
+
+/* The method a received payload was written with: the unit's, or `none` where a data-dependent
+ * method fell back for this one payload (any other id is check_header's to refuse). */
+static const fc_method *payload_method(const fc_method *m, const uint8_t *p, int64_t slot)
+{
+    if (!(m->flags & FC_VARSIZE) || slot < FC_HEADER_BYTES)
+        return m;
+    fc_header h;
+    memcpy(&h, p, sizeof(h));
+    return h.method == fc_method_none.id ? &fc_method_none : m;
 }
 
 /* After encode, turns s->x into e = g' - D(C(g')) and stores it; returns ||e||^2. With `dots`
@@ -630,7 +676,7 @@ static int64_t chunk_part_bytes(const fc_core *s, const fc_method *m, int64_t N,
 void fc_core_piece_plan(const fc_core *s, int64_t numel, int dtype, int world, int rank, int chunk,
                         int64_t *sizes, int *count)
 {
-    const fc_method *m = fc_core_unit_method(s, numel);
+    const fc_method *m = fc_core_wire_method(s, numel, world, dtype);
     const int payload = has_payload(s, numel, world, rank, chunk);
     int64_t start, n, len;
     fc_chunk_span(numel, world, chunk, &start, &n);
@@ -647,9 +693,10 @@ static int encode_begin(fc_core *s, const fc_buf *grad, const fc_buf *residual, 
     int rc = FC_OK;
     fc_encode_call *e = &s->enc;
     const int64_t N = grad->numel;
-    const fc_method *m = fc_core_unit_method(s, N);
+    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
     e->open = 0;
     e->method = m;
+    e->fell_back = 0;
     e->use_ef = m == s->method && s->common.error_feedback && residual != NULL;
     /* a second round decides what is sent after this call: no error sample from round 1 */
     e->stats = s->common.error_stats_every > 0 && !fc_core_fetch_kmax(s, N, world);
@@ -707,13 +754,15 @@ static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci
     s->ctr.nonfinite_in += bad;
     s->chunk_bad[ci] |= bad != 0;
     fc_layout used;
-    FC_TRY(encode_one(s, m, &c, x, p, cap, size, &used, err));
+    const fc_method *wm; /* m, or `none` for a data-dependent payload that fell back */
+    FC_TRY(encode_one(s, m, &c, x, p, cap, 1, size, &used, &wm, err));
+    e->fell_back |= wm != m;
     count_payload(&s->ctr, &used, *size, n);
     e->raw += n * fc_dtype_size(grad->dtype);
     if (e->use_ef && !bad) { /* a non-finite chunk keeps its old residual: never poisoned */
         const int dots = !e->sampled && e->stats && s->ctr.calls % s->common.error_stats_every == 0;
         double ee, xx, xe;
-        FC_TRY(update_residual(s, m, &c, p, grad, residual, start, dots, &ee, &xx, &xe, err));
+        FC_TRY(update_residual(s, wm, &c, p, grad, residual, start, dots, &ee, &xx, &xe, err));
         e->e_sq += ee;
         if (dots) {
             /* D = x - e: ||x - D||^2 = ||e||^2, x . D = ||x||^2 - x . e */
@@ -725,7 +774,7 @@ static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci
             e->sampled = 1;
         }
     } else if (e->sample && !e->sampled && !bad) {
-        FC_TRY(sample_error(s, m, &c, x, p, err));
+        FC_TRY(sample_error(s, wm, &c, x, p, err));
         e->sampled = 1;
     }
     return FC_OK;
@@ -743,6 +792,9 @@ static void encode_end(fc_core *s, const fc_buf *residual)
     }
     s->ctr.calls++;
     s->ctr.calls_uncompressed += e->method != s->method;
+    /* as `none` though min_numel let the method through: the size rule, unit-wide or per payload */
+    s->ctr.fallback_units += (e->method != s->method &&
+                              fc_core_unit_method(s, e->key.numel) == s->method) || e->fell_back;
     s->ctr.elements += e->key.numel;
     s->ctr.bytes_raw += e->raw;
     e->open = 0;
@@ -800,7 +852,7 @@ int fc_core_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *re
     fc_encode_call *e = &s->enc;
     const fc_call_key key = call_key(s, unit, world, rank, N);
     *size = 0;
-    const fc_method *m = fc_core_unit_method(s, N);
+    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
     /* bad arguments leave an open call as it was; only a failed encode drops it */
     if (chunk < 0 || chunk >= world)
         return fc_fail(err, FC_ERR_VALUE, "chunk must be in [0, %d), got %d", world, chunk);
@@ -899,6 +951,7 @@ static int decode_one(const fc_method *m, const fc_chunk *c, const uint8_t *p, i
                       int src, float alpha, float *acc, fc_err *err)
 {
     int64_t body = 0;
+    m = payload_method(m, p, slot);
     int rc = check_payload(m, c, p, slot, src, &body, err);
     if (rc != FC_OK)
         return rc;
@@ -940,7 +993,8 @@ int64_t fc_core_fetch_k(const fc_core *s, const fc_method *m, int64_t len)
 
 int64_t fc_core_fetch_kmax(const fc_core *s, int64_t N, int world)
 {
-    const fc_method *m = fc_core_unit_method(s, N);
+    /* any dtype: a unit with a second round falls back alike for all of them */
+    const fc_method *m = fc_core_wire_method(s, N, world, FC_F32);
     if (m->fetch_k == NULL || N == 0 || (world == 1 && !s->common.compress_own_chunk))
         return 0;
     return fc_core_fetch_k(s, m, (N + world - 1) / world); /* chunk 0 is the longest */
@@ -976,7 +1030,7 @@ int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *o
     int rc = FC_OK;
     const double t0 = now_s();
     const int64_t N = grad->numel;
-    const fc_method *m = fc_core_unit_method(s, N);
+    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
     s->dec_call.open = 0; /* acc is reused: a decode_part sequence cannot go on after this */
     int64_t start, n;
     fc_chunk_span(N, world, rank, &start, &n);
@@ -1015,15 +1069,16 @@ int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *o
             add_f32(grad->data, grad->dtype, start, n, acc);
             continue;
         }
-        fc_chunk c = make_chunk(s, m, n, world, grad->dtype, unit, (uint32_t)rank, r);
-        c.ustate = ust;
         int64_t slot = varsize ? (int64_t)(end - p) : recvs[r], body = 0;
-        FC_TRY(check_payload(m, &c, p, slot, r, &body, err));
+        const fc_method *pm = payload_method(m, p, slot); /* m, or `none` in its place */
+        fc_chunk c = make_chunk(s, pm, n, world, grad->dtype, unit, (uint32_t)rank, r);
+        c.ustate = ust;
+        FC_TRY(check_payload(pm, &c, p, slot, r, &body, err));
         if (ab > 0) {
             FC_TRY(m->aggregate(&c, (uint8_t *)s->agg, p + FC_HEADER_BYTES, body, err));
             senders++;
         } else {
-            FC_TRY(m->decode_add(&c, p + FC_HEADER_BYTES, body, 1.0f, acc, err));
+            FC_TRY(pm->decode_add(&c, p + FC_HEADER_BYTES, body, 1.0f, acc, err));
         }
         p += varsize ? fc_align_up(FC_HEADER_BYTES + body) : recvs[r];
     }
@@ -1052,7 +1107,7 @@ int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, f
     int rc = FC_OK;
     const double t0 = now_s();
     const int64_t N = grad->numel;
-    const fc_method *m = fc_core_unit_method(s, N);
+    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
     fc_decode_call *d = &s->dec_call;
     const fc_call_key key = call_key(s, unit, world, rank, N);
     if (src < 0 || src >= world)
@@ -1153,8 +1208,10 @@ int fc_core_compress(fc_core *s, const float *x, int64_t n, uint8_t *payload, in
     fc_chunk c = make_chunk(s, m, n, world, FC_F32, unit, chunk, rank);
     FC_TRY(unit_state(s, m, unit, &c.ustate, err));
     fc_layout used;
+    const fc_method *wm;
     const double t0 = now_s(); /* timed like the collective's encodes: the all-gather stage uses this */
-    FC_TRY(encode_one(s, m, &c, x, payload, cap, written, &used, err)); /* x read in place */
+    /* the method as configured, whatever the size: a caller of one chunk decides for itself */
+    FC_TRY(encode_one(s, m, &c, x, payload, cap, 0, written, &used, &wm, err)); /* x read in place */
     s->ctr.compress_s += now_s() - t0;
     return FC_OK;
 error:

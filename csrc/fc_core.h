@@ -63,6 +63,7 @@ typedef struct {
     const fc_method *method; /* the unit's: `none` below min_numel */
     float *ust;
     int use_ef, stats, sample, sampled;
+    int fell_back; /* a payload of a data-dependent method went as `none` */
     int todo; /* parts not yet encoded: each chunk's pieces, one part for a chunk without payload */
     int64_t raw;
     double e_sq;
@@ -117,8 +118,17 @@ typedef struct {
 void fc_core_init(fc_core *s, const fc_method *m, const fc_common *common, const void *cfg);
 void fc_core_free(fc_core *s);
 
-/* The method a unit of n elements uses: `none` below min_numel. */
+/* The method a unit of n elements uses as far as its size alone says: `none` below min_numel.
+ * Where the world and dtype are unknown (unit state, checkpoints, the per-peer test). */
 const fc_method *fc_core_unit_method(const fc_core *s, int64_t numel);
+/* The method a unit's payloads go out with: `none` below min_numel, and `none` where the
+ * method's payload for a chunk of the unit would be no smaller than `none`'s (a sketch table
+ * larger than a small unit's chunk, scales and headers on a chunk of a few elements). For
+ * fixed-size methods a pure function of (method, config, chunk sizes, dtype), so every rank
+ * decides alike without talking; methods with a second round decide against 16-bit `none`,
+ * the same answer for every dtype (fetch_kmax has none to give). Data-dependent sizes
+ * (FC_VARSIZE) decide per payload when they encode: the header's method id tells the receiver. */
+const fc_method *fc_core_wire_method(const fc_core *s, int64_t numel, int world, int dtype);
 /* Chunk c of W over n elements: ceil(n / W) each, the last ones shorter or empty. */
 void fc_chunk_span(int64_t n, int world, int c, int64_t *start, int64_t *len);
 /* Header + body, padded: 0 for an empty chunk. */

@@ -7,7 +7,9 @@
 
 typedef struct {
     int64_t calls;            /* reduce-scatter calls */
-    int64_t calls_uncompressed; /* calls whose unit fell below min_numel */
+    int64_t calls_uncompressed; /* calls whose unit went as `none`: below min_numel, or fallen back */
+    int64_t fallback_units;   /* calls whose payloads (all, or for data-dependent sizes some) went as
+                               * `none` because the method's would have been no smaller */
     int64_t elements;         /* gradient elements handed to the hook */
     int64_t chunks_sent;
     int64_t bytes_raw;        /* what an uncompressed collective would have sent from this rank */

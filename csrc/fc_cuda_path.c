@@ -118,7 +118,7 @@ static int encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *gr
                        fc_cuda_encode_args *a, fc_err *err)
 {
     const int64_t N = grad->numel;
-    const fc_method *m = fc_core_unit_method(s, N);
+    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
     const int use_ef = m == s->method && s->common.error_feedback && residual != NULL;
     /* a second round decides what is sent after this call: no error sample from round 1 */
     const int sample = m == s->method && s->common.error_stats_every > 0 &&
@@ -158,7 +158,7 @@ int fc_cuda_encode_needs(const fc_core *s, const fc_cuda_call *k, const fc_buf *
                          int rank, uint32_t unit, int64_t *scratch, int64_t *fetch, fc_err *err)
 {
     fc_cuda_encode_args a;
-    const fc_method *m = fc_core_unit_method(s, grad->numel);
+    const fc_method *m = fc_core_wire_method(s, grad->numel, world, grad->dtype);
     const int64_t kmax = fc_core_fetch_kmax(s, grad->numel, world);
     *scratch = *fetch = 0;
     int rc = check_method(k, m, err);
@@ -176,7 +176,7 @@ int fc_cuda_encode(fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf
 {
     int rc = FC_OK;
     const int64_t N = grad->numel;
-    const fc_method *m = fc_core_unit_method(s, N);
+    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype); /* as the CPU plan says */
     const int varsize = (m->flags & FC_VARSIZE) != 0;
     fc_cuda_sent *sent = NULL;
     int64_t recvs[FC_MAX_WORLD];
@@ -194,6 +194,7 @@ int fc_cuda_encode(fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf
 
     /* what went on the wire: the geometry's payloads, or what the device says it wrote */
     int64_t raw = 0;
+    int fell_back = 0; /* a data-dependent payload went as `none` */
     for (int c = 0; c < world; c++) {
         int64_t start, n;
         fc_chunk_span(N, world, c, &start, &n);
@@ -208,6 +209,7 @@ int fc_cuda_encode(fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf
             l.meta_bytes = sent[c].meta_bytes;
             l.index_bytes = sent[c].index_bytes;
             l.kept = sent[c].kept;
+            fell_back |= sent[c].none != 0;
             body = fc_layout_bytes(&l);
             size = sizes[c] = sent[c].size;
         } else {
@@ -229,6 +231,8 @@ int fc_cuda_encode(fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf
     s->bad_unit = unit; /* the second round reads this encode's chunk flags (on the device) */
     s->ctr.calls++;
     s->ctr.calls_uncompressed += m != s->method;
+    /* as `none` though min_numel let the method through: unit-wide or per payload (fc_core.c) */
+    s->ctr.fallback_units += (m != s->method && fc_core_unit_method(s, N) == s->method) || fell_back;
     s->ctr.elements += N;
     s->ctr.bytes_raw += raw;
 error:
@@ -241,7 +245,7 @@ static int decode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *re
                        fc_cuda_decode_args *a, fc_err *err)
 {
     const int64_t N = grad->numel;
-    const fc_method *m = fc_core_unit_method(s, N);
+    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
     int64_t start, n;
     fc_chunk_span(N, world, rank, &start, &n);
     memset(a, 0, sizeof(*a));
@@ -279,7 +283,7 @@ int fc_cuda_decode_needs(const fc_core *s, const fc_cuda_call *k, const fc_buf *
                          uint32_t unit, int64_t *scratch, int64_t *fetch, fc_err *err)
 {
     fc_cuda_decode_args a;
-    const fc_method *m = fc_core_unit_method(s, grad->numel);
+    const fc_method *m = fc_core_wire_method(s, grad->numel, world, grad->dtype);
     const int64_t kmax = fc_core_fetch_kmax(s, grad->numel, world);
     *scratch = *fetch = 0;
     int rc = check_method(k, m, err);
@@ -296,7 +300,7 @@ int fc_cuda_decode(fc_core *s, const fc_cuda_call *k, const fc_buf *recv, const 
 {
     int rc = FC_OK;
     const int64_t N = grad->numel;
-    const fc_method *m = fc_core_unit_method(s, N);
+    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
     const int varsize = (m->flags & FC_VARSIZE) != 0;
     int64_t start, n;
     int64_t sends[FC_MAX_WORLD], recvs[FC_MAX_WORLD];
@@ -347,7 +351,7 @@ static int check_unit(int64_t have, uint32_t unit, const char *what, fc_err *err
 static void fetch_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad, int world,
                        int rank, uint32_t unit, fc_cuda_fetch_args *a)
 {
-    const fc_method *m = fc_core_unit_method(s, grad->numel);
+    const fc_method *m = fc_core_wire_method(s, grad->numel, world, grad->dtype);
     memset(a, 0, sizeof(*a));
     a->m.id = m->id; /* the round itself is method-agnostic: no keys */
     a->device = k->device;
@@ -391,7 +395,7 @@ int fc_cuda_fetch_values(fc_core *s, const fc_cuda_call *k, const uint32_t *all_
 {
     int rc = FC_OK;
     const int64_t N = grad->numel;
-    const fc_method *m = fc_core_unit_method(s, N);
+    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
     fc_cuda_fetch_args a;
     if (kmax != fc_core_fetch_kmax(s, N, world) || kmax == 0)
         return fc_fail(err, FC_ERR_VALUE, "picks of %lld per rank, the unit of %lld elements "
@@ -545,7 +549,7 @@ int fc_cuda_decompress(fc_core *s, const fc_cuda_call *k, const fc_buf *payload,
 void fc_cuda_probe(const fc_core *s, const fc_cuda_api *api, int64_t numel, int dtype, int world,
                    int rank, int64_t *rows)
 {
-    const fc_method *m = fc_core_unit_method(s, numel);
+    const fc_method *m = fc_core_wire_method(s, numel, world, dtype);
     fc_cuda_geom g;
     int64_t start, n;
     geometry(s, m, numel, dtype, world, rank, &g);

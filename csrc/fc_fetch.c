@@ -72,7 +72,7 @@ int fc_fetch_values(fc_core *s, const uint32_t *all_picks, int64_t kmax, const f
     int rc = FC_OK;
     const double t0 = now_s();
     const int64_t N = grad->numel;
-    const fc_method *m = fc_core_unit_method(s, N);
+    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
     if (kmax != fc_core_fetch_kmax(s, N, world) || kmax == 0)
         return fc_fail(err, FC_ERR_VALUE, "picks of %lld per rank, the unit of %lld elements "
                        "over %d ranks has %lld", (long long)kmax, (long long)N, world,

@@ -137,11 +137,12 @@ FC_DOCSTRING(fc_state_encode_doc,
 "bytes written for each rank; the payloads lie back to back. For a method whose size is\n"
 "data-dependent (flags['varsize']) these are below plan()'s bounds.");
 
-/* Whether a unit of `numel` elements keeps an error-feedback residual. */
-static int uses_residual(StateObject *self, int64_t numel)
+/* Whether a unit of `numel` elements keeps an error-feedback residual: not where it goes as
+ * `none` (below min_numel, or fallen back), which is exact. */
+static int uses_residual(StateObject *self, int64_t numel, int world, int dtype)
 {
     return self->core.common.error_feedback &&
-           fc_core_unit_method(&self->core, numel) == self->core.method;
+           fc_core_wire_method(&self->core, numel, world, dtype) == self->core.method;
 }
 
 /* The unit's residual (new ref, its view in *r) on grad's device; NULL with err set. */
@@ -171,7 +172,7 @@ static int encode_views(StateObject *self, PyObject *grad, PyObject *send, int w
     if (whole && s->buf.numel != plan_total(ss, world))
         return fc_fail(err, FC_ERR_VALUE, "send has %lld bytes, plan() needs %lld",
                        (long long)s->buf.numel, (long long)plan_total(ss, world));
-    *use_ef = uses_residual(self, g->buf.numel);
+    *use_ef = uses_residual(self, g->buf.numel, world, g->buf.dtype);
     if (*use_ef && (*res = ef_residual(self, (uint32_t)unit, grad, g, r, err)) == NULL)
         return err->code != FC_OK ? err->code : FC_ERR_PYTHON;
     return FC_OK;

@@ -130,11 +130,12 @@ PyObject *fc_state_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
         return NULL;
     }
     result = Py_BuildValue(
-        "{s:s,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d,s:d,s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:L,"
+        "{s:s,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d,s:d,s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:L,"
         "s:N,s:N,s:L,s:d,s:L,s:I,s:i,s:L,s:L,s:L,s:d,s:d}",
         "method", self->core.method->name,
         "calls", (long long)k->calls,
         "calls_uncompressed", (long long)k->calls_uncompressed,
+        "fallback_units", (long long)k->fallback_units,
         "elements", (long long)k->elements,
         "chunks_sent", (long long)k->chunks_sent,
         "bytes_raw", (long long)k->bytes_raw,
@@ -196,19 +197,20 @@ PyObject *fc_state_reset_counters(StateObject *self, PyObject *Py_UNUSED(ignored
 }
 
 FC_DOCSTRING(fc_state_add_comm_doc,
-"add_comm(seconds, bytes_sent=0, bytes_raw=0, extra=False)\n\n"
+"add_comm(seconds, bytes_sent=0, bytes_raw=0, extra=False, fallback=False)\n\n"
 "Adds a collective measured by the caller: its time, and for collectives beyond the\n"
-"all-to-all (size exchanges, the all-gather of an all-reduce) its bytes.");
+"all-to-all (size exchanges, the all-gather of an all-reduce) its bytes. fallback: it went\n"
+"uncompressed because the method's payload would have been no smaller (fallback_units).");
 
 PyObject *fc_state_add_comm(StateObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"seconds", "bytes_sent", "bytes_raw", "extra", NULL};
+    static char *kwlist[] = {"seconds", "bytes_sent", "bytes_raw", "extra", "fallback", NULL};
     double seconds;
     long long sent = 0, raw = 0;
-    int extra = 0;
+    int extra = 0, fallback = 0;
     if (!fc_state_ready(self) ||
-        !PyArg_ParseTupleAndKeywords(args, kwds, "d|LLp:add_comm", kwlist, &seconds, &sent, &raw,
-                                     &extra))
+        !PyArg_ParseTupleAndKeywords(args, kwds, "d|LLpp:add_comm", kwlist, &seconds, &sent, &raw,
+                                     &extra, &fallback))
         return NULL;
     if (!(seconds >= 0) || sent < 0 || raw < 0) {
         PyErr_SetString(PyExc_ValueError, "add_comm: seconds and byte counts must be >= 0");
@@ -222,6 +224,7 @@ PyObject *fc_state_add_comm(StateObject *self, PyObject *args, PyObject *kwds)
     k->comm_s += seconds;
     k->bytes_sent += sent;
     k->bytes_raw += raw;
+    k->fallback_units += fallback;
     Py_RETURN_NONE;
 }
 

@@ -322,6 +322,20 @@ error:
     return rc;
 }
 
+int fc_cu_reselect_threshold(const fc_cu_selection &sel, const fc_cu_src &src, cudaStream_t s,
+                             fc_err *err)
+{
+    int rc = FC_OK;
+    const int W = sel.sp.chunks;
+    if (sel.sp.N == 0)
+        return FC_OK;
+    FC_TRY(select_all(sel, make_pred(sel, FC_SEL_ABOVE, src), s, err));
+    sel_count<<<fc_cu_blocks(W, SEL_THREADS), SEL_THREADS, 0, s>>>(sel.ch, W, sel.idx, sel.num);
+    FC_CHECK_LAUNCH(err, error);
+error:
+    return rc;
+}
+
 int fc_cu_select_bits(const fc_cu_selection &sel, cudaStream_t s, fc_err *err)
 {
     int rc = FC_OK;

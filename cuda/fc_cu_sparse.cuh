@@ -139,6 +139,10 @@ int fc_cu_select_topk(const fc_cu_selection &sel, const fc_cu_src &src, const fc
 // Every i with |src.x(i)| > v (fc_rule_thrv_keep), per chunk counted into k and off.
 int fc_cu_select_threshold(const fc_cu_selection &sel, const fc_cu_src &src, float v, cudaStream_t s,
                     fc_err *err);
+// The same selection again after the caller turned chunks off (ch[c].on = 0): their indices
+// leave the list, their k become 0, the others' offsets follow.
+int fc_cu_reselect_threshold(const fc_cu_selection &sel, const fc_cu_src &src, cudaStream_t s,
+                             fc_err *err);
 // The set bits of the chunks whose table entry the caller filled (start, n, on, bits), per
 // chunk counted into k and off.
 int fc_cu_select_bits(const fc_cu_selection &sel, cudaStream_t s, fc_err *err);
@@ -290,10 +294,14 @@ int fc_cu_sp_encode(const fc_cu_selection &sel, const fc_cu_enc &e, const fc_cu_
 struct fc_cu_sp_desc {
     int64_t off;     // the payload's start in the receive buffer
     int64_t k;       // coordinates it carries
-    int width;       // indices: 0 a bitmap, 2 or 4 bytes each
+    int width;       // indices: 0 a bitmap, 2 or 4 bytes each; FC_CU_SP_NONE: a `none` payload
+                     // in the method's place (every value, in the gradient's dtype, at at_vals)
     int64_t at_idx;  // body offsets of the indices and of the values
     int64_t at_vals;
 };
+
+enum { FC_CU_SP_NONE = -1 };
+enum { FC_CU_NONE_ID = 0 }; // `none`'s wire id (m_none.c), which a fallen-back payload carries
 
 struct fc_cu_sp_decoder {
     fc_cu_selection sel;  // the set bits of one payload's bitmap at a time

@@ -427,7 +427,7 @@ __global__ void sp_check(fc_cu_dec d, const fc_cu_sp_desc *desc, int r, fc_cu_se
                          int64_t n, uint32_t unit, uint32_t step)
 {
     const fc_cu_sp_desc p = desc[r];
-    if (d.bad[r] != 0)
+    if (d.bad[r] != 0 || p.width == FC_CU_SP_NONE) // a `none` payload: every value is one
         return;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x, t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t0 == 0 && p.width == 0 && *sel.num != p.k)
@@ -460,6 +460,11 @@ __global__ void sp_scatter(fc_cu_dec d, const fc_cu_sp_desc *desc, int r, fc_cu_
         return;
     }
     const uint8_t *v = sp_body(d, p) + p.at_vals;
+    if (p.width == FC_CU_SP_NONE) { // none's decode_add: acc[i] += 1 * value i
+        for (int64_t i = t0; i < n; i += stride)
+            acc[i] += 1.0f * fc_cu_load(v, d.gdt, i);
+        return;
+    }
     const float pos = 1.0f * va.sign_v, neg = 1.0f * -va.sign_v;
     for (int64_t j = t0; j < p.k; j += stride) {
         int bad = 0;

@@ -2,9 +2,13 @@
 // (one ordered compaction over the unit), then each chunk's payload sized on the device and the
 // payloads packed back to back. The sizes are copied to the host and waited for: the only wait on
 // the GPU in a hook call, because the host needs them for the size exchange before the data can
-// go (docs/design.md). Receivers walk the packed headers on the device, as the CPU decoder walks
-// them, then check and add each payload at its indices in rank order.
+// go (docs/design.md). A payload no smaller than `none`'s goes as `none` (the CPU's per-payload
+// fallback, fc_core.c encode_one): its chunk leaves the selection, which runs once more. Receivers
+// walk the packed headers on the device, as the CPU decoder walks them, then check and add each
+// payload (at its indices, or every value of a `none` one) in rank order.
 #include "fc_cu_sparse.cuh"
+
+#define THRV_THREADS 256
 
 struct thrv_cfg {
     float v;
@@ -43,23 +47,40 @@ __host__ __device__ __forceinline__ int64_t thrv_body(const fc_cuda_sent &l)
     return l.value_bytes + l.meta_bytes + l.index_bytes;
 }
 
-// One thread: each sent chunk's payload from its count, packed in chunk order.
-__global__ void thrv_plan(fc_cu_selection sel, fc_cu_sp_values va, fc_cuda_sent *sent, int64_t *offs)
+// `none`'s payload of a chunk of n in a dtype of `dsize` bytes (m_none.c's layout).
+__host__ __device__ __forceinline__ void thrv_none_layout(int64_t n, int dsize, fc_cuda_sent *l)
+{
+    memset(l, 0, sizeof(*l));
+    l->value_bytes = n * dsize;
+    l->kept = n;
+    l->size = (FC_HEADER_BYTES + l->value_bytes + FC_ALIGN - 1) / FC_ALIGN * FC_ALIGN;
+    l->none = 1;
+}
+
+// One thread: each sent chunk's payload from its count, `none` where that is no larger (the
+// CPU's rule: padded sizes), packed in chunk order.
+__global__ void thrv_plan(fc_cu_selection sel, fc_cu_sp_values va, int dsize, fc_cuda_sent *sent,
+                          int64_t *offs)
 {
     int64_t at = 0;
     for (int c = 0; c < sel.sp.chunks; c++) {
         const fc_cu_sel_chunk h = sel.ch[c];
-        fc_cuda_sent l;
+        fc_cuda_sent l, plain;
         memset(&l, 0, sizeof(l));
-        if (h.on)
+        if (h.on) {
             thrv_layout(va, h.n, h.k, &l);
+            thrv_none_layout(h.n, dsize, &plain);
+            if (l.size >= plain.size)
+                l = plain;
+        }
         sent[c] = l;
         offs[c] = at;
         at += l.size;
     }
 }
 
-// Header, count and padding of every sent chunk at its packed offset.
+// Header, count and padding of every sent chunk at its packed offset (a `none` one: its header
+// and padding; its values come with thrv_none).
 __global__ void thrv_headers(fc_cu_selection sel, const fc_cuda_sent *sent, const int64_t *offs, uint8_t *send,
                              int method, int dtype, uint32_t unit, uint32_t step)
 {
@@ -74,17 +95,79 @@ __global__ void thrv_headers(fc_cu_selection sel, const fc_cuda_sent *sent, cons
         memset(&hd, 0, sizeof(hd));
         hd.magic = FC_MAGIC;
         hd.version = FC_WIRE_VERSION;
-        hd.method = (uint8_t)method;
+        hd.method = sent[c].none ? (uint8_t)FC_CU_NONE_ID : (uint8_t)method;
         hd.dtype = (uint8_t)dtype;
         hd.unit = unit;
         hd.step = step;
         hd.numel = (uint64_t)h.n;
         hd.body_bytes = (uint64_t)body;
         memcpy(p, &hd, sizeof(hd));
-        *(uint32_t *)(p + FC_HEADER_BYTES) = (uint32_t)h.k;
+        if (!sent[c].none)
+            *(uint32_t *)(p + FC_HEADER_BYTES) = (uint32_t)h.k;
     }
     for (int64_t i = FC_HEADER_BYTES + body + threadIdx.x; i < size; i += blockDim.x)
         p[i] = 0;
+}
+
+// A chunk that fell back leaves the selection (fc_cu_reselect_threshold drops its indices), and
+// the index payloads' residual passes: `skip` is the encode's chunk flags with it marked, so
+// fc_cu_res_dense leaves its residual (and g', which thrv_none reads after) as they are.
+__global__ void thrv_drop(fc_cu_sel_chunk *ch, const fc_cuda_sent *sent, const unsigned int *bad,
+                          unsigned int *skip, int chunks)
+{
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+        if (sent[c].none)
+            ch[c].on = 0;
+        skip[c] = sent[c].none ? 1u : bad[c];
+    }
+}
+
+// The `none` payloads' values (g' in the gradient's dtype, m_none.c), and their residual as the
+// CPU's update_residual makes it with none's decode: e = x + (-1) * D, with ||e||^2. A sampled
+// chunk's sums, which fc_cu_res_dense took as (x, x), move to (x, e), as fc_cu_res_fix moves
+// them at kept coordinates.
+__global__ void thrv_none(fc_cu_enc e, const fc_cuda_sent *sent, const int64_t *offs, int dt)
+{
+    const int c = blockIdx.y;
+    int64_t start, n;
+    fc_cu_span(e.geo, c, &start, &n);
+    if (!sent[c].none)
+        return;
+    uint8_t *body = e.send + offs[c] + FC_HEADER_BYTES;
+    const int ef = e.res != NULL && e.bad[c] == 0;
+    const int sample = fc_cu_sampled(e, c);
+    double dee_unit = 0, dee = 0, dxe = 0;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const float x = e.src.x(start + i);
+        if (dt == FC_CU_F32)
+            ((float *)body)[i] = x;
+        else
+            ((uint16_t *)body)[i] = dt == FC_CU_BF16 ? fc_f32_to_bf16(x) : fc_f32_to_f16(x);
+        if (ef || sample) {
+            const float r = x + -1.0f * fc_cu_load(body, dt, i);
+            const double xd = x, rd = r;
+            if (ef) {
+                fc_cu_store_res(e.res, e.rdt, start + i, r);
+                dee_unit += rd * rd;
+            }
+            if (sample) {
+                dee += rd * rd - xd * xd;
+                dxe += xd * rd - xd * xd;
+            }
+        }
+    }
+    dee_unit = fc_cu_warp_sum(dee_unit);
+    dee = fc_cu_warp_sum(dee);
+    dxe = fc_cu_warp_sum(dxe);
+    if ((threadIdx.x & 31) == 0) {
+        if (ef && e.unit_slot >= 0 && dee_unit != 0)
+            atomicAdd(&e.ws->unit_sq[e.unit_slot], dee_unit);
+        if (dee != 0 || dxe != 0) {
+            atomicAdd(&e.ws->call_sum[0], dee);
+            atomicAdd(&e.ws->call_sum[2], dxe);
+        }
+    }
 }
 
 struct thrv_enc_parts {
@@ -93,6 +176,7 @@ struct thrv_enc_parts {
     fc_cu_vc_job *jobs;
     fc_cuda_sent *sent;
     int64_t *offs;
+    unsigned int *skip; // the chunk flags the residual passes see (thrv_drop)
 };
 
 static int carve_encode(const fc_cuda_encode_args *a, fc_cu_arena &ar, thrv_enc_parts *p, fc_err *err)
@@ -104,6 +188,7 @@ static int carve_encode(const fc_cuda_encode_args *a, fc_cu_arena &ar, thrv_enc_
     p->jobs = ar.take<fc_cu_vc_job>(a->geo.world);
     p->sent = ar.take<fc_cuda_sent>(a->geo.world);
     p->offs = ar.take<int64_t>(a->geo.world);
+    p->skip = ar.take<unsigned int>(a->geo.world);
     return fc_cu_sel_carve(ar, sp, &p->sel, err);
 }
 
@@ -120,8 +205,10 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
     FC_TRY(fc_cu_arena_check(ar, err));
     {
         const fc_cu_outs outs = {a->send, a->geo, p.offs};
+        const int dsize = a->grad_dtype == FC_CU_F32 ? 4 : 2;
+        int fell_back = 0;
         FC_TRY(fc_cu_select_threshold(p.sel, e->src, c.v, s, err));
-        thrv_plan<<<1, 1, 0, s>>>(p.sel, c.va, p.sent, p.offs);
+        thrv_plan<<<1, 1, 0, s>>>(p.sel, c.va, dsize, p.sent, p.offs);
         FC_CHECK_LAUNCH(err, error);
         // the sizes to the host now, so that it can start the size exchange: the one wait
         FC_CHECK_CUDA(cudaMemcpyAsync(a->x.sent, p.sent, sizeof(fc_cuda_sent) * (size_t)a->geo.world,
@@ -130,7 +217,21 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
         thrv_headers<<<a->geo.world, 64, 0, s>>>(p.sel, p.sent, p.offs, a->send, a->m.id, a->grad_dtype, a->unit,
                                                  a->step);
         FC_CHECK_LAUNCH(err, error);
-        FC_TRY(fc_cu_sp_encode(p.sel, *e, outs, 4, c.va, p.vals, p.ev, p.jobs, a->geo.per, a->geo.numel, s, err));
+        for (int ch = 0; ch < a->geo.world; ch++)
+            fell_back |= a->x.sent[ch].none != 0;
+        fc_cu_enc ie = *e; // the index payloads' encode
+        if (fell_back) {
+            thrv_drop<<<1, 256, 0, s>>>(p.sel.ch, p.sent, e->bad, p.skip, a->geo.world);
+            FC_CHECK_LAUNCH(err, error);
+            FC_TRY(fc_cu_reselect_threshold(p.sel, e->src, s, err));
+            ie.bad = p.skip;
+        }
+        FC_TRY(fc_cu_sp_encode(p.sel, ie, outs, 4, c.va, p.vals, p.ev, p.jobs, a->geo.per, a->geo.numel, s, err));
+        if (fell_back) { // after fc_cu_res_dense, whose sample sums it moves
+            thrv_none<<<fc_cu_grid(a->geo.per, THRV_THREADS * 4, a->geo.world), THRV_THREADS, 0, s>>>(
+                *e, p.sent, p.offs, a->grad_dtype);
+            FC_CHECK_LAUNCH(err, error);
+        }
     }
 error:
     return rc;
@@ -146,8 +247,9 @@ __global__ void thrv_walk(fc_cu_dec d, fc_cu_sp_values va, int64_t packed, int m
     fc_cu_span(d.geo, d.geo.rank, &start, &n);
     int64_t at = 0;
     int lost = 0, last = -1;
-    fc_cuda_sent bound;
+    fc_cuda_sent bound, plain;
     thrv_layout(va, n, n, &bound);
+    thrv_none_layout(n, d.gdt == FC_CU_F32 ? 4 : 2, &plain);
     for (int r = 0; r < d.geo.world && n > 0; r++) {
         if (d.geo.skip_own && r == d.geo.rank)
             continue;
@@ -167,7 +269,7 @@ __global__ void thrv_walk(fc_cu_dec d, fc_cu_sp_values va, int64_t packed, int m
                 code = FC_PAYLOAD_MAGIC;
             else if (h.version != FC_WIRE_VERSION)
                 code = FC_PAYLOAD_VERSION;
-            else if (h.method != method)
+            else if (h.method != method && h.method != FC_CU_NONE_ID)
                 code = FC_PAYLOAD_METHOD;
             else if (h.dtype != d.gdt || h.reserved != 0)
                 code = FC_PAYLOAD_DTYPE;
@@ -176,8 +278,18 @@ __global__ void thrv_walk(fc_cu_dec d, fc_cu_sp_values va, int64_t packed, int m
             else if (h.numel != (uint64_t)n)
                 code = FC_PAYLOAD_NUMEL;
             else if (h.body_bytes > (uint64_t)(packed - at - FC_HEADER_BYTES) ||
-                     h.body_bytes > (uint64_t)thrv_body(bound) || h.body_bytes < 4)
+                     (h.method == method && (h.body_bytes > (uint64_t)thrv_body(bound) || h.body_bytes < 4)) ||
+                     (h.method != method && h.body_bytes != (uint64_t)thrv_body(plain)))
                 code = FC_PAYLOAD_BODY;
+        }
+        if (code == 0 && h.method != method) { // `none` in thresholdv's place
+            p.off = at;
+            p.k = n;
+            p.width = FC_CU_SP_NONE;
+            p.at_vals = 0;
+            at += plain.size;
+            desc[r] = p;
+            continue;
         }
         if (code == 0) {
             memcpy(&k, d.recv + at + FC_HEADER_BYTES, 4);

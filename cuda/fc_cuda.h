@@ -154,6 +154,8 @@ typedef struct {
 struct fc_cuda_sent {
     int64_t size; /* payload bytes, padded */
     int64_t value_bytes, meta_bytes, index_bytes, kept;
+    int64_t none; /* 1: written as `none`, no larger than the method's own payload (the CPU's
+                   * per-payload fallback of a data-dependent method; the header says so) */
 };
 
 /* The second round's fetch buffer (device): encode's per-chunk non-finite flags (uint32 each),

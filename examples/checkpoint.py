@@ -16,7 +16,10 @@ def run_identity(args, world: int) -> dict:
     return {"world_size": world, "model": args.model, "n_layer": args.n_layer, "n_embd": args.n_embd,
             "n_head": args.n_head, "parallel": args.parallel, "sharding_strategy": args.sharding_strategy,
             "bf16": args.bf16, "batch_size": args.batch_size, "max_length": args.max_length, "seed": args.seed,
-            "comm_compress": args.comm_compress}
+            "comm_compress": args.comm_compress,
+            # a held-out split changes the training documents; None (no split) is also what a
+            # checkpoint from before this key reads as
+            "val_fraction": getattr(args, "val_fraction", None) or None}
 
 
 def save(path: str, wrapped, opt, rank: int, world: int, step: int, train_time_s: float,

@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import resource
 import socket
 import sys
 import time
@@ -28,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fsdpcomp  # noqa: E402
 import bpe  # noqa: E402
 import checkpoint  # noqa: E402
+import comm_timing  # noqa: E402
 import gpt  # noqa: E402
 import profiling  # noqa: E402
 import textdata  # noqa: E402
@@ -36,6 +38,7 @@ from parallel import SHARDING, WRAPPERS  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUILTIN_DIR = os.path.join(os.path.dirname(HERE), "data", "wordnet")
 log = logging.getLogger("fsdp_train")
+DEFAULT_VAL_FRACTION = 0.05  # of the documents of --data_path, when no --val_path is given
 # FSDP1's state_dict_type is deprecated in favour of DCP's API; the message is noise here.
 warnings.filterwarnings("ignore", message=r"FSDP\.state_dict_type\(\) and FSDP\.set_state_dict_type")
 
@@ -45,6 +48,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--data_path", default=None,
                    help=".json array of {id,title,text}, .jsonl or .txt (default: built-in WordNet glosses)")
     p.add_argument("--val_path", default=None, help="held-out file for val_loss/val_ppl (built-in data: its val split)")
+    p.add_argument("--val_fraction", type=float, default=None,
+                   help=f"with --data_path and no --val_path: the fraction of its documents held out for "
+                        f"val_loss/val_ppl, chosen by a hash of each document (default {DEFAULT_VAL_FRACTION}; "
+                        "0: no validation)"),
     p.add_argument("--cache_dir", default=None, help="tokenizer and token cache (default: <data dir>/cache)")
     p.add_argument("--output_dir", default="outputs")
     p.add_argument("--run_name", default=None, help="default: <model>-<method>-w<world>")
@@ -80,6 +87,14 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--{name} must be positive, got {getattr(args, name)}")
     if args.warmup_steps_discard < 0 or args.warmup_steps_discard >= args.max_steps:
         p.error(f"--warmup_steps_discard must be in [0, max_steps), got {args.warmup_steps_discard}")
+    if args.val_fraction is not None:
+        if not 0.0 <= args.val_fraction < 1.0:
+            p.error(f"--val_fraction must be in [0, 1), got {args.val_fraction}")
+        if args.data_path is None or args.val_path is not None:
+            p.error("--val_fraction holds out part of --data_path; it does not combine with "
+                    + ("--val_path" if args.val_path is not None else "the built-in data, which has its own split"))
+    elif args.data_path is not None and args.val_path is None:
+        args.val_fraction = DEFAULT_VAL_FRACTION
     return args
 
 
@@ -143,15 +158,28 @@ def _prepare_rank0(args) -> dict:
         return [e.ids for e in tok.encode_batch(texts)]
 
     info = {"data_path": data_path, "val_path": val_path, "tokenizer": tok_path, "val_cache": None}
-    for key, path in (("train_cache", data_path), ("val_cache", val_path)):
+    parts = [("train_cache", data_path, None, None), ("val_cache", val_path, None, None)]
+    frac = args.val_fraction or 0.0
+    if frac > 0:  # the validation split is held out of the training file, document by document
+        parts = [("train_cache", data_path, textdata.split_part(frac, "train"),
+                  lambda text: not textdata.held_out(text, frac)),
+                 ("val_cache", data_path, textdata.split_part(frac, "val"),
+                  lambda text: textdata.held_out(text, frac))]
+    for key, path, part, keep in parts:
         if path is None:
             continue
-        cdir = textdata.cache_dir_for(cache_root, path, tok_id, args.max_length)
+        cdir = textdata.cache_dir_for(cache_root, path, tok_id, args.max_length, part)
         meta = textdata.read_meta(cdir)
         if not (meta and meta.get("finalized")):
-            log.info("tokenising %s into %s%s", path, cdir,
+            log.info("tokenising %s%s into %s%s", path, f" ({part})" if part else "", cdir,
                      f" (resuming after {meta['processed_samples']} documents)" if meta else "")
-        textdata.build_cache(path, cdir, encode, eos, args.max_length)
+        try:
+            textdata.build_cache(path, cdir, encode, eos, args.max_length, keep=keep)
+        except textdata.DataError as e:
+            if key == "val_cache" and part:
+                raise textdata.DataError(f"--val_fraction {frac} held out too little of {path} for one "
+                                         f"block of {args.max_length} tokens: raise it, or pass --val_path") from e
+            raise
         info[key] = cdir
     return info
 
@@ -224,6 +252,10 @@ def train(args, rank: int, world: int, device: torch.device) -> int:
     tok = bpe.Tokenizer.from_file(info["tokenizer"])
     train_ds = textdata.TokenBlocks(info["train_cache"])
     val_ds = textdata.TokenBlocks(info["val_cache"]) if info["val_cache"] else None
+    if val_ds is not None and len(val_ds) < args.batch_size * world:
+        hint = "raise --val_fraction, or pass --val_path" if args.val_fraction else "use more validation data"
+        raise textdata.DataError(f"the validation data has {len(val_ds)} blocks of {args.max_length} tokens, "
+                                 f"fewer than one batch per rank ({args.batch_size} x {world}): {hint}")
     sampler = textdata.StepSampler(len(train_ds), args.batch_size, world, rank, args.seed)
 
     config = gpt.make_config(args.model, n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head,
@@ -236,6 +268,7 @@ def train(args, rank: int, world: int, device: torch.device) -> int:
     wrapped = WRAPPERS[args.parallel](model, comm, device=device, block_cls=GPT2Block,
                                       sharding=args.sharding_strategy, bf16=args.bf16)
     module = wrapped.module
+    gathers = comm_timing.attach(module, args.parallel)  # FSDP's parameter all-gathers, timed steps only
     opt = torch.optim.AdamW(module.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95))
 
     run_name = args.run_name or f"{args.model}-{args.comm_compress}-w{world}"
@@ -274,6 +307,7 @@ def train(args, rank: int, world: int, device: torch.device) -> int:
     for step in range(start_step, args.max_steps):
         if step == timed_from:
             counters_at_timing = comm.counters()
+        gathers.active = step >= timed_from
         sync(device)
         t0 = time.perf_counter()
         for group in opt.param_groups:
@@ -288,6 +322,8 @@ def train(args, rank: int, world: int, device: torch.device) -> int:
         opt.zero_grad(set_to_none=True)
         sync(device)
         dt = time.perf_counter() - t0
+        gathers.active = False  # evaluation and logging are not training time
+        gathers.step_done()
         train_time_s += dt
         if prof is not None:
             prof.step()
@@ -341,9 +377,13 @@ def train(args, rank: int, world: int, device: torch.device) -> int:
     local = fsdpcomp.results.subtract_times(comm.counters(), counters_at_timing)
     with open(os.path.join(log_dir, f"counters_rank{rank}.json"), "w", encoding="utf-8") as f:
         json.dump(comm.counters(), f)
+    # with each rank's counters: its peak resident set (KiB on Linux), the CPU's memory peak,
+    # and its all-gather time (averaged over ranks, as the counters' times are)
     gathered = [None] * world
-    dist.all_gather_object(gathered, local)
-    combined = fsdpcomp.combine_counters(gathered)
+    dist.all_gather_object(gathered, (local, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, gathers.ms()))
+    combined = fsdpcomp.combine_counters([g[0] for g in gathered])
+    peak_rss_gb = max(g[1] for g in gathered) / 2**20
+    gather_ms = None if gathers.why_none else sum(g[2] for g in gathered) / world
 
     full = wrapped.full_state_dict()
     if rank == 0:
@@ -353,20 +393,26 @@ def train(args, rank: int, world: int, device: torch.device) -> int:
             # Profiled steps only: scale to the timed steps so totals match step_time statistics.
             scale = len(step_times) / len(prof_rows)
             by_op = {op: v * scale for op, v in profiling.totals_ms(prof_rows).items()}
+        elif gathers.why_none:
+            log.warning("all-gather time not measured: %s", gathers.why_none)
         fixed_ppl = None
         if args.fixed_time_s is not None:
             within = [e for e in evals if e[1] <= args.fixed_time_s]
             fixed_ppl = within[-1][3] if within else None
+        # GPU: torch's allocator on rank 0. CPU: the largest peak RSS over the ranks; there is
+        # no allocator cache to tell apart from it, so nothing to report as reserved.
         mem = (torch.cuda.max_memory_allocated(device) / 2**30, torch.cuda.max_memory_reserved(device) / 2**30) \
-            if device.type == "cuda" else (None, None)
+            if device.type == "cuda" else (peak_rss_gb, None)
         tail = losses[-min(len(losses), 10):]
         run = {
             "run_name": run_name, "world_size": world, "model": args.model, "model_params": n_params,
             "dataset": os.path.basename(info["data_path"]) if args.data_path else "wordnet-builtin",
+            "val_dataset": val_dataset_name(args, info), "val_fraction": args.val_fraction,
             "max_length": args.max_length, "batch_size": args.batch_size, "compress_method": comm.method,
             "compress_config": comm.config, "seed": args.seed,
             "train_loss": sum(tail) / len(tail), "val_loss": val_loss, "val_ppl": val_ppl,
             "mem_peak_alloc_gb": mem[0], "mem_peak_reserved_gb": mem[1],
+            "mem_peak_source": "cuda allocator, rank 0" if device.type == "cuda" else "peak RSS, max over ranks",
             "time_to_target_ppl_s": target_time, "target_ppl": args.target_ppl,
             "ppl_at_fixed_time": fixed_ppl, "fixed_time_s": args.fixed_time_s,
             "nonfinite_steps": nonfinite_steps,
@@ -376,7 +422,8 @@ def train(args, rank: int, world: int, device: torch.device) -> int:
             "lr": args.lr, "comm_time_source": "profiler" if by_op else "counters",
         }
         rec = fsdpcomp.build_record(run=run, step_times_s=step_times, tokens_per_step=tokens_per_step,
-                                    counters=combined, comm_time_ms_by_op=by_op)
+                                    counters=combined, comm_time_ms_by_op=by_op,
+                                    measured_ms=None if by_op else {"all_gather": gather_ms})
         path = args.results_file or os.path.join(args.output_dir, "results.jsonl")
         fsdpcomp.append_result(path, rec)
         log.info("appended to %s: loss %.4f, val_ppl %s, %.1f ms/step, ratio %s", path, rec["train_loss"],
@@ -384,6 +431,17 @@ def train(args, rank: int, world: int, device: torch.device) -> int:
         metrics.close()
         writer.close()
     return 0
+
+
+def val_dataset_name(args, info: dict) -> str | None:
+    """Where val_loss comes from: a file, a held-out part of the training file, or nowhere."""
+    if args.data_path is None:
+        return "wordnet-builtin"
+    if info["val_path"]:
+        return os.path.basename(info["val_path"])
+    if args.val_fraction:
+        return f"{args.val_fraction:g} of {os.path.basename(info['data_path'])} (held out)"
+    return None
 
 
 def save_final(state_dict: dict, config, tok, out_dir: str) -> None:

@@ -23,7 +23,12 @@ def make_config(preset: str, **overrides) -> GPT2Config:
 
 
 def make_model(config: GPT2Config) -> GPT2LMHeadModel:
-    return GPT2LMHeadModel(config)
+    model = GPT2LMHeadModel(config)
+    # transformers picks a model's loss by matching its class name against "...ForCausalLM";
+    # "GPT2LMHeadModel" does not match, so every forward with labels warned that loss_type is
+    # None before using the causal-LM loss anyway. Naming it says the same thing, silently.
+    model.loss_type = "ForCausalLM"
+    return model
 
 
 def n_params(model) -> int:

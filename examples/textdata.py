@@ -127,28 +127,45 @@ def read_meta(cache_dir: str) -> dict | None:
         return None
 
 
-def cache_dir_for(cache_root: str, data_path: str, tokenizer_id: str, max_length: int) -> str:
-    """One cache per (data file version, tokenizer, max_length)."""
-    key = hashlib.sha256(f"{file_fingerprint(data_path)}|{tokenizer_id}|{max_length}".encode()).hexdigest()[:16]
-    stem = os.path.splitext(os.path.basename(data_path))[0]
+def cache_dir_for(cache_root: str, data_path: str, tokenizer_id: str, max_length: int,
+                  part: str | None = None) -> str:
+    """One cache per (data file version, tokenizer, max_length, part): `part` names a split of
+    the file ("train-5%" / "val-5%" for a held-out split), None the whole file."""
+    key = hashlib.sha256(f"{file_fingerprint(data_path)}|{tokenizer_id}|{max_length}|{part or ''}".encode()).hexdigest()[:16]
+    stem = os.path.splitext(os.path.basename(data_path))[0] + (f"-{part}" if part else "")
     return os.path.join(cache_root, f"{stem}-L{max_length}-{key}")
+
+
+def held_out(text: str, fraction: float) -> bool:
+    """Whether a document belongs to the validation split that holds out `fraction` of a file:
+    a hash of its text below the fraction. The same on every run, rank and machine, whatever the
+    documents' order, and a document repeated in the file lands on one side only."""
+    h = int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "little")
+    return h < fraction * 2.0 ** 64
+
+
+def split_part(fraction: float, side: str) -> str:
+    """The cache `part` name of one side ("train" / "val") of a held-out split."""
+    return f"{side}-{fraction:.6g}"
 
 
 def build_cache(data_path: str, cache_dir: str, encode: Callable[[list[str]], list[list[int]]],
                 eos_id: int, max_length: int, *, shard_docs: int = SHARD_DOCS,
-                on_shard: Callable[[int], None] | None = None) -> dict:
+                on_shard: Callable[[int], None] | None = None,
+                keep: Callable[[str], bool] | None = None) -> dict:
     """Tokenises the file into shards of max_length-token blocks (documents joined by EOS, the
     tail of each shard dropped), resuming after the last finished shard. The meta file
-    (processed_samples, shards, finalized) is rewritten atomically after each shard, so a
-    killed build leaves a consistent, unfinished cache. on_shard(i) runs after shard i is
-    recorded (tests use it to interrupt)."""
+    (processed_samples: documents of the file read, shards, finalized) is rewritten atomically
+    after each shard, so a killed build leaves a consistent, unfinished cache. on_shard(i) runs
+    after shard i is recorded (tests use it to interrupt). keep(text): only the documents it
+    accepts go into the cache (one side of a held-out split); `kept_samples` counts them."""
     os.makedirs(cache_dir, exist_ok=True)
     meta = read_meta(cache_dir)
     if meta is not None and meta.get("finalized"):
         return meta
     if meta is None or meta.get("shard_docs") != shard_docs or meta.get("max_length") != max_length:
         meta = {"data_path": os.path.abspath(data_path), "max_length": max_length, "shard_docs": shard_docs,
-                "processed_samples": 0, "shards": [], "num_blocks": 0, "finalized": False}
+                "processed_samples": 0, "kept_samples": 0, "shards": [], "num_blocks": 0, "finalized": False}
         _write_json_atomic(os.path.join(cache_dir, META), meta)
     skip = meta["processed_samples"]
     docs = iter_documents(data_path)
@@ -169,14 +186,15 @@ def build_cache(data_path: str, cache_dir: str, encode: Callable[[list[str]], li
         os.replace(tmp, os.path.join(cache_dir, name))
         meta["shards"].append({"file": name, "blocks": int(n_blocks)})
         meta["num_blocks"] += int(n_blocks)
-        meta["processed_samples"] += len(batch)
+        meta["processed_samples"] = seen  # documents read, kept or not: where a resume starts
+        meta["kept_samples"] = meta.get("kept_samples", 0) + len(batch)
         _write_json_atomic(os.path.join(cache_dir, META), meta)
         if on_shard is not None:
             on_shard(len(meta["shards"]) - 1)
 
     for text in docs:
         seen += 1
-        if seen <= skip:
+        if seen <= skip or (keep is not None and not keep(text)):
             continue
         batch.append(text)
         if len(batch) == shard_docs:

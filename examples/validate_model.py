@@ -21,6 +21,7 @@ def evaluate(model_dir: str, data_path: str, max_length: int, batch_size: int, m
 
     tok = PreTrainedTokenizerFast.from_pretrained(model_dir)
     model = GPT2LMHeadModel.from_pretrained(model_dir).eval()
+    model.loss_type = "ForCausalLM"  # as gpt.make_model: the loss transformers uses anyway, unwarned
     if max_length > model.config.n_positions:
         raise ValueError(f"--max_length {max_length} exceeds the model's n_positions {model.config.n_positions}")
     tokens: list[int] = []

@@ -7,9 +7,44 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
-from . import _C
+
+def _no_extension(err: ImportError) -> ImportError:
+    """What to tell a user whose fsdpcomp has no compiled _C: most often a source checkout on
+    sys.path first (the current directory, or PYTHONPATH) hiding an installed build. Python's
+    own message for it ("cannot import name '_C' from partially initialized module ... most
+    likely due to a circular import") points nowhere near that."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    checkout = os.path.isfile(os.path.join(root, "setup.py")) and os.path.isdir(os.path.join(root, "csrc"))
+    others = []
+    for entry in sys.path:
+        cand = os.path.join(os.path.abspath(entry or os.curdir), "fsdpcomp")
+        if os.path.realpath(cand) != os.path.realpath(here) and os.path.isfile(os.path.join(cand, "__init__.py")) \
+                and any(name.startswith("_C.") for name in os.listdir(cand)) and cand not in others:
+            others.append(cand)
+    if checkout:
+        what = f"fsdpcomp was imported from {here}, a source checkout whose C extension (fsdpcomp._C) is not built"
+        if others:
+            what += (f"; it shadows the fsdpcomp installed in {others[0]}, because the checkout comes "
+                     "first on sys.path (the current directory, or PYTHONPATH)")
+        fix = ("To use the installed package, run from outside the checkout or with `python -P` (no current "
+               f"directory on sys.path). To use the checkout, build it in place: `pip install -e {root}` "
+               f"(or `python setup.py build_ext --inplace` in {root}).")
+    else:
+        what = f"fsdpcomp in {here} has no compiled extension (fsdpcomp._C): the install is incomplete"
+        fix = "Reinstall it with `pip install .` from the fsdpcomp source."
+    return ImportError(f"{what}. {fix}", name="fsdpcomp._C", path=here)
+
+
+try:
+    from . import _C
+except ImportError as _err:
+    if not any(name.startswith("_C.") for name in os.listdir(os.path.dirname(os.path.abspath(__file__)))):
+        raise _no_extension(_err) from _err
+    raise  # _C is there but does not load (another Python, a missing library): Python's message says why
 from ._C import CudaError, NcclError, PayloadError
 from ._nccl import release_nccl
 from .cli import add_argparse_args, from_args

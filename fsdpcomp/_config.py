@@ -20,3 +20,13 @@ def normalize_config(config: Mapping[str, Any] | str | None) -> dict[str, Any]:
     if not isinstance(config, Mapping):
         raise ValueError(f"comm config must be a JSON object / dict, got {type(config).__name__}")
     return dict(config)
+
+
+def gather_default(config: dict[str, Any]) -> dict[str, Any]:
+    """The config with `allgather_compress` resolved where its default cannot hold: a unit with a
+    second round (sketch's `second_round`) is decoded from all payloads together, never from one
+    alone, so its all-reduce's all-gather half goes uncompressed unless the key is given (and
+    then the state refuses the pair by name)."""
+    if config.get("second_round") is True and "allgather_compress" not in config:
+        return dict(config, allgather_compress=False)
+    return config

@@ -1,42 +1,125 @@
-"""The compressed all-gather half of an all-reduce (``"allgather_compress": true``): every rank
-encodes its reduced shard with the state's method, the payloads are all-gathered, and every
-rank, the owner included, decodes all of them, so the replicas stay bit-identical. The shard's
-own error-feedback residual (when error feedback is on) is kept per unit in ``residuals``."""
+"""The all-gather half of an all-reduce (DDP, FSDP1 NO_SHARD, FSDP2's replica all-reduce): the
+reduced shards go back to every rank compressed with the state's method (`allgather_compress`,
+the default) or in the gradient's dtype. Compressed, every rank, the owner included, decodes
+every payload, so the replicas stay bit-identical; the shard's own error-feedback residual
+(when error feedback is on) is kept per unit in ``residuals``.
+
+The uncompressed all-gather is used where compressing would not pay or cannot run: a unit below
+`min_numel`; a payload no smaller than the raw shard (`none`, 16-bit casts of 16-bit gradients,
+a sketch table larger than the shard: counted in fallback_units, as the reduce-scatter's own
+fallback is); and a device where the method has no single-payload codec (on CUDA: a method that
+keeps per-unit state or has a second round; asked for explicitly, `"allgather_compress": true`,
+that is a TypeError instead). On CUDA tensors every step queues on the current stream, with no
+wait on the host, except a data-dependent method's size exchange."""
 from __future__ import annotations
+
+import weakref
 
 import torch
 import torch.distributed as dist
 
+# torch 2.13 renamed all_gather_into_tensor (and deprecates the old name); older torch has only it.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
+# Whether a state's single-payload compress() took tensors of a device type: learned from the
+# first call there (its argument checks run before anything changes, so a refusal costs nothing).
+_DEVICE_OK: "weakref.WeakKeyDictionary[object, dict[str, bool]]" = weakref.WeakKeyDictionary()
 
-def compressed_all_gather(state, reduced: torch.Tensor, grad: torch.Tensor, unit: int,
-                          world: int, rank: int, residuals: dict[int, torch.Tensor]) -> None:
-    """grad[:n] = the decoded shards of every rank (reduced: this rank's averaged shard). On
-    CUDA tensors every step queues on the current stream (State.compress/decompress run the
-    method's kernels; the payload bytes are the CPU's), with no wait on the host."""
+# What a compressed all-gather attempt came to.
+_SENT, _NO_GAIN, _NO_CODEC = "sent", "no gain", "no codec"
+
+
+def all_gather_shards(state, reduced: torch.Tensor, grad: torch.Tensor, unit: int, world: int,
+                      rank: int, residuals: dict[int, torch.Tensor]) -> None:
+    """grad[:n] = every rank's reduced shard (reduced: this rank's), compressed on the wire
+    where that pays; the same bits on every rank either way."""
+    if not state._gather_compressed or grad.numel() < state._min_numel:
+        return _plain(state, reduced, grad, world, fallback=False)
+    # a fixed-size payload no smaller than the raw shard: decided from sizes, alike on every rank
+    raw = reduced.numel() * grad.element_size()
+    if not state._varsize and state._core.payload_bytes(reduced.numel()) >= raw:
+        return _plain(state, reduced, grad, world, fallback=state.method != "none")
+    outcome = _compressed(state, reduced, grad, unit, world, rank, residuals)
+    if outcome != _SENT:
+        _plain(state, reduced, grad, world, fallback=outcome == _NO_GAIN)
+
+
+def _plain(state, reduced, grad, world, *, fallback: bool) -> None:
+    """The all-gather in the gradient's dtype: what an uncompressed all-reduce sends."""
+    shard, n = reduced.numel(), grad.numel()
+    gathered = state._buffer_like("gathered", shard * world, grad)
+    nbytes = (world - 1) * shard * grad.element_size()
+    state._collective(grad, lambda: _all_gather_single(gathered, reduced, group=state.process_group),
+                      bytes_sent=nbytes, bytes_raw=nbytes, fallback=fallback)
+    grad.copy_(gathered[:n].view_as(grad))
+
+
+def _encode(state, x: torch.Tensor, send: torch.Tensor, unit: int, world: int, rank: int) -> int | None:
+    """compress() of this rank's shard into send; None where the device has no codec yet."""
+    known = _DEVICE_OK.setdefault(state, {})
+    dev = x.device.type
+    if known.get(dev) is False:
+        return None
+    try:
+        # chunk index world + r: a random stream apart from the reduce-scatter's chunks 0..world-1
+        written = state._core.compress(x, send, unit=unit, chunk=world + rank, world=world, rank=rank)
+    except TypeError as err:
+        if dev == "cpu":
+            raise
+        if state._gather_explicit:  # asked for by name: say that it cannot run here
+            raise TypeError(f"allgather_compress: {state.method}'s single-payload codec does not take "
+                            f"tensors on {x.device} ({err}); leave the key unset (the all-gather then goes "
+                            f"uncompressed on {dev}) or set it false") from err
+        known[dev] = False  # the default on a device without the codec: uncompressed, not an error
+        return None
+    known[dev] = True
+    return written
+
+
+def _compressed(state, reduced, grad, unit, world, rank, residuals) -> str:
+    """Encode this rank's shard (plus its residual), all-gather the payloads, decode them all:
+    _SENT. With nothing changed, _NO_CODEC where the device has no single-payload codec yet and
+    _NO_GAIN where a data-dependent payload came out no smaller than the raw shard on some rank
+    (every rank sees the same sizes, so they all turn back together)."""
     core, shard, n = state._core, reduced.numel(), grad.numel()
-    x = state._typed_buffer("gather_x", shard, torch.float32, reduced.device)
+    dev = reduced.device
+    x = state._typed_buffer("gather_x", shard, torch.float32, dev)
     x.copy_(reduced)  # the encode input, and the residual's reference
-    use_ef = state._ef
-    if use_ef:
-        e = residuals.get(unit)
-        if e is None or e.numel() != shard or e.device != reduced.device:
-            e = residuals[unit] = torch.zeros(shard, dtype=torch.float32, device=reduced.device)
+    e = residuals.get(unit) if state._ef else None
+    if e is not None and e.numel() == shard:
         x += e
-    payload_bytes = core.payload_bytes(shard)
-    send = state._buffer("gather_send", payload_bytes, reduced.device)
-    # chunk index world + r: a random stream apart from the reduce-scatter's chunks 0..world-1
-    core.compress(x, send, unit=unit, chunk=world + rank, world=world, rank=rank)
-    recv = state._buffer("gather_recv", payload_bytes * world, reduced.device)
-    state._collective(send, lambda: _all_gather_single(recv, send, group=state.process_group),
-                      bytes_sent=(world - 1) * payload_bytes,
-                      bytes_raw=(world - 1) * shard * grad.element_size())
-    full = state._typed_buffer("gather_full", shard * world, torch.float32, reduced.device)
+    bound = core.payload_bytes(shard)
+    send = state._buffer("gather_send", bound, dev)
+    written = _encode(state, x, send, unit, world, rank)
+    if written is None:
+        return _NO_CODEC
+    slot = bound
+    if state._varsize:  # data-dependent size: the largest payload sets the slot
+        slot = _largest_payload(state, written, world, dev)
+        if slot >= shard * grad.element_size():
+            return _NO_GAIN  # most values passed on some rank: the raw shards cost less
+        send[written:slot].zero_()  # no stale bytes on the wire past a shorter payload
+    recv = state._buffer("gather_recv", slot * world, dev)
+    state._collective(send, lambda: _all_gather_single(recv, send[:slot], group=state.process_group),
+                      bytes_sent=(world - 1) * slot, bytes_raw=(world - 1) * shard * grad.element_size())
+    full = state._typed_buffer("gather_full", shard * world, torch.float32, dev)
     full.zero_()
     for r in range(world):
-        core.decompress(recv[r * payload_bytes:(r + 1) * payload_bytes], full[r * shard:(r + 1) * shard],
+        core.decompress(recv[r * slot:r * slot + slot], full[r * shard:(r + 1) * shard],
                         unit=unit, chunk=world + r, world=world)
-    if use_ef:
-        torch.sub(x, full[rank * shard:(rank + 1) * shard], out=residuals[unit])
+    if state._ef:
+        if e is None or e.numel() != shard:
+            e = residuals[unit] = torch.zeros(shard, dtype=torch.float32, device=dev)
+        torch.sub(x, full[rank * shard:(rank + 1) * shard], out=e)
     grad.copy_(full[:n].view_as(grad))
+    return _SENT
+
+
+def _largest_payload(state, written: int, world: int, device) -> int:
+    """Every rank's payload size, all-gathered (one extra collective): the largest, which every
+    payload slot is sized to."""
+    mine = torch.tensor([written], dtype=torch.int64, device=device)
+    every = torch.empty(world, dtype=torch.int64, device=device)
+    state._collective(mine, lambda: _all_gather_single(every, mine, group=state.process_group),
+                      bytes_sent=8 * (world - 1), extra=True)
+    return int(every.max())

@@ -17,7 +17,7 @@ REQUIRED_FIELDS = (
 )
 OPTIONAL_FIELDS = (
     "compress_time_ms", "decompress_time_ms", "extra_collectives", "extra_collective_time_ms",
-    "index_bytes", "density", "residual_norm", "grad_rel_error", "grad_cos_sim",
+    "fallback_units", "index_bytes", "density", "residual_norm", "grad_rel_error", "grad_cos_sim",
     "mem_peak_alloc_gb", "mem_peak_reserved_gb", "time_to_target_ppl_s", "ppl_at_fixed_time",
     "nonfinite_steps", "torch_version", "fsdpcomp_version", "device",
     "param_gather_calls", "param_gather_bytes_raw_total", "param_gather_bytes_sent_total",
@@ -27,7 +27,7 @@ COMM_OPS = ("reduce_scatter", "all_gather", "all_to_all", "all_reduce")
 
 # How counters from several ranks combine: byte and event counts add up, times and
 # per-rank statistics are averaged over the ranks that have a value.
-_SUMMED = ("calls", "calls_uncompressed", "elements", "chunks_sent", "bytes_raw", "bytes_sent",
+_SUMMED = ("calls", "calls_uncompressed", "fallback_units", "elements", "chunks_sent", "bytes_raw", "bytes_sent",
            "bytes_compressed", "header_bytes", "meta_bytes", "index_bytes", "value_bytes",
            "nonfinite_in", "nonfinite_out", "extra_collectives", "error_samples", "residual_bytes",
            "param_gather_calls", "param_gather_bytes_raw", "param_gather_bytes_sent")
@@ -89,6 +89,7 @@ def _ms(seconds: Any) -> float | None:
 
 def build_record(*, run: Mapping[str, Any], step_times_s: Iterable[float], tokens_per_step: int,
                  counters: Mapping[str, Any], comm_time_ms_by_op: Mapping[str, float | None] | None = None,
+                 measured_ms: Mapping[str, float | None] | None = None,
                  extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A results line.
 
@@ -99,9 +100,11 @@ def build_record(*, run: Mapping[str, Any], step_times_s: Iterable[float], token
     tokens_per_step: tokens processed per step over all ranks.
     counters: ``combine_counters`` of all ranks, timing fields over the timed steps only.
     comm_time_ms_by_op: per-op communication time (ms, over the timed steps) when a profiler
-        measured it; otherwise the compressed reduce-scatter's own comm time from the counters,
-        FSDP2's parameter all-gathers (fsdpcomp.AllGather, codec time left out) when it ran
-        them, and null for the ops the library does not see.
+        measured it; otherwise the library's own exchanges from the counters (the compressed
+        reduce-scatter under all_to_all; FSDP2's parameter all-gathers through fsdpcomp.AllGather,
+        codec time left out, under all_gather), then what the script timed itself for the ops
+        still unmeasured (measured_ms, e.g. FSDP's own parameter all-gathers), and null for the
+        ops nobody measured.
     """
     missing = [k for k in ("run_name", "world_size", "model", "dataset", "max_length", "batch_size",
                            "compress_method", "compress_config", "seed") if k not in run]
@@ -113,9 +116,12 @@ def build_record(*, run: Mapping[str, Any], step_times_s: Iterable[float], token
     if comm_time_ms_by_op is None:
         rs = counters.get("comm_time_s")
         comm_time_ms_by_op = {op: None for op in COMM_OPS}
-        comm_time_ms_by_op["all_to_all"] = _ms(rs)  # the hook's compressed reduce-scatter
+        comm_time_ms_by_op["all_to_all"] = _ms(rs)  # the hook's compressed exchanges
         if gathers:  # like the reduce-scatter's: the time outside the codec
             comm_time_ms_by_op["all_gather"] = _ms(counters["param_gather_time_s"] - counters["param_gather_codec_time_s"])
+        for op, ms in (measured_ms or {}).items():
+            if comm_time_ms_by_op.get(op) is None:
+                comm_time_ms_by_op[op] = ms
     by_op = {op: _finite_or_none(comm_time_ms_by_op.get(op)) for op in COMM_OPS}
     measured = [v for v in by_op.values() if v is not None]
     extra_ms = _ms(counters.get("extra_collective_time_s"))
@@ -137,6 +143,7 @@ def build_record(*, run: Mapping[str, Any], step_times_s: Iterable[float], token
         decompress_time_ms=_ms(counters.get("decompress_time_s")),
         extra_collectives=counters.get("extra_collectives"),
         extra_collective_time_ms=extra_ms,
+        fallback_units=counters.get("fallback_units"),
         index_bytes=counters.get("index_bytes"),
         density=counters.get("density"),
         residual_norm=counters.get("residual_norm"),

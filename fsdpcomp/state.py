@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 
 from . import _C, _nccl
-from ._gather import compressed_all_gather
-from ._config import normalize_config
+from ._gather import all_gather_shards
+from ._config import gather_default, normalize_config
 from ._order import Units
 from ._param_codec import make_param_codec
 from .counters import Counters
@@ -68,7 +68,8 @@ class CommState:
                  process_group: dist.ProcessGroup | None = None):
         if not isinstance(method, str):
             raise TypeError(f"method must be a str, got {type(method).__name__}")
-        self._core = _C.State(method, normalize_config(config), _allocate_residual)
+        config = normalize_config(config)
+        self._core = _C.State(method, gather_default(config), _allocate_residual)
         self.process_group = process_group
         self._buffers: dict[tuple[str, str], torch.Tensor] = {}
         self._plans: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}
@@ -79,6 +80,8 @@ class CommState:
         self._transport = cfg["transport"]
         self._ef = cfg["error_feedback"]
         self._gather_compressed = cfg["allgather_compress"]
+        self._gather_explicit = "allgather_compress" in config  # set by name, not by default
+        self._min_numel = cfg["min_numel"]
         self._pipeline = cfg["pipeline"]
         self._timeout_s = cfg["timeout_s"]
         self._group_ranks: tuple[dist.ProcessGroup, list[int]] | None = None  # for _peers()
@@ -202,12 +205,13 @@ class CommState:
         return buf[:nbytes]
 
     def _collective(self, like: torch.Tensor, run, bytes_sent: int = 0, bytes_raw: int = 0,
-                    extra: bool = False) -> None:
+                    extra: bool = False, fallback: bool = False) -> None:
         """Runs `run()`, one torch.distributed collective on tensors like `like`, and counts it.
         On CUDA its time is that of CUDA events around it on the current stream (the stream
         waits for the collective, the host does not: a host clock would time the enqueue
         only), read lazily with counters(); on the CPU, the host clock. extra: a collective
-        beyond the all-to-all (extra_collectives)."""
+        beyond the all-to-all (extra_collectives); fallback: a unit sent uncompressed because
+        compressing would not have paid (fallback_units)."""
         if like.is_cuda:
             index = like.device.index if like.device.index is not None else torch.cuda.current_device()
             stream = torch.cuda.current_stream(index).cuda_stream
@@ -219,7 +223,8 @@ class CommState:
             t0 = time.perf_counter()
             run()
             seconds = time.perf_counter() - t0
-        self._core.add_comm(seconds, bytes_sent=bytes_sent, bytes_raw=bytes_raw, extra=extra)
+        self._core.add_comm(seconds, bytes_sent=bytes_sent, bytes_raw=bytes_raw, extra=extra,
+                            fallback=fallback)
 
     def _plan(self, grad: torch.Tensor, world: int, rank: int):
         key = (grad.numel(), grad.dtype, world, rank)
@@ -412,7 +417,7 @@ class CommState:
 
     def all_reduce(self, grad: torch.Tensor, key: Hashable | None = None) -> None:
         """grad = mean over ranks of grad, in place: compressed reduce-scatter, then an
-        all-gather of the reduced shards, in grad's dtype or (allgather_compress) compressed.
+        all-gather of the reduced shards, compressed too (allgather_compress) where that pays.
         key as for reduce_scatter."""
         world, _ = self._world_rank()
         self._check_call(grad, None, world)
@@ -423,15 +428,8 @@ class CommState:
         if world == 1:
             grad.copy_(reduced[:n])
             return
-        if self._gather_compressed:
-            _, rank = self._world_rank()
-            compressed_all_gather(self, reduced, grad, unit, world, rank, self._gather_residuals)
-            return
-        gathered = self._buffer_like("gathered", shard * world, grad)
-        nbytes = (world - 1) * shard * grad.element_size()
-        self._collective(grad, lambda: _all_gather_single(gathered, reduced, group=self.process_group),
-                         bytes_sent=nbytes, bytes_raw=nbytes)
-        grad.copy_(gathered[:n].view_as(grad))
+        _, rank = self._world_rank()
+        all_gather_shards(self, reduced, grad, unit, world, rank, self._gather_residuals)
 
     def _buffer_like(self, kind: str, numel: int, like: torch.Tensor) -> torch.Tensor:
         return self._typed_buffer(kind, numel, like.dtype, like.device)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fsdpcomp
-from cuda_cases import check_decode, check_encode, check_sum_order, cpu_encode, cuda_cases, cuda_methods
+from cuda_cases import check_decode, check_encode, check_sum_order, cpu_encode, cuda_cases, cuda_methods, residual_of
 from fsdpcomp import _C
 
 if not torch.cuda.is_available():
@@ -34,7 +34,7 @@ class OnGpu:
         return send[:sum(sizes)].cpu()  # data-dependent sizes: the payloads, not the plan
 
     def residual(self, st):
-        r = st._core.residuals()[self.unit]
+        r = residual_of(st, self.unit)
         return None if r is None else r.cpu()
 
     def end_step(self, st) -> None:

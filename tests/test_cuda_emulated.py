@@ -40,6 +40,9 @@ def align16(v: int) -> int:
     return (v + 15) // 16 * 16
 
 
+COMMON_KEYS = set(fsdpcomp.CommState("none", {}).config)  # the keys every method takes
+
+
 class EmuState:
     """What the C module keeps per State for the CUDA path, on the host: config, step, units,
     residuals (fc_cuda_path.c's job)."""
@@ -57,6 +60,16 @@ class EmuState:
         self.ef = bool(conf["error_feedback"])
         self.res_dtype = torch.float32 if conf["residual_dtype"] == "fp32" else torch.bfloat16
         self.step, self.calls, self.res = 0, 0, None
+
+    def wire(self, grad: torch.Tensor, world: int, rank: int) -> "EmuState":
+        """The state whose method a unit's payloads go out with (fc_core_wire_method): this one,
+        or `none` where the method's payloads would be no smaller than none's. The plan is the
+        wire method's, so it shows which (a fallback's plan is none's, and only then)."""
+        if self.method == "none":
+            return self
+        plain = EmuState("none", {k: v for k, v in self.cfg.items() if k in COMMON_KEYS})
+        sends, _ = self.core.plan(grad, world, rank)
+        return plain if sum(sends) > 0 and sends == plain.core.plan(grad, world, rank)[0] else self
 
 
 class Emulated:
@@ -112,26 +125,28 @@ class Emulated:
     def encode(self, st: EmuState, grad: torch.Tensor, world: int, rank: int) -> torch.Tensor:
         n = grad.numel()
         conf = st.core.config
+        w = st.wire(grad, world, rank)  # as `none`: no residual, no sample (fc_cuda_path.c)
+        ef = st.ef and w is st
         sends, _ = st.core.plan(grad, world, rank)
-        args = dict(self.geometry(st, n, world, rank, grad.dtype), gdt=DTYPES[grad.dtype], rdt=-1,
+        args = dict(self.geometry(w, n, world, rank, grad.dtype), gdt=DTYPES[grad.dtype], rdt=-1,
                     send_bytes=sum(sends), unit=0, step=st.step, seed=conf["seed"],
                     nonfinite_zero=int(conf["nonfinite"] == "zero"),
-                    sample=int(conf["error_stats_every"] > 0 and st.calls % conf["error_stats_every"] == 0))
+                    sample=int(w is st and conf["error_stats_every"] > 0 and st.calls % conf["error_stats_every"] == 0))
         files = {"grad.bin": grad}
-        if st.ef:
+        if ef:
             if st.res is None:
                 st.res = torch.zeros(n, dtype=st.res_dtype)
             args["rdt"] = DTYPES[st.res_dtype]
             files["res.bin"] = st.res
-        outs = self.run("encode", st, args, files)
+        outs = self.run("encode", w, args, files)
         st.calls += 1
-        if st.ef:
+        if ef:
             st.res = torch.frombuffer(bytearray(outs["res.bin"]), dtype=torch.uint8).view(st.res_dtype).clone()
         return torch.frombuffer(bytearray(outs["send.bin"]), dtype=torch.uint8).clone()
 
     def decode(self, method: str, cfg: dict, recv: torch.Tensor, grad: torch.Tensor, out_numel: int,
                world: int, rank: int, expect_error: bool = False):
-        st = EmuState(method, cfg)
+        st = EmuState(method, cfg).wire(grad, world, rank)
         n = grad.numel()
         own = -(-n // world)
         own = max(0, min(own, n - rank * own))

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fsdpcomp
-from cuda_cases import check_decode, check_encode, cpu_encode, cuda_cases, make_grad, same_bits
+from cuda_cases import check_decode, check_encode, cpu_encode, cuda_cases, make_grad, residual_of, same_bits
 from fsdpcomp import _C
 
 EMULATED = os.environ.get("FSDPCOMP_TEST_EMULATED") == "1"
@@ -31,6 +31,9 @@ SPARSE = ("signsgd", "topk", "randomk", "thresholdv", "sketch", "gradiveq")
 EXTRA = [
     ("signsgd", {"block_size": 8}), ("signsgd", {"block_size": 1024}),
     ("signsgd", {"mode": "majority", "scale": 3.0}),
+    # tables smaller than most chunks here (a unit whose chunks are no larger than its table goes
+    # as `none`, as method_cases' sketches do at these sizes: test_sketch_units_larger_than_the_table)
+    ("sketch", {"rows": 3, "cols": 64, "k": 8}), ("sketch", {"rows": 3, "cols": 64, "k": 8, "second_round": True}),
 ]
 SIZES = [1, 255, 257, 2053] if EMULATED else [1, 255, 257, (1 << 20) + 3]
 
@@ -58,7 +61,7 @@ class OnDevice:
         return send[:sum(sizes)].cpu()
 
     def residual(self, st):
-        r = st._core.residuals()[self.unit]
+        r = residual_of(st, self.unit)
         return None if r is None else r.cpu()
 
     def end_step(self, st) -> None:
@@ -91,6 +94,24 @@ def test_encode_bytes_and_residuals_match_cpu(method, cfg, dtype, world, rank, g
     for res in ("fp32", "bf16"):
         for n in SIZES:
             check_encode(BACKEND, method, cfg, dtype, world, rank, max(n, world), gen, residual_dtype=res)
+
+
+SKETCHES = [c for c in CASES if c[0] == "sketch" and c[1].get("cols", 4096) > 64]
+
+
+@pytest.mark.parametrize("method,cfg", SKETCHES, ids=[IDS[CASES.index(c)] for c in SKETCHES])
+def test_sketch_units_larger_than_the_table_match_cpu(method, cfg, gen):
+    """method_cases' sketches (and the default, 3 x 4096) on units whose chunks are larger than
+    their tables, so that they go as sketches, not as `none`."""
+    full = fsdpcomp.CommState(method, cfg).config
+    per = 2 * full["rows"] * full["cols"] + 67  # 16-bit `none` of the chunk: larger than the table
+    for world, rank, dtype in ((1, 0, torch.float32), (3, 1, torch.bfloat16), (4, 3, torch.float32)):
+        n = world * per - 1
+        st = fsdpcomp.CommState(method, dict(cfg, compress_own_chunk=True))
+        g = make_grad(n, dtype, gen)
+        cpu_encode(st, g, world, rank, st._core.begin(n))
+        assert st.counters()["fallback_units"] == 0, f"{cfg} W={world}: the unit went as none"
+        check_encode(BACKEND, method, cfg, dtype, world, rank, n, gen)
 
 
 @pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
@@ -286,7 +307,8 @@ def encode_both(method: str, cfg: dict, g: torch.Tensor, world: int, rank: int, 
         b = BACKEND.encode(dev, g, world, rank)
         assert torch.equal(a, b), f"{method} {cfg} W={world} step {step}: payload bytes differ at " \
                                   f"{(a != b).nonzero().flatten()[:8].tolist() if a.shape == b.shape else 'sizes'}"
-        assert same_bits(cpu._core.residuals()[0], BACKEND.residual(dev)), f"{method} {cfg}: residuals differ"
+        rc, rd = residual_of(cpu, 0), BACKEND.residual(dev)  # None: the unit went as `none`
+        assert (rc is None) == (rd is None) and (rc is None or same_bits(rc, rd)), f"{method} {cfg}: residuals differ"
         cpu.end_step()
         dev.end_step()
 
@@ -326,7 +348,7 @@ def test_exchange_over_ranks_matches_cpu(method, cfg, gen):
             for r in range(world):
                 where = f"{method} {cfg} W={world} step {step} rank {r}"
                 assert same_bits(out_c[r], out_d[r]), f"{where}: outputs differ"
-                rc, rd = cpus[r]._core.residuals()[0], devs[r]._core.residuals()[0]
+                rc, rd = residual_of(cpus[r], 0), residual_of(devs[r], 0)
                 assert (rc is None) == (rd is None) and (rc is None or same_bits(rc, rd.cpu())), f"{where}: residuals"
         for c, d in zip(cpus, devs):
             kc, kd = c.counters(), d.counters()
@@ -406,7 +428,7 @@ def test_second_round_picks_that_the_cpu_rejects_are_reported(gen):
     """Owner picks corrupted on the wire: the CPU's fetch raises; the device's reports it at the
     next counters() and sends NaN to that owner instead of values."""
     cfg = {"rows": 3, "cols": 64, "k": 8, "second_round": True, "seed": 2, "error_feedback": True}
-    n, world = 600, 2
+    n, world = 4000, 2  # chunks whose `none` payload is larger than the table (else no second round)
     for on_device in (False, True):
         states = [new_state("sketch", cfg) if on_device else fsdpcomp.CommState("sketch", cfg) for _ in range(world)]
         dev = DEV if on_device else "cpu"
@@ -424,6 +446,7 @@ def test_second_round_picks_that_the_cpu_rejects_are_reported(gen):
             recv = torch.cat([sends[q][sum(sizes[q][:r]):sum(sizes[q][:r + 1])] for q in range(world)])
             st._core.decode(recv, grads[r].to(dev), torch.zeros(n // world, device=dev), world, r, units[r])
         kmax = states[0]._core.fetch_kmax(n, world)
+        assert kmax > 0
         everyone = torch.zeros(world * kmax, dtype=torch.int32, device=dev)
         for r, st in enumerate(states):
             st._core.fetch_picks(units[r], everyone[r * kmax:(r + 1) * kmax].view(torch.uint8))

@@ -72,6 +72,9 @@ def _scenarios(rank, world):
     params, losses, state = _train(rank, 40, "int8", {"block_size": 64, "allgather_compress": True,
                                                        "error_feedback": True}, lr=0.2)
     res["int8-gather"] = (losses, dict(state.counters()), params)
+    # the opt-out: the reduced shards go back in fp32
+    _, _, state = _train(rank, 40, "int8", {"block_size": 64, "allgather_compress": False}, lr=0.2)
+    res["int8-plain-gather"] = dict(state.counters())
     res["bad"] = _bad_input(rank, world)
     return res
 
@@ -116,8 +119,9 @@ def test_compressed_all_gather_trains_and_keeps_replicas_identical(ranks):
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5, losses
     for other in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(params, other["int8-gather"][2]))
-    plain = results[0]["int8"][1]
+    plain = results[0]["int8-plain-gather"]
     assert ctr["ratio"] > 1.5 * plain["ratio"], (ctr["ratio"], plain["ratio"])
+    assert results[0]["int8"][1]["ratio"] == pytest.approx(ctr["ratio"], rel=0.01)  # the default
 
 
 def test_bad_input_is_refused(ranks):

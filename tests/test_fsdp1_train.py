@@ -71,8 +71,9 @@ def test_int8_trains(world, strategy, dtype_name):
     for other in results[1:]:
         assert torch.equal(other[1], params), "ranks disagree on the parameters"
     if strategy == "NO_SHARD":
-        # all-reduce = compressed reduce-scatter + an uncompressed all-gather: (1+1)/(1/4+1)
-        assert 1.5 < c["ratio"] < 1.7
+        # all-reduce = compressed reduce-scatter + compressed all-gather (allgather_compress's
+        # default); int8's 8 bits + a scale per block on both halves
+        assert c["ratio"] > 3.5
     else:
         assert c["ratio"] > (1.8 if dtype_name != "float32" else 3.5)
     assert c["residual_bytes"] > 0 and c["nonfinite_in"] == 0

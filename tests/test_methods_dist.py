@@ -29,6 +29,10 @@ def _train_all(rank, world, cases, steps):
             cfg.update(error_feedback=True, scale=False)
         if method == "thresholdv":
             cfg["threshold"] = 1e-2  # gradients of this model are ~1e-3..1e-1
+        if method == "sketch":
+            # a 3 KiB table: smaller than the blocks' chunks at 2 and 3 ranks, even at 16 bits
+            # (a larger one would send those units as `none`)
+            cfg["cols"] = 256
         torch.manual_seed(0)
         model = FSDP(TinyLM(vocab=32), device_id=torch.device("cpu"),
                      auto_wrap_policy=ModuleWrapPolicy({nn.TransformerEncoderLayer}), use_orig_params=True)
@@ -62,7 +66,10 @@ def test_every_method_trains_through_the_fsdp1_hook(world):
         if method == "thresholdv":
             assert c["extra_collectives"] == c["calls"], name  # one size exchange per call
         elif cfg.get("second_round"):
-            assert c["extra_collectives"] == 2 * c["calls"], name  # picks all-gather + values
+            # picks all-gather + values, for the units the sketch compresses (the root unit's
+            # chunks are smaller than the table: it goes as `none`)
+            assert c["calls"] > c["calls_uncompressed"] > 0, name
+            assert c["extra_collectives"] == 2 * (c["calls"] - c["calls_uncompressed"]), name
         elif method == "gradiveq":
             # the basis sum: warm-up steps (2) and every refresh (50) after, per unit
             assert c["extra_collectives"] == 3 * 2, name

@@ -18,7 +18,7 @@ def ef_state(method, cfg, residual_dtype="fp32"):
 def test_error_feedback_invariant(case, gen):
     method, cfg = case
     state = ef_state(method, cfg)
-    n = 1500
+    n = 3500  # sketch's table (6 KiB) is smaller than the chunk, even against 16 bits: no fallback
     e_old = torch.zeros(n)
     for _ in range(3):
         g = torch.randn(n, generator=gen)
@@ -43,6 +43,7 @@ def test_sum_of_sent_tracks_sum_of_gradients(case, gen):
         # random-k runs unscaled (docs/methods.md)
         cfg = dict(cfg, scale=False)
     state = ef_state(method, cfg)
+    # sketch's 6 KiB table is larger than these 4000 bytes: it goes as `none` (exact, e = 0)
     n, steps = 1000, 30
     mu = torch.randn(n, generator=gen)  # a consistent direction, as in training
     sum_g, sum_out = torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
@@ -53,7 +54,8 @@ def test_sum_of_sent_tracks_sum_of_gradients(case, gen):
         state.end_step()
         sum_g += g.double()
         sum_out += out.double()
-    e = state._core.residuals()[0].double()
+    res = state._core.residuals()  # a unit that goes as `none` keeps no residual: it is exact
+    e = res[0].double() if res and res[0] is not None else torch.zeros(n, dtype=torch.float64)
     # telescoping: sum(sent) = sum(g) - e_T exactly (to fp32 rounding of each step)
     torch.testing.assert_close(sum_out, sum_g - e, atol=1e-4 * float(sum_g.abs().max()), rtol=0)
     # and e_T stays bounded: what was not sent is a small part of what accumulated. Not for

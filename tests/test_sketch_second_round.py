@@ -31,8 +31,8 @@ def _run(rank, world, n, seed, steps):
         g, heavy = _grads(rank, world, n, seed + 1000 * step)
         out = torch.empty(shard)
         state.reduce_scatter(g, out)
-        # a unit of 4 elements: k covers every coordinate of the (short or, at 3 ranks, empty)
-        # chunks, so its decode is the exact mean
+        # a unit of 4 elements: its chunks are far smaller than the sketch table, so it goes as
+        # `none` (no second round), and its decode is the exact mean
         tiny = torch.arange(4, dtype=torch.float32) * (rank + 1) + step
         tiny_out = torch.empty(-(-4 // world))
         state.reduce_scatter(tiny, tiny_out)
@@ -51,7 +51,8 @@ def _run(rank, world, n, seed, steps):
     return rows, dict(state.counters()), est
 
 
-@pytest.mark.parametrize("world,n", [(2, 3000), (3, 2000)])
+# chunks of 3000: the 5 KiB table is smaller than even their 16-bit size, so the unit compresses
+@pytest.mark.parametrize("world,n", [(2, 6000), (3, 9000)])
 def test_decoded_sum_at_the_picks_is_exact(world, n):
     steps = 2
     per_rank = run_ranks(_run, world, n, 55, steps)
@@ -83,26 +84,29 @@ def test_decoded_sum_at_the_picks_is_exact(world, n):
                 assert (est[picked] - exact[picked] / world).abs().max() > 1e-3
     for r in range(world):
         c = per_rank[r][1]
-        # one extra all-gather (picks) and one extra all-to-all (values) per call, two units
-        assert c["extra_collectives"] == 2 * 2 * steps
+        # one extra all-gather (picks) and one extra all-to-all (values) per call of the big
+        # unit; the tiny one went as `none`
+        assert c["extra_collectives"] == 2 * steps
+        assert c["calls_uncompressed"] == steps
         assert c["extra_collective_time_s"] > 0
         sketch_bytes = 4 * CFG["rows"] * CFG["cols"]
-        # the tiny unit: picks padded to its longest chunk (2 at W = 2 and 3), values per chunk
-        tiny_k = [min(2, max(0, 4 - 2 * c_)) for c_ in range(world)]
-        tiny_sent = sum(k for c_, k in enumerate(tiny_k) if c_ != r)
-        tiny_sketches = sum(1 for c_, k in enumerate(tiny_k) if c_ != r and k > 0)
-        assert c["index_bytes"] == steps * 4 * (K + 2) * (world - 1)
-        assert c["value_bytes"] == steps * ((world - 1) * (sketch_bytes + 4 * K)
-                                            + tiny_sketches * sketch_bytes + 4 * tiny_sent)
+        # the tiny unit: its chunks (2 elements each, the third empty at W = 3) as fp32 values
+        tiny_len = [min(2, max(0, 4 - 2 * c_)) for c_ in range(world)]
+        tiny_sent = sum(k for c_, k in enumerate(tiny_len) if c_ != r)
+        assert c["index_bytes"] == steps * 4 * K * (world - 1)
+        assert c["value_bytes"] == steps * ((world - 1) * (sketch_bytes + 4 * K) + 4 * tiny_sent)
         assert c["header_bytes"] + c["value_bytes"] + c["meta_bytes"] + c["index_bytes"] == c["bytes_sent"]
         assert c["error_samples"] == 0  # round 1 decodes nothing worth sampling
 
 
+N_LOOP = 4000  # a chunk the table compresses (smaller than its 16-bit size)
+
+
 def _loopback(gen_seed):
     """One rank compressing its own chunk: the second round loops back through the same calls."""
-    g = torch.randn(500, generator=torch.Generator().manual_seed(gen_seed))
+    g = torch.randn(N_LOOP, generator=torch.Generator().manual_seed(gen_seed))
     state = fsdpcomp.CommState("sketch", dict(CFG, compress_own_chunk=True))
-    out = torch.empty(500)
+    out = torch.empty(N_LOOP)
     state.reduce_scatter(g, out)
     return g, out, state
 
@@ -127,28 +131,30 @@ def test_bad_config_and_out_of_order_calls_are_refused():
     picks = torch.zeros(4 * K, dtype=torch.uint8)
     with pytest.raises(RuntimeError, match="decode\\(\\) has not picked"):
         s.fetch_picks(unit, picks)
-    assert _C.State("sketch", dict(CFG, second_round=False)).fetch_kmax(100, 2) == 0
-    assert s.fetch_kmax(100, 2) == K and s.fetch_kmax(100, 1) == 0  # one rank sends nothing
+    assert _C.State("sketch", dict(CFG, second_round=False)).fetch_kmax(20000, 2) == 0
+    assert s.fetch_kmax(20000, 2) == K and s.fetch_kmax(20000, 1) == 0  # one rank sends nothing
+    # chunks smaller than the table: the unit goes as `none`, with no second round
+    assert s.fetch_kmax(100, 2) == 0
 
 
 def test_corrupted_picks_are_a_payload_error_and_change_nothing():
     g, _, state = _loopback(4)
     core = state._core
     state.end_step()
-    unit = core.begin(500)
+    unit = core.begin(N_LOOP)
     e_old = core.residuals()[0].clone()
-    send = torch.zeros(core.payload_bytes(500), dtype=torch.uint8)
+    send = torch.zeros(core.payload_bytes(N_LOOP), dtype=torch.uint8)
     recv_sizes = core.encode(g, send, 1, 0, unit)
-    out = torch.empty(500)
+    out = torch.empty(N_LOOP)
     core.decode(send[:sum(recv_sizes)], g, out, 1, 0, unit)
     picks = torch.zeros(4 * K, dtype=torch.uint8)
     core.fetch_picks(unit, picks)
     e = core.residuals()[0].clone()  # round 1 left the whole g' there
     assert torch.equal(e, g + e_old)
     bad = picks.view(torch.int32).clone()
-    bad[3] = 600  # past the 500-element chunk
+    bad[3] = N_LOOP + 100  # past the chunk
     vals = torch.zeros(4 * K, dtype=torch.uint8)
-    with pytest.raises(fsdpcomp.PayloadError, match="picks from rank 0: index 600 at position 3"):
+    with pytest.raises(fsdpcomp.PayloadError, match=f"picks from rank 0: index {N_LOOP + 100} at position 3"):
         core.fetch(bad.view(torch.uint8), g, vals, 1, 0, unit)
     bad = picks.view(torch.int32).clone()
     bad[5] = bad[4]  # not ascending
