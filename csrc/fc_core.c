@@ -165,6 +165,14 @@ static int unit_state(fc_core *s, const fc_method *m, uint32_t unit, float **out
     return FC_OK;
 }
 
+int fc_core_unit_state(fc_core *s, uint32_t unit, float **out, fc_err *err)
+{
+    *out = NULL;
+    if ((int32_t)unit >= s->n_units)
+        return fc_fail(err, FC_ERR_VALUE, "unit %u was never begun", unit);
+    return unit_state(s, fc_core_unit_method(s, s->units[unit].numel), unit, out, err);
+}
+
 void fc_core_sync_span(fc_core *s, uint32_t unit, float **data, int64_t *len)
 {
     *data = NULL;

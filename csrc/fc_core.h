@@ -205,6 +205,10 @@ void fc_core_sync_span(fc_core *s, uint32_t unit, float **data, int64_t *len);
 /* Stores the sum over ranks into that span and lets the method use it. */
 int fc_core_sync_apply(fc_core *s, uint32_t unit, const float *sum, int64_t len, fc_err *err);
 
+/* The unit's method state (created from the seed at first use, as the encode does); *out NULL
+ * for a method without one. The CUDA path keeps a device copy of it (csrc/state_cuda.c). */
+int fc_core_unit_state(fc_core *s, uint32_t unit, float **out, fc_err *err);
+
 /* Floats of persistent method state a unit of `numel` elements keeps (0: none). */
 int64_t fc_core_unit_floats(const fc_core *s, int64_t numel);
 /* Validates a saved unit state of `len` floats for a unit of `numel` elements (checkpoints). */

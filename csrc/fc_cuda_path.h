@@ -12,12 +12,38 @@ typedef struct fc_cuda_call_s {
     fc_cuda_ws *ws; /* device memory of a torch tensor the State holds */
     int device;
     void *stream;
+    fc_cuda_extra x; /* scratch, unit state, fetch buffer: torch tensors (csrc/state_cuda.c) */
 } fc_cuda_call;
 
+/* sizes[c]: bytes of the payload for rank c (0 for none), back to back in send: the plan's
+ * for fixed-size methods; for data-dependent ones what the device wrote, read back (the one
+ * wait on the GPU of a hook call). */
 int fc_cuda_encode(fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf *send,
-                   fc_buf *residual, int world, int rank, uint32_t unit, fc_err *err);
+                   fc_buf *residual, int world, int rank, uint32_t unit, int64_t *sizes,
+                   fc_err *err);
 int fc_cuda_decode(fc_core *s, const fc_cuda_call *k, const fc_buf *recv, const fc_buf *grad,
                    fc_buf *out, int world, int rank, uint32_t unit, fc_err *err);
+
+/* What a CUDA encode or decode of a unit needs besides its tensors: device scratch bytes (0:
+ * none), the fetch buffer's bytes (0: no second round). k->x is not read. */
+int fc_cuda_encode_needs(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad, int world,
+                         int rank, uint32_t unit, int64_t *scratch, int64_t *fetch, fc_err *err);
+int fc_cuda_decode_needs(const fc_core *s, const fc_cuda_call *k, const fc_buf *recv,
+                         const fc_buf *grad, const fc_buf *out, int world, int rank,
+                         uint32_t unit, int64_t *scratch, int64_t *fetch, fc_err *err);
+
+/* The second round on CUDA tensors (fc_fetch.h's three steps; picks stay on the device). */
+int fc_cuda_fetch_picks(const fc_core *s, const fc_cuda_call *k, uint32_t unit, uint32_t *picks,
+                        int64_t kmax, fc_err *err);
+int fc_cuda_fetch_values(fc_core *s, const fc_cuda_call *k, const uint32_t *all_picks, int64_t kmax,
+                         const fc_buf *grad, fc_buf *residual, int world, int rank, uint32_t unit,
+                         float *send, int64_t send_cap, int64_t *send_splits,
+                         int64_t *recv_splits, fc_err *err);
+int fc_cuda_fetch_finish(fc_core *s, const fc_cuda_call *k, const float *recv, int64_t recv_n,
+                         const fc_buf *grad, fc_buf *out, int world, int rank, uint32_t unit,
+                         fc_err *err);
+/* Bytes of the fetch buffer a unit's second round keeps on the device. */
+int64_t fc_cuda_fetch_bytes(int64_t kmax);
 
 /* fc_core_compress / fc_core_decompress on device memory: the same payload bytes, the same
  * checks (a malformed header is caught on the device: acc becomes NaN and the next counters()

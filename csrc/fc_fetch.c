@@ -110,7 +110,9 @@ int fc_fetch_values(fc_core *s, const uint32_t *all_picks, int64_t kmax, const f
             } else {
                 v = g;
             }
-            if (!(fc_abs_bits(g) < FC_INF_BITS)) /* NaN/Inf: passed (canonical) or zeroed */
+            /* NaN/Inf of the gradient: passed (canonical) or, in "zero" mode, g' = e (round 1
+             * left it in the residual: it goes out now), 0 without a residual */
+            if (!(fc_abs_bits(g) < FC_INF_BITS) && (!zero_bad || residual == NULL))
                 v = zero_bad ? 0.0f : fc_canon_nan(g);
             send[off + j] = v;
         }

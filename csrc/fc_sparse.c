@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "fc_sparse_rules.h"
+
 extern const fc_method fc_method_none, fc_method_fp16, fc_method_int8, fc_method_qsgd, fc_method_nc,
     fc_method_intn;
 
@@ -66,6 +68,38 @@ int64_t fc_vcodec_bytes(const fc_vcodec *v, const fc_chunk *parent, int64_t k)
     return l.value_bytes + l.meta_bytes;
 }
 
+/* A key of the value method's config by name (its defaults, set by fc_vcodec_init), 0 if it
+ * has no such key. */
+static int64_t sub_key(const fc_vcodec *v, const char *name)
+{
+    for (const fc_key *k = quant_methods[v->quantize]->keys; k->name != NULL; k++) {
+        if (strcmp(k->name, name) != 0)
+            continue;
+        const unsigned char *p = v->sub + k->offset;
+        if (k->kind == FC_KEY_INT) {
+            int64_t i;
+            memcpy(&i, p, sizeof(i));
+            return i;
+        }
+        if (k->kind == FC_KEY_BOOL || k->kind == FC_KEY_CHOICE) {
+            int i;
+            memcpy(&i, p, sizeof(i));
+            return i;
+        }
+    }
+    return 0;
+}
+
+void fc_vcodec_shape(const fc_vcodec *v, fc_vc_shape *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->quantize = v->quantize;
+    out->block = v->quantize == FC_VC_QSGD ? sub_key(v, "bucket_size") : sub_key(v, "block_size");
+    out->levels_or_bits = v->quantize == FC_VC_QSGD ? sub_key(v, "levels") : sub_key(v, "bits");
+    out->minmax = v->quantize == FC_VC_INTN && sub_key(v, "scheme") == 1;
+    out->stochastic = (int)sub_key(v, "stochastic");
+}
+
 int fc_vcodec_encode(const fc_vcodec *v, const fc_chunk *parent, const float *vals, int64_t k,
                      uint8_t *out, int64_t *saturated, fc_err *err)
 {
@@ -91,18 +125,17 @@ int fc_vcodec_decode_add(const fc_vcodec *v, const fc_chunk *parent, const uint8
 
 static int index_width(int64_t n)
 {
-    return n <= 65536 ? 2 : 4;
+    return fc_rule_index_width(n);
 }
 
 static int use_bitmap(int64_t n, int64_t k)
 {
-    return (n + 7) / 8 < k * index_width(n);
+    return fc_rule_use_bitmap(n, k);
 }
 
 int64_t fc_index_bytes(int64_t n, int64_t k)
 {
-    int64_t b = use_bitmap(n, k) ? (n + 7) / 8 : k * index_width(n);
-    return (b + 3) / 4 * 4;
+    return fc_rule_index_bytes(n, k);
 }
 
 void fc_index_encode(const uint32_t *idx, int64_t n, int64_t k, uint8_t *out)
@@ -158,13 +191,5 @@ int fc_index_decode(const uint8_t *in, int64_t n, int64_t k, uint32_t *idx, fc_e
 
 int64_t fc_sparse_k(int64_t n, int64_t k, double ratio)
 {
-    if (n <= 0)
-        return 0;
-    if (k > 0)
-        return k < n ? k : n;
-    double want = ratio * (double)n;
-    int64_t r = (int64_t)want;
-    if ((double)r < want)
-        r++;
-    return r < 1 ? 1 : r > n ? n : r;
+    return fc_rule_sparse_k(n, k, ratio);
 }

@@ -46,8 +46,7 @@ static void randk_indices(const fc_chunk *c, int64_t k, uint32_t *idx)
     for (int64_t g = 0; g < n && need > 0; g += 4) {
         fc_u32x4 r = fc_rng_draw4(&c->rng_shared, (uint32_t)(g >> 2));
         for (int j = 0; j < 4 && g + j < n && need > 0; j++) {
-            uint64_t left = (uint64_t)(n - (g + j));
-            if ((uint64_t)r.v[j] * left < ((uint64_t)need << 32)) {
+            if (fc_rule_randk_take(r.v[j], (uint64_t)(n - (g + j)), need)) {
                 idx[m++] = (uint32_t)(g + j);
                 need--;
             }
@@ -89,16 +88,9 @@ static int randk_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_lay
      * receiver's decode stays finite */
     int64_t sat = 0;
     const float f = randk_factor(c, k);
-    if (f != 1.0f) {
-        float lim = fc_bits_f32(FC_MAX_BITS) / f;
-        if (fc_abs_bits(lim * f) >= FC_INF_BITS)
-            lim = fc_bits_f32(fc_f32_bits(lim) - 1u);
+    if (f != 1.0f)
         for (int64_t j = 0; j < k; j++)
-            if (fc_abs_bits(vals[j]) < FC_INF_BITS && fc_abs_bits(vals[j]) > fc_f32_bits(lim)) {
-                vals[j] = vals[j] < 0 ? -lim : lim;
-                sat++;
-            }
-    }
+            vals[j] = fc_rule_randk_value(vals[j], f, &sat);
     int rc = fc_vcodec_encode(&cfg->vc, c, vals, k, body, &sat, err);
     randk_layout(c, used);
     used->saturated = sat;

@@ -77,7 +77,7 @@ static int thrv_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layo
     float *vals = (float *)(idx + n);
     int64_t k = 0;
     for (int64_t i = 0; i < n; i++)
-        if (!(fc_bits_f32(fc_abs_bits(x[i])) <= v)) { /* NaN is sent: passed through, not lost */
+        if (fc_rule_thrv_keep(x[i], v)) { /* NaN is sent: passed through, not lost */
             idx[k] = (uint32_t)i;
             vals[k++] = x[i];
         }

@@ -8,6 +8,7 @@
 
 #include "fc_core.h"
 #include "fc_cuda_loader.h"
+#include "fc_cuda_path.h"
 #include "fc_tensor.h"
 
 typedef struct {
@@ -26,7 +27,16 @@ typedef struct {
     int busy;            /* set for the whole of a method call (fc_state_enter) */
     PyObject *cuda_ws;   /* the device workspace (a torch tensor), once a CUDA tensor came */
     fc_cuda_ctx *cuda_ctx;
+    PyObject *cuda_extra; /* dict of device tensors for the sparse/stateful methods (state_cuda.c) */
+    int emulate_cuda;     /* tests only: CPU tensors take the CUDA path (tests/cuda_emu's library) */
 } StateObject;
+
+/* Whether a tensor of a call goes through the CUDA library: a CUDA tensor, or (tests) a CPU one
+ * of a State that emulates CUDA. */
+static inline int fc_state_on_cuda(const StateObject *self, const fc_view *v)
+{
+    return v->device_type == kDLCUDA || (self->emulate_cuda && v->device_type == kDLCPU);
+}
 
 static inline module_state *state_of_type(PyTypeObject *tp)
 {
@@ -87,6 +97,28 @@ extern PyType_Spec fc_state_spec;
 /* The residual tensor of a unit, allocated through the allocator on first use. New ref. */
 PyObject *fc_state_residual(StateObject *self, uint32_t unit, PyObject *grad, int64_t numel,
                             fc_view *rv, fc_err *err);
+
+/* ---- state_codec.c, state_cuda.c: what a call on CUDA tensors prepares */
+
+/* The CUDA library, the State's context and workspace, the current stream of grad's device. */
+int fc_state_cuda_prepare(StateObject *self, PyObject *grad, const fc_view *g, fc_cuda_call *k,
+                          fc_err *err);
+/* The call's scratch, the unit's device state and the fetch buffer, as its method needs
+ * (decode: recv and out of the decode; encode: NULL). */
+int fc_state_cuda_extras(StateObject *self, PyObject *like, fc_cuda_call *k, const fc_buf *grad,
+                         const fc_buf *recv, const fc_buf *out, int world, int rank, uint32_t unit,
+                         int decode, fc_err *err);
+/* The second round's fetch buffer (made by the decode that picked) into k->x.fetch. */
+int fc_state_cuda_fetch(StateObject *self, PyObject *like, fc_cuda_call *k, int64_t n_picks,
+                        fc_err *err);
+/* The unit's covariance summed on the device this step, into the host state (sync_vector). */
+int fc_state_cuda_sync_pull(StateObject *self, uint32_t unit, fc_err *err);
+/* After sync_apply (the host has the new state) and restore (every unit's may be new): the
+ * device copies are dropped, and remade from the host's at their next call. */
+void fc_state_cuda_sync_done(StateObject *self, uint32_t unit);
+void fc_state_cuda_forget_units(StateObject *self);
+PyObject *fc_state_emulate_cuda(StateObject *self, PyObject *arg);
+extern const char fc_state_emulate_cuda_doc[];
 
 /* ---- the methods, each defined (with its docstring) in the file of its job */
 

@@ -196,6 +196,7 @@ PyObject *fc_state_restore(StateObject *self, PyObject *args)
     if (states != Py_None && load_unit_states(self, states, table, n) < 0)
         goto error;
     fc_core_free_unit_states(&self->core); /* units without a saved state restart from the seed */
+    fc_state_cuda_forget_units(self);      /* and their device copies follow the new ones */
     free(self->core.units);
     self->core.units = table;
     self->core.n_units = self->core.cap_units = (int32_t)(n > 0 ? n : 1);

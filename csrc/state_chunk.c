@@ -89,10 +89,10 @@ PyObject *fc_state_compress(StateObject *self, PyObject *args, PyObject *kwds)
         fc_fail(&err, FC_ERR_VALUE, "x must have at least one element");
         goto error;
     }
-    if (xv.device_type == kDLCUDA && fc_state_cuda_prepare(self, x, &xv, &k, &err) != FC_OK)
+    if (fc_state_on_cuda(self, &xv) && fc_state_cuda_prepare(self, x, &xv, &k, &err) != FC_OK)
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    if (xv.device_type == kDLCUDA)
+    if (fc_state_on_cuda(self, &xv))
         rc = fc_cuda_compress(&self->core, &k, &xv.buf, &pv.buf, unit, chunk, world, rank, &written, &err);
     else
         rc = fc_core_compress(&self->core, (const float *)xv.buf.data, xv.buf.numel,
@@ -133,10 +133,10 @@ PyObject *fc_state_decompress(StateObject *self, PyObject *args, PyObject *kwds)
         fc_fail(&err, FC_ERR_VALUE, "acc must have at least one element");
         goto error;
     }
-    if (av.device_type == kDLCUDA && fc_state_cuda_prepare(self, acc, &av, &k, &err) != FC_OK)
+    if (fc_state_on_cuda(self, &av) && fc_state_cuda_prepare(self, acc, &av, &k, &err) != FC_OK)
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    if (av.device_type == kDLCUDA)
+    if (fc_state_on_cuda(self, &av))
         rc = fc_cuda_decompress(&self->core, &k, &pv.buf, &av.buf, (float)alpha, unit, chunk, world, &err);
     else
         rc = fc_core_decompress(&self->core, (const uint8_t *)pv.buf.data, pv.buf.numel, av.buf.numel,

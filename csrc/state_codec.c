@@ -32,7 +32,7 @@ int fc_state_cuda_prepare(StateObject *self, PyObject *grad, const fc_view *g, f
     }
     if (fc_view_get(self->cuda_ws, "workspace", FC_DT_F32, &wv, err) != FC_OK)
         return err->code;
-    int ok = wv.device_type == kDLCUDA && wv.device_id == g->device_id &&
+    int ok = fc_state_on_cuda(self, &wv) && wv.device_id == g->device_id &&
              wv.buf.numel * 4 >= FC_CUDA_WS_BYTES;
     k->ws = (fc_cuda_ws *)wv.buf.data;
     fc_view_release(&wv); /* the State keeps the tensor alive */
@@ -191,15 +191,15 @@ PyObject *fc_state_encode(StateObject *self, PyObject *args)
     fc_cuda_call k;
     if (encode_views(self, grad, send, world, rank, unit, 1, &g, &s, &r, &res, &use_ef, &err) != FC_OK)
         goto error;
-    if (g.device_type == kDLCUDA && fc_state_cuda_prepare(self, grad, &g, &k, &err) != FC_OK)
+    if (fc_state_on_cuda(self, &g) &&
+        (fc_state_cuda_prepare(self, grad, &g, &k, &err) != FC_OK ||
+         fc_state_cuda_extras(self, grad, &k, &g.buf, NULL, NULL, world, rank, (uint32_t)unit, 0,
+                              &err) != FC_OK))
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    if (g.device_type == kDLCUDA) {
-        /* the CUDA path has fixed-size methods only: what it writes is the plan */
-        int64_t recvs[FC_MAX_WORLD];
+    if (fc_state_on_cuda(self, &g)) {
         rc = fc_cuda_encode(&self->core, &k, &g.buf, &s.buf, use_ef ? &r.buf : NULL, world, rank,
-                            (uint32_t)unit, &err);
-        fc_core_plan(&self->core, g.buf.numel, g.buf.dtype, world, rank, sizes, recvs);
+                            (uint32_t)unit, sizes, &err);
     } else {
         rc = fc_core_encode(&self->core, &g.buf, &s.buf, use_ef ? &r.buf : NULL, world, rank,
                             (uint32_t)unit, sizes, &err);
@@ -234,10 +234,13 @@ PyObject *fc_state_decode(StateObject *self, PyObject *args)
         fc_check_same_device(&o, &g, "output", &err) || fc_check_aligned(&v, "recv", &err))
         goto error;
     fc_cuda_call k;
-    if (g.device_type == kDLCUDA && fc_state_cuda_prepare(self, grad, &g, &k, &err) != FC_OK)
+    if (fc_state_on_cuda(self, &g) &&
+        (fc_state_cuda_prepare(self, grad, &g, &k, &err) != FC_OK ||
+         fc_state_cuda_extras(self, grad, &k, &g.buf, &v.buf, &o.buf, world, rank, (uint32_t)unit,
+                              1, &err) != FC_OK))
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    if (g.device_type == kDLCUDA)
+    if (fc_state_on_cuda(self, &g))
         rc = fc_cuda_decode(&self->core, &k, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
     else
         rc = fc_core_decode(&self->core, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
@@ -402,6 +405,9 @@ PyObject *fc_state_sync_vector(StateObject *self, PyObject *arg)
     }
     float *data;
     int64_t len;
+    fc_err err = {0};
+    if (fc_state_cuda_sync_pull(self, (uint32_t)unit, &err) != FC_OK) /* summed on a GPU */
+        return STATE_ERR(self, &err);
     fc_core_sync_span(&self->core, (uint32_t)unit, &data, &len);
     if (len == 0)
         Py_RETURN_NONE;
@@ -430,5 +436,6 @@ PyObject *fc_state_sync_apply(StateObject *self, PyObject *args)
         return STATE_ERR(self, &err);
     }
     fc_view_release(&v);
+    fc_state_cuda_sync_done(self, (uint32_t)unit);
     Py_RETURN_NONE;
 }

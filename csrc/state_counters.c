@@ -103,9 +103,14 @@ PyObject *fc_state_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
             return STATE_ERR(self, &err);
         }
     }
-    for (int32_t u = 0; u < self->core.n_units; u++)
-        res_sq += on_cuda && dws != NULL && u < FC_CUDA_MAX_UNITS ? dws->unit_sq[u]
-                                                                   : self->core.units[u].residual_sq;
+    for (int32_t u = 0; u < self->core.n_units; u++) {
+        /* a sparse method's device sum is sum x^2, then corrected at the kept coordinates: a
+         * residual of zeros comes out as rounding noise of either sign (fc_fetch.c clamps the
+         * same way) */
+        const int dev = on_cuda && dws != NULL && u < FC_CUDA_MAX_UNITS;
+        const double sq = dev ? dws->unit_sq[u] : self->core.units[u].residual_sq;
+        res_sq += sq > 0 ? sq : 0;
+    }
     PyMem_RawFree(dws);
     dws = NULL;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(self->residuals); i++) {

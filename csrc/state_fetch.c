@@ -1,5 +1,5 @@
-/* state_fetch.c: the State's calls for the second round of a two-round method (fc_fetch.c):
- * fetch_kmax, fetch_picks, fetch, finish. */
+/* state_fetch.c: the State's calls for the second round of a two-round method (fc_fetch.c, or
+ * fc_cuda_path.c on CUDA tensors): fetch_kmax, fetch_picks, fetch, finish. */
 #include "state.h" /* first: it includes Python.h */
 
 #include "fc_fetch.h"
@@ -21,10 +21,13 @@ PyObject *fc_state_fetch_kmax(StateObject *self, PyObject *args)
     return PyLong_FromLongLong(fc_core_fetch_kmax(&self->core, numel, world));
 }
 
-/* A uint8 CPU tensor viewed as `count` uint32 (picks) or fp32 (values), aligned. */
-static int words_view(PyObject *t, const char *arg, fc_view *v, fc_err *err)
+/* A uint8 tensor viewed as `count` uint32 (picks) or fp32 (values), aligned, on the device of
+ * `like` (NULL: the CPU, or a CUDA device when the call is on one). */
+static int words_view(PyObject *t, const char *arg, const fc_view *like, fc_view *v, fc_err *err)
 {
-    if (fc_view_get(t, arg, FC_DT_U8, v, err) != FC_OK || fc_check_cpu(v, arg, err) != FC_OK ||
+    if (fc_view_get(t, arg, FC_DT_U8, v, err) != FC_OK ||
+        (like != NULL ? fc_check_same_device(v, like, arg, err)
+                      : v->device_type == kDLCUDA ? FC_OK : fc_check_cpu(v, arg, err)) != FC_OK ||
         fc_check_aligned(v, arg, err) != FC_OK)
         return err->code;
     if (v->buf.numel % 4 != 0)
@@ -42,19 +45,36 @@ PyObject *fc_state_fetch_picks(StateObject *self, PyObject *args)
 {
     PyObject *picks;
     long long unit;
+    int rc = FC_ERR_VALUE; /* until the picks are written */
     fc_err err = {0};
     fc_view v = {0};
+    fc_cuda_call k;
     if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "LO:fetch_picks", &unit, &picks))
         return NULL;
-    if (words_view(picks, "picks", &v, &err) != FC_OK || unit < 0 || unit > UINT32_MAX ||
-        fc_fetch_picks(&self->core, (uint32_t)unit, (uint32_t *)v.buf.data, v.buf.numel / 4,
-                       &err) != FC_OK) {
-        if (err.code == FC_OK)
-            fc_fail(&err, FC_ERR_VALUE, "unit must be a unit index, got %lld", unit);
-        fc_view_release(&v);
-        return STATE_ERR(self, &err);
+    if (words_view(picks, "picks", NULL, &v, &err) != FC_OK)
+        goto error;
+    if (unit < 0 || unit > UINT32_MAX) {
+        fc_fail(&err, FC_ERR_VALUE, "unit must be a unit index, got %lld", unit);
+        goto error;
     }
+    if (fc_state_on_cuda(self, &v)) { /* the picks of a CUDA decode stay on its device */
+        if (fc_state_cuda_prepare(self, picks, &v, &k, &err) != FC_OK ||
+            fc_state_cuda_fetch(self, picks, &k, self->core.n_picks, &err) != FC_OK)
+            goto error;
+        self->busy = 1;
+        Py_BEGIN_ALLOW_THREADS
+        rc = fc_cuda_fetch_picks(&self->core, &k, (uint32_t)unit, (uint32_t *)v.buf.data,
+                                 v.buf.numel / 4, &err);
+        Py_END_ALLOW_THREADS
+        self->busy = 0;
+    } else {
+        rc = fc_fetch_picks(&self->core, (uint32_t)unit, (uint32_t *)v.buf.data, v.buf.numel / 4,
+                            &err);
+    }
+error: /* and success: rc says which */
     fc_view_release(&v);
+    if (rc != FC_OK)
+        return STATE_ERR(self, &err);
     Py_RETURN_NONE;
 }
 
@@ -75,10 +95,10 @@ PyObject *fc_state_fetch(StateObject *self, PyObject *args)
     if (!fc_state_ready(self) ||
         !PyArg_ParseTuple(args, "OOOiiL:fetch", &picks, &grad, &send, &world, &rank, &unit))
         return NULL;
-    if (words_view(picks, "all_picks", &pv, &err) != FC_OK ||
-        fc_view_get(grad, "grad", FC_DT_FLOATS, &g, &err) != FC_OK ||
-        fc_check_cpu(&g, "grad", &err) ||
-        words_view(send, "send", &sv, &err) != FC_OK || fc_check_world(world, rank, &err) ||
+    fc_cuda_call k;
+    if (fc_view_get(grad, "grad", FC_DT_FLOATS, &g, &err) != FC_OK ||
+        words_view(picks, "all_picks", &g, &pv, &err) != FC_OK ||
+        words_view(send, "send", &g, &sv, &err) != FC_OK || fc_check_world(world, rank, &err) ||
         fc_state_check_unit(self, unit, g.buf.numel, &err))
         goto error;
     const int64_t kmax = fc_core_fetch_kmax(&self->core, g.buf.numel, world);
@@ -90,12 +110,22 @@ PyObject *fc_state_fetch(StateObject *self, PyObject *args)
     const int use_ef = self->core.common.error_feedback &&
                        fc_core_unit_method(&self->core, g.buf.numel) == self->core.method;
     if (use_ef &&
-        (res = fc_state_residual(self, (uint32_t)unit, grad, g.buf.numel, &r, &err)) == NULL)
+        ((res = fc_state_residual(self, (uint32_t)unit, grad, g.buf.numel, &r, &err)) == NULL ||
+         fc_check_same_device(&r, &g, "residual", &err) != FC_OK))
+        goto error;
+    if (fc_state_on_cuda(self, &g) &&
+        (fc_state_cuda_prepare(self, grad, &g, &k, &err) != FC_OK ||
+         fc_state_cuda_fetch(self, grad, &k, self->core.n_picks, &err) != FC_OK))
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    rc = fc_fetch_values(&self->core, (const uint32_t *)pv.buf.data, kmax, &g.buf,
-                         use_ef ? &r.buf : NULL, world, rank, (uint32_t)unit, (float *)sv.buf.data,
-                         sv.buf.numel / 4, ss, rs, &err);
+    if (fc_state_on_cuda(self, &g))
+        rc = fc_cuda_fetch_values(&self->core, &k, (const uint32_t *)pv.buf.data, kmax, &g.buf,
+                                  use_ef ? &r.buf : NULL, world, rank, (uint32_t)unit,
+                                  (float *)sv.buf.data, sv.buf.numel / 4, ss, rs, &err);
+    else
+        rc = fc_fetch_values(&self->core, (const uint32_t *)pv.buf.data, kmax, &g.buf,
+                             use_ef ? &r.buf : NULL, world, rank, (uint32_t)unit,
+                             (float *)sv.buf.data, sv.buf.numel / 4, ss, rs, &err);
     Py_END_ALLOW_THREADS
     if (rc == FC_OK) {
         PyObject *st = fc_sizes_tuple(ss, world), *rt = fc_sizes_tuple(rs, world);
@@ -127,13 +157,22 @@ PyObject *fc_state_finish(StateObject *self, PyObject *args)
     if (!fc_state_ready(self) ||
         !PyArg_ParseTuple(args, "OOOiiL:finish", &recv, &grad, &out, &world, &rank, &unit))
         return NULL;
-    if (words_view(recv, "recv", &v, &err) != FC_OK ||
-        fc_state_grad_out_views(self, grad, out, world, rank, unit, &g, &o, &err) != FC_OK ||
-        fc_check_cpu(&g, "grad", &err) || fc_check_cpu(&o, "output", &err))
+    fc_cuda_call k;
+    if (fc_state_grad_out_views(self, grad, out, world, rank, unit, &g, &o, &err) != FC_OK ||
+        words_view(recv, "recv", &g, &v, &err) != FC_OK ||
+        fc_check_same_device(&o, &g, "output", &err))
+        goto error;
+    if (fc_state_on_cuda(self, &g) &&
+        (fc_state_cuda_prepare(self, grad, &g, &k, &err) != FC_OK ||
+         fc_state_cuda_fetch(self, grad, &k, self->core.n_picks, &err) != FC_OK))
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    rc = fc_fetch_finish(&self->core, (const float *)v.buf.data, v.buf.numel / 4, &g.buf, &o.buf,
-                         world, rank, (uint32_t)unit, &err);
+    if (fc_state_on_cuda(self, &g))
+        rc = fc_cuda_fetch_finish(&self->core, &k, (const float *)v.buf.data, v.buf.numel / 4,
+                                  &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
+    else
+        rc = fc_fetch_finish(&self->core, (const float *)v.buf.data, v.buf.numel / 4, &g.buf,
+                             &o.buf, world, rank, (uint32_t)unit, &err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
     return fc_state_views_done(self, rc, &err, &v, &g, &o);

@@ -69,6 +69,7 @@ static int State_traverse(StateObject *self, visitproc visit, void *arg)
     Py_VISIT(self->residuals);
     Py_VISIT(self->config);
     Py_VISIT(self->cuda_ws);
+    Py_VISIT(self->cuda_extra);
     return 0;
 }
 
@@ -78,6 +79,7 @@ static int State_clear(StateObject *self)
     Py_CLEAR(self->residuals);
     Py_CLEAR(self->config);
     Py_CLEAR(self->cuda_ws);
+    Py_CLEAR(self->cuda_extra);
     return 0;
 }
 
@@ -258,6 +260,7 @@ GUARD2(fc_state_fetch_picks)
 GUARD2(fc_state_fetch)
 GUARD2(fc_state_finish)
 GUARD2(fc_state_nccl_all_to_all)
+GUARD2(fc_state_emulate_cuda)
 
 static PyMethodDef State_methods[] = {
     {"plan", (PyCFunction)fc_state_plan_guarded, METH_VARARGS, fc_state_plan_doc},
@@ -291,6 +294,7 @@ static PyMethodDef State_methods[] = {
     {"fetch", (PyCFunction)fc_state_fetch_guarded, METH_VARARGS, fc_state_fetch_doc},
     {"finish", (PyCFunction)fc_state_finish_guarded, METH_VARARGS, fc_state_finish_doc},
     {"nccl_all_to_all", (PyCFunction)fc_state_nccl_all_to_all_guarded, METH_VARARGS, fc_state_nccl_all_to_all_doc},
+    {"_emulate_cuda", (PyCFunction)fc_state_emulate_cuda_guarded, METH_O, fc_state_emulate_cuda_doc},
     {NULL},
 };
 

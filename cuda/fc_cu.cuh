@@ -249,7 +249,20 @@ typedef struct {
     int id;
     int (*encode)(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err);
     int (*decode)(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err);
+    // Optional (sparse, aggregate and stateful methods): the device scratch (a->x.scratch) an
+    // encode (dec NULL) or a decode (enc NULL) needs; NULL for none.
+    int (*scratch)(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, int64_t *bytes,
+                   fc_err *err);
+    // Optional: why compress()/decompress() cannot run this method's kernels (its decode sums
+    // a whole unit and does not honour fc_cu_dec.add, or it needs the State's device scratch,
+    // which a single payload does not get); NULL: they can.
+    const char *no_single;
 } fc_cu_method;
+
+// The no_single of the sparse, aggregate and stateful methods: a TypeError naming the method.
+#define FC_CU_NO_SINGLE(name)                                                                      \
+    "method '" name "' has no single-payload CUDA kernels yet (compress()/decompress(), the "     \
+    "compressed all-gather's path); use CPU tensors"
 
 // A config value by key name; `def` when the key is absent.
 static inline double fc_cu_cfg(const fc_cuda_method_cfg *m, const char *name, double def)
@@ -294,6 +307,19 @@ __device__ __forceinline__ float fc_cu_own(const fc_cu_dec &d, int64_t i)
 {
     const float g = fc_cu_load(d.grad, d.gdt, i);
     return fc_abs_bits(g) < FC_INF_BITS ? g : d.zero_nonfinite ? 0.0f : fc_canon_nan(g);
+}
+
+// Whether this decode's sum passes NaN/Inf to the output (ws->passed: the own chunk in "pass"
+// mode or a flagged payload) or poisons it (a payload rejected: NaN, never hidden); otherwise a
+// non-finite sum is the overflow of finite terms and saturates. Per thread, once.
+__device__ __forceinline__ int fc_cu_sum_passes(const fc_cu_dec &d)
+{
+    if (d.ws->passed != 0)
+        return 1;
+    for (int r = 0; r < d.geo.world; r++)
+        if (d.bad[r] != 0)
+            return 1;
+    return 0;
 }
 
 template <class V> __global__ void fc_cu_decode_dense(fc_cu_dec d, V v)

@@ -327,6 +327,8 @@ static int compress(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *wri
     const fc_cu_method *m = fc_cu_method_by_id(a->m.id);
     *written = 0;
     FC_TRY(check_call(m, a->m.id, &a->geo, err));
+    if (m->no_single != NULL)
+        return fc_fail(err, FC_ERR_TYPE, "%s", m->no_single);
     if (a->geo.numel < 1 || a->geo.per != a->geo.numel || a->geo.skip_own || a->residual != NULL ||
         a->sample)
         return fc_fail(err, FC_ERR_STATE, "internal: compress() takes a one-chunk geometry without "
@@ -380,6 +382,8 @@ static int decompress(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *er
     const cudaStream_t s = (cudaStream_t)a->stream;
     const fc_cu_method *m = fc_cu_method_by_id(a->m.id);
     FC_TRY(check_call(m, a->m.id, &a->geo, err));
+    if (m->no_single != NULL)
+        return fc_fail(err, FC_ERR_TYPE, "%s", m->no_single);
     if (a->out_numel < 1 || a->geo.numel != a->out_numel || a->geo.per != a->geo.numel ||
         a->geo.rank != 0 || a->geo.skip_own || a->out_dtype != FC_CU_F32 || a->slot < FC_HEADER_BYTES)
         return fc_fail(err, FC_ERR_STATE, "internal: decompress() takes a one-chunk geometry, an "
@@ -480,6 +484,15 @@ int fc_cu_nccl_all_to_all(fc_cuda_ctx *ctx, fc_cuda_comm *comm, int device, void
                           const int64_t *recv_splits, fc_err *err);
 int fc_cu_nccl_comm_release(fc_cuda_comm *comm, fc_err *err);
 
+// the sparse, aggregate and stateful methods' entries (fc_cu_sparse_api.cu, fc_cu_fetch.cu)
+int fc_cu_scratch_bytes(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, int64_t *bytes,
+                        fc_err *err);
+int fc_cu_fetch_picks(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_err *err);
+int fc_cu_fetch_values(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_err *err);
+int fc_cu_fetch_finish(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_err *err);
+int fc_cu_copy(fc_cuda_ctx *ctx, int device, void *stream, void *dst, const void *src, int64_t bytes,
+               int to_host, fc_err *err);
+
 #ifndef FC_CUDA_BUILD_INFO
 #define FC_CUDA_BUILD_INFO "unknown"
 #endif
@@ -504,6 +517,12 @@ static const fc_cuda_api api = {
     fc_cu_comm_mark,
     fc_cu_nccl_comm_release,
     probe_geometry,
+    // ABI 3: the sparse, aggregate and stateful methods
+    fc_cu_scratch_bytes,
+    fc_cu_fetch_picks,
+    fc_cu_fetch_values,
+    fc_cu_fetch_finish,
+    fc_cu_copy,
 };
 
 // The library's only exported symbol.

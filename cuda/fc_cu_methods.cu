@@ -4,6 +4,9 @@
 
 extern const fc_cu_method fc_cu_none, fc_cu_fp16, fc_cu_bf16, fc_cu_int8, fc_cu_fp8, fc_cu_intn,
     fc_cu_qsgd, fc_cu_nc, fc_cu_onebit;
+// the sparse, aggregate and stateful methods (their shared parts: fc_cu_sparse.cuh)
+extern const fc_cu_method fc_cu_signsgd, fc_cu_gradiveq, fc_cu_topk, fc_cu_thresholdv,
+    fc_cu_randomk, fc_cu_sketch;
 
 static const fc_cu_method *const table[] = {
     &fc_cu_none,
@@ -15,6 +18,12 @@ static const fc_cu_method *const table[] = {
     &fc_cu_qsgd,
     &fc_cu_nc,
     &fc_cu_onebit,
+    &fc_cu_signsgd,
+    &fc_cu_gradiveq,
+    &fc_cu_topk,
+    &fc_cu_thresholdv,
+    &fc_cu_randomk,
+    &fc_cu_sketch,
 };
 
 const fc_cu_method *fc_cu_method_by_id(int id)

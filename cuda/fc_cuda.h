@@ -11,8 +11,11 @@
 extern "C" {
 #endif
 
-#define FC_CUDA_ABI 3 /* 2: compress/decompress, comm marks, NCCL timeout and release, geometry
-                       * probe; 3: the args carry the config fingerprint (wire version 3) */
+/* 2: compress/decompress, comm marks, NCCL timeout and release, geometry probe; 3: the sparse,
+ * aggregate and stateful methods' scratch, second round and copies (and their argument fields);
+ * 4: the config fingerprint in the args (wire version 3), the decode's nonfinite mode, the
+ * workspace's saturated count */
+#define FC_CUDA_ABI 4
 #define FC_CUDA_MAX_WORLD 1024 /* equals FC_MAX_WORLD of the CPU driver */
 #define FC_CUDA_MAX_UNITS 4096 /* units whose residual norm the device keeps */
 #define FC_CUDA_MAX_CFG 16
@@ -79,6 +82,34 @@ enum {
     FC_PAYLOAD_WORLD = 11
 };
 
+/* The sparse methods' own rejections (the CPU decoders' PayloadErrors), kept apart from the
+ * codes above: indices out of range, not ascending, or a bitmap with another count; a count or
+ * size that does not fit the chunk (thresholdv), or sign bits set past the count; second-round
+ * picks out of range or not ascending. */
+enum { FC_PAYLOAD_INDEX = 16, FC_PAYLOAD_COUNT = 17, FC_PAYLOAD_PICKS = 18 };
+
+/* What the sparse, aggregate and stateful methods (cuda/fc_cu_sparse*.cu and their method files)
+ * get beyond a dense method's arguments. Device memory here comes from torch tensors the State
+ * holds (csrc/state_cuda.c), never from cudaMalloc. */
+typedef struct fc_cuda_sent fc_cuda_sent;
+
+typedef struct {
+    void *scratch; /* scratch_bytes() bytes of device scratch for this call, 256-byte aligned */
+    int64_t scratch_bytes;
+    float *ustate; /* the unit's method state on the device (gradiveq: basis, then covariance) */
+    int learn;     /* encode adds this step's covariance into ustate (gradiveq's learn steps) */
+    uint8_t *fetch; /* second round: picks and encode's chunk flags, kept from call to call;
+                     * NULL when no second round follows (the unit's kmax is 0) */
+    int64_t fetch_k; /* second round: the owner's picks (decode), 0 without a second round */
+    /* Data-dependent sizes (thresholdv). Encode: payloads back to back in `send` (the headers
+     * the driver wrote at the plan's slots are overwritten), and `sent` (host, world entries)
+     * filled as soon as the sizes are known: the one wait on the GPU in a hook call, since the
+     * sizes must reach the host for the size exchange. Decode: `recv` holds packed_bytes of
+     * payloads back to back, and `slot` is 0 (the method checks the headers it walks). */
+    fc_cuda_sent *sent;
+    int64_t packed_bytes;
+} fc_cuda_extra;
+
 /* What the NCCL transport writes over a receive buffer whose all-to-all was aborted (a 4-byte
  * pattern, so every slot's magic reads it): the decode rejects every payload as FC_PAYLOAD_ABORTED
  * and poisons its outputs instead of summing whatever the buffer held. */
@@ -103,6 +134,7 @@ typedef struct {
     int nonfinite_zero;
     int sample; /* accumulate error statistics from the first sent chunk without NaN/Inf */
     fc_cuda_ws *ws;
+    fc_cuda_extra x; /* the sparse, aggregate and stateful methods' part (zero for the others) */
     uint32_t fingerprint; /* fc_core.fingerprint: every header carries it */
 } fc_cuda_encode_args;
 
@@ -126,8 +158,48 @@ typedef struct {
     float alpha; /* decompress() only: out (fp32) += alpha * D(the one payload in recv) */
     int nonfinite_zero; /* the own chunk's NaN/Inf are added as 0 (this rank's "zero" mode) */
     fc_cuda_ws *ws;
+    fc_cuda_extra x; /* as in fc_cuda_encode_args */
     uint32_t fingerprint; /* what the headers must carry */
 } fc_cuda_decode_args;
+
+/* What a data-dependent encode wrote for one chunk (0s for a chunk without payload): the host
+ * needs the sizes for the size exchange, and counts the layout. */
+struct fc_cuda_sent {
+    int64_t size; /* payload bytes, padded */
+    int64_t value_bytes, meta_bytes, index_bytes, kept;
+    int64_t none; /* 1: written as `none`, no larger than the method's own payload (the CPU's
+                   * per-payload fallback of a data-dependent method; the header says so) */
+};
+
+/* The second round's fetch buffer (device): encode's per-chunk non-finite flags (uint32 each),
+ * the sum of squares the round takes out of the residual (a double), then the owner's picks. */
+#define FC_CUDA_FETCH_TAKEN (4 * FC_CUDA_MAX_WORLD)
+#define FC_CUDA_FETCH_PICKS (FC_CUDA_FETCH_TAKEN + 16)
+
+/* The second round of a two-round method (sketch's second_round, fc_fetch.c on the CPU). The
+ * picks of a chunk of n are min(kmax, n): kmax is those of the longest chunk. */
+typedef struct {
+    fc_cuda_method_cfg m;
+    int device;
+    void *stream;
+    fc_cuda_geom geo;       /* of the unit */
+    int64_t kmax;           /* picks per rank in the all-gather */
+    const void *grad;
+    int grad_dtype;
+    void *residual;         /* NULL: no error feedback */
+    int res_dtype;
+    int nonfinite_zero;
+    uint8_t *fetch;         /* the State's fetch buffer: own picks, encode's chunk flags */
+    int64_t n_picks;        /* the own chunk's picks (decode's) */
+    uint32_t *picks;        /* fetch_picks: the kmax words of this rank in the all-gather */
+    const uint32_t *all_picks; /* fetch_values: world x kmax, every owner's picks */
+    float *values;          /* fetch_values: out, back to back per owner; fetch_finish: in */
+    void *out;              /* fetch_finish */
+    int out_dtype;
+    int64_t out_numel;
+    uint32_t unit;
+    fc_cuda_ws *ws;
+} fc_cuda_fetch_args;
 
 /* Timings are kept per kind and read lazily through cudaEvent elapsed times. EXTRA is the time
  * of collectives beyond the all-to-all (size exchanges, all-gathers, second rounds): it counts
@@ -201,6 +273,23 @@ typedef struct {
     /* host only, no CUDA call (tests): rows[c * FC_GEO_COLS + FC_GEO_*] for every chunk c as
      * the kernels compute it, `slot` the receive slot size */
     void (*probe_geometry)(const fc_cuda_geom *geo, int64_t slot, int64_t *rows);
+
+    /* ---- ABI 3: the sparse, aggregate and stateful methods (cuda/fc_cu_sparse_api.cu) */
+    /* Device scratch (a.x.scratch) an encode (dec NULL) or a decode (enc NULL) of these
+     * arguments needs; 0 for a method that needs none. */
+    int (*scratch_bytes)(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec,
+                         int64_t *bytes, fc_err *err);
+    /* The second round: the own picks into a->picks (padded to kmax with 0xFFFFFFFF); this
+     * rank's exact values at every owner's picks into a->values (taken out of the residual);
+     * the senders' values summed with the own chunk into a->out. */
+    int (*fetch_picks)(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_err *err);
+    int (*fetch_values)(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_err *err);
+    int (*fetch_finish)(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_err *err);
+    /* bytes between host and device memory on `stream` of `device` (stream NULL: the
+     * context's last one): to_host = 1 copies device -> host and waits; 0 copies host ->
+     * device, queued (the host memory may be reused on return); 2 copies device -> device. */
+    int (*copy)(fc_cuda_ctx *ctx, int device, void *stream, void *dst, const void *src,
+                int64_t bytes, int to_host, fc_err *err);
 } fc_cuda_api;
 
 typedef const fc_cuda_api *(*fc_cuda_get_api_fn)(int abi);

@@ -22,6 +22,13 @@ EXTRA = [
 ]
 
 
+# Methods whose CUDA calls need the State's host side beyond a dense method's arguments (device
+# scratch, a unit state, a second round, data-dependent sizes): tests/test_cuda_emulated.py's
+# executable leaves them to tests/test_cuda_sparse.py, which the real _C drives (on a GPU, or
+# under the emulation built as a library: tests/test_cuda_sparse_emulated.py).
+NEEDS_HOST = frozenset({"topk", "randomk", "thresholdv", "sketch", "gradiveq"})
+
+
 def cuda_methods() -> list[str]:
     return [m for m in fsdpcomp.methods() if fsdpcomp.method_info(m)["cuda"]]
 
@@ -80,11 +87,19 @@ def common_cfg(world: int, residual_dtype: str = "fp32", nonfinite: str = "pass"
             "compress_own_chunk": world == 1, "nonfinite": nonfinite}
 
 
+def residual_of(state: fsdpcomp.CommState, unit: int) -> torch.Tensor | None:
+    """The unit's error-feedback residual, None where it keeps none (a unit that goes as `none`:
+    below min_numel, or no smaller as the method than as `none`)."""
+    res = state._core.residuals()
+    return res[unit] if unit < len(res) else None
+
+
 def cpu_encode(state: fsdpcomp.CommState, grad: torch.Tensor, world: int, rank: int, unit: int) -> torch.Tensor:
+    """The payloads back to back (data-dependent sizes: as long as they are, not the plan)."""
     s, _ = state._core.plan(grad, world, rank)
     send = torch.zeros(sum(s), dtype=torch.uint8)
-    state._core.encode(grad, send, world, rank, unit)
-    return send
+    sizes = state._core.encode(grad, send, world, rank, unit)
+    return send[:sum(sizes)]
 
 
 def check_encode(backend, method: str, cfg: dict, dtype: torch.dtype, world: int, rank: int, n: int,
@@ -93,7 +108,7 @@ def check_encode(backend, method: str, cfg: dict, dtype: torch.dtype, world: int
     """`steps` encodes of fresh gradients with error feedback (from the second on the residual is
     not zero): the backend's payload bytes and residuals equal the CPU's. `nonfinite`: NaN/Inf in
     the gradient, with that `nonfinite` mode; `scale`: the gradient's magnitude (tiny ones
-    overflow 1 / scale, where the CPU's x86 conversions decide the codes); `huge`: values near
+    overflow 1 / scale: such a block goes as zeros, its values kept in the residual); `huge`: values near
     the dtype's largest (make_grad). `saturated` equals the CPU's for the casts (none, fp16,
     bf16); for the block codecs the backend counts the driver's saturations only (g + e, the
     residuals), at most the CPU's, which also counts the codecs' own."""
@@ -109,8 +124,7 @@ def check_encode(backend, method: str, cfg: dict, dtype: torch.dtype, world: int
         assert a.shape == b.shape, f"{where}: {b.numel()} payload bytes, the CPU wrote {a.numel()}"
         diff = (a != b).nonzero().flatten()
         assert diff.numel() == 0, f"{where}: payload bytes differ at {diff[:8].tolist()} (of {a.numel()})"
-        kept = cpu._core.residuals()  # a unit sent as `none` (too small to compress) keeps none
-        rc, rd = kept[u] if u < len(kept) else None, backend.residual(dev)
+        rc, rd = residual_of(cpu, u), backend.residual(dev)
         assert (rc is None) == (rd is None), f"{where}: residual kept on one side only"
         if rc is not None:
             assert same_bits(rc, rd), f"{where}: residuals differ at {differ_at(rc, rd)}"
@@ -128,10 +142,11 @@ def cpu_payloads(method: str, cfg: dict, grads: list[torch.Tensor], world: int, 
     slots = []
     for r, g in enumerate(grads):
         st = fsdpcomp.CommState(method, cfg)
-        send = cpu_encode(st, g, world, r, st._core.begin(g.numel()))
         ss, _ = st._core.plan(g, world, r)
-        off = sum(ss[:rank])
-        slots.append(send[off:off + ss[rank]])
+        send = torch.zeros(sum(ss), dtype=torch.uint8)
+        sizes = st._core.encode(g, send, world, r, st._core.begin(g.numel()))
+        off = sum(sizes[:rank])  # payloads back to back: the plan's, or data-dependent sizes
+        slots.append(send[off:off + sizes[rank]])
     return torch.cat(slots)
 
 
@@ -148,7 +163,9 @@ def check_decode(backend, method: str, cfg: dict, dtype: torch.dtype, world: int
     recv = cpu_payloads(method, full, grads, world, rank)
     shard = -(-n // world)
     ref = fsdpcomp.CommState(method, full)
-    out_c = torch.empty(shard + 3, dtype=dtype)  # 3 more: FSDP's padded tail is zeroed
+    # 3 more: FSDP's padded tail is zeroed. 7.0 as the backends start from: what no decode
+    # writes (a second round's first decode only picks coordinates) then compares equal
+    out_c = torch.full((shard + 3,), 7.0, dtype=dtype)
     ref._core.decode(recv, grads[rank], out_c, world, rank, ref._core.begin(n))
     out_d, counts = backend.decode(method, full, recv, grads[rank], out_c.numel(), world, rank)
     where = f"{method} {cfg} {dtype} W={world} r={rank} n={n} nonfinite={nonfinite} huge={huge}"
@@ -185,4 +202,4 @@ def check_sum_order(backend, cfg: dict, gen: torch.Generator) -> None:
     a = cpu_encode(cpu, g, 1, 0, cpu._core.begin(g.numel()))
     b = backend.encode(dev, g, 1, 0)
     assert torch.equal(a, b), f"onebit {cfg}: payload bytes differ on the sum-order probe"
-    assert same_bits(cpu._core.residuals()[0], backend.residual(dev))
+    assert same_bits(residual_of(cpu, 0), backend.residual(dev))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fsdpcomp
-from cuda_cases import check_decode, check_encode, check_sum_order, cpu_encode, cuda_cases, cuda_methods
+from cuda_cases import check_decode, check_encode, check_sum_order, cpu_encode, cuda_cases, cuda_methods, residual_of
 from fsdpcomp import _C
 
 if not torch.cuda.is_available():
@@ -30,12 +30,11 @@ class OnGpu:
         self.unit = st._core.begin(g.numel())
         s, _ = st._core.plan(g, world, rank)
         send = torch.full((sum(s),), 0xA5, dtype=torch.uint8, device="cuda")  # unwritten bytes show
-        st._core.encode(g, send, world, rank, self.unit)
-        return send.cpu()
+        sizes = st._core.encode(g, send, world, rank, self.unit)
+        return send[:sum(sizes)].cpu()  # data-dependent sizes: the payloads, not the plan
 
     def residual(self, st):
-        kept = st._core.residuals()  # a unit sent as `none` (too small to compress) keeps none
-        r = kept[self.unit] if self.unit < len(kept) else None
+        r = residual_of(st, self.unit)
         return None if r is None else r.cpu()
 
     def saturated(self, st) -> int:

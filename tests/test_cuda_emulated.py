@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import fsdpcomp
-from cuda_cases import DTYPES, check_decode, check_encode, check_sum_order, cpu_encode, cuda_cases, make_grad
+from cuda_cases import DTYPES, NEEDS_HOST, check_decode, check_encode, check_sum_order, cpu_encode, cuda_cases, make_grad
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "cuda_emu"))
 import build as emu_build  # noqa: E402
@@ -48,7 +48,7 @@ def align16(v: int) -> int:
     return (v + 15) // 16 * 16
 
 
-_COMMON_KEYS = set(fsdpcomp.CommState("none").config)  # the keys every method takes
+COMMON_KEYS = set(fsdpcomp.CommState("none", {}).config)  # the keys every method takes
 
 
 class EmuState:
@@ -68,21 +68,16 @@ class EmuState:
         self.ef = bool(conf["error_feedback"])
         self.res_dtype = torch.float32 if conf["residual_dtype"] == "fp32" else torch.bfloat16
         self.step, self.calls, self.res, self.saturated = 0, 0, None, 0
-        self.none = None if method == "none" else EmuState("none", {k: v for k, v in cfg.items()
-                                                                    if k in _COMMON_KEYS})
 
-    def wire(self, n: int, world: int, dtype: torch.dtype) -> "EmuState":
-        """The method a unit of n elements goes out with, as fc_core_wire_method decides (and
-        fc_cuda_path.c passes to the library): `none` where the method's payload for a chunk
-        would be no smaller than none's."""
-        if self.none is None or n < self.core.config["min_numel"]:
-            return self if self.none is None else self.none
-        per = -(-n // world)
-        last = n - (n - 1) // per * per
-        for k in (per, last):
-            if k > 0 and align16(32 + Emulated.body(self, k, dtype)) >= align16(32 + Emulated.body(self.none, k, dtype)):
-                return self.none
-        return self
+    def wire(self, grad: torch.Tensor, world: int, rank: int) -> "EmuState":
+        """The state whose method a unit's payloads go out with (fc_core_wire_method): this one,
+        or `none` where the method's payloads would be no smaller than none's. The plan is the
+        wire method's, so it shows which (a fallback's plan is none's, and only then)."""
+        if self.method == "none":
+            return self
+        plain = EmuState("none", {k: v for k, v in self.cfg.items() if k in COMMON_KEYS})
+        sends, _ = self.core.plan(grad, world, rank)
+        return plain if sum(sends) > 0 and sends == plain.core.plan(grad, world, rank)[0] else self
 
 
 class Emulated:
@@ -141,22 +136,23 @@ class Emulated:
     def encode(self, st: EmuState, grad: torch.Tensor, world: int, rank: int) -> torch.Tensor:
         n = grad.numel()
         conf = st.core.config
+        w = st.wire(grad, world, rank)  # as `none`: no residual, no sample (fc_cuda_path.c)
+        ef = st.ef and w is st
         sends, _ = st.core.plan(grad, world, rank)
-        wire = st.wire(n, world, grad.dtype)
-        args = dict(self.geometry(wire, n, world, rank, grad.dtype), gdt=DTYPES[grad.dtype], rdt=-1,
+        args = dict(self.geometry(w, n, world, rank, grad.dtype), gdt=DTYPES[grad.dtype], rdt=-1,
                     send_bytes=sum(sends), unit=0, step=st.step, seed=conf["seed"],
                     nonfinite_zero=int(conf["nonfinite"] == "zero"), fingerprint=st.core.fingerprint,
-                    sample=int(conf["error_stats_every"] > 0 and st.calls % conf["error_stats_every"] == 0))
+                    sample=int(w is st and conf["error_stats_every"] > 0 and st.calls % conf["error_stats_every"] == 0))
         files = {"grad.bin": grad}
-        if st.ef and wire is st:  # a unit sent as `none` keeps no residual
+        if ef:
             if st.res is None:
                 st.res = torch.zeros(n, dtype=st.res_dtype)
             args["rdt"] = DTYPES[st.res_dtype]
             files["res.bin"] = st.res
-        outs = self.run("encode", wire, args, files)
+        outs = self.run("encode", w, args, files)
         st.calls += 1
         st.saturated += struct.unpack_from("<Q", outs["ws.bin"], WS_SATURATED)[0]
-        if "res.bin" in files:
+        if ef:
             st.res = torch.frombuffer(bytearray(outs["res.bin"]), dtype=torch.uint8).view(st.res_dtype).clone()
         return torch.frombuffer(bytearray(outs["send.bin"]), dtype=torch.uint8).clone()
 
@@ -164,7 +160,7 @@ class Emulated:
                world: int, rank: int, expect_error: bool = False):
         n = grad.numel()
         configured = EmuState(method, cfg)
-        st = configured.wire(n, world, grad.dtype)
+        st = configured.wire(grad, world, rank)
         own = -(-n // world)
         own = max(0, min(own, n - rank * own))
         args = dict(self.geometry(st, n, world, rank, grad.dtype), gdt=DTYPES[grad.dtype], odt=DTYPES[grad.dtype],
@@ -182,8 +178,10 @@ class Emulated:
 
 
 # The methods with kernels in cuda/ (the emulation needs no nvcc, so not the build's "cuda" flag;
-# test_emulated_table_is_the_source_list checks the list against the compiled table).
-CASES = cuda_cases(sorted(fsdpcomp._CUDA_METHODS))
+# test_emulated_table_is_the_source_list checks the list against the compiled table), but those
+# that need the host glue (device scratch, unit state, data-dependent sizes): their cases run in
+# test_cuda_sparse_emulated.py, through the real _C.
+CASES = cuda_cases(sorted(set(fsdpcomp._CUDA_METHODS) - NEEDS_HOST))
 IDS = [m + "".join(f"-{k}={v}" for k, v in c.items()) for m, c in CASES]
 
 
@@ -234,7 +232,11 @@ def test_emulated_decode_of_overflowing_and_nonfinite_sums_matches_cpu(emu, meth
     check_decode(emu, method, cfg, torch.float32, 3, 0, 1031, gen, huge=True, nonfinite=True, mode="zero")
 
 
-@pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
+SINGLE = ("none", "fp16", "bf16", "int8", "fp8", "intN", "qsgd", "nc", "onebit")  # single-payload kernels
+SINGLE_CASES = [(m, c) for m, c in CASES if m in SINGLE]
+
+
+@pytest.mark.parametrize("method,cfg", SINGLE_CASES, ids=[IDS[CASES.index(c)] for c in SINGLE_CASES])
 def test_emulated_compress_and_decompress_match_cpu(emu, method, cfg, gen):
     """State.compress/decompress (the all-gather half, parameter gathers): one payload, its
     header (fingerprint, NONFINITE flag) and body the CPU's, and acc += alpha * decode."""
@@ -322,7 +324,7 @@ def test_emulated_decode_checks_the_header_as_the_cpu_does(emu, field, offset, c
     assert torch.equal(out, want) and counts["nonfinite_out"] == 0
 
 
-CODEC_CASES = [(m, c) for m, c in CASES if m not in ("none", "fp16", "bf16")]
+CODEC_CASES = [(m, c) for m, c in CASES if m in ("int8", "fp8", "intN", "qsgd", "nc", "onebit")]  # fc_cu_codecs.cuh's
 
 
 @pytest.mark.parametrize("method,cfg", CODEC_CASES, ids=[IDS[CASES.index(c)] for c in CODEC_CASES])

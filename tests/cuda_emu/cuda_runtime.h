@@ -1,21 +1,24 @@
 // cuda_runtime.h (tests only): the subset of CUDA that cuda/*.cu uses, emulated on the host so
 // that tests/test_cuda_emulated.py can run the real driver and kernels without a GPU. Every
-// CUDA thread of a block is a host thread; warp shuffles and __syncwarp are barriers of the
-// warp's lanes (a lane that skips a collective the others reach deadlocks, as full-mask code
-// may not do on a GPU); blocks run one after the other; streams and events are synchronous.
+// CUDA thread of a block is a fiber of the launching host thread; warp shuffles and __syncwarp
+// are barriers of the warp's lanes, __syncthreads one of the block's (a thread that skips a
+// collective the others reach deadlocks, as full-mask code may not do on a GPU, and the launch
+// aborts saying so); blocks run one after the other; streams and events are synchronous.
 // Launches are written `fc_emu_launch(kernel, grid, block, smem, stream)(args)`: the test
 // rewrites `kernel<<<...>>>(` into that when it copies cuda/.
 #ifndef FC_EMU_CUDA_RUNTIME_H
 #define FC_EMU_CUDA_RUNTIME_H
 
-#include <barrier>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <ucontext.h>
 #include <cmath>
 #include <math.h> // isfinite, sqrt unqualified, as CUDA declares them
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #define __host__
@@ -44,7 +47,9 @@ static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
 
 typedef enum { cudaSuccess = 0, cudaErrorNotReady = 600, cudaErrorInvalidValue = 1 } cudaError_t;
 typedef int cudaMemcpyKind;
+#define cudaMemcpyHostToDevice 1
 #define cudaMemcpyDeviceToHost 2
+#define cudaMemcpyDeviceToDevice 3
 struct fc_emu_stream;
 typedef fc_emu_stream *cudaStream_t;
 typedef struct fc_emu_event {
@@ -81,32 +86,83 @@ static inline cudaError_t cudaHostAlloc(void **p, size_t n, unsigned) { *p = cal
 static inline cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
 static inline cudaError_t cudaHostGetDevicePointer(void **d, void *h, unsigned) { *d = h; return cudaSuccess; }
 
-// ---- threads, warps, blocks
+// ---- threads, warps, blocks: every CUDA thread is a fiber (its own stack) of the launching host
+// thread, run cooperatively: a barrier (a warp's, for shuffles and __syncwarp; the block's) is a
+// count the fiber waits on by yielding to the launch's scheduler. One host thread, no locks, and
+// no host thread per CUDA thread, which on a loaded machine cost more than the kernels.
+
+struct fc_emu_bar {
+    int need = 0, count = 0;
+    unsigned gen = 0;
+};
 
 struct fc_emu_warp {
-    std::barrier<> bar;
+    fc_emu_bar bar;
     uint64_t slot[32][2];
-    explicit fc_emu_warp(int lanes) : bar(lanes) {}
+    explicit fc_emu_warp(int lanes) { bar.need = lanes; }
+};
+
+struct fc_emu_fiber {
+    ucontext_t ctx; // swapcontext's (FC_EMU_FAST: unused)
+    void *sp;       // fc_emu_swap's: the saved stack pointer
+    dim3 tid, bid;
+    fc_emu_warp *warp;
+    bool done;
 };
 
 inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 inline thread_local fc_emu_warp *fc_emu_cur;
-inline thread_local std::barrier<> *fc_emu_block; // every thread of the block
-
-static inline void __syncthreads(void) { fc_emu_block->arrive_and_wait(); }
+inline thread_local fc_emu_bar *fc_emu_block; // the block's threads (__syncthreads)
+inline thread_local fc_emu_fiber *fc_emu_self;
+inline thread_local ucontext_t fc_emu_sched;
+inline thread_local void *fc_emu_sched_sp;
+inline thread_local unsigned long long fc_emu_progress; // arrivals: a round without any is a deadlock
 inline std::mutex fc_emu_atomic;
 
-static inline void __syncwarp(unsigned = 0xffffffffu) { fc_emu_cur->bar.arrive_and_wait(); }
+#if defined(__x86_64__) && defined(__linux__)
+// A switch between fibers without a system call (emu_stubs.cpp): swapcontext also saves and
+// restores the signal mask, one syscall per switch, which was most of the emulation's time.
+// fc_emu_swap pushes the callee-saved registers, MXCSR and the x87 control word, stores the
+// stack pointer in *save_sp, loads load_sp and pops what the other side pushed.
+#define FC_EMU_FAST 1
+extern "C" void fc_emu_swap(void **save_sp, void *load_sp);
+#endif
+
+static inline void fc_emu_yield(void)
+{
+#ifdef FC_EMU_FAST
+    fc_emu_swap(&fc_emu_self->sp, fc_emu_sched_sp);
+#else
+    swapcontext(&fc_emu_self->ctx, &fc_emu_sched);
+#endif
+}
+
+static inline void fc_emu_wait(fc_emu_bar *b)
+{
+    const unsigned g = b->gen;
+    fc_emu_progress++;
+    if (++b->count == b->need) {
+        b->count = 0;
+        b->gen++;
+        return;
+    }
+    while (b->gen == g)
+        fc_emu_yield();
+}
+
+static inline void __syncwarp(unsigned = 0xffffffffu) { fc_emu_wait(&fc_emu_cur->bar); }
+// Every thread of the block (one that returned early deadlocks it, as CUDA does not promise).
+static inline void __syncthreads(void) { fc_emu_wait(fc_emu_block); }
 
 template <class T> static inline T fc_emu_shfl(T v, int src)
 {
     static_assert(sizeof(T) <= 16, "shuffle of a small value");
     const int lane = (int)(threadIdx.x & 31);
     memcpy(fc_emu_cur->slot[lane], &v, sizeof(T));
-    fc_emu_cur->bar.arrive_and_wait();
+    fc_emu_wait(&fc_emu_cur->bar);
     T r;
     memcpy(&r, fc_emu_cur->slot[src & 31], sizeof(T));
-    fc_emu_cur->bar.arrive_and_wait();
+    fc_emu_wait(&fc_emu_cur->bar);
     return r;
 }
 template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o)
@@ -118,6 +174,30 @@ template <class T> static inline T __shfl_sync(unsigned, T v, int src)
     return fc_emu_shfl(v, src);
 }
 
+template <class T> static inline T __shfl_up_sync(unsigned, T v, unsigned d)
+{
+    const int lane = (int)(threadIdx.x & 31);
+    const T r = fc_emu_shfl(v, lane >= (int)d ? lane - (int)d : lane);
+    return r;
+}
+static inline unsigned __ballot_sync(unsigned, int pred)
+{
+    const unsigned bit = pred ? 1u << (threadIdx.x & 31) : 0u;
+    unsigned all = 0;
+    for (int l = 0; l < 32; l++) // every lane's bit, through the warp's slots
+        all |= fc_emu_shfl(bit, l);
+    return all;
+}
+static inline int __popc(unsigned v) { return __builtin_popcount(v); }
+static inline int __ffs(int v) { return __builtin_ffs(v); }
+
+template <class T> static inline T atomicOr(T *p, T v)
+{
+    std::lock_guard<std::mutex> g(fc_emu_atomic);
+    T old = *p;
+    *p = old | v;
+    return old;
+}
 template <class T> static inline T atomicAdd(T *p, T v)
 {
     std::lock_guard<std::mutex> g(fc_emu_atomic);
@@ -136,36 +216,117 @@ static inline unsigned atomicCAS(unsigned *p, unsigned cmp, unsigned v)
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 static inline long long __double_as_longlong(double d) { long long i; memcpy(&i, &d, 8); return i; }
 
-// Runs the grid: blockDim.x host threads walk the blocks in order, a barrier between blocks.
+// Runs the grid: blockDim.x fibers walk the blocks in order, a barrier between blocks.
+inline thread_local std::function<void()> *fc_emu_body;
+static inline void fc_emu_entry(void)
+{
+    (*fc_emu_body)();
+    fc_emu_self->done = true; // back to the scheduler through uc_link
+#ifdef FC_EMU_FAST
+    fc_emu_yield(); // never resumed
+    __builtin_trap();
+#endif
+}
+
+// A fiber's first stack: what fc_emu_swap pops (MXCSR and control word as they are now, zeroed
+// registers), then its return into fc_emu_entry, 16-byte aligned as at a call.
+static inline void fc_emu_start(fc_emu_fiber &f, char *stack, size_t size)
+{
+#ifdef FC_EMU_FAST
+    uintptr_t top = ((uintptr_t)(stack + size)) & ~(uintptr_t)15;
+    void **sp = (void **)top;
+    *--sp = nullptr; // fc_emu_entry's own return address: it never returns
+    *--sp = (void *)&fc_emu_entry;
+    for (int r = 0; r < 6; r++) // rbp rbx r12 r13 r14 r15
+        *--sp = nullptr;
+    uint32_t mxcsr;
+    uint16_t cw;
+    __asm__ volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(mxcsr), "=m"(cw));
+    *--sp = (void *)((uintptr_t)mxcsr | (uintptr_t)cw << 32); // MXCSR at 0, control word at 4
+    f.sp = sp;
+#else
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = stack;
+    f.ctx.uc_stack.ss_size = size;
+    f.ctx.uc_link = &fc_emu_sched;
+    makecontext(&f.ctx, fc_emu_entry, 0);
+#endif
+}
+
+static inline void fc_emu_resume(fc_emu_fiber &f)
+{
+#ifdef FC_EMU_FAST
+    fc_emu_swap(&fc_emu_sched_sp, f.sp);
+#else
+    swapcontext(&fc_emu_sched, &f.ctx);
+#endif
+}
+
 template <class K> struct fc_emu_launcher {
     K k;
     dim3 grid, block;
     template <class... A> void operator()(A... args) const
     {
+        static thread_local std::vector<std::unique_ptr<char[]>> stacks;
+        const size_t stack = 256 * 1024;
         const unsigned nt = block.x, nw = (nt + 31) / 32;
-        std::vector<fc_emu_warp *> warps;
+        std::vector<std::unique_ptr<fc_emu_warp>> warps;
         for (unsigned w = 0; w < nw; w++)
-            warps.push_back(new fc_emu_warp((int)(w + 1 < nw ? 32 : nt - 32 * w)));
-        std::barrier<> between((std::ptrdiff_t)nt), inside((std::ptrdiff_t)nt);
-        std::vector<std::thread> ts;
-        for (unsigned t = 0; t < nt; t++)
-            ts.emplace_back([&, t]() {
-                threadIdx = dim3(t, 0, 0);
-                blockDim = block;
-                gridDim = grid;
-                fc_emu_cur = warps[t / 32];
+            warps.emplace_back(new fc_emu_warp((int)(w + 1 < nw ? 32 : nt - 32 * w)));
+        fc_emu_bar between, inside;
+        between.need = inside.need = (int)nt;
+        std::function<void()> body = [&]() {
+            for (unsigned y = 0; y < grid.y; y++)
+                for (unsigned x = 0; x < grid.x; x++) {
+                    blockIdx = dim3(x, y, 0);
+                    k(args...);
+                    fc_emu_wait(&between);
+                }
+        };
+        std::function<void()> *outer_body = fc_emu_body;
+        fc_emu_fiber *outer_self = fc_emu_self;
+        void *outer_sched = fc_emu_sched_sp;
+        fc_emu_body = &body;
+        blockDim = block;
+        gridDim = grid;
+        while (stacks.size() < nt)
+            stacks.emplace_back(new char[stack]);
+        std::vector<fc_emu_fiber> fibers(nt);
+        for (unsigned t = 0; t < nt; t++) {
+            fc_emu_fiber &f = fibers[t];
+            fc_emu_start(f, stacks[t].get(), stack);
+            f.tid = dim3(t, 0, 0);
+            f.bid = dim3(0, 0, 0);
+            f.warp = warps[t / 32].get();
+            f.done = false;
+        }
+        unsigned alive = nt;
+        while (alive > 0) {
+            const unsigned long long before = fc_emu_progress;
+            for (unsigned t = 0; t < nt; t++) {
+                fc_emu_fiber &f = fibers[t];
+                if (f.done)
+                    continue;
+                fc_emu_self = &f;
+                threadIdx = f.tid;
+                blockIdx = f.bid;
+                fc_emu_cur = f.warp;
                 fc_emu_block = &inside;
-                for (unsigned y = 0; y < grid.y; y++)
-                    for (unsigned x = 0; x < grid.x; x++) {
-                        blockIdx = dim3(x, y, 0);
-                        k(args...);
-                        between.arrive_and_wait();
-                    }
-            });
-        for (auto &t : ts)
-            t.join();
-        for (auto *w : warps)
-            delete w;
+                fc_emu_resume(f);
+                f.bid = blockIdx;
+                if (f.done) {
+                    alive--;
+                    fc_emu_progress++;
+                }
+            }
+            if (alive > 0 && fc_emu_progress == before) {
+                fprintf(stderr, "cuda_emu: deadlock: %u threads wait at a barrier the others never reach\n", alive);
+                abort();
+            }
+        }
+        fc_emu_body = outer_body;
+        fc_emu_self = outer_self;
+        fc_emu_sched_sp = outer_sched;
     }
 };
 

@@ -21,6 +21,8 @@
 
 extern "C" const fc_cuda_api *fc_cuda_get_api(int abi);
 
+// CUB is stubbed in emu_stubs.cpp.
+
 static std::vector<uint8_t> slurp(const std::string &path)
 {
     std::vector<uint8_t> v;

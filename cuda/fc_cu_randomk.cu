@@ -1,0 +1,429 @@
+// fc_cu_randomk.cu: kernels of `randomk` (m_randomk.c): the k coordinates of a chunk from the
+// stream every rank shares, by the CPU's selection sampling cut into segments that run side by
+// side (csrc/fc_randk_par.h: the same picks, in five steps), the values through the value codec;
+// receivers sum the senders' decoded values per coordinate in rank order (the compressed domain)
+// and scatter the sum once, scaled by n / k, onto the own chunk.
+#include "fc_cu_sparse.cuh"
+#include "fc_randk_par.h"
+
+#define RK_THREADS 128
+#define RK_SPREAD 6.0 // windows of 6 standard deviations: fallbacks are rare, never wrong
+
+struct rk_cfg {
+    fc_cu_krule kr;
+    int scale;
+    fc_cu_vc vc;
+};
+
+static int config(const fc_cuda_method_cfg *m, int world, rk_cfg *c, fc_err *err)
+{
+    memset(c, 0, sizeof(*c));
+    c->kr.k = (int64_t)fc_cu_cfg(m, "k", 0);
+    c->kr.ratio = fc_cu_cfg(m, "ratio", 0.01);
+    c->scale = fc_cu_cfg(m, "scale", 1) != 0;
+    c->vc = fc_cu_vc_from(m, world);
+    return fc_cu_vc_check(c->vc, err);
+}
+
+// The chunks whose coordinates are drawn: every sent one (encode), or the own one (decode,
+// chunks = 1); each with room for the segments of the longest chunk.
+struct rk_space {
+    fc_cuda_geom geo;
+    int decode, chunks;
+    fc_cu_krule kr;
+    fc_rng base; // key and (unit, step); chunk filled per chunk: the shared stream (no rank)
+    int64_t s1, s2;
+    fc_rk_seg *segs1, *segs2;
+    fc_rk_event *ev1, *ev2;
+    int64_t *x1, *x2;
+    int64_t *idx; // the picks as unit (encode) or chunk (decode) indices, chunk after chunk
+    unsigned int *left; // 0 after a correct walk (checked by nobody but tests and sanitizers)
+};
+
+struct rk_chunk {
+    int on;
+    int c;
+    int64_t start, n, k, off;
+    fc_rng g;
+};
+
+__host__ __device__ __forceinline__ rk_chunk rk_chunk_at(const rk_space &sp, int y)
+{
+    rk_chunk h;
+    h.c = sp.decode ? sp.geo.rank : y;
+    fc_cu_span(sp.geo, h.c, &h.start, &h.n);
+    h.on = sp.decode ? h.n > 0 : fc_cu_sent(sp.geo, h.c, h.n);
+    h.k = h.on ? fc_rule_sparse_k(h.n, sp.kr.k, sp.kr.ratio) : 0;
+    h.off = 0;
+    if (!sp.decode && sp.geo.per > 0) { // the picks of the sent chunks before, back to back: every
+        // chunk but the last non-empty one is full
+        const int64_t ne = (sp.geo.numel + sp.geo.per - 1) / sp.geo.per, last = ne - 1;
+        int64_t full = h.c < last ? h.c : last;
+        full -= sp.geo.skip_own && sp.geo.rank < full;
+        h.off = full * fc_rule_sparse_k(sp.geo.per, sp.kr.k, sp.kr.ratio);
+        if (h.c > last && !(sp.geo.skip_own && sp.geo.rank == last))
+            h.off += fc_rule_sparse_k(sp.geo.numel - last * sp.geo.per, sp.kr.k, sp.kr.ratio);
+    }
+    h.g = sp.base;
+    h.g.chunk = (uint32_t)h.c;
+    return h;
+}
+
+__global__ void rk_level1(rk_space sp)
+{
+    const rk_chunk h = rk_chunk_at(sp, blockIdx.y);
+    const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (h.on && j < fc_rk_segs1(h.n))
+        fc_rk_level1(&h.g, h.n, h.k, j, RK_SPREAD, sp.segs1 + blockIdx.y * sp.s1,
+                     sp.ev1 + blockIdx.y * sp.s1 * FC_RK_CAP1);
+}
+
+__global__ void rk_level2(rk_space sp)
+{
+    const rk_chunk h = rk_chunk_at(sp, blockIdx.y);
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (h.on && t < fc_rk_segs2(h.n))
+        fc_rk_level2(h.n, h.k, t, RK_SPREAD, sp.segs1 + blockIdx.y * sp.s1, sp.ev1 + blockIdx.y * sp.s1 * FC_RK_CAP1,
+                     sp.segs2 + blockIdx.y * sp.s2, sp.ev2 + blockIdx.y * sp.s2 * FC_RK_CAP2);
+}
+
+// One thread per chunk: the walk over its level-2 segments.
+__global__ void rk_top(rk_space sp)
+{
+    const int y = blockIdx.x * blockDim.x + threadIdx.x;
+    if (y >= sp.chunks)
+        return;
+    const rk_chunk h = rk_chunk_at(sp, y);
+    if (!h.on)
+        return;
+    const int64_t left = fc_rk_top(&h.g, h.n, h.k, sp.segs1 + y * sp.s1, sp.ev1 + y * sp.s1 * FC_RK_CAP1,
+                                   sp.segs2 + y * sp.s2, sp.ev2 + y * sp.s2 * FC_RK_CAP2, sp.x2 + y * sp.s2);
+    if (left != 0)
+        atomicAdd(sp.left, 1u);
+}
+
+__global__ void rk_mid(rk_space sp)
+{
+    const rk_chunk h = rk_chunk_at(sp, blockIdx.y);
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (h.on && t < fc_rk_segs2(h.n))
+        fc_rk_mid(&h.g, h.n, t, sp.segs1 + blockIdx.y * sp.s1, sp.ev1 + blockIdx.y * sp.s1 * FC_RK_CAP1,
+                  sp.x2 + blockIdx.y * sp.s2, sp.x1 + blockIdx.y * sp.s1);
+}
+
+__global__ void rk_emit(rk_space sp)
+{
+    const rk_chunk h = rk_chunk_at(sp, blockIdx.y);
+    const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (h.on && j < fc_rk_segs1(h.n))
+        fc_rk_emit(&h.g, h.n, h.k, j, sp.x1 + blockIdx.y * sp.s1, sp.idx + h.off, sp.decode ? 0 : h.start);
+}
+
+static void carve_space(fc_cu_arena &ar, const fc_cuda_geom &geo, int decode, const fc_cu_krule &kr, int64_t total,
+                        rk_space *sp)
+{
+    memset(sp, 0, sizeof(*sp));
+    sp->geo = geo;
+    sp->decode = decode;
+    sp->chunks = decode ? 1 : geo.world;
+    sp->kr = kr;
+    sp->s1 = fc_rk_segs1(geo.per);
+    sp->s2 = fc_rk_segs2(geo.per);
+    sp->segs1 = ar.take<fc_rk_seg>(sp->chunks * sp->s1);
+    sp->segs2 = ar.take<fc_rk_seg>(sp->chunks * sp->s2);
+    sp->ev1 = ar.take<fc_rk_event>(sp->chunks * sp->s1 * FC_RK_CAP1);
+    sp->ev2 = ar.take<fc_rk_event>(sp->chunks * sp->s2 * FC_RK_CAP2);
+    sp->x1 = ar.take<int64_t>(sp->chunks * sp->s1);
+    sp->x2 = ar.take<int64_t>(sp->chunks * sp->s2);
+    sp->idx = ar.take<int64_t>(total);
+    sp->left = ar.take<unsigned int>(1);
+}
+
+// The five steps of fc_randk_par.h over every chunk of the space.
+static int draw(const rk_space &sp, cudaStream_t s, fc_err *err)
+{
+    int rc = FC_OK;
+    const dim3 g1(fc_cu_blocks(sp.s1, RK_THREADS), (unsigned)sp.chunks);
+    const dim3 g2(fc_cu_blocks(sp.s2, RK_THREADS), (unsigned)sp.chunks);
+    FC_CHECK_CUDA(cudaMemsetAsync(sp.left, 0, sizeof(unsigned int), s), err, error);
+    rk_level1<<<g1, RK_THREADS, 0, s>>>(sp);
+    FC_CHECK_LAUNCH(err, error);
+    rk_level2<<<g2, RK_THREADS, 0, s>>>(sp);
+    FC_CHECK_LAUNCH(err, error);
+    rk_top<<<fc_cu_blocks(sp.chunks, 32), 32, 0, s>>>(sp);
+    FC_CHECK_LAUNCH(err, error);
+    rk_mid<<<g2, RK_THREADS, 0, s>>>(sp);
+    FC_CHECK_LAUNCH(err, error);
+    rk_emit<<<g1, RK_THREADS, 0, s>>>(sp);
+    FC_CHECK_LAUNCH(err, error);
+error:
+    return rc;
+}
+
+static fc_rng shared_base(uint64_t seed, uint32_t unit, uint32_t step)
+{
+    fc_rng r;
+    r.key0 = (uint32_t)seed;
+    r.key1 = (uint32_t)(seed >> 32);
+    r.chunk = 0;
+    r.unit = unit;
+    r.step = step;
+    return r;
+}
+
+static int64_t kept_total(const fc_cuda_geom &g, const fc_cu_krule &kr)
+{
+    int64_t total = 0;
+    for (int c = 0; c < g.world; c++) {
+        int64_t start, n;
+        fc_cu_span(g, c, &start, &n);
+        total += fc_cu_sent(g, c, n) ? fc_rule_sparse_k(n, kr.k, kr.ratio) : 0;
+    }
+    return total;
+}
+
+// n / k as the CPU's randk_factor: (float)((double)n / (double)k), or 1 without `scale`.
+__host__ __device__ __forceinline__ float rk_factor(int scale, int64_t n, int64_t k)
+{
+    return scale ? (float)((double)n / (double)k) : 1.0f;
+}
+
+// ---- encode
+
+// g' at the picks (vals: the residual's x) and what the codec gets of it (enc: saturated where
+// the scaled decode would not be finite, fc_rule_randk_value, as m_randomk.c's encode).
+__global__ void rk_gather(rk_space sp, fc_cu_src src, int scale, int64_t total, float *vals, float *enc)
+{
+    const double inv = 1.0 / (double)(sp.geo.per > 0 ? sp.geo.per : 1);
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < total; j += stride) {
+        const rk_chunk h = rk_chunk_at(sp, fc_cu_chunk_of(sp.idx[j], sp.geo.per, inv));
+        int64_t sat = 0; // a codec's own saturation: not counted on the device (docs/methods.md)
+        vals[j] = src.x(sp.idx[j]);
+        enc[j] = fc_rule_randk_value(vals[j], rk_factor(scale, h.n, h.k), &sat);
+    }
+}
+
+__global__ void rk_jobs(rk_space sp, uint8_t *send, float *vals, fc_rng base, fc_cu_vc_job *jobs)
+{
+    for (int y = threadIdx.x; y < sp.chunks; y += blockDim.x) {
+        const rk_chunk h = rk_chunk_at(sp, y);
+        fc_cu_vc_job j;
+        j.vals = vals + h.off;
+        j.k = h.k;
+        j.out = h.on ? send + fc_cu_send_off(sp.geo, h.c) + FC_HEADER_BYTES : NULL;
+        j.rng = fc_cu_vc_rng(base, h.c, sp.geo.rank);
+        jobs[y] = j;
+    }
+}
+
+// The decode at the picks with alpha = -1: a * (0 + D), a = -1 * n / k, the CPU's decode_add
+// (the values decoded into zeros with alpha 1, then scattered with alpha * factor).
+__global__ void rk_corrections(rk_space sp, const uint8_t *send, int scale, fc_cu_vc vc, float *ev,
+                               int64_t total)
+{
+    const double inv = 1.0 / (double)(sp.geo.per > 0 ? sp.geo.per : 1);
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < total; j += stride) {
+        const rk_chunk h = rk_chunk_at(sp, fc_cu_chunk_of(sp.idx[j], sp.geo.per, inv));
+        const float a = -1.0f * rk_factor(scale, h.n, h.k);
+        int bad = 0;
+        const float d = 0.0f + vc.term(send + fc_cu_send_off(sp.geo, h.c) + FC_HEADER_BYTES, h.k, j - h.off, 1.0f, &bad);
+        ev[j] = a * d;
+    }
+}
+
+struct rk_enc_parts {
+    rk_space sp;
+    float *vals, *enc, *ev;
+    fc_cu_vc_job *jobs;
+    int64_t total;
+};
+
+static void carve_encode(const fc_cuda_encode_args *a, const rk_cfg &c, fc_cu_arena &ar, rk_enc_parts *p)
+{
+    p->total = kept_total(a->geo, c.kr);
+    carve_space(ar, a->geo, 0, c.kr, p->total, &p->sp);
+    p->vals = ar.take<float>(p->total);
+    p->enc = ar.take<float>(p->total);
+    p->ev = ar.take<float>(p->total);
+    p->jobs = ar.take<fc_cu_vc_job>(a->geo.world);
+}
+
+static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
+{
+    int rc = FC_OK;
+    rk_cfg c;
+    rk_enc_parts p;
+    fc_cu_arena ar = fc_cu_arena_of(a->x);
+    FC_TRY(config(&a->m, a->geo.world, &c, err));
+    carve_encode(a, c, ar, &p);
+    FC_TRY(fc_cu_arena_check(ar, err));
+    p.sp.base = shared_base(a->seed, a->unit, a->step);
+    {
+        const unsigned gb = fc_cu_blocks(p.total, FC_CU_THREADS * 4);
+        FC_TRY(draw(p.sp, s, err));
+        rk_gather<<<gb, FC_CU_THREADS, 0, s>>>(p.sp, e->src, c.scale, p.total, p.vals, p.enc);
+        FC_CHECK_LAUNCH(err, error);
+        rk_jobs<<<1, 256, 0, s>>>(p.sp, a->send, p.enc, e->rng, p.jobs);
+        FC_CHECK_LAUNCH(err, error);
+        FC_TRY(fc_cu_vc_encode(c.vc, p.jobs, a->geo.world, fc_rule_sparse_k(a->geo.per, c.kr.k, c.kr.ratio), s, err));
+        if (e->res != NULL || e->sample) {
+            rk_corrections<<<gb, FC_CU_THREADS, 0, s>>>(p.sp, a->send, c.scale, c.vc, p.ev, p.total);
+            FC_CHECK_LAUNCH(err, error);
+            FC_TRY(fc_cu_res_dense(*e, p.sp.idx, NULL, p.total, s, err));
+            FC_TRY(fc_cu_res_fix(*e, p.sp.idx, p.vals, p.ev, NULL, p.total, s, err));
+        }
+    }
+error:
+    return rc;
+}
+
+// ---- decode: every sender's values checked, summed per coordinate in rank order, scattered
+
+__device__ __forceinline__ const uint8_t *rk_values(const fc_cu_dec &d, int r)
+{
+    return d.recv + fc_cu_recv_off(d.geo, r, d.slot) + FC_HEADER_BYTES;
+}
+
+__global__ void rk_check(fc_cu_dec d, fc_cu_vc vc, int64_t k, uint32_t unit, uint32_t step)
+{
+    const int r = blockIdx.y;
+    if ((d.geo.skip_own && r == d.geo.rank) || d.bad[r] != 0)
+        return;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < k; j += stride) {
+        int bad = 0;
+        (void)vc.term(rk_values(d, r), k, j, 1.0f, &bad);
+        if (bad)
+            fc_cu_reject(d.ws, d.ws->bad, r, FC_PAYLOAD_CODES, unit, step);
+    }
+}
+
+__device__ __forceinline__ int rk_any_rejected(const fc_cu_dec &d)
+{
+    for (int r = 0; r < d.geo.world; r++)
+        if (!(d.geo.skip_own && r == d.geo.rank) && d.bad[r] != 0)
+            return 1;
+    return 0;
+}
+
+// Everywhere: (0 + own) / W (a rejected payload: NaN, as it poisons the dense decodes).
+__global__ void rk_dense(fc_cu_dec d)
+{
+    int64_t start, n;
+    fc_cu_span(d.geo, d.geo.rank, &start, &n);
+    const float w = (float)d.geo.world;
+    const int poison = rk_any_rejected(d), passed = fc_cu_sum_passes(d);
+    int64_t nonfinite = 0, sat = 0;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
+        if (i >= n) { // FSDP's padded tail of the output
+            if (d.odt == FC_CU_F32)
+                ((float *)d.out)[i] = 0.0f;
+            else
+                ((uint16_t *)d.out)[i] = 0;
+            continue;
+        }
+        float acc = 0.0f;
+        if (d.geo.skip_own)
+            acc += fc_cu_own(d, start + i);
+        if (poison)
+            acc += fc_cu_poison();
+        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &nonfinite, &sat);
+    }
+    fc_cu_count(&d.ws->nonfinite_out, nonfinite);
+    fc_cu_count(&d.ws->saturated, sat);
+}
+
+// At the picks: (0 + own) + a * sum, the sum of the senders' decoded values (from 0, rank
+// order), a = 1 * n / k; the output there rewritten, its non-finite count moved with it.
+__global__ void rk_picks(fc_cu_dec d, fc_cu_vc vc, const int64_t *idx, int64_t k, float a)
+{
+    int64_t start, n;
+    fc_cu_span(d.geo, d.geo.rank, &start, &n);
+    const float w = (float)d.geo.world;
+    if (rk_any_rejected(d))
+        return; // rk_dense made everything NaN
+    const int passed = fc_cu_sum_passes(d);
+    int64_t was = 0, now = 0, was_sat = 0, now_sat = 0;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < k; j += stride) {
+        float sum = 0.0f;
+        for (int r = 0; r < d.geo.world; r++) {
+            if (d.geo.skip_own && r == d.geo.rank)
+                continue;
+            int bad = 0;
+            sum += vc.term(rk_values(d, r), k, j, 1.0f, &bad); // fc_vcodec_decode_add into the sum
+        }
+        const int64_t i = idx[j];
+        float acc = 0.0f;
+        if (d.geo.skip_own)
+            acc += fc_cu_own(d, start + i);
+        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &was, &was_sat); // what rk_dense counted
+        acc += a * sum;
+        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &now, &now_sat);
+    }
+    // the counts move by now - was (negative where fewer: the unsigned add wraps, a subtraction)
+    fc_cu_count(&d.ws->nonfinite_out, now - was);
+    fc_cu_count(&d.ws->saturated, now_sat - was_sat);
+}
+
+static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
+{
+    int rc = FC_OK;
+    rk_cfg c;
+    rk_space sp;
+    int64_t start, n;
+    fc_cu_arena ar = fc_cu_arena_of(a->x);
+    fc_cu_span(a->geo, a->geo.rank, &start, &n);
+    FC_TRY(config(&a->m, a->geo.world, &c, err));
+    {
+        const int64_t k = fc_rule_sparse_k(n, c.kr.k, c.kr.ratio);
+        const int senders = n > 0 ? a->geo.world - (a->geo.skip_own ? 1 : 0) : 0;
+        carve_space(ar, a->geo, 1, c.kr, k, &sp);
+        FC_TRY(fc_cu_arena_check(ar, err));
+        sp.base = shared_base(a->seed, a->unit, a->step);
+        if (senders > 0 && k > 0) {
+            rk_check<<<dim3(fc_cu_blocks(k, FC_CU_THREADS * 4), (unsigned)a->geo.world), FC_CU_THREADS, 0, s>>>(
+                *d, c.vc, k, a->unit, a->step);
+            FC_CHECK_LAUNCH(err, error);
+        }
+        if (d->out_numel > 0) {
+            rk_dense<<<fc_cu_blocks(d->out_numel, FC_CU_THREADS * 4), FC_CU_THREADS, 0, s>>>(*d);
+            FC_CHECK_LAUNCH(err, error);
+        }
+        if (senders > 0 && k > 0) {
+            FC_TRY(draw(sp, s, err));
+            rk_picks<<<fc_cu_blocks(k, FC_CU_THREADS), FC_CU_THREADS, 0, s>>>(*d, c.vc, sp.idx, k,
+                                                                          1.0f * rk_factor(c.scale, n, k));
+            FC_CHECK_LAUNCH(err, error);
+        }
+    }
+error:
+    return rc;
+}
+
+static int scratch(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, int64_t *bytes, fc_err *err)
+{
+    int rc = FC_OK;
+    rk_cfg c;
+    fc_cu_arena ar = {NULL, 0, 0};
+    if (enc != NULL) {
+        rk_enc_parts p;
+        FC_TRY(config(&enc->m, enc->geo.world, &c, err));
+        carve_encode(enc, c, ar, &p);
+    } else {
+        rk_space sp;
+        int64_t start, n;
+        FC_TRY(config(&dec->m, dec->geo.world, &c, err));
+        fc_cu_span(dec->geo, dec->geo.rank, &start, &n);
+        carve_space(ar, dec->geo, 1, c.kr, fc_rule_sparse_k(n, c.kr.k, c.kr.ratio), &sp);
+    }
+    *bytes = ar.used;
+error:
+    return rc;
+}
+
+extern const fc_cu_method fc_cu_randomk = {9, encode, decode, scratch,
+                                           FC_CU_NO_SINGLE("randomk")};

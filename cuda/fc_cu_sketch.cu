@@ -1,0 +1,467 @@
+// fc_cu_sketch.cu: kernels of `sketch` (m_sketch.c). The CPU adds each bucket's terms in index
+// order; here every row's (bucket, term) pairs of the sent chunks are sorted by bucket with CUB's
+// stable radix sort (equal buckets keep index order), and one thread per bucket adds its run in
+// that order: the CPU's table, bit for bit. Estimates are the CPU's median over rows, the heavy
+// hitters the top-k selection of fc_cu_select.cu. Receivers sum the senders' tables in rank order
+// (the compressed domain) and decode once; with second_round the owner only picks (fc_cu_fetch.cu
+// does the rest).
+#include "fc_cu_sparse.cuh"
+#include "fc_hash.h"
+
+#define SK_THREADS 256
+#define SK_MAX_ROWS 15
+
+struct sk_cfg {
+    int rows;
+    int64_t cols;
+    fc_cu_krule kr; // sketch_k: fc_rule_sparse_k(n, k, 1.0)
+    int second;
+};
+
+static int config(const fc_cuda_method_cfg *m, sk_cfg *c, fc_err *err)
+{
+    c->rows = (int)fc_cu_cfg(m, "rows", 3);
+    c->cols = (int64_t)fc_cu_cfg(m, "cols", 4096);
+    c->kr.k = (int64_t)fc_cu_cfg(m, "k", 256);
+    c->kr.ratio = 1.0;
+    c->second = fc_cu_cfg(m, "second_round", 0) != 0;
+    if (c->rows < 1 || c->rows > SK_MAX_ROWS || c->cols < 1 || c->cols > (1 << 26))
+        return fc_fail(err, FC_ERR_VALUE, "sketch rows must be in [1, %d] and cols in [1, 2^26], got %d and %lld",
+                       SK_MAX_ROWS, c->rows, (long long)c->cols);
+    return FC_OK;
+}
+
+// Row j's hash key of chunk c: one shared draw per row (m_sketch.c's row_key).
+__host__ __device__ __forceinline__ uint32_t sk_row_key(fc_rng shared, int c, int j)
+{
+    shared.chunk = (uint32_t)c;
+    return fc_rng_draw4(&shared, 0xFFFFFF00u + (uint32_t)(j >> 2)).v[j & 3];
+}
+
+// The row keys of the chunk a block works on, in shared memory.
+__device__ __forceinline__ void sk_keys(fc_rng shared, int c, int rows, uint32_t *keys)
+{
+    for (int j = threadIdx.x; j < rows; j += blockDim.x)
+        keys[j] = sk_row_key(shared, c, j);
+    __syncthreads();
+}
+
+// The median of r values by the CPU's insertion sort (the same comparisons, NaN included), an
+// even count's two middle values halved first where their sum leaves fp32 (m_sketch.c).
+__device__ __forceinline__ float sk_median(float *v, int r)
+{
+    for (int a = 1; a < r; a++) {
+        const float key = v[a];
+        int b = a - 1;
+        while (b >= 0 && v[b] > key) {
+            v[b + 1] = v[b];
+            b--;
+        }
+        v[b + 1] = key;
+    }
+    if (r & 1)
+        return v[r / 2];
+    const float s = v[r / 2 - 1] + v[r / 2]; // two estimates near fp32's largest: halve first
+    return fc_abs_bits(s) >= FC_INF_BITS ? 0.5f * v[r / 2 - 1] + 0.5f * v[r / 2] : 0.5f * s;
+}
+
+// est[i] = the median over rows of sign * t[row][col] for the chunk's elements (i local).
+__device__ __forceinline__ float sk_estimate(const float *t, int rows, int64_t cols, const uint32_t *keys, int64_t i)
+{
+    float v[SK_MAX_ROWS];
+    for (int j = 0; j < rows; j++) {
+        const uint32_t h = fc_sketch_hash((uint64_t)i, keys[j]);
+        v[j] = fc_sketch_sign(h) * t[j * cols + fc_sketch_col(h, (uint32_t)cols)];
+    }
+    return sk_median(v, rows);
+}
+
+// ---- encode: the table of every sent chunk, a row and a group of chunks at a time
+
+// Chunks [g0, g0 + gc) lie in elements [a, b) of the unit; their pairs (c - g0) * cols + col,
+// the term sign * x in index order; elements of a chunk that is not sent sort last.
+__global__ void sk_pairs(fc_cu_enc e, sk_cfg cfg, int j, int g0, int gc, int64_t a, int64_t b, fc_rng shared,
+                         uint32_t *keys, float *terms)
+{
+    const double inv = 1.0 / (double)(e.geo.per > 0 ? e.geo.per : 1);
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = a + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < b; i += stride) {
+        const int c = fc_cu_chunk_of(i, e.geo.per, inv);
+        int64_t start, n;
+        fc_cu_span(e.geo, c, &start, &n);
+        if (!fc_cu_sent(e.geo, c, n)) {
+            keys[i - a] = (uint32_t)(gc * cfg.cols);
+            terms[i - a] = 0.0f;
+            continue;
+        }
+        const uint32_t h = fc_sketch_hash((uint64_t)(i - start), sk_row_key(shared, c, j));
+        keys[i - a] = (uint32_t)((c - g0) * cfg.cols) + fc_sketch_col(h, (uint32_t)cfg.cols);
+        terms[i - a] = fc_sketch_sign(h) * e.src.x(i);
+    }
+}
+
+__device__ __forceinline__ int64_t sk_lower_bound(const uint32_t *k, int64_t count, uint32_t v)
+{
+    int64_t lo = 0, hi = count;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (k[mid] < v)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+// One thread per bucket of each chunk of the group: its terms in index order from 0.0f, each
+// added as the CPU's `row[col] = fc_add_sat(row[col], term)` (a bucket beyond fp32 saturates;
+// the codec's own count, not kept on the device), a NaN bucket written as the canonical NaN.
+__global__ void sk_buckets(fc_cu_enc e, sk_cfg cfg, int j, int g0, int gc, const uint32_t *keys, const float *terms,
+                           int64_t count)
+{
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < gc * cfg.cols; t += stride) {
+        const int c = g0 + (int)(t / cfg.cols);
+        int64_t start, n;
+        fc_cu_span(e.geo, c, &start, &n);
+        if (!fc_cu_sent(e.geo, c, n))
+            continue;
+        const int64_t lo = sk_lower_bound(keys, count, (uint32_t)t), hi = sk_lower_bound(keys, count, (uint32_t)t + 1);
+        float acc = 0.0f;
+        int64_t sat = 0;
+        for (int64_t q = lo; q < hi; q++)
+            acc = fc_add_sat(acc, terms[q], &sat);
+        float *table = (float *)(e.send + fc_cu_send_off(e.geo, c) + FC_HEADER_BYTES);
+        table[j * cfg.cols + (t - (int64_t)(c - g0) * cfg.cols)] = fc_canon_nan(acc);
+    }
+}
+
+// The estimates of every sent chunk from its own table (the sender's residual decodes it alone).
+__global__ void sk_own_estimates(fc_cu_enc e, sk_cfg cfg, fc_rng shared, float *est)
+{
+    __shared__ uint32_t keys[SK_MAX_ROWS];
+    const int c = blockIdx.y;
+    int64_t start, n;
+    fc_cu_span(e.geo, c, &start, &n);
+    if (!fc_cu_sent(e.geo, c, n))
+        return;
+    sk_keys(shared, c, cfg.rows, keys);
+    const float *t = (const float *)(e.send + fc_cu_send_off(e.geo, c) + FC_HEADER_BYTES);
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        est[start + i] = sk_estimate(t, cfg.rows, cfg.cols, keys, i);
+}
+
+__global__ void sk_gather(fc_cu_src src, const float *est, const int64_t *idx, const int64_t *num, float *vals,
+                          float *dn)
+{
+    const int64_t total = *num, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < total; j += stride) {
+        vals[j] = src.x(idx[j]);
+        dn[j] = -1.0f * est[idx[j]]; // the CPU's decode_add, alpha = -1
+    }
+}
+
+// Chunks per sort: their pair keys (chunk, bucket) stay below 2^31.
+static int sk_group(const sk_cfg &c, int world)
+{
+    const int64_t g = ((int64_t)1 << 31) / (c.cols + 1) - 1;
+    return g < 1 ? 1 : g > world ? world : (int)g;
+}
+
+static int sk_bits(int64_t v)
+{
+    int b = 1;
+    while (b < 32 && ((int64_t)1 << b) <= v)
+        b++;
+    return b;
+}
+
+struct sk_enc_parts {
+    uint32_t *kin, *kout;
+    float *tin, *tout;
+    void *sort_temp;
+    size_t sort_bytes;
+    float *est, *vals, *ev;
+    fc_cu_selection sel;
+};
+
+static int carve_encode(const fc_cuda_encode_args *a, const sk_cfg &c, fc_cu_arena &ar, sk_enc_parts *p, fc_err *err)
+{
+    int rc = FC_OK;
+    const int64_t N = a->geo.numel;
+    memset(p, 0, sizeof(*p));
+    p->kin = ar.take<uint32_t>(N);
+    p->kout = ar.take<uint32_t>(N);
+    p->tin = ar.take<float>(N);
+    p->tout = ar.take<float>(N);
+    FC_CHECK_CUDA(fc_cu_sort_pairs(NULL, &p->sort_bytes, NULL, NULL, NULL, NULL, N > 0 ? N : 1, 32, 0), err, error);
+    p->sort_temp = ar.take_bytes(p->sort_bytes);
+    if (!c.second) { // the residual decodes the sender's own table: estimates and their top k
+        const fc_cu_sel_space sp = {N, a->geo.per > 0 ? a->geo.per : 1, a->geo.world, a->geo.skip_own ? a->geo.rank : -1};
+        p->est = ar.take<float>(N);
+        p->vals = ar.take<float>(N);
+        p->ev = ar.take<float>(N);
+        FC_TRY(fc_cu_sel_carve(ar, sp, &p->sel, err));
+    }
+error:
+    return rc;
+}
+
+static fc_rng shared_rng(uint64_t seed, uint32_t unit, uint32_t step)
+{
+    fc_rng r;
+    r.key0 = (uint32_t)seed;
+    r.key1 = (uint32_t)(seed >> 32);
+    r.chunk = 0;
+    r.unit = unit;
+    r.step = step;
+    return r;
+}
+
+static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
+{
+    int rc = FC_OK;
+    sk_cfg c;
+    sk_enc_parts p;
+    fc_cu_arena ar = fc_cu_arena_of(a->x);
+    FC_TRY(config(&a->m, &c, err));
+    FC_TRY(carve_encode(a, c, ar, &p, err));
+    FC_TRY(fc_cu_arena_check(ar, err));
+    {
+        const fc_rng shared = shared_rng(a->seed, a->unit, a->step);
+        const int G = sk_group(c, a->geo.world);
+        for (int g0 = 0; g0 < a->geo.world; g0 += G) {
+            const int gc = g0 + G < a->geo.world ? G : a->geo.world - g0;
+            int64_t a0, b0, s0, n0;
+            fc_cu_span(a->geo, g0, &a0, &n0);
+            fc_cu_span(a->geo, g0 + gc - 1, &s0, &n0);
+            b0 = s0 + n0;
+            const int64_t count = b0 - a0;
+            if (count == 0)
+                continue;
+            for (int j = 0; j < c.rows; j++) {
+                size_t bytes = p.sort_bytes;
+                sk_pairs<<<fc_cu_blocks(count, SK_THREADS * 4), SK_THREADS, 0, s>>>(*e, c, j, g0, gc, a0, b0, shared,
+                                                                                    p.kin, p.tin);
+                FC_CHECK_LAUNCH(err, error);
+                FC_CHECK_CUDA(fc_cu_sort_pairs(p.sort_temp, &bytes, p.kin, p.kout, p.tin, p.tout, count,
+                                               sk_bits((int64_t)gc * c.cols), s), err, error);
+                sk_buckets<<<fc_cu_blocks((int64_t)gc * c.cols, SK_THREADS), SK_THREADS, 0, s>>>(
+                    *e, c, j, g0, gc, p.kout, p.tout, count);
+                FC_CHECK_LAUNCH(err, error);
+            }
+        }
+        if (c.second) { // nothing decodes from round 1: the residual is the whole g'
+            if (a->x.fetch == NULL)
+                FC_TRY(fc_fail(err, FC_ERR_STATE, "internal: sketch's second round without its fetch buffer"));
+            FC_TRY(fc_cu_res_dense(*e, NULL, NULL, 0, s, err));
+            FC_TRY(fc_cu_fetch_keep_flags(a->x.fetch, a->ws, a->geo.world, s, err));
+        } else if (e->res != NULL || e->sample) {
+            fc_cu_src est;
+            memset(&est, 0, sizeof(est));
+            est.grad = p.est;
+            est.gdt = FC_CU_F32;
+            sk_own_estimates<<<fc_cu_grid(a->geo.per, SK_THREADS * 4, a->geo.world), SK_THREADS, 0, s>>>(*e, c, shared,
+                                                                                                     p.est);
+            FC_CHECK_LAUNCH(err, error);
+            FC_TRY(fc_cu_select_topk(p.sel, est, c.kr, s, err));
+            sk_gather<<<fc_cu_blocks(a->geo.numel, SK_THREADS * 4), SK_THREADS, 0, s>>>(e->src, p.est, p.sel.idx,
+                                                                                       p.sel.num, p.vals, p.ev);
+            FC_CHECK_LAUNCH(err, error);
+            FC_TRY(fc_cu_res_dense(*e, p.sel.idx, p.sel.num, a->geo.numel, s, err));
+            FC_TRY(fc_cu_res_fix(*e, p.sel.idx, p.vals, p.ev, p.sel.num, a->geo.numel, s, err));
+        }
+    }
+error:
+    return rc;
+}
+
+// ---- decode: the senders' tables summed in rank order, then estimates, heavy hitters, picks
+
+__global__ void sk_aggregate(fc_cu_dec d, int64_t cells, float *agg)
+{
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t sat = 0; // not counted: the CPU's aggregate does not count it either
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < cells; t += stride) {
+        float a = 0.0f;
+        for (int r = 0; r < d.geo.world; r++) {
+            if (d.geo.skip_own && r == d.geo.rank)
+                continue;
+            a = fc_add_sat(a, ((const float *)(d.recv + fc_cu_recv_off(d.geo, r, d.slot) + FC_HEADER_BYTES))[t],
+                           &sat); // fc_aggregate_add_f32's rule
+        }
+        agg[t] = a;
+    }
+}
+
+// est of the own chunk from the summed table; `own` (second round): + the exact own chunk
+// (0 + own, or 0 when it was sent too), which the owner adds anyway.
+__global__ void sk_estimates(fc_cu_dec d, sk_cfg cfg, fc_rng shared, const float *agg, int own, float *est)
+{
+    __shared__ uint32_t keys[SK_MAX_ROWS];
+    int64_t start, n;
+    fc_cu_span(d.geo, d.geo.rank, &start, &n);
+    sk_keys(shared, d.geo.rank, cfg.rows, keys);
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float v = sk_estimate(agg, cfg.rows, cfg.cols, keys, i);
+        if (own) { // the CPU's acc: 0 + the own chunk as fc_core_add_own adds it
+            float o = 0.0f;
+            if (d.geo.skip_own)
+                o += fc_cu_own(d, start + i);
+            v = v + o;
+        }
+        est[i] = v;
+    }
+}
+
+__device__ __forceinline__ int sk_rejected(const fc_cu_dec &d)
+{
+    for (int r = 0; r < d.geo.world; r++)
+        if (!(d.geo.skip_own && r == d.geo.rank) && d.bad[r] != 0)
+            return 1;
+    return 0;
+}
+
+// Everywhere (0 + own) / W (a rejected payload: NaN), then at the heavy hitters + 1 * est.
+__global__ void sk_dense(fc_cu_dec d)
+{
+    int64_t start, n;
+    fc_cu_span(d.geo, d.geo.rank, &start, &n);
+    const float w = (float)d.geo.world;
+    const int poison = sk_rejected(d), passed = fc_cu_sum_passes(d);
+    int64_t nonfinite = 0, sat = 0;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
+        if (i >= n) { // FSDP's padded tail of the output
+            if (d.odt == FC_CU_F32)
+                ((float *)d.out)[i] = 0.0f;
+            else
+                ((uint16_t *)d.out)[i] = 0;
+            continue;
+        }
+        float acc = 0.0f;
+        if (d.geo.skip_own)
+            acc += fc_cu_own(d, start + i);
+        if (poison)
+            acc += fc_cu_poison();
+        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &nonfinite, &sat);
+    }
+    fc_cu_count(&d.ws->nonfinite_out, nonfinite);
+    fc_cu_count(&d.ws->saturated, sat);
+}
+
+__global__ void sk_heavy(fc_cu_dec d, const float *est, const int64_t *idx, const int64_t *num)
+{
+    int64_t start, n;
+    fc_cu_span(d.geo, d.geo.rank, &start, &n);
+    const float w = (float)d.geo.world;
+    if (sk_rejected(d))
+        return; // sk_dense made everything NaN
+    const int passed = fc_cu_sum_passes(d);
+    int64_t was = 0, now = 0, was_sat = 0, now_sat = 0;
+    const int64_t total = *num, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < total; j += stride) {
+        const int64_t i = idx[j];
+        float acc = 0.0f;
+        if (d.geo.skip_own)
+            acc += fc_cu_own(d, start + i);
+        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &was, &was_sat); // what sk_dense counted
+        acc += 1.0f * est[i];
+        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &now, &now_sat);
+    }
+    // the counts move by now - was (negative where fewer: the unsigned add wraps, a subtraction)
+    fc_cu_count(&d.ws->nonfinite_out, now - was);
+    fc_cu_count(&d.ws->saturated, now_sat - was_sat);
+}
+
+// The owner's picks into the fetch buffer, as uint32 chunk indices.
+__global__ void sk_keep_picks(const int64_t *idx, const int64_t *num, uint32_t *picks)
+{
+    const int64_t total = *num, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < total; j += stride)
+        picks[j] = (uint32_t)idx[j];
+}
+
+struct sk_dec_parts {
+    float *agg, *est;
+    fc_cu_selection sel;
+};
+
+static int carve_decode(const fc_cuda_decode_args *a, const sk_cfg &c, fc_cu_arena &ar, sk_dec_parts *p, fc_err *err)
+{
+    int64_t start, n;
+    fc_cu_span(a->geo, a->geo.rank, &start, &n);
+    const fc_cu_sel_space sp = {n, n > 0 ? n : 1, 1, -1};
+    p->agg = ar.take<float>((int64_t)c.rows * c.cols);
+    p->est = ar.take<float>(n);
+    return fc_cu_sel_carve(ar, sp, &p->sel, err);
+}
+
+static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
+{
+    int rc = FC_OK;
+    sk_cfg c;
+    sk_dec_parts p;
+    int64_t start, n;
+    fc_cu_arena ar = fc_cu_arena_of(a->x);
+    fc_cu_span(a->geo, a->geo.rank, &start, &n);
+    FC_TRY(config(&a->m, &c, err));
+    FC_TRY(carve_decode(a, c, ar, &p, err));
+    FC_TRY(fc_cu_arena_check(ar, err));
+    {
+        const int senders = n > 0 ? a->geo.world - (a->geo.skip_own ? 1 : 0) : 0;
+        // a second round follows (the unit's kmax > 0: only then is there a fetch buffer): the
+        // owner only picks, none of an empty chunk, and writes no output yet, as the CPU's decode
+        const int pick = a->x.fetch != NULL;
+        const int64_t cells = (int64_t)c.rows * c.cols;
+        const fc_rng shared = shared_rng(a->seed, a->unit, a->step);
+        fc_cu_src est;
+        memset(&est, 0, sizeof(est));
+        est.grad = p.est;
+        est.gdt = FC_CU_F32;
+        if (!pick && d->out_numel > 0) {
+            sk_dense<<<fc_cu_blocks(d->out_numel, SK_THREADS * 4), SK_THREADS, 0, s>>>(*d);
+            FC_CHECK_LAUNCH(err, error);
+        }
+        if (n == 0 || (!pick && senders == 0))
+            return FC_OK;
+        sk_aggregate<<<fc_cu_blocks(cells, SK_THREADS * 4), SK_THREADS, 0, s>>>(*d, cells, p.agg); // zeros: none
+        FC_CHECK_LAUNCH(err, error);
+        sk_estimates<<<fc_cu_blocks(n, SK_THREADS * 4), SK_THREADS, 0, s>>>(*d, c, shared, p.agg, pick, p.est);
+        FC_CHECK_LAUNCH(err, error);
+        FC_TRY(fc_cu_select_topk(p.sel, est, c.kr, s, err));
+        if (pick) {
+            sk_keep_picks<<<fc_cu_blocks(n, SK_THREADS * 4), SK_THREADS, 0, s>>>(p.sel.idx, p.sel.num,
+                                                                               fc_cu_fetch_picks_at(a->x.fetch));
+            FC_CHECK_LAUNCH(err, error);
+        } else {
+            sk_heavy<<<fc_cu_blocks(n, SK_THREADS * 4), SK_THREADS, 0, s>>>(*d, p.est, p.sel.idx, p.sel.num);
+            FC_CHECK_LAUNCH(err, error);
+        }
+    }
+error:
+    return rc;
+}
+
+static int scratch(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, int64_t *bytes, fc_err *err)
+{
+    int rc = FC_OK;
+    sk_cfg c;
+    fc_cu_arena ar = {NULL, 0, 0};
+    FC_TRY(config(enc != NULL ? &enc->m : &dec->m, &c, err));
+    if (enc != NULL) {
+        sk_enc_parts p;
+        FC_TRY(carve_encode(enc, c, ar, &p, err));
+    } else {
+        sk_dec_parts p;
+        FC_TRY(carve_decode(dec, c, ar, &p, err));
+    }
+    *bytes = ar.used;
+error:
+    return rc;
+}
+
+extern const fc_cu_method fc_cu_sketch = {11, encode, decode, scratch,
+                                          FC_CU_NO_SINGLE("sketch")};

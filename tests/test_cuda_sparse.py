@@ -1,0 +1,488 @@
+"""The sparse, aggregate and stateful methods on CUDA (signsgd, topk, randomk, thresholdv, sketch,
+gradiveq) against the CPU reference: payload bytes and residuals (tests/cuda_cases.py's checks),
+and what is special to them: compressed-domain decodes of W payloads, data-dependent sizes, the
+second round, gradiveq's unit state and its sync across ranks.
+
+Runs on a GPU (tests/gpu/run.sh), or here without one under the host emulation of the CUDA
+library (tests/test_cuda_sparse_emulated.py runs this file with FSDPCOMP_TEST_EMULATED=1: the real
+_C drives tests/cuda_emu's library, CPU tensors standing for CUDA ones, at smaller sizes)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import fsdpcomp
+from cuda_cases import check_decode, check_encode, cpu_encode, cuda_cases, make_grad, residual_of, same_bits
+from fsdpcomp import _C
+
+EMULATED = os.environ.get("FSDPCOMP_TEST_EMULATED") == "1"
+if not EMULATED:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: runs on a GPU machine (tests/gpu/run.sh), or emulated "
+                    "(tests/test_cuda_sparse_emulated.py)", allow_module_level=True)
+    if not _C.cuda_info()["available"]:
+        pytest.skip("CUDA library not usable: " + str(_C.cuda_info()["error"]), allow_module_level=True)
+
+DEV = "cpu" if EMULATED else "cuda"
+SPARSE = ("signsgd", "topk", "randomk", "thresholdv", "sketch", "gradiveq")
+# geometries and options the kernels treat apart, beyond tests/method_cases.py's
+EXTRA = [
+    ("signsgd", {"block_size": 8}), ("signsgd", {"block_size": 1024}),
+    ("signsgd", {"mode": "majority", "scale": 3.0}),
+    # tables smaller than most chunks here (a unit whose chunks are no larger than its table goes
+    # as `none`, as method_cases' sketches do at these sizes: test_sketch_units_larger_than_the_table)
+    ("sketch", {"rows": 3, "cols": 64, "k": 8}), ("sketch", {"rows": 3, "cols": 64, "k": 8, "second_round": True}),
+]
+SIZES = [1, 255, 257, 2053] if EMULATED else [1, 255, 257, (1 << 20) + 3]
+
+
+def new_state(method: str, cfg: dict) -> fsdpcomp.CommState:
+    """A State whose tensors go through the CUDA library (emulated: CPU tensors do)."""
+    st = fsdpcomp.CommState(method, cfg)  # the CPU reference's config: the same header fingerprint
+    if EMULATED:
+        st._core._emulate_cuda(True)
+    return st
+
+
+class OnDevice:
+    """The backend of tests/cuda_cases.py's checks: State._core through the CUDA library."""
+
+    def state(self, method: str, cfg: dict):
+        return new_state(method, cfg)
+
+    def encode(self, st, grad: torch.Tensor, world: int, rank: int) -> torch.Tensor:
+        g = grad.to(DEV)
+        self.unit = st._core.begin(g.numel())
+        s, _ = st._core.plan(g, world, rank)
+        send = torch.full((sum(s),), 0xA5, dtype=torch.uint8, device=DEV)  # unwritten bytes show
+        sizes = st._core.encode(g, send, world, rank, self.unit)
+        return send[:sum(sizes)].cpu()
+
+    def residual(self, st):
+        r = residual_of(st, self.unit)
+        return None if r is None else r.cpu()
+
+    def saturated(self, st) -> int:
+        return st.counters()["saturated"]
+
+    def end_step(self, st) -> None:
+        st.end_step()
+
+    def decode(self, method: str, cfg: dict, recv: torch.Tensor, grad: torch.Tensor, out_numel: int,
+               world: int, rank: int):
+        st = new_state(method, cfg)
+        out = torch.full((out_numel,), 7.0, dtype=grad.dtype, device=DEV)
+        st._core.decode(recv.to(DEV), grad.to(DEV), out, world, rank, st._core.begin(grad.numel()))
+        return out.cpu(), dict(st.counters())
+
+
+BACKEND = OnDevice()
+
+
+def cases() -> list[tuple[str, dict]]:
+    have = {m for m, _ in cuda_cases()}
+    return [c for c in cuda_cases() if c[0] in SPARSE] + [c for c in EXTRA if c[0] in have]
+
+
+CASES = cases()
+IDS = [m + "".join(f"-{k}={v}" for k, v in c.items()) for m, c in CASES]
+
+
+@pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
+@pytest.mark.parametrize("world,rank", [(1, 0), (3, 1), (4, 3)])
+def test_encode_bytes_and_residuals_match_cpu(method, cfg, dtype, world, rank, gen):
+    for res in ("fp32", "bf16"):
+        for n in SIZES:
+            check_encode(BACKEND, method, cfg, dtype, world, rank, max(n, world), gen, residual_dtype=res)
+
+
+SKETCHES = [c for c in CASES if c[0] == "sketch" and c[1].get("cols", 4096) > 64]
+
+
+@pytest.mark.parametrize("method,cfg", SKETCHES, ids=[IDS[CASES.index(c)] for c in SKETCHES])
+def test_sketch_units_larger_than_the_table_match_cpu(method, cfg, gen):
+    """method_cases' sketches (and the default, 3 x 4096) on units whose chunks are larger than
+    their tables, so that they go as sketches, not as `none`."""
+    full = fsdpcomp.CommState(method, cfg).config
+    per = 2 * full["rows"] * full["cols"] + 67  # 16-bit `none` of the chunk: larger than the table
+    for world, rank, dtype in ((1, 0, torch.float32), (3, 1, torch.bfloat16), (4, 3, torch.float32)):
+        n = world * per - 1
+        st = fsdpcomp.CommState(method, dict(cfg, compress_own_chunk=True))
+        g = make_grad(n, dtype, gen)
+        cpu_encode(st, g, world, rank, st._core.begin(n))
+        assert st.counters()["fallback_units"] == 0, f"{cfg} W={world}: the unit went as none"
+        check_encode(BACKEND, method, cfg, dtype, world, rank, n, gen)
+
+
+@pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
+@pytest.mark.parametrize("mode", ["pass", "zero"])
+def test_encode_of_nonfinite_inputs_matches_cpu(method, cfg, mode, gen):
+    for world, rank in ((1, 0), (3, 2)):
+        for n in SIZES[1:]:
+            check_encode(BACKEND, method, cfg, torch.float32, world, rank, n, gen, nonfinite=mode)
+
+
+@pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
+def test_encode_near_the_largest_values_matches_cpu(method, cfg, gen):
+    """g + e beyond fp32, residuals, value codecs, sketch buckets, gradiveq's coefficients and
+    random-k's scaled values saturating as on the CPU (docs/methods.md, "Range and NaN")."""
+    n = 1031 if EMULATED else 4099
+    for dtype, res in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        check_encode(BACKEND, method, cfg, dtype, 3, 1, n, gen, residual_dtype=res, huge=True, steps=3)
+
+
+@pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
+def test_decode_of_overflowing_and_nonfinite_sums_matches_cpu(method, cfg, gen):
+    """Sums beyond fp32 saturate unless the own chunk ("pass") or a flagged payload brought
+    NaN/Inf; the counters follow."""
+    n = 1031 if EMULATED else 4099
+    check_decode(BACKEND, method, cfg, torch.float32, 3, 1, n, gen, huge=True)
+    check_decode(BACKEND, method, cfg, torch.float32, 3, 2, n, gen, huge=True, own_nonfinite=True)
+    check_decode(BACKEND, method, cfg, torch.float32, 3, 2, n, gen, huge=True, own_nonfinite=True, mode="zero")
+    check_decode(BACKEND, method, cfg, torch.float32, 3, 0, n, gen, huge=True, nonfinite=True, mode="zero")
+
+
+@pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
+def test_encode_of_tiny_and_huge_values_matches_cpu(method, cfg, gen):
+    """Gradients whose 1 / scale overflows (tiny) or whose squares do (huge): the value codecs
+    and the sums give the CPU's answers."""
+    for scale in (1e-40, 1e-37, 1e30):
+        check_encode(BACKEND, method, cfg, torch.float32, 3, 1, 1031, gen, scale=scale)
+
+
+ALL_CASES = cuda_cases()
+
+
+@pytest.mark.parametrize("method,cfg", ALL_CASES, ids=[m + "".join(f"-{k}={v}" for k, v in c.items())
+                                                       for m, c in ALL_CASES])
+def test_single_payloads_match_cpu_or_are_refused_by_name(method, cfg, gen):
+    """State.compress/decompress (the compressed all-gathers' path) through the CUDA library: the
+    CPU's bytes and acc += alpha * D(payload) where the method's kernels do single payloads; a
+    TypeError naming the method, with nothing written, where its decode sums a whole unit (the
+    sparse, aggregate and stateful methods)."""
+    c = dict(cfg, seed=99)
+    n = 257
+    x = make_grad(n, torch.float32, gen)
+    cpu, dev = fsdpcomp.CommState(method, c), new_state(method, c)
+    size = cpu._core.payload_bytes(n)
+    pa = torch.zeros(size, dtype=torch.uint8)
+    pb = torch.full((size,), 0xA5, dtype=torch.uint8, device=DEV)
+    wa = cpu._core.compress(x, pa, unit=3, chunk=5, world=3, rank=1)
+    if method in SPARSE:
+        with pytest.raises(TypeError, match=f"'{method}'"):
+            dev._core.compress(x.to(DEV), pb, unit=3, chunk=5, world=3, rank=1)
+        acc = torch.zeros(n, device=DEV)
+        with pytest.raises(TypeError, match=f"'{method}'"):
+            dev._core.decompress(pa[:wa].to(DEV), acc, unit=3, chunk=5, world=3)
+        assert (pb.cpu() == 0xA5).all() and (acc.cpu() == 0).all()
+        return
+    wb = dev._core.compress(x.to(DEV), pb, unit=3, chunk=5, world=3, rank=1)
+    assert wa == wb and torch.equal(pa[:wa], pb[:wb].cpu()), f"{method} {cfg}: payload bytes"
+    for alpha in (1.0, -0.5):
+        acc = make_grad(n, torch.float32, gen)
+        acc_d = acc.to(DEV)
+        cpu._core.decompress(pa[:wa], acc, alpha=alpha, unit=3, chunk=5, world=3)
+        dev._core.decompress(pb[:wb], acc_d, alpha=alpha, unit=3, chunk=5, world=3)
+        assert same_bits(acc, acc_d.cpu()), f"{method} {cfg} alpha={alpha}: decompressed sums"
+
+
+@pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_decode_of_w_payloads_matches_cpu(method, cfg, dtype, gen):
+    """W payloads encoded by the CPU, summed (in the compressed domain where the method does)
+    with the own chunk by the device: the CPU's decode of the same buffer, bit for bit."""
+    n = 4099 if EMULATED else 65536 * 3 + 5
+    check_decode(BACKEND, method, cfg, dtype, 4, 2, n, gen)
+    check_decode(BACKEND, method, cfg, dtype, 3, 0, 1031, gen, nonfinite=True, compress_own=True)
+    check_decode(BACKEND, method, cfg, dtype, 1, 0, 9, gen, compress_own=True)
+    check_decode(BACKEND, method, cfg, dtype, 5, 4, 12, gen)  # chunks of 3, the last one empty
+
+
+def test_many_calls_on_one_state_without_reading_counters(gen):
+    """More calls than the context has timing events (64), counters read once at the end."""
+    st = new_state("signsgd", {"compress_own_chunk": True, "error_feedback": True})
+    g = make_grad(1000, torch.float32, gen).to(DEV)
+    s, _ = st._core.plan(g, 1, 0)
+    send = torch.empty(sum(s), dtype=torch.uint8, device=DEV)
+    out = torch.empty(1000, device=DEV)
+    for _ in range(70):
+        u = st._core.begin(1000)
+        st._core.encode(g, send, 1, 0, u)
+        st._core.decode(send, g, out, 1, 0, u)
+        st.end_step()
+    c = st.counters()
+    assert c["calls"] == 70 and c["residual_norm"] > 0
+
+
+# ---- exchanges by hand: W States standing in for W ranks, the collectives done here
+
+def exchange(states, grads, world, on_device):
+    """One reduce-scatter of a unit over `world` ranks without a process group: every rank
+    encodes, each receiver gets the payloads meant for it back to back (sizes as encode()
+    returns them), decodes, and a unit state due for a sync is summed over the ranks (rank order)
+    and handed back. Returns the outputs (CPU tensors) and the summed sync vector (or None)."""
+    dev = DEV if on_device else "cpu"
+    n = grads[0].numel()
+    shard = -(-n // world)
+    sends, sizes, units = [], [], []
+    for r, (st, g) in enumerate(zip(states, grads)):
+        g = g.to(dev)
+        u = st._units.claim(n, None)  # as the hooks claim it: state_dict() lists the unit's key
+        s, _ = st._core.plan(g, world, r)
+        send = torch.zeros(sum(s), dtype=torch.uint8, device=dev)
+        sizes.append(st._core.encode(g, send, world, r, u))
+        sends.append(send)
+        units.append(u)
+    outs = []
+    for r, (st, g) in enumerate(zip(states, grads)):
+        parts = []
+        for q in range(world):
+            off = sum(sizes[q][:r])
+            parts.append(sends[q][off:off + sizes[q][r]])
+        recv = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8, device=dev)
+        out = torch.zeros(shard, dtype=g.dtype, device=dev)
+        st._core.decode(recv, g.to(dev), out, world, r, units[r])
+        outs.append(out)
+    kmax = states[0]._core.fetch_kmax(n, world)
+    if kmax:  # the second round: picks all-gathered, values all-to-all, then finish
+        picks = []
+        for st, u in zip(states, units):
+            p = torch.zeros(kmax, dtype=torch.int32, device=dev)
+            st._core.fetch_picks(u, p.view(torch.uint8))
+            picks.append(p)
+        everyone = torch.cat(picks)
+        vals, splits = [], []
+        for r, (st, g) in enumerate(zip(states, grads)):
+            send = torch.zeros(world * kmax, dtype=torch.float32, device=dev)
+            ss, _ = st._core.fetch(everyone.view(torch.uint8), g.to(dev), send.view(torch.uint8), world, r, units[r])
+            vals.append(send)
+            splits.append(ss)
+        for r, (st, g) in enumerate(zip(states, grads)):
+            recv = torch.cat([vals[q][sum(splits[q][:r]):sum(splits[q][:r + 1])] for q in range(world)])
+            st._core.finish(recv.view(torch.uint8), g.to(dev), outs[r], world, r, units[r])
+    outs = [o.cpu() for o in outs]
+    vecs = [st._core.sync_vector(u) for st, u in zip(states, units)]
+    summed = None
+    if vecs[0] is not None:
+        summed = torch.zeros(len(vecs[0]) // 4)
+        for v in vecs:
+            summed += torch.frombuffer(bytearray(v), dtype=torch.float32)
+        for st, u in zip(states, units):
+            st._core.sync_apply(u, summed.clone())
+    for st in states:
+        st.end_step()
+    return outs, summed
+
+
+@pytest.mark.parametrize("cfg", [{"dim": 16, "k": 4, "warmup": 2, "refresh": 3}, {"dim": 32, "k": 8, "warmup": 1}])
+@pytest.mark.parametrize("world", [2, 3])
+def test_gradiveq_basis_sync_across_ranks_matches_cpu(cfg, world, gen):
+    """W device States as W ranks: the covariance each sums on the device on learn steps comes to
+    the host bit for bit as the CPU's (the same order of additions), the ranks' sum gives every
+    rank the same new basis as the CPU's, and the next steps' payloads and outputs agree."""
+    full = dict(cfg, seed=11, error_feedback=True)
+    cpus = [fsdpcomp.CommState("gradiveq", full) for _ in range(world)]
+    devs = [new_state("gradiveq", full) for _ in range(world)]
+    n = 2 * 1031
+    for step in range(4):
+        grads = [make_grad(n, torch.float32, gen) for _ in range(world)]
+        out_c, sum_c = exchange(cpus, grads, world, False)
+        out_d, sum_d = exchange(devs, grads, world, True)
+        assert (sum_c is None) == (sum_d is None), f"step {step}: a sync on one side only"
+        if sum_c is not None:
+            assert torch.equal(sum_c, sum_d), f"step {step}: summed covariances differ"
+        for r in range(world):
+            assert same_bits(out_c[r], out_d[r]), f"step {step} rank {r}: outputs differ"
+            bc, bd = cpus[r]._core.unit_states()[0], devs[r]._core.unit_states()[0]
+            assert bc == bd, f"step {step} rank {r}: bases differ"
+        assert devs[0]._core.unit_states()[0] == devs[-1]._core.unit_states()[0]
+
+
+def test_gradiveq_resumes_from_a_checkpoint_on_the_device(gen):
+    """A learned basis saved from a device State and loaded into a fresh one: the device copy
+    follows the restored host state, so the resumed encode writes the uninterrupted bytes (and
+    the CPU's, restored from the same checkpoint)."""
+    full = {"dim": 16, "k": 4, "warmup": 1, "seed": 5, "error_feedback": True, "compress_own_chunk": True,
+            "pipeline": False}
+    n = 999
+    a = [new_state("gradiveq", full)]
+    exchange(a, [make_grad(n, torch.float32, gen)], 1, True)  # step 0 learns: a new basis
+    sd = a[0].state_dict()
+    b = new_state("gradiveq", full)
+    b.load_state_dict(sd)
+    cpu = fsdpcomp.CommState("gradiveq", full)
+    cpu.load_state_dict(sd)
+    g = make_grad(n, torch.float32, gen)
+    want = cpu_encode(cpu, g, 1, 0, cpu._core.begin(n))
+    assert torch.equal(BACKEND.encode(a[0], g, 1, 0), want)
+    assert torch.equal(BACKEND.encode(b, g, 1, 0), want)
+
+
+def encode_both(method: str, cfg: dict, g: torch.Tensor, world: int, rank: int, steps: int = 2):
+    """`steps` encodes of g on the CPU and on the device (error feedback): bytes and residuals."""
+    full = dict(cfg, seed=3, error_feedback=True, compress_own_chunk=world == 1, pipeline=False)
+    cpu, dev = fsdpcomp.CommState(method, full), new_state(method, full)
+    for step in range(steps):
+        a = cpu_encode(cpu, g, world, rank, cpu._core.begin(g.numel()))
+        b = BACKEND.encode(dev, g, world, rank)
+        assert torch.equal(a, b), f"{method} {cfg} W={world} step {step}: payload bytes differ at " \
+                                  f"{(a != b).nonzero().flatten()[:8].tolist() if a.shape == b.shape else 'sizes'}"
+        rc, rd = residual_of(cpu, 0), BACKEND.residual(dev)  # None: the unit went as `none`
+        assert (rc is None) == (rd is None) and (rc is None or same_bits(rc, rd)), f"{method} {cfg}: residuals differ"
+        cpu.end_step()
+        dev.end_step()
+
+
+@pytest.mark.parametrize("k", [1, 7, 300, 999, 1000, 5000])
+def test_topk_ties_go_to_the_lowest_indices(k, gen):
+    """Magnitudes from a few values (and zeros): the k-th largest is tied many times over, and
+    the kept ties must be the lowest indices, as fc_select.c keeps them."""
+    g = torch.randint(-3, 4, (3001,), generator=gen).float() * 0.25
+    g[::7] = 0.0
+    g[5] = -0.0
+    for world, rank in ((1, 0), (3, 1)):
+        encode_both("topk", {"k": k}, g, world, rank)
+    encode_both("topk", {"k": k}, torch.zeros(3001), 2, 0)  # every magnitude tied
+
+
+@pytest.mark.parametrize("n,k", [(70001, 50), (70001, 9000), (1000, 40), (1000, 200), (4096, 256), (4096, 257)])
+def test_topk_index_formats(n, k, gen):
+    """32-bit indices (n > 65536), 16-bit and the bitmap, and the switch between them."""
+    encode_both("topk", {"k": k, "quantize": "fp16"}, make_grad(n, torch.float32, gen), 1, 0)
+
+
+@pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
+def test_exchange_over_ranks_matches_cpu(method, cfg, gen):
+    """W States as W ranks, both sides encoding and decoding (and, where the method has them, the
+    second round and the unit-state sync): every rank's output and residual equal the CPU's, over
+    steps with error feedback (NaN/Inf in one, values near fp32's largest in another), and the
+    counters of what was sent agree."""
+    for world in (2, 3):
+        full = dict(cfg, seed=21, error_feedback=True)
+        cpus = [fsdpcomp.CommState(method, full) for _ in range(world)]
+        devs = [new_state(method, full) for _ in range(world)]
+        n = 3 * 677 + 1
+        for step in range(4):  # step 1: NaN/Inf on rank 0; step 3: values near fp32's largest
+            grads = [make_grad(n, torch.float32, gen, nonfinite=step == 1 and r == 0, huge=step == 3)
+                     for r in range(world)]
+            out_c, _ = exchange(cpus, grads, world, False)
+            out_d, _ = exchange(devs, grads, world, True)
+            for r in range(world):
+                where = f"{method} {cfg} W={world} step {step} rank {r}"
+                assert same_bits(out_c[r], out_d[r]), f"{where}: outputs differ"
+                rc, rd = residual_of(cpus[r], 0), residual_of(devs[r], 0)
+                assert (rc is None) == (rd is None) and (rc is None or same_bits(rc, rd.cpu())), f"{where}: residuals"
+        for c, d in zip(cpus, devs):
+            kc, kd = c.counters(), d.counters()
+            for key in ("bytes_sent", "header_bytes", "meta_bytes", "index_bytes", "value_bytes", "chunks_sent",
+                        "nonfinite_in", "nonfinite_out", "extra_collectives", "calls"):
+                assert kc[key] == kd[key], f"{method} {cfg} W={world}: counter {key} {kc[key]} != {kd[key]}"
+            # the device sums ||e||^2 in two parts (coordinates not kept, kept ones) with fp64
+            # atomics: the CPU's value in another order (exact where nothing is left: 0)
+            assert kd["residual_norm"] == pytest.approx(kc["residual_norm"], rel=1e-6, abs=1e-5)
+            assert kd["saturated"] <= kc["saturated"]  # the codecs' own are the CPU's alone
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.5, 2.5, 1e9])
+@pytest.mark.parametrize("values", ["exact", "sign"])
+def test_thresholdv_sizes_are_the_cpus(threshold, values, gen):
+    """Data-dependent sizes: encode() returns what the device wrote, the CPU's sizes, for counts
+    from none to every element, and the packed payloads decode on the other side."""
+    if values == "sign" and threshold == 0.0:
+        threshold = 1e-3  # sign needs v > 0
+    cfg = {"threshold": threshold, "values": values}
+    for world, rank in ((1, 0), (4, 2)):
+        full = dict(cfg, seed=3, error_feedback=True, compress_own_chunk=world == 1, pipeline=False)
+        cpu, dev = fsdpcomp.CommState("thresholdv", full), new_state("thresholdv", full)
+        g = make_grad(4099, torch.float32, gen)
+        g[:700] = 0.0  # a chunk with nothing above any threshold
+        s, _ = cpu._core.plan(g, world, rank)
+        a = torch.zeros(sum(s), dtype=torch.uint8)
+        b = torch.zeros(sum(s), dtype=torch.uint8, device=DEV)
+        sa = cpu._core.encode(g, a, world, rank, cpu._core.begin(g.numel()))
+        sb = dev._core.encode(g.to(DEV), b, world, rank, dev._core.begin(g.numel()))
+        assert sa == sb, f"{cfg} W={world}: sizes {sb}, the CPU's {sa}"
+        assert torch.equal(a[:sum(sa)], b[:sum(sb)].cpu())
+        assert dev.counters()["value_bytes"] == cpu.counters()["value_bytes"]
+    states_c = [fsdpcomp.CommState("thresholdv", dict(cfg, seed=4)) for _ in range(3)]
+    states_d = [new_state("thresholdv", dict(cfg, seed=4)) for _ in range(3)]
+    grads = [make_grad(2001, torch.float32, gen) for _ in range(3)]
+    oc, _ = exchange(states_c, grads, 3, False)
+    od, _ = exchange(states_d, grads, 3, True)
+    assert all(same_bits(x, y) for x, y in zip(oc, od))
+
+
+def corrupt_decode(method, cfg, n, edit):
+    """A CPU payload for one rank, edited, decoded on the device: the PayloadError comes when
+    counters are read, and the output is NaN, as a rejected dense payload makes it."""
+    full = dict(cfg, seed=5, compress_own_chunk=True, pipeline=False)
+    st = fsdpcomp.CommState(method, full)
+    g = make_grad(n, torch.float32, gen=torch.Generator().manual_seed(1))
+    send = cpu_encode(st, g, 1, 0, st._core.begin(n))
+    edit(send)
+    with pytest.raises(fsdpcomp.PayloadError):
+        st._core.decode(send, g, torch.empty(n), 1, 0, 0)
+    dev = new_state(method, full)
+    out = torch.zeros(n, device=DEV)
+    dev._core.decode(send.to(DEV), g.to(DEV), out, 1, 0, dev._core.begin(n))
+    with pytest.raises(fsdpcomp.PayloadError, match="rank 0"):
+        dev.counters()
+    assert torch.isnan(out.cpu()).all()
+
+
+def _swap_u16(at):
+    def edit(send):
+        a, b = send[at:at + 2].clone(), send[at + 2:at + 4].clone()
+        send[at:at + 2], send[at + 2:at + 4] = b, a
+    return edit
+
+
+def test_sparse_payloads_that_the_cpu_rejects_are_rejected():
+    corrupt_decode("topk", {"k": 20}, 1000, _swap_u16(32))  # 16-bit indices out of order
+    corrupt_decode("topk", {"k": 300}, 1000, lambda p: p.__setitem__(32, int(p[32]) ^ 0x01))  # bitmap count
+    corrupt_decode("thresholdv", {"threshold": 1.0}, 1000, lambda p: p.__setitem__(32, int(p[32]) + 1))  # count
+    # a value code no encoder writes (intN's default 4-bit codes stop at 14; qsgd's default 15
+    # levels fill its 5-bit codes, so no qsgd code is impossible)
+    corrupt_decode("topk", {"k": 20, "quantize": "intN"}, 1000, lambda p: p.__setitem__(32 + 40 + 4, 0xFF))
+
+
+def test_second_round_picks_that_the_cpu_rejects_are_reported(gen):
+    """Owner picks corrupted on the wire: the CPU's fetch raises; the device's reports it at the
+    next counters() and sends NaN to that owner instead of values."""
+    cfg = {"rows": 3, "cols": 64, "k": 8, "second_round": True, "seed": 2, "error_feedback": True}
+    n, world = 4000, 2  # chunks whose `none` payload is larger than the table (else no second round)
+    for on_device in (False, True):
+        states = [new_state("sketch", cfg) if on_device else fsdpcomp.CommState("sketch", cfg) for _ in range(world)]
+        dev = DEV if on_device else "cpu"
+        grads = [make_grad(n, torch.float32, gen) for _ in range(world)]
+        units = []
+        sizes, sends = [], []
+        for r, st in enumerate(states):
+            g = grads[r].to(dev)
+            units.append(st._core.begin(n))
+            s, _ = st._core.plan(g, world, r)
+            send = torch.zeros(sum(s), dtype=torch.uint8, device=dev)
+            sizes.append(st._core.encode(g, send, world, r, units[r]))
+            sends.append(send)
+        for r, st in enumerate(states):
+            recv = torch.cat([sends[q][sum(sizes[q][:r]):sum(sizes[q][:r + 1])] for q in range(world)])
+            st._core.decode(recv, grads[r].to(dev), torch.zeros(n // world, device=dev), world, r, units[r])
+        kmax = states[0]._core.fetch_kmax(n, world)
+        assert kmax > 0
+        everyone = torch.zeros(world * kmax, dtype=torch.int32, device=dev)
+        for r, st in enumerate(states):
+            st._core.fetch_picks(units[r], everyone[r * kmax:(r + 1) * kmax].view(torch.uint8))
+        everyone[1], everyone[2] = everyone[2].clone(), everyone[1].clone()  # owner 0's out of order
+        send = torch.zeros(world * kmax, dtype=torch.float32, device=dev)
+        if not on_device:
+            with pytest.raises(fsdpcomp.PayloadError):
+                states[1]._core.fetch(everyone.view(torch.uint8), grads[1], send.view(torch.uint8), world, 1, units[1])
+        else:
+            ss, _ = states[1]._core.fetch(everyone.view(torch.uint8), grads[1].to(dev), send.view(torch.uint8),
+                                          world, 1, units[1])
+            assert torch.isnan(send[:ss[0]].cpu()).all()
+            with pytest.raises(fsdpcomp.PayloadError, match="rank 0"):
+                states[1].counters()
