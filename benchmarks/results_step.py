@@ -51,6 +51,7 @@ def step_section(data: dict, rel: str, reproduce: str, brief: bool = False) -> l
            f"{m['title']}; {fmt(m.get('model_params') and m['model_params'] / 1e6, '.1f')}M parameters, FSDP2 "
            "(`fully_shard` on every GPT-2 block and the root, `reshard_after_forward=True`: two all-gathers per "
            "block and step), AdamW, CPU ranks joined by gloo.", "",
+           *([f"**Caveat:** {m['note']}", ""] if m.get("note") else []),
            f"- Configurations: {_config_notes(m)}.",
            "- Every all-gather and reduce-scatter call (torch's or fsdpcomp's) is timed; compute is the rest of "
            "the step (forward, backward, optimizer). Times are means over the timed steps of the mean over ranks.",
