@@ -40,7 +40,9 @@ def c_flags():
     if env_flag("FSDPCOMP_NATIVE"):
         flags += ["-march=native"]
     if env_flag("FSDPCOMP_SANITIZE"):
-        flags += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g"]
+        # -fno-wrapv: Python's CFLAGS carry -fwrapv, which defines signed overflow as wrapping
+        # and so hides it from UBSan; ours come after Python's and win
+        flags += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g", "-fno-wrapv"]
     return flags
 
 

@@ -5,6 +5,25 @@
 #include <math.h>
 #include <string.h>
 
+/* text of a str, refused (NULL, err set) when it holds a NUL: C compares up to the first one,
+ * so "bf16\0x" would match "bf16" */
+static const char *text_of(PyObject *v, const char *method, const char *what, fc_err *err)
+{
+    Py_ssize_t len;
+    const char *s = PyUnicode_AsUTF8AndSize(v, &len);
+    if (s == NULL) {
+        PyErr_Clear();
+        fc_fail(err, FC_ERR_VALUE, "%s %s is not valid text", method, what);
+        return NULL;
+    }
+    if ((size_t)len != strlen(s)) {
+        fc_fail(err, FC_ERR_VALUE, "%s %s '%s' (and more) contains an embedded NUL character",
+                method, what, s);
+        return NULL;
+    }
+    return s;
+}
+
 static const char *const residual_dtypes[] = {"fp32", "bf16", NULL};
 static const char *const nonfinite_modes[] = {"pass", "zero", NULL};
 static const char *const transports[] = {"auto", "torch", "nccl", NULL};
@@ -12,19 +31,21 @@ static const char *const transports[] = {"auto", "torch", "nccl", NULL};
 static const char *const param_codecs[] = {"none", "bf16", "fp8", "int8", NULL};
 
 const fc_key fc_common_keys[] = {
-    FC_BOOL(fc_common, error_feedback, 0,
-            "keep e = g' - D(C(g')) per unit and add it to the next gradient"),
-    FC_CHOICE(fc_common, residual_dtype, 0, residual_dtypes, "dtype the residuals are kept in"),
+    /* error feedback, the residual dtype, the statistics and the non-finite policy are each
+     * rank's own (FC_KEY_LOCAL): payloads mean the same whatever they are */
+    FC_BOOL_LOCAL(fc_common, error_feedback, 0,
+                  "keep e = g' - D(C(g')) per unit and add it to the next gradient"),
+    FC_CHOICE_LOCAL(fc_common, residual_dtype, 0, residual_dtypes, "dtype the residuals are kept in"),
     FC_INT(fc_common, seed, 0, 0, 9007199254740991.0, 0,
            "seed of the counter-based generator (stochastic rounding, random choices)"),
     FC_INT(fc_common, min_numel, 0, 0, 9007199254740991.0, 0,
            "units with fewer elements go uncompressed (sent as `none`)"),
     FC_BOOL(fc_common, compress_own_chunk, 0,
             "also compress the chunk this rank keeps (one-GPU experiments; counted as sent)"),
-    FC_INT(fc_common, error_stats_every, 8, 0, 2147483647.0, 0,
+    FC_INT(fc_common, error_stats_every, 8, 0, 2147483647.0, FC_KEY_LOCAL,
            "sample the compression error every this many calls (0: never)"),
-    FC_CHOICE(fc_common, nonfinite, 0, nonfinite_modes,
-              "NaN/Inf in a gradient: pass them through, or zero them (both counted)"),
+    FC_CHOICE_LOCAL(fc_common, nonfinite, 0, nonfinite_modes,
+                    "NaN/Inf in a gradient: pass them through, or zero them (both counted)"),
     FC_CHOICE(fc_common, transport, 0, transports,
               "collective backend: torch.distributed, or the C-side NCCL path for CUDA tensors"),
     FC_BOOL(fc_common, pipeline, 1,
@@ -38,7 +59,7 @@ const fc_key fc_common_keys[] = {
             "shards too, where the payload is smaller than the shard; every rank, the owner included, "
             "uses the decoded shards (a method without a single-payload codec on the device goes "
             "uncompressed unless the key is set by name)"),
-    FC_FLOAT(fc_common, timeout_s, 0, 0, 1e9, 0,
+    FC_FLOAT(fc_common, timeout_s, 0, 0, 1e9, FC_KEY_LOCAL, /* a rank's own deadline */
              "transport nccl: seconds after which a communicator whose peer never joins or whose "
              "all-to-all never completes is aborted and NcclError raised (0: the process group's "
              "timeout)"),
@@ -144,11 +165,11 @@ static int parse_value(const char *method, const fc_key *k, PyObject *v, void *d
         if (!PyUnicode_Check(v))
             return fc_fail(err, FC_ERR_VALUE, "%s config key '%s' must be one of %s, got %s",
                            method, k->name, opts, tname);
-        const char *s = PyUnicode_AsUTF8(v);
-        if (s == NULL) {
-            PyErr_Clear();
-            return fc_fail(err, FC_ERR_VALUE, "%s config key '%s' is not valid text", method, k->name);
-        }
+        char what[96];
+        snprintf(what, sizeof(what), "config key '%s' value", k->name);
+        const char *s = text_of(v, method, what, err);
+        if (s == NULL)
+            return err->code;
         for (int i = 0; k->choices[i] != NULL; i++)
             if (strcmp(k->choices[i], s) == 0) {
                 *(int *)p = i;
@@ -255,11 +276,9 @@ int fc_config_parse(const fc_method *m, PyObject *config, fc_common *common, voi
         if (!PyUnicode_Check(key))
             return fc_fail(err, FC_ERR_VALUE, "config keys must be strings, got %s",
                            Py_TYPE(key)->tp_name);
-        const char *name = PyUnicode_AsUTF8(key);
-        if (name == NULL) {
-            PyErr_Clear();
-            return fc_fail(err, FC_ERR_VALUE, "config key is not valid text");
-        }
+        const char *name = text_of(key, m->name, "config key", err);
+        if (name == NULL)
+            return err->code;
         if (strcmp(name, NUM_BITS) == 0) {
             int rc = parse_num_bits(m, config, value, cfg, err);
             if (rc != FC_OK)
@@ -292,6 +311,65 @@ int fc_config_parse(const fc_method *m, PyObject *config, fc_common *common, voi
     if (m->ef_default != NULL && !ef_given)
         common->error_feedback = m->ef_default(cfg);
     return m->check ? m->check(cfg, err) : FC_OK;
+}
+
+/* FNV-1a, 64-bit: a plain hash that any rank computes alike from the same bytes. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = (const unsigned char *)p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+static uint64_t fingerprint_keys(uint64_t h, const fc_key *keys, const void *src)
+{
+    for (const fc_key *k = keys; k->name != NULL; k++) {
+        if (k->flags & FC_KEY_LOCAL)
+            continue;
+        const char *p = (const char *)src + k->offset;
+        int64_t v = 0; /* every kind as 8 bytes: ints widened, doubles by their bits */
+        if (k->kind == FC_KEY_BOOL || k->kind == FC_KEY_CHOICE) {
+            int i;
+            memcpy(&i, p, sizeof(i));
+            v = i;
+        } else {
+            memcpy(&v, p, 8);
+        }
+        h = fnv(h, k->name, strlen(k->name) + 1);
+        h = fnv(h, &v, 8);
+    }
+    return h;
+}
+
+uint32_t fc_config_fingerprint(const fc_method *m, const fc_common *common, const void *cfg)
+{
+    uint64_t h = fnv(0xcbf29ce484222325ull, m->name, strlen(m->name) + 1);
+    h = fingerprint_keys(h, m->keys, cfg);
+    h = fingerprint_keys(h, fc_common_keys, common);
+    return (uint32_t)(h ^ (h >> 32)); /* the header's 32 bits */
+}
+
+int fc_config_wire_dict(const fc_method *m, const fc_common *common, const void *cfg,
+                        PyObject *into)
+{
+    const fc_key *tables[2] = {m->keys, fc_common_keys};
+    const void *srcs[2] = {cfg, common};
+    PyObject *all = PyDict_New();
+    int rc = all == NULL ? -1 : 0;
+    for (int t = 0; rc == 0 && t < 2; t++) {
+        rc = fc_config_to_dict(tables[t], srcs[t], all);
+        for (const fc_key *k = tables[t]; rc == 0 && k->name != NULL; k++) {
+            if (k->flags & FC_KEY_LOCAL)
+                continue;
+            PyObject *v = PyDict_GetItemString(all, k->name); /* borrowed */
+            rc = v == NULL ? -1 : PyDict_SetItemString(into, k->name, v);
+        }
+    }
+    Py_XDECREF(all);
+    return rc;
 }
 
 int fc_config_to_dict(const fc_key *keys, const void *src, PyObject *into)
@@ -354,10 +432,11 @@ PyObject *fc_keys_info(const fc_key *keys)
             def = PyFloat_FromDouble(k->def);
         }
         if (choices != NULL && def != NULL)
-            item = Py_BuildValue("{s:s,s:s,s:O,s:d,s:d,s:O,s:O,s:s}", "name", k->name, "type",
+            item = Py_BuildValue("{s:s,s:s,s:O,s:d,s:d,s:O,s:O,s:s,s:O}", "name", k->name, "type",
                                  kinds[k->kind], "default", def, "min", k->lo, "max", k->hi,
                                  "power_of_two", (k->flags & FC_KEY_POW2) ? Py_True : Py_False,
-                                 "choices", choices, "doc", k->doc ? k->doc : "");
+                                 "choices", choices, "doc", k->doc ? k->doc : "", "rank_local",
+                                 (k->flags & FC_KEY_LOCAL) ? Py_True : Py_False);
         Py_XDECREF(def);
         Py_XDECREF(choices);
         if (item == NULL || PyList_Append(list, item) < 0) {

@@ -13,6 +13,12 @@ extern const fc_key fc_common_keys[];
 /* Fills common + method cfg from `config` (a dict or None). Every key of the dict must be a
  * common key or one of the method's; each value is type- and range-checked. */
 int fc_config_parse(const fc_method *m, PyObject *config, fc_common *common, void *cfg, fc_err *err);
+/* The hash of the method and of every key that decides what goes on the wire (all but the
+ * FC_KEY_LOCAL ones), as values: the same on every rank that runs the same config. */
+uint32_t fc_config_fingerprint(const fc_method *m, const fc_common *common, const void *cfg);
+/* {key: value} of those keys, into `into` (what the ranks compare before they exchange). */
+int fc_config_wire_dict(const fc_method *m, const fc_common *common, const void *cfg,
+                        PyObject *into);
 /* {key: value} of everything resolved, defaults included, into `into`. */
 int fc_config_to_dict(const fc_key *keys, const void *src, PyObject *into);
 /* [{name, type, default, min, max, choices, doc}] describing a key table. */

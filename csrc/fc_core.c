@@ -10,6 +10,7 @@
 #include "fc_half.h"
 #include "fc_memhint.h"
 #include "fc_quant.h"
+#include "fc_range.h"
 #include "fc_simd.h"
 #include "fc_wire.h"
 
@@ -39,6 +40,14 @@ static void load_f32(const void *src, int dt, int64_t off, int64_t n, float *dst
     }
 }
 
+static float elem_f32(const void *src, int dt, int64_t i)
+{
+    if (dt == FC_F32)
+        return ((const float *)src)[i];
+    const uint16_t h = ((const uint16_t *)src)[i];
+    return dt == FC_BF16 ? fc_bf16_to_f32(h) : fc_f16_to_f32(h);
+}
+
 static void add_f32(const void *src, int dt, int64_t off, int64_t n, float *dst)
 {
     if (dt == FC_F32) {
@@ -54,11 +63,13 @@ static void add_f32(const void *src, int dt, int64_t off, int64_t n, float *dst)
 
 /* ---- lifetime ---- */
 
-void fc_core_init(fc_core *s, const fc_method *m, const fc_common *common, const void *cfg)
+void fc_core_init(fc_core *s, const fc_method *m, const fc_common *common, const void *cfg,
+                  uint32_t fingerprint)
 {
     memset(s, 0, sizeof(*s));
     s->method = m;
     s->common = *common;
+    s->fingerprint = fingerprint;
     s->picks_unit = s->bad_unit = -1;
     memcpy(s->cfg, cfg, m->cfg_size);
 }
@@ -359,70 +370,90 @@ FC_CLONES static int64_t load_sum_f32(const float *g, const float *r, int64_t n,
     return bad;
 }
 
-/* g' = g (+ e), counted for non-finite values (zeroed when asked). An fp32 gradient without a
- * residual is encoded in place, read-only: no copy on the common path. Returns the count and
- * where g' lies (s->x or the gradient itself). */
-static int64_t load_chunk(fc_core *s, const fc_buf *grad, const fc_buf *res, int64_t start, int64_t n,
-                          const float **xp)
+/* The elements of x = g (+ e) that are not finite, fixed in place by fc_gprime_fix: a sum of
+ * two finite values saturates (*sat); NaN/Inf of the gradient (a residual never holds one)
+ * become e in "zero" mode, so the residual still goes out, and stay in "pass" mode, a NaN as the
+ * canonical one. Returns how many the input held. */
+static int64_t fix_nonfinite(const fc_core *s, const fc_buf *grad, const fc_buf *res,
+                             int64_t start, int64_t n, float *x, int64_t *sat)
 {
     int64_t bad = 0;
+    const int zero = s->common.nonfinite == FC_NONFINITE_ZERO;
+    for (int64_t i = 0; i < n; i++) {
+        if (fc_abs_bits(x[i]) < FC_INF_BITS)
+            continue;
+        const float g = elem_f32(grad->data, grad->dtype, start + i);
+        const float e = res != NULL ? elem_f32(res->data, res->dtype, start + i) : 0.0f;
+        x[i] = fc_gprime_fix(x[i], g, e, zero, &bad, sat);
+    }
+    return bad;
+}
+
+/* g' = g (+ e) for one chunk: *bad counts the non-finite values the input held (zeroed in "zero"
+ * mode, a canonical NaN in "pass" mode), *sat the sums that overflowed (saturated). An fp32
+ * gradient without a residual and without NaN/Inf is encoded in place, read-only: no copy on
+ * the common path. Returns where g' lies (s->x or the gradient itself). */
+static const float *load_chunk(fc_core *s, const fc_buf *grad, const fc_buf *res, int64_t start,
+                               int64_t n, int64_t *bad, int64_t *sat)
+{
+    int64_t nf = 0;
+    *bad = *sat = 0;
     if (res == NULL && grad->dtype == FC_F32) {
         const float *g = (const float *)grad->data + start;
         for (int64_t i = 0; i < n; i++)
-            bad += !(fc_abs_bits(g[i]) < 0x7f800000u);
-        if (!bad || s->common.nonfinite != FC_NONFINITE_ZERO) {
-            *xp = g;
-            return bad;
-        }
+            nf += !(fc_abs_bits(g[i]) < FC_INF_BITS);
+        if (!nf)
+            return g;
     }
     float *x = s->x;
     if (res != NULL && grad->dtype == FC_F32 && res->dtype == FC_F32) {
-        bad = load_sum_f32((const float *)grad->data + start, (const float *)res->data + start, n, x);
+        nf = load_sum_f32((const float *)grad->data + start, (const float *)res->data + start, n, x);
     } else {
         load_f32(grad->data, grad->dtype, start, n, x);
         if (res != NULL)
             add_f32(res->data, res->dtype, start, n, x);
-        bad = 0;
+        nf = 0;
         for (int64_t i = 0; i < n; i++)
-            bad += !(fc_abs_bits(x[i]) < 0x7f800000u);
+            nf += !(fc_abs_bits(x[i]) < FC_INF_BITS);
     }
-    if (bad && s->common.nonfinite == FC_NONFINITE_ZERO)
-        for (int64_t i = 0; i < n; i++)
-            if (!(fc_abs_bits(x[i]) < 0x7f800000u))
-                x[i] = 0.0f;
-    *xp = x;
-    return bad;
+    if (nf)
+        *bad = fix_nonfinite(s, grad, res, start, n, x, sat);
+    return x;
 }
 
-static void write_header(uint8_t *p, const fc_method *m, int dtype, uint32_t unit, uint32_t step,
-                         int64_t n, int64_t body)
+static void write_header(uint8_t *p, const fc_core *s, const fc_method *m, const fc_chunk *c,
+                         int64_t body, unsigned flags)
 {
     fc_header h;
     memset(&h, 0, sizeof(h));
     h.magic = FC_MAGIC;
     h.version = FC_WIRE_VERSION;
     h.method = m->id;
-    h.dtype = (uint8_t)dtype;
-    h.unit = unit;
-    h.step = step;
-    h.numel = (uint64_t)n;
-    h.body_bytes = (uint64_t)body;
+    h.dtype = (uint8_t)c->wire_dtype;
+    h.flags = (uint8_t)flags;
+    h.unit = c->rng_shared.unit;
+    h.step = c->rng_shared.step;
+    fc_header_set_sizes(&h, (uint64_t)c->n, (uint64_t)body);
+    h.fingerprint = s->fingerprint;
+    h.world = (uint16_t)c->world;
     memcpy(p, &h, sizeof(h));
 }
 
 /* Encodes x (c->n values) as one payload at p; returns its padded size in *size and the method
  * it was written with in *wm: m, or (with `fallback`, in a collective) `none` where a
  * data-dependent payload would have been no smaller than `none`'s (the receiver reads which
- * from the header). */
+ * from the header). flags: the header's FC_HDR_* (whether NaN/Inf of the input went on the
+ * wire). */
 static int encode_one(fc_core *s, const fc_method *m, const fc_chunk *c, const float *x, uint8_t *p,
-                      int64_t cap, int fallback, int64_t *size, fc_layout *used, const fc_method **wm,
-                      fc_err *err)
+                      int64_t cap, int fallback, unsigned flags, int64_t *size, fc_layout *used,
+                      const fc_method **wm, fc_err *err)
 {
     int64_t full = fc_payload_bytes(s, m, c->n, c->wire_dtype);
     *wm = m;
     if (full > cap)
         return fc_fail(err, FC_ERR_VALUE, "payload buffer holds %lld bytes, need %lld",
                        (long long)cap, (long long)full);
+    memset(used, 0, sizeof(*used));
     int rc = m->encode(c, x, p + FC_HEADER_BYTES, used, err);
     if (rc != FC_OK)
         return rc;
@@ -444,7 +475,7 @@ static int encode_one(fc_core *s, const fc_method *m, const fc_chunk *c, const f
     if (FC_HEADER_BYTES + body > full)
         return fc_fail(err, FC_ERR_STATE, "internal: %s wrote %lld body bytes past its layout's %lld",
                        m->name, (long long)body, (long long)(full - FC_HEADER_BYTES));
-    write_header(p, m, c->wire_dtype, c->rng_shared.unit, c->rng_shared.step, c->n, body);
+    write_header(p, s, m, c, body, flags);
     int64_t end = FC_HEADER_BYTES + body;
     memset(p + end, 0, (size_t)(full - end)); /* padding: no uninitialised bytes on the wire */
     *size = full;
@@ -455,7 +486,7 @@ static int64_t header_body_bytes(const uint8_t *p)
 {
     fc_header h;
     memcpy(&h, p, sizeof(h));
-    return (int64_t)h.body_bytes;
+    return (int64_t)fc_header_body(&h);
 }
 
 static void count_payload(fc_counters *k, const fc_layout *l, int64_t size, int64_t n)
@@ -526,6 +557,50 @@ FC_CLONES static void dots3_f32(const float *e, const float *x, int64_t n, doubl
     *xe = ((c[0] + c[1]) + (c[2] + c[3])) + ((c[4] + c[5]) + (c[6] + c[7]));
 }
 
+/* Stores e (n fp32 values) as the residual in res's dtype, a bf16 one saturated (*sat). */
+static void store_residual(fc_buf *res, int64_t start, const float *e, int64_t n, int64_t *sat)
+{
+    if (res->dtype == FC_F32) {
+        memcpy((float *)res->data + start, e, (size_t)n * 4);
+        return;
+    }
+    uint16_t *r = (uint16_t *)res->data + start;
+    for (int64_t i = 0; i < n; i++) {
+        *sat += fc_bf16_saturates(e[i]);
+        r[i] = fc_f32_to_bf16(e[i]);
+    }
+}
+
+/* The residual of a chunk whose g' (x, in s->x) held NaN/Inf ("pass" mode), element by element
+ * (fc_residual_passed): never the old residual, which went out inside g'. */
+static int residual_of_nonfinite(fc_core *s, const fc_method *m, const fc_chunk *c,
+                                 const uint8_t *p, fc_buf *res, int64_t start, double *e_sq,
+                                 fc_err *err)
+{
+    const int64_t n = c->n;
+    float *d = s->dec;
+    memset(d, 0, (size_t)n * 4);
+    int rc = m->decode_add(c, p + FC_HEADER_BYTES, header_body_bytes(p), 1.0f, d, err);
+    if (rc != FC_OK)
+        return rc;
+    int64_t sat = 0;
+    for (int64_t i = 0; i < n; i++)
+        s->x[i] = fc_residual_passed(s->x[i], d[i], &sat);
+    *e_sq = sum_sq_f32(s->x, n);
+    store_residual(res, start, s->x, n, &sat);
+    s->ctr.saturated += sat;
+    return FC_OK;
+}
+
+/* e of finite x that came out NaN/Inf (fc_residual_fix), fixed in place. Returns ||e||^2 again. */
+static double saturate_residual(float *e, int64_t n, int64_t *sat)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (fc_abs_bits(e[i]) >= FC_INF_BITS)
+            e[i] = fc_residual_fix(e[i], sat);
+    return sum_sq_f32(e, n);
+}
+
 /* The method a received payload was written with: the unit's, or `none` where a data-dependent
  * method fell back for this one payload (any other id is check_header's to refuse). */
 static const fc_method *payload_method(const fc_method *m, const uint8_t *p, int64_t slot)
@@ -539,16 +614,20 @@ static const fc_method *payload_method(const fc_method *m, const uint8_t *p, int
 
 /* After encode, turns s->x into e = g' - D(C(g')) and stores it; returns ||e||^2. With `dots`
  * (the sampled calls), also ||g'||^2 and g' . e, for which g' is loaded again from the untouched
- * inputs; the other calls skip that pass. */
+ * inputs; the other calls skip that pass. `nonfinite`: g' held NaN/Inf (residual_of_nonfinite).
+ * A residual is always finite. */
 static int update_residual(fc_core *s, const fc_method *m, const fc_chunk *c, const uint8_t *p,
-                           const fc_buf *grad, fc_buf *res, int64_t start, int dots, double *e_sq,
-                           double *x_sq, double *x_dot_e, fc_err *err)
+                           const fc_buf *grad, fc_buf *res, int64_t start, int nonfinite, int dots,
+                           double *e_sq, double *x_sq, double *x_dot_e, fc_err *err)
 {
+    *x_sq = *x_dot_e = 0;
+    if (nonfinite)
+        return residual_of_nonfinite(s, m, c, p, res, start, e_sq, err);
     int rc = m->decode_add(c, p + FC_HEADER_BYTES, header_body_bytes(p), -1.0f, s->x, err);
     if (rc != FC_OK)
         return rc;
     const int64_t n = c->n;
-    *x_sq = *x_dot_e = 0;
+    int64_t sat = 0;
     if (dots) {
         float *g = s->dec; /* g' again, into the decode scratch, to pair it with e */
         load_f32(grad->data, grad->dtype, start, n, g);
@@ -556,17 +635,22 @@ static int update_residual(fc_core *s, const fc_method *m, const fc_chunk *c, co
         dots3_f32(s->x, g, n, e_sq, x_sq, x_dot_e);
     } else if (res->dtype == FC_F32) {
         *e_sq = store_sum_sq_f32((float *)res->data + start, s->x, n);
+        if (!isfinite(*e_sq)) { /* rare: fix what was stored */
+            *e_sq = saturate_residual(s->x, n, &sat);
+            memcpy((float *)res->data + start, s->x, (size_t)n * 4);
+            s->ctr.saturated += sat;
+        }
         return FC_OK;
     } else {
         *e_sq = sum_sq_f32(s->x, n);
     }
-    if (res->dtype == FC_F32) {
-        memcpy((float *)res->data + start, s->x, (size_t)n * 4);
-    } else {
-        uint16_t *r = (uint16_t *)res->data + start;
-        for (int64_t i = 0; i < n; i++)
-            r[i] = fc_f32_to_bf16(s->x[i]);
+    if (!isfinite(*e_sq)) {
+        *e_sq = saturate_residual(s->x, n, &sat);
+        if (dots)
+            dots3_f32(s->x, s->dec, n, e_sq, x_sq, x_dot_e);
     }
+    store_residual(res, start, s->x, n, &sat);
+    s->ctr.saturated += sat;
     return FC_OK;
 }
 
@@ -706,7 +790,6 @@ static int encode_begin(fc_core *s, const fc_buf *grad, const fc_buf *residual, 
     e->raw = 0;
     e->e_sq = 0;
     e->key = call_key(s, unit, world, rank, N);
-    memset(s->chunk_bad, 0, (size_t)world);
     memset(e->next_piece, 0, (size_t)world);
     s->bad_unit = unit;
     const int64_t per = (N + world - 1) / world;
@@ -749,20 +832,26 @@ static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci
     fc_chunk c = make_chunk(s, m, n, e->key.world, grad->dtype, e->key.unit, id, e->key.rank);
     c.scratch = s->mscr;
     c.ustate = e->ust;
-    const float *x;
-    int64_t bad = load_chunk(s, grad, e->use_ef ? residual : NULL, start, n, &x);
+    int64_t bad, sat;
+    const float *x = load_chunk(s, grad, e->use_ef ? residual : NULL, start, n, &bad, &sat);
     s->ctr.nonfinite_in += bad;
-    s->chunk_bad[ci] |= bad != 0;
+    s->ctr.saturated += sat;
+    /* "pass": NaN/Inf went on the wire, and the receivers are told so (write_out) */
+    const int passed = bad != 0 && s->common.nonfinite == FC_NONFINITE_PASS;
     fc_layout used;
     const fc_method *wm; /* m, or `none` for a data-dependent payload that fell back */
-    FC_TRY(encode_one(s, m, &c, x, p, cap, 1, size, &used, &wm, err));
+    FC_TRY(encode_one(s, m, &c, x, p, cap, 1, passed ? FC_HDR_NONFINITE : 0u, size, &used, &wm,
+                      err));
     e->fell_back |= wm != m;
     count_payload(&s->ctr, &used, *size, n);
+    s->ctr.saturated += used.saturated;
     e->raw += n * fc_dtype_size(grad->dtype);
-    if (e->use_ef && !bad) { /* a non-finite chunk keeps its old residual: never poisoned */
-        const int dots = !e->sampled && e->stats && s->ctr.calls % s->common.error_stats_every == 0;
+    if (e->use_ef) { /* a residual is always replaced: the old one went out inside g' */
+        const int dots = !passed && !e->sampled && e->stats &&
+                         s->ctr.calls % s->common.error_stats_every == 0;
         double ee, xx, xe;
-        FC_TRY(update_residual(s, wm, &c, p, grad, residual, start, dots, &ee, &xx, &xe, err));
+        FC_TRY(update_residual(s, wm, &c, p, grad, residual, start, passed, dots, &ee, &xx, &xe,
+                               err));
         e->e_sq += ee;
         if (dots) {
             /* D = x - e: ||x - D||^2 = ||e||^2, x . D = ||x||^2 - x . e */
@@ -773,7 +862,7 @@ static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci
             s->ctr.stats_samples++;
             e->sampled = 1;
         }
-    } else if (e->sample && !e->sampled && !bad) {
+    } else if (e->sample && !e->sampled && !passed) { /* "zero" mode's chunk is finite now */
         FC_TRY(sample_error(s, wm, &c, x, p, err));
         e->sampled = 1;
     }
@@ -893,11 +982,11 @@ error:
 
 /* ---- decode ---- */
 
-static int check_header(const fc_header *h, const fc_method *m, int dtype, uint32_t unit,
-                        uint32_t step, int64_t n, int64_t slot, int src, fc_err *err)
+static int check_header(const fc_core *s, const fc_header *h, const fc_method *m,
+                        const fc_chunk *c, int64_t slot, int src, fc_err *err)
 {
     if (h->magic != FC_MAGIC)
-        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: bad magic 0x%08x (not a "
+        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: bad magic 0x%04x (not a "
                        "fsdpcomp payload, or corrupted)", src, h->magic);
     if (h->version != FC_WIRE_VERSION)
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: wire version %d, expected %d",
@@ -905,54 +994,63 @@ static int check_header(const fc_header *h, const fc_method *m, int dtype, uint3
     if (h->method != m->id)
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: method id %d, expected %d (%s): "
                        "ranks use different methods", src, h->method, m->id, m->name);
-    if (h->dtype != dtype || h->reserved != 0)
-        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: dtype code %d, expected %d",
-                       src, h->dtype, dtype);
-    if (h->unit != unit || h->step != step)
+    /* before unit and step: a rank that rebuilt its state with another config also restarted
+     * its step count, and the config is what differs */
+    if (h->fingerprint != s->fingerprint)
+        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d was encoded under another "
+                       "config (fingerprint %08x, this rank's %08x): every rank must run the same "
+                       "method and config keys", src, h->fingerprint, s->fingerprint);
+    if (h->world != (uint32_t)c->world)
+        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d was encoded for world %u, this "
+                       "rank runs world %d", src, h->world, c->world);
+    if (h->dtype != c->wire_dtype || (h->flags & ~FC_HDR_FLAGS_KNOWN) != 0)
+        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: dtype code %d (flags 0x%02x), "
+                       "expected %d", src, h->dtype, h->flags, c->wire_dtype);
+    if (h->unit != c->rng_shared.unit || h->step != c->rng_shared.step)
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d is for unit %u of step %u, this "
                        "rank is at unit %u of step %u: ranks called the hook in different orders",
-                       src, h->unit, h->step, unit, step);
-    if (h->numel != (uint64_t)n)
+                       src, h->unit, h->step, c->rng_shared.unit, c->rng_shared.step);
+    if (fc_header_numel(h) != (uint64_t)c->n)
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: %llu elements, expected %lld",
-                       src, (unsigned long long)h->numel, (long long)n);
-    if (h->body_bytes > (uint64_t)(slot - FC_HEADER_BYTES))
+                       src, (unsigned long long)fc_header_numel(h), (long long)c->n);
+    if (fc_header_body(h) > (uint64_t)(slot - FC_HEADER_BYTES))
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: body of %llu bytes does not fit "
                        "its %lld-byte slot (truncated?)", src,
-                       (unsigned long long)h->body_bytes, (long long)slot);
+                       (unsigned long long)fc_header_body(h), (long long)slot);
     return FC_OK;
 }
 
-/* Validates the payload at p (at most `slot` bytes) for chunk c: its body size in *body. */
-static int check_payload(const fc_method *m, const fc_chunk *c, const uint8_t *p, int64_t slot,
-                         int src, int64_t *body, fc_err *err)
+/* Validates the payload at p (at most `slot` bytes) for chunk c: its body size in *body and
+ * whether it carries NaN/Inf of its sender's input in *passed. */
+static int check_payload(const fc_core *s, const fc_method *m, const fc_chunk *c, const uint8_t *p,
+                         int64_t slot, int src, int64_t *body, int *passed, fc_err *err)
 {
     if (slot < FC_HEADER_BYTES)
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: %lld bytes, shorter than the "
                        "%d-byte header", src, (long long)slot, FC_HEADER_BYTES);
     fc_header h;
     memcpy(&h, p, sizeof(h));
-    int rc = check_header(&h, m, c->wire_dtype, c->rng_shared.unit, c->rng_shared.step, c->n,
-                          slot, src, err);
+    int rc = check_header(s, &h, m, c, slot, src, err);
     if (rc != FC_OK)
         return rc;
     fc_layout l;
     m->layout(c, &l);
-    if ((m->flags & FC_VARSIZE) ? (int64_t)h.body_bytes > fc_layout_bytes(&l)
-                                : (int64_t)h.body_bytes != fc_layout_bytes(&l))
-        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: body of %llu bytes, the "
-                       "method's layout has %lld", src, (unsigned long long)h.body_bytes,
-                       (long long)fc_layout_bytes(&l));
-    *body = (int64_t)h.body_bytes;
+    const int64_t b = (int64_t)fc_header_body(&h);
+    if ((m->flags & FC_VARSIZE) ? b > fc_layout_bytes(&l) : b != fc_layout_bytes(&l))
+        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: body of %lld bytes, the "
+                       "method's layout has %lld", src, (long long)b, (long long)fc_layout_bytes(&l));
+    *body = b;
+    *passed |= (h.flags & FC_HDR_NONFINITE) != 0;
     return FC_OK;
 }
 
 /* Validates a payload for chunk c and adds alpha * its decode to acc. */
-static int decode_one(const fc_method *m, const fc_chunk *c, const uint8_t *p, int64_t slot,
-                      int src, float alpha, float *acc, fc_err *err)
+static int decode_one(const fc_core *s, const fc_method *m, const fc_chunk *c, const uint8_t *p,
+                      int64_t slot, int src, float alpha, float *acc, int *passed, fc_err *err)
 {
     int64_t body = 0;
     m = payload_method(m, p, slot);
-    int rc = check_payload(m, c, p, slot, src, &body, err);
+    int rc = check_payload(s, m, c, p, slot, src, &body, passed, err);
     if (rc != FC_OK)
         return rc;
     return m->decode_add(c, p + FC_HEADER_BYTES, body, alpha, acc, err);
@@ -1060,20 +1158,23 @@ int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *o
     }
     /* Rank order, starting from zero: the same summation order on every rank and as a plain
      * sequential reference, so `none` is exact against it. */
+    int64_t own_bad = 0; /* counted once the call succeeds */
+    int passed = 0;
     const uint8_t *p = (const uint8_t *)recv->data;
     const uint8_t *end = p + recv->numel;
     for (int r = 0; r < world; r++) {
         if (n == 0)
             break;
         if (recvs[r] == 0) { /* the own chunk, exact */
-            add_f32(grad->data, grad->dtype, start, n, acc);
+            own_bad = fc_core_add_own(s, grad, start, n, acc);
+            passed |= own_bad != 0 && s->common.nonfinite == FC_NONFINITE_PASS;
             continue;
         }
         int64_t slot = varsize ? (int64_t)(end - p) : recvs[r], body = 0;
         const fc_method *pm = payload_method(m, p, slot); /* m, or `none` in its place */
         fc_chunk c = make_chunk(s, pm, n, world, grad->dtype, unit, (uint32_t)rank, r);
         c.ustate = ust;
-        FC_TRY(check_payload(pm, &c, p, slot, r, &body, err));
+        FC_TRY(check_payload(s, pm, &c, p, slot, r, &body, &passed, err));
         if (ab > 0) {
             FC_TRY(m->aggregate(&c, (uint8_t *)s->agg, p + FC_HEADER_BYTES, body, err));
             senders++;
@@ -1089,12 +1190,14 @@ int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *o
         /* a second round follows: pick the coordinates, write nothing yet. acc holds the
          * exact own chunk, or zeros when it was compressed too. */
         FC_TRY(pick_coordinates(s, m, &c0, acc, unit, err));
+        s->ctr.nonfinite_in += own_bad;
         s->ctr.decompress_s += now_s() - t0;
         return FC_OK;
     }
     if (senders > 0) /* one decode of the summed compressed payloads */
         FC_TRY(m->decode_agg(&c0, (const uint8_t *)s->agg, senders, 1.0f, acc, err));
-    fc_core_write_out(s, acc, n, world, out);
+    s->ctr.nonfinite_in += own_bad;
+    fc_core_write_out(s, acc, n, world, out, passed);
     s->ctr.decompress_s += now_s() - t0;
     return FC_OK;
 error:
@@ -1125,6 +1228,8 @@ int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, f
         memset(s->acc, 0, (size_t)n * 4);
         d->key = key;
         d->k = d->piece = 0;
+        d->passed = 0;
+        d->own_bad = 0;
         /* every other rank sends this chunk cut the same way; the own one may be one exact part */
         d->parts = chunk_parts(s, m, N, world, (rank + 1) % world, rank, &d->len);
         d->own_parts = has_payload(s, N, world, rank, rank) ? d->parts : 1;
@@ -1146,20 +1251,23 @@ int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, f
         FC_TRY(fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d (piece %d) has %lld bytes, the "
                        "plan says %lld", src, piece, (long long)payload->numel, (long long)want));
     if (exact) {
-        add_f32(grad->data, grad->dtype, start, n, s->acc);
+        d->own_bad = fc_core_add_own(s, grad, start, n, s->acc);
+        d->passed |= d->own_bad != 0 && s->common.nonfinite == FC_NONFINITE_PASS;
     } else if (n > 0) {
         const int64_t a = piece * d->len, np = n - a < d->len ? n - a : d->len;
         const uint32_t id = (uint32_t)rank + (uint32_t)world * (uint32_t)piece;
         fc_chunk c = make_chunk(s, m, np, world, grad->dtype, unit, id, src);
         c.ustate = d->ust;
-        FC_TRY(decode_one(m, &c, (const uint8_t *)payload->data, want, src, 1.0f, s->acc + a, err));
+        FC_TRY(decode_one(s, m, &c, (const uint8_t *)payload->data, want, src, 1.0f, s->acc + a,
+                          &d->passed, err));
     }
     if (++d->piece == (src == rank ? d->own_parts : d->parts)) {
         d->piece = 0;
         d->k++;
     }
     if (d->k == world) {
-        fc_core_write_out(s, s->acc, n, world, out);
+        s->ctr.nonfinite_in += d->own_bad;
+        fc_core_write_out(s, s->acc, n, world, out, d->passed);
         d->open = 0;
     }
     s->ctr.decompress_s += now_s() - t0;
@@ -1169,31 +1277,78 @@ error:
     return rc;
 }
 
-void fc_core_write_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *out)
+int64_t fc_core_add_own(const fc_core *s, const fc_buf *grad, int64_t start, int64_t n, float *acc)
+{
+    const int zero = s->common.nonfinite == FC_NONFINITE_ZERO;
+    int64_t bad = 0;
+    if (grad->dtype == FC_F32) {
+        const float *g = (const float *)grad->data + start;
+        for (int64_t i = 0; i < n; i++)
+            bad += !(fc_abs_bits(g[i]) < FC_INF_BITS);
+        if (!bad) {
+            for (int64_t i = 0; i < n; i++)
+                acc[i] += g[i];
+            return 0;
+        }
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const float v = elem_f32(grad->data, grad->dtype, start + i);
+        if (fc_abs_bits(v) < FC_INF_BITS) {
+            acc[i] += v;
+            continue;
+        }
+        bad += grad->dtype != FC_F32; /* fp32 ones were counted above */
+        acc[i] += zero ? 0.0f : fc_canon_nan(v);
+    }
+    return bad;
+}
+
+/* The outputs write_out left non-finite, fixed: with `passed` a NaN/Inf of the inputs goes
+ * through (a NaN as the canonical one, counted as nonfinite_out); without, acc overflowed from
+ * finite terms and the output saturates (Inf: the dtype's largest value of its sign, NaN: 0). */
+static void fix_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *out, int passed)
 {
     const float w = (float)world;
-    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float v = acc[i] / w;
+        if (fc_abs_bits(v) < FC_INF_BITS)
+            continue;
+        v = fc_output_fix(v, passed, &s->ctr.nonfinite_out, &s->ctr.saturated);
+        if (out->dtype == FC_F32)
+            ((float *)out->data)[i] = v;
+        else /* the narrow conversions saturate +-fp32 max and keep the canonical NaN */
+            ((uint16_t *)out->data)[i] = out->dtype == FC_BF16 ? fc_f32_to_bf16(v) : fc_f32_to_f16(v);
+    }
+}
+
+void fc_core_write_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *out, int passed)
+{
+    const float w = (float)world;
+    int64_t bad = 0, sat = 0;
     fc_memhint_fresh_output(out->data, (size_t)n * (size_t)fc_dtype_size(out->dtype));
     if (out->dtype == FC_F32) {
         float *o = (float *)out->data;
         for (int64_t i = 0; i < n; i++) {
             o[i] = acc[i] / w;
-            bad += !(fc_abs_bits(o[i]) < 0x7f800000u);
+            bad += !(fc_abs_bits(o[i]) < FC_INF_BITS);
         }
     } else {
         uint16_t *o = (uint16_t *)out->data;
+        const int bf = out->dtype == FC_BF16;
         for (int64_t i = 0; i < n; i++) {
-            float v = acc[i] / w;
-            o[i] = out->dtype == FC_BF16 ? fc_f32_to_bf16(v) : fc_f32_to_f16(v);
-            bad += !(fc_abs_bits(out->dtype == FC_BF16 ? fc_bf16_to_f32(o[i])
-                                                            : fc_f16_to_f32(o[i])) < 0x7f800000u);
+            const float v = acc[i] / w;
+            bad += !(fc_abs_bits(v) < FC_INF_BITS);
+            sat += bf ? fc_bf16_saturates(v) : fc_f16_saturates(v);
+            o[i] = bf ? fc_f32_to_bf16(v) : fc_f32_to_f16(v);
         }
     }
+    s->ctr.saturated += sat;
+    if (bad)
+        fix_out(s, acc, n, world, out, passed);
     /* FSDP pads `out` only when the shard is the padded one; anything past the shard is zero. */
     if (out->numel > n)
         memset((uint8_t *)out->data + n * fc_dtype_size(out->dtype), 0,
                (size_t)((out->numel - n) * fc_dtype_size(out->dtype)));
-    s->ctr.nonfinite_out += bad;
 }
 
 /* ---- single chunk, for tests and benchmarks ---- */
@@ -1210,8 +1365,20 @@ int fc_core_compress(fc_core *s, const float *x, int64_t n, uint8_t *payload, in
     fc_layout used;
     const fc_method *wm;
     const double t0 = now_s(); /* timed like the collective's encodes: the all-gather stage uses this */
+    unsigned flags = 0;
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++)
+        bad += !(fc_abs_bits(x[i]) < FC_INF_BITS);
+    if (bad) { /* x is read in place, unless a NaN must become the canonical one first */
+        FC_TRY(grow_f32(&s->x, &s->x_cap, n, err));
+        for (int64_t i = 0; i < n; i++)
+            s->x[i] = fc_canon_nan(x[i]);
+        x = s->x;
+        flags = FC_HDR_NONFINITE;
+    }
     /* the method as configured, whatever the size: a caller of one chunk decides for itself */
-    FC_TRY(encode_one(s, m, &c, x, payload, cap, 0, written, &used, &wm, err)); /* x read in place */
+    FC_TRY(encode_one(s, m, &c, x, payload, cap, 0, flags, written, &used, &wm, err));
+    s->ctr.saturated += used.saturated;
     s->ctr.compress_s += now_s() - t0;
     return FC_OK;
 error:
@@ -1228,7 +1395,8 @@ int fc_core_decompress(fc_core *s, const uint8_t *payload, int64_t bytes, int64_
     fc_chunk c = make_chunk(s, m, n, world, FC_F32, unit, chunk, 0);
     FC_TRY(unit_state(s, m, unit, &c.ustate, err));
     const double t0 = now_s();
-    FC_TRY(decode_one(m, &c, payload, bytes, 0, alpha, acc, err));
+    int passed = 0; /* the caller sees NaN/Inf in acc itself */
+    FC_TRY(decode_one(s, m, &c, payload, bytes, 0, alpha, acc, &passed, err));
     s->ctr.decompress_s += now_s() - t0;
     return FC_OK;
 error:

@@ -10,6 +10,11 @@
 #include "fc_status.h"
 
 #define FC_MAX_WORLD 1024 /* ranks per process group the CPU driver plans for */
+/* Elements of a unit or chunk any entry point accepts (2^44: 64 TiB of fp32). Every size
+ * product the driver and the methods form (n times a few bytes, plus headers, times the world
+ * size) then stays far below 2^63, and a payload's size below the header's 48 bits: sizes are
+ * checked once where they come in, never wrapped. */
+#define FC_MAX_NUMEL ((int64_t)1 << 44)
 #define FC_MAX_PIECES 64  /* pieces per payload in the per-peer exchange */
 
 typedef enum { FC_NONFINITE_PASS = 0, FC_NONFINITE_ZERO = 1 } fc_nonfinite_mode;
@@ -81,11 +86,14 @@ typedef struct {
     int parts, own_parts; /* pieces per sender, and for the own chunk (1 when kept exact) */
     int64_t len;          /* elements per piece */
     float *ust;
+    int passed;           /* an input of this sum held NaN/Inf (own chunk, or a header's flag) */
+    int64_t own_bad;      /* NaN/Inf of the own chunk: counted when the call completes */
 } fc_decode_call;
 
 typedef struct {
     const fc_method *method;
     fc_common common;
+    uint32_t fingerprint; /* of the config keys that decide the wire; every header carries it */
     /* 16, not 64: fc_core lives inside a Python object, which CPython aligns to 16 bytes only
      * (UBSan flags misaligned access otherwise); method configs need 8 at most. */
     _Alignas(16) unsigned char cfg[FC_CFG_MAX];
@@ -105,17 +113,17 @@ typedef struct {
     int64_t x_cap, acc_cap, dec_cap;
     size_t mscr_cap;
     /* the second round: the owner's picks from the latest decode (fc_core_decode writes them,
-     * fc_fetch.c reads them), and which of the latest encode's chunks were non-finite (their
-     * residual was not replaced by g') */
+     * fc_fetch.c reads them), and the unit of the latest encode (whose residuals hold g') */
     uint32_t *picks;
     int64_t picks_cap, n_picks;
     int64_t picks_unit, bad_unit; /* -1: none */
-    uint8_t chunk_bad[FC_MAX_WORLD];
     fc_encode_call enc;
     fc_decode_call dec_call;
 } fc_core;
 
-void fc_core_init(fc_core *s, const fc_method *m, const fc_common *common, const void *cfg);
+/* fingerprint: fc_config_fingerprint of the same config. */
+void fc_core_init(fc_core *s, const fc_method *m, const fc_common *common, const void *cfg,
+                  uint32_t fingerprint);
 void fc_core_free(fc_core *s);
 
 /* The method a unit of n elements uses as far as its size alone says: `none` below min_numel.
@@ -180,8 +188,15 @@ int fc_core_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *re
 int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, fc_buf *out,
                         int world, int rank, uint32_t unit, int src, int piece, fc_err *err);
 
-/* out = acc / world in out's dtype (zero past n), counting what overflowed. */
-void fc_core_write_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *out);
+/* out = acc / world in out's dtype (zero past n). A value the output cannot hold saturates
+ * (counted); where acc is not finite, `passed` (an input of the sum held NaN/Inf) lets it
+ * through, canonical and counted as nonfinite_out, else it is the overflow of finite terms:
+ * saturated (NaN: 0). */
+void fc_core_write_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *out, int passed);
+/* acc += the exact own chunk (grad[start, start + n)), its NaN/Inf zeroed in "zero" mode (a
+ * NaN passed as the canonical one); returns how many there were (the caller counts them once
+ * its call succeeds). */
+int64_t fc_core_add_own(const fc_core *s, const fc_buf *grad, int64_t start, int64_t n, float *acc);
 
 /* Frees every unit's method state (before the unit table is replaced or freed). */
 void fc_core_free_unit_states(fc_core *s);

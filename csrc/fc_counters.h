@@ -22,6 +22,8 @@ typedef struct {
     int64_t sent_elements;    /* coordinates that were to be carried */
     int64_t nonfinite_in;     /* non-finite gradient elements seen by encode */
     int64_t nonfinite_out;    /* non-finite elements written to the output */
+    int64_t saturated;        /* finite values a format could not hold, clamped to its largest:
+                                 wire codes, g + e, the fp32 sum, narrow outputs and residuals */
     int64_t extra_collectives;
     int64_t stats_samples;
     double compress_s, decompress_s, comm_s, extra_collective_s;

@@ -143,6 +143,7 @@ static int encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *gr
     a->nonfinite_zero = s->common.nonfinite == FC_NONFINITE_ZERO;
     a->sample = sample;
     a->ws = k->ws;
+    a->fingerprint = s->fingerprint;
     a->x = k->x;
     a->x.learn = learns(s, m);
     a->x.fetch_k = 0;
@@ -267,7 +268,9 @@ static int decode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *re
     a->unit = unit;
     a->step = s->step;
     a->seed = (uint64_t)s->common.seed;
+    a->nonfinite_zero = s->common.nonfinite == FC_NONFINITE_ZERO;
     a->ws = k->ws;
+    a->fingerprint = s->fingerprint;
     a->x = k->x;
     a->x.learn = 0;
     /* a second round follows exactly when there is a fetch buffer (the kernels' test) */
@@ -505,6 +508,7 @@ int fc_cuda_compress(fc_core *s, const fc_cuda_call *k, const fc_buf *x, fc_buf 
     a.chunk_base = chunk;
     a.seed = (uint64_t)s->common.seed;
     a.ws = k->ws;
+    a.fingerprint = s->fingerprint;
     return k->api->compress(k->ctx, &a, written, err);
 }
 
@@ -543,6 +547,7 @@ int fc_cuda_decompress(fc_core *s, const fc_cuda_call *k, const fc_buf *payload,
     a.seed = (uint64_t)s->common.seed;
     a.alpha = alpha;
     a.ws = k->ws;
+    a.fingerprint = s->fingerprint;
     return k->api->decompress(k->ctx, &a, err);
 }
 

@@ -98,21 +98,22 @@ int fc_fetch_values(fc_core *s, const uint32_t *all_picks, int64_t kmax, const f
         const uint32_t *p = all_picks + c * kmax;
         for (int64_t j = 0; j < send_splits[c]; j++) {
             const int64_t i = start + p[j];
+            const float g = elem(grad->data, grad->dtype, i);
             float v;
-            if (residual != NULL && !s->chunk_bad[c]) { /* round 1 left e = g' whole */
+            if (residual != NULL) { /* round 1 left e = g' where g' is finite, 0 elsewhere */
                 v = elem(residual->data, residual->dtype, i);
                 if (residual->dtype == FC_F32)
                     ((float *)residual->data)[i] = 0.0f;
                 else
                     ((uint16_t *)residual->data)[i] = 0;
                 taken_sq += (double)v * v;
-            } else { /* no residual, or a non-finite chunk that keeps its old one */
-                v = elem(grad->data, grad->dtype, i);
-                if (residual != NULL)
-                    v += elem(residual->data, residual->dtype, i);
-                if (zero_bad && !(fc_abs_bits(v) < FC_INF_BITS))
-                    v = 0.0f;
+            } else {
+                v = g;
             }
+            /* NaN/Inf of the gradient: passed (canonical) or, in "zero" mode, g' = e (round 1
+             * left it in the residual: it goes out now), 0 without a residual */
+            if (!(fc_abs_bits(g) < FC_INF_BITS) && (!zero_bad || residual == NULL))
+                v = zero_bad ? 0.0f : fc_canon_nan(g);
             send[off + j] = v;
         }
         off += send_splits[c];
@@ -150,18 +151,21 @@ int fc_fetch_finish(fc_core *s, const float *recv, int64_t recv_n, const fc_buf 
                        "senders send %lld", (long long)recv_n, (long long)want));
     float *acc = s->acc; /* grown to n by the decode that picked */
     memset(acc, 0, (size_t)n * 4);
+    int passed = 0; /* NaN/Inf among the summands (the own chunk's were counted by decode) */
     /* rank order, as the one-round decode: the same sum on every rank */
     for (int r = 0; r < world && n > 0; r++) {
         if (!sends(s, r, rank)) {
-            for (int64_t i = 0; i < n; i++)
-                acc[i] += elem(grad->data, grad->dtype, start + i);
+            passed |= fc_core_add_own(s, grad, start, n, acc) != 0 &&
+                      s->common.nonfinite == FC_NONFINITE_PASS;
             continue;
         }
-        for (int64_t j = 0; j < s->n_picks; j++)
+        for (int64_t j = 0; j < s->n_picks; j++) {
+            passed |= !(fc_abs_bits(recv[j]) < FC_INF_BITS);
             acc[s->picks[j]] += recv[j];
+        }
         recv += s->n_picks;
     }
-    fc_core_write_out(s, acc, n, world, out);
+    fc_core_write_out(s, acc, n, world, out, passed);
     s->picks_unit = -1; /* used once */
     s->ctr.decompress_s += now_s() - t0;
     return FC_OK;

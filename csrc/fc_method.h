@@ -15,6 +15,7 @@ typedef enum { FC_KEY_END = 0, FC_KEY_BOOL, FC_KEY_INT, FC_KEY_FLOAT, FC_KEY_CHO
 
 #define FC_KEY_POW2 1u     /* INT: must be a power of two */
 #define FC_KEY_OPEN_LO 2u  /* FLOAT: lower bound excluded */
+#define FC_KEY_LOCAL 4u    /* a rank's own choice: not part of the wire fingerprint */
 
 typedef struct {
     const char *name;
@@ -31,6 +32,9 @@ typedef struct {
 #define FC_INT(T, f, def, lo, hi, fl, doc) {#f, FC_KEY_INT, offsetof(T, f), (def), (lo), (hi), (fl), NULL, doc}
 #define FC_FLOAT(T, f, def, lo, hi, fl, doc) {#f, FC_KEY_FLOAT, offsetof(T, f), (def), (lo), (hi), (fl), NULL, doc}
 #define FC_CHOICE(T, f, def, ch, doc) {#f, FC_KEY_CHOICE, offsetof(T, f), (def), 0, 0, 0, (ch), doc}
+/* A key each rank may set alone (FC_KEY_LOCAL): it never changes what goes on the wire. */
+#define FC_BOOL_LOCAL(T, f, def, doc) {#f, FC_KEY_BOOL, offsetof(T, f), (def), 0, 1, FC_KEY_LOCAL, NULL, doc}
+#define FC_CHOICE_LOCAL(T, f, def, ch, doc) {#f, FC_KEY_CHOICE, offsetof(T, f), (def), 0, 0, FC_KEY_LOCAL, (ch), doc}
 #define FC_KEYS_END {NULL, FC_KEY_END, 0, 0, 0, 0, 0, NULL, NULL}
 
 /* ---- element types of gradients and residuals ---- */
@@ -61,6 +65,8 @@ typedef struct {
     int64_t meta_bytes;  /* scales, norms, counts */
     int64_t index_bytes; /* coordinates of sparse entries */
     int64_t kept;        /* coordinates carried (n for dense methods): density = kept / n */
+    int64_t saturated;   /* encode only: finite values beyond the format's range, clamped to
+                            its largest (the driver zeroes it before encode; layout() leaves it) */
 } fc_layout;
 
 static inline int64_t fc_layout_bytes(const fc_layout *l)

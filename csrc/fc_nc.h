@@ -43,6 +43,14 @@ FC_HOSTDEV uint8_t fc_nc_encode(float x, uint32_t emax, uint32_t h)
     return ur < q ? (uint8_t)(sign | (uint8_t)((int32_t)emax + 2 - lo)) : (uint8_t)0;
 }
 
+/* 1 when fc_nc_encode saturates x: its draw rounds |x| up to 2^128, which is not a float, so
+ * it is rounded down to 2^127 instead (the rest stays in the residual with error feedback). */
+FC_HOSTDEV int fc_nc_saturates(float x, uint32_t h)
+{
+    const uint32_t a = fc_f32_bits(x) & 0x7fffffffu;
+    return (a >> 23) == 254u && (h << 7) < (a & 0x7fffffu);
+}
+
 /* The block's reference exponent from its absmax bits: *stored is what the body carries (255:
  * Inf/NaN in the block, 0: all zeros, 1 for a block of subnormals only, referenced to the
  * smallest normal exponent); returns the emax the codes use, 0 when the block gets zero codes. */

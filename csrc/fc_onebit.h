@@ -5,11 +5,13 @@
 
 #include <stdint.h>
 #include "fc_hostdev.h"
+#include "fc_quant.h"
 
-/* The mean of count entries whose sum (in double, fc_block.h's lane order) is sum; 0 for none. */
+/* The mean of count entries whose sum (in double, fc_block.h's lane order) is sum; 0 for none.
+ * A NaN (the block held one) is the canonical NaN, whatever NaN the sum's operand order made. */
 FC_HOSTDEV float fc_onebit_mean(double sum, int64_t count)
 {
-    return count ? (float)(sum / (double)count) : 0.0f;
+    return count ? fc_canon_nan((float)(sum / (double)count)) : 0.0f;
 }
 
 /* What bit b (set: x < 0) of a block with means (pos, neg) adds, times alpha. */

@@ -19,10 +19,15 @@ FC_HOSTDEV int fc_qsgd_width(int64_t levels)
     return 1 + b;
 }
 
-/* A bucket's norm from its sum of squares, as the body carries it. */
+/* A bucket's norm from its sum of squares, as the body carries it: the canonical NaN for a
+ * bucket that held NaN/Inf, and fp32's largest value for a finite bucket whose norm is beyond
+ * it (any norm >= max |x| keeps the levels in [0, s] and the rounding unbiased). */
 FC_HOSTDEV float fc_qsgd_norm(double sum_sq)
 {
-    return (float)sqrt(sum_sq);
+    if (!(sum_sq <= 1.7976931348623157e308)) /* NaN or Inf: the bucket was not finite */
+        return fc_bits_f32(FC_NAN_BITS);
+    const double r = sqrt(sum_sq);
+    return r >= (double)fc_bits_f32(FC_MAX_BITS) ? fc_bits_f32(FC_MAX_BITS) : (float)r;
 }
 
 /* Whether a bucket gets codes: a zero or non-finite norm sends the zero code everywhere. */

@@ -37,43 +37,67 @@ FC_HOSTDEV uint32_t fc_abs_bits(float x)
 }
 
 #define FC_INF_BITS 0x7f800000u
+#define FC_MAX_BITS 0x7f7fffffu /* fp32's largest finite value, 3.4028235e38 */
 
-/* The quiet NaN C's NAN is on x86 (0x7fc00000), as bits: what the block quantisers write for a
- * block holding a NaN or Inf, on the CPU and in CUDA (where NAN is not a device constant). */
+/* The one quiet NaN every fp32 field on the wire carries (0x7fc00000, C's NAN on x86), on the
+ * CPU and in CUDA (whose own NaN is 0x7fffffff and NAN no device constant): whatever NaN an
+ * input or an operation produced, a payload holds this one. */
 #define FC_NAN_BITS 0x7fc00000u
 
-/* r = a op b with the NaN x86 gives (the first NaN operand, quieted; Inf - Inf: its default NaN,
- * 0xffc00000): what the CPU path's g + e is, from its hardware. The CUDA kernels add g + e with
- * fc_add_x86, since a GPU's arithmetic returns one canonical NaN, and a NaN's sign and payload
- * reach the payload bytes (onebit's sign bits, the NaN of qsgd's and onebit's sums, casts). */
-FC_HOSTDEV float fc_nan_x86(float r, float a, float b)
+/* v, with any NaN replaced by the canonical one (FC_NAN_BITS). */
+FC_HOSTDEV float fc_canon_nan(float v)
 {
-    if (fc_abs_bits(r) <= FC_INF_BITS)
-        return r;
-    if (fc_abs_bits(a) > FC_INF_BITS)
-        return fc_bits_f32(fc_f32_bits(a) | 0x00400000u);
-    if (fc_abs_bits(b) > FC_INF_BITS)
-        return fc_bits_f32(fc_f32_bits(b) | 0x00400000u);
-    return fc_bits_f32(0xffc00000u);
+    return fc_abs_bits(v) > FC_INF_BITS ? fc_bits_f32(FC_NAN_BITS) : v;
 }
 
-FC_HOSTDEV float fc_add_x86(float a, float b)
+/* v if finite, else the canonical NaN: what a block's metadata carries for a block that held
+ * NaN or Inf (its elements then decode to NaN, so the problem is passed through and counted). */
+FC_HOSTDEV float fc_finite_or_nan(float v)
 {
-    return fc_nan_x86(a + b, a, b);
+    return fc_abs_bits(v) < FC_INF_BITS ? v : fc_bits_f32(FC_NAN_BITS);
 }
 
-/* a * b, the same way (fp16's pre-division by the world size). */
-FC_HOSTDEV float fc_mul_x86(float a, float b)
+/* a + b, where a sum of two finite values beyond fp32 saturates at its largest value (*sat
+ * counts it); NaN and Inf operands pass as IEEE adds them. */
+FC_HOSTDEV float fc_add_sat(float a, float b, int64_t *sat)
 {
-    return fc_nan_x86(a * b, a, b);
+    const float s = a + b;
+    if (fc_abs_bits(s) >= FC_INF_BITS && fc_abs_bits(a) < FC_INF_BITS &&
+        fc_abs_bits(b) < FC_INF_BITS) {
+        ++*sat;
+        return fc_bits_f32((fc_f32_bits(s) & 0x80000000u) | FC_MAX_BITS);
+    }
+    return s;
+}
+
+/* a * b, saturated the same way (a product of finite values beyond fp32). */
+FC_HOSTDEV float fc_mul_sat(float a, float b, int64_t *sat)
+{
+    const float s = a * b;
+    if (fc_abs_bits(s) >= FC_INF_BITS && fc_abs_bits(a) < FC_INF_BITS &&
+        fc_abs_bits(b) < FC_INF_BITS) {
+        ++*sat;
+        return fc_bits_f32((fc_f32_bits(s) & 0x80000000u) | FC_MAX_BITS);
+    }
+    return s;
+}
+
+/* A block scale s = amax / qmax whose top code must decode finite: s * qmax rounds above fp32's
+ * largest value when amax is within an ulp of it, so such an s is taken one ulp smaller (the
+ * elements at the top then clamp to qmax, a saturation within rounding of amax). */
+FC_HOSTDEV float fc_scale_fits(float scale, float qmax)
+{
+    return fc_abs_bits(scale * qmax) >= FC_INF_BITS ? fc_bits_f32(fc_f32_bits(scale) - 1u) : scale;
 }
 
 /* The absmax scale of a block for a symmetric quantiser whose largest code is qmax, from the
  * block's largest |x| as bits (fc_abs_bits): writes scale = amax / qmax and returns the
- * multiplier qmax / amax, or returns 0 for a block that is all zeros (scale 0) or holds a
+ * multiplier qmax / amax, or returns 0 for a block that is all zeros (scale 0), that holds a
  * NaN/Inf (scale NaN: the block decodes to NaN, so the problem is passed through and counted
- * by the driver instead of becoming silent zeros). On 0 the caller writes the zero code and
- * does no arithmetic on the block. */
+ * by the driver instead of becoming silent zeros), or whose absmax is so small that qmax / amax
+ * overflows fp32 (below about 1e-36; scale 0: the block is flushed to zero, its values stay in
+ * the residual with error feedback). On 0 the caller writes the zero code and does no
+ * arithmetic on the block. A finite block always decodes finite (fc_scale_fits). */
 FC_HOSTDEV float fc_absmax_scale(uint32_t amax_bits, float qmax, float *scale)
 {
     if (amax_bits >= FC_INF_BITS || amax_bits == 0) {
@@ -81,8 +105,13 @@ FC_HOSTDEV float fc_absmax_scale(uint32_t amax_bits, float qmax, float *scale)
         return 0.0f;
     }
     const float amax = fc_bits_f32(amax_bits);
-    *scale = amax / qmax;
-    return qmax / amax;
+    const float inv = qmax / amax;
+    if (fc_abs_bits(inv) >= FC_INF_BITS) {
+        *scale = 0.0f;
+        return 0.0f;
+    }
+    *scale = fc_scale_fits(amax / qmax, qmax);
+    return inv;
 }
 
 #endif

@@ -101,13 +101,16 @@ void fc_vcodec_shape(const fc_vcodec *v, fc_vc_shape *out)
 }
 
 int fc_vcodec_encode(const fc_vcodec *v, const fc_chunk *parent, const float *vals, int64_t k,
-                     uint8_t *out, fc_err *err)
+                     uint8_t *out, int64_t *saturated, fc_err *err)
 {
     if (k == 0)
         return FC_OK;
     fc_chunk c = sub_chunk(v, parent, k);
     fc_layout used;
-    return quant_methods[v->quantize]->encode(&c, vals, out, &used, err);
+    memset(&used, 0, sizeof(used));
+    const int rc = quant_methods[v->quantize]->encode(&c, vals, out, &used, err);
+    *saturated += used.saturated;
+    return rc;
 }
 
 int fc_vcodec_decode_add(const fc_vcodec *v, const fc_chunk *parent, const uint8_t *in, int64_t k,

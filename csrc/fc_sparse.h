@@ -24,8 +24,9 @@ void fc_vcodec_layout(const fc_vcodec *v, const fc_chunk *parent, int64_t k, fc_
 int64_t fc_vcodec_bytes(const fc_vcodec *v, const fc_chunk *parent, int64_t k);
 /* What the CUDA value codec needs to know of it (its method's config, for the kernels). */
 void fc_vcodec_shape(const fc_vcodec *v, fc_vc_shape *out);
+/* *saturated += the values the value method saturated */
 int fc_vcodec_encode(const fc_vcodec *v, const fc_chunk *parent, const float *vals, int64_t k,
-                     uint8_t *out, fc_err *err);
+                     uint8_t *out, int64_t *saturated, fc_err *err);
 /* vals[j] += alpha * decoded value j */
 int fc_vcodec_decode_add(const fc_vcodec *v, const fc_chunk *parent, const uint8_t *in, int64_t k,
                          float alpha, float *vals, fc_err *err);

@@ -52,6 +52,30 @@ FC_HOSTDEV int fc_rule_randk_take(uint32_t r, uint64_t left, int64_t need)
     return (uint64_t)r * left < ((uint64_t)need << 32);
 }
 
+/* Random-k's scaled decode multiplies a value by f = n / k: the largest magnitude whose decode
+ * stays finite, fp32's largest / f (one ulp less where that times f rounds past fp32). Finite
+ * values beyond it are saturated before the value codec, the rest staying in the residual. */
+FC_HOSTDEV float fc_rule_randk_lim(float f)
+{
+    float lim = fc_bits_f32(FC_MAX_BITS) / f;
+    if (fc_abs_bits(lim * f) >= FC_INF_BITS)
+        lim = fc_bits_f32(fc_f32_bits(lim) - 1u);
+    return lim;
+}
+
+/* A kept value as random-k's codec gets it (f: the decode's factor; 1 without `scale`); *sat
+ * counts a saturation. NaN/Inf pass as they are. */
+FC_HOSTDEV float fc_rule_randk_value(float x, float f, int64_t *sat)
+{
+    if (f == 1.0f || !(fc_abs_bits(x) < FC_INF_BITS))
+        return x;
+    const float lim = fc_rule_randk_lim(f);
+    if (fc_abs_bits(x) <= fc_f32_bits(lim))
+        return x;
+    ++*sat;
+    return x < 0 ? -lim : lim;
+}
+
 /* thresholdv sends x when |x| > v; a NaN fails every comparison, so it is sent (passed through
  * and counted, never lost). In magnitude bits: abs_bits(x) > bits(v) for v >= 0. */
 FC_HOSTDEV int fc_rule_thrv_keep(float x, float v)

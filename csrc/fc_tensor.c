@@ -138,6 +138,21 @@ done:
     return rc;
 }
 
+/* torch's negative-bit views (`x._neg_view()`, what conj/neg of some views give) share the
+ * memory of x and hold -x only as a flag, which DLPack does not carry: read through DLPack they
+ * have the wrong sign. 1 when obj is one; errors of the probe count as no. */
+static int is_neg_view(PyObject *obj)
+{
+    PyObject *r = PyObject_CallMethod(obj, "is_neg", NULL);
+    if (r == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    const int neg = r == Py_True;
+    Py_DECREF(r);
+    return neg;
+}
+
 int fc_view_get(PyObject *obj, const char *arg, unsigned dtypes, fc_view *v, fc_err *err)
 {
     DLTensor t;
@@ -165,7 +180,12 @@ int fc_view_get(PyObject *obj, const char *arg, unsigned dtypes, fc_view *v, fc_
     }
     int64_t numel = 1, expect = 1;
     int contiguous = 1;
-    for (int i = t.ndim - 1; i >= 0; i--) {
+    for (int i = t.ndim - 1; i >= 0; i--) { /* sizes from the producer: checked, never wrapped */
+        if (t.shape[i] < 0 || (t.shape[i] > 0 && numel > FC_MAX_NUMEL / t.shape[i])) {
+            fc_view_release(v);
+            return fc_fail(err, FC_ERR_VALUE, "%s has a shape of more than 2^44 elements or a "
+                           "negative size (dimension %d: %lld)", arg, i, (long long)t.shape[i]);
+        }
         if (t.strides != NULL && t.shape[i] != 1 && t.strides[i] != expect)
             contiguous = 0;
         expect *= t.shape[i];
@@ -180,6 +200,11 @@ int fc_view_get(PyObject *obj, const char *arg, unsigned dtypes, fc_view *v, fc_
         fc_view_release(v);
         return fc_fail(err, FC_ERR_TYPE, "%s must be on the CPU or a CUDA device, got DLPack "
                        "device type %d", arg, t.device.device_type);
+    }
+    if (PyObject_HasAttrString((PyObject *)Py_TYPE(obj), "is_neg") && is_neg_view(obj)) {
+        fc_view_release(v);
+        return fc_fail(err, FC_ERR_VALUE, "%s is a negative-bit view (it holds -x as a flag, which "
+                       "DLPack cannot carry): pass x.resolve_neg()", arg);
     }
     v->buf.data = (char *)t.data + t.byte_offset;
     v->buf.numel = numel;

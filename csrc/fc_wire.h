@@ -1,34 +1,73 @@
 /* fc_wire.h: the payload header. Every chunk on the wire starts with it, so a receiver can
- * tell a payload from garbage and ranks that drifted apart (other unit, other step) from each
- * other. All fields little-endian; the payload is padded to FC_ALIGN bytes. */
+ * tell a payload from garbage, ranks that drifted apart (other unit, other step) and ranks that
+ * run another config (fingerprint, world) from each other. All fields little-endian; the payload
+ * is padded to FC_ALIGN bytes.
+ *
+ * Version 3 keeps the header at 32 bytes (small units, biases and norms, are common, and the
+ * header is most of their overhead): the magic is 16 bits, element count and body size are 48
+ * bits each (FC_MAX_NUMEL keeps every size below 2^47), which leaves room for the world size,
+ * a flags byte and a 32-bit fingerprint of the config. The ranks compare their full
+ * configs before the first exchange of each unit shape (fsdpcomp/_agree.py); the fingerprint
+ * catches a config that changed after that. */
 #ifndef FC_WIRE_H
 #define FC_WIRE_H
 
 #include <stdint.h>
 #include <string.h>
+#include "fc_hostdev.h"
 
-#define FC_MAGIC 0x43445346u /* "FSDC" */
-#define FC_WIRE_VERSION 2 /* 2: stochastic rounding draws 16 bits per element (fc_rng_u16) */
+#define FC_MAGIC 0x4346u /* "FC" */
+/* 3: 32-bit config fingerprint, world size and flags; saturating element rules and one NaN per
+ * format. 2: stochastic rounding draws 16 bits per element (fc_rng_u16). */
+#define FC_WIRE_VERSION 3
 #define FC_HEADER_BYTES 32
 #define FC_ALIGN 16 /* payload starts stay 16-byte aligned for vector loads on both paths */
 
+/* flags */
+#define FC_HDR_NONFINITE 1u /* the sender's chunk held NaN/Inf that went on the wire ("pass") */
+#define FC_HDR_FLAGS_KNOWN FC_HDR_NONFINITE
+
 typedef struct {
-    uint32_t magic;
+    uint16_t magic;
     uint8_t version;
     uint8_t method;
-    uint8_t dtype;    /* fc_dtype of the gradient the payload came from */
-    uint8_t reserved; /* 0 */
+    uint8_t dtype;  /* fc_dtype of the gradient the payload came from */
+    uint8_t flags;  /* FC_HDR_*; unknown bits are refused */
+    uint16_t world; /* ranks the payload was encoded for (fp16 pre-divides by it) */
     uint32_t unit;
     uint32_t step;
-    uint64_t numel;
-    uint64_t body_bytes;
+    uint32_t numel_lo; /* element count of the chunk: 48 bits */
+    uint16_t numel_hi;
+    uint16_t body_hi; /* body bytes: 48 bits */
+    uint32_t body_lo;
+    uint32_t fingerprint; /* of the config keys that decide the wire (fc_config_fingerprint) */
 } fc_header;
 
 #ifdef __cplusplus /* the CUDA kernels write headers too */
 static_assert(sizeof(fc_header) == FC_HEADER_BYTES, "header layout");
 #else
 _Static_assert(sizeof(fc_header) == FC_HEADER_BYTES, "header layout");
+_Static_assert(FC_HEADER_BYTES % FC_ALIGN == 0, "bodies start aligned");
 #endif
+
+FC_HOSTDEV uint64_t fc_header_numel(const fc_header *h)
+{
+    return (uint64_t)h->numel_lo | (uint64_t)h->numel_hi << 32;
+}
+
+FC_HOSTDEV uint64_t fc_header_body(const fc_header *h)
+{
+    return (uint64_t)h->body_lo | (uint64_t)h->body_hi << 32;
+}
+
+/* numel and body below 2^48 (FC_MAX_NUMEL keeps them there). */
+FC_HOSTDEV void fc_header_set_sizes(fc_header *h, uint64_t numel, uint64_t body)
+{
+    h->numel_lo = (uint32_t)numel;
+    h->numel_hi = (uint16_t)(numel >> 32);
+    h->body_lo = (uint32_t)body;
+    h->body_hi = (uint16_t)(body >> 32);
+}
 
 static inline int64_t fc_align_up(int64_t v)
 {

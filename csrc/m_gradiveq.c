@@ -11,6 +11,7 @@
 #include <string.h>
 #include "fc_eig.h"
 #include "fc_method.h"
+#include "fc_quant.h"
 
 typedef struct {
     int64_t dim;
@@ -148,6 +149,9 @@ static int gvq_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layou
     float *cov = c->ustate + m * k;
     const int learn = due(cfg, c->rng_shared.step);
     float *coef = (float *)body;
+    /* D(c) = U c sums k terms |u| <= 1: coefficients up to fp32's largest / k decode finite */
+    const float lim = fc_bits_f32(FC_MAX_BITS) / (float)k;
+    int64_t sat = 0, cov_sat = 0;
     for (int64_t s = 0; s < ns; s++) {
         float v[256];
         const int64_t lo = s * m;
@@ -157,14 +161,30 @@ static int gvq_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layou
             float d = 0;
             for (int64_t i = 0; i < m; i++)
                 d += u[j * m + i] * v[i];
+            if (!(fc_bits_f32(fc_abs_bits(d)) <= lim)) { /* beyond lim, or NaN/Inf: rare */
+                double e = 0;
+                int finite = 1;
+                for (int64_t i = 0; i < m; i++) {
+                    e += (double)u[j * m + i] * v[i];
+                    finite &= fc_abs_bits(v[i]) < FC_INF_BITS;
+                }
+                if (finite) {
+                    d = e > lim ? lim : e < -lim ? -lim : (float)e;
+                    sat += fabs(e) > lim;
+                } else {
+                    d = fc_canon_nan(d);
+                }
+            }
             coef[s * k + j] = d;
         }
-        if (learn)
+        if (learn) /* a covariance beyond fp32 saturates: it is a unit state, checkpointed */
             for (int64_t p = 0; p < m; p++)
                 for (int64_t q = 0; q < m; q++)
-                    cov[p * m + q] += v[p] * v[q];
+                    cov[p * m + q] = fc_add_sat(cov[p * m + q], fc_mul_sat(v[p], v[q], &cov_sat),
+                                                &cov_sat);
     }
     gvq_layout(c, used);
+    used->saturated = sat;
     return FC_OK;
 }
 

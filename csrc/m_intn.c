@@ -154,21 +154,28 @@ INTN_INLINE void intn_minmax_map(const intn_cfg *cfg, const float *x, int64_t lo
 }
 
 /* Block [lo, hi)'s metadata into the body and its code map; `fast` picks how a min-max block
- * finds its range (the same result). */
-INTN_INLINE void intn_block_map(const intn_cfg *cfg, const float *x, int64_t lo, int64_t hi,
-                                float *meta, int64_t b, fc_intn_map *p, int fast)
+ * finds its range (the same result). Returns how many of its values the map saturates (a
+ * min-max block clamped to [-lim, lim], see fc_intn_minmax_map). */
+INTN_INLINE int64_t intn_block_map(const intn_cfg *cfg, const float *x, int64_t lo, int64_t hi,
+                                   float *meta, int64_t b, fc_intn_map *p, int fast)
 {
     if (cfg->scheme == FC_INTN_MINMAX)
         intn_minmax_map(cfg, x, lo, hi, meta, b, p, fast);
     else
         meta[b] = fc_intn_absmax_map((int)cfg->bits, fc_amax_bits(x, lo, hi), p);
+    int64_t sat = 0;
+    if (p->ok && p->lim < fc_bits_f32(FC_MAX_BITS))
+        for (int64_t i = lo; i < hi; i++)
+            sat += fc_abs_bits(x[i]) > fc_f32_bits(p->lim);
+    return sat;
 }
 
 /* Reference encode: element by element, groups of 8 packed by fc_pack8 (the CUDA layout:
  * element i at bit i * w, the last group's unused slots zero). Random draws come in stretches
  * of 64 that start at multiples of 64, the same numbers for any block size. */
-static void intn_encode_ref(const fc_chunk *c, const float *x, uint8_t *body)
+static int64_t intn_encode_ref(const fc_chunk *c, const float *x, uint8_t *body)
 {
+    int64_t sat = 0;
     const intn_cfg *cfg = (const intn_cfg *)c->cfg;
     const int w = (int)cfg->bits;
     const int64_t bs = cfg->block_size, n = c->n;
@@ -183,23 +190,27 @@ static void intn_encode_ref(const fc_chunk *c, const float *x, uint8_t *body)
         for (int64_t j = 0; j < m; j++) {
             const int64_t i = g + j;
             if (i % bs == 0)
-                intn_block_map(cfg, x, i, FC_BLOCK_END(i, bs, n), (float *)body, i / bs, &map, 0);
+                sat += intn_block_map(cfg, x, i, FC_BLOCK_END(i, bs, n), (float *)body, i / bs,
+                                      &map, 0);
             codes[j] = fc_intn_code(&map, x[i], cfg->stochastic, u[j]);
         }
         for (int64_t k = 0; k < m; k += 8)
             fc_pack8(codes + k, w, packed + (g + k) / 8 * w);
     }
+    return sat;
 }
 
 /* Codes of x[0..m) under one finite block's map, branch-free so that the loops vectorise. */
 INTN_INLINE void intn_codes(const float *restrict x, int64_t m, const fc_intn_map *p,
                               const float *restrict u, uint8_t *restrict t)
 {
-    const float off = p->off, pre = p->pre, inv = p->inv;
+    const float off = p->off, pre = p->pre, inv = p->inv, lim = p->lim;
     const int32_t qlo = p->qlo, qhi = p->qhi;
     if (u) {
         for (int64_t j = 0; j < m; j++) {
-            int32_t q = fc_floor_i32(((x[j] - off) * pre) * inv + u[j]);
+            float v = x[j] < -lim ? -lim : x[j];
+            v = v > lim ? lim : v;
+            int32_t q = fc_floor_i32(((v - off) * pre) * inv + u[j]);
             q = q < qlo ? qlo : q;
             q = q > qhi ? qhi : q;
             t[j] = (uint8_t)(q - qlo);
@@ -207,7 +218,9 @@ INTN_INLINE void intn_codes(const float *restrict x, int64_t m, const fc_intn_ma
     } else { /* clamped as floats (min/max instructions): rounding and clamp commute */
         const float flo = (float)qlo, fhi = (float)qhi;
         for (int64_t j = 0; j < m; j++) {
-            float q = fc_round_even(((x[j] - off) * pre) * inv);
+            float v = x[j] < -lim ? -lim : x[j];
+            v = v > lim ? lim : v;
+            float q = fc_round_even(((v - off) * pre) * inv);
             q = q < flo ? flo : q;
             q = q > fhi ? fhi : q;
             t[j] = (uint8_t)((int32_t)q - qlo);
@@ -292,8 +305,9 @@ INTN_INLINE void intn_pack(const uint8_t *t, int64_t m, int w, uint8_t *out)
     }
 }
 
-INTN_INLINE void intn_encode_w(const fc_chunk *c, const float *x, uint8_t *body, int w)
+INTN_INLINE int64_t intn_encode_w(const fc_chunk *c, const float *x, uint8_t *body, int w)
 {
+    int64_t sat = 0;
     const intn_cfg *cfg = (const intn_cfg *)c->cfg;
     const int64_t bs = cfg->block_size, n = c->n;
     uint8_t *packed = body + intn_meta_bytes(cfg, n);
@@ -310,7 +324,7 @@ INTN_INLINE void intn_encode_w(const fc_chunk *c, const float *x, uint8_t *body,
         for (int64_t s = g; s < g + m;) {
             const int64_t end = FC_BLOCK_END(s - s % bs, bs, n), e = end < g + m ? end : g + m;
             if (s % bs == 0)
-                intn_block_map(cfg, x, s, end, (float *)body, s / bs, &map, 1);
+                sat += intn_block_map(cfg, x, s, end, (float *)body, s / bs, &map, 1);
             if (map.ok)
                 intn_codes(x + s, e - s, &map, cfg->stochastic ? u + (s - g) : NULL, t + (s - g));
             else
@@ -319,27 +333,23 @@ INTN_INLINE void intn_encode_w(const fc_chunk *c, const float *x, uint8_t *body,
         }
         intn_pack(t, m, w, packed + g / 8 * w);
     }
+    return sat;
 }
 
-FC_CLONES static void intn_encode_fast(const fc_chunk *c, const float *x, uint8_t *body)
+FC_CLONES static int64_t intn_encode_fast(const fc_chunk *c, const float *x, uint8_t *body)
 {
     const int w = (int)((const intn_cfg *)c->cfg)->bits;
-    if (w == 2)
-        intn_encode_w(c, x, body, 2);
-    else if (w == 3)
-        intn_encode_w(c, x, body, 3);
-    else
-        intn_encode_w(c, x, body, 4);
+    return w == 2 ? intn_encode_w(c, x, body, 2)
+         : w == 3 ? intn_encode_w(c, x, body, 3)
+                  : intn_encode_w(c, x, body, 4);
 }
 
 static int intn_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
 {
     (void)err;
-    if (fc_cpu_reference)
-        intn_encode_ref(c, x, body);
-    else
-        intn_encode_fast(c, x, body);
+    const int64_t sat = fc_cpu_reference ? intn_encode_ref(c, x, body) : intn_encode_fast(c, x, body);
     intn_layout(c, used);
+    used->saturated = sat;
     return FC_OK;
 }
 

@@ -58,10 +58,12 @@ static inline void nc_range(const float *x, int64_t lo, int64_t hi, uint32_t *am
     *emin = mn == 0xffffffffu ? 255u : (mn + 1u) >> 23;
 }
 
-/* The reference's codes with the draws made in bulk, a stretch at a time in L1. */
-FC_CLONES static void nc_encode_fast(const fc_rng *rng, const float *x, int64_t n, int64_t bs,
-                                     uint8_t *body)
+/* The reference's codes with the draws made in bulk, a stretch at a time in L1. Returns the
+ * saturated count (fc_nc_saturates). */
+FC_CLONES static int64_t nc_encode_fast(const fc_rng *rng, const float *x, int64_t n, int64_t bs,
+                                        uint8_t *body)
 {
+    int64_t sat = 0;
     const int64_t nb = fc_nblocks(n, bs);
     uint32_t *emaxs = (uint32_t *)body;
     uint8_t *codes = body + 4 * nb;
@@ -85,10 +87,13 @@ FC_CLONES static void nc_encode_fast(const fc_rng *rng, const float *x, int64_t 
             if (common)
                 nc_common(x + g, h, m, emax, codes + g);
             else
-                for (int64_t j = 0; j < m; j++)
+                for (int64_t j = 0; j < m; j++) {
+                    sat += fc_nc_saturates(x[g + j], h[j]);
                     codes[g + j] = fc_nc_encode(x[g + j], emax, h[j]);
+                }
         }
     }
+    return sat;
 }
 
 static int nc_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
@@ -97,19 +102,25 @@ static int nc_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout
     const nc_cfg *cfg = (const nc_cfg *)c->cfg;
     const int64_t bs = cfg->block_size, nb = fc_nblocks(c->n, bs);
     if (!fc_cpu_reference) {
-        nc_encode_fast(&c->rng, x, c->n, bs, body);
+        const int64_t sat = nc_encode_fast(&c->rng, x, c->n, bs, body);
         nc_layout(c, used);
+        used->saturated = sat;
         return FC_OK;
     }
     uint32_t *emaxs = (uint32_t *)body;
     uint8_t *codes = body + 4 * nb;
+    int64_t sat = 0;
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
         const uint32_t emax = fc_nc_emax(fc_amax_bits(x, lo, hi), &emaxs[b]);
-        for (int64_t i = lo; i < hi; i++) /* one Philox evaluation per element: the definition */
-            codes[i] = emax ? fc_nc_encode(x[i], emax, fc_rng_u16(&c->rng, (uint64_t)i)) : 0;
+        for (int64_t i = lo; i < hi; i++) { /* one Philox evaluation per element: the definition */
+            const uint32_t h = fc_rng_u16(&c->rng, (uint64_t)i);
+            sat += emax != 0 && fc_nc_saturates(x[i], h);
+            codes[i] = emax ? fc_nc_encode(x[i], emax, h) : 0;
+        }
     }
     nc_layout(c, used);
+    used->saturated = sat;
     return FC_OK;
 }
 

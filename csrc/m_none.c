@@ -20,19 +20,24 @@ static void none_layout(const fc_chunk *c, fc_layout *out)
 static int none_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
 {
     (void)err;
-    int64_t n = c->n;
-    if (c->wire_dtype == FC_F32) {
+    int64_t n = c->n, sat = 0;
+    if (c->wire_dtype == FC_F32) { /* NaNs arrive canonical: the driver made them so */
         memcpy(body, x, (size_t)n * 4);
-    } else if (c->wire_dtype == FC_BF16) {
+    } else if (c->wire_dtype == FC_BF16) { /* g + e can leave the gradient's dtype: saturated */
         uint16_t *o = (uint16_t *)body;
-        for (int64_t i = 0; i < n; i++)
+        for (int64_t i = 0; i < n; i++) {
+            sat += fc_bf16_saturates(x[i]);
             o[i] = fc_f32_to_bf16(x[i]);
+        }
     } else {
         uint16_t *o = (uint16_t *)body;
-        for (int64_t i = 0; i < n; i++)
+        for (int64_t i = 0; i < n; i++) {
+            sat += fc_f16_saturates(x[i]);
             o[i] = fc_f32_to_f16(x[i]);
+        }
     }
     none_layout(c, used);
+    used->saturated = sat;
     return FC_OK;
 }
 

@@ -6,6 +6,7 @@
  * draw per element, exactly k picks, ascending. */
 #include <string.h>
 #include "fc_method.h"
+#include "fc_quant.h"
 #include "fc_sparse.h"
 
 typedef struct {
@@ -68,6 +69,12 @@ static size_t randk_scratch(const void *cfg, int64_t n)
     return (size_t)n * 8 + 64; /* indices, values */
 }
 
+static float randk_factor(const fc_chunk *c, int64_t k)
+{
+    const randk_cfg *cfg = (const randk_cfg *)c->cfg;
+    return cfg->scale ? (float)((double)c->n / (double)k) : 1.0f;
+}
+
 static int randk_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
 {
     const randk_cfg *cfg = (const randk_cfg *)c->cfg;
@@ -77,15 +84,17 @@ static int randk_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_lay
     randk_indices(c, k, idx);
     for (int64_t j = 0; j < k; j++)
         vals[j] = x[idx[j]];
-    int rc = fc_vcodec_encode(&cfg->vc, c, vals, k, body, err);
+    /* scaled by n / k on decode: a value beyond fp32's largest / (n / k) is saturated, so the
+     * receiver's decode stays finite */
+    int64_t sat = 0;
+    const float f = randk_factor(c, k);
+    if (f != 1.0f)
+        for (int64_t j = 0; j < k; j++)
+            vals[j] = fc_rule_randk_value(vals[j], f, &sat);
+    int rc = fc_vcodec_encode(&cfg->vc, c, vals, k, body, &sat, err);
     randk_layout(c, used);
+    used->saturated = sat;
     return rc;
-}
-
-static float randk_factor(const fc_chunk *c, int64_t k)
-{
-    const randk_cfg *cfg = (const randk_cfg *)c->cfg;
-    return cfg->scale ? (float)((double)c->n / (double)k) : 1.0f;
 }
 
 static void scatter(const fc_chunk *c, int64_t k, const float *vals, float a, float *acc)

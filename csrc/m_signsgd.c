@@ -67,7 +67,7 @@ FC_CLONES static void sign_encode_fast(const float *x, int64_t n, int64_t nb, in
         if (!isfinite(sum)) /* NaN/Inf in the block (finite floats cannot overflow a double):
                                NaN bits depend on operand order, the reference decides them */
             sum = fc_sum_abs(x, lo, hi);
-        scales[b] = (float)(sum / (double)(hi - lo));
+        scales[b] = fc_canon_nan((float)(sum / (double)(hi - lo)));
         fc_sign_bits(x + lo, hi - lo, bits + lo / 8);
     }
 }
@@ -85,8 +85,8 @@ static int sign_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layo
     }
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, c->n);
-        /* NaN/Inf in, NaN/Inf scale out */
-        scales[b] = (float)(fc_sum_abs(x, lo, hi) / (double)(hi - lo));
+        /* NaN/Inf in, NaN (the canonical one)/Inf scale out */
+        scales[b] = fc_canon_nan((float)(fc_sum_abs(x, lo, hi) / (double)(hi - lo)));
     }
     sign_bits(x, c->n, body + 4 * nb);
     sign_layout(c, used);

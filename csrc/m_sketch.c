@@ -13,6 +13,7 @@
 #include <string.h>
 #include "fc_hash.h"
 #include "fc_method.h"
+#include "fc_quant.h"
 #include "fc_select.h"
 
 typedef struct {
@@ -73,16 +74,21 @@ static int sketch_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_la
     const sketch_cfg *cfg = (const sketch_cfg *)c->cfg;
     const int64_t r = cfg->rows, cols = cfg->cols;
     float *t = (float *)body;
+    int64_t sat = 0;
     memset(t, 0, (size_t)(r * cols) * 4);
     for (int64_t j = 0; j < r; j++) {
         const uint32_t key = row_key(c, j);
         float *row = t + j * cols;
-        for (int64_t i = 0; i < c->n; i++) {
+        for (int64_t i = 0; i < c->n; i++) { /* a bucket beyond fp32 saturates */
             uint32_t h = fc_sketch_hash((uint64_t)i, key);
-            row[fc_sketch_col(h, (uint32_t)cols)] += fc_sketch_sign(h) * x[i];
+            float *b = &row[fc_sketch_col(h, (uint32_t)cols)];
+            *b = fc_add_sat(*b, fc_sketch_sign(h) * x[i], &sat);
         }
     }
+    for (int64_t i = 0; i < r * cols; i++) /* Inf - Inf or a NaN in: the canonical NaN */
+        t[i] = fc_canon_nan(t[i]);
     sketch_layout(c, used);
+    used->saturated = sat;
     return FC_OK;
 }
 
@@ -97,7 +103,10 @@ static float median(float *v, int64_t r)
         }
         v[b + 1] = key;
     }
-    return r & 1 ? v[r / 2] : 0.5f * (v[r / 2 - 1] + v[r / 2]);
+    if (r & 1)
+        return v[r / 2];
+    const float s = v[r / 2 - 1] + v[r / 2]; /* two estimates near fp32's largest: halve first */
+    return fc_abs_bits(s) >= FC_INF_BITS ? 0.5f * v[r / 2 - 1] + 0.5f * v[r / 2] : 0.5f * s;
 }
 
 /* est[i] = the median over rows of coordinate i's estimates in table t */

@@ -86,14 +86,16 @@ static int thrv_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layo
     fc_index_encode(idx, n, k, body + 4);
     uint8_t *vb = body + 4 + fc_index_bytes(n, k);
     int rc = FC_OK;
+    int64_t sat = 0;
     if (cfg->values == THRV_SIGN) { /* bit j set: element j is negative (NaN: by its sign bit) */
         memset(vb, 0, (size_t)(k + 7) / 8);
         for (int64_t j = 0; j < k; j++)
             vb[j >> 3] |= (uint8_t)((fc_f32_bits(vals[j]) >> 31) << (j & 7));
     } else {
-        rc = fc_vcodec_encode(&cfg->vc, c, vals, k, vb, err);
+        rc = fc_vcodec_encode(&cfg->vc, c, vals, k, vb, &sat, err);
     }
     layout_k(c, k, used);
+    used->saturated = sat;
     return rc;
 }
 

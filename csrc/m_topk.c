@@ -59,8 +59,10 @@ static int topk_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layo
     for (int64_t j = 0; j < k; j++)
         vals[j] = x[idx[j]];
     fc_index_encode(idx, n, k, body);
-    int rc = fc_vcodec_encode(&cfg->vc, c, vals, k, body + fc_index_bytes(n, k), err);
+    int64_t sat = 0;
+    int rc = fc_vcodec_encode(&cfg->vc, c, vals, k, body + fc_index_bytes(n, k), &sat, err);
     topk_layout(c, used);
+    used->saturated = sat;
     return rc;
 }
 

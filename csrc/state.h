@@ -24,7 +24,7 @@ typedef struct {
     PyObject *allocator; /* callable(numel, dtype_name, like) -> zeroed tensor */
     PyObject *residuals; /* list, one entry per unit: a tensor or None */
     PyObject *config;    /* dict: the resolved config, defaults included */
-    int busy;            /* set while a call runs without the GIL */
+    int busy;            /* set for the whole of a method call (fc_state_enter) */
     PyObject *cuda_ws;   /* the device workspace (a torch tensor), once a CUDA tensor came */
     fc_cuda_ctx *cuda_ctx;
     PyObject *cuda_extra; /* dict of device tensors for the sparse/stateful methods (state_cuda.c) */
@@ -58,9 +58,15 @@ PyObject *fc_raise_err(module_state *st, const fc_err *err);
 
 /* ---- state_args.c: the checks and the one exit the calls share */
 
-/* 1 when the State was initialised and no other thread is inside it; else 0, exception set. */
+/* 1 when the State was initialised; else 0, exception set. */
 int fc_state_ready(StateObject *self);
+/* One State, one thread: marks it busy (0 with RuntimeError when it already is). Every method
+ * of the table enters before it does anything that can release the GIL (a DLPack export, the
+ * residual allocator, a stream query, the C work) and leaves on its way out (state_type.c). */
+int fc_state_enter(StateObject *self);
 int fc_check_world(int world, int rank, fc_err *err);
+/* An element count from the caller: in [lo, FC_MAX_NUMEL], named `arg` when it is not. */
+int fc_check_numel(long long n, long long lo, const char *arg, fc_err *err);
 /* For the entry points that run on CPU tensors only. */
 int fc_check_cpu(const fc_view *v, const char *arg, fc_err *err);
 /* Every tensor of a call lives where the gradient does. */

@@ -10,12 +10,26 @@ int fc_state_ready(StateObject *self)
         PyErr_SetString(PyExc_RuntimeError, "State.__init__ was not called");
         return 0;
     }
+    return 1;
+}
+
+int fc_state_enter(StateObject *self)
+{
     if (self->busy) {
-        PyErr_SetString(PyExc_RuntimeError, "State is in use by another thread: one state serves "
-                        "one training loop");
+        PyErr_SetString(PyExc_RuntimeError, "State is in use by another thread (or was re-entered "
+                        "from a callback it made): one state serves one training loop");
         return 0;
     }
+    self->busy = 1;
     return 1;
+}
+
+int fc_check_numel(long long n, long long lo, const char *arg, fc_err *err)
+{
+    if (n < lo || n > FC_MAX_NUMEL)
+        return fc_fail(err, FC_ERR_VALUE, "%s must be >= %lld and at most 2^44 = %lld elements (so "
+                       "that no size product wraps), got %lld", arg, lo, (long long)FC_MAX_NUMEL, n);
+    return FC_OK;
 }
 
 int fc_check_world(int world, int rank, fc_err *err)

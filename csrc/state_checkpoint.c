@@ -4,6 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fc_half.h"
+#include "fc_quant.h"
+
 FC_DOCSTRING(fc_state_units_doc, "units() -> list[int]\n\nElements of each unit, in call order.");
 
 PyObject *fc_state_units(StateObject *self, PyObject *Py_UNUSED(ignored))
@@ -93,21 +96,56 @@ static int load_unit_states(StateObject *self, PyObject *states, fc_unit *table,
     return 0;
 }
 
+/* A residual the driver could have written: every element finite (CPU tensors; the Python
+ * side checks device ones with torch). 0, or -1 with ValueError naming residuals[u]. */
+static int check_residual_values(const fc_view *v, Py_ssize_t u)
+{
+    if (v->device_type != kDLCPU)
+        return 0;
+    for (int64_t i = 0; i < v->buf.numel; i++) {
+        const float x = v->buf.dtype == FC_F32 ? ((const float *)v->buf.data)[i]
+                                               : fc_bf16_to_f32(((const uint16_t *)v->buf.data)[i]);
+        if (!(fc_abs_bits(x) < FC_INF_BITS)) {
+            PyErr_Format(PyExc_ValueError, "restore: residuals[%zd] element %lld is %s: a residual "
+                         "never holds NaN/Inf (a corrupted checkpoint?)", u, (long long)i,
+                         fc_abs_bits(x) > FC_INF_BITS ? "nan" : x > 0 ? "inf" : "-inf");
+            return -1;
+        }
+    }
+    return 0;
+}
+
 FC_DOCSTRING(fc_state_restore_doc,
 "restore(units, residuals, step, unit_states=None)\n\n"
-"Loads a checkpoint: the unit sizes, one residual (tensor or None) per unit, the step, and\n"
-"the units' method states (fp32 CPU tensors or None, from unit_states(); None restarts them\n"
-"from the seed). Everything is validated before anything is changed.");
+"Loads a checkpoint: the unit sizes, one residual (tensor or None) per unit, the step (in\n"
+"[0, 2^32)), and the units' method states (fp32 CPU tensors or None, from unit_states(); None\n"
+"restarts them from the seed). Everything is validated before anything is changed: sizes,\n"
+"dtypes, finite residuals, the step's range.");
 
 PyObject *fc_state_restore(StateObject *self, PyObject *args)
 {
-    PyObject *units, *residuals, *states = Py_None, *new_list = NULL;
-    unsigned long step;
+    PyObject *units, *residuals, *states = Py_None, *new_list = NULL, *step_obj;
+    unsigned long long step;
     fc_unit *table = NULL;
     Py_ssize_t n = 0;
-    if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "O!O!k|O:restore", &PyList_Type, &units, &PyList_Type,
-                                                   &residuals, &step, &states))
+    if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "O!O!O|O:restore", &PyList_Type, &units, &PyList_Type,
+                                                   &residuals, &step_obj, &states))
         return NULL;
+    {
+        int overflow = 0;
+        long long s = PyLong_Check(step_obj) ? PyLong_AsLongLongAndOverflow(step_obj, &overflow) : -1;
+        if (PyErr_Occurred())
+            return NULL;
+        if (!PyLong_Check(step_obj) || PyBool_Check(step_obj) || overflow || s < 0 ||
+            s > (long long)UINT32_MAX) {
+            PyObject *r = PyObject_Repr(step_obj);
+            if (r != NULL)
+                PyErr_Format(PyExc_ValueError, "restore: step must be in [0, 2^32) (an int), got %U", r);
+            Py_XDECREF(r);
+            return NULL;
+        }
+        step = (unsigned long long)s;
+    }
     if (states != Py_None && !PyList_Check(states)) {
         PyErr_Format(PyExc_TypeError, "restore: unit_states must be a list or None, got %s",
                      Py_TYPE(states)->tp_name);
@@ -127,9 +165,9 @@ PyObject *fc_state_restore(StateObject *self, PyObject *args)
     }
     for (Py_ssize_t u = 0; u < n; u++) {
         long long numel = PyLong_AsLongLong(PyList_GET_ITEM(units, u));
-        if ((numel == -1 && PyErr_Occurred()) || numel < 0) {
+        if ((numel == -1 && PyErr_Occurred()) || numel < 0 || numel > FC_MAX_NUMEL) {
             PyErr_Clear();
-            PyErr_Format(PyExc_ValueError, "restore: units[%zd] must be a non-negative int", u);
+            PyErr_Format(PyExc_ValueError, "restore: units[%zd] must be an int in [0, 2^44]", u);
             goto error;
         }
         table[u].numel = numel;
@@ -142,7 +180,10 @@ PyObject *fc_state_restore(StateObject *self, PyObject *args)
                 goto error;
             }
             int64_t got = v.buf.numel;
+            const int bad = check_residual_values(&v, u);
             fc_view_release(&v);
+            if (bad)
+                goto error;
             if (got != numel) {
                 PyErr_Format(PyExc_ValueError, "restore: residual %zd has %lld elements, unit has %lld",
                              u, (long long)got, numel);

@@ -1,6 +1,7 @@
 /* state_chunk.c: the State's calls on one chunk outside the collective (tests, benchmarks):
  * payload_bytes, layout, compress, decompress. */
 #include "state.h" /* first: it includes Python.h */
+#include <limits.h>
 #include <string.h>
 
 #include "fc_cuda_path.h"
@@ -12,13 +13,16 @@ PyObject *fc_state_payload_bytes(StateObject *self, PyObject *arg)
 {
     if (!fc_state_ready(self))
         return NULL;
+    fc_err err = {0};
     long long n = PyLong_AsLongLong(arg);
-    if (n == -1 && PyErr_Occurred())
-        return NULL;
-    if (n < 0) {
-        PyErr_Format(PyExc_ValueError, "n must be >= 0, got %lld", n);
-        return NULL;
+    if (n == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return NULL;
+        PyErr_Clear();
+        n = LLONG_MAX;
     }
+    if (fc_check_numel(n, 0, "n", &err) != FC_OK)
+        return STATE_ERR(self, &err);
     return PyLong_FromLongLong(fc_payload_bytes(&self->core, self->core.method, n, FC_F32));
 }
 
@@ -30,13 +34,16 @@ PyObject *fc_state_layout(StateObject *self, PyObject *arg)
 {
     if (!fc_state_ready(self))
         return NULL;
+    fc_err err = {0};
     long long n = PyLong_AsLongLong(arg);
-    if (n == -1 && PyErr_Occurred())
-        return NULL;
-    if (n <= 0) {
-        PyErr_Format(PyExc_ValueError, "n must be > 0, got %lld", n);
-        return NULL;
+    if (n == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return NULL;
+        PyErr_Clear();
+        n = LLONG_MAX;
     }
+    if (fc_check_numel(n, 1, "n", &err) != FC_OK)
+        return STATE_ERR(self, &err);
     fc_chunk c;
     memset(&c, 0, sizeof(c));
     c.cfg = self->core.cfg;
@@ -84,7 +91,6 @@ PyObject *fc_state_compress(StateObject *self, PyObject *args, PyObject *kwds)
     }
     if (fc_state_on_cuda(self, &xv) && fc_state_cuda_prepare(self, x, &xv, &k, &err) != FC_OK)
         goto error;
-    self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     if (fc_state_on_cuda(self, &xv))
         rc = fc_cuda_compress(&self->core, &k, &xv.buf, &pv.buf, unit, chunk, world, rank, &written, &err);
@@ -92,7 +98,6 @@ PyObject *fc_state_compress(StateObject *self, PyObject *args, PyObject *kwds)
         rc = fc_core_compress(&self->core, (const float *)xv.buf.data, xv.buf.numel,
                               (uint8_t *)pv.buf.data, pv.buf.numel, unit, chunk, world, rank, &written, &err);
     Py_END_ALLOW_THREADS
-    self->busy = 0;
 error: /* and success: rc says which */
     fc_view_release(&xv);
     fc_view_release(&pv);
@@ -130,7 +135,6 @@ PyObject *fc_state_decompress(StateObject *self, PyObject *args, PyObject *kwds)
     }
     if (fc_state_on_cuda(self, &av) && fc_state_cuda_prepare(self, acc, &av, &k, &err) != FC_OK)
         goto error;
-    self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     if (fc_state_on_cuda(self, &av))
         rc = fc_cuda_decompress(&self->core, &k, &pv.buf, &av.buf, (float)alpha, unit, chunk, world, &err);
@@ -138,7 +142,6 @@ PyObject *fc_state_decompress(StateObject *self, PyObject *args, PyObject *kwds)
         rc = fc_core_decompress(&self->core, (const uint8_t *)pv.buf.data, pv.buf.numel, av.buf.numel,
                                 (float)alpha, (float *)av.buf.data, unit, chunk, world, &err);
     Py_END_ALLOW_THREADS
-    self->busy = 0;
 error: /* and success: rc says which */
     return fc_state_views_done(self, rc, &err, &pv, &av, NULL);
 }

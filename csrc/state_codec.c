@@ -110,10 +110,8 @@ PyObject *fc_state_begin(StateObject *self, PyObject *args, PyObject *kwargs)
     if (!fc_state_ready(self) ||
         !PyArg_ParseTupleAndKeywords(args, kwargs, "L|Lp:begin", kwlist, &numel, &want, &new_step))
         return NULL;
-    if (numel < 0) {
-        PyErr_Format(PyExc_ValueError, "numel must be >= 0, got %lld", numel);
-        return NULL;
-    }
+    if (fc_check_numel(numel, 0, "numel", &err) != FC_OK)
+        return STATE_ERR(self, &err);
     if (fc_core_begin(&self->core, (int64_t)numel, want < 0 ? -1 : (int64_t)want, new_step, &unit,
                       &err) != FC_OK)
         return STATE_ERR(self, &err);
@@ -198,7 +196,6 @@ PyObject *fc_state_encode(StateObject *self, PyObject *args)
          fc_state_cuda_extras(self, grad, &k, &g.buf, NULL, NULL, world, rank, (uint32_t)unit, 0,
                               &err) != FC_OK))
         goto error;
-    self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     if (fc_state_on_cuda(self, &g)) {
         rc = fc_cuda_encode(&self->core, &k, &g.buf, &s.buf, use_ef ? &r.buf : NULL, world, rank,
@@ -208,7 +205,6 @@ PyObject *fc_state_encode(StateObject *self, PyObject *args)
                             (uint32_t)unit, sizes, &err);
     }
     Py_END_ALLOW_THREADS
-    self->busy = 0;
 error: /* and success: rc says which */
     fc_view_release(&g);
     fc_view_release(&s);
@@ -243,14 +239,12 @@ PyObject *fc_state_decode(StateObject *self, PyObject *args)
          fc_state_cuda_extras(self, grad, &k, &g.buf, &v.buf, &o.buf, world, rank, (uint32_t)unit,
                               1, &err) != FC_OK))
         goto error;
-    self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     if (fc_state_on_cuda(self, &g))
         rc = fc_cuda_decode(&self->core, &k, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
     else
         rc = fc_core_decode(&self->core, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
     Py_END_ALLOW_THREADS
-    self->busy = 0;
 error: /* and success: rc says which */
     return fc_state_views_done(self, rc, &err, &v, &g, &o);
 }
@@ -268,11 +262,9 @@ PyObject *fc_state_per_peer_ok(StateObject *self, PyObject *args)
     int world;
     if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "Li:per_peer_ok", &numel, &world))
         return NULL;
-    if (numel < 0 || world < 1 || world > FC_MAX_WORLD) {
-        PyErr_Format(PyExc_ValueError, "per_peer_ok: numel must be >= 0 and world in [1, %d]",
-                     FC_MAX_WORLD);
-        return NULL;
-    }
+    fc_err err = {0};
+    if (fc_check_numel(numel, 0, "numel", &err) != FC_OK || fc_check_world(world, 0, &err) != FC_OK)
+        return STATE_ERR(self, &err);
     return PyBool_FromLong(fc_core_per_peer_ok(&self->core, (int64_t)numel, world));
 }
 
@@ -349,12 +341,10 @@ PyObject *fc_state_encode_part(StateObject *self, PyObject *args)
     if (encode_views(self, grad, send, world, rank, unit, 0, &g, &s, &r, &res, &use_ef, &err) != FC_OK ||
         fc_check_cpu(&g, "grad", &err))
         goto error;
-    self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     rc = fc_core_encode_part(&self->core, &g.buf, &s.buf, use_ef ? &r.buf : NULL, world, rank,
                              (uint32_t)unit, chunk, piece, &size, &err);
     Py_END_ALLOW_THREADS
-    self->busy = 0;
 error: /* and success: rc says which */
     fc_view_release(&g);
     fc_view_release(&s);
@@ -387,12 +377,10 @@ PyObject *fc_state_decode_part(StateObject *self, PyObject *args)
         fc_check_cpu(&o, "output", &err) ||
         (v.buf.numel > 0 && fc_check_aligned(&v, "payload", &err)))
         goto error;
-    self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     rc = fc_core_decode_part(&self->core, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, src,
                              piece, &err);
     Py_END_ALLOW_THREADS
-    self->busy = 0;
 error: /* and success: rc says which */
     return fc_state_views_done(self, rc, &err, &v, &g, &o);
 }

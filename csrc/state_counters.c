@@ -18,12 +18,15 @@ static const char *payload_problem(unsigned code)
                                        "a body that does not fit its slot",
                                        "a code no encoder writes",
                                        "nothing: the NCCL communicator was aborted before it "
-                                       "arrived (a peer stalled, left or failed)"};
+                                       "arrived (a peer stalled, left or failed)",
+                                       "another config (its fingerprint differs: every rank must "
+                                       "run the same method and config)",
+                                       "another world size"};
     return what[code < sizeof(what) / sizeof(what[0]) ? code : 0];
 }
 
 /* The device workspace and the harvested event times, read with the GIL released (it waits for
- * the GPU) and the State marked busy meanwhile; *dws is the caller's to free. */
+ * the GPU; the State is busy for the whole call, fc_state_enter); *dws is the caller's to free. */
 static int read_cuda_counters(StateObject *self, fc_cuda_ws **dws, double sec[FC_TIME_KINDS],
                               fc_err *err)
 {
@@ -38,11 +41,9 @@ static int read_cuda_counters(StateObject *self, fc_cuda_ws **dws, double sec[FC
                        sizeof(fc_cuda_ws));
     if (fc_view_get(self->cuda_ws, "workspace", FC_DT_F32, &wv, err) != FC_OK)
         return err->code;
-    self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     rc = api->read_counters(self->cuda_ctx, (const fc_cuda_ws *)wv.buf.data, *dws, sec, err);
     Py_END_ALLOW_THREADS
-    self->busy = 0;
     fc_view_release(&wv);
     return rc;
 }
@@ -65,11 +66,9 @@ PyObject *fc_state_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
             const fc_cuda_api *api = fc_cuda_api_get(&err);
             int rc = api == NULL ? err.code : FC_OK;
             if (rc == FC_OK) {
-                self->busy = 1;
                 Py_BEGIN_ALLOW_THREADS
                 rc = api->read_counters(self->cuda_ctx, NULL, NULL, sec, &err);
                 Py_END_ALLOW_THREADS
-                self->busy = 0;
             }
             if (rc != FC_OK)
                 return STATE_ERR(self, &err);
@@ -88,6 +87,7 @@ PyObject *fc_state_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
     if (dws != NULL) {
         tot.nonfinite_in += (int64_t)dws->nonfinite_in;
         tot.nonfinite_out += (int64_t)dws->nonfinite_out;
+        tot.saturated += (int64_t)dws->saturated;
         tot.err_sq += dws->err_sq;
         tot.ref_sq += dws->ref_sq;
         tot.cos_sum += dws->cos_sum;
@@ -131,7 +131,7 @@ PyObject *fc_state_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
     }
     result = Py_BuildValue(
         "{s:s,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d,s:d,s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:L,"
-        "s:N,s:N,s:L,s:d,s:L,s:I,s:i,s:L,s:L,s:L,s:d,s:d}",
+        "s:N,s:N,s:L,s:d,s:L,s:I,s:i,s:L,s:L,s:L,s:L,s:d,s:d}",
         "method", self->core.method->name,
         "calls", (long long)k->calls,
         "calls_uncompressed", (long long)k->calls_uncompressed,
@@ -161,6 +161,7 @@ PyObject *fc_state_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
         "residual_bytes", res_bytes,
         "step", self->core.step,
         "units", self->core.n_units,
+        "saturated", (long long)k->saturated,
         "param_gather_calls", (long long)k->param_gather_calls,
         "param_gather_bytes_raw", (long long)k->param_gather_bytes_raw,
         "param_gather_bytes_sent", (long long)k->param_gather_bytes_sent,
@@ -183,11 +184,10 @@ PyObject *fc_state_reset_counters(StateObject *self, PyObject *Py_UNUSED(ignored
         if (api == NULL || (self->cuda_ws != NULL &&
                             fc_view_get(self->cuda_ws, "workspace", FC_DT_F32, &wv, &err) != FC_OK))
             return STATE_ERR(self, &err);
-        self->busy = 1; /* it waits for the GPU's queued timings: without the GIL */
+        /* it waits for the GPU's queued timings: without the GIL (the State is busy) */
         Py_BEGIN_ALLOW_THREADS
         rc = api->reset_counters(self->cuda_ctx, (fc_cuda_ws *)wv.buf.data, &err);
         Py_END_ALLOW_THREADS
-        self->busy = 0;
         fc_view_release(&wv);
         if (rc != FC_OK)
             return STATE_ERR(self, &err);
@@ -197,22 +197,24 @@ PyObject *fc_state_reset_counters(StateObject *self, PyObject *Py_UNUSED(ignored
 }
 
 FC_DOCSTRING(fc_state_add_comm_doc,
-"add_comm(seconds, bytes_sent=0, bytes_raw=0, extra=False, fallback=False)\n\n"
+"add_comm(seconds, bytes_sent=0, bytes_raw=0, extra=False, fallback=False, header_bytes=0)\n\n"
 "Adds a collective measured by the caller: its time, and for collectives beyond the\n"
 "all-to-all (size exchanges, the all-gather of an all-reduce) its bytes. fallback: it went\n"
-"uncompressed because the method's payload would have been no smaller (fallback_units).");
+"uncompressed because the method's payload would have been no smaller (fallback_units).\n"
+"header_bytes are protocol bytes (the ranks' handshake), counted in bytes_sent and header_bytes.");
 
 PyObject *fc_state_add_comm(StateObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"seconds", "bytes_sent", "bytes_raw", "extra", "fallback", NULL};
+    static char *kwlist[] = {"seconds", "bytes_sent", "bytes_raw", "extra", "fallback",
+                             "header_bytes", NULL};
     double seconds;
-    long long sent = 0, raw = 0;
+    long long sent = 0, raw = 0, header = 0;
     int extra = 0, fallback = 0;
     if (!fc_state_ready(self) ||
-        !PyArg_ParseTupleAndKeywords(args, kwds, "d|LLpp:add_comm", kwlist, &seconds, &sent, &raw,
-                                     &extra, &fallback))
+        !PyArg_ParseTupleAndKeywords(args, kwds, "d|LLppL:add_comm", kwlist, &seconds, &sent, &raw,
+                                     &extra, &fallback, &header))
         return NULL;
-    if (!(seconds >= 0) || sent < 0 || raw < 0) {
+    if (!(seconds >= 0) || sent < 0 || raw < 0 || header < 0) {
         PyErr_SetString(PyExc_ValueError, "add_comm: seconds and byte counts must be >= 0");
         return NULL;
     }
@@ -222,7 +224,8 @@ PyObject *fc_state_add_comm(StateObject *self, PyObject *args, PyObject *kwds)
         k->extra_collective_s += seconds;
     }
     k->comm_s += seconds;
-    k->bytes_sent += sent;
+    k->bytes_sent += sent + header;
+    k->header_bytes += header;
     k->bytes_raw += raw;
     k->fallback_units += fallback;
     Py_RETURN_NONE;

@@ -16,11 +16,7 @@ PyObject *fc_state_fetch_kmax(StateObject *self, PyObject *args)
     fc_err err = {0};
     if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "Li:fetch_kmax", &numel, &world))
         return NULL;
-    if (numel < 0) {
-        PyErr_Format(PyExc_ValueError, "numel must be >= 0, got %lld", numel);
-        return NULL;
-    }
-    if (fc_check_world(world, 0, &err) != FC_OK)
+    if (fc_check_numel(numel, 0, "numel", &err) != FC_OK || fc_check_world(world, 0, &err) != FC_OK)
         return STATE_ERR(self, &err);
     return PyLong_FromLongLong(fc_core_fetch_kmax(&self->core, numel, world));
 }
@@ -121,7 +117,6 @@ PyObject *fc_state_fetch(StateObject *self, PyObject *args)
         (fc_state_cuda_prepare(self, grad, &g, &k, &err) != FC_OK ||
          fc_state_cuda_fetch(self, grad, &k, self->core.n_picks, &err) != FC_OK))
         goto error;
-    self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     if (fc_state_on_cuda(self, &g))
         rc = fc_cuda_fetch_values(&self->core, &k, (const uint32_t *)pv.buf.data, kmax, &g.buf,
@@ -132,7 +127,6 @@ PyObject *fc_state_fetch(StateObject *self, PyObject *args)
                              use_ef ? &r.buf : NULL, world, rank, (uint32_t)unit,
                              (float *)sv.buf.data, sv.buf.numel / 4, ss, rs, &err);
     Py_END_ALLOW_THREADS
-    self->busy = 0;
     if (rc == FC_OK) {
         PyObject *st = fc_sizes_tuple(ss, world), *rt = fc_sizes_tuple(rs, world);
         result = st != NULL && rt != NULL ? PyTuple_Pack(2, st, rt) : NULL;
@@ -172,7 +166,6 @@ PyObject *fc_state_finish(StateObject *self, PyObject *args)
         (fc_state_cuda_prepare(self, grad, &g, &k, &err) != FC_OK ||
          fc_state_cuda_fetch(self, grad, &k, self->core.n_picks, &err) != FC_OK))
         goto error;
-    self->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     if (fc_state_on_cuda(self, &g))
         rc = fc_cuda_fetch_finish(&self->core, &k, (const float *)v.buf.data, v.buf.numel / 4,
@@ -181,7 +174,6 @@ PyObject *fc_state_finish(StateObject *self, PyObject *args)
         rc = fc_fetch_finish(&self->core, (const float *)v.buf.data, v.buf.numel / 4, &g.buf,
                              &o.buf, world, rank, (uint32_t)unit, &err);
     Py_END_ALLOW_THREADS
-    self->busy = 0;
 error: /* and success: rc says which */
     return fc_state_views_done(self, rc, &err, &v, &g, &o);
 }

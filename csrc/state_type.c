@@ -52,7 +52,7 @@ static int State_init(StateObject *self, PyObject *args, PyObject *kwds)
     self->residuals = PyList_New(0);
     if (self->residuals == NULL)
         goto error;
-    fc_core_init(&self->core, m, &common, cfg);
+    fc_core_init(&self->core, m, &common, cfg, fc_config_fingerprint(m, &common, cfg));
     Py_INCREF(allocator);
     self->allocator = allocator;
     self->config = resolved;
@@ -175,48 +175,126 @@ static PyObject *State_get_flags(StateObject *self, void *Py_UNUSED(c))
                          (f & FC_VARSIZE) ? Py_True : Py_False);
 }
 
+static PyObject *State_get_fingerprint(StateObject *self, void *Py_UNUSED(c))
+{
+    if (!fc_state_ready(self))
+        return NULL;
+    return PyLong_FromUnsignedLong(self->core.fingerprint);
+}
+
+static PyObject *State_get_wire_config(StateObject *self, void *Py_UNUSED(c))
+{
+    if (!fc_state_ready(self))
+        return NULL;
+    PyObject *d = PyDict_New();
+    if (d != NULL && fc_config_wire_dict(self->core.method, &self->core.common, self->core.cfg, d) < 0)
+        Py_CLEAR(d);
+    return d;
+}
+
 static PyGetSetDef State_getset[] = {
     {"method", (getter)State_get_method, NULL, "the method's name", NULL},
     {"config", (getter)State_get_config, NULL, "the resolved config (a copy)", NULL},
     {"step", (getter)State_get_step, NULL, "backward passes completed (end_step calls)", NULL},
     {"cursor", (getter)State_get_cursor, NULL, "the next unit index within this step", NULL},
     {"flags", (getter)State_get_flags, NULL, "the method's properties", NULL},
+    {"fingerprint", (getter)State_get_fingerprint, NULL,
+     "32-bit hash of the method and the config keys that decide the wire (every header carries it)",
+     NULL},
+    {"wire_config", (getter)State_get_wire_config, NULL,
+     "the config keys that decide the wire, as the ranks compare them (a new dict)", NULL},
     {NULL},
 };
 
+/* ---------------------------------------------------------------- State: one thread at a time */
+
+/* Every method runs between fc_state_enter and leaving: the State is marked busy before its
+ * first call that can release the GIL (a DLPack export, the allocator, the C work) and until it
+ * returns, so a second thread is refused at the door instead of finding a half-updated State. */
+#define GUARD2(fn)                                                         \
+    static PyObject *fn##_guarded(StateObject *self, PyObject *arg)       \
+    {                                                                      \
+        if (!fc_state_enter(self))                                         \
+            return NULL;                                                   \
+        PyObject *r = fn(self, arg);                                       \
+        self->busy = 0;                                                    \
+        return r;                                                          \
+    }
+#define GUARD3(fn)                                                                   \
+    static PyObject *fn##_guarded(StateObject *self, PyObject *args, PyObject *kwds) \
+    {                                                                                \
+        if (!fc_state_enter(self))                                                   \
+            return NULL;                                                             \
+        PyObject *r = fn(self, args, kwds);                                          \
+        self->busy = 0;                                                              \
+        return r;                                                                    \
+    }
+
+GUARD2(fc_state_plan)
+GUARD3(fc_state_begin)
+GUARD2(fc_state_end_step)
+GUARD2(fc_state_encode)
+GUARD2(fc_state_decode)
+GUARD2(fc_state_per_peer_ok)
+GUARD2(fc_state_pieces)
+GUARD2(fc_state_encode_part)
+GUARD2(fc_state_decode_part)
+GUARD2(fc_state_payload_bytes)
+GUARD2(fc_state_layout)
+GUARD3(fc_state_compress)
+GUARD3(fc_state_decompress)
+GUARD2(fc_state_sync_vector)
+GUARD2(fc_state_sync_apply)
+GUARD2(fc_state_counters)
+GUARD2(fc_state_reset_counters)
+GUARD3(fc_state_add_comm)
+GUARD2(fc_state_comm_mark)
+GUARD2(fc_state_cuda_geometry)
+GUARD3(fc_state_add_param_gather)
+GUARD2(fc_state_units)
+GUARD2(fc_state_residuals)
+GUARD2(fc_state_restore)
+GUARD2(fc_state_unit_states)
+GUARD2(fc_state_fetch_kmax)
+GUARD2(fc_state_fetch_picks)
+GUARD2(fc_state_fetch)
+GUARD2(fc_state_finish)
+GUARD2(fc_state_nccl_all_to_all)
+GUARD2(fc_state_emulate_cuda)
+
 static PyMethodDef State_methods[] = {
-    {"plan", (PyCFunction)fc_state_plan, METH_VARARGS, fc_state_plan_doc},
-    {"begin", (PyCFunction)(void (*)(void))fc_state_begin, METH_VARARGS | METH_KEYWORDS, fc_state_begin_doc},
-    {"end_step", (PyCFunction)fc_state_end_step, METH_NOARGS, fc_state_end_step_doc},
-    {"encode", (PyCFunction)fc_state_encode, METH_VARARGS, fc_state_encode_doc},
-    {"decode", (PyCFunction)fc_state_decode, METH_VARARGS, fc_state_decode_doc},
-    {"per_peer_ok", (PyCFunction)fc_state_per_peer_ok, METH_VARARGS, fc_state_per_peer_ok_doc},
-    {"pieces", (PyCFunction)fc_state_pieces, METH_VARARGS, fc_state_pieces_doc},
-    {"encode_part", (PyCFunction)fc_state_encode_part, METH_VARARGS, fc_state_encode_part_doc},
-    {"decode_part", (PyCFunction)fc_state_decode_part, METH_VARARGS, fc_state_decode_part_doc},
-    {"payload_bytes", (PyCFunction)fc_state_payload_bytes, METH_O, fc_state_payload_bytes_doc},
-    {"layout", (PyCFunction)fc_state_layout, METH_O, fc_state_layout_doc},
-    {"compress", (PyCFunction)(void (*)(void))fc_state_compress, METH_VARARGS | METH_KEYWORDS, fc_state_compress_doc},
-    {"decompress", (PyCFunction)(void (*)(void))fc_state_decompress, METH_VARARGS | METH_KEYWORDS, fc_state_decompress_doc},
-    {"sync_vector", (PyCFunction)fc_state_sync_vector, METH_O, fc_state_sync_vector_doc},
-    {"sync_apply", (PyCFunction)fc_state_sync_apply, METH_VARARGS, fc_state_sync_apply_doc},
-    {"counters", (PyCFunction)fc_state_counters, METH_NOARGS, fc_state_counters_doc},
-    {"reset_counters", (PyCFunction)fc_state_reset_counters, METH_NOARGS, fc_state_reset_counters_doc},
-    {"add_comm", (PyCFunction)(void (*)(void))fc_state_add_comm, METH_VARARGS | METH_KEYWORDS, fc_state_add_comm_doc},
-    {"comm_mark", (PyCFunction)fc_state_comm_mark, METH_VARARGS, fc_state_comm_mark_doc},
-    {"_cuda_geometry", (PyCFunction)fc_state_cuda_geometry, METH_VARARGS, fc_state_cuda_geometry_doc},
-    {"add_param_gather", (PyCFunction)(void (*)(void))fc_state_add_param_gather, METH_VARARGS | METH_KEYWORDS,
+    {"plan", (PyCFunction)fc_state_plan_guarded, METH_VARARGS, fc_state_plan_doc},
+    {"begin", (PyCFunction)(void (*)(void))fc_state_begin_guarded, METH_VARARGS | METH_KEYWORDS, fc_state_begin_doc},
+    {"end_step", (PyCFunction)fc_state_end_step_guarded, METH_NOARGS, fc_state_end_step_doc},
+    {"encode", (PyCFunction)fc_state_encode_guarded, METH_VARARGS, fc_state_encode_doc},
+    {"decode", (PyCFunction)fc_state_decode_guarded, METH_VARARGS, fc_state_decode_doc},
+    {"per_peer_ok", (PyCFunction)fc_state_per_peer_ok_guarded, METH_VARARGS, fc_state_per_peer_ok_doc},
+    {"pieces", (PyCFunction)fc_state_pieces_guarded, METH_VARARGS, fc_state_pieces_doc},
+    {"encode_part", (PyCFunction)fc_state_encode_part_guarded, METH_VARARGS, fc_state_encode_part_doc},
+    {"decode_part", (PyCFunction)fc_state_decode_part_guarded, METH_VARARGS, fc_state_decode_part_doc},
+    {"payload_bytes", (PyCFunction)fc_state_payload_bytes_guarded, METH_O, fc_state_payload_bytes_doc},
+    {"layout", (PyCFunction)fc_state_layout_guarded, METH_O, fc_state_layout_doc},
+    {"compress", (PyCFunction)(void (*)(void))fc_state_compress_guarded, METH_VARARGS | METH_KEYWORDS, fc_state_compress_doc},
+    {"decompress", (PyCFunction)(void (*)(void))fc_state_decompress_guarded, METH_VARARGS | METH_KEYWORDS, fc_state_decompress_doc},
+    {"sync_vector", (PyCFunction)fc_state_sync_vector_guarded, METH_O, fc_state_sync_vector_doc},
+    {"sync_apply", (PyCFunction)fc_state_sync_apply_guarded, METH_VARARGS, fc_state_sync_apply_doc},
+    {"counters", (PyCFunction)fc_state_counters_guarded, METH_NOARGS, fc_state_counters_doc},
+    {"reset_counters", (PyCFunction)fc_state_reset_counters_guarded, METH_NOARGS, fc_state_reset_counters_doc},
+    {"add_comm", (PyCFunction)(void (*)(void))fc_state_add_comm_guarded, METH_VARARGS | METH_KEYWORDS, fc_state_add_comm_doc},
+    {"comm_mark", (PyCFunction)fc_state_comm_mark_guarded, METH_VARARGS, fc_state_comm_mark_doc},
+    {"_cuda_geometry", (PyCFunction)fc_state_cuda_geometry_guarded, METH_VARARGS, fc_state_cuda_geometry_doc},
+    {"add_param_gather", (PyCFunction)(void (*)(void))fc_state_add_param_gather_guarded, METH_VARARGS | METH_KEYWORDS,
      fc_state_add_param_gather_doc},
-    {"units", (PyCFunction)fc_state_units, METH_NOARGS, fc_state_units_doc},
-    {"residuals", (PyCFunction)fc_state_residuals, METH_NOARGS, fc_state_residuals_doc},
-    {"restore", (PyCFunction)fc_state_restore, METH_VARARGS, fc_state_restore_doc},
-    {"unit_states", (PyCFunction)fc_state_unit_states, METH_NOARGS, fc_state_unit_states_doc},
-    {"fetch_kmax", (PyCFunction)fc_state_fetch_kmax, METH_VARARGS, fc_state_fetch_kmax_doc},
-    {"fetch_picks", (PyCFunction)fc_state_fetch_picks, METH_VARARGS, fc_state_fetch_picks_doc},
-    {"fetch", (PyCFunction)fc_state_fetch, METH_VARARGS, fc_state_fetch_doc},
-    {"finish", (PyCFunction)fc_state_finish, METH_VARARGS, fc_state_finish_doc},
-    {"nccl_all_to_all", (PyCFunction)fc_state_nccl_all_to_all, METH_VARARGS, fc_state_nccl_all_to_all_doc},
-    {"_emulate_cuda", (PyCFunction)fc_state_emulate_cuda, METH_O, fc_state_emulate_cuda_doc},
+    {"units", (PyCFunction)fc_state_units_guarded, METH_NOARGS, fc_state_units_doc},
+    {"residuals", (PyCFunction)fc_state_residuals_guarded, METH_NOARGS, fc_state_residuals_doc},
+    {"restore", (PyCFunction)fc_state_restore_guarded, METH_VARARGS, fc_state_restore_doc},
+    {"unit_states", (PyCFunction)fc_state_unit_states_guarded, METH_NOARGS, fc_state_unit_states_doc},
+    {"fetch_kmax", (PyCFunction)fc_state_fetch_kmax_guarded, METH_VARARGS, fc_state_fetch_kmax_doc},
+    {"fetch_picks", (PyCFunction)fc_state_fetch_picks_guarded, METH_VARARGS, fc_state_fetch_picks_doc},
+    {"fetch", (PyCFunction)fc_state_fetch_guarded, METH_VARARGS, fc_state_fetch_doc},
+    {"finish", (PyCFunction)fc_state_finish_guarded, METH_VARARGS, fc_state_finish_doc},
+    {"nccl_all_to_all", (PyCFunction)fc_state_nccl_all_to_all_guarded, METH_VARARGS, fc_state_nccl_all_to_all_doc},
+    {"_emulate_cuda", (PyCFunction)fc_state_emulate_cuda_guarded, METH_O, fc_state_emulate_cuda_doc},
     {NULL},
 };
 

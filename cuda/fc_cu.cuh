@@ -10,6 +10,7 @@
 #include "fc_cuda.h"
 #include "fc_half.h"
 #include "fc_quant.h"
+#include "fc_range.h"
 #include "fc_rng.h"
 #include "fc_wire.h"
 
@@ -95,30 +96,38 @@ __device__ __forceinline__ float fc_cu_load(const void *p, int dt, int64_t i)
     return dt == FC_CU_BF16 ? fc_bf16_to_f32(h) : fc_f16_to_f32(h);
 }
 
-// What the encode kernels see of one element: g' = g + e, as the CPU's load_chunk makes it.
+// What the encode kernels see of one element: g' = g + e, as the CPU's load_chunk makes it (a
+// sum beyond fp32 saturated, NaN/Inf of the gradient zeroed to e or passed as the canonical
+// NaN: fc_gprime_fix). count_nonfinite counts what fix() found, before the encode.
 struct fc_cu_src {
     const void *grad;
     const void *res; // NULL: no error feedback
     int gdt, rdt;
     int zero_nonfinite;
 
+    // g' from g and e (0 without a residual); *bad / *sat as fc_gprime_fix counts them.
+    __device__ __forceinline__ float fix(float g, float e, int64_t *bad, int64_t *sat) const
+    {
+        const float v = res != NULL ? g + e : g;
+        return fc_abs_bits(v) < FC_INF_BITS ? v : fc_gprime_fix(v, g, e, zero_nonfinite, bad, sat);
+    }
+
     __device__ __forceinline__ float x(int64_t i) const
     {
-        float v = fc_cu_load(grad, gdt, i);
-        if (res != NULL)
-            v = fc_add_x86(v, fc_cu_load(res, rdt, i)); // the CPU's NaN bits (fc_quant.h)
-        if (zero_nonfinite && !(fc_abs_bits(v) < FC_INF_BITS))
-            v = 0.0f;
-        return v;
+        int64_t bad = 0, sat = 0;
+        return fix(fc_cu_load(grad, gdt, i), res != NULL ? fc_cu_load(res, rdt, i) : 0.0f, &bad, &sat);
     }
 };
 
-__device__ __forceinline__ void fc_cu_store_res(void *res, int rdt, int64_t i, float e)
+// A residual element, as the CPU's store_residual keeps it: a bf16 one saturated (*sat).
+__device__ __forceinline__ void fc_cu_store_res(void *res, int rdt, int64_t i, float e, int64_t *sat)
 {
-    if (rdt == FC_CU_F32)
+    if (rdt == FC_CU_F32) {
         ((float *)res)[i] = e;
-    else
+    } else {
+        *sat += fc_bf16_saturates(e);
         ((uint16_t *)res)[i] = fc_f32_to_bf16(e);
+    }
 }
 
 template <class T> __device__ __forceinline__ T fc_cu_warp_sum(T v)
@@ -135,6 +144,25 @@ __device__ __forceinline__ uint32_t fc_cu_warp_max(uint32_t v)
         v = w > v ? w : v;
     }
     return v;
+}
+
+// A count of this thread's, added to a workspace counter once per warp.
+__device__ __forceinline__ void fc_cu_count(unsigned long long *counter, int64_t v)
+{
+    unsigned long long w = fc_cu_warp_sum((unsigned long long)v);
+    if ((threadIdx.x & 31) == 0 && w)
+        atomicAdd(counter, w);
+}
+
+// The residual of one sent element from g' (x) and the decode with alpha = -1 (dneg = -D), as
+// the CPU's update_residual makes it: x + dneg, saturated where it is not finite; for a chunk
+// that passed NaN/Inf, fc_residual_passed of d = 0 + D (the CPU decodes D into zeros).
+__device__ __forceinline__ float fc_cu_residual(float x, float dneg, int passed, int64_t *sat)
+{
+    if (passed)
+        return fc_residual_passed(x, 0.0f + -dneg, sat);
+    const float e = x + dneg;
+    return fc_abs_bits(e) < FC_INF_BITS ? e : fc_residual_fix(e, sat);
 }
 
 // Per-thread sums for the error feedback: ||e||^2 of the unit, and the sampled statistics.
@@ -207,6 +235,7 @@ struct fc_cu_dec {
     int64_t out_numel;
     const unsigned int *bad; // per source rank: 1 when its header was rejected
     fc_cuda_ws *ws;
+    int zero_nonfinite; // the own chunk's NaN/Inf are added as 0
     // decompress(): one payload in slot 0 of chunk 0, and out (fp32) += alpha * D(it), the
     // CPU's decode_add: no own chunk, no division by W, no padded tail. A method's decoder
     // honours this (fc_cu_decode_dense does) or decompress() gives wrong sums.
@@ -252,21 +281,45 @@ static inline dim3 fc_cu_grid(int64_t units_per_chunk, int per_block, int world)
     return dim3((unsigned)x, (unsigned)world, 1);
 }
 
-// ---- the fused decode shared by dense methods: V::term(body, i, alpha) is exactly the CPU
-// decode_add's contribution alpha * D(body)[i], so the sum matches the CPU bit for bit.
+// ---- the fused decode shared by dense methods: V::term(body, i, alpha, &poison) is exactly the
+// CPU decode_add's contribution alpha * D(body)[i], so the sum matches the CPU bit for bit; it
+// sets poison for a code no encoder writes (the CPU raises PayloadError there).
 
-__device__ __forceinline__ void fc_cu_store_out(void *out, int odt, int64_t i, float v,
-                                                unsigned long long *bad)
+// Output element i = v as the CPU's fc_core_write_out stores it: a NaN/Inf passes (canonical,
+// *nonfinite) when the sum brought one (`passed`), else it is the overflow of finite terms and
+// saturates (*sat, fc_output_fix); a narrow output saturates at its format's largest value.
+__device__ __forceinline__ void fc_cu_store_out(void *out, int odt, int64_t i, float v, int passed,
+                                                int64_t *nonfinite, int64_t *sat)
 {
-    if (odt == FC_CU_F32) {
+    if (!(fc_abs_bits(v) < FC_INF_BITS))
+        v = fc_output_fix(v, passed, nonfinite, sat);
+    else if (odt != FC_CU_F32)
+        *sat += odt == FC_CU_BF16 ? fc_bf16_saturates(v) : fc_f16_saturates(v);
+    if (odt == FC_CU_F32)
         ((float *)out)[i] = v;
-        *bad += !(fc_abs_bits(v) < FC_INF_BITS);
-    } else {
-        uint16_t h = odt == FC_CU_BF16 ? fc_f32_to_bf16(v) : fc_f32_to_f16(v);
-        ((uint16_t *)out)[i] = h;
-        float back = odt == FC_CU_BF16 ? fc_bf16_to_f32(h) : fc_f16_to_f32(h);
-        *bad += !(fc_abs_bits(back) < FC_INF_BITS);
-    }
+    else
+        ((uint16_t *)out)[i] = odt == FC_CU_BF16 ? fc_f32_to_bf16(v) : fc_f32_to_f16(v);
+}
+
+// The own chunk's element as the CPU's fc_core_add_own adds it: a NaN/Inf is 0 in "zero" mode,
+// else passed on, a NaN as the canonical one.
+__device__ __forceinline__ float fc_cu_own(const fc_cu_dec &d, int64_t i)
+{
+    const float g = fc_cu_load(d.grad, d.gdt, i);
+    return fc_abs_bits(g) < FC_INF_BITS ? g : d.zero_nonfinite ? 0.0f : fc_canon_nan(g);
+}
+
+// Whether this decode's sum passes NaN/Inf to the output (ws->passed: the own chunk in "pass"
+// mode or a flagged payload) or poisons it (a payload rejected: NaN, never hidden); otherwise a
+// non-finite sum is the overflow of finite terms and saturates. Per thread, once.
+__device__ __forceinline__ int fc_cu_sum_passes(const fc_cu_dec &d)
+{
+    if (d.ws->passed != 0)
+        return 1;
+    for (int r = 0; r < d.geo.world; r++)
+        if (d.bad[r] != 0)
+            return 1;
+    return 0;
 }
 
 template <class V> __global__ void fc_cu_decode_dense(fc_cu_dec d, V v)
@@ -274,14 +327,18 @@ template <class V> __global__ void fc_cu_decode_dense(fc_cu_dec d, V v)
     int64_t start, n;
     fc_cu_span(d.geo, d.geo.rank, &start, &n);
     const float w = (float)d.geo.world;
-    unsigned long long bad = 0;
+    int64_t nonfinite = 0, sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     if (d.add) { // decompress(): the CPU's decode_add, acc[i] += alpha * D(body)[i]
         const uint8_t *body = d.recv + FC_HEADER_BYTES;
-        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride)
-            ((float *)d.out)[i] += d.bad[0] ? __int_as_float(0x7fc00000) : v.term(body, i, d.alpha);
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
+            int poison = d.bad[0] != 0;
+            const float t = poison ? 0.0f : v.term(body, i, d.alpha, &poison);
+            ((float *)d.out)[i] += poison ? __int_as_float(0x7fc00000) : t;
+        }
         return;
     }
+    const int passed = d.ws->passed != 0; // set by check_headers and own_nonfinite, earlier
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
         if (i >= n) { // FSDP's padded tail of the output
             if (d.odt == FC_CU_F32)
@@ -291,23 +348,27 @@ template <class V> __global__ void fc_cu_decode_dense(fc_cu_dec d, V v)
             continue;
         }
         float acc = 0.0f;
+        int poison = 0; // a rejected payload or an impossible code: NaN, never hidden or saturated
         for (int r = 0; r < d.geo.world; r++) {
             if (d.geo.skip_own && r == d.geo.rank) {
-                acc += fc_cu_load(d.grad, d.gdt, start + i);
+                acc += fc_cu_own(d, start + i);
                 continue;
             }
             if (d.bad[r]) {
-                acc += __int_as_float(0x7fc00000); // a rejected payload poisons, never hides
+                poison = 1;
                 continue;
             }
             const uint8_t *body = d.recv + fc_cu_recv_off(d.geo, r, d.slot) + FC_HEADER_BYTES;
-            acc += v.term(body, i, 1.0f);
+            acc += v.term(body, i, 1.0f, &poison);
         }
-        fc_cu_store_out(d.out, d.odt, i, acc / w, &bad);
+        if (poison) {
+            fc_cu_store_out(d.out, d.odt, i, __int_as_float(0x7fc00000), 1, &nonfinite, &sat);
+            continue;
+        }
+        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &nonfinite, &sat);
     }
-    bad = fc_cu_warp_sum(bad);
-    if ((threadIdx.x & 31) == 0 && bad)
-        atomicAdd(&d.ws->nonfinite_out, bad);
+    fc_cu_count(&d.ws->nonfinite_out, nonfinite);
+    fc_cu_count(&d.ws->saturated, sat);
 }
 
 template <class V>

@@ -1,7 +1,8 @@
 // fc_cu_cast.cu: kernels of `none`, `fp16` and `bf16`, element-wise codes (m_none.c, m_cast.c).
 #include "fc_cu_codecs.cuh"
 
-// One fused pass per chunk: g' -> code -> body; e = g' - D(code) where the residual is kept.
+// One fused pass per chunk: g' -> code -> body; e = g' - D(code) where the residual is kept
+// (fc_cu_residual: always replaced, saturated, the CPU's rule for a chunk that passed NaN/Inf).
 template <class M> __global__ void cast_encode(fc_cu_enc e, M m)
 {
     const int c = blockIdx.y;
@@ -10,22 +11,29 @@ template <class M> __global__ void cast_encode(fc_cu_enc e, M m)
     if (!fc_cu_sent(e.geo, c, n))
         return;
     uint8_t *body = e.send + fc_cu_send_off(e.geo, c) + FC_HEADER_BYTES;
-    const int ef = e.res != NULL && e.bad[c] == 0;
+    const int ef = e.res != NULL;
+    const int passed = e.bad[c] != 0 && !e.src.zero_nonfinite;
     const int sample = fc_cu_sampled(e, c);
     fc_cu_esum sum;
+    int64_t sat = 0; // the codes' and, with error feedback, the residuals'
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const float x = e.src.x(start + i);
+        sat += m.sat(x);
         m.put(body, i, x);
         if (ef || sample) {
-            const float r = x + m.term(body, i, -1.0f); // the CPU's decode_add with alpha -1
-            if (ef)
-                fc_cu_store_res(e.res, e.rdt, start + i, r);
+            int64_t s = 0;
+            const float r = fc_cu_residual(x, m.term(body, i, -1.0f), passed, &s); // decode_add, alpha -1
+            if (ef) {
+                fc_cu_store_res(e.res, e.rdt, start + i, r, &s);
+                sat += s;
+            }
             sum.add(x, r);
         }
     }
     if (ef || sample)
         sum.flush(e.ws, ef ? e.unit_slot : -1, sample);
+    fc_cu_count(&e.ws->saturated, sat);
 }
 
 struct none_code {
@@ -37,9 +45,17 @@ struct none_code {
         else
             ((uint16_t *)b)[i] = dt == FC_CU_BF16 ? fc_f32_to_bf16(x) : fc_f32_to_f16(x);
     }
+    __device__ __forceinline__ int sat(float x) const
+    {
+        return dt == FC_CU_F32 ? 0 : dt == FC_CU_BF16 ? fc_bf16_saturates(x) : fc_f16_saturates(x);
+    }
     __device__ __forceinline__ float term(const uint8_t *b, int64_t i, float alpha) const
     {
         return alpha * fc_cu_load(b, dt, i);
+    }
+    __device__ __forceinline__ float term(const uint8_t *b, int64_t i, float alpha, int *) const
+    {
+        return term(b, i, alpha);
     }
 };
 
@@ -49,9 +65,14 @@ struct bf16_code {
     {
         ((uint16_t *)b)[i] = fc_f32_to_bf16(x);
     }
+    __device__ __forceinline__ int sat(float x) const { return fc_bf16_saturates(x); }
     __device__ __forceinline__ float term(const uint8_t *b, int64_t i, float alpha) const
     {
         return alpha * fc_bf16_to_f32(((const uint16_t *)b)[i]);
+    }
+    __device__ __forceinline__ float term(const uint8_t *b, int64_t i, float alpha, int *) const
+    {
+        return term(b, i, alpha);
     }
 };
 

@@ -6,7 +6,7 @@
 // Encoding: every lane of a warp calls fc_cu_encode_blocks(codec, x, n, body, rng, sink, warp,
 // warps) with the same arguments; warp `warp` of `warps` takes every warps-th unit (fc_cu_unit)
 // of the array. x is a loader (fc_cu_chunk_x, fc_cu_f32_values), rng the stream the CPU's
-// encode got (its fc_chunk.rng), sink receives (x, e = x - D(C(x))) per element when sink.on()
+// encode got (its fc_chunk.rng), sink receives (x, -D(C(x))) per element when sink.on()
 // (fc_cu_no_sink for none). Launch with FC_CU_CODEC_THREADS threads per block: qsgd and onebit
 // keep their tiles in static shared memory indexed by warp. tests/cuda_emu/emu_main.cpp's
 // encode_array / decode_array are a minimal example of both on an array.
@@ -42,7 +42,7 @@ __host__ __device__ __forceinline__ int fc_cu_log2(int64_t pow2)
 
 // The block codecs' common walk: per unit, pass 1 loads the tiles and reduces them (C::red),
 // the block's parameters follow (C::block, which writes the block's metadata), pass 2 writes the
-// codes of each group of 8 (C::code8) and hands e = x + D_{-1}(code) to the sink. A unit of one
+// codes of each group of 8 (C::code8) and hands x and D_{-1}(code) to the sink. A unit of one
 // tile keeps its values in registers and loads the warp's next unit before coding this one (two
 // tiles in flight per warp); larger blocks reload their tiles in pass 2 (from L1/L2).
 template <class C, class L, class S>
@@ -88,12 +88,8 @@ __device__ __forceinline__ void fc_cu_encode_blocks(const C &c, const L &x, int6
                 x.load8(i, m, v);
             float d[8];
             c.code8(k, rng, i, m, v, n, body, dec, d);
-            if (dec) {
-                float e[8];
-                for (int j = 0; j < 8; j++)
-                    e[j] = v[j] + d[j]; // the CPU's x + decode_add(alpha = -1)
-                sink.put8(i, m, v, e);
-            }
+            if (dec)
+                sink.put8(i, m, v, d); // d: the CPU's decode_add(alpha = -1)
         }
     }
 }
@@ -147,9 +143,8 @@ struct fc_cu_int8_codec {
         for (int j = 0; j < 8; j++) {
             int32_t q = 0;
             if (k.inv != 0.0f) { // zero or non-finite block: zero codes (fc_absmax_scale)
-                // x * inv as x86 has it: 1 / scale overflows for a block of tiny values,
-                // and 0 * Inf is x86's negative default NaN, not the GPU's canonical one
-                const float t = fc_mul_x86(v[j], k.inv);
+                // finite: a block with NaN/Inf, or whose 1 / scale overflows, has inv 0
+                const float t = v[j] * k.inv;
                 if (!stochastic) {
                     float f = fc_round_even(t);
                     f = f > 127.0f ? 127.0f : f < -127.0f ? -127.0f : f;
@@ -208,8 +203,7 @@ struct fc_cu_fp8_codec {
         uint8_t q8[8];
         const float s_neg = -1.0f * k.scale;
         for (int j = 0; j < 8; j++) {
-            // fc_mul_x86: a block of tiny values overflows inv; 0 * Inf keeps x86's NaN sign
-            q8[j] = k.inv != 0.0f ? fc_f32_to_fp8(fc_mul_x86(v[j], k.inv), fmt) : (uint8_t)0;
+            q8[j] = k.inv != 0.0f ? fc_f32_to_fp8(v[j] * k.inv, fmt) : (uint8_t)0;
             if (dec)
                 d[j] = s_neg * fc_fp8_to_f32(q8[j], fmt);
         }
@@ -391,19 +385,6 @@ struct fc_cu_sq_terms {
     __device__ __forceinline__ void add(double v, double *s) const { s[0] += v * v; }
 };
 
-// The NaN a bucket's sum of squares ends with (x * x of a NaN is that NaN; squares of Infs are
-// +Inf, so no NaN is made): the lowest such element's key, FC_CU_NO_NAN for none.
-__device__ __forceinline__ unsigned long long fc_cu_sq_nan(const float v[8], int m, int64_t off,
-                                                          unsigned long long best)
-{
-    for (int j = 0; j < 8; j++)
-        if (j < m && fc_abs_bits(v[j]) > FC_INF_BITS) {
-            const unsigned long long key = fc_cu_nan_key(off + j, fc_f32_bits(v[j]));
-            best = key < best ? key : best;
-        }
-    return best;
-}
-
 struct fc_cu_qsgd_codec {
     int64_t bs;
     int32_t levels;
@@ -411,7 +392,6 @@ struct fc_cu_qsgd_codec {
 
     struct red {
         fc_cu_tile_sums<1> sums;
-        unsigned long long nan;
     };
     struct blk {
         float norm, inv, step;
@@ -426,19 +406,17 @@ struct fc_cu_qsgd_codec {
         __shared__ double tot[FC_CU_CODEC_WARPS][32];
         const int wi = threadIdx.x >> 5;
         r.sums.init(tile[wi], tot[wi]);
-        r.nan = FC_CU_NO_NAN;
     }
-    __device__ void red_tile(red &r, int64_t off, int m, const float v[8]) const
+    __device__ void red_tile(red &r, int64_t, int, const float v[8]) const
     {
         r.sums.tile_add(bs, v, fc_cu_sq_terms());
-        r.nan = fc_cu_sq_nan(v, m, off, r.nan);
     }
 
     __device__ blk block(red &r, int G, int64_t b, int64_t, uint8_t *body, bool lead) const
     {
         blk k;
-        const unsigned long long nan = fc_cu_group_min_u64(r.nan, G);
-        k.norm = nan != FC_CU_NO_NAN ? fc_bits_f32((uint32_t)nan) : fc_qsgd_norm(r.sums.total(bs, 0));
+        (void)G;
+        k.norm = fc_qsgd_norm(r.sums.total(bs, 0)); // NaN/Inf in the sum: the canonical NaN
         k.ok = fc_qsgd_ok(k.norm);
         k.inv = k.ok ? (float)levels / k.norm : 0.0f;
         k.step = k.norm / (float)levels;
@@ -503,7 +481,7 @@ struct fc_cu_onebit_codec {
 
     struct red {
         fc_cu_tile_sums<2> sums;
-        unsigned long long nan[2]; // NaN terms of the positive and the negative sum
+        uint32_t nan[2]; // whether a NaN term reached the positive and the negative sum
         int32_t pos, count;
     };
     struct blk {
@@ -518,13 +496,14 @@ struct fc_cu_onebit_codec {
         __shared__ double tot[FC_CU_CODEC_WARPS][64];
         const int wi = threadIdx.x >> 5;
         r.sums.init(tile[wi], tot[wi]);
-        r.nan[0] = r.nan[1] = FC_CU_NO_NAN;
+        r.nan[0] = r.nan[1] = 0;
         r.pos = r.count = 0;
     }
 
-    // The CPU's NaN terms: a NaN adds itself to both sums; an Inf times 0 is x86's default NaN
-    // (0xffc00000 as fp32), -Inf's in the positive sum and +Inf's in the negative one.
-    __device__ void red_tile(red &r, int64_t off, int m, const float v[8]) const
+    // The CPU's NaN terms: a NaN adds itself to both sums, an Inf times 0 is a NaN in the other
+    // sign's (-Inf's in the positive sum, +Inf's in the negative one); the kernels' sums add
+    // each value to its own sign's sum only, so those NaNs are flagged here.
+    __device__ void red_tile(red &r, int64_t, int m, const float v[8]) const
     {
         r.sums.tile_add(bs, v, fc_cu_sign_terms());
         for (int j = 0; j < 8; j++) {
@@ -534,12 +513,11 @@ struct fc_cu_onebit_codec {
             r.pos += 1 - (int32_t)(u >> 31);
             if (a < FC_INF_BITS)
                 continue;
-            const unsigned long long key = fc_cu_nan_key(off + j, a > FC_INF_BITS ? u : 0xffc00000u);
             const int k = a > FC_INF_BITS ? -1 : (int)(u >> 31) ^ 1; // -1: both sums
             if (k != 1)
-                r.nan[0] = key < r.nan[0] ? key : r.nan[0];
+                r.nan[0] = 1;
             if (k != 0)
-                r.nan[1] = key < r.nan[1] ? key : r.nan[1];
+                r.nan[1] = 1;
         }
         r.count += m;
     }
@@ -550,10 +528,9 @@ struct fc_cu_onebit_codec {
         const int32_t pos = fc_cu_group_sum_i32(r.pos, G), cnt = fc_cu_group_sum_i32(r.count, G);
         const int64_t counts[2] = {pos, cnt - pos};
         for (int s = 0; s < 2; s++) {
-            const unsigned long long nan = fc_cu_group_min_u64(r.nan[s], G);
+            const uint32_t nan = fc_cu_group_max(r.nan[s], G);
             const double sum = r.sums.total(bs, s);
-            k.mean[s] = nan != FC_CU_NO_NAN && counts[s] ? fc_bits_f32((uint32_t)nan)
-                                                         : fc_onebit_mean(sum, counts[s]);
+            k.mean[s] = nan && counts[s] ? fc_bits_f32(FC_NAN_BITS) : fc_onebit_mean(sum, counts[s]);
         }
         if (lead) {
             ((float *)body)[2 * b] = k.mean[0];
@@ -593,11 +570,17 @@ struct fc_cu_fp16_code {
     float inv_w, w;
     __device__ __forceinline__ void put(uint8_t *b, int64_t i, float x) const
     {
-        ((uint16_t *)b)[i] = fc_f32_to_f16(fc_mul_x86(x, inv_w)); // a NaN keeps its sign
+        ((uint16_t *)b)[i] = fc_f32_to_f16(x * inv_w); // saturating; any NaN the canonical one
     }
+    // How many of put's values saturate (fc_f16_saturates after the pre-divide).
+    __device__ __forceinline__ int sat(float x) const { return fc_f16_saturates(x * inv_w); }
     __device__ __forceinline__ float term(const uint8_t *b, int64_t i, float alpha) const
     {
         return (alpha * w) * fc_f16_to_f32(((const uint16_t *)b)[i]);
+    }
+    __device__ __forceinline__ float term(const uint8_t *b, int64_t i, float alpha, int *) const
+    {
+        return term(b, i, alpha);
     }
 };
 

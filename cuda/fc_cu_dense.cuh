@@ -21,14 +21,18 @@ __global__ void __launch_bounds__(FC_CU_CODEC_THREADS, 2) fc_cu_encode_dense(fc_
     sink.res = e.res;
     sink.rdt = e.rdt;
     sink.start = start;
-    sink.ef = e.res != NULL && e.bad[c] == 0; // a chunk with a NaN/Inf keeps its old residual
+    sink.sat = 0;
+    sink.ef = e.res != NULL; // always replaced: the old residual went out inside g'
+    sink.passed = e.bad[c] != 0 && !e.src.zero_nonfinite; // NaN/Inf went on the wire
     sink.sample = fc_cu_sampled(e, c);
     sink.vec = e.res != NULL && fc_cu_aligned16((const uint8_t *)e.res + start * (e.rdt == FC_CU_F32 ? 4 : 2));
     const int64_t warp = (int64_t)blockIdx.x * FC_CU_CODEC_WARPS + (threadIdx.x >> 5);
     fc_cu_encode_blocks(codec, x, n, body, fc_cu_chunk_rng(e.rng, c, e.geo.rank), sink, warp,
                         (int64_t)gridDim.x * FC_CU_CODEC_WARPS);
-    if (sink.on())
+    if (sink.on()) {
         sink.sum.flush(e.ws, sink.ef ? e.unit_slot : -1, sink.sample);
+        fc_cu_count(&e.ws->saturated, sink.sat);
+    }
 }
 
 template <class C>
@@ -43,9 +47,9 @@ error:
     return rc;
 }
 
-// A codec's decoder for fc_cu_decode_dense: a code the encoder cannot write makes that element
-// NaN and the payload's rank, unit and step the workspace's payload error (FC_PAYLOAD_CODES),
-// which counters() raises, as the CPU raises PayloadError at the decode.
+// A codec's decoder for fc_cu_decode_dense: a code the encoder cannot write poisons that element
+// (NaN) and makes the payload's rank, unit and step the workspace's payload error
+// (FC_PAYLOAD_CODES), which counters() raises, as the CPU raises PayloadError at the decode.
 template <class D> struct fc_cu_checked {
     D d;
     const uint8_t *recv;
@@ -53,12 +57,13 @@ template <class D> struct fc_cu_checked {
     int rank, skip_own;
     fc_cuda_ws *ws;
 
-    __device__ __forceinline__ float term(const uint8_t *body, int64_t i, float alpha) const
+    __device__ __forceinline__ float term(const uint8_t *body, int64_t i, float alpha, int *poison) const
     {
         int bad = 0;
         const float v = d.term(body, i, alpha, &bad);
         if (!bad)
             return v;
+        *poison = 1;
         const uint8_t *p = body - FC_HEADER_BYTES;
         const int k = (int)((p - recv) / slot); // slot index; the own slot is absent unless sent
         if (atomicCAS(&ws->payload_error, 0u, (unsigned int)FC_PAYLOAD_CODES) == 0u) {

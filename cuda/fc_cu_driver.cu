@@ -4,28 +4,57 @@
 #include <stddef.h>
 #include "fc_cu_ctx.cuh"
 
-// Non-finite elements of g' per sent chunk: a chunk with any keeps its old residual.
-__global__ void count_nonfinite(fc_cuda_geom geo, fc_cu_src src, fc_cuda_ws *ws)
+// What fc_gprime_fix finds in g' of each sent chunk, before the encode: the NaN/Inf of the
+// gradient per chunk (ws->bad: a chunk with any passes them, flagged in its header, or sends e
+// there in "zero" mode) and, with `count`, into nonfinite_in and (sums of two finite values
+// beyond fp32) saturated. compress() does not count, as the CPU's does not.
+__global__ void count_nonfinite(fc_cuda_geom geo, fc_cu_src src, int count, fc_cuda_ws *ws)
 {
     const int c = blockIdx.y;
     int64_t start, n;
     fc_cu_span(geo, c, &start, &n);
     if (!fc_cu_sent(geo, c, n))
         return;
-    unsigned int bad = 0;
+    int64_t bad = 0, sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        bad += !(fc_abs_bits(src.x(start + i)) < FC_INF_BITS);
-    bad = fc_cu_warp_sum(bad);
-    if ((threadIdx.x & 31) == 0 && bad) {
-        atomicAdd(&ws->bad[c], bad);
-        atomicAdd(&ws->nonfinite_in, (unsigned long long)bad);
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const int64_t k = start + i;
+        (void)src.fix(fc_cu_load(src.grad, src.gdt, k), src.res != NULL ? fc_cu_load(src.res, src.rdt, k) : 0.0f,
+                      &bad, &sat);
+    }
+    const unsigned long long b = fc_cu_warp_sum((unsigned long long)bad);
+    if ((threadIdx.x & 31) == 0 && b)
+        atomicAdd(&ws->bad[c], (unsigned int)b);
+    if (count) {
+        if ((threadIdx.x & 31) == 0 && b)
+            atomicAdd(&ws->nonfinite_in, b);
+        fc_cu_count(&ws->saturated, sat);
     }
 }
 
-// Header and zero padding of every sent chunk; the body is the method's.
+// The own chunk kept exact (not sent): its NaN/Inf counted in nonfinite_in as the CPU's decode
+// counts them, and in "pass" mode they go through the sum (ws->passed).
+__global__ void own_nonfinite(fc_cuda_geom geo, const void *grad, int gdt, int zero, fc_cuda_ws *ws)
+{
+    int64_t start, n;
+    fc_cu_span(geo, geo.rank, &start, &n);
+    int64_t bad = 0;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        bad += !(fc_abs_bits(fc_cu_load(grad, gdt, start + i)) < FC_INF_BITS);
+    const unsigned long long b = fc_cu_warp_sum((unsigned long long)bad);
+    if ((threadIdx.x & 31) == 0 && b) {
+        atomicAdd(&ws->nonfinite_in, b);
+        if (!zero)
+            ws->passed = 1;
+    }
+}
+
+// Header and zero padding of every sent chunk; the body is the method's. A chunk whose count
+// (count_nonfinite, earlier on the stream) found NaN/Inf that pass is flagged, as fc_core.c does.
 __global__ void write_headers(fc_cuda_geom geo, uint8_t *send, int method, int dtype,
-                              uint32_t unit, uint32_t step)
+                              uint32_t unit, uint32_t step, uint32_t fingerprint, int nonfinite_zero,
+                              const fc_cuda_ws *ws)
 {
     const int c = blockIdx.x;
     int64_t start, n;
@@ -44,23 +73,26 @@ __global__ void write_headers(fc_cuda_geom geo, uint8_t *send, int method, int d
         h.dtype = (uint8_t)dtype;
         h.unit = unit;
         h.step = step;
-        h.numel = (uint64_t)n;
-        h.body_bytes = (uint64_t)body;
+        fc_header_set_sizes(&h, (uint64_t)n, (uint64_t)body);
+        h.fingerprint = fingerprint;
+        h.world = (uint16_t)geo.world;
+        h.flags = !nonfinite_zero && ws->bad[c] != 0 ? FC_HDR_NONFINITE : 0u;
         memcpy(p, &h, sizeof(h));
     }
     for (int64_t i = FC_HEADER_BYTES + body + threadIdx.x; i < size; i += blockDim.x)
         p[i] = 0;
 }
 
-// The call's sampled chunk, once the non-finite counts are in: the first sent chunk whose g'
-// has no NaN/Inf, as the CPU's encode picks it (a chunk with one is skipped, not counted).
-__global__ void pick_sample(fc_cuda_geom geo, fc_cuda_ws *ws)
+// The call's sampled chunk, once the non-finite counts are in: the first sent chunk that
+// carries no NaN/Inf ("zero" mode replaced them), as the CPU's encode picks it (a chunk that
+// passes one is skipped, not counted).
+__global__ void pick_sample(fc_cuda_geom geo, int zero, fc_cuda_ws *ws)
 {
     int pick = -1;
     for (int c = 0; c < geo.world && pick < 0; c++) {
         int64_t start, n;
         fc_cu_span(geo, c, &start, &n);
-        if (fc_cu_sent(geo, c, n) && ws->bad[c] == 0)
+        if (fc_cu_sent(geo, c, n) && (ws->bad[c] == 0 || zero))
             pick = c;
     }
     ws->sample_chunk = pick;
@@ -84,10 +116,12 @@ __global__ void finish_sample(fc_cuda_ws *ws, int ef)
 
 // Rejects payloads whose header does not match what this rank expects (fc_core.c's
 // check_header); a rejected slot is never read and makes its outputs NaN, and the first
-// rejection is kept in the workspace for the host to raise when it next reads counters.
+// rejection is kept in the workspace for the host to raise when it next reads counters. An
+// accepted header flagged NONFINITE lets NaN/Inf through the sum (ws->passed).
 // `senders`: the ranks whose slots are checked (the world; 1 for decompress()).
 __global__ void check_headers(fc_cuda_geom geo, const uint8_t *recv, int64_t slot, int senders,
                               int method, int dtype, int varsize, uint32_t unit, uint32_t step,
+                              uint32_t fingerprint,
                               fc_cuda_ws *ws)
 {
     int64_t start, n;
@@ -107,16 +141,22 @@ __global__ void check_headers(fc_cuda_geom geo, const uint8_t *recv, int64_t slo
             code = FC_PAYLOAD_VERSION;
         else if (h.method != method)
             code = FC_PAYLOAD_METHOD;
-        else if (h.dtype != dtype || h.reserved != 0)
+        else if (h.fingerprint != fingerprint)
+            code = FC_PAYLOAD_CONFIG;
+        else if (h.world != (uint32_t)geo.world)
+            code = FC_PAYLOAD_WORLD;
+        else if (h.dtype != dtype || (h.flags & ~FC_HDR_FLAGS_KNOWN) != 0)
             code = FC_PAYLOAD_DTYPE;
         else if (h.unit != unit || h.step != step)
             code = FC_PAYLOAD_ORDER;
-        else if (h.numel != (uint64_t)n)
+        else if (fc_header_numel(&h) != (uint64_t)n)
             code = FC_PAYLOAD_NUMEL;
-        else if ((varsize ? h.body_bytes > body_expect : h.body_bytes != body_expect) ||
-                 h.body_bytes > (uint64_t)(slot - FC_HEADER_BYTES))
+        else if ((varsize ? fc_header_body(&h) > body_expect : fc_header_body(&h) != body_expect) ||
+                 fc_header_body(&h) > (uint64_t)(slot - FC_HEADER_BYTES))
             code = FC_PAYLOAD_BODY;
         ws->bad[r] = code;
+        if (code == 0 && (h.flags & FC_HDR_NONFINITE))
+            ws->passed = 1; // the sender's NaN/Inf are on the wire: they go through the sum
         if (code != 0 && atomicCAS(&ws->payload_error, 0u, code) == 0u) {
             ws->payload_error_rank = r;
             ws->payload_error_unit = h.unit;
@@ -173,6 +213,7 @@ static fc_cu_dec dec_of(const fc_cuda_decode_args *a)
     d.out_numel = a->out_numel;
     d.bad = a->ws->bad;
     d.ws = a->ws;
+    d.zero_nonfinite = a->nonfinite_zero;
     return d;
 }
 
@@ -203,15 +244,16 @@ static int encode(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, fc_err *err)
                       err, error);
         if (e.unit_slot >= 0)
             FC_CHECK_CUDA(cudaMemsetAsync(&a->ws->unit_sq[e.unit_slot], 0, sizeof(double), s), err, error);
+        e.src.zero_nonfinite = a->nonfinite_zero;
         count_nonfinite<<<fc_cu_grid(a->geo.per, FC_CU_THREADS * 8, a->geo.world), FC_CU_THREADS, 0, s>>>(
-            a->geo, e.src, a->ws);
+            a->geo, e.src, 1, a->ws);
         FC_CHECK_LAUNCH(err, error);
         if (a->sample) {
-            pick_sample<<<1, 1, 0, s>>>(a->geo, a->ws);
+            pick_sample<<<1, 1, 0, s>>>(a->geo, a->nonfinite_zero, a->ws);
             FC_CHECK_LAUNCH(err, error);
         }
-        e.src.zero_nonfinite = a->nonfinite_zero;
-        write_headers<<<a->geo.world, 32, 0, s>>>(a->geo, a->send, a->m.id, a->grad_dtype, a->unit, a->step);
+        write_headers<<<a->geo.world, 32, 0, s>>>(a->geo, a->send, a->m.id, a->grad_dtype, a->unit,
+                                                  a->step, a->fingerprint, a->nonfinite_zero, a->ws);
         FC_CHECK_LAUNCH(err, error);
         FC_TRY(m->encode(a, &e, s, err));
         if (a->sample) {
@@ -245,12 +287,19 @@ static int decode(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *err)
         fc_cu_dec d = dec_of(a);
         FC_CHECK_CUDA(cudaMemsetAsync(a->ws->bad, 0, sizeof(unsigned int) * (size_t)a->geo.world, s),
                       err, error);
+        FC_CHECK_CUDA(cudaMemsetAsync(&a->ws->passed, 0, sizeof(unsigned int), s), err, error);
         int64_t start, n;
         fc_cu_span(a->geo, a->geo.rank, &start, &n);
+        if (n > 0 && a->geo.skip_own) {
+            own_nonfinite<<<fc_cu_grid(n, FC_CU_THREADS * 8, 1), FC_CU_THREADS, 0, s>>>(
+                a->geo, a->grad, a->grad_dtype, a->nonfinite_zero, a->ws);
+            FC_CHECK_LAUNCH(err, error);
+        }
         if (n > 0 && a->slot > 0) {
             int threads = a->geo.world < 256 ? 32 * ((a->geo.world + 31) / 32) : 256;
             check_headers<<<1, threads, 0, s>>>(a->geo, a->recv, a->slot, a->geo.world, a->m.id,
-                                                a->grad_dtype, a->varsize, a->unit, a->step, a->ws);
+                                                a->grad_dtype, a->varsize, a->unit, a->step,
+                                                a->fingerprint, a->ws);
             FC_CHECK_LAUNCH(err, error);
         }
         FC_TRY(m->decode(a, &d, s, err));
@@ -266,8 +315,9 @@ error:
 }
 
 // compress(): chunk 0 of a.geo (numel = per = n, skip_own 0: the other chunks are empty) as one
-// payload, with the CPU's fc_core_compress semantics: the input read as it is (no non-finite
-// count or zeroing), no residual, no sample, the RNG keyed by a.chunk_base and a.geo.rank.
+// payload, with the CPU's fc_core_compress semantics: NaN/Inf of the input passed (a NaN as the
+// canonical one, the header flagged) and not counted, no residual, no sample, the RNG keyed by
+// a.chunk_base and a.geo.rank.
 static int compress(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *written, fc_err *err)
 {
     int rc = FC_OK;
@@ -289,7 +339,12 @@ static int compress(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *wri
         fc_cu_enc e = enc_of(a);
         FC_CHECK_CUDA(cudaMemsetAsync(a->ws->bad, 0, sizeof(unsigned int) * (size_t)a->geo.world, s),
                       err, error);
-        write_headers<<<a->geo.world, 32, 0, s>>>(a->geo, a->send, a->m.id, a->grad_dtype, a->unit, a->step);
+        // NaN/Inf of x go on the wire (canonical, flagged in the header) and are not counted
+        count_nonfinite<<<fc_cu_grid(a->geo.per, FC_CU_THREADS * 8, a->geo.world), FC_CU_THREADS, 0, s>>>(
+            a->geo, e.src, 0, a->ws);
+        FC_CHECK_LAUNCH(err, error);
+        write_headers<<<a->geo.world, 32, 0, s>>>(a->geo, a->send, a->m.id, a->grad_dtype, a->unit,
+                                                  a->step, a->fingerprint, 0, a->ws);
         FC_CHECK_LAUNCH(err, error);
         FC_TRY(m->encode(a, &e, s, err));
     }
@@ -301,13 +356,13 @@ static int compress(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *wri
         fc_header h;
         FC_CHECK_CUDA(cudaMemcpyAsync(&h, a->send, sizeof(h), cudaMemcpyDeviceToHost, s), err, error);
         FC_CHECK_CUDA(cudaStreamSynchronize(s), err, error);
-        if (h.body_bytes > (uint64_t)(a->geo.pay_full - FC_HEADER_BYTES)) {
+        if (fc_header_body(&h) > (uint64_t)(a->geo.pay_full - FC_HEADER_BYTES)) {
             rc = fc_fail(err, FC_ERR_STATE, "internal: the encode wrote a %llu-byte body, its "
-                         "layout allows %lld", (unsigned long long)h.body_bytes,
+                         "layout allows %lld", (unsigned long long)fc_header_body(&h),
                          (long long)(a->geo.pay_full - FC_HEADER_BYTES));
             goto error;
         }
-        *written = fc_align_up(FC_HEADER_BYTES + (int64_t)h.body_bytes);
+        *written = fc_align_up(FC_HEADER_BYTES + (int64_t)fc_header_body(&h));
     }
 error:
     if (t != NULL)
@@ -341,7 +396,7 @@ static int decompress(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *er
         d.alpha = a->alpha;
         FC_CHECK_CUDA(cudaMemsetAsync(a->ws->bad, 0, sizeof(unsigned int), s), err, error);
         check_headers<<<1, 32, 0, s>>>(a->geo, a->recv, a->slot, 1, a->m.id, a->grad_dtype,
-                                       a->varsize, a->unit, a->step, a->ws);
+                                       a->varsize, a->unit, a->step, a->fingerprint, a->ws);
         FC_CHECK_LAUNCH(err, error);
         FC_TRY(m->decode(a, &d, s, err));
     }

@@ -56,6 +56,10 @@ __global__ void fetch_check(fc_cuda_fetch_args a)
             fc_cu_reject(a.ws, a.ws->bad, c, FC_PAYLOAD_PICKS, a.unit, 0);
 }
 
+// This rank's values at owner c's picks, as fc_fetch.c's: the residual there (round 1 left
+// e = g', 0 where a chunk that passed NaN/Inf held one), taken out of it; without error feedback
+// g itself. A NaN/Inf of the gradient goes as the canonical NaN ("pass") or, in "zero" mode, as
+// e (0 without a residual): fc_gprime_fix's g'.
 __global__ void fetch_values(fc_cuda_fetch_args a)
 {
     const int c = blockIdx.y;
@@ -64,25 +68,25 @@ __global__ void fetch_values(fc_cuda_fetch_args a)
     fc_cu_span(a.geo, c, &start, &n);
     const uint32_t *p = a.all_picks + (int64_t)c * a.kmax;
     const int rejected = a.ws->bad[c] != 0;
-    const int whole = a.residual != NULL && fetch_flags(a.fetch)[c] == 0; // round 1 left e = g'
     double taken = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < k; j += stride) {
         float v;
         if (rejected) {
             v = fc_cu_poison();
-        } else if (whole) {
+        } else {
             const int64_t i = start + p[j];
-            v = fc_cu_load(a.residual, a.res_dtype, i);
-            fc_cu_store_res(a.residual, a.res_dtype, i, 0.0f);
-            taken += (double)v * v;
-        } else { // no residual, or a non-finite chunk that keeps its old one
-            const int64_t i = start + p[j];
-            v = fc_cu_load(a.grad, a.grad_dtype, i);
-            if (a.residual != NULL)
-                v = fc_add_x86(v, fc_cu_load(a.residual, a.res_dtype, i));
-            if (a.nonfinite_zero && !(fc_abs_bits(v) < FC_INF_BITS))
-                v = 0.0f;
+            const float g = fc_cu_load(a.grad, a.grad_dtype, i);
+            if (a.residual != NULL) {
+                int64_t unused = 0;
+                v = fc_cu_load(a.residual, a.res_dtype, i);
+                fc_cu_store_res(a.residual, a.res_dtype, i, 0.0f, &unused);
+                taken += (double)v * v;
+            } else {
+                v = g;
+            }
+            if (!(fc_abs_bits(g) < FC_INF_BITS) && (!a.nonfinite_zero || a.residual == NULL))
+                v = a.nonfinite_zero ? 0.0f : fc_canon_nan(g);
         }
         a.values[off + j] = v;
     }
@@ -102,13 +106,39 @@ __global__ void fetch_residual_sq(fc_cuda_fetch_args a)
     *t = 0;
 }
 
+// Whether the finish's sum passes NaN/Inf (fc_fetch.c's `passed`): the own chunk's, in "pass"
+// mode, or any value received; into ws->passed (zeroed before).
+__global__ void finish_passed(fc_cuda_fetch_args a, int64_t values)
+{
+    int64_t start, n;
+    fc_cu_span(a.geo, a.geo.rank, &start, &n);
+    int bad = 0;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const int64_t t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (a.geo.skip_own && !a.nonfinite_zero)
+        for (int64_t i = t0; i < n && !bad; i += stride)
+            bad = !(fc_abs_bits(fc_cu_load(a.grad, a.grad_dtype, start + i)) < FC_INF_BITS);
+    for (int64_t j = t0; j < values && !bad; j += stride)
+        bad = !(fc_abs_bits(a.values[j]) < FC_INF_BITS);
+    if (bad)
+        a.ws->passed = 1;
+}
+
+// The own chunk's element as fc_core_add_own adds it (0 in "zero" mode for a NaN/Inf).
+__device__ __forceinline__ float fetch_own(const fc_cuda_fetch_args &a, int64_t i)
+{
+    const float g = fc_cu_load(a.grad, a.grad_dtype, i);
+    return fc_abs_bits(g) < FC_INF_BITS ? g : a.nonfinite_zero ? 0.0f : fc_canon_nan(g);
+}
+
 // out = (0 + own) / W everywhere first (own: when the own chunk was not sent), then the picks.
 __global__ void finish_dense(fc_cuda_fetch_args a)
 {
     int64_t start, n;
     fc_cu_span(a.geo, a.geo.rank, &start, &n);
     const float w = (float)a.geo.world;
-    unsigned long long bad = 0;
+    const int passed = a.ws->passed != 0;
+    int64_t nonfinite = 0, sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.out_numel; i += stride) {
         if (i >= n) { // FSDP's padded tail of the output
@@ -120,27 +150,27 @@ __global__ void finish_dense(fc_cuda_fetch_args a)
         }
         float acc = 0.0f;
         if (a.geo.skip_own)
-            acc += fc_cu_load(a.grad, a.grad_dtype, start + i);
-        fc_cu_store_out(a.out, a.out_dtype, i, acc / w, &bad);
+            acc += fetch_own(a, start + i);
+        fc_cu_store_out(a.out, a.out_dtype, i, acc / w, passed, &nonfinite, &sat);
     }
-    bad = fc_cu_warp_sum(bad);
-    if ((threadIdx.x & 31) == 0 && bad)
-        atomicAdd(&a.ws->nonfinite_out, bad);
+    fc_cu_count(&a.ws->nonfinite_out, nonfinite);
+    fc_cu_count(&a.ws->saturated, sat);
 }
 
 // At each pick the senders' values and the own chunk, in rank order (fc_fetch.c's sum); the
-// output there is rewritten and its non-finite count moved with it.
+// output there is rewritten and its counts moved with it.
 __global__ void finish_picks(fc_cuda_fetch_args a)
 {
     int64_t start, n;
     fc_cu_span(a.geo, a.geo.rank, &start, &n);
     const uint32_t *picks = fetch_own_picks(a.fetch);
     const float w = (float)a.geo.world;
-    unsigned long long was = 0, now = 0;
+    const int passed = a.ws->passed != 0;
+    int64_t was = 0, now = 0, was_sat = 0, now_sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < a.n_picks; j += stride) {
         const int64_t i = picks[j];
-        const float own = fc_cu_load(a.grad, a.grad_dtype, start + i);
+        const float own = fetch_own(a, start + i);
         float acc = 0.0f, before = 0.0f;
         int64_t at = 0;
         for (int r = 0; r < a.geo.world; r++) {
@@ -153,15 +183,12 @@ __global__ void finish_picks(fc_cuda_fetch_args a)
         }
         if (a.geo.skip_own)
             before += own;
-        unsigned long long b = 0;
-        fc_cu_store_out(a.out, a.out_dtype, i, before / w, &b); // what finish_dense counted
-        was += b;
-        fc_cu_store_out(a.out, a.out_dtype, i, acc / w, &now);
+        fc_cu_store_out(a.out, a.out_dtype, i, before / w, passed, &was, &was_sat); // finish_dense's
+        fc_cu_store_out(a.out, a.out_dtype, i, acc / w, passed, &now, &now_sat);
     }
-    was = fc_cu_warp_sum(was);
-    now = fc_cu_warp_sum(now);
-    if ((threadIdx.x & 31) == 0 && now != was)
-        atomicAdd(&a.ws->nonfinite_out, now - was); // wraps when fewer: a subtraction
+    // the counts move by now - was (negative where fewer: the unsigned add wraps, a subtraction)
+    fc_cu_count(&a.ws->nonfinite_out, now - was);
+    fc_cu_count(&a.ws->saturated, now_sat - was_sat);
 }
 
 // ---- the API entries
@@ -253,6 +280,15 @@ int fc_cu_fetch_finish(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_err *er
         return FC_OK;
     }
     t = fc_cu_timer_start(ctx, FC_TIME_DECOMPRESS, s);
+    {
+        int64_t start, n, values = 0;
+        fc_cu_span(a->geo, a->geo.rank, &start, &n);
+        for (int r = 0; r < a->geo.world; r++)
+            values += fetch_sends(a->geo, r, a->geo.rank) ? a->n_picks : 0;
+        FC_CHECK_CUDA(cudaMemsetAsync(&a->ws->passed, 0, sizeof(unsigned int), s), err, error);
+        finish_passed<<<fc_cu_blocks(n > values ? n : values, FETCH_THREADS * 4), FETCH_THREADS, 0, s>>>(*a, values);
+        FC_CHECK_LAUNCH(err, error);
+    }
     finish_dense<<<fc_cu_blocks(a->out_numel, FETCH_THREADS * 4), FETCH_THREADS, 0, s>>>(*a);
     FC_CHECK_LAUNCH(err, error);
     if (a->n_picks > 0) {

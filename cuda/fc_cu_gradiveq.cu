@@ -12,8 +12,10 @@ struct gvq_cfg {
     int m, k;
 };
 
-// coef[s*k + j] = sum_i U[j][i] * v_s[i] from 0.0f, i ascending (v zero past the chunk): a NaN
-// keeps the first one met, as the CPU's `d += u * v` does (fc_add_x86 with d first).
+// coef[s*k + j] = sum_i U[j][i] * v_s[i] from 0.0f, i ascending (v zero past the chunk), as the
+// CPU's `d += u * v`; a coefficient beyond fp32's largest / k (so that U c decodes finite) or
+// not finite is m_gradiveq.c's rare case: the dot product again in double, saturated at that
+// bound when every v is finite, else the canonical NaN.
 __global__ void gvq_coefs(fc_cu_enc e, gvq_cfg g, const float *u)
 {
     const int c = blockIdx.y;
@@ -22,6 +24,7 @@ __global__ void gvq_coefs(fc_cu_enc e, gvq_cfg g, const float *u)
     if (!fc_cu_sent(e.geo, c, n))
         return;
     float *coef = (float *)(e.send + fc_cu_send_off(e.geo, c) + FC_HEADER_BYTES);
+    const float lim = fc_bits_f32(FC_MAX_BITS) / (float)g.k;
     const int64_t total = (n + g.m - 1) / g.m * g.k;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += stride) {
@@ -30,13 +33,24 @@ __global__ void gvq_coefs(fc_cu_enc e, gvq_cfg g, const float *u)
         float d = 0.0f;
         for (int i = 0; i < g.m; i++) {
             const float v = lo + i < n ? e.src.x(start + lo + i) : 0.0f;
-            d = fc_add_x86(d, fc_mul_x86(u[j * g.m + i], v));
+            d += u[j * g.m + i] * v;
+        }
+        if (!(fc_bits_f32(fc_abs_bits(d)) <= lim)) {
+            double ed = 0;
+            int finite = 1;
+            for (int i = 0; i < g.m; i++) {
+                const float v = lo + i < n ? e.src.x(start + lo + i) : 0.0f;
+                ed += (double)u[j * g.m + i] * v;
+                finite &= fc_abs_bits(v) < FC_INF_BITS;
+            }
+            d = !finite ? fc_canon_nan(d) : ed > lim ? lim : ed < -lim ? -lim : (float)ed;
         }
         coef[t] = d;
     }
 }
 
-// e = x + (-1 * d), d = sum_j U[j][i] * coef[s*k + j]: the CPU's decode_add with alpha = -1.
+// e = x + (-1 * d), d = sum_j U[j][i] * coef[s*k + j]: the CPU's decode_add with alpha = -1,
+// under fc_cu_residual's rules (always replaced, saturated; the passed-chunk rule).
 __global__ void gvq_residual(fc_cu_enc e, gvq_cfg g, const float *u)
 {
     const int c = blockIdx.y;
@@ -48,7 +62,9 @@ __global__ void gvq_residual(fc_cu_enc e, gvq_cfg g, const float *u)
     sink.res = e.res;
     sink.rdt = e.rdt;
     sink.start = start;
-    sink.ef = e.res != NULL && e.bad[c] == 0; // a chunk with a NaN/Inf keeps its old residual
+    sink.sat = 0;
+    sink.ef = e.res != NULL; // always replaced: the old residual went out inside g'
+    sink.passed = e.bad[c] != 0 && !e.src.zero_nonfinite;
     sink.sample = fc_cu_sampled(e, c);
     if (!sink.on())
         return;
@@ -70,14 +86,16 @@ __global__ void gvq_residual(fc_cu_enc e, gvq_cfg g, const float *u)
             float d = 0.0f;
             for (int j = 0; j < g.k; j++)
                 d += u[j * g.m + t] * coef[s * g.k + j];
-            r[q] = v[q] + -1.0f * d;
+            r[q] = -1.0f * d;
         }
         sink.put8(i, cnt, v, r);
     }
     sink.sum.flush(e.ws, sink.ef ? e.unit_slot : -1, sink.sample);
+    fc_cu_count(&e.ws->saturated, sink.sat);
 }
 
-// Learn steps: cov[p][q] += v_s[p] * v_s[q] over the sent chunks in order, slices in order.
+// Learn steps: cov[p][q] += v_s[p] * v_s[q] over the sent chunks in order, slices in order, a
+// product or sum beyond fp32 saturated (fc_mul_sat, fc_add_sat: it is a unit state).
 __global__ void gvq_covariance(fc_cu_enc e, gvq_cfg g, float *cov)
 {
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -85,6 +103,7 @@ __global__ void gvq_covariance(fc_cu_enc e, gvq_cfg g, float *cov)
         return;
     const int p = (int)(t / g.m), q = (int)(t - (int64_t)p * g.m);
     float acc = cov[t];
+    int64_t sat = 0; // a method state's saturation: not counted on the device, as the codecs'
     for (int c = 0; c < e.geo.world; c++) {
         int64_t start, n;
         fc_cu_span(e.geo, c, &start, &n);
@@ -93,20 +112,21 @@ __global__ void gvq_covariance(fc_cu_enc e, gvq_cfg g, float *cov)
         for (int64_t lo = 0; lo < n; lo += g.m) {
             const float vp = lo + p < n ? e.src.x(start + lo + p) : 0.0f;
             const float vq = lo + q < n ? e.src.x(start + lo + q) : 0.0f;
-            acc += vp * vq;
+            acc = fc_add_sat(acc, fc_mul_sat(vp, vq, &sat), &sat);
         }
     }
     cov[t] = acc;
 }
 
 // The receiver: acc = (0 + own) + 1 * d, d the decode of the coefficients summed over the
-// senders in rank order (fc_aggregate_add_f32, then gvq_decode_agg).
+// senders in rank order (fc_aggregate_add_f32: saturating, then gvq_decode_agg).
 __global__ void gvq_decode(fc_cu_dec d, gvq_cfg g, const float *u, int senders)
 {
     int64_t start, n;
     fc_cu_span(d.geo, d.geo.rank, &start, &n);
     const float w = (float)d.geo.world;
-    unsigned long long bad = 0;
+    const int passed = fc_cu_sum_passes(d);
+    int64_t nonfinite = 0, sat = 0, agg_sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
         if (i >= n) { // FSDP's padded tail of the output
@@ -118,7 +138,7 @@ __global__ void gvq_decode(fc_cu_dec d, gvq_cfg g, const float *u, int senders)
         }
         float acc = 0.0f;
         if (d.geo.skip_own)
-            acc += fc_cu_load(d.grad, d.gdt, start + i);
+            acc += fc_cu_own(d, start + i);
         if (senders > 0) {
             const int64_t s = i / g.m;
             const int t = (int)(i - s * g.m);
@@ -131,17 +151,16 @@ __global__ void gvq_decode(fc_cu_dec d, gvq_cfg g, const float *u, int senders)
                         continue;
                     rejected |= d.bad[r] != 0;
                     const float *coef = (const float *)(d.recv + fc_cu_recv_off(d.geo, r, d.slot) + FC_HEADER_BYTES);
-                    agg += coef[s * g.k + j];
+                    agg = fc_add_sat(agg, coef[s * g.k + j], &agg_sat);
                 }
                 dd += u[j * g.m + t] * agg;
             }
             acc += rejected ? fc_bits_f32(FC_NAN_BITS) : 1.0f * dd; // a rejected payload poisons
         }
-        fc_cu_store_out(d.out, d.odt, i, acc / w, &bad);
+        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &nonfinite, &sat);
     }
-    bad = fc_cu_warp_sum(bad);
-    if ((threadIdx.x & 31) == 0 && bad)
-        atomicAdd(&d.ws->nonfinite_out, bad);
+    fc_cu_count(&d.ws->nonfinite_out, nonfinite);
+    fc_cu_count(&d.ws->saturated, sat);
 }
 
 static int config(const fc_cuda_method_cfg *m, const float *ustate, gvq_cfg *g, fc_err *err)

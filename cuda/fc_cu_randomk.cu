@@ -190,11 +190,18 @@ __host__ __device__ __forceinline__ float rk_factor(int scale, int64_t n, int64_
 
 // ---- encode
 
-__global__ void rk_gather(fc_cu_src src, const int64_t *idx, int64_t total, float *vals)
+// g' at the picks (vals: the residual's x) and what the codec gets of it (enc: saturated where
+// the scaled decode would not be finite, fc_rule_randk_value, as m_randomk.c's encode).
+__global__ void rk_gather(rk_space sp, fc_cu_src src, int scale, int64_t total, float *vals, float *enc)
 {
+    const double inv = 1.0 / (double)(sp.geo.per > 0 ? sp.geo.per : 1);
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < total; j += stride)
-        vals[j] = src.x(idx[j]);
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < total; j += stride) {
+        const rk_chunk h = rk_chunk_at(sp, fc_cu_chunk_of(sp.idx[j], sp.geo.per, inv));
+        int64_t sat = 0; // a codec's own saturation: not counted on the device (docs/methods.md)
+        vals[j] = src.x(sp.idx[j]);
+        enc[j] = fc_rule_randk_value(vals[j], rk_factor(scale, h.n, h.k), &sat);
+    }
 }
 
 __global__ void rk_jobs(rk_space sp, uint8_t *send, float *vals, fc_rng base, fc_cu_vc_job *jobs)
@@ -210,10 +217,10 @@ __global__ void rk_jobs(rk_space sp, uint8_t *send, float *vals, fc_rng base, fc
     }
 }
 
-// e at the picks: x + a * (0 + D), a = -1 * n / k: the CPU's decode_add with alpha -1 (the values
-// decoded into zeros with alpha 1, then scattered with alpha * factor).
-__global__ void rk_corrections(rk_space sp, const uint8_t *send, int scale, fc_cu_vc vc, const float *vals,
-                               float *ev, int64_t total)
+// The decode at the picks with alpha = -1: a * (0 + D), a = -1 * n / k, the CPU's decode_add
+// (the values decoded into zeros with alpha 1, then scattered with alpha * factor).
+__global__ void rk_corrections(rk_space sp, const uint8_t *send, int scale, fc_cu_vc vc, float *ev,
+                               int64_t total)
 {
     const double inv = 1.0 / (double)(sp.geo.per > 0 ? sp.geo.per : 1);
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
@@ -222,13 +229,13 @@ __global__ void rk_corrections(rk_space sp, const uint8_t *send, int scale, fc_c
         const float a = -1.0f * rk_factor(scale, h.n, h.k);
         int bad = 0;
         const float d = 0.0f + vc.term(send + fc_cu_send_off(sp.geo, h.c) + FC_HEADER_BYTES, h.k, j - h.off, 1.0f, &bad);
-        ev[j] = vals[j] + a * d;
+        ev[j] = a * d;
     }
 }
 
 struct rk_enc_parts {
     rk_space sp;
-    float *vals, *ev;
+    float *vals, *enc, *ev;
     fc_cu_vc_job *jobs;
     int64_t total;
 };
@@ -238,6 +245,7 @@ static void carve_encode(const fc_cuda_encode_args *a, const rk_cfg &c, fc_cu_ar
     p->total = kept_total(a->geo, c.kr);
     carve_space(ar, a->geo, 0, c.kr, p->total, &p->sp);
     p->vals = ar.take<float>(p->total);
+    p->enc = ar.take<float>(p->total);
     p->ev = ar.take<float>(p->total);
     p->jobs = ar.take<fc_cu_vc_job>(a->geo.world);
 }
@@ -255,15 +263,15 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
     {
         const unsigned gb = fc_cu_blocks(p.total, FC_CU_THREADS * 4);
         FC_TRY(draw(p.sp, s, err));
-        rk_gather<<<gb, FC_CU_THREADS, 0, s>>>(e->src, p.sp.idx, p.total, p.vals);
+        rk_gather<<<gb, FC_CU_THREADS, 0, s>>>(p.sp, e->src, c.scale, p.total, p.vals, p.enc);
         FC_CHECK_LAUNCH(err, error);
-        rk_jobs<<<1, 256, 0, s>>>(p.sp, a->send, p.vals, e->rng, p.jobs);
+        rk_jobs<<<1, 256, 0, s>>>(p.sp, a->send, p.enc, e->rng, p.jobs);
         FC_CHECK_LAUNCH(err, error);
         FC_TRY(fc_cu_vc_encode(c.vc, p.jobs, a->geo.world, fc_rule_sparse_k(a->geo.per, c.kr.k, c.kr.ratio), s, err));
         if (e->res != NULL || e->sample) {
-            rk_corrections<<<gb, FC_CU_THREADS, 0, s>>>(p.sp, a->send, c.scale, c.vc, p.vals, p.ev, p.total);
+            rk_corrections<<<gb, FC_CU_THREADS, 0, s>>>(p.sp, a->send, c.scale, c.vc, p.ev, p.total);
             FC_CHECK_LAUNCH(err, error);
-            FC_TRY(fc_cu_res_dense(*e, s, err));
+            FC_TRY(fc_cu_res_dense(*e, p.sp.idx, NULL, p.total, s, err));
             FC_TRY(fc_cu_res_fix(*e, p.sp.idx, p.vals, p.ev, NULL, p.total, s, err));
         }
     }
@@ -306,8 +314,8 @@ __global__ void rk_dense(fc_cu_dec d)
     int64_t start, n;
     fc_cu_span(d.geo, d.geo.rank, &start, &n);
     const float w = (float)d.geo.world;
-    const int poison = rk_any_rejected(d);
-    unsigned long long bad = 0;
+    const int poison = rk_any_rejected(d), passed = fc_cu_sum_passes(d);
+    int64_t nonfinite = 0, sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
         if (i >= n) { // FSDP's padded tail of the output
@@ -319,14 +327,13 @@ __global__ void rk_dense(fc_cu_dec d)
         }
         float acc = 0.0f;
         if (d.geo.skip_own)
-            acc += fc_cu_load(d.grad, d.gdt, start + i);
+            acc += fc_cu_own(d, start + i);
         if (poison)
             acc += fc_cu_poison();
-        fc_cu_store_out(d.out, d.odt, i, acc / w, &bad);
+        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &nonfinite, &sat);
     }
-    bad = fc_cu_warp_sum(bad);
-    if ((threadIdx.x & 31) == 0 && bad)
-        atomicAdd(&d.ws->nonfinite_out, bad);
+    fc_cu_count(&d.ws->nonfinite_out, nonfinite);
+    fc_cu_count(&d.ws->saturated, sat);
 }
 
 // At the picks: (0 + own) + a * sum, the sum of the senders' decoded values (from 0, rank
@@ -338,7 +345,8 @@ __global__ void rk_picks(fc_cu_dec d, fc_cu_vc vc, const int64_t *idx, int64_t k
     const float w = (float)d.geo.world;
     if (rk_any_rejected(d))
         return; // rk_dense made everything NaN
-    unsigned long long was = 0, now = 0;
+    const int passed = fc_cu_sum_passes(d);
+    int64_t was = 0, now = 0, was_sat = 0, now_sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < k; j += stride) {
         float sum = 0.0f;
@@ -351,17 +359,14 @@ __global__ void rk_picks(fc_cu_dec d, fc_cu_vc vc, const int64_t *idx, int64_t k
         const int64_t i = idx[j];
         float acc = 0.0f;
         if (d.geo.skip_own)
-            acc += fc_cu_load(d.grad, d.gdt, start + i);
-        unsigned long long b = 0;
-        fc_cu_store_out(d.out, d.odt, i, acc / w, &b); // what rk_dense counted there
-        was += b;
+            acc += fc_cu_own(d, start + i);
+        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &was, &was_sat); // what rk_dense counted
         acc += a * sum;
-        fc_cu_store_out(d.out, d.odt, i, acc / w, &now);
+        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &now, &now_sat);
     }
-    was = fc_cu_warp_sum(was);
-    now = fc_cu_warp_sum(now);
-    if ((threadIdx.x & 31) == 0 && now != was)
-        atomicAdd(&d.ws->nonfinite_out, now - was); // wraps when fewer: a subtraction
+    // the counts move by now - was (negative where fewer: the unsigned add wraps, a subtraction)
+    fc_cu_count(&d.ws->nonfinite_out, now - was);
+    fc_cu_count(&d.ws->saturated, now_sat - was_sat);
 }
 
 static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)

@@ -1,5 +1,5 @@
 // fc_cu_signsgd.cu: kernels of `signsgd` (m_signsgd.c). Scaled: sign bits and per block the mean
-// |x| (the CPU's 8-lane double sums in its order, and the NaN such a sum ends with), through the
+// |x| (the CPU's 8-lane double sums in its order; a NaN mean is the canonical NaN), through the
 // block-codec walk of fc_cu_codecs.cuh. Majority: sign bits only; the receiver sums every
 // sender's vote per element (the compressed domain: the CPU's int32 vote sums) and adds
 // scale * senders * sign(votes), fused with the own chunk and the division by W.
@@ -15,7 +15,6 @@ struct sign_scaled_codec {
 
     struct red {
         fc_cu_tile_sums<1> sums;
-        unsigned long long nan;
     };
     struct blk {
         float scale;
@@ -29,35 +28,28 @@ struct sign_scaled_codec {
         __shared__ double tot[FC_CU_CODEC_WARPS][32];
         const int wi = threadIdx.x >> 5;
         r.sums.init(tile[wi], tot[wi]);
-        r.nan = FC_CU_NO_NAN;
     }
 
-    // A NaN's term is that NaN without its sign (fc_abs_bits), quieted; Infs only make +Inf.
-    __device__ void red_tile(red &r, int64_t off, int m, const float v[8]) const
+    __device__ void red_tile(red &r, int64_t, int, const float v[8]) const
     {
         r.sums.tile_add(bs, v, sign_abs_terms());
-        for (int j = 0; j < 8; j++)
-            if (j < m && fc_abs_bits(v[j]) > FC_INF_BITS) {
-                const unsigned long long key = fc_cu_nan_key(off + j, fc_abs_bits(v[j]));
-                r.nan = key < r.nan ? key : r.nan;
-            }
     }
 
-    // scale = (float)(sum / (double)len), len the block's (the last one may be shorter)
-    __device__ blk block(red &r, int G, int64_t b, int64_t n, uint8_t *body, bool lead) const
+    // scale = (float)(sum / (double)len), len the block's (the last one may be shorter); a NaN
+    // (the block held one) is the canonical NaN, as m_signsgd.c writes it
+    __device__ blk block(red &r, int, int64_t b, int64_t n, uint8_t *body, bool lead) const
     {
         blk k;
-        const unsigned long long nan = fc_cu_group_min_u64(r.nan, G);
         const double sum = r.sums.total(bs, 0);
         const int64_t lo = b * bs, len = n - lo < bs ? n - lo : bs;
-        k.scale = nan != FC_CU_NO_NAN ? fc_bits_f32((uint32_t)nan) : (float)(sum / (double)len);
+        k.scale = fc_canon_nan((float)(sum / (double)len));
         if (lead)
             ((float *)body)[b] = k.scale;
         return k;
     }
 
-    // bit set: x < 0 (a NaN by its sign bit); e = x + pm[bit], pm = {s, -s}, s = -1 * scale:
-    // the CPU's decode_add with alpha = -1
+    // bit set: x < 0 (a NaN by its sign bit); d = pm[bit], pm = {s, -s}, s = -1 * scale: the
+    // CPU's decode_add with alpha = -1
     __device__ void code8(const blk &k, const fc_rng &, int64_t i, int m, const float v[8],
                           int64_t n, uint8_t *body, bool dec, float d[8]) const
     {
@@ -84,7 +76,7 @@ struct sign_scaled_codec {
     __host__ __device__ dec at(int64_t n) const { return dec{meta_bytes(n), fc_cu_log2(bs)}; }
 };
 
-// Majority: sign bits only, each decoding to +-scale (e = x + pm[bit] on the sender).
+// Majority: sign bits only, each decoding to +-scale (x + pm[bit] the sender's residual).
 struct sign_vote_codec {
     int64_t bs; // the walk's unit only: no scales
     float scale;
@@ -124,7 +116,8 @@ __global__ void sign_vote_decode(fc_cu_dec d, float s, int senders)
     int64_t start, n;
     fc_cu_span(d.geo, d.geo.rank, &start, &n);
     const float w = (float)d.geo.world;
-    unsigned long long bad = 0;
+    const int passed = fc_cu_sum_passes(d);
+    int64_t nonfinite = 0, sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
         if (i >= n) { // FSDP's padded tail of the output
@@ -136,7 +129,7 @@ __global__ void sign_vote_decode(fc_cu_dec d, float s, int senders)
         }
         float acc = 0.0f;
         if (d.geo.skip_own)
-            acc += fc_cu_load(d.grad, d.gdt, start + i);
+            acc += fc_cu_own(d, start + i);
         if (senders > 0) {
             int32_t votes = 0;
             int rejected = 0;
@@ -150,11 +143,10 @@ __global__ void sign_vote_decode(fc_cu_dec d, float s, int senders)
             // a rejected payload poisons, never hides
             acc += rejected ? fc_bits_f32(FC_NAN_BITS) : votes > 0 ? s : votes < 0 ? -s : 0.0f;
         }
-        fc_cu_store_out(d.out, d.odt, i, acc / w, &bad);
+        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &nonfinite, &sat);
     }
-    bad = fc_cu_warp_sum(bad);
-    if ((threadIdx.x & 31) == 0 && bad)
-        atomicAdd(&d.ws->nonfinite_out, bad);
+    fc_cu_count(&d.ws->nonfinite_out, nonfinite);
+    fc_cu_count(&d.ws->saturated, sat);
 }
 
 struct sign_cfg {

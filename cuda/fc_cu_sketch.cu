@@ -46,7 +46,8 @@ __device__ __forceinline__ void sk_keys(fc_rng shared, int c, int rows, uint32_t
     __syncthreads();
 }
 
-// The median of r values by the CPU's insertion sort (the same comparisons, NaN included).
+// The median of r values by the CPU's insertion sort (the same comparisons, NaN included), an
+// even count's two middle values halved first where their sum leaves fp32 (m_sketch.c).
 __device__ __forceinline__ float sk_median(float *v, int r)
 {
     for (int a = 1; a < r; a++) {
@@ -58,7 +59,10 @@ __device__ __forceinline__ float sk_median(float *v, int r)
         }
         v[b + 1] = key;
     }
-    return r & 1 ? v[r / 2] : fc_mul_x86(0.5f, fc_add_x86(v[r / 2 - 1], v[r / 2]));
+    if (r & 1)
+        return v[r / 2];
+    const float s = v[r / 2 - 1] + v[r / 2]; // two estimates near fp32's largest: halve first
+    return fc_abs_bits(s) >= FC_INF_BITS ? 0.5f * v[r / 2 - 1] + 0.5f * v[r / 2] : 0.5f * s;
 }
 
 // est[i] = the median over rows of sign * t[row][col] for the chunk's elements (i local).
@@ -67,7 +71,7 @@ __device__ __forceinline__ float sk_estimate(const float *t, int rows, int64_t c
     float v[SK_MAX_ROWS];
     for (int j = 0; j < rows; j++) {
         const uint32_t h = fc_sketch_hash((uint64_t)i, keys[j]);
-        v[j] = fc_mul_x86(fc_sketch_sign(h), t[j * cols + fc_sketch_col(h, (uint32_t)cols)]);
+        v[j] = fc_sketch_sign(h) * t[j * cols + fc_sketch_col(h, (uint32_t)cols)];
     }
     return sk_median(v, rows);
 }
@@ -92,7 +96,7 @@ __global__ void sk_pairs(fc_cu_enc e, sk_cfg cfg, int j, int g0, int gc, int64_t
         }
         const uint32_t h = fc_sketch_hash((uint64_t)(i - start), sk_row_key(shared, c, j));
         keys[i - a] = (uint32_t)((c - g0) * cfg.cols) + fc_sketch_col(h, (uint32_t)cfg.cols);
-        terms[i - a] = fc_mul_x86(fc_sketch_sign(h), e.src.x(i));
+        terms[i - a] = fc_sketch_sign(h) * e.src.x(i);
     }
 }
 
@@ -110,7 +114,8 @@ __device__ __forceinline__ int64_t sk_lower_bound(const uint32_t *k, int64_t cou
 }
 
 // One thread per bucket of each chunk of the group: its terms in index order from 0.0f, each
-// added as the CPU's `row[col] += term` (a NaN term replaces the sum: the last one wins).
+// added as the CPU's `row[col] = fc_add_sat(row[col], term)` (a bucket beyond fp32 saturates;
+// the codec's own count, not kept on the device), a NaN bucket written as the canonical NaN.
 __global__ void sk_buckets(fc_cu_enc e, sk_cfg cfg, int j, int g0, int gc, const uint32_t *keys, const float *terms,
                            int64_t count)
 {
@@ -123,10 +128,11 @@ __global__ void sk_buckets(fc_cu_enc e, sk_cfg cfg, int j, int g0, int gc, const
             continue;
         const int64_t lo = sk_lower_bound(keys, count, (uint32_t)t), hi = sk_lower_bound(keys, count, (uint32_t)t + 1);
         float acc = 0.0f;
+        int64_t sat = 0;
         for (int64_t q = lo; q < hi; q++)
-            acc = fc_add_x86(terms[q], acc);
+            acc = fc_add_sat(acc, terms[q], &sat);
         float *table = (float *)(e.send + fc_cu_send_off(e.geo, c) + FC_HEADER_BYTES);
-        table[j * cfg.cols + (t - (int64_t)(c - g0) * cfg.cols)] = acc;
+        table[j * cfg.cols + (t - (int64_t)(c - g0) * cfg.cols)] = fc_canon_nan(acc);
     }
 }
 
@@ -147,13 +153,12 @@ __global__ void sk_own_estimates(fc_cu_enc e, sk_cfg cfg, fc_rng shared, float *
 }
 
 __global__ void sk_gather(fc_cu_src src, const float *est, const int64_t *idx, const int64_t *num, float *vals,
-                          float *ev)
+                          float *dn)
 {
     const int64_t total = *num, stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < total; j += stride) {
-        const float x = src.x(idx[j]);
-        vals[j] = x;
-        ev[j] = x + -1.0f * est[idx[j]]; // the CPU's decode_add, alpha = -1
+        vals[j] = src.x(idx[j]);
+        dn[j] = -1.0f * est[idx[j]]; // the CPU's decode_add, alpha = -1
     }
 }
 
@@ -250,7 +255,7 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
         if (c.second) { // nothing decodes from round 1: the residual is the whole g'
             if (a->x.fetch == NULL)
                 FC_TRY(fc_fail(err, FC_ERR_STATE, "internal: sketch's second round without its fetch buffer"));
-            FC_TRY(fc_cu_res_dense(*e, s, err));
+            FC_TRY(fc_cu_res_dense(*e, NULL, NULL, 0, s, err));
             FC_TRY(fc_cu_fetch_keep_flags(a->x.fetch, a->ws, a->geo.world, s, err));
         } else if (e->res != NULL || e->sample) {
             fc_cu_src est;
@@ -264,7 +269,7 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
             sk_gather<<<fc_cu_blocks(a->geo.numel, SK_THREADS * 4), SK_THREADS, 0, s>>>(e->src, p.est, p.sel.idx,
                                                                                        p.sel.num, p.vals, p.ev);
             FC_CHECK_LAUNCH(err, error);
-            FC_TRY(fc_cu_res_dense(*e, s, err));
+            FC_TRY(fc_cu_res_dense(*e, p.sel.idx, p.sel.num, a->geo.numel, s, err));
             FC_TRY(fc_cu_res_fix(*e, p.sel.idx, p.vals, p.ev, p.sel.num, a->geo.numel, s, err));
         }
     }
@@ -277,12 +282,14 @@ error:
 __global__ void sk_aggregate(fc_cu_dec d, int64_t cells, float *agg)
 {
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t sat = 0; // not counted: the CPU's aggregate does not count it either
     for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < cells; t += stride) {
         float a = 0.0f;
         for (int r = 0; r < d.geo.world; r++) {
             if (d.geo.skip_own && r == d.geo.rank)
                 continue;
-            a = fc_add_x86(a, ((const float *)(d.recv + fc_cu_recv_off(d.geo, r, d.slot) + FC_HEADER_BYTES))[t]);
+            a = fc_add_sat(a, ((const float *)(d.recv + fc_cu_recv_off(d.geo, r, d.slot) + FC_HEADER_BYTES))[t],
+                           &sat); // fc_aggregate_add_f32's rule
         }
         agg[t] = a;
     }
@@ -299,11 +306,11 @@ __global__ void sk_estimates(fc_cu_dec d, sk_cfg cfg, fc_rng shared, const float
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float v = sk_estimate(agg, cfg.rows, cfg.cols, keys, i);
-        if (own) {
+        if (own) { // the CPU's acc: 0 + the own chunk as fc_core_add_own adds it
             float o = 0.0f;
             if (d.geo.skip_own)
-                o += fc_cu_load(d.grad, d.gdt, start + i);
-            v = fc_add_x86(v, o);
+                o += fc_cu_own(d, start + i);
+            v = v + o;
         }
         est[i] = v;
     }
@@ -323,8 +330,8 @@ __global__ void sk_dense(fc_cu_dec d)
     int64_t start, n;
     fc_cu_span(d.geo, d.geo.rank, &start, &n);
     const float w = (float)d.geo.world;
-    const int poison = sk_rejected(d);
-    unsigned long long bad = 0;
+    const int poison = sk_rejected(d), passed = fc_cu_sum_passes(d);
+    int64_t nonfinite = 0, sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
         if (i >= n) { // FSDP's padded tail of the output
@@ -336,14 +343,13 @@ __global__ void sk_dense(fc_cu_dec d)
         }
         float acc = 0.0f;
         if (d.geo.skip_own)
-            acc += fc_cu_load(d.grad, d.gdt, start + i);
+            acc += fc_cu_own(d, start + i);
         if (poison)
             acc += fc_cu_poison();
-        fc_cu_store_out(d.out, d.odt, i, acc / w, &bad);
+        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &nonfinite, &sat);
     }
-    bad = fc_cu_warp_sum(bad);
-    if ((threadIdx.x & 31) == 0 && bad)
-        atomicAdd(&d.ws->nonfinite_out, bad);
+    fc_cu_count(&d.ws->nonfinite_out, nonfinite);
+    fc_cu_count(&d.ws->saturated, sat);
 }
 
 __global__ void sk_heavy(fc_cu_dec d, const float *est, const int64_t *idx, const int64_t *num)
@@ -353,23 +359,21 @@ __global__ void sk_heavy(fc_cu_dec d, const float *est, const int64_t *idx, cons
     const float w = (float)d.geo.world;
     if (sk_rejected(d))
         return; // sk_dense made everything NaN
-    unsigned long long was = 0, now = 0;
+    const int passed = fc_cu_sum_passes(d);
+    int64_t was = 0, now = 0, was_sat = 0, now_sat = 0;
     const int64_t total = *num, stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < total; j += stride) {
         const int64_t i = idx[j];
         float acc = 0.0f;
         if (d.geo.skip_own)
-            acc += fc_cu_load(d.grad, d.gdt, start + i);
-        unsigned long long b = 0;
-        fc_cu_store_out(d.out, d.odt, i, acc / w, &b); // what sk_dense counted there
-        was += b;
+            acc += fc_cu_own(d, start + i);
+        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &was, &was_sat); // what sk_dense counted
         acc += 1.0f * est[i];
-        fc_cu_store_out(d.out, d.odt, i, acc / w, &now);
+        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &now, &now_sat);
     }
-    was = fc_cu_warp_sum(was);
-    now = fc_cu_warp_sum(now);
-    if ((threadIdx.x & 31) == 0 && now != was)
-        atomicAdd(&d.ws->nonfinite_out, now - was); // wraps when fewer: a subtraction
+    // the counts move by now - was (negative where fewer: the unsigned add wraps, a subtraction)
+    fc_cu_count(&d.ws->nonfinite_out, now - was);
+    fc_cu_count(&d.ws->saturated, now_sat - was_sat);
 }
 
 // The owner's picks into the fetch buffer, as uint32 chunk indices.

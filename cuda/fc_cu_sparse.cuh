@@ -278,7 +278,8 @@ int fc_cu_index_encode(const fc_cu_selection &sel, const fc_cu_outs &outs, int64
 
 // ---- the encode of index payloads (topk, thresholdv) after their selection: x gathered at the
 // kept indices (vals), the indices written, the values through the codec or, with `sign`,
-// thresholdv's sign bits, and the residual (ev: e at the kept indices). jobs: chunks entries;
+// thresholdv's sign bits, and the residual (ev: the decode with alpha = -1 at the kept
+// indices, scratch for it). jobs: chunks entries;
 // kmax bounds a chunk's k (the grid); total bounds the kept indices of all chunks.
 struct fc_cu_sp_values {
     fc_cu_vc vc;
@@ -317,18 +318,24 @@ int fc_cu_sp_decode(const fc_cu_sp_decoder &dec, const fc_cu_dec &d, const fc_cu
                     uint32_t unit, uint32_t step, cudaStream_t s, fc_err *err);
 
 // ---- the residual of a sparse encode: e = x everywhere but at the kept coordinates, where
-// e = x + (the method's correction). Two passes: dense (e = x, only the chunks without a
-// non-finite value, as the CPU keeps the old residual of those), then the kept coordinates.
+// e = x + (the method's decode with alpha = -1), both under fc_cu_residual's rules (a chunk
+// that passed NaN/Inf included: its residual is replaced too). Two passes: dense (e = x), then
+// the kept coordinates; each sums only its own elements into ||e||^2 and the statistics.
 
-// Dense pass over every sent chunk (fc_cu_enc's residual, statistics and chunk flags).
-int fc_cu_res_dense(const fc_cu_enc &e, cudaStream_t s, fc_err *err);
-// Kept coordinates: at global index idx[j], x = xv[j] and e = ev[j], j < *num (device) or < n
-// when num is NULL.
-int fc_cu_res_fix(const fc_cu_enc &e, const int64_t *idx, const float *xv, const float *ev,
+// Dense pass over every sent chunk but the kept coordinates idx[0, *num or n) (global,
+// ascending; idx NULL: none kept): fc_cu_enc's residual, statistics and chunk flags; a chunk
+// flagged FC_CU_ELSEWHERE is left to its own pass (thresholdv's `none` payloads).
+int fc_cu_res_dense(const fc_cu_enc &e, const int64_t *idx, const int64_t *num, int64_t n,
+                    cudaStream_t s, fc_err *err);
+#define FC_CU_ELSEWHERE 0xFFFFFFFFu
+// Kept coordinates: at global index idx[j], x = xv[j] and the decode with alpha = -1 is dn[j],
+// j < *num (device) or < n when num is NULL.
+int fc_cu_res_fix(const fc_cu_enc &e, const int64_t *idx, const float *xv, const float *dn,
                   const int64_t *num, int64_t n, cudaStream_t s, fc_err *err);
 
 // ---- decode of sparse payloads: an fp32 accumulator of the own chunk, scatter-adds in rank
-// order, then out = acc / W in out's dtype (FSDP's tail zeroed, non-finite outputs counted).
+// order, then out = acc / W in out's dtype (FSDP's tail zeroed; fc_cu_store_out's rules: NaN/Inf
+// pass only where the sum brought them, fc_cu_sum_passes).
 
 // acc = 0 (the CPU's sum starts from zero), then acc += own where the own chunk comes in rank
 // order (its exact values, when it is not sent), then out = acc / W.

@@ -129,89 +129,123 @@ error:
 
 // ---- residuals
 
-// e = x over every sent chunk without a non-finite value (those keep their old residual, as on
-// the CPU), with ||e||^2 and the sampled chunk's statistics; the kept coordinates follow.
-__global__ void res_dense(fc_cu_enc e)
+// Whether global index i is among the kept ones: idx[0, total) ascending (chunk by chunk).
+__device__ __forceinline__ int res_kept(const int64_t *idx, int64_t total, int64_t i)
+{
+    int64_t lo = 0, hi = total;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (idx[mid] < i)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < total && idx[lo] == i;
+}
+
+// e = x over every sent chunk but the kept coordinates, which res_fix writes (fc_cu_residual
+// with no decode: 0 where a chunk that passed NaN/Inf holds one, as the CPU's
+// residual_of_nonfinite), with ||e||^2 and the sampled chunk's statistics of those elements:
+// a kept coordinate's x never enters a sum, so huge kept values leave no rounding behind.
+__global__ void res_dense(fc_cu_enc e, const int64_t *idx, const int64_t *num, int64_t n_idx)
 {
     const int c = blockIdx.y;
     int64_t start, n;
     fc_cu_span(e.geo, c, &start, &n);
     if (!fc_cu_sent(e.geo, c, n))
         return;
-    fc_cu_res_sink sink;
-    sink.res = e.res;
-    sink.rdt = e.rdt;
-    sink.start = start;
-    sink.ef = e.res != NULL && e.bad[c] == 0;
-    sink.sample = fc_cu_sampled(e, c);
-    if (!sink.on())
+    if (e.bad[c] == FC_CU_ELSEWHERE) // another pass owns the chunk, its residual and its sums
         return;
-    sink.vec = e.res != NULL && fc_cu_aligned16((const uint8_t *)e.res + start * (e.rdt == FC_CU_F32 ? 4 : 2));
-    const fc_cu_chunk_x x = fc_cu_chunk_x::make(e.src, start);
-    const int64_t stride = 8 * (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = 8 * ((int64_t)blockIdx.x * blockDim.x + threadIdx.x); i < n; i += stride) {
-        float v[8];
-        const int m = fc_cu_valid8(n, i);
-        x.load8(i, m, v);
-        sink.put8(i, m, v, v);
+    const int ef = e.res != NULL; // always replaced: the old residual went out inside g'
+    const int passed = e.bad[c] != 0 && !e.src.zero_nonfinite;
+    const int sample = fc_cu_sampled(e, c);
+    if (!ef && !sample)
+        return;
+    const int64_t total = idx == NULL ? 0 : num != NULL ? *num : n_idx;
+    fc_cu_esum sum;
+    int64_t sat = 0;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        if (total > 0 && res_kept(idx, total, start + i))
+            continue;
+        const float x = e.src.x(start + i);
+        int64_t s = 0;
+        const float r = fc_cu_residual(x, -0.0f, passed, &s); // x + -0 = x
+        if (ef) {
+            fc_cu_store_res(e.res, e.rdt, start + i, r, &s);
+            sat += s;
+        }
+        sum.add(x, r);
     }
-    sink.sum.flush(e.ws, sink.ef ? e.unit_slot : -1, sink.sample);
+    sum.flush(e.ws, ef ? e.unit_slot : -1, sample);
+    fc_cu_count(&e.ws->saturated, sat);
 }
 
-// At the kept coordinates: e replaces x, and the sums move from (x, x) to (x, e).
-__global__ void res_fix(fc_cu_enc e, const int64_t *idx, const float *xv, const float *ev,
+// At the kept coordinates: e = fc_cu_residual(x, dn) and its terms of the sums. dn: what the
+// CPU's decode_add adds there with alpha = -1.
+__global__ void res_fix(fc_cu_enc e, const int64_t *idx, const float *xv, const float *dn,
                         const int64_t *num, int64_t n)
 {
     const int64_t total = num != NULL ? *num : n;
     const double inv = 1.0 / (double)(e.geo.per > 0 ? e.geo.per : 1);
-    double dee_unit = 0, dee = 0, dxe = 0;
+    double ee_unit = 0, ee = 0, xx = 0, xe = 0;
+    int64_t sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < total; j += stride) {
         const int64_t i = idx[j];
         const int c = fc_cu_chunk_of(i, e.geo.per, inv);
-        const int ef = e.res != NULL && e.bad[c] == 0;
+        const int ef = e.res != NULL;
+        const int passed = e.bad[c] != 0 && !e.src.zero_nonfinite;
         const int sample = fc_cu_sampled(e, c);
-        const double x = xv[j], v = ev[j];
+        int64_t s = 0;
+        const float x = xv[j];
+        const float ej = fc_cu_residual(x, dn[j], passed, &s);
         if (ef) {
-            fc_cu_store_res(e.res, e.rdt, i, ev[j]);
-            dee_unit += v * v - x * x;
+            fc_cu_store_res(e.res, e.rdt, i, ej, &s);
+            sat += s;
+            ee_unit += (double)ej * ej;
         }
         if (sample) {
-            dee += v * v - x * x;
-            dxe += x * v - x * x;
+            ee += (double)ej * ej;
+            xx += (double)x * x;
+            xe += (double)x * ej;
         }
     }
-    dee_unit = fc_cu_warp_sum(dee_unit);
-    dee = fc_cu_warp_sum(dee);
-    dxe = fc_cu_warp_sum(dxe);
+    ee_unit = fc_cu_warp_sum(ee_unit);
+    ee = fc_cu_warp_sum(ee);
+    xx = fc_cu_warp_sum(xx);
+    xe = fc_cu_warp_sum(xe);
     if ((threadIdx.x & 31) == 0) {
-        if (e.unit_slot >= 0 && dee_unit != 0)
-            atomicAdd(&e.ws->unit_sq[e.unit_slot], dee_unit);
-        if (dee != 0 || dxe != 0) {
-            atomicAdd(&e.ws->call_sum[0], dee);
-            atomicAdd(&e.ws->call_sum[2], dxe);
+        if (e.unit_slot >= 0 && ee_unit != 0)
+            atomicAdd(&e.ws->unit_sq[e.unit_slot], ee_unit);
+        if (ee != 0 || xx != 0 || xe != 0) {
+            atomicAdd(&e.ws->call_sum[0], ee);
+            atomicAdd(&e.ws->call_sum[1], xx);
+            atomicAdd(&e.ws->call_sum[2], xe);
         }
     }
+    fc_cu_count(&e.ws->saturated, sat);
 }
 
-int fc_cu_res_dense(const fc_cu_enc &e, cudaStream_t s, fc_err *err)
+int fc_cu_res_dense(const fc_cu_enc &e, const int64_t *idx, const int64_t *num, int64_t n,
+                    cudaStream_t s, fc_err *err)
 {
     int rc = FC_OK;
     if (e.res == NULL && !e.sample)
         return FC_OK;
-    res_dense<<<fc_cu_grid(e.geo.per, SP_THREADS * 8, e.geo.world), SP_THREADS, 0, s>>>(e);
+    res_dense<<<fc_cu_grid(e.geo.per, SP_THREADS * 4, e.geo.world), SP_THREADS, 0, s>>>(e, idx, num, n);
     FC_CHECK_LAUNCH(err, error);
 error:
     return rc;
 }
 
-int fc_cu_res_fix(const fc_cu_enc &e, const int64_t *idx, const float *xv, const float *ev,
+int fc_cu_res_fix(const fc_cu_enc &e, const int64_t *idx, const float *xv, const float *dn,
                   const int64_t *num, int64_t n, cudaStream_t s, fc_err *err)
 {
     int rc = FC_OK;
     if ((e.res == NULL && !e.sample) || n <= 0)
         return FC_OK;
-    res_fix<<<fc_cu_blocks(n, SP_THREADS * 4), SP_THREADS, 0, s>>>(e, idx, xv, ev, num, n);
+    res_fix<<<fc_cu_blocks(n, SP_THREADS * 4), SP_THREADS, 0, s>>>(e, idx, xv, dn, num, n);
     FC_CHECK_LAUNCH(err, error);
 error:
     return rc;
@@ -230,26 +264,26 @@ __global__ void acc_own(fc_cu_dec d, float *acc, int64_t start, int64_t n)
 {
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        acc[i] += fc_cu_load(d.grad, d.gdt, start + i);
+        acc[i] += fc_cu_own(d, start + i);
 }
 
 __global__ void acc_write(fc_cu_dec d, const float *acc, int64_t n)
 {
     const float w = (float)d.geo.world;
-    unsigned long long bad = 0;
+    const int passed = fc_cu_sum_passes(d);
+    int64_t nonfinite = 0, sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
         if (i < n) {
-            fc_cu_store_out(d.out, d.odt, i, acc[i] / w, &bad);
+            fc_cu_store_out(d.out, d.odt, i, acc[i] / w, passed, &nonfinite, &sat);
         } else if (d.odt == FC_CU_F32) { // FSDP's padded tail of the output
             ((float *)d.out)[i] = 0.0f;
         } else {
             ((uint16_t *)d.out)[i] = 0;
         }
     }
-    bad = fc_cu_warp_sum(bad);
-    if ((threadIdx.x & 31) == 0 && bad)
-        atomicAdd(&d.ws->nonfinite_out, bad);
+    fc_cu_count(&d.ws->nonfinite_out, nonfinite);
+    fc_cu_count(&d.ws->saturated, sat);
 }
 
 int fc_cu_acc_zero(const fc_cu_dec &d, float *acc, cudaStream_t s, fc_err *err)
@@ -339,10 +373,10 @@ __global__ void sp_sign_bits(fc_cu_selection sel, fc_cu_outs outs, int64_t at, c
     }
 }
 
-// e at the kept indices: x + (0 + (-1) * D) for codec values (the CPU's decode_add into zeroed
-// values, then added), x + (+-v decoded with alpha = -1) for sign bits.
+// The decode with alpha = -1 at the kept indices, as the CPU's decode_add adds it to x: 0 +
+// (-1) * D for codec values (decoded into zeroed values, then added), +-v * -1 for sign bits.
 __global__ void sp_corrections(fc_cu_selection sel, fc_cu_outs outs, int64_t at, fc_cu_sp_values va,
-                               const float *vals, float *ev)
+                               float *dn)
 {
     const int64_t total = *sel.num, stride = (int64_t)gridDim.x * blockDim.x;
     const double inv = 1.0 / (double)(sel.sp.per > 0 ? sel.sp.per : 1);
@@ -354,9 +388,9 @@ __global__ void sp_corrections(fc_cu_selection sel, fc_cu_outs outs, int64_t at,
         const int64_t jj = j - h.off;
         int bad = 0;
         if (va.sign)
-            ev[j] = vals[j] + ((v[jj >> 3] >> (jj & 7)) & 1u ? neg : pos);
+            dn[j] = (v[jj >> 3] >> (jj & 7)) & 1u ? neg : pos;
         else
-            ev[j] = vals[j] + (0.0f + va.vc.term(v, h.k, jj, -1.0f, &bad));
+            dn[j] = 0.0f + va.vc.term(v, h.k, jj, -1.0f, &bad);
     }
 }
 
@@ -380,9 +414,9 @@ int fc_cu_sp_encode(const fc_cu_selection &sel, const fc_cu_enc &e, const fc_cu_
         FC_TRY(fc_cu_vc_encode(va.vc, jobs, W, kmax, s, err));
     }
     if (e.res != NULL || e.sample) {
-        sp_corrections<<<gb, SP_THREADS, 0, s>>>(sel, outs, at, va, vals, ev);
+        sp_corrections<<<gb, SP_THREADS, 0, s>>>(sel, outs, at, va, ev);
         FC_CHECK_LAUNCH(err, error);
-        FC_TRY(fc_cu_res_dense(e, s, err));
+        FC_TRY(fc_cu_res_dense(e, sel.idx, sel.num, total, s, err));
         FC_TRY(fc_cu_res_fix(e, sel.idx, vals, ev, sel.num, total, s, err));
     }
 error:

@@ -79,10 +79,11 @@ __global__ void thrv_plan(fc_cu_selection sel, fc_cu_sp_values va, int dsize, fc
     }
 }
 
-// Header, count and padding of every sent chunk at its packed offset (a `none` one: its header
-// and padding; its values come with thrv_none).
+// Header (wire version 3, as the driver's write_headers), count and padding of every sent chunk
+// at its packed offset (a `none` one: its header and padding; its values come with thrv_none).
 __global__ void thrv_headers(fc_cu_selection sel, const fc_cuda_sent *sent, const int64_t *offs, uint8_t *send,
-                             int method, int dtype, uint32_t unit, uint32_t step)
+                             int method, int dtype, uint32_t unit, uint32_t step, uint32_t fingerprint,
+                             int nonfinite_zero, const unsigned int *bad)
 {
     const int c = blockIdx.x;
     const fc_cu_sel_chunk h = sel.ch[c];
@@ -99,8 +100,10 @@ __global__ void thrv_headers(fc_cu_selection sel, const fc_cuda_sent *sent, cons
         hd.dtype = (uint8_t)dtype;
         hd.unit = unit;
         hd.step = step;
-        hd.numel = (uint64_t)h.n;
-        hd.body_bytes = (uint64_t)body;
+        fc_header_set_sizes(&hd, (uint64_t)h.n, (uint64_t)body);
+        hd.fingerprint = fingerprint;
+        hd.world = (uint16_t)sel.sp.chunks;
+        hd.flags = !nonfinite_zero && bad[c] != 0 ? FC_HDR_NONFINITE : 0u; // as write_headers
         memcpy(p, &hd, sizeof(hd));
         if (!sent[c].none)
             *(uint32_t *)(p + FC_HEADER_BYTES) = (uint32_t)h.k;
@@ -110,22 +113,23 @@ __global__ void thrv_headers(fc_cu_selection sel, const fc_cuda_sent *sent, cons
 }
 
 // A chunk that fell back leaves the selection (fc_cu_reselect_threshold drops its indices), and
-// the index payloads' residual passes: `skip` is the encode's chunk flags with it marked, so
-// fc_cu_res_dense leaves its residual (and g', which thrv_none reads after) as they are.
+// the index payloads' residual passes: `skip` is the encode's chunk flags with it marked
+// FC_CU_ELSEWHERE, so fc_cu_res_dense leaves its residual (and g', which thrv_none reads after)
+// and its sums to thrv_none.
 __global__ void thrv_drop(fc_cu_sel_chunk *ch, const fc_cuda_sent *sent, const unsigned int *bad,
                           unsigned int *skip, int chunks)
 {
     for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
         if (sent[c].none)
             ch[c].on = 0;
-        skip[c] = sent[c].none ? 1u : bad[c];
+        skip[c] = sent[c].none ? FC_CU_ELSEWHERE : bad[c];
     }
 }
 
 // The `none` payloads' values (g' in the gradient's dtype, m_none.c), and their residual as the
-// CPU's update_residual makes it with none's decode: e = x + (-1) * D, with ||e||^2. A sampled
-// chunk's sums, which fc_cu_res_dense took as (x, x), move to (x, e), as fc_cu_res_fix moves
-// them at kept coordinates.
+// CPU's update_residual makes it with none's decode: e = x + (-1) * D under fc_cu_residual's
+// rules (the passed-chunk rule for a chunk that passed NaN/Inf), with ||e||^2 and, sampled, the
+// chunk's statistics (fc_cu_res_dense leaves such a chunk alone).
 __global__ void thrv_none(fc_cu_enc e, const fc_cuda_sent *sent, const int64_t *offs, int dt)
 {
     const int c = blockIdx.y;
@@ -134,9 +138,11 @@ __global__ void thrv_none(fc_cu_enc e, const fc_cuda_sent *sent, const int64_t *
     if (!sent[c].none)
         return;
     uint8_t *body = e.send + offs[c] + FC_HEADER_BYTES;
-    const int ef = e.res != NULL && e.bad[c] == 0;
+    const int ef = e.res != NULL;
+    const int passed = e.bad[c] != 0 && !e.src.zero_nonfinite;
     const int sample = fc_cu_sampled(e, c);
-    double dee_unit = 0, dee = 0, dxe = 0;
+    double dee_unit = 0, dee = 0, dxx = 0, dxe = 0;
+    int64_t sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const float x = e.src.x(start + i);
@@ -145,29 +151,35 @@ __global__ void thrv_none(fc_cu_enc e, const fc_cuda_sent *sent, const int64_t *
         else
             ((uint16_t *)body)[i] = dt == FC_CU_BF16 ? fc_f32_to_bf16(x) : fc_f32_to_f16(x);
         if (ef || sample) {
-            const float r = x + -1.0f * fc_cu_load(body, dt, i);
+            int64_t s = 0;
+            const float r = fc_cu_residual(x, -1.0f * fc_cu_load(body, dt, i), passed, &s);
             const double xd = x, rd = r;
             if (ef) {
-                fc_cu_store_res(e.res, e.rdt, start + i, r);
+                fc_cu_store_res(e.res, e.rdt, start + i, r, &s);
+                sat += s;
                 dee_unit += rd * rd;
             }
             if (sample) {
-                dee += rd * rd - xd * xd;
-                dxe += xd * rd - xd * xd;
+                dee += rd * rd;
+                dxx += xd * xd;
+                dxe += xd * rd;
             }
         }
     }
     dee_unit = fc_cu_warp_sum(dee_unit);
     dee = fc_cu_warp_sum(dee);
+    dxx = fc_cu_warp_sum(dxx);
     dxe = fc_cu_warp_sum(dxe);
     if ((threadIdx.x & 31) == 0) {
         if (ef && e.unit_slot >= 0 && dee_unit != 0)
             atomicAdd(&e.ws->unit_sq[e.unit_slot], dee_unit);
-        if (dee != 0 || dxe != 0) {
+        if (dee != 0 || dxx != 0 || dxe != 0) {
             atomicAdd(&e.ws->call_sum[0], dee);
+            atomicAdd(&e.ws->call_sum[1], dxx);
             atomicAdd(&e.ws->call_sum[2], dxe);
         }
     }
+    fc_cu_count(&e.ws->saturated, sat);
 }
 
 struct thrv_enc_parts {
@@ -215,7 +227,7 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
                                       cudaMemcpyDeviceToHost, s), err, error);
         FC_CHECK_CUDA(cudaStreamSynchronize(s), err, error);
         thrv_headers<<<a->geo.world, 64, 0, s>>>(p.sel, p.sent, p.offs, a->send, a->m.id, a->grad_dtype, a->unit,
-                                                 a->step);
+                                                 a->step, a->fingerprint, a->nonfinite_zero, e->bad);
         FC_CHECK_LAUNCH(err, error);
         for (int ch = 0; ch < a->geo.world; ch++)
             fell_back |= a->x.sent[ch].none != 0;
@@ -227,7 +239,7 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
             ie.bad = p.skip;
         }
         FC_TRY(fc_cu_sp_encode(p.sel, ie, outs, 4, c.va, p.vals, p.ev, p.jobs, a->geo.per, a->geo.numel, s, err));
-        if (fell_back) { // after fc_cu_res_dense, whose sample sums it moves
+        if (fell_back) { // the fallen-back chunks' values, residuals and sums
             thrv_none<<<fc_cu_grid(a->geo.per, THRV_THREADS * 4, a->geo.world), THRV_THREADS, 0, s>>>(
                 *e, p.sent, p.offs, a->grad_dtype);
             FC_CHECK_LAUNCH(err, error);
@@ -241,7 +253,7 @@ error:
 // check_payload, thrv_decode_add's count checks). A payload that fails is rejected, and so are
 // those after it, whose places are then unknown.
 __global__ void thrv_walk(fc_cu_dec d, fc_cu_sp_values va, int64_t packed, int method, uint32_t unit,
-                          uint32_t step, fc_cu_sp_desc *desc)
+                          uint32_t step, uint32_t fingerprint, fc_cu_sp_desc *desc)
 {
     int64_t start, n;
     fc_cu_span(d.geo, d.geo.rank, &start, &n);
@@ -271,17 +283,24 @@ __global__ void thrv_walk(fc_cu_dec d, fc_cu_sp_values va, int64_t packed, int m
                 code = FC_PAYLOAD_VERSION;
             else if (h.method != method && h.method != FC_CU_NONE_ID)
                 code = FC_PAYLOAD_METHOD;
-            else if (h.dtype != d.gdt || h.reserved != 0)
+            else if (h.fingerprint != fingerprint)
+                code = FC_PAYLOAD_CONFIG;
+            else if (h.world != (uint32_t)d.geo.world)
+                code = FC_PAYLOAD_WORLD;
+            else if (h.dtype != d.gdt || (h.flags & ~FC_HDR_FLAGS_KNOWN) != 0)
                 code = FC_PAYLOAD_DTYPE;
             else if (h.unit != unit || h.step != step)
                 code = FC_PAYLOAD_ORDER;
-            else if (h.numel != (uint64_t)n)
+            else if (fc_header_numel(&h) != (uint64_t)n)
                 code = FC_PAYLOAD_NUMEL;
-            else if (h.body_bytes > (uint64_t)(packed - at - FC_HEADER_BYTES) ||
-                     (h.method == method && (h.body_bytes > (uint64_t)thrv_body(bound) || h.body_bytes < 4)) ||
-                     (h.method != method && h.body_bytes != (uint64_t)thrv_body(plain)))
+            else if (fc_header_body(&h) > (uint64_t)(packed - at - FC_HEADER_BYTES) ||
+                     (h.method == method && (fc_header_body(&h) > (uint64_t)thrv_body(bound) ||
+                                             fc_header_body(&h) < 4)) ||
+                     (h.method != method && fc_header_body(&h) != (uint64_t)thrv_body(plain)))
                 code = FC_PAYLOAD_BODY;
         }
+        if (code == 0 && (h.flags & FC_HDR_NONFINITE))
+            d.ws->passed = 1; // the sender's NaN/Inf are on the wire: they go through the sum
         if (code == 0 && h.method != method) { // `none` in thresholdv's place
             p.off = at;
             p.k = n;
@@ -297,7 +316,7 @@ __global__ void thrv_walk(fc_cu_dec d, fc_cu_sp_values va, int64_t packed, int m
                 code = FC_PAYLOAD_COUNT;
             } else {
                 thrv_layout(va, n, k, &l);
-                if (thrv_body(l) != (int64_t)h.body_bytes)
+                if (thrv_body(l) != (int64_t)fc_header_body(&h))
                     code = FC_PAYLOAD_COUNT;
             }
         }
@@ -329,7 +348,7 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
     FC_TRY(config(&a->m, a->geo.world, &c, err));
     FC_TRY(fc_cu_sp_carve(ar, n, a->geo.world, &dec, err));
     FC_TRY(fc_cu_arena_check(ar, err));
-    thrv_walk<<<1, 1, 0, s>>>(*d, c.va, a->x.packed_bytes, a->m.id, a->unit, a->step, dec.desc);
+    thrv_walk<<<1, 1, 0, s>>>(*d, c.va, a->x.packed_bytes, a->m.id, a->unit, a->step, a->fingerprint, dec.desc);
     FC_CHECK_LAUNCH(err, error);
     FC_TRY(fc_cu_sp_decode(dec, *d, c.va, a->unit, a->step, s, err));
 error:

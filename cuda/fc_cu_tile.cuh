@@ -1,8 +1,8 @@
 // fc_cu_tile.cuh: the warp machinery of the block codecs (fc_cu_codecs.cuh): a warp loads a
 // tile of 256 values, each lane 8 consecutive ones (one Philox call, one packed group, one byte
 // of sign bits), through a loader (g' of a chunk, or any fp32 array), reduces per quantisation
-// block within groups of lanes, and hands (x, e = x - D(C(x))) to a sink (error feedback, or
-// nothing). Also the CPU's 8-lane double sums in its order, and the NaN those sums produce.
+// block within groups of lanes, and hands (x, -D(C(x))) to a sink (error feedback, or
+// nothing). Also the CPU's 8-lane double sums in its order.
 #ifndef FC_CU_TILE_CUH
 #define FC_CU_TILE_CUH
 
@@ -58,15 +58,6 @@ __device__ __forceinline__ int32_t fc_cu_group_max_i32(int32_t v, int G)
     for (int o = 1; o < G; o <<= 1) {
         const int32_t w = __shfl_xor_sync(FC_CU_FULL, v, o);
         v = w > v ? w : v;
-    }
-    return v;
-}
-
-__device__ __forceinline__ unsigned long long fc_cu_group_min_u64(unsigned long long v, int G)
-{
-    for (int o = 1; o < G; o <<= 1) {
-        const unsigned long long w = __shfl_xor_sync(FC_CU_FULL, v, o);
-        v = w < v ? w : v;
     }
     return v;
 }
@@ -141,17 +132,15 @@ struct fc_cu_chunk_x {
             return;
         }
         const int gsz = s.gdt == FC_CU_F32 ? 4 : 2;
+        float r[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         fc_cu_load8_dt((const uint8_t *)s.grad + a * gsz, s.gdt, 1, v);
         if (s.res != NULL) {
-            float r[8];
             const int rsz = s.rdt == FC_CU_F32 ? 4 : 2;
             fc_cu_load8_dt((const uint8_t *)s.res + a * rsz, s.rdt, 1, r);
-            for (int k = 0; k < 8; k++)
-                v[k] = fc_add_x86(v[k], r[k]);
         }
-        if (s.zero_nonfinite)
-            for (int k = 0; k < 8; k++)
-                v[k] = fc_abs_bits(v[k]) < FC_INF_BITS ? v[k] : 0.0f;
+        int64_t bad = 0, sat = 0; // counted once, by count_nonfinite
+        for (int k = 0; k < 8; k++)
+            v[k] = s.fix(v[k], r[k], &bad, &sat);
     }
 };
 
@@ -170,26 +159,32 @@ struct fc_cu_f32_values {
     }
 };
 
-// ---- sinks: what a codec does with each element's x and e = x - D(C(x))
+// ---- sinks: what a codec does with each element's x and its decode -D(C(x))
 
 struct fc_cu_no_sink {
     __device__ __forceinline__ bool on() const { return false; }
     __device__ __forceinline__ void put8(int64_t, int, const float *, const float *) {}
 };
 
-// Error feedback of one chunk: e into the residual (when kept) and the sums for ||e||^2 and the
-// sampled statistics, as the CPU's update_residual.
+// Error feedback of one chunk: e = fc_cu_residual(x, -D) into the residual (when kept), the
+// sums for ||e||^2 and the sampled statistics, and what saturated, as the CPU's update_residual.
 struct fc_cu_res_sink {
     void *res;
     int rdt;
     int64_t start;
-    int ef, sample, vec;
+    int ef, passed, sample, vec;
     fc_cu_esum sum;
+    int64_t sat;
 
     __device__ __forceinline__ bool on() const { return ef || sample; }
 
-    __device__ __forceinline__ void put8(int64_t i, int m, const float x[8], const float e[8])
+    // x: g' of elements i..i+m; dneg: their decode with alpha = -1.
+    __device__ __forceinline__ void put8(int64_t i, int m, const float x[8], const float dneg[8])
     {
+        float e[8];
+        int64_t s = 0; // without error feedback nothing is kept, so nothing saturates
+        for (int k = 0; k < 8; k++)
+            e[k] = k < m ? fc_cu_residual(x[k], dneg[k], passed, &s) : 0.0f;
         if (ef) {
             const int64_t a = start + i;
             if (m == 8 && vec && rdt == FC_CU_F32) {
@@ -198,14 +193,17 @@ struct fc_cu_res_sink {
                 p[1] = make_float4(e[4], e[5], e[6], e[7]);
             } else if (m == 8 && vec) {
                 uint32_t w[4];
+                for (int k = 0; k < 8; k++)
+                    s += fc_bf16_saturates(e[k]);
                 for (int k = 0; k < 4; k++)
                     w[k] = (uint32_t)fc_f32_to_bf16(e[2 * k]) | (uint32_t)fc_f32_to_bf16(e[2 * k + 1]) << 16;
                 *(uint4 *)((uint16_t *)res + a) = make_uint4(w[0], w[1], w[2], w[3]);
             } else {
                 for (int k = 0; k < 8; k++) // fixed trip counts: the arrays stay in registers
                     if (k < m)
-                        fc_cu_store_res(res, rdt, a + k, e[k]);
+                        fc_cu_store_res(res, rdt, a + k, e[k], &s);
             }
+            sat += s;
         }
         for (int k = 0; k < 8; k++)
             if (k < m)
@@ -254,27 +252,14 @@ __device__ __forceinline__ uint32_t fc_cu_unpack1(const uint8_t *p, int w, int j
 // adding into lane (i - lo) % 8 in increasing i, combined as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).
 
 // Lanes j = lane % 8 of each aligned group of 8 hold l_j; all 8 get the total. Each add is the
-// CPU's (IEEE addition commutes exactly; a NaN's bits are decided by fc_cu_nan_key below).
+// CPU's (IEEE addition commutes exactly; which NaN a sum ends with does not matter: the rules
+// that read a sum, fc_qsgd_norm and fc_onebit_mean, write the canonical one).
 __device__ __forceinline__ double fc_cu_lanes_total(double s)
 {
     s += __shfl_xor_sync(FC_CU_FULL, s, 1);
     s += __shfl_xor_sync(FC_CU_FULL, s, 2);
     s += __shfl_xor_sync(FC_CU_FULL, s, 4);
     return s;
-}
-
-// Which NaN such a sum ends with, on the CPU: a NaN term (x * x of a NaN, x * 0 of an Inf, ...)
-// replaces a lane's value as it is added (x86 keeps the first operand's NaN, and GCC adds the
-// term to the lane: the lane's last NaN term wins), and the tree keeps its left operand's: the
-// lowest lane with a NaN term decides. A term as (key << 32 | bits), smallest first: key is
-// (lane << 24) | (2^24 - 1 - (i - lo)), the float bits of the NaN after the sum's rounding to
-// fp32 (quieted). tests/test_nonfinite_rule.py checks this rule on the CPU paths.
-#define FC_CU_NO_NAN 0xffffffffffffffffull
-
-__device__ __forceinline__ unsigned long long fc_cu_nan_key(int64_t off, uint32_t nan_bits)
-{
-    const uint32_t key = (uint32_t)(off & 7) << 24 | (0xffffffu - (uint32_t)off);
-    return (unsigned long long)key << 32 | (nan_bits | 0x00400000u);
 }
 
 // ---- the serial lane sums of a warp's tiles, in the CPU's order: the tile goes through shared

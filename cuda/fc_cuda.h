@@ -12,8 +12,10 @@ extern "C" {
 #endif
 
 /* 2: compress/decompress, comm marks, NCCL timeout and release, geometry probe; 3: the sparse,
- * aggregate and stateful methods' scratch, second round and copies (and their argument fields) */
-#define FC_CUDA_ABI 3
+ * aggregate and stateful methods' scratch, second round and copies (and their argument fields);
+ * 4: the config fingerprint in the args (wire version 3), the decode's nonfinite mode, the
+ * workspace's saturated count */
+#define FC_CUDA_ABI 4
 #define FC_CUDA_MAX_WORLD 1024 /* equals FC_MAX_WORLD of the CPU driver */
 #define FC_CUDA_MAX_UNITS 4096 /* units whose residual norm the device keeps */
 #define FC_CUDA_MAX_CFG 16
@@ -49,10 +51,16 @@ typedef struct {
     unsigned int payload_error;  /* first malformed payload seen: a FC_PAYLOAD_* code, 0 none */
     int payload_error_rank;
     unsigned int payload_error_unit, payload_error_step;
+    unsigned long long saturated; /* what the driver's kernels saturate (g + e, residuals, the
+                                   * fp32 sum, narrow outputs, cast codes); not the block
+                                   * codecs' own (docs/design.md, The CUDA path) */
     double call_sum[3];          /* this call's sampled ||e||^2, ||x||^2, x.e */
     int sample_chunk;            /* this call's sampled chunk, picked on the device after the
-                                  * non-finite count: the first sent one without NaN/Inf in g'
-                                  * (the CPU's rule), -1 when every sent chunk has one */
+                                  * non-finite count: the first sent one that carries no NaN/Inf
+                                  * (the CPU's rule), -1 when every sent chunk does */
+    unsigned int passed;         /* this decode's sum brought NaN/Inf (the own chunk in "pass"
+                                  * mode, or a payload whose header says so): they go through
+                                  * to the output; otherwise a non-finite sum saturates */
     double unit_sq[FC_CUDA_MAX_UNITS];
     unsigned int bad[FC_CUDA_MAX_WORLD]; /* non-finite count per chunk of this call */
 } fc_cuda_ws;
@@ -69,7 +77,9 @@ enum {
     FC_PAYLOAD_BODY = 7,
     FC_PAYLOAD_CODES = 8, /* a code no encoder writes (the dense kernels' decoders; the CPU's
                            * PayloadError) */
-    FC_PAYLOAD_ABORTED = 9 /* the NCCL communicator was aborted: the payload never arrived */
+    FC_PAYLOAD_ABORTED = 9, /* the NCCL communicator was aborted: the payload never arrived */
+    FC_PAYLOAD_CONFIG = 10, /* another config fingerprint */
+    FC_PAYLOAD_WORLD = 11
 };
 
 /* The sparse methods' own rejections (the CPU decoders' PayloadErrors), kept apart from the
@@ -125,6 +135,7 @@ typedef struct {
     int sample; /* accumulate error statistics from the first sent chunk without NaN/Inf */
     fc_cuda_ws *ws;
     fc_cuda_extra x; /* the sparse, aggregate and stateful methods' part (zero for the others) */
+    uint32_t fingerprint; /* fc_core.fingerprint: every header carries it */
 } fc_cuda_encode_args;
 
 typedef struct {
@@ -145,8 +156,10 @@ typedef struct {
                           * the collective; decompress()'s `chunk` (its geometry has rank 0) */
     uint64_t seed;
     float alpha; /* decompress() only: out (fp32) += alpha * D(the one payload in recv) */
+    int nonfinite_zero; /* the own chunk's NaN/Inf are added as 0 (this rank's "zero" mode) */
     fc_cuda_ws *ws;
     fc_cuda_extra x; /* as in fc_cuda_encode_args */
+    uint32_t fingerprint; /* what the headers must carry */
 } fc_cuda_decode_args;
 
 /* What a data-dependent encode wrote for one chunk (0s for a chunk without payload): the host
@@ -244,8 +257,8 @@ typedef struct {
                            const int64_t *recv_splits, fc_err *err);
 
     /* ---- ABI 2: the driver's additions (kept together) */
-    /* one payload of a.geo's chunk 0 (compress()): no non-finite count, no residual, no
-     * sample; *written is the payload's padded size (read back from its header for a method
+    /* one payload of a.geo's chunk 0 (compress()): NaN/Inf passed and flagged, not counted; no
+     * residual, no sample; *written is the payload's padded size (read back from its header for a method
      * whose size is data-dependent: that waits for the stream) */
     int (*compress)(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *written, fc_err *err);
     /* out (fp32, a.out_numel elements) += a.alpha * D(the one payload in a.recv) */

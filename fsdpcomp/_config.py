@@ -17,6 +17,10 @@ def normalize_config(config: Mapping[str, Any] | str | None) -> dict[str, Any]:
             config = json.loads(text)
         except json.JSONDecodeError as e:
             raise ValueError(f"comm config is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}): {text!r}") from None
+        except RecursionError:
+            # json's decoder recurses once per level; a config is one flat object
+            raise ValueError(f"comm config is nested too deeply to be a config (one flat JSON "
+                             f"object of keys): {text[:40]!r}...") from None
     if not isinstance(config, Mapping):
         raise ValueError(f"comm config must be a JSON object / dict, got {type(config).__name__}")
     return dict(config)

@@ -18,6 +18,8 @@ import weakref
 import torch
 import torch.distributed as dist
 
+from . import _range
+
 # torch 2.13 renamed all_gather_into_tensor (and deprecates the old name); older torch has only it.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -86,8 +88,12 @@ def _compressed(state, reduced, grad, unit, world, rank, residuals) -> str:
     x = state._typed_buffer("gather_x", shard, torch.float32, dev)
     x.copy_(reduced)  # the encode input, and the residual's reference
     e = residuals.get(unit) if state._ef else None
-    if e is not None and e.numel() == shard:
+    if e is not None and e.numel() != shard:
+        e = None
+    if e is not None:
         x += e
+    # g' as the C driver makes it (csrc/fc_range.h): saturated sums, "zero" mode's NaN/Inf
+    state._count_saturated(_range.gprime(x, reduced, e, state._zero_nonfinite))
     bound = core.payload_bytes(shard)
     send = state._buffer("gather_send", bound, dev)
     written = _encode(state, x, send, unit, world, rank)
@@ -108,9 +114,10 @@ def _compressed(state, reduced, grad, unit, world, rank, residuals) -> str:
         core.decompress(recv[r * slot:r * slot + slot], full[r * shard:(r + 1) * shard],
                         unit=unit, chunk=world + r, world=world)
     if state._ef:
-        if e is None or e.numel() != shard:
+        if e is None:
             e = residuals[unit] = torch.zeros(shard, dtype=torch.float32, device=dev)
-        torch.sub(x, full[rank * shard:(rank + 1) * shard], out=e)
+        # e = g' - D, always finite (a shard that held NaN/Inf: fc_residual_passed's rule)
+        state._count_saturated(_range.residual(x, full[rank * shard:(rank + 1) * shard], e))
     grad.copy_(full[:n].view_as(grad))
     return _SENT
 

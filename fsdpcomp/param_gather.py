@@ -19,6 +19,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from . import _agree
 from .state import CommState
 
 try:  # torch >= 2.9 defines the protocol; subclassing it keeps torch's isinstance checks true
@@ -68,6 +69,7 @@ class AllGather(_TorchAllGather):
         group = group if group is not None else self.state.process_group
         world, rank = (dist.get_world_size(group), dist.get_rank(group)) if dist.is_initialized() else (1, 0)
         _check_tensors(output_tensor, input_tensor, world, floats=self.codec is not None)
+        _agree.agree_gather(self.state, input_tensor, world, group)  # first gather of a shape
         n, elem = input_tensor.numel(), input_tensor.element_size()
         raw = (world - 1) * n * elem  # what this rank sends in an uncompressed all-gather
         if self.codec is None:

@@ -19,7 +19,7 @@ OPTIONAL_FIELDS = (
     "compress_time_ms", "decompress_time_ms", "extra_collectives", "extra_collective_time_ms",
     "fallback_units", "index_bytes", "density", "residual_norm", "grad_rel_error", "grad_cos_sim",
     "mem_peak_alloc_gb", "mem_peak_reserved_gb", "time_to_target_ppl_s", "ppl_at_fixed_time",
-    "nonfinite_steps", "torch_version", "fsdpcomp_version", "device",
+    "nonfinite_steps", "saturated", "torch_version", "fsdpcomp_version", "device",
     "param_gather_calls", "param_gather_bytes_raw_total", "param_gather_bytes_sent_total",
     "param_gather_ratio", "param_gather_time_ms", "param_gather_codec_time_ms",
 )
@@ -29,8 +29,9 @@ COMM_OPS = ("reduce_scatter", "all_gather", "all_to_all", "all_reduce")
 # per-rank statistics are averaged over the ranks that have a value.
 _SUMMED = ("calls", "calls_uncompressed", "fallback_units", "elements", "chunks_sent", "bytes_raw", "bytes_sent",
            "bytes_compressed", "header_bytes", "meta_bytes", "index_bytes", "value_bytes",
-           "nonfinite_in", "nonfinite_out", "extra_collectives", "error_samples", "residual_bytes",
-           "param_gather_calls", "param_gather_bytes_raw", "param_gather_bytes_sent")
+           "nonfinite_in", "nonfinite_out", "saturated", "extra_collectives", "error_samples",
+           "residual_bytes", "param_gather_calls", "param_gather_bytes_raw",
+           "param_gather_bytes_sent")
 _AVERAGED = ("compress_time_s", "decompress_time_s", "comm_time_s", "extra_collective_time_s",
              "grad_rel_error", "grad_cos_sim", "residual_norm", "density", "param_gather_time_s",
              "param_gather_codec_time_s")
@@ -149,6 +150,7 @@ def build_record(*, run: Mapping[str, Any], step_times_s: Iterable[float], token
         residual_norm=counters.get("residual_norm"),
         grad_rel_error=counters.get("grad_rel_error"),
         grad_cos_sim=counters.get("grad_cos_sim"),
+        saturated=counters.get("saturated"),
     )
     if gathers:
         ag_raw, ag_sent = counters.get("param_gather_bytes_raw"), counters.get("param_gather_bytes_sent")

@@ -9,7 +9,7 @@ from typing import Any, Hashable, Mapping
 import torch
 import torch.distributed as dist
 
-from . import _C, _nccl
+from . import _C, _agree, _nccl
 from ._gather import all_gather_shards
 from ._config import gather_default, normalize_config
 from ._order import Units
@@ -79,6 +79,10 @@ class CommState:
         cfg = self._core.config  # read once: the property copies a dict
         self._transport = cfg["transport"]
         self._ef = cfg["error_feedback"]
+        self._zero_nonfinite = cfg["nonfinite"] == "zero"
+        # what the all-gather half's torch ops saturated (_range.py), per device: read with
+        # counters(), so CUDA calls never wait for the count
+        self._gather_saturated: dict[torch.device, torch.Tensor] = {}
         self._gather_compressed = cfg["allgather_compress"]
         self._gather_explicit = "allgather_compress" in config  # set by name, not by default
         self._min_numel = cfg["min_numel"]
@@ -87,6 +91,8 @@ class CommState:
         self._group_ranks: tuple[dist.ProcessGroup, list[int]] | None = None  # for _peers()
         self._gather_residuals: dict[int, torch.Tensor] = {}  # all-gather stage, per unit
         self._param_codec = make_param_codec(cfg)  # FSDP2 parameter all-gathers (param_gather.py)
+        self._agreed_shapes: set = set()  # (group, shape) the ranks agreed on (_agree.agree)
+        _agree.remember(self)
         if self._gather_compressed and cfg.get("second_round"):
             # a single payload (the all-gather stage) has no second round to fetch values with
             raise ValueError("config key 'allgather_compress' cannot be combined with "
@@ -108,10 +114,18 @@ class CommState:
         return self._core.step
 
     def counters(self) -> Counters:
-        return Counters(self._core.counters())
+        c = self._core.counters()
+        c["saturated"] += sum(int(t) for t in self._gather_saturated.values())
+        return Counters(c)
 
     def reset_counters(self) -> None:
         self._core.reset_counters()
+        self._gather_saturated.clear()
+
+    def _count_saturated(self, count: torch.Tensor) -> None:
+        """Adds a count of the all-gather half's saturations (a 0-dim tensor on any device)."""
+        total = self._gather_saturated.get(count.device)
+        self._gather_saturated[count.device] = count if total is None else total + count
 
     def end_step(self) -> None:
         """Marks the end of a backward pass. Called automatically at the end of every backward
@@ -144,20 +158,42 @@ class CommState:
             raise ValueError(f"state_dict is for method '{state_dict['method']}', this state is '{self.method}'")
         if dict(state_dict["config"]) != self.config:
             raise ValueError(f"state_dict config {dict(state_dict['config'])} differs from this state's {self.config}")
+        for key, kinds in (("units", (list, tuple)), ("residuals", (list, tuple)),
+                           ("unit_states", (list, tuple, type(None)))):
+            value = state_dict.get(key)
+            if not isinstance(value, kinds):
+                raise TypeError(f"state_dict '{key}' must be a {' or '.join(k.__name__ for k in kinds)}, "
+                                f"got {type(value).__name__}")
+        for key in ("residuals", "unit_states"):
+            for u, r in enumerate(state_dict.get(key) or []):
+                if r is not None and not isinstance(r, torch.Tensor):
+                    raise TypeError(f"state_dict {key}[{u}] must be a tensor or None, got {type(r).__name__}")
         units = list(state_dict["units"])
         # a checkpoint from before units had keys: every unit in call order
         keys, open_keys = Units.check_state(len(units), state_dict.get("unit_keys"),
                                             state_dict.get("open_keys"))
         residuals = [None if r is None else r.detach().clone() for r in state_dict["residuals"]]
+        gather = _gather_residuals(state_dict.get("gather_residuals") or {}, len(units))
+        # a residual never holds NaN/Inf: refuse one before anything changes (the C side scans
+        # CPU tensors too; this also covers device tensors)
+        named = [(f"residuals[{u}]", r) for u, r in enumerate(residuals) if r is not None]
+        named += [(f"gather_residuals[{u}]", r) for u, r in gather.items()]
+        for name, r in named:
+            bad = ~torch.isfinite(r.float())
+            if bool(bad.any()):
+                i = int(bad.nonzero()[0, 0])
+                raise ValueError(f"state_dict {name} element {i} is {float(r.flatten()[i])}: a "
+                                 f"residual never holds NaN/Inf (a corrupted checkpoint?)")
         # a checkpoint from before unit states were saved has none: they restart from the seed
         unit_states = state_dict.get("unit_states")
         if unit_states is not None:
             unit_states = [None if t is None else torch.as_tensor(t).detach().cpu().contiguous()
                            for t in unit_states]
-        gather_residuals = _gather_residuals(state_dict.get("gather_residuals", {}), len(units))
-        self._core.restore(units, residuals, int(state_dict["step"]), unit_states)
+        step = state_dict["step"]
+        self._core.restore(units, residuals, int(step) if isinstance(step, (int, torch.Tensor)) else step,
+                           unit_states)
         self._units.restore(keys, open_keys)
-        self._gather_residuals = gather_residuals
+        self._gather_residuals = gather
 
     def __repr__(self) -> str:
         return f"CommState(method={self.method!r}, config={self.config!r})"
@@ -242,13 +278,18 @@ class CommState:
         Returns the unit index. A refused call (TypeError/ValueError) changes nothing.
         """
         world, rank = self._world_rank()
+        world, rank = self._world_rank()
         self._check_call(grad, output, world)
+        _agree.agree(self, grad, world, rank)  # the first call of a shape: the ranks compare configs
         unit = self._begin(grad, key)
-        if self._exchanges_per_peer(grad, world):
-            self._per_peer_exchange(grad, output, world, rank, unit)
-        else:
-            send_splits, recv_splits = self._plan(grad, world, rank)
-            self._all_to_all_exchange(grad, output, world, rank, unit, send_splits, recv_splits)
+        try:
+            if self._exchanges_per_peer(grad, world):
+                self._per_peer_exchange(grad, output, world, rank, unit)
+            else:
+                send_splits, recv_splits = self._plan(grad, world, rank)
+                self._all_to_all_exchange(grad, output, world, rank, unit, send_splits, recv_splits)
+        except _C.PayloadError as e:
+            raise _agree.explain(e) from None
         self._sync_unit_state(unit, world, grad.device)
         return unit
 

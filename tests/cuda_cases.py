@@ -1,8 +1,8 @@
 """What the CUDA tests check, written once for two backends: the GPU (tests/test_cuda.py) and the
 host emulation of the CUDA library (tests/test_cuda_emulated.py). A backend encodes and decodes
 like State._core on its device; the CPU path is the reference: payload bytes, residuals (fp32
-and bf16) and decoded outputs must equal it bit for bit (NaN compared as NaN: which NaN an
-fp32 sum produces is the hardware's, see docs/methods.md)."""
+and bf16) and decoded outputs must equal it bit for bit, NaNs included (one canonical NaN per
+format, docs/methods.md "Range and NaN"), and the counters that follow from them."""
 from __future__ import annotations
 
 import fsdpcomp
@@ -43,17 +43,23 @@ def cuda_cases(methods: list[str] | None = None) -> list[tuple[str, dict]]:
 
 
 # NaN/Inf placed so that blocks hold several, two NaN terms share a lane of the CPU's 8-lane sums
-# (elements 0, 8 and 16), and NaNs differ in payload and sign: which NaN a block's sum ends with
-# is then decided by the rule the kernels reproduce (tests/test_nonfinite_rule.py).
+# (elements 0, 8 and 16), and NaNs differ in payload and sign: every one must leave as the
+# canonical NaN (tests/test_nonfinite_rule.py).
 NONFINITE = [(0, 0x7FC00001), (8, 0xFFC0ABCD), (3, 0x7F800000), (11, 0xFF800000), (16, 0x7FA00003),
              (-1, 0xFF800000), (0.5, 0x7FD00000), (0.5001, 0x7F800000)]
 
 
 def make_grad(n: int, dtype: torch.dtype, gen: torch.Generator, nonfinite: bool = False,
-              scale: float = 3.0) -> torch.Tensor:
+              scale: float = 3.0, huge: bool = False) -> torch.Tensor:
     """Fresh random data times `scale` (never zeros); with `nonfinite`, NONFINITE's values at its
-    places (an int: that index, negative from the end; a float: that fraction of n)."""
+    places (an int: that index, negative from the end; a float: that fraction of n); with `huge`,
+    every third element between 0.6 and 1 times the dtype's largest value, either sign (sums
+    with a residual, W decodes and casts then go beyond the formats: saturation)."""
     g = torch.randn(n, generator=gen) * scale
+    if huge:
+        big = torch.finfo(dtype).max * (0.6 + 0.4 * torch.rand(n, generator=gen))
+        sign = torch.where(torch.rand(n, generator=gen) < 0.5, -1.0, 1.0)
+        g = torch.where(torch.arange(n) % 3 == 0, (big * sign).float(), g)
     if nonfinite:
         bits = g.view(torch.int32)
         for at, pattern in NONFINITE:
@@ -64,12 +70,11 @@ def make_grad(n: int, dtype: torch.dtype, gen: torch.Generator, nonfinite: bool 
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal bit patterns, except that any NaN equals any NaN."""
+    """Equal bit patterns (NaNs included: every path writes the canonical one)."""
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
-    na, nb = torch.isnan(a.float()), torch.isnan(b.float())
     view = torch.int32 if a.element_size() == 4 else torch.int16
-    return bool(torch.equal(na, nb) and torch.equal(a.view(view)[~na], b.view(view)[~nb]))
+    return bool(torch.equal(a.view(view), b.view(view)))
 
 
 def differ_at(a: torch.Tensor, b: torch.Tensor) -> list[int]:
@@ -99,15 +104,18 @@ def cpu_encode(state: fsdpcomp.CommState, grad: torch.Tensor, world: int, rank: 
 
 def check_encode(backend, method: str, cfg: dict, dtype: torch.dtype, world: int, rank: int, n: int,
                  gen: torch.Generator, residual_dtype: str = "fp32", nonfinite: str | None = None,
-                 steps: int = 2, scale: float = 3.0) -> None:
+                 steps: int = 2, scale: float = 3.0, huge: bool = False) -> None:
     """`steps` encodes of fresh gradients with error feedback (from the second on the residual is
     not zero): the backend's payload bytes and residuals equal the CPU's. `nonfinite`: NaN/Inf in
     the gradient, with that `nonfinite` mode; `scale`: the gradient's magnitude (tiny ones
-    overflow 1 / scale, where the CPU's x86 conversions decide the codes)."""
+    overflow 1 / scale: such a block goes as zeros, its values kept in the residual); `huge`: values near
+    the dtype's largest (make_grad). `saturated` equals the CPU's for the casts (none, fp16,
+    bf16); for the block codecs the backend counts the driver's saturations only (g + e, the
+    residuals), at most the CPU's, which also counts the codecs' own."""
     full = dict(cfg, **common_cfg(world, residual_dtype, nonfinite or "pass"))
     cpu, dev = fsdpcomp.CommState(method, full), backend.state(method, full)
     for step in range(steps):
-        g = make_grad(n, dtype, gen, nonfinite=nonfinite is not None, scale=scale)
+        g = make_grad(n, dtype, gen, nonfinite=nonfinite is not None, scale=scale, huge=huge)
         u = cpu._core.begin(n)
         a = cpu_encode(cpu, g, world, rank, u)
         b = backend.encode(dev, g, world, rank)
@@ -122,6 +130,11 @@ def check_encode(backend, method: str, cfg: dict, dtype: torch.dtype, world: int
             assert same_bits(rc, rd), f"{where}: residuals differ at {differ_at(rc, rd)}"
         cpu.end_step()
         backend.end_step(dev)
+    want, got = cpu.counters()["saturated"], backend.saturated(dev)
+    if method in ("none", "fp16", "bf16"):
+        assert got == want, f"{method} {cfg} {dtype}: saturated {got}, the CPU counted {want}"
+    else:
+        assert got <= want, f"{method} {cfg} {dtype}: saturated {got}, more than the CPU's {want}"
 
 
 def cpu_payloads(method: str, cfg: dict, grads: list[torch.Tensor], world: int, rank: int) -> torch.Tensor:
@@ -138,11 +151,15 @@ def cpu_payloads(method: str, cfg: dict, grads: list[torch.Tensor], world: int, 
 
 
 def check_decode(backend, method: str, cfg: dict, dtype: torch.dtype, world: int, rank: int, n: int,
-                 gen: torch.Generator, nonfinite: bool = False, compress_own: bool = False) -> None:
+                 gen: torch.Generator, nonfinite: bool = False, compress_own: bool = False,
+                 huge: bool = False, own_nonfinite: bool = False, mode: str = "pass") -> None:
     """Loopback: W payloads from the CPU, decoded (summed in rank order with the own chunk, / W)
-    by the backend and by the CPU: the same output and the same count of non-finite outputs."""
-    full = dict(cfg, seed=7, compress_own_chunk=compress_own)
-    grads = [make_grad(n, dtype, gen, nonfinite=nonfinite and r == (rank + 1) % world) for r in range(world)]
+    by the backend and by the CPU: the same output and the same counts of non-finite and
+    saturated outputs. `nonfinite`: NaN/Inf in the next rank's gradient (its payload flagged);
+    `own_nonfinite`: in this rank's own chunk, added in `mode`; `huge`: sums beyond fp32."""
+    full = dict(cfg, seed=7, compress_own_chunk=compress_own, nonfinite=mode)
+    grads = [make_grad(n, dtype, gen, nonfinite=(nonfinite and r == (rank + 1) % world) or (own_nonfinite and r == rank),
+                       huge=huge) for r in range(world)]
     recv = cpu_payloads(method, full, grads, world, rank)
     shard = -(-n // world)
     ref = fsdpcomp.CommState(method, full)
@@ -150,10 +167,12 @@ def check_decode(backend, method: str, cfg: dict, dtype: torch.dtype, world: int
     # writes (a second round's first decode only picks coordinates) then compares equal
     out_c = torch.full((shard + 3,), 7.0, dtype=dtype)
     ref._core.decode(recv, grads[rank], out_c, world, rank, ref._core.begin(n))
-    out_d, nonfinite_out = backend.decode(method, full, recv, grads[rank], out_c.numel(), world, rank)
-    where = f"{method} {cfg} {dtype} W={world} r={rank} n={n} nonfinite={nonfinite}"
-    assert same_bits(out_c, out_d), f"{where}: decoded sums differ"
-    assert nonfinite_out == ref.counters()["nonfinite_out"], where
+    out_d, counts = backend.decode(method, full, recv, grads[rank], out_c.numel(), world, rank)
+    where = f"{method} {cfg} {dtype} W={world} r={rank} n={n} nonfinite={nonfinite} huge={huge}"
+    assert same_bits(out_c, out_d), f"{where}: decoded sums differ at {differ_at(out_c, out_d)}"
+    c = ref.counters()
+    for key in ("nonfinite_out", "saturated", "nonfinite_in"):
+        assert counts[key] == c[key], f"{where}: {key} {counts[key]}, the CPU counted {c[key]}"
 
 
 def sum_order_block(bs: int) -> torch.Tensor:

@@ -37,6 +37,9 @@ class OnGpu:
         r = residual_of(st, self.unit)
         return None if r is None else r.cpu()
 
+    def saturated(self, st) -> int:
+        return st.counters()["saturated"]
+
     def end_step(self, st) -> None:
         st.end_step()
 
@@ -45,7 +48,7 @@ class OnGpu:
         st = fsdpcomp.CommState(method, cfg)
         out = torch.full((out_numel,), 7.0, dtype=grad.dtype, device="cuda")
         st._core.decode(recv.cuda(), grad.cuda(), out, world, rank, st._core.begin(grad.numel()))
-        return out.cpu(), st.counters()["nonfinite_out"]
+        return out.cpu(), dict(st.counters())
 
 
 GPU = OnGpu()
@@ -95,6 +98,25 @@ def test_encode_of_nonfinite_inputs_matches_cpu(method, cfg, mode, world, rank, 
 def test_encode_of_tiny_and_huge_values_matches_cpu(method, cfg, scale, gen):
     for world, rank, n in ((1, 0, 257), (3, 1, 4099)):
         check_encode(GPU, method, cfg, torch.float32, world, rank, n, gen, scale=scale)
+
+
+@pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
+def test_encode_near_the_largest_values_matches_cpu(method, cfg, gen):
+    """g + e beyond fp32, saturated codes, residuals and casts, three steps of error feedback."""
+    for dtype, res in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"), (torch.float16, "fp32")):
+        for world, rank, n in ((1, 0, 257), (3, 1, 4099)):
+            check_encode(GPU, method, cfg, dtype, world, rank, n, gen, residual_dtype=res, huge=True, steps=3)
+
+
+@pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
+def test_decode_of_overflowing_and_nonfinite_sums_matches_cpu(method, cfg, gen):
+    """Sums beyond fp32 saturate unless the own chunk ("pass") or a flagged payload brought
+    NaN/Inf; the counters follow."""
+    check_decode(GPU, method, cfg, torch.float32, 3, 1, 4099, gen, huge=True)
+    check_decode(GPU, method, cfg, torch.bfloat16, 4, 0, 777, gen, huge=True)
+    check_decode(GPU, method, cfg, torch.float32, 3, 2, 4099, gen, huge=True, own_nonfinite=True)
+    check_decode(GPU, method, cfg, torch.float32, 3, 2, 4099, gen, huge=True, own_nonfinite=True, mode="zero")
+    check_decode(GPU, method, cfg, torch.float32, 3, 0, 4099, gen, huge=True, nonfinite=True, mode="zero")
 
 
 @pytest.mark.parametrize("method,cfg", CASES, ids=IDS)

@@ -25,7 +25,8 @@ import build as emu_build  # noqa: E402
 if not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")):
     pytest.skip("no C++ compiler for the CUDA emulation", allow_module_level=True)
 
-WS_NONFINITE_OUT, WS_PAYLOAD_ERROR = 8, 48  # byte offsets in fc_cuda_ws (cuda/fc_cuda.h)
+# byte offsets in fc_cuda_ws (cuda/fc_cuda.h)
+WS_NONFINITE_IN, WS_NONFINITE_OUT, WS_PAYLOAD_ERROR, WS_SATURATED = 0, 8, 48, 64
 FC_PAYLOAD_CODES = 8
 
 
@@ -34,6 +35,13 @@ def emu():
     out = os.environ.get("FSDPCOMP_EMU_DIR") or os.path.join(tempfile.gettempdir(), f"fsdpcomp_cuda_emu_{os.getuid()}")
     os.makedirs(out, exist_ok=True)
     return Emulated(emu_build.build(out))
+
+
+def ws_counts(ws: bytes) -> dict:
+    """The counters of an emulated call's fc_cuda_ws."""
+    return {"nonfinite_in": struct.unpack_from("<Q", ws, WS_NONFINITE_IN)[0],
+            "nonfinite_out": struct.unpack_from("<Q", ws, WS_NONFINITE_OUT)[0],
+            "saturated": struct.unpack_from("<Q", ws, WS_SATURATED)[0]}
 
 
 def align16(v: int) -> int:
@@ -59,7 +67,7 @@ class EmuState:
         conf = self.core.config
         self.ef = bool(conf["error_feedback"])
         self.res_dtype = torch.float32 if conf["residual_dtype"] == "fp32" else torch.bfloat16
-        self.step, self.calls, self.res = 0, 0, None
+        self.step, self.calls, self.res, self.saturated = 0, 0, None, 0
 
     def wire(self, grad: torch.Tensor, world: int, rank: int) -> "EmuState":
         """The state whose method a unit's payloads go out with (fc_core_wire_method): this one,
@@ -84,6 +92,9 @@ class Emulated:
 
     def residual(self, st: EmuState):
         return st.res
+
+    def saturated(self, st: EmuState) -> int:
+        return st.saturated
 
     @staticmethod
     def body(st: EmuState, n: int, dtype: torch.dtype) -> int:
@@ -130,7 +141,7 @@ class Emulated:
         sends, _ = st.core.plan(grad, world, rank)
         args = dict(self.geometry(w, n, world, rank, grad.dtype), gdt=DTYPES[grad.dtype], rdt=-1,
                     send_bytes=sum(sends), unit=0, step=st.step, seed=conf["seed"],
-                    nonfinite_zero=int(conf["nonfinite"] == "zero"),
+                    nonfinite_zero=int(conf["nonfinite"] == "zero"), fingerprint=st.core.fingerprint,
                     sample=int(w is st and conf["error_stats_every"] > 0 and st.calls % conf["error_stats_every"] == 0))
         files = {"grad.bin": grad}
         if ef:
@@ -140,28 +151,30 @@ class Emulated:
             files["res.bin"] = st.res
         outs = self.run("encode", w, args, files)
         st.calls += 1
+        st.saturated += struct.unpack_from("<Q", outs["ws.bin"], WS_SATURATED)[0]
         if ef:
             st.res = torch.frombuffer(bytearray(outs["res.bin"]), dtype=torch.uint8).view(st.res_dtype).clone()
         return torch.frombuffer(bytearray(outs["send.bin"]), dtype=torch.uint8).clone()
 
     def decode(self, method: str, cfg: dict, recv: torch.Tensor, grad: torch.Tensor, out_numel: int,
                world: int, rank: int, expect_error: bool = False):
-        st = EmuState(method, cfg).wire(grad, world, rank)
         n = grad.numel()
+        configured = EmuState(method, cfg)
+        st = configured.wire(grad, world, rank)
         own = -(-n // world)
         own = max(0, min(own, n - rank * own))
         args = dict(self.geometry(st, n, world, rank, grad.dtype), gdt=DTYPES[grad.dtype], odt=DTYPES[grad.dtype],
                     out_numel=out_numel, slot=align16(32 + self.body(st, own, grad.dtype)) if own else 0,
-                    unit=0, step=0, seed=st.core.config["seed"])
+                    unit=0, step=0, seed=st.core.config["seed"], fingerprint=configured.core.fingerprint,
+                    nonfinite_zero=int(st.core.config["nonfinite"] == "zero"))
         outs = self.run("decode", st, args, {"recv.bin": recv, "grad.bin": grad})
         out = torch.frombuffer(bytearray(outs["out.bin"]), dtype=torch.uint8).view(grad.dtype).clone()
         ws = outs["ws.bin"]
-        nonfinite_out = struct.unpack_from("<Q", ws, WS_NONFINITE_OUT)[0]
         if expect_error:
             code, rank = struct.unpack_from("<Ii", ws, WS_PAYLOAD_ERROR)
             return out, code, rank
         assert struct.unpack_from("<I", ws, WS_PAYLOAD_ERROR)[0] == 0, "emulated decode reported a payload error"
-        return out, nonfinite_out
+        return out, ws_counts(ws)
 
 
 # The methods with kernels in cuda/ (the emulation needs no nvcc, so not the build's "cuda" flag;
@@ -201,6 +214,55 @@ def test_emulated_encode_of_tiny_and_huge_values_matches_cpu(emu, method, cfg, g
 
 
 @pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
+def test_emulated_encode_near_the_largest_values_matches_cpu(emu, method, cfg, gen):
+    """Values near each dtype's largest: g + e beyond fp32, codes, residuals and casts that
+    saturate (docs/methods.md, "Range and NaN"), over three steps of error feedback."""
+    for dtype, res in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"), (torch.float16, "fp32")):
+        check_encode(emu, method, cfg, dtype, 3, 1, 1031, gen, residual_dtype=res, huge=True, steps=3)
+
+
+@pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
+def test_emulated_decode_of_overflowing_and_nonfinite_sums_matches_cpu(emu, method, cfg, gen):
+    """Sums of W decodes beyond fp32 saturate unless an input brought NaN/Inf: the own chunk
+    ("pass" passes it, "zero" adds 0) or a payload flagged by its sender."""
+    check_decode(emu, method, cfg, torch.float32, 3, 1, 1031, gen, huge=True)
+    check_decode(emu, method, cfg, torch.bfloat16, 4, 0, 777, gen, huge=True)
+    check_decode(emu, method, cfg, torch.float32, 3, 2, 1031, gen, huge=True, own_nonfinite=True)
+    check_decode(emu, method, cfg, torch.float32, 3, 2, 1031, gen, huge=True, own_nonfinite=True, mode="zero")
+    check_decode(emu, method, cfg, torch.float32, 3, 0, 1031, gen, huge=True, nonfinite=True, mode="zero")
+
+
+SINGLE = ("none", "fp16", "bf16", "int8", "fp8", "intN", "qsgd", "nc", "onebit")  # single-payload kernels
+SINGLE_CASES = [(m, c) for m, c in CASES if m in SINGLE]
+
+
+@pytest.mark.parametrize("method,cfg", SINGLE_CASES, ids=[IDS[CASES.index(c)] for c in SINGLE_CASES])
+def test_emulated_compress_and_decompress_match_cpu(emu, method, cfg, gen):
+    """State.compress/decompress (the all-gather half, parameter gathers): one payload, its
+    header (fingerprint, NONFINITE flag) and body the CPU's, and acc += alpha * decode."""
+    for n, chunk, world, rank, kind in ((700, 2, 3, 1, ""), (1031, 0, 2, 0, "nonfinite"), (1031, 1, 4, 3, "huge")):
+        x = make_grad(n, torch.float32, gen, nonfinite=kind == "nonfinite", huge=kind == "huge")
+        st = fsdpcomp.CommState(method, dict(cfg, seed=99))
+        buf = torch.zeros(st._core.payload_bytes(n), dtype=torch.uint8)
+        w = st._core.compress(x, buf, unit=5, chunk=chunk, world=world, rank=rank)
+        est = EmuState(method, dict(cfg, seed=99))
+        body = Emulated.body(est, n, torch.float32)
+        geo = {"numel": n, "per": n, "world": world, "skip_own": 0, "pay_full": align16(32 + body),
+               "body_full": body, "pay_last": align16(32 + body), "body_last": body, "unit": 5, "step": 0,
+               "chunk": chunk, "seed": 99, "fingerprint": st._core.fingerprint}
+        outs = emu.run("compress", est, dict(geo, rank=rank, send_bytes=buf.numel()), {"grad.bin": x})
+        got = torch.frombuffer(bytearray(outs["send.bin"]), dtype=torch.uint8)
+        where = f"{method} {cfg} n={n} {kind}"
+        assert torch.equal(got, buf[:w]), f"{where}: payload bytes differ at {(got != buf[:w]).nonzero()[:8].flatten().tolist()}"
+        acc = torch.randn(n, generator=gen)
+        want = acc.clone()
+        st._core.decompress(buf[:w], want, alpha=-0.5, unit=5, chunk=chunk, world=world)
+        outs = emu.run("decompress", est, dict(geo, rank=0, alpha=-0.5), {"recv.bin": buf[:w], "grad.bin": acc})
+        dec = torch.frombuffer(bytearray(outs["out.bin"]), dtype=torch.float32)
+        assert torch.equal(dec.view(torch.int32), want.view(torch.int32)), f"{where}: decode differs"
+
+
+@pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
 def test_emulated_loopback_decode_matches_cpu(emu, method, cfg, gen):
     check_decode(emu, method, cfg, torch.float32, 4, 2, 1029, gen)
     check_decode(emu, method, cfg, torch.bfloat16, 3, 0, 777, gen, nonfinite=True, compress_own=True)
@@ -233,6 +295,33 @@ def test_emulated_decode_reports_impossible_codes(emu, method, gen):
     out, code, rank = emu.decode(method, cfg, send, g, 64, 1, 0, expect_error=True)
     assert code == FC_PAYLOAD_CODES and rank == 0
     assert torch.isnan(out).any()
+
+
+FC_PAYLOAD_CONFIG, FC_PAYLOAD_WORLD = 10, 11
+
+
+@pytest.mark.parametrize("field,offset,code", [("fingerprint", 28, FC_PAYLOAD_CONFIG), ("world", 6, FC_PAYLOAD_WORLD)])
+def test_emulated_decode_checks_the_header_as_the_cpu_does(emu, field, offset, code, gen):
+    """Wire version 3's fields on the device: a payload of another config (fingerprint) or for
+    another world size is rejected (its outputs NaN, the code for counters() to raise), as the
+    CPU raises PayloadError; flipping the NONFINITE flag alone is accepted on both."""
+    cfg = {"compress_own_chunk": True}
+    g = make_grad(300, torch.float32, gen)
+    st = fsdpcomp.CommState("int8", cfg)
+    send = cpu_encode(st, g, 1, 0, st._core.begin(300))
+    bad = send.clone()
+    bad[offset] ^= 0x01
+    with pytest.raises(fsdpcomp.PayloadError, match="config" if field == "fingerprint" else "world"):
+        st._core.decode(bad, g, torch.empty(300), 1, 0, 0)
+    out, got, rank = emu.decode("int8", cfg, bad, g, 300, 1, 0, expect_error=True)
+    assert (got, rank) == (code, 0) and torch.isnan(out).all(), field
+    flagged = send.clone()
+    flagged[5] |= 0x01  # FC_HDR_NONFINITE: the sum passes NaN/Inf, none here
+    out, counts = emu.decode("int8", cfg, flagged, g, 300, 1, 0)
+    want = torch.empty(300)
+    ref = fsdpcomp.CommState("int8", cfg)
+    ref._core.decode(flagged, g, want, 1, 0, ref._core.begin(300))
+    assert torch.equal(out, want) and counts["nonfinite_out"] == 0
 
 
 CODEC_CASES = [(m, c) for m, c in CASES if m in ("int8", "fp8", "intN", "qsgd", "nc", "onebit")]  # fc_cu_codecs.cuh's

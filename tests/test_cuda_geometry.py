@@ -30,10 +30,16 @@ def spans(n: int, world: int):
 
 
 def headers(send: torch.Tensor, sizes) -> list:
-    """(numel, body_bytes) from each payload's header, back to back as encode() wrote them."""
+    """(numel, body_bytes) from each payload's header, back to back as encode() wrote them: wire
+    version 3's 48-bit sizes (numel: low 32 bits at 16, high 16 at 20; body: high 16 at 22, low
+    32 at 24)."""
     raw, out, at = send.numpy().tobytes(), [], 0
     for size in sizes:
-        out.append(struct.unpack_from("<QQ", raw, at + 16) if size else None)
+        if size:
+            lo, hi, bhi, blo = struct.unpack_from("<IHHI", raw, at + 16)
+            out.append((lo | hi << 32, blo | bhi << 32))
+        else:
+            out.append(None)
         at += size
     return out
 

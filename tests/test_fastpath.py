@@ -176,7 +176,7 @@ def test_fast_decode_of_corrupted_codes_equals_reference(method, cfg, meta, n, g
     buf = buf[:w]
     acc0 = torch.randn(n, generator=gen)
     assert decode_corrupted(method, cfg, buf, acc0) is None
-    start = 32 + meta(n)
+    start = _C.HEADER_BYTES + meta(n)
     errors = 0
     for _ in range(20):
         bad = buf.clone()
@@ -186,7 +186,7 @@ def test_fast_decode_of_corrupted_codes_equals_reference(method, cfg, meta, n, g
     if method == "nc":  # a block's metadata: an exponent above 255, or 255 (NaN block)
         for word in (256, 255, 0):
             bad = buf.clone()
-            bad[32 + 4:32 + 8] = torch.tensor([word], dtype=torch.int32).view(torch.uint8)
+            bad[_C.HEADER_BYTES + 4:_C.HEADER_BYTES + 8] = torch.tensor([word], dtype=torch.int32).view(torch.uint8)
             decode_corrupted(method, cfg, bad, acc0)
         bad = buf.clone()
         bad[start + n - 5] = 0x80  # the signed zero code, which no encoder writes

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import fsdpcomp
+from fsdpcomp import _C
 from dist_utils import run_ranks
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -60,8 +61,10 @@ def test_int8_is_close_and_counts_bytes():
             elem = 4 if dtype_name == "float32" else 2
             assert c["bytes_raw"] == 1037 * elem
             nb = -(-1037 // 64)
-            payload = -(-(32 + 1037 + 4 * nb) // 16) * 16
-            assert c["bytes_sent"] == payload
+            payload = -(-(_C.HEADER_BYTES + 1037 + 4 * nb) // 16) * 16
+            # and the ranks' handshake: an 8-byte digest to each peer (counted as header bytes)
+            assert c["bytes_sent"] == payload + 8 * (world - 1)
+            assert c["header_bytes"] == payload - 1037 - 4 * nb + 8 * (world - 1)
             assert c["meta_bytes"] == 4 * nb and c["value_bytes"] == 1037
 
 

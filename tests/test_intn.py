@@ -9,7 +9,7 @@ import torch
 import fsdpcomp
 from fsdpcomp import _C
 
-HEADER = 32
+HEADER = _C.HEADER_BYTES
 
 
 def cdiv(a, b):
@@ -216,7 +216,7 @@ def test_minmax_special_blocks(bits, gen):
     x[bs:2 * bs] = -2.75                         # constant: exact
     x[2 * bs + 9] = float("inf")                 # Inf: the block decodes to NaN
     x[3 * bs:4 * bs] *= 1e-39                    # subnormal range: levels / range overflows fp32
-    x[4 * bs] = 3e38                             # range beyond fp32: passed on as non-finite
+    x[4 * bs] = 3e38                             # range beyond fp32: saturated at +-2^126
     x[4 * bs + 1] = -3e38
     s = state({"bits": bits, "block_size": bs, "scheme": "minmax"})
     d = decode(s, encode(s, x), x.numel())
@@ -226,7 +226,9 @@ def test_minmax_special_blocks(bits, gen):
     got, ref = d[3 * bs:4 * bs], x[3 * bs:4 * bs]
     step = float(ref.max() - ref.min()) / (2 ** bits - 1)
     assert ((got - ref).abs() <= step / 2 * (1 + 1e-5) + 4 * 2.0 ** -149).all()
-    assert d[4 * bs:5 * bs].isnan().all()
+    sat = d[4 * bs:5 * bs]
+    assert torch.isfinite(sat).all() and sat[0] > 2.0 ** 125 and sat[1] < -2.0 ** 125
+    assert (sat.abs() <= 2.0 ** 126 * (1 + 1e-6)).all()
     assert torch.isfinite(d[5 * bs:]).all()
 
 

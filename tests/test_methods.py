@@ -10,7 +10,7 @@ import fsdpcomp
 from fsdpcomp import _C
 from method_cases import CASES, WIRE_IDS, case_id
 
-HEADER, ALIGN = 32, 16
+HEADER, ALIGN = _C.HEADER_BYTES, _C.ALIGN
 
 
 def align(v):

@@ -67,7 +67,7 @@ def test_corrupted_header_and_truncation_are_payload_errors(case, gen):
     x = torch.randn(1000, generator=gen)
     s, p = payload_for(method, cfg, x)
     acc = torch.zeros(1000)
-    for offset, pattern in ((0, "bad magic"), (5, "method id"), (16, "elements")):
+    for offset, pattern in ((0, "bad magic"), (3, "method id"), (16, "elements"), (28, "config")):
         q = p.clone()
         q[offset] ^= 0x5A
         with pytest.raises(fsdpcomp.PayloadError, match=pattern):
@@ -95,11 +95,11 @@ def test_random_bodies_never_crash(case, gen):
 
 
 @pytest.mark.parametrize("method,cfg,offset,value,pattern", [
-    ("intN", {"bits": 2}, 32 + 4 * 4, 0xFF, "outside"),          # code 3 of a 2-bit quantiser
-    ("qsgd", {"levels": 5}, 32 + 4 * 2, 0xFF, "exceeds"),        # level 7 > 5
-    ("nc", {}, 32, 0xFF, "exponent"),                             # block exponent > 255
-    ("topk", {"k": 10}, 32, 0xFF, "out of range|ascending"),     # index past the chunk
-    ("thresholdv", {"threshold": 1.0}, 32 + 3, 0x7F, "count"),   # count > n
+    ("intN", {"bits": 2}, _C.HEADER_BYTES + 4 * 4, 0xFF, "outside"),          # code 3 of a 2-bit quantiser
+    ("qsgd", {"levels": 5}, _C.HEADER_BYTES + 4 * 2, 0xFF, "exceeds"),        # level 7 > 5
+    ("nc", {}, _C.HEADER_BYTES, 0xFF, "exponent"),                # block exponent > 255
+    ("topk", {"k": 10}, _C.HEADER_BYTES, 0xFF, "out of range|ascending"),  # index past the chunk
+    ("thresholdv", {"threshold": 1.0}, _C.HEADER_BYTES + 3, 0x7F, "count"),   # count > n
 ], ids=["intN", "qsgd", "nc", "topk", "thresholdv"])
 def test_corrupted_bodies_that_are_detected(method, cfg, offset, value, pattern, gen):
     n = 1000

@@ -48,15 +48,21 @@ def _train_all(rank, world, cases, steps):
             opt.step()
             opt.zero_grad()
             losses.append(loss.item())
-        results.append((method, cfg, losses, dict(state.counters())))
+        results.append((method, cfg, losses, dict(state.counters()), len(set(state._core.units()))))
     return results
+
+
+def _extra_is(c, n: int, shapes: int) -> bool:
+    """n extra collectives, plus the ranks' handshakes: at most one per unit shape (_agree.py;
+    none where an earlier case's state settled an exchange of the same look on this group)."""
+    return n <= c["extra_collectives"] <= n + shapes
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_every_method_trains_through_the_fsdp1_hook(world):
     steps = 12
     per_rank = run_ranks(_train_all, world, CASES, steps)
-    for i, (method, cfg, losses, c) in enumerate(per_rank[0]):
+    for i, (method, cfg, losses, c, shapes) in enumerate(per_rank[0]):
         name = f"{method} {cfg}"
         assert sum(losses[-3:]) / 3 < 0.8 * losses[0], (name, losses)
         assert c["calls"] == 3 * steps and c["step"] == steps, name
@@ -64,17 +70,17 @@ def test_every_method_trains_through_the_fsdp1_hook(world):
         if method not in ("sketch",):
             assert c["ratio"] > 1.5, (name, c["ratio"])
         if method == "thresholdv":
-            assert c["extra_collectives"] == c["calls"], name  # one size exchange per call
+            assert _extra_is(c, c["calls"], shapes), name  # one size exchange per call
         elif cfg.get("second_round"):
             # picks all-gather + values, for the units the sketch compresses (the root unit's
             # chunks are smaller than the table: it goes as `none`)
             assert c["calls"] > c["calls_uncompressed"] > 0, name
-            assert c["extra_collectives"] == 2 * (c["calls"] - c["calls_uncompressed"]), name
+            assert _extra_is(c, 2 * (c["calls"] - c["calls_uncompressed"]), shapes), name
         elif method == "gradiveq":
             # the basis sum: warm-up steps (2) and every refresh (50) after, per unit
-            assert c["extra_collectives"] == 3 * 2, name
+            assert _extra_is(c, 3 * 2, shapes), name
         else:
-            assert c["extra_collectives"] == 0, name
+            assert _extra_is(c, 0, shapes), name
         for r in range(1, world):  # every rank ran the same collectives and learned
             other = per_rank[r][i]
             assert other[0] == method and other[3]["calls"] == c["calls"]

@@ -76,11 +76,11 @@ def test_int8_stochastic_bytes_follow_the_16_bit_definition(n, bs, reference, ge
                               "error_feedback": False})
         buf = torch.zeros(s.payload_bytes(n), dtype=torch.uint8)
         s.compress(x, buf, unit=unit, chunk=chunk, world=world, rank=rank)
-    version, = struct.unpack_from("<B", bytes(buf[4:5].tolist()))
-    assert version == _C.WIRE_VERSION == 2
+    version, = struct.unpack_from("<B", bytes(buf[2:3].tolist()))
+    assert version == _C.WIRE_VERSION == 3  # 3: the fingerprint, world and flags in the header; the draws are version 2's
     h = draws16(n, seed, rank, chunk, unit, 0)
     scales, codes = int8_stochastic_body(x, h, bs)
-    body = buf[32:32 + scales.numel() + codes.numel()]
+    body = buf[_C.HEADER_BYTES:_C.HEADER_BYTES + scales.numel() + codes.numel()]
     assert torch.equal(body[:scales.numel()], scales)
     assert torch.equal(body[scales.numel():], codes)
 

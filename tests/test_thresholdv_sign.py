@@ -94,7 +94,7 @@ def test_three_gloo_ranks_decode_the_signs_of_their_peers(world):
                                                       torch.zeros(()))
                      for p, g in enumerate(grads))
         torch.testing.assert_close(out, expect / world, rtol=0, atol=1e-6)
-        assert c["extra_collectives"] == 1  # the size exchange
+        assert c["extra_collectives"] == 2  # the size exchange, and the ranks' handshake
         sent = [int((grads[r][600 * p:600 * (p + 1)].abs() > V).sum()) for p in range(world) if p != r]
         assert c["value_bytes"] == sum(cdiv(k, 8) for k in sent)
 
@@ -110,7 +110,12 @@ def test_nan_is_counted_and_never_reaches_the_residual(gen):
     state.reduce_scatter(g, out)
     assert state.counters()["nonfinite_in"] == 1
     assert out[3].abs() == V  # a sign bit carries no NaN: sent as +-v (as a vote would)
-    assert torch.equal(state.state_dict()["residuals"][0], e)  # the chunk keeps its old residual
+    # the old residual went out inside g' = g + e: it is replaced, never kept (delivered twice);
+    # the NaN's own entry becomes 0, the others g' - D as always
+    r = state.state_dict()["residuals"][0]
+    assert torch.isfinite(r).all() and r[3] == 0
+    rest = torch.arange(64) != 3
+    torch.testing.assert_close((out + r)[rest], (g + e)[rest])
 
 
 @pytest.mark.parametrize("cfg,pattern", [
@@ -131,7 +136,7 @@ def test_set_padding_bits_are_a_payload_error(gen):
     w = s.compress(x, buf)
     k = int((x.abs() > V).sum())
     assert k % 8 != 0
-    body = 32 + 4 + index_bytes(1000, k)
+    body = _C.HEADER_BYTES + 4 + index_bytes(1000, k)
     buf[body + k // 8] |= 0x80  # the last sign byte's unused top bit
     with pytest.raises(fsdpcomp.PayloadError, match="sign bits past the .* kept elements"):
         s.decompress(buf[:w], torch.zeros(1000))

@@ -4,6 +4,9 @@
 // an fp32 array, as a sparsifier's value codec uses them.
 //   emu encode DIR: args.txt, grad.bin [, res.bin] -> send.bin [, res.bin rewritten], ws.bin
 //   emu decode DIR: args.txt, recv.bin, grad.bin -> out.bin, ws.bin
+//   emu compress DIR: args.txt, grad.bin (fp32) -> send.bin (one payload), ws.bin
+//   emu decompress DIR: args.txt, recv.bin (one payload), grad.bin (fp32 acc) -> out.bin
+//     (acc += alpha * decode), ws.bin
 //   emu array DIR: args.txt, x.bin, acc.bin -> body.bin, acc.bin (+= alpha * decode of body)
 //   emu methods -: the wire ids of the methods with kernels
 // args.txt holds "key value" lines (and "cfg NAME VALUE" for the method's keys).
@@ -121,7 +124,7 @@ static void array_mode(const fc_cuda_method_cfg &m, std::map<std::string, double
 int main(int argc, char **argv)
 {
     if (argc != 3) {
-        fprintf(stderr, "usage: emu encode|decode|array DIR | emu methods -\n");
+        fprintf(stderr, "usage: emu encode|decode|compress|decompress|array DIR | emu methods -\n");
         return 2;
     }
     const std::string mode = argv[1], dir = argv[2];
@@ -162,7 +165,7 @@ int main(int argc, char **argv)
     memset(&g, 0, sizeof g);
     g.numel = (int64_t)a["numel"];
     g.world = (int)a["world"];
-    g.per = (g.numel + g.world - 1) / g.world;
+    g.per = a.count("per") ? (int64_t)a["per"] : (g.numel + g.world - 1) / g.world; // per: one chunk
     g.rank = (int)a["rank"];
     g.skip_own = (int)a["skip_own"];
     g.pay_full = (int64_t)a["pay_full"];
@@ -176,7 +179,48 @@ int main(int argc, char **argv)
     memset(&err, 0, sizeof err);
     int rc;
     std::vector<uint8_t> grad = slurp(dir + "/grad.bin");
-    if (mode == "encode") {
+    if (mode == "compress") { // State.compress: geometry of one chunk, chunk_base = `chunk`
+        fc_cuda_encode_args e;
+        memset(&e, 0, sizeof e);
+        e.m = m;
+        e.geo = g;
+        e.grad = grad.data();
+        std::vector<uint8_t> send((size_t)a["send_bytes"], 0xA5);
+        e.send = send.data();
+        e.unit = (uint32_t)a["unit"];
+        e.step = (uint32_t)a["step"];
+        e.chunk_base = (uint32_t)a["chunk"];
+        e.seed = (uint64_t)a["seed"];
+        e.fingerprint = (uint32_t)a["fingerprint"];
+        e.ws = (fc_cuda_ws *)ws.data();
+        int64_t written = 0;
+        rc = api->compress(ctx, &e, &written, &err);
+        if (rc == FC_OK)
+            spill(dir + "/send.bin", send.data(), (size_t)written);
+    } else if (mode == "decompress") { // State.decompress: acc (grad.bin) += alpha * D(payload)
+        fc_cuda_decode_args d;
+        memset(&d, 0, sizeof d);
+        d.m = m;
+        d.geo = g;
+        std::vector<uint8_t> recv = slurp(dir + "/recv.bin");
+        d.recv = recv.data();
+        d.slot = (int64_t)recv.size();
+        d.grad = grad.data();
+        d.grad_dtype = 0;
+        d.out = grad.data();
+        d.out_dtype = 0;
+        d.out_numel = g.numel;
+        d.unit = (uint32_t)a["unit"];
+        d.step = (uint32_t)a["step"];
+        d.chunk_base = (uint32_t)a["chunk"];
+        d.seed = (uint64_t)a["seed"];
+        d.alpha = (float)a["alpha"];
+        d.fingerprint = (uint32_t)a["fingerprint"];
+        d.ws = (fc_cuda_ws *)ws.data();
+        rc = api->decompress(ctx, &d, &err);
+        if (rc == FC_OK)
+            spill(dir + "/out.bin", grad.data(), grad.size());
+    } else if (mode == "encode") {
         fc_cuda_encode_args e;
         memset(&e, 0, sizeof e);
         e.m = m;
@@ -196,6 +240,7 @@ int main(int argc, char **argv)
         e.seed = (uint64_t)a["seed"];
         e.nonfinite_zero = (int)a["nonfinite_zero"];
         e.sample = (int)a["sample"];
+        e.fingerprint = (uint32_t)a["fingerprint"];
         e.ws = (fc_cuda_ws *)ws.data();
         rc = api->encode(ctx, &e, &err);
         if (rc == FC_OK) {
@@ -220,6 +265,8 @@ int main(int argc, char **argv)
         d.unit = (uint32_t)a["unit"];
         d.step = (uint32_t)a["step"];
         d.seed = (uint64_t)a["seed"];
+        d.nonfinite_zero = (int)a["nonfinite_zero"];
+        d.fingerprint = (uint32_t)a["fingerprint"];
         d.ws = (fc_cuda_ws *)ws.data();
         rc = api->decode(ctx, &d, &err);
         if (rc == FC_OK)

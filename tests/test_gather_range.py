@@ -1,0 +1,92 @@
+"""The all-gather half of an all-reduce keeps the range and NaN rules of the reduce-scatter
+(issue 14, 2-3 on the path main added since): its g' = shard + e and its residual e = g' - D are
+torch ops (fsdpcomp/_range.py), which must give the C driver's values (csrc/fc_range.h), and on
+real ranks a shard near fp32's largest value or holding a NaN never leaves a NaN/Inf in a
+residual or an output that the input did not have."""
+import pytest
+import torch
+
+import fsdpcomp
+from fsdpcomp import _C, _range
+from dist_utils import run_ranks
+
+FMAX = torch.finfo(torch.float32).max
+# deterministic codecs: the payload does not depend on the step or the stream
+DETERMINISTIC = [("none", {}), ("fp16", {}), ("bf16", {}), ("int8", {}), ("fp8", {}),
+                 ("intN", {"bits": 4}), ("intN", {"bits": 3, "scheme": "minmax"}), ("onebit", {})]
+
+
+def huge(gen, n=4096, nan=False):
+    """Values near fp32's largest of both signs (every third), ordinary ones between, and with
+    `nan` a few NaN/Inf."""
+    x = torch.randn(n, generator=gen)
+    big = FMAX * (0.6 + 0.4 * torch.rand(n, generator=gen)) * torch.where(torch.rand(n, generator=gen) < 0.5, -1.0, 1.0)
+    x = torch.where(torch.arange(n) % 3 == 0, big, x)
+    if nan:
+        x[[5, 700, 3001]] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    return x
+
+
+def python_half(method, cfg, g, e, zero):
+    """What _gather.py does with one shard: g' (gprime), one payload, its decode, the residual."""
+    x = g.clone()
+    if e is not None:
+        x += e
+    sat = _range.gprime(x, g, e, zero)
+    st = _C.State(method, cfg)
+    p = torch.zeros(st.payload_bytes(x.numel()), dtype=torch.uint8)
+    w = st.compress(x, p)
+    d = torch.zeros_like(x)
+    st.decompress(p[:w], d)
+    r = torch.empty_like(x)
+    sat = sat + _range.residual(x, d, r)
+    return p[:w], r, int(sat)
+
+
+@pytest.mark.parametrize("method,cfg", DETERMINISTIC, ids=lambda v: str(v))
+@pytest.mark.parametrize("mode", ["pass", "zero"])
+def test_the_torch_rules_give_the_c_drivers_residuals(method, cfg, mode, gen):
+    """Two steps of one rank compressing its own chunk with error feedback (the C driver) against
+    the same two steps through _range.py: the same payload bytes and the same residuals."""
+    c = fsdpcomp.CommState(method, dict(cfg, error_feedback=True, compress_own_chunk=True, nonfinite=mode))
+    e = None
+    for step, nan in enumerate((False, True, False)):
+        g = huge(gen, nan=nan)
+        c.reduce_scatter(g, torch.empty(g.numel()))
+        c.end_step()
+        payload, e, _ = python_half(method, cfg, g, e, mode == "zero")
+        r = c._core.residuals()[0]
+        assert torch.isfinite(e).all() and torch.isfinite(r).all()
+        assert torch.equal(e, r), (step, (e != r).nonzero()[:5].flatten().tolist())
+
+
+def _all_reduce(rank, world, method, mode):
+    """fsdp_hook's NO_SHARD meaning (an all-reduce: compressed reduce-scatter, compressed
+    all-gather) with error feedback over steps near fp32's largest value, one with NaN/Inf."""
+    gen = torch.Generator().manual_seed(10 + rank)
+    state = fsdpcomp.CommState(method, {"error_feedback": True, "nonfinite": mode})
+    state.process_group = torch.distributed.group.WORLD
+    outs = []
+    for step in range(4):
+        g = huge(gen, n=4000 * world, nan=step == 1 and rank == 0)
+        fsdpcomp.fsdp_hook(state, g)
+        outs.append(g.clone())
+        state.end_step()
+    return outs, [r.clone() for r in state._gather_residuals.values()], dict(state.counters())
+
+
+@pytest.mark.parametrize("method", ["int8", "fp16", "bf16"])
+@pytest.mark.parametrize("mode", ["pass", "zero"])
+def test_an_all_reduce_near_fp32_max_stays_finite(method, mode):
+    """On main the all-gather half added shard + e in torch (Inf for two finite values) and kept
+    e = x - D of a shard with NaN: that residual was NaN from then on, every later output too."""
+    results = run_ranks(_all_reduce, 2, method, mode)
+    for rank, (outs, gathered, c) in enumerate(results):
+        assert gathered and all(torch.isfinite(r).all() for r in gathered), rank
+        for step, o in enumerate(outs):
+            if step == 1 and mode == "pass":
+                assert not torch.isfinite(o).all()  # rank 0's NaN/Inf went through, counted
+                continue
+            assert torch.isfinite(o).all(), (rank, step)
+            assert torch.equal(o, results[0][0][step]), (rank, step)  # replicas identical
+        assert c["saturated"] > 0
