@@ -1,16 +1,20 @@
 """CUDA kernel throughput: encode and decode-accumulate GB/s per method at 16M-256M elements,
 against device-to-device copy bandwidth measured in the same run. Every method with CUDA kernels
-(method_info(name)["cuda"]) at its defaults, and the variants that run other kernel paths
-(int8 stochastic, fp8 e5m2, intN 2-bit stochastic, 3-bit, 3-bit min-max), each validated against
-the CPU reference first (payload bytes of the encode, bits of the decode); exits non-zero when a
-result is wrong. The issue's targets (quantisers >= 80% of copy bandwidth, top-k / selection
->= 25%) are reported per row, not enforced. GPU only.
+(method_info(name)["cuda"]) at its defaults (thresholdv at a threshold that keeps ~1% of
+N(0, 1) data: its default keeps nearly all, which goes as `none`), and the variants that run
+other kernel paths (int8 stochastic, fp8 e5m2, intN 2-bit stochastic, 3-bit, 3-bit min-max;
+signsgd majority, the sparsifiers' value codecs, thresholdv's sign bits, the bitmap index coding),
+each validated against the CPU reference first (payload bytes of the encode, bits of the decode);
+exits non-zero when a result is wrong. The issue's targets (quantisers >= 80% of copy bandwidth,
+top-k / selection >= 25%) are reported per row, not enforced. GPU only; `--list` prints the
+cases (and this build's CUDA flags) without one.
 
 GB/s counts the bytes a kernel must move: encode reads g (with --ef also reads and writes the
 fp32 residual) and writes the payload; decode reads the payload and writes the fp32 output
 (W = 1, own chunk compressed). Copy: 2 x 4n bytes.
 
     python benchmarks/kernels_cuda.py [--sizes 16M,64M,256M] [--reps 20] [--ef] [--methods a,b] [--json FILE]
+    python benchmarks/kernels_cuda.py --list
 """
 from __future__ import annotations
 
@@ -27,11 +31,21 @@ NO_TARGET = {"sketch", "gradiveq"}              # compressed-domain sums: no tar
 QUANTISER_TARGET, SELECTION_TARGET = 0.80, 0.25
 # configs besides the defaults whose kernels take other paths
 VARIANTS = {"int8": [{"stochastic": True}], "fp8": [{"format": "e5m2"}],
-            "intN": [{"bits": 2, "stochastic": True}, {"bits": 3}, {"bits": 3, "scheme": "minmax"}]}
+            "intN": [{"bits": 2, "stochastic": True}, {"bits": 3}, {"bits": 3, "scheme": "minmax"}],
+            "signsgd": [{"mode": "majority"}],
+            "topk": [{"quantize": "int8"}, {"quantize": "fp16"}, {"ratio": 0.3}],  # 0.3: a bitmap
+            "randomk": [{"quantize": "int8"}],
+            "thresholdv": [{"threshold": 2.5, "values": "sign"}, {"threshold": 2.5, "quantize": "int8"}]}
+# a method's benchmarked defaults where its own would measure something else
+BASE = {"thresholdv": {"threshold": 2.5}}
 
 
 def label(method: str, cfg: dict) -> str:
-    return method + "".join(f"-{v}" if isinstance(v, str) else f"-{k[:2]}{int(v)}" for k, v in cfg.items())
+    def part(k, v):
+        if isinstance(v, str):
+            return f"-{v}"
+        return f"-{k[:2]}{int(v) if isinstance(v, (bool, int)) else format(v, 'g')}"
+    return method + "".join(part(k, v) for k, v in cfg.items())
 
 
 def parse_size(s: str) -> int:
@@ -40,10 +54,18 @@ def parse_size(s: str) -> int:
     return int(s.rstrip("KMG")) * mult
 
 
+def cases_of(methods) -> list[tuple[str, dict]]:
+    """Each method at its (BASE) defaults and in VARIANTS."""
+    out = []
+    for m in methods:
+        out += [(m, dict(BASE.get(m, {})))] + [(m, c) for c in VARIANTS.get(m, [])]
+    return out
+
+
 def cuda_methods() -> list[tuple[str, dict]]:
     """Every method this build runs on CUDA tensors: method_info's "cuda" flag, else a probe;
     each at its defaults and in VARIANTS."""
-    out = []
+    have = []
     for m in fsdpcomp.methods():
         info = fsdpcomp.method_info(m)
         if "cuda" in info:
@@ -58,8 +80,8 @@ def cuda_methods() -> list[tuple[str, dict]]:
             except TypeError:
                 has = False
         if has:
-            out += [(m, {})] + [(m, c) for c in VARIANTS.get(m, [])]
-    return out
+            have.append(m)
+    return cases_of(have)
 
 
 def timed(fn, reps: int) -> float:
@@ -96,14 +118,38 @@ def target_of(method: str):
     return None if method in NO_TARGET else SELECTION_TARGET if method in SELECTION else QUANTISER_TARGET
 
 
-def main() -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="16M,64M,256M")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--ef", action="store_true", help="encode with error feedback (fp32 residual)")
     ap.add_argument("--methods", default="", help="comma-separated labels (as printed) to run; all by default")
     ap.add_argument("--json", default=None, help="also write the table (and the device) here")
-    args = ap.parse_args()
+    ap.add_argument("--list", action="store_true", help="print the cases and their targets, then exit (no GPU needed)")
+    args = ap.parse_args(argv)
+    try:
+        sizes = [parse_size(x) for x in args.sizes.split(",")]
+    except ValueError:
+        ap.error(f"--sizes must be comma-separated counts like 16M or 1024, got {args.sizes!r}")
+    if any(n <= 0 for n in sizes) or args.reps < 1:
+        ap.error(f"--sizes must be positive and --reps at least 1, got {args.sizes!r} and {args.reps}")
+    return args
+
+
+def list_cases() -> int:
+    """Every case this script measures, its target, and whether this build runs it on CUDA."""
+    print(f"{'case':<22}{'target':>8}  cuda")
+    for method, cfg in cases_of(fsdpcomp.methods()):
+        target = target_of(method)
+        has = fsdpcomp.method_info(method).get("cuda")
+        print(f"{label(method, cfg):<22}{'-' if target is None else f'{target:.0%}':>8}  {has}")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.list:
+        return list_cases()
     if not torch.cuda.is_available():
         print("no CUDA device", file=sys.stderr)
         return 2

@@ -173,6 +173,11 @@ int fc_core_unit_state(fc_core *s, uint32_t unit, float **out, fc_err *err)
     return unit_state(s, fc_core_unit_method(s, s->units[unit].numel), unit, out, err);
 }
 
+int fc_core_single_state(fc_core *s, uint32_t unit, float **out, fc_err *err)
+{
+    return unit_state(s, s->method, unit, out, err);
+}
+
 void fc_core_sync_span(fc_core *s, uint32_t unit, float **data, int64_t *len)
 {
     *data = NULL;

@@ -208,6 +208,9 @@ int fc_core_sync_apply(fc_core *s, uint32_t unit, const float *sum, int64_t len,
 /* The unit's method state (created from the seed at first use, as the encode does); *out NULL
  * for a method without one. The CUDA path keeps a device copy of it (csrc/state_cuda.c). */
 int fc_core_unit_state(fc_core *s, uint32_t unit, float **out, fc_err *err);
+/* The state compress()/decompress() of `unit` use (the configured method's, the unit's own or,
+ * for a unit the collective has not seen, a loose one seeded alike); *out NULL without one. */
+int fc_core_single_state(fc_core *s, uint32_t unit, float **out, fc_err *err);
 
 /* Floats of persistent method state a unit of `numel` elements keeps (0: none). */
 int64_t fc_core_unit_floats(const fc_core *s, int64_t numel);

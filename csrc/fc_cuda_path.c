@@ -476,6 +476,97 @@ static void single_geometry(const fc_core *s, int64_t n, int world, int rank, fc
     g->body_full = g->body_last = body_bytes(s, s->method, n, world, FC_F32, &l);
 }
 
+/* compress()'s arguments for x (x->numel values; data may be NULL when only sizing). */
+static int single_encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *x, fc_buf *payload,
+                              uint32_t unit, uint32_t chunk, int world, int rank,
+                              fc_cuda_encode_args *a, fc_err *err)
+{
+    const fc_method *m = s->method;
+    memset(a, 0, sizeof(*a));
+    int rc = method_cfg(s, m, &a->m, err);
+    if (rc != FC_OK)
+        return rc;
+    a->varsize = (m->flags & FC_VARSIZE) != 0;
+    a->device = k->device;
+    a->stream = k->stream;
+    single_geometry(s, x->numel, world, rank, &a->geo);
+    a->grad = x->data;
+    a->grad_dtype = FC_F32;
+    a->res_dtype = FC_F32;
+    a->send = payload != NULL ? (uint8_t *)payload->data : NULL;
+    a->unit = unit;
+    a->step = s->step;
+    a->chunk_base = chunk;
+    a->seed = (uint64_t)s->common.seed;
+    a->ws = k->ws;
+    a->fingerprint = s->fingerprint;
+    a->x = k->x;
+    a->x.learn = learns(s, m); /* the CPU's compress learns too (gradiveq on its learn steps) */
+    a->x.fetch = NULL;         /* no second round after one payload */
+    a->x.fetch_k = 0;
+    a->x.sent = NULL;          /* the driver reads a data-dependent size from the header */
+    return FC_OK;
+}
+
+/* decompress()'s arguments for acc (acc->numel values; data may be NULL when only sizing). */
+static int single_decode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *payload,
+                              const fc_buf *acc, float alpha, uint32_t unit, uint32_t chunk,
+                              int world, fc_cuda_decode_args *a, fc_err *err)
+{
+    const fc_method *m = s->method;
+    memset(a, 0, sizeof(*a));
+    int rc = method_cfg(s, m, &a->m, err);
+    if (rc != FC_OK)
+        return rc;
+    a->varsize = (m->flags & FC_VARSIZE) != 0;
+    a->device = k->device;
+    a->stream = k->stream;
+    single_geometry(s, acc->numel, world, 0, &a->geo);
+    a->recv = payload != NULL ? (const uint8_t *)payload->data : NULL;
+    a->slot = payload != NULL ? payload->numel : 0;
+    a->grad = acc->data; /* never read: the own chunk is not part of a single payload's sum */
+    a->grad_dtype = FC_F32;
+    a->out = acc->data;
+    a->out_dtype = FC_F32;
+    a->out_numel = acc->numel;
+    a->unit = unit;
+    a->step = s->step;
+    a->chunk_base = chunk;
+    a->seed = (uint64_t)s->common.seed;
+    a->alpha = alpha;
+    a->ws = k->ws;
+    a->fingerprint = s->fingerprint;
+    a->x = k->x;
+    a->x.learn = 0;
+    a->x.fetch = NULL;
+    a->x.fetch_k = 0;
+    a->x.packed_bytes = a->slot; /* a data-dependent method walks the one payload's header */
+    return FC_OK;
+}
+
+int fc_cuda_single_needs(const fc_core *s, const fc_cuda_call *k, int64_t n, int world, int rank,
+                         uint32_t unit, uint32_t chunk, int decode, int64_t *scratch, fc_err *err)
+{
+    fc_buf b;
+    memset(&b, 0, sizeof(b));
+    b.numel = n;
+    b.dtype = FC_F32;
+    *scratch = 0;
+    int rc = check_method(k, s->method, err);
+    if (rc != FC_OK)
+        return rc;
+    if (decode) {
+        fc_cuda_decode_args a;
+        if ((rc = single_decode_args(s, k, NULL, &b, 1.0f, unit, chunk, world, &a, err)) == FC_OK)
+            rc = k->api->scratch_bytes(NULL, &a, scratch, err);
+    } else {
+        fc_cuda_encode_args a;
+        if ((rc = single_encode_args(s, k, &b, NULL, unit, chunk, world, rank, &a, err)) == FC_OK)
+            rc = k->api->scratch_bytes(&a, NULL, scratch, err);
+    }
+    return rc;
+}
+
 int fc_cuda_compress(fc_core *s, const fc_cuda_call *k, const fc_buf *x, fc_buf *payload,
                      uint32_t unit, uint32_t chunk, int world, int rank, int64_t *written,
                      fc_err *err)
@@ -485,30 +576,12 @@ int fc_cuda_compress(fc_core *s, const fc_cuda_call *k, const fc_buf *x, fc_buf 
     int rc = check_method(k, m, err);
     if (rc != FC_OK)
         return rc;
-    if (m->unit_floats != NULL)
-        return fc_fail(err, FC_ERR_TYPE, "method '%s' keeps per-unit state, which compress() "
-                       "does not keep on the GPU yet; use CPU tensors", m->name);
     if (payload->numel < need)
         return fc_fail(err, FC_ERR_VALUE, "payload buffer holds %lld bytes, need %lld",
                        (long long)payload->numel, (long long)need);
     fc_cuda_encode_args a;
-    memset(&a, 0, sizeof(a));
-    if ((rc = method_cfg(s, m, &a.m, err)) != FC_OK)
+    if ((rc = single_encode_args(s, k, x, payload, unit, chunk, world, rank, &a, err)) != FC_OK)
         return rc;
-    a.varsize = (m->flags & FC_VARSIZE) != 0;
-    a.device = k->device;
-    a.stream = k->stream;
-    single_geometry(s, x->numel, world, rank, &a.geo);
-    a.grad = x->data;
-    a.grad_dtype = FC_F32;
-    a.res_dtype = FC_F32;
-    a.send = (uint8_t *)payload->data;
-    a.unit = unit;
-    a.step = s->step;
-    a.chunk_base = chunk;
-    a.seed = (uint64_t)s->common.seed;
-    a.ws = k->ws;
-    a.fingerprint = s->fingerprint;
     return k->api->compress(k->ctx, &a, written, err);
 }
 
@@ -519,35 +592,13 @@ int fc_cuda_decompress(fc_core *s, const fc_cuda_call *k, const fc_buf *payload,
     int rc = check_method(k, m, err);
     if (rc != FC_OK)
         return rc;
-    if (m->unit_floats != NULL)
-        return fc_fail(err, FC_ERR_TYPE, "method '%s' keeps per-unit state, which decompress() "
-                       "does not keep on the GPU yet; use CPU tensors", m->name);
     /* the CPU's first check, here on the host: the header itself must be readable */
     if (payload->numel < FC_HEADER_BYTES)
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank 0: %lld bytes, shorter than the "
                        "%d-byte header", (long long)payload->numel, FC_HEADER_BYTES);
     fc_cuda_decode_args a;
-    memset(&a, 0, sizeof(a));
-    if ((rc = method_cfg(s, m, &a.m, err)) != FC_OK)
+    if ((rc = single_decode_args(s, k, payload, acc, alpha, unit, chunk, world, &a, err)) != FC_OK)
         return rc;
-    a.varsize = (m->flags & FC_VARSIZE) != 0;
-    a.device = k->device;
-    a.stream = k->stream;
-    single_geometry(s, acc->numel, world, 0, &a.geo);
-    a.recv = (const uint8_t *)payload->data;
-    a.slot = payload->numel;
-    a.grad = acc->data; /* never read: the own chunk is not part of a single payload's sum */
-    a.grad_dtype = FC_F32;
-    a.out = acc->data;
-    a.out_dtype = FC_F32;
-    a.out_numel = acc->numel;
-    a.unit = unit;
-    a.step = s->step;
-    a.chunk_base = chunk;
-    a.seed = (uint64_t)s->common.seed;
-    a.alpha = alpha;
-    a.ws = k->ws;
-    a.fingerprint = s->fingerprint;
     return k->api->decompress(k->ctx, &a, err);
 }
 

@@ -47,12 +47,16 @@ int64_t fc_cuda_fetch_bytes(int64_t kmax);
 
 /* fc_core_compress / fc_core_decompress on device memory: the same payload bytes, the same
  * checks (a malformed header is caught on the device: acc becomes NaN and the next counters()
- * raises). x and acc are fp32. */
+ * raises). x and acc are fp32; k->x holds the scratch and unit state of fc_cuda_single_needs. */
 int fc_cuda_compress(fc_core *s, const fc_cuda_call *k, const fc_buf *x, fc_buf *payload,
                      uint32_t unit, uint32_t chunk, int world, int rank, int64_t *written,
                      fc_err *err);
 int fc_cuda_decompress(fc_core *s, const fc_cuda_call *k, const fc_buf *payload, fc_buf *acc,
                        float alpha, uint32_t unit, uint32_t chunk, int world, fc_err *err);
+/* The device scratch compress() (decode 0) of n values or decompress() (decode 1) into n needs;
+ * k->x is not read. The unit state they use is fc_core_single_state's (csrc/state_cuda.c). */
+int fc_cuda_single_needs(const fc_core *s, const fc_cuda_call *k, int64_t n, int world, int rank,
+                         uint32_t unit, uint32_t chunk, int decode, int64_t *scratch, fc_err *err);
 
 /* Tests: the rows fc_cuda_geom gives the kernels (fc_cuda_api.probe_geometry) for a unit of
  * `numel` elements of `dtype`, as the collective builds it; rows holds world * FC_GEO_COLS. */

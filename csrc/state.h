@@ -108,6 +108,10 @@ int fc_state_cuda_prepare(StateObject *self, PyObject *grad, const fc_view *g, f
 int fc_state_cuda_extras(StateObject *self, PyObject *like, fc_cuda_call *k, const fc_buf *grad,
                          const fc_buf *recv, const fc_buf *out, int world, int rank, uint32_t unit,
                          int decode, fc_err *err);
+/* compress()/decompress()'s scratch and unit state (fc_cuda_single_needs, fc_core_single_state). */
+int fc_state_cuda_single_extras(StateObject *self, PyObject *like, fc_cuda_call *k, int64_t n,
+                                int world, int rank, uint32_t unit, uint32_t chunk, int decode,
+                                fc_err *err);
 /* The second round's fetch buffer (made by the decode that picked) into k->x.fetch. */
 int fc_state_cuda_fetch(StateObject *self, PyObject *like, fc_cuda_call *k, int64_t n_picks,
                         fc_err *err);

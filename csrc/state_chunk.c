@@ -89,7 +89,9 @@ PyObject *fc_state_compress(StateObject *self, PyObject *args, PyObject *kwds)
         fc_fail(&err, FC_ERR_VALUE, "x must have at least one element");
         goto error;
     }
-    if (fc_state_on_cuda(self, &xv) && fc_state_cuda_prepare(self, x, &xv, &k, &err) != FC_OK)
+    if (fc_state_on_cuda(self, &xv) &&
+        (fc_state_cuda_prepare(self, x, &xv, &k, &err) != FC_OK ||
+         fc_state_cuda_single_extras(self, x, &k, xv.buf.numel, world, rank, unit, chunk, 0, &err) != FC_OK))
         goto error;
     Py_BEGIN_ALLOW_THREADS
     if (fc_state_on_cuda(self, &xv))
@@ -133,7 +135,9 @@ PyObject *fc_state_decompress(StateObject *self, PyObject *args, PyObject *kwds)
         fc_fail(&err, FC_ERR_VALUE, "acc must have at least one element");
         goto error;
     }
-    if (fc_state_on_cuda(self, &av) && fc_state_cuda_prepare(self, acc, &av, &k, &err) != FC_OK)
+    if (fc_state_on_cuda(self, &av) &&
+        (fc_state_cuda_prepare(self, acc, &av, &k, &err) != FC_OK ||
+         fc_state_cuda_single_extras(self, acc, &k, av.buf.numel, world, 0, unit, chunk, 1, &err) != FC_OK))
         goto error;
     Py_BEGIN_ALLOW_THREADS
     if (fc_state_on_cuda(self, &av))

@@ -132,6 +132,49 @@ int fc_state_cuda_extras(StateObject *self, PyObject *like, fc_cuda_call *k, con
     return rc;
 }
 
+/* The state compress()/decompress() of `unit` read: the collective's device copy where the unit
+ * runs the method there (the same host state, fc_core_single_state, so the same copy); else a
+ * device copy of the loose state made afresh each call (seeded alike on every call and rank,
+ * never synced: what its learn steps add is never read). */
+static int single_state(StateObject *self, PyObject *like, const fc_cuda_call *k, uint32_t unit,
+                        float **dev, fc_err *err)
+{
+    float *host = NULL;
+    void *ptr = NULL;
+    int64_t have = 0;
+    fc_core *c = &self->core;
+    *dev = NULL;
+    int rc = fc_core_single_state(c, unit, &host, err);
+    if (rc != FC_OK || host == NULL)
+        return rc;
+    if ((int32_t)unit < c->n_units && fc_core_unit_floats(c, c->units[unit].numel) > 0)
+        return unit_state(self, like, k, unit, dev, err);
+    const int64_t nf = c->method->unit_floats(c->cfg); /* host != NULL: the method keeps one */
+    rc = named_buffer(self, "single state", 4 * nf, like, &ptr, &have, err);
+    if (rc == FC_OK) /* queued on the call's stream, before the kernels that read it */
+        rc = k->api->copy(k->ctx, k->device, k->stream, ptr, host, 4 * nf, 0, err);
+    *dev = (float *)ptr;
+    return rc;
+}
+
+int fc_state_cuda_single_extras(StateObject *self, PyObject *like, fc_cuda_call *k, int64_t n,
+                                int world, int rank, uint32_t unit, uint32_t chunk, int decode,
+                                fc_err *err)
+{
+    int64_t scratch = 0, have = 0;
+    void *ptr = NULL;
+    memset(&k->x, 0, sizeof(k->x));
+    int rc = fc_cuda_single_needs(&self->core, k, n, world, rank, unit, chunk, decode, &scratch, err);
+    if (rc == FC_OK && scratch > 0 &&
+        (rc = named_buffer(self, "scratch", scratch, like, &ptr, &have, err)) == FC_OK) {
+        k->x.scratch = ptr;
+        k->x.scratch_bytes = have;
+    }
+    if (rc == FC_OK)
+        rc = single_state(self, like, k, unit, &k->x.ustate, err);
+    return rc;
+}
+
 /* The device copy of a unit's state, or NULL (borrowed). */
 static PyObject *device_state(StateObject *self, uint32_t unit)
 {

@@ -205,6 +205,8 @@ struct fc_cu_enc {
     int unit_slot; // index into ws->unit_sq, -1 when not tracked
     int sample;    // this call samples the error statistics of ws->sample_chunk (fc_cu_sampled)
     fc_rng rng;    // chunk and key1 filled per chunk by fc_cu_chunk_rng; chunk: the base id
+    int single;    // compress(): one payload for the caller, no collective follows (no size
+                   // records on the host, no `none` fallback, no second round)
 };
 
 // Whether chunk c's error statistics are this call's sample: the first sent chunk whose g' has
@@ -237,8 +239,8 @@ struct fc_cu_dec {
     fc_cuda_ws *ws;
     int zero_nonfinite; // the own chunk's NaN/Inf are added as 0
     // decompress(): one payload in slot 0 of chunk 0, and out (fp32) += alpha * D(it), the
-    // CPU's decode_add: no own chunk, no division by W, no padded tail. A method's decoder
-    // honours this (fc_cu_decode_dense does) or decompress() gives wrong sums.
+    // CPU's decode_add: no own chunk, no division by W, no padded tail, no vote or compressed-
+    // domain sum (one payload is decoded alone). Every method's decoder honours this.
     int add;
     float alpha;
 };
@@ -250,19 +252,11 @@ typedef struct {
     int (*encode)(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err);
     int (*decode)(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err);
     // Optional (sparse, aggregate and stateful methods): the device scratch (a->x.scratch) an
-    // encode (dec NULL) or a decode (enc NULL) needs; NULL for none.
+    // encode (dec NULL) or a decode (enc NULL) needs, compress()/decompress() included; NULL for
+    // none.
     int (*scratch)(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, int64_t *bytes,
                    fc_err *err);
-    // Optional: why compress()/decompress() cannot run this method's kernels (its decode sums
-    // a whole unit and does not honour fc_cu_dec.add, or it needs the State's device scratch,
-    // which a single payload does not get); NULL: they can.
-    const char *no_single;
 } fc_cu_method;
-
-// The no_single of the sparse, aggregate and stateful methods: a TypeError naming the method.
-#define FC_CU_NO_SINGLE(name)                                                                      \
-    "method '" name "' has no single-payload CUDA kernels yet (compress()/decompress(), the "     \
-    "compressed all-gather's path); use CPU tensors"
 
 // A config value by key name; `def` when the key is absent.
 static inline double fc_cu_cfg(const fc_cuda_method_cfg *m, const char *name, double def)

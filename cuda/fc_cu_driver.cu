@@ -175,6 +175,20 @@ static int check_call(const fc_cu_method *m, int id, const fc_cuda_geom *geo, fc
     return FC_OK;
 }
 
+// compress()/decompress() get the device scratch a method carves from its caller, sized by the
+// same entry the collective's is (fc_cuda_path.c through scratch_bytes): never run without it.
+static int check_scratch(const fc_cu_method *m, const fc_cuda_encode_args *enc,
+                         const fc_cuda_decode_args *dec, fc_err *err)
+{
+    int64_t need = 0;
+    const fc_cuda_extra *x = enc != NULL ? &enc->x : &dec->x;
+    int rc = m->scratch != NULL ? m->scratch(enc, dec, &need, err) : FC_OK;
+    if (rc == FC_OK && need > 0 && (x->scratch == NULL || x->scratch_bytes < need))
+        rc = fc_fail(err, FC_ERR_STATE, "internal: the single-payload call needs %lld bytes of CUDA "
+                     "scratch, %lld were provided", (long long)need, (long long)x->scratch_bytes);
+    return rc;
+}
+
 // What every encode kernel reads, from the call's arguments; the caller sets what differs.
 static fc_cu_enc enc_of(const fc_cuda_encode_args *a)
 {
@@ -327,16 +341,16 @@ static int compress(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *wri
     const fc_cu_method *m = fc_cu_method_by_id(a->m.id);
     *written = 0;
     FC_TRY(check_call(m, a->m.id, &a->geo, err));
-    if (m->no_single != NULL)
-        return fc_fail(err, FC_ERR_TYPE, "%s", m->no_single);
     if (a->geo.numel < 1 || a->geo.per != a->geo.numel || a->geo.skip_own || a->residual != NULL ||
         a->sample)
         return fc_fail(err, FC_ERR_STATE, "internal: compress() takes a one-chunk geometry without "
                        "residual or sample");
     FC_TRY(fc_cu_device_enter(&dg, a->device, err));
+    FC_TRY(check_scratch(m, a, NULL, err));
     t = fc_cu_timer_start(ctx, FC_TIME_COMPRESS, s);
     {
         fc_cu_enc e = enc_of(a);
+        e.single = 1;
         FC_CHECK_CUDA(cudaMemsetAsync(a->ws->bad, 0, sizeof(unsigned int) * (size_t)a->geo.world, s),
                       err, error);
         // NaN/Inf of x go on the wire (canonical, flagged in the header) and are not counted
@@ -373,7 +387,8 @@ error:
 
 // decompress(): out (fp32) += alpha * D(payload): the header checked as the CPU's decode_one
 // checks it (a rejected payload makes out NaN and counters() raise), then the method's decoder
-// in its add mode (fc_cu_dec.add) on a one-chunk geometry.
+// in its add mode (fc_cu_dec.add) on a one-chunk geometry, with the device scratch and unit
+// state the caller gave (fc_cuda_decode_args.x).
 static int decompress(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *err)
 {
     int rc = FC_OK;
@@ -382,22 +397,25 @@ static int decompress(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *er
     const cudaStream_t s = (cudaStream_t)a->stream;
     const fc_cu_method *m = fc_cu_method_by_id(a->m.id);
     FC_TRY(check_call(m, a->m.id, &a->geo, err));
-    if (m->no_single != NULL)
-        return fc_fail(err, FC_ERR_TYPE, "%s", m->no_single);
     if (a->out_numel < 1 || a->geo.numel != a->out_numel || a->geo.per != a->geo.numel ||
         a->geo.rank != 0 || a->geo.skip_own || a->out_dtype != FC_CU_F32 || a->slot < FC_HEADER_BYTES)
         return fc_fail(err, FC_ERR_STATE, "internal: decompress() takes a one-chunk geometry, an "
                        "fp32 output of its length and a slot of at least a header");
     FC_TRY(fc_cu_device_enter(&dg, a->device, err));
+    FC_TRY(check_scratch(m, NULL, a, err));
     t = fc_cu_timer_start(ctx, FC_TIME_DECOMPRESS, s);
     {
         fc_cu_dec d = dec_of(a);
         d.add = 1;
         d.alpha = a->alpha;
         FC_CHECK_CUDA(cudaMemsetAsync(a->ws->bad, 0, sizeof(unsigned int), s), err, error);
-        check_headers<<<1, 32, 0, s>>>(a->geo, a->recv, a->slot, 1, a->m.id, a->grad_dtype,
-                                       a->varsize, a->unit, a->step, a->fingerprint, a->ws);
-        FC_CHECK_LAUNCH(err, error);
+        // a data-dependent method walks its headers itself (its payload may be `none`'s, as the
+        // CPU's payload_method allows), as in the collective's decode
+        if (!a->varsize) {
+            check_headers<<<1, 32, 0, s>>>(a->geo, a->recv, a->slot, 1, a->m.id, a->grad_dtype,
+                                           a->varsize, a->unit, a->step, a->fingerprint, a->ws);
+            FC_CHECK_LAUNCH(err, error);
+        }
         FC_TRY(m->decode(a, &d, s, err));
     }
     fc_cu_timer_stop(t, s);

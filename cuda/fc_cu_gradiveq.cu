@@ -163,6 +163,27 @@ __global__ void gvq_decode(fc_cu_dec d, gvq_cfg g, const float *u, int senders)
     fc_cu_count(&d.ws->saturated, sat);
 }
 
+// decompress(): out += alpha * d of the one payload's coefficients (rank 0's), d = sum_j U[j][t] *
+// coef[s*k + j] from 0.0f, as the CPU's decode_add; a rejected payload makes every element NaN.
+__global__ void gvq_add(fc_cu_dec d, gvq_cfg g, const float *u)
+{
+    const float *coef = (const float *)(d.recv + FC_HEADER_BYTES);
+    float *out = (float *)d.out;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
+        if (d.bad[0] != 0) {
+            out[i] += fc_bits_f32(FC_NAN_BITS);
+            continue;
+        }
+        const int64_t s = i / g.m;
+        const int t = (int)(i - s * g.m);
+        float dd = 0.0f;
+        for (int j = 0; j < g.k; j++)
+            dd += u[j * g.m + t] * coef[s * g.k + j];
+        out[i] += d.alpha * dd;
+    }
+}
+
 static int config(const fc_cuda_method_cfg *m, const float *ustate, gvq_cfg *g, fc_err *err)
 {
     g->m = (int)fc_cu_cfg(m, "dim", 32);
@@ -208,6 +229,11 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
     fc_cu_span(a->geo, a->geo.rank, &start, &n);
     {
         const int senders = n > 0 ? a->geo.world - (a->geo.skip_own ? 1 : 0) : 0;
+        if (d->add) { // decompress(): one payload decoded alone
+            gvq_add<<<fc_cu_grid(d->out_numel, GVQ_THREADS * 4, 1), GVQ_THREADS, 0, s>>>(*d, g, a->x.ustate);
+            FC_CHECK_LAUNCH(err, error);
+            return FC_OK;
+        }
         if (d->out_numel > 0) {
             gvq_decode<<<fc_cu_grid(d->out_numel, GVQ_THREADS * 4, 1), GVQ_THREADS, 0, s>>>(*d, g, a->x.ustate,
                                                                                          senders);
@@ -218,5 +244,4 @@ error:
     return rc;
 }
 
-extern const fc_cu_method fc_cu_gradiveq = {12, encode, decode, NULL,
-                                            FC_CU_NO_SINGLE("gradiveq")};
+extern const fc_cu_method fc_cu_gradiveq = {12, encode, decode, NULL};

@@ -31,7 +31,8 @@ struct rk_space {
     fc_cuda_geom geo;
     int decode, chunks;
     fc_cu_krule kr;
-    fc_rng base; // key and (unit, step); chunk filled per chunk: the shared stream (no rank)
+    fc_rng base; // key and (unit, step); chunk: the id of chunk 0 (compress()'s `chunk`, else 0),
+                 // plus the chunk's index per chunk: the shared stream (no rank)
     int64_t s1, s2;
     fc_rk_seg *segs1, *segs2;
     fc_rk_event *ev1, *ev2;
@@ -65,7 +66,7 @@ __host__ __device__ __forceinline__ rk_chunk rk_chunk_at(const rk_space &sp, int
             h.off += fc_rule_sparse_k(sp.geo.numel - last * sp.geo.per, sp.kr.k, sp.kr.ratio);
     }
     h.g = sp.base;
-    h.g.chunk = (uint32_t)h.c;
+    h.g.chunk = sp.base.chunk + (uint32_t)h.c;
     return h;
 }
 
@@ -160,12 +161,12 @@ error:
     return rc;
 }
 
-static fc_rng shared_base(uint64_t seed, uint32_t unit, uint32_t step)
+static fc_rng shared_base(uint64_t seed, uint32_t chunk_base, uint32_t unit, uint32_t step)
 {
     fc_rng r;
     r.key0 = (uint32_t)seed;
     r.key1 = (uint32_t)(seed >> 32);
-    r.chunk = 0;
+    r.chunk = chunk_base;
     r.unit = unit;
     r.step = step;
     return r;
@@ -259,7 +260,7 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
     FC_TRY(config(&a->m, a->geo.world, &c, err));
     carve_encode(a, c, ar, &p);
     FC_TRY(fc_cu_arena_check(ar, err));
-    p.sp.base = shared_base(a->seed, a->unit, a->step);
+    p.sp.base = shared_base(a->seed, a->chunk_base, a->unit, a->step);
     {
         const unsigned gb = fc_cu_blocks(p.total, FC_CU_THREADS * 4);
         FC_TRY(draw(p.sp, s, err));
@@ -369,6 +370,24 @@ __global__ void rk_picks(fc_cu_dec d, fc_cu_vc vc, const int64_t *idx, int64_t k
     fc_cu_count(&d.ws->saturated, now_sat - was_sat);
 }
 
+// decompress(): out += alpha * D of the one payload (rank 0's), the CPU's decode_add: its values
+// decoded into zeros (0 + D), scattered at the picks times a = alpha * n / k; a rejected payload
+// makes every element NaN.
+__global__ void rk_add(fc_cu_dec d, fc_cu_vc vc, const int64_t *idx, int64_t n, int64_t k, float a)
+{
+    float *out = (float *)d.out;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x, t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (d.bad[0] != 0) {
+        for (int64_t i = t0; i < n; i += stride)
+            out[i] += fc_cu_poison();
+        return;
+    }
+    for (int64_t j = t0; j < k; j += stride) {
+        int bad = 0;
+        out[idx[j]] += a * (0.0f + vc.term(rk_values(d, 0), k, j, 1.0f, &bad));
+    }
+}
+
 static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
 {
     int rc = FC_OK;
@@ -383,7 +402,19 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
         const int senders = n > 0 ? a->geo.world - (a->geo.skip_own ? 1 : 0) : 0;
         carve_space(ar, a->geo, 1, c.kr, k, &sp);
         FC_TRY(fc_cu_arena_check(ar, err));
-        sp.base = shared_base(a->seed, a->unit, a->step);
+        sp.base = shared_base(a->seed, a->chunk_base, a->unit, a->step);
+        if (d->add) { // decompress(): one payload, no own chunk, no division by W
+            if (k > 0) {
+                rk_check<<<dim3(fc_cu_blocks(k, FC_CU_THREADS * 4), 1), FC_CU_THREADS, 0, s>>>(*d, c.vc, k, a->unit,
+                                                                                            a->step);
+                FC_CHECK_LAUNCH(err, error);
+                FC_TRY(draw(sp, s, err));
+            }
+            rk_add<<<fc_cu_blocks(n, FC_CU_THREADS * 4), FC_CU_THREADS, 0, s>>>(
+                *d, c.vc, sp.idx, n, k, d->alpha * rk_factor(c.scale, n, k));
+            FC_CHECK_LAUNCH(err, error);
+            return FC_OK;
+        }
         if (senders > 0 && k > 0) {
             rk_check<<<dim3(fc_cu_blocks(k, FC_CU_THREADS * 4), (unsigned)a->geo.world), FC_CU_THREADS, 0, s>>>(
                 *d, c.vc, k, a->unit, a->step);
@@ -425,5 +456,4 @@ error:
     return rc;
 }
 
-extern const fc_cu_method fc_cu_randomk = {9, encode, decode, scratch,
-                                           FC_CU_NO_SINGLE("randomk")};
+extern const fc_cu_method fc_cu_randomk = {9, encode, decode, scratch};

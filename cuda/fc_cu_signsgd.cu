@@ -149,6 +149,17 @@ __global__ void sign_vote_decode(fc_cu_dec d, float s, int senders)
     fc_cu_count(&d.ws->saturated, sat);
 }
 
+// decompress() of a majority payload: no vote in one payload, the CPU's decode_add: out[i] +=
+// (bit ? -s : s), s = alpha * scale; a rejected payload makes every element NaN.
+__global__ void sign_vote_add(fc_cu_dec d, float s)
+{
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const uint8_t *bits = d.recv + FC_HEADER_BYTES;
+    float *out = (float *)d.out;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride)
+        out[i] += d.bad[0] != 0 ? fc_bits_f32(FC_NAN_BITS) : (bits[i >> 3] >> (i & 7)) & 1u ? -s : s;
+}
+
 struct sign_cfg {
     int majority;
     int64_t bs;
@@ -174,6 +185,15 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
     return fc_cu_launch_encode_dense(e, sign_scaled_codec{c.bs}, s, err);
 }
 
+static int vote_add(const fc_cu_dec *d, const sign_cfg &c, cudaStream_t s, fc_err *err)
+{
+    int rc = FC_OK;
+    sign_vote_add<<<fc_cu_grid(d->out_numel, FC_CU_THREADS * 4, 1), FC_CU_THREADS, 0, s>>>(*d, d->alpha * c.scale);
+    FC_CHECK_LAUNCH(err, error);
+error:
+    return rc;
+}
+
 static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
 {
     sign_cfg c;
@@ -182,6 +202,8 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
         return rc;
     if (!c.majority)
         return fc_cu_launch_decode_codec(a, d, sign_scaled_codec{c.bs}, s, err);
+    if (d->add)
+        return vote_add(d, c, s, err);
     int64_t start, n;
     fc_cu_span(a->geo, a->geo.rank, &start, &n);
     const int senders = n > 0 ? a->geo.world - (a->geo.skip_own ? 1 : 0) : 0;
@@ -194,5 +216,4 @@ error:
     return rc;
 }
 
-extern const fc_cu_method fc_cu_signsgd = {13, encode, decode, NULL,
-                                           FC_CU_NO_SINGLE("signsgd")};
+extern const fc_cu_method fc_cu_signsgd = {13, encode, decode, NULL};

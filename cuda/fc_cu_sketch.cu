@@ -31,10 +31,11 @@ static int config(const fc_cuda_method_cfg *m, sk_cfg *c, fc_err *err)
     return FC_OK;
 }
 
-// Row j's hash key of chunk c: one shared draw per row (m_sketch.c's row_key).
+// Row j's hash key of chunk c: one shared draw per row (m_sketch.c's row_key); shared.chunk is
+// the id of chunk 0 (compress()'s `chunk`, else 0).
 __host__ __device__ __forceinline__ uint32_t sk_row_key(fc_rng shared, int c, int j)
 {
-    shared.chunk = (uint32_t)c;
+    shared.chunk += (uint32_t)c;
     return fc_rng_draw4(&shared, 0xFFFFFF00u + (uint32_t)(j >> 2)).v[j & 3];
 }
 
@@ -208,12 +209,12 @@ error:
     return rc;
 }
 
-static fc_rng shared_rng(uint64_t seed, uint32_t unit, uint32_t step)
+static fc_rng shared_rng(uint64_t seed, uint32_t chunk_base, uint32_t unit, uint32_t step)
 {
     fc_rng r;
     r.key0 = (uint32_t)seed;
     r.key1 = (uint32_t)(seed >> 32);
-    r.chunk = 0;
+    r.chunk = chunk_base;
     r.unit = unit;
     r.step = step;
     return r;
@@ -229,7 +230,7 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
     FC_TRY(carve_encode(a, c, ar, &p, err));
     FC_TRY(fc_cu_arena_check(ar, err));
     {
-        const fc_rng shared = shared_rng(a->seed, a->unit, a->step);
+        const fc_rng shared = shared_rng(a->seed, a->chunk_base, a->unit, a->step);
         const int G = sk_group(c, a->geo.world);
         for (int g0 = 0; g0 < a->geo.world; g0 += G) {
             const int gc = g0 + G < a->geo.world ? G : a->geo.world - g0;
@@ -252,7 +253,8 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
                 FC_CHECK_LAUNCH(err, error);
             }
         }
-        if (c.second) { // nothing decodes from round 1: the residual is the whole g'
+        if (e->single) { // compress(): the table is the payload; no residual, no second round
+        } else if (c.second) { // nothing decodes from round 1: the residual is the whole g'
             if (a->x.fetch == NULL)
                 FC_TRY(fc_fail(err, FC_ERR_STATE, "internal: sketch's second round without its fetch buffer"));
             FC_TRY(fc_cu_res_dense(*e, NULL, NULL, 0, s, err));
@@ -302,6 +304,8 @@ __global__ void sk_estimates(fc_cu_dec d, sk_cfg cfg, fc_rng shared, const float
     __shared__ uint32_t keys[SK_MAX_ROWS];
     int64_t start, n;
     fc_cu_span(d.geo, d.geo.rank, &start, &n);
+    if (d.add && d.bad[0] != 0) // decompress() of a rejected payload: its table is not read
+        return;
     sk_keys(shared, d.geo.rank, cfg.rows, keys);
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -384,6 +388,27 @@ __global__ void sk_keep_picks(const int64_t *idx, const int64_t *num, uint32_t *
         picks[j] = (uint32_t)idx[j];
 }
 
+// decompress(): out += alpha * est at the heavy hitters of the one payload's own table (the
+// CPU's decode_add reads the body itself: no aggregate, whose 0 + t would turn a -0 into +0); a
+// rejected payload makes every element NaN.
+__global__ void sk_add_poison(fc_cu_dec d, int64_t n)
+{
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    if (d.bad[0] == 0)
+        return;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        ((float *)d.out)[i] += fc_cu_poison();
+}
+
+__global__ void sk_add_heavy(fc_cu_dec d, const float *est, const int64_t *idx, const int64_t *num)
+{
+    if (d.bad[0] != 0)
+        return;
+    const int64_t total = *num, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < total; j += stride)
+        ((float *)d.out)[idx[j]] += d.alpha * est[idx[j]];
+}
+
 struct sk_dec_parts {
     float *agg, *est;
     fc_cu_selection sel;
@@ -416,11 +441,26 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
         // owner only picks, none of an empty chunk, and writes no output yet, as the CPU's decode
         const int pick = a->x.fetch != NULL;
         const int64_t cells = (int64_t)c.rows * c.cols;
-        const fc_rng shared = shared_rng(a->seed, a->unit, a->step);
+        const fc_rng shared = shared_rng(a->seed, a->chunk_base, a->unit, a->step);
         fc_cu_src est;
         memset(&est, 0, sizeof(est));
         est.grad = p.est;
         est.gdt = FC_CU_F32;
+        if (d->add) { // decompress(): with second_round the CPU adds nothing (values come from round 2)
+            if (n == 0)
+                return FC_OK;
+            sk_add_poison<<<fc_cu_blocks(n, SK_THREADS * 4), SK_THREADS, 0, s>>>(*d, n);
+            FC_CHECK_LAUNCH(err, error);
+            if (c.second)
+                return FC_OK;
+            sk_estimates<<<fc_cu_blocks(n, SK_THREADS * 4), SK_THREADS, 0, s>>>(
+                *d, c, shared, (const float *)(a->recv + FC_HEADER_BYTES), 0, p.est);
+            FC_CHECK_LAUNCH(err, error);
+            FC_TRY(fc_cu_select_topk(p.sel, est, c.kr, s, err));
+            sk_add_heavy<<<fc_cu_blocks(n, SK_THREADS * 4), SK_THREADS, 0, s>>>(*d, p.est, p.sel.idx, p.sel.num);
+            FC_CHECK_LAUNCH(err, error);
+            return FC_OK;
+        }
         if (!pick && d->out_numel > 0) {
             sk_dense<<<fc_cu_blocks(d->out_numel, SK_THREADS * 4), SK_THREADS, 0, s>>>(*d);
             FC_CHECK_LAUNCH(err, error);
@@ -463,5 +503,4 @@ error:
     return rc;
 }
 
-extern const fc_cu_method fc_cu_sketch = {11, encode, decode, scratch,
-                                          FC_CU_NO_SINGLE("sketch")};
+extern const fc_cu_method fc_cu_sketch = {11, encode, decode, scratch};

@@ -312,8 +312,9 @@ struct fc_cu_sp_decoder {
 
 int fc_cu_sp_carve(fc_cu_arena &ar, int64_t n, int world, fc_cu_sp_decoder *dec, fc_err *err);
 // Every sender's payload (desc, filled) checked and added at its indices, in rank order with
-// the own chunk in its place, then out = acc / W. A malformed payload is rejected as the CPU
-// decoder would raise, and poisons the sum.
+// the own chunk in its place, then out = acc / W; in add mode (decompress()) rank 0's payload
+// alone, out += alpha * D. A malformed payload is rejected as the CPU decoder would raise, and
+// poisons the sum.
 int fc_cu_sp_decode(const fc_cu_sp_decoder &dec, const fc_cu_dec &d, const fc_cu_sp_values &vals_as,
                     uint32_t unit, uint32_t step, cudaStream_t s, fc_err *err);
 

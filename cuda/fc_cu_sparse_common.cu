@@ -481,10 +481,11 @@ __global__ void sp_check(fc_cu_dec d, const fc_cu_sp_desc *desc, int r, fc_cu_se
     }
 }
 
-// acc[idx[j]] += value j: 0 + D for codec values, +-v for sign bits (as the CPU adds them); a
-// rejected payload makes every element NaN.
+// acc[idx[j]] += value j: 0 + alpha * D for codec values, alpha * (+-v) for sign bits, alpha *
+// value for a `none` payload (as the CPU's decode_add adds them; alpha is 1 in the collective);
+// a rejected payload makes every element NaN.
 __global__ void sp_scatter(fc_cu_dec d, const fc_cu_sp_desc *desc, int r, fc_cu_selection sel, fc_cu_sp_values va,
-                           int64_t n, float *acc)
+                           int64_t n, float alpha, float *acc)
 {
     const fc_cu_sp_desc p = desc[r];
     const int64_t stride = (int64_t)gridDim.x * blockDim.x, t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -494,20 +495,38 @@ __global__ void sp_scatter(fc_cu_dec d, const fc_cu_sp_desc *desc, int r, fc_cu_
         return;
     }
     const uint8_t *v = sp_body(d, p) + p.at_vals;
-    if (p.width == FC_CU_SP_NONE) { // none's decode_add: acc[i] += 1 * value i
+    if (p.width == FC_CU_SP_NONE) { // none's decode_add: acc[i] += alpha * value i
         for (int64_t i = t0; i < n; i += stride)
-            acc[i] += 1.0f * fc_cu_load(v, d.gdt, i);
+            acc[i] += alpha * fc_cu_load(v, d.gdt, i);
         return;
     }
-    const float pos = 1.0f * va.sign_v, neg = 1.0f * -va.sign_v;
+    const float pos = alpha * va.sign_v, neg = alpha * -va.sign_v;
     for (int64_t j = t0; j < p.k; j += stride) {
         int bad = 0;
         const int64_t i = sp_index(d, p, sel.idx, j);
         if (va.sign)
             acc[i] += (v[j >> 3] >> (j & 7)) & 1u ? neg : pos;
         else
-            acc[i] += 0.0f + va.vc.term(v, p.k, j, 1.0f, &bad);
+            acc[i] += 0.0f + va.vc.term(v, p.k, j, alpha, &bad);
     }
+}
+
+// One sender's payload: its bitmap's bits selected, checked, then added into acc.
+static int sp_add_one(const fc_cu_sp_decoder &dec, const fc_cu_dec &d, const fc_cu_sp_values &va, int r,
+                      int64_t n, float alpha, float *acc, uint32_t unit, uint32_t step, cudaStream_t s,
+                      fc_err *err)
+{
+    int rc = FC_OK;
+    const unsigned blocks = fc_cu_blocks(n, SP_THREADS * 4);
+    sp_bits_prepare<<<1, 1, 0, s>>>(d, dec.desc, r, dec.sel.ch, n);
+    FC_CHECK_LAUNCH(err, error);
+    FC_TRY(fc_cu_select_bits(dec.sel, s, err));
+    sp_check<<<blocks, SP_THREADS, 0, s>>>(d, dec.desc, r, dec.sel, va, n, unit, step);
+    FC_CHECK_LAUNCH(err, error);
+    sp_scatter<<<blocks, SP_THREADS, 0, s>>>(d, dec.desc, r, dec.sel, va, n, alpha, acc);
+    FC_CHECK_LAUNCH(err, error);
+error:
+    return rc;
 }
 
 int fc_cu_sp_decode(const fc_cu_sp_decoder &dec, const fc_cu_dec &d, const fc_cu_sp_values &va, uint32_t unit,
@@ -516,7 +535,8 @@ int fc_cu_sp_decode(const fc_cu_sp_decoder &dec, const fc_cu_dec &d, const fc_cu
     int rc = FC_OK;
     int64_t start, n;
     fc_cu_span(d.geo, d.geo.rank, &start, &n);
-    const unsigned blocks = fc_cu_blocks(n, SP_THREADS * 4);
+    if (d.add) // decompress(): the one payload (rank 0's slot) straight into the fp32 output
+        return n > 0 ? sp_add_one(dec, d, va, 0, n, d.alpha, (float *)d.out, unit, step, s, err) : FC_OK;
     if (n > 0) {
         FC_TRY(fc_cu_acc_zero(d, dec.acc, s, err));
         for (int r = 0; r < d.geo.world; r++) { // rank order: the sum every rank and the CPU make
@@ -524,13 +544,7 @@ int fc_cu_sp_decode(const fc_cu_sp_decoder &dec, const fc_cu_dec &d, const fc_cu
                 FC_TRY(fc_cu_acc_own(d, dec.acc, s, err));
                 continue;
             }
-            sp_bits_prepare<<<1, 1, 0, s>>>(d, dec.desc, r, dec.sel.ch, n);
-            FC_CHECK_LAUNCH(err, error);
-            FC_TRY(fc_cu_select_bits(dec.sel, s, err));
-            sp_check<<<blocks, SP_THREADS, 0, s>>>(d, dec.desc, r, dec.sel, va, n, unit, step);
-            FC_CHECK_LAUNCH(err, error);
-            sp_scatter<<<blocks, SP_THREADS, 0, s>>>(d, dec.desc, r, dec.sel, va, n, dec.acc);
-            FC_CHECK_LAUNCH(err, error);
+            FC_TRY(sp_add_one(dec, d, va, r, n, 1.0f, dec.acc, unit, step, s, err));
         }
     }
     FC_TRY(fc_cu_acc_write(d, dec.acc, s, err));

@@ -58,8 +58,8 @@ __host__ __device__ __forceinline__ void thrv_none_layout(int64_t n, int dsize, 
 }
 
 // One thread: each sent chunk's payload from its count, `none` where that is no larger (the
-// CPU's rule: padded sizes), packed in chunk order.
-__global__ void thrv_plan(fc_cu_selection sel, fc_cu_sp_values va, int dsize, fc_cuda_sent *sent,
+// CPU's rule: padded sizes; a collective's only, `fallback`), packed in chunk order.
+__global__ void thrv_plan(fc_cu_selection sel, fc_cu_sp_values va, int dsize, int fallback, fc_cuda_sent *sent,
                           int64_t *offs)
 {
     int64_t at = 0;
@@ -70,7 +70,7 @@ __global__ void thrv_plan(fc_cu_selection sel, fc_cu_sp_values va, int dsize, fc
         if (h.on) {
             thrv_layout(va, h.n, h.k, &l);
             thrv_none_layout(h.n, dsize, &plain);
-            if (l.size >= plain.size)
+            if (fallback && l.size >= plain.size)
                 l = plain;
         }
         sent[c] = l;
@@ -210,7 +210,7 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
     thrv_cfg c;
     thrv_enc_parts p;
     fc_cu_arena ar = fc_cu_arena_of(a->x);
-    if (a->x.sent == NULL)
+    if (a->x.sent == NULL && !e->single)
         return fc_fail(err, FC_ERR_STATE, "internal: thresholdv's encode needs the host's size records");
     FC_TRY(config(&a->m, a->geo.world, &c, err));
     FC_TRY(carve_encode(a, ar, &p, err));
@@ -220,16 +220,19 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
         const int dsize = a->grad_dtype == FC_CU_F32 ? 4 : 2;
         int fell_back = 0;
         FC_TRY(fc_cu_select_threshold(p.sel, e->src, c.v, s, err));
-        thrv_plan<<<1, 1, 0, s>>>(p.sel, c.va, dsize, p.sent, p.offs);
+        // compress(): the method as configured whatever its size (fc_core_compress), and the
+        // size read back from the header by the driver afterwards
+        thrv_plan<<<1, 1, 0, s>>>(p.sel, c.va, dsize, !e->single, p.sent, p.offs);
         FC_CHECK_LAUNCH(err, error);
-        // the sizes to the host now, so that it can start the size exchange: the one wait
-        FC_CHECK_CUDA(cudaMemcpyAsync(a->x.sent, p.sent, sizeof(fc_cuda_sent) * (size_t)a->geo.world,
-                                      cudaMemcpyDeviceToHost, s), err, error);
-        FC_CHECK_CUDA(cudaStreamSynchronize(s), err, error);
+        if (!e->single) { // the sizes to the host now, so that it can start the size exchange: the one wait
+            FC_CHECK_CUDA(cudaMemcpyAsync(a->x.sent, p.sent, sizeof(fc_cuda_sent) * (size_t)a->geo.world,
+                                          cudaMemcpyDeviceToHost, s), err, error);
+            FC_CHECK_CUDA(cudaStreamSynchronize(s), err, error);
+        }
         thrv_headers<<<a->geo.world, 64, 0, s>>>(p.sel, p.sent, p.offs, a->send, a->m.id, a->grad_dtype, a->unit,
                                                  a->step, a->fingerprint, a->nonfinite_zero, e->bad);
         FC_CHECK_LAUNCH(err, error);
-        for (int ch = 0; ch < a->geo.world; ch++)
+        for (int ch = 0; ch < a->geo.world && !e->single; ch++)
             fell_back |= a->x.sent[ch].none != 0;
         fc_cu_enc ie = *e; // the index payloads' encode
         if (fell_back) {
@@ -251,10 +254,12 @@ error:
 
 // One thread: the receiver's walk over the packed payloads (fc_core.c's decode loop and
 // check_payload, thrv_decode_add's count checks). A payload that fails is rejected, and so are
-// those after it, whose places are then unknown.
+// those after it, whose places are then unknown. decompress() (d.add): one payload, rank 0's,
+// in a buffer of `packed` bytes that may run past it, as the CPU's decode_one allows.
 __global__ void thrv_walk(fc_cu_dec d, fc_cu_sp_values va, int64_t packed, int method, uint32_t unit,
                           uint32_t step, uint32_t fingerprint, fc_cu_sp_desc *desc)
 {
+    const int senders = d.add ? 1 : d.geo.world;
     int64_t start, n;
     fc_cu_span(d.geo, d.geo.rank, &start, &n);
     int64_t at = 0;
@@ -262,7 +267,7 @@ __global__ void thrv_walk(fc_cu_dec d, fc_cu_sp_values va, int64_t packed, int m
     fc_cuda_sent bound, plain;
     thrv_layout(va, n, n, &bound);
     thrv_none_layout(n, d.gdt == FC_CU_F32 ? 4 : 2, &plain);
-    for (int r = 0; r < d.geo.world && n > 0; r++) {
+    for (int r = 0; r < senders && n > 0; r++) {
         if (d.geo.skip_own && r == d.geo.rank)
             continue;
         last = r;
@@ -333,7 +338,7 @@ __global__ void thrv_walk(fc_cu_dec d, fc_cu_sp_values va, int64_t packed, int m
         }
         desc[r] = p;
     }
-    if (!lost && last >= 0 && at != packed) // bytes the payloads do not account for
+    if (!d.add && !lost && last >= 0 && at != packed) // bytes the payloads do not account for
         fc_cu_reject(d.ws, d.ws->bad, last, FC_PAYLOAD_BODY, unit, step);
 }
 
@@ -373,5 +378,4 @@ error:
     return rc;
 }
 
-extern const fc_cu_method fc_cu_thresholdv = {10, encode, decode, scratch,
-                                              FC_CU_NO_SINGLE("thresholdv")};
+extern const fc_cu_method fc_cu_thresholdv = {10, encode, decode, scratch};

@@ -121,5 +121,4 @@ error:
     return rc;
 }
 
-extern const fc_cu_method fc_cu_topk = {8, encode, decode, scratch,
-                                        FC_CU_NO_SINGLE("topk")};
+extern const fc_cu_method fc_cu_topk = {8, encode, decode, scratch};

@@ -7,9 +7,10 @@ every payload, so the replicas stay bit-identical; the shard's own error-feedbac
 The uncompressed all-gather is used where compressing would not pay or cannot run: a unit below
 `min_numel`; a payload no smaller than the raw shard (`none`, 16-bit casts of 16-bit gradients,
 a sketch table larger than the shard: counted in fallback_units, as the reduce-scatter's own
-fallback is); and a device where the method has no single-payload codec (on CUDA: a method that
-keeps per-unit state or has a second round; asked for explicitly, `"allgather_compress": true`,
-that is a TypeError instead). On CUDA tensors every step queues on the current stream, with no
+fallback is); and a device where the method has no single-payload codec (learned from the first
+compress() there, not a list kept here: on CUDA every method has one, unless the loaded library
+lacks the method's kernels; asked for explicitly, `"allgather_compress": true`, that is a
+TypeError instead). On CUDA tensors every step queues on the current stream, with no
 wait on the host, except a data-dependent method's size exchange."""
 from __future__ import annotations
 

@@ -158,11 +158,10 @@ ALL_CASES = cuda_cases()
 
 @pytest.mark.parametrize("method,cfg", ALL_CASES, ids=[m + "".join(f"-{k}={v}" for k, v in c.items())
                                                        for m, c in ALL_CASES])
-def test_single_payloads_match_cpu_or_are_refused_by_name(method, cfg, gen):
-    """State.compress/decompress (the compressed all-gathers' path) through the CUDA library: the
-    CPU's bytes and acc += alpha * D(payload) where the method's kernels do single payloads; a
-    TypeError naming the method, with nothing written, where its decode sums a whole unit (the
-    sparse, aggregate and stateful methods)."""
+def test_single_payloads_match_cpu(method, cfg, gen):
+    """State.compress/decompress (the compressed all-gathers' path) through the CUDA library, every
+    method: the CPU's bytes and acc += alpha * D(payload) (tests/test_cuda_single.py has the sparse,
+    aggregate and stateful methods' variants, sizes and refusals)."""
     c = dict(cfg, seed=99)
     n = 257
     x = make_grad(n, torch.float32, gen)
@@ -171,14 +170,6 @@ def test_single_payloads_match_cpu_or_are_refused_by_name(method, cfg, gen):
     pa = torch.zeros(size, dtype=torch.uint8)
     pb = torch.full((size,), 0xA5, dtype=torch.uint8, device=DEV)
     wa = cpu._core.compress(x, pa, unit=3, chunk=5, world=3, rank=1)
-    if method in SPARSE:
-        with pytest.raises(TypeError, match=f"'{method}'"):
-            dev._core.compress(x.to(DEV), pb, unit=3, chunk=5, world=3, rank=1)
-        acc = torch.zeros(n, device=DEV)
-        with pytest.raises(TypeError, match=f"'{method}'"):
-            dev._core.decompress(pa[:wa].to(DEV), acc, unit=3, chunk=5, world=3)
-        assert (pb.cpu() == 0xA5).all() and (acc.cpu() == 0).all()
-        return
     wb = dev._core.compress(x.to(DEV), pb, unit=3, chunk=5, world=3, rank=1)
     assert wa == wb and torch.equal(pa[:wa], pb[:wb].cpu()), f"{method} {cfg}: payload bytes"
     for alpha in (1.0, -0.5):

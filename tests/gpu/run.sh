@@ -156,6 +156,8 @@ run_pytest() {
     fi
     local files=(tests/test_cuda.py tests/test_cuda_build.py tests/test_cuda_geometry.py)
     [ -f tests/test_cuda_driver.py ] && files+=(tests/test_cuda_driver.py)
+    # the sparse, aggregate and stateful methods' single payloads (compress/decompress)
+    [ -f tests/test_cuda_single.py ] && files+=(tests/test_cuda_single.py)
     echo "---- pytest ${files[*]}"
     "$PY" -m pytest "${files[@]}" -q -rs -p no:cacheprovider --junitxml="$OUT_DIR/pytest.xml"
     local rc=$?
