@@ -439,7 +439,7 @@ static void write_header(uint8_t *p, const fc_core *s, const fc_method *m, const
     h.unit = c->rng_shared.unit;
     h.step = c->rng_shared.step;
     fc_header_set_sizes(&h, (uint64_t)c->n, (uint64_t)body);
-    h.fingerprint = s->fingerprint;
+    h.fingerprint = fc_wire_fingerprint(s->fingerprint, m->id);
     h.world = (uint16_t)c->world;
     memcpy(p, &h, sizeof(h));
 }
@@ -1001,10 +1001,11 @@ static int check_header(const fc_core *s, const fc_header *h, const fc_method *m
                        "ranks use different methods", src, h->method, m->id, m->name);
     /* before unit and step: a rank that rebuilt its state with another config also restarted
      * its step count, and the config is what differs */
-    if (h->fingerprint != s->fingerprint)
+    if (fc_wire_fingerprint(h->fingerprint, h->method) != s->fingerprint)
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d was encoded under another "
                        "config (fingerprint %08x, this rank's %08x): every rank must run the same "
-                       "method and config keys", src, h->fingerprint, s->fingerprint);
+                       "method and config keys", src, fc_wire_fingerprint(h->fingerprint, h->method),
+                       s->fingerprint);
     if (h->world != (uint32_t)c->world)
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d was encoded for world %u, this "
                        "rank runs world %d", src, h->world, c->world);

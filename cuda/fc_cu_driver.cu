@@ -74,7 +74,7 @@ __global__ void write_headers(fc_cuda_geom geo, uint8_t *send, int method, int d
         h.unit = unit;
         h.step = step;
         fc_header_set_sizes(&h, (uint64_t)n, (uint64_t)body);
-        h.fingerprint = fingerprint;
+        h.fingerprint = fc_wire_fingerprint(fingerprint, h.method);
         h.world = (uint16_t)geo.world;
         h.flags = !nonfinite_zero && ws->bad[c] != 0 ? FC_HDR_NONFINITE : 0u;
         memcpy(p, &h, sizeof(h));
@@ -141,7 +141,7 @@ __global__ void check_headers(fc_cuda_geom geo, const uint8_t *recv, int64_t slo
             code = FC_PAYLOAD_VERSION;
         else if (h.method != method)
             code = FC_PAYLOAD_METHOD;
-        else if (h.fingerprint != fingerprint)
+        else if (fc_wire_fingerprint(h.fingerprint, h.method) != fingerprint)
             code = FC_PAYLOAD_CONFIG;
         else if (h.world != (uint32_t)geo.world)
             code = FC_PAYLOAD_WORLD;

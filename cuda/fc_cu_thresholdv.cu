@@ -101,7 +101,7 @@ __global__ void thrv_headers(fc_cu_selection sel, const fc_cuda_sent *sent, cons
         hd.unit = unit;
         hd.step = step;
         fc_header_set_sizes(&hd, (uint64_t)h.n, (uint64_t)body);
-        hd.fingerprint = fingerprint;
+        hd.fingerprint = fc_wire_fingerprint(fingerprint, hd.method);
         hd.world = (uint16_t)sel.sp.chunks;
         hd.flags = !nonfinite_zero && bad[c] != 0 ? FC_HDR_NONFINITE : 0u; // as write_headers
         memcpy(p, &hd, sizeof(hd));
@@ -288,7 +288,7 @@ __global__ void thrv_walk(fc_cu_dec d, fc_cu_sp_values va, int64_t packed, int m
                 code = FC_PAYLOAD_VERSION;
             else if (h.method != method && h.method != FC_CU_NONE_ID)
                 code = FC_PAYLOAD_METHOD;
-            else if (h.fingerprint != fingerprint)
+            else if (fc_wire_fingerprint(h.fingerprint, h.method) != fingerprint)
                 code = FC_PAYLOAD_CONFIG;
             else if (h.world != (uint32_t)d.geo.world)
                 code = FC_PAYLOAD_WORLD;

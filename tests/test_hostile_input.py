@@ -147,3 +147,33 @@ def test_a_second_thread_is_refused_while_the_allocator_runs():
     core.encode(torch.randn(256), send, 1, 0, unit)
     assert "in use by another thread" in seen["result"]
     assert core.units() == [256]
+
+
+# ---- the method byte: a payload and its `none` fallback can have the same size
+
+def test_a_flipped_method_byte_is_a_payload_error():
+    """thresholdv's payload of n values can be 4n bytes long, the size of the `none` payload it
+    falls back to; with only the method byte changed (tests/fuzz.py's find: 41 of 2.5M inputs)
+    the receiver decoded its index/value records as raw floats. The header's fingerprint mixes
+    in the method id, so that flip is now a config mismatch."""
+    s = _C.State("thresholdv", {"threshold": 1.5})
+    none = _C.State("none", {})
+    none_p = torch.zeros(none.payload_bytes(7), dtype=torch.uint8)
+    none.compress(torch.ones(7), none_p)
+    none_id = int(none_p[3])  # byte 3: the method id
+    for seed in range(200):
+        g = torch.randn(7, generator=torch.Generator().manual_seed(seed)) * 3
+        p = torch.zeros(s.payload_bytes(7), dtype=torch.uint8)
+        w = s.compress(g, p)
+        body = int.from_bytes(bytes(p[24:28].tolist()), "little")  # body bytes, low 32 bits
+        if body == 4 * 7:  # what a `none` payload of 7 values carries
+            break
+    else:
+        raise AssertionError("no thresholdv payload of a none payload's size in 200 seeds")
+    q = p[:w].clone()
+    assert int(q[3]) != none_id
+    q[3] = none_id
+    acc = torch.zeros(7)
+    with pytest.raises(fsdpcomp.PayloadError, match="config"):
+        s.decompress(q, acc)
+    assert torch.equal(acc, torch.zeros(7))  # refused before anything was added
