@@ -8,31 +8,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "cuda_emu"))
-import build as emu_build  # noqa: E402
-from pkg_path import pythonpath  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_emu"))
+import pytest_emulated  # noqa: E402
 
 if not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")):
     pytest.skip("no C++ compiler for the CUDA emulation", allow_module_level=True)
 
 
 def test_sparse_methods_on_the_emulated_cuda_library():
-    out = os.environ.get("FSDPCOMP_EMU_DIR") or os.path.join(tempfile.gettempdir(), f"fsdpcomp_cuda_emu_{os.getuid()}")
-    os.makedirs(out, exist_ok=True)
-    lib = emu_build.build_shared(out)
-    # the fsdpcomp this run imported (installed, or the checkout built in place), never the bare
-    # checkout: on a fresh clone that has no _C and would shadow the install
-    env = dict(os.environ, FSDPCOMP_CUDA_LIB=lib, FSDPCOMP_TEST_EMULATED="1",
-               PYTHONPATH=os.pathsep.join([HERE, pythonpath()]))
-    r = subprocess.run([sys.executable, "-P", "-m", "pytest", os.path.join(HERE, "test_cuda_sparse.py"), "-q",
-                        "-p", "no:cacheprovider", "-x"], capture_output=True, text=True, env=env, timeout=3000,
-                       cwd=os.path.dirname(HERE))
-    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
-    assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]
+    pytest_emulated.run("test_cuda_sparse.py")
