@@ -121,6 +121,22 @@ static void array_mode(const fc_cuda_method_cfg &m, std::map<std::string, double
     spill(dir + "/acc.bin", acc.data(), acc.size());
 }
 
+// What every mode's arguments share, encode's and decode's alike (the two structs name these
+// fields the same), from args.txt; the mode sets the rest.
+template <class Args>
+static void common_args(Args &x, const fc_cuda_method_cfg &m, const fc_cuda_geom &g,
+                        std::map<std::string, double> &a, std::vector<uint8_t> &ws)
+{
+    memset(&x, 0, sizeof x);
+    x.m = m;
+    x.geo = g;
+    x.unit = (uint32_t)a["unit"];
+    x.step = (uint32_t)a["step"];
+    x.seed = (uint64_t)a["seed"];
+    x.fingerprint = (uint32_t)a["fingerprint"];
+    x.ws = (fc_cuda_ws *)ws.data();
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 3) {
@@ -181,27 +197,18 @@ int main(int argc, char **argv)
     std::vector<uint8_t> grad = slurp(dir + "/grad.bin");
     if (mode == "compress") { // State.compress: geometry of one chunk, chunk_base = `chunk`
         fc_cuda_encode_args e;
-        memset(&e, 0, sizeof e);
-        e.m = m;
-        e.geo = g;
+        common_args(e, m, g, a, ws);
         e.grad = grad.data();
         std::vector<uint8_t> send((size_t)a["send_bytes"], 0xA5);
         e.send = send.data();
-        e.unit = (uint32_t)a["unit"];
-        e.step = (uint32_t)a["step"];
         e.chunk_base = (uint32_t)a["chunk"];
-        e.seed = (uint64_t)a["seed"];
-        e.fingerprint = (uint32_t)a["fingerprint"];
-        e.ws = (fc_cuda_ws *)ws.data();
         int64_t written = 0;
         rc = api->compress(ctx, &e, &written, &err);
         if (rc == FC_OK)
             spill(dir + "/send.bin", send.data(), (size_t)written);
     } else if (mode == "decompress") { // State.decompress: acc (grad.bin) += alpha * D(payload)
         fc_cuda_decode_args d;
-        memset(&d, 0, sizeof d);
-        d.m = m;
-        d.geo = g;
+        common_args(d, m, g, a, ws);
         std::vector<uint8_t> recv = slurp(dir + "/recv.bin");
         d.recv = recv.data();
         d.slot = (int64_t)recv.size();
@@ -210,21 +217,14 @@ int main(int argc, char **argv)
         d.out = grad.data();
         d.out_dtype = 0;
         d.out_numel = g.numel;
-        d.unit = (uint32_t)a["unit"];
-        d.step = (uint32_t)a["step"];
         d.chunk_base = (uint32_t)a["chunk"];
-        d.seed = (uint64_t)a["seed"];
         d.alpha = (float)a["alpha"];
-        d.fingerprint = (uint32_t)a["fingerprint"];
-        d.ws = (fc_cuda_ws *)ws.data();
         rc = api->decompress(ctx, &d, &err);
         if (rc == FC_OK)
             spill(dir + "/out.bin", grad.data(), grad.size());
     } else if (mode == "encode") {
         fc_cuda_encode_args e;
-        memset(&e, 0, sizeof e);
-        e.m = m;
-        e.geo = g;
+        common_args(e, m, g, a, ws);
         e.grad = grad.data();
         e.grad_dtype = (int)a["gdt"];
         std::vector<uint8_t> res;
@@ -235,13 +235,8 @@ int main(int argc, char **argv)
         }
         std::vector<uint8_t> send((size_t)a["send_bytes"], 0xA5); // unwritten bytes show
         e.send = send.data();
-        e.unit = (uint32_t)a["unit"];
-        e.step = (uint32_t)a["step"];
-        e.seed = (uint64_t)a["seed"];
         e.nonfinite_zero = (int)a["nonfinite_zero"];
         e.sample = (int)a["sample"];
-        e.fingerprint = (uint32_t)a["fingerprint"];
-        e.ws = (fc_cuda_ws *)ws.data();
         rc = api->encode(ctx, &e, &err);
         if (rc == FC_OK) {
             spill(dir + "/send.bin", send.data(), send.size());
@@ -250,9 +245,7 @@ int main(int argc, char **argv)
         }
     } else {
         fc_cuda_decode_args d;
-        memset(&d, 0, sizeof d);
-        d.m = m;
-        d.geo = g;
+        common_args(d, m, g, a, ws);
         std::vector<uint8_t> recv = slurp(dir + "/recv.bin");
         d.recv = recv.data();
         d.slot = (int64_t)a["slot"];
@@ -262,12 +255,7 @@ int main(int argc, char **argv)
         d.out_numel = (int64_t)a["out_numel"];
         std::vector<uint8_t> out((size_t)d.out_numel * (d.out_dtype == 0 ? 4 : 2), 0xA5);
         d.out = out.data();
-        d.unit = (uint32_t)a["unit"];
-        d.step = (uint32_t)a["step"];
-        d.seed = (uint64_t)a["seed"];
         d.nonfinite_zero = (int)a["nonfinite_zero"];
-        d.fingerprint = (uint32_t)a["fingerprint"];
-        d.ws = (fc_cuda_ws *)ws.data();
         rc = api->decode(ctx, &d, &err);
         if (rc == FC_OK)
             spill(dir + "/out.bin", out.data(), out.size());
