@@ -11,6 +11,7 @@ import fsdpcomp
 from fsdpcomp import _C
 from dist_utils import run_ranks
 from method_cases import CASES
+from tiny_models import TinyLM
 
 SIZES = (1, 2, 3, 5, 8, 17, 100, 255, 1000, 4097, 20001, 70001)
 DTYPES = (torch.float32, torch.bfloat16)
@@ -108,22 +109,10 @@ def test_thresholdv_falls_back_per_payload(world, pass_ranks):
         assert c["bytes_sent"] <= c["bytes_raw"] + (world - 1) * (48 + 8)
 
 
-class SmallLM(nn.Module):
-    """An embedding, 8 transformer blocks 40 wide, a head: each block a FSDP unit of ~20k
-    parameters (chunks smaller than the default sketch table), the root ~170k."""
-
-    def __init__(self, vocab=2048, dim=40, blocks=8):
-        super().__init__()
-        self.emb = nn.Embedding(vocab, dim)
-        self.blocks = nn.ModuleList(nn.TransformerEncoderLayer(dim, 2, 4 * dim, dropout=0.0, batch_first=True)
-                                    for _ in range(blocks))
-        self.head = nn.Linear(dim, vocab)
-
-    def forward(self, x):
-        h = self.emb(x)
-        for b in self.blocks:
-            h = b(h)
-        return self.head(h)
+def small_lm():
+    """TinyLM with 8 blocks 40 wide: each block a FSDP unit of ~20k parameters (chunks smaller
+    than the default sketch table), the root ~170k."""
+    return TinyLM(vocab=2048, dim=40, blocks=8, heads=2, ff=160)
 
 
 def _every_method(rank, world):
@@ -133,7 +122,7 @@ def _every_method(rank, world):
     out = {}
     for method in fsdpcomp.methods():
         torch.manual_seed(0)
-        model = FSDP(SmallLM(), device_id=torch.device("cpu"),
+        model = FSDP(small_lm(), device_id=torch.device("cpu"),
                      auto_wrap_policy=ModuleWrapPolicy({nn.TransformerEncoderLayer}), use_orig_params=True)
         state = fsdpcomp.register(model, method)  # the defaults, as a user meets them
         g = torch.Generator().manual_seed(rank)

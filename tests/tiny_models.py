@@ -4,11 +4,11 @@ import torch.nn as nn
 
 
 class TinyLM(nn.Module):
-    def __init__(self, vocab=64, dim=32):
+    def __init__(self, vocab=64, dim=32, blocks=2, heads=4, ff=64):
         super().__init__()
         self.emb = nn.Embedding(vocab, dim)
         self.blocks = nn.ModuleList(
-            nn.TransformerEncoderLayer(dim, 4, 64, dropout=0.0, batch_first=True) for _ in range(2))
+            nn.TransformerEncoderLayer(dim, heads, ff, dropout=0.0, batch_first=True) for _ in range(blocks))
         self.head = nn.Linear(dim, vocab)
 
     def forward(self, x):
