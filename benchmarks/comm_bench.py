@@ -29,6 +29,7 @@ repo_path.use_checkout()  # fsdpcomp built in place, else the installed one
 
 import launch  # noqa: E402
 import projection  # noqa: E402
+import results_io  # noqa: E402
 from comm_worker import BF16_HOOK, TORCH_RS  # noqa: E402
 from fmt import fmt, fmt_bytes  # noqa: E402
 from netns import Topology, exit_on_sigterm  # noqa: E402
@@ -201,12 +202,13 @@ def plot(result: dict, path: str) -> str | None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    results_io.save_png(fig, path)
     plt.close(fig)
     return None
 
 
-def run_one(gbit: float | None, world: int, args, topo_ok: bool, tmp: str) -> dict:
+def run_one(gbit: float | None, world: int, args, topo_ok: bool, tmp: str, configs: dict) -> dict:
+    """One link and world size; each method's resolved config goes into `configs`."""
     cfg = {"sizes": args.sizes, "methods": args.methods, "config": args.config_json, "reps": args.reps,
            "reps_cutoff": args.reps_cutoff,
            "seed": args.seed, "link_check_bytes": args.link_check_mb << 20,
@@ -230,6 +232,8 @@ def run_one(gbit: float | None, world: int, args, topo_ok: bool, tmp: str) -> di
         data = json.load(f)
     for size in data["sizes"]:
         derive(size["rows"])
+        for row in size["rows"]:
+            configs[row["method"]] = row.pop("config")  # the same for every size and link: once, in meta
     return {"link": link_name(gbit), "gbit": gbit, "shaped": gbit is not None, "world": world,
             "link_check_gbit": data["link_check_gbit"], "shaper_dropped_packets": dropped, "sizes": data["sizes"]}
 
@@ -273,12 +277,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     import fsdpcomp
-    runs = []
+    runs, configs = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for world in args.world:
             for gbit in links:
                 print(f"== W={world}, {link_name(gbit)}", flush=True)
-                runs.append(run_one(gbit, world, args, topo_ok, tmp))
+                runs.append(run_one(gbit, world, args, topo_ok, tmp, configs))
 
     wrong = 0
     for run in runs:
@@ -340,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
                  "python": platform.python_version(), "torch": torch.__version__,
                  "fsdpcomp": fsdpcomp.__version__, "argv": sys.argv if argv is None else argv,
                  "namespaces": topo_ok, "namespaces_note": why, "gloo_rs_note": gloo_rs_note(runs[0]),
-                 "kernels_note": k_note},
+                 "kernels_note": k_note, "configs": configs},
         "runs": runs, "projected": projected,
         "cluster": {"numel": args.cluster_numel, "alpha_us": args.cluster_alpha_us, "kernel_times": bool(kernels),
                     "note": k_note, "rows": cluster},
@@ -350,8 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     note = plot(result, png)
     result["meta"]["plot"] = note  # None: the PNG was written
     json_path = os.path.join(args.out_dir, "comm_bench.json")
-    with open(json_path, "w") as f:
-        json.dump(result, f, indent=1)
+    results_io.write_summary(json_path, result)
     print(f"\nwrote {json_path}" + (f", {png}" if note is None else f" ({note})"))
     if wrong:
         print(f"{wrong} WRONG result(s): see the rel err column", file=sys.stderr)

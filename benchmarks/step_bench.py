@@ -26,6 +26,8 @@ run saved on its own as it finishes, so an interrupted benchmark resumes where i
 
 The output JSON holds the phases and runs of the invocation that wrote it: run the whole
 command again (finished runs are read back, not run) rather than one phase after the other.
+The quality runs' per-step losses and evals go gzip-compressed to --curves_dir (not in git; see
+benchmarks/results_io.py).
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ repo_path.use_checkout()  # fsdpcomp built in place, else the installed one
 import launch  # noqa: E402
 from fmt import fmt, fmt_bytes  # noqa: E402
 from netns import Topology, exit_on_sigterm  # noqa: E402
+import results_io  # noqa: E402
 
 CONFIGS = {
     "none": {"fsdpcomp": True, "method": "none", "config": {}},
@@ -318,7 +321,7 @@ def plot(timing: list[dict], quality_runs: list, path: str, title: str) -> str |
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    results_io.save_png(fig, path)
     plt.close(fig)
     return None
 
@@ -352,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="one JSON per finished run: a re-run skips those (resume); --force runs them again")
     p.add_argument("--force", action="store_true")
     p.add_argument("--out_dir", default=os.path.join("benchmarks", "results"))
+    p.add_argument("--curves_dir", default=results_io.CURVES_DIR,
+                   help="the quality runs' losses and evals per step, as <stem>.json.gz (not in git)")
     p.add_argument("--tag", default="", help="suffix of the output files")
     p.add_argument("--log_every", type=int, default=10)
     p.add_argument("--timeout_s", type=float, default=6 * 3600.0, help="per run")
@@ -425,13 +430,15 @@ def main(argv: list[str] | None = None) -> int:
             "quality_seeds": args.quality_seeds, "plot": note, "title": title, "stem": stem,
             "model_params": (timing or [{}])[0].get("model_params") or
                             (quality_runs[0][2]["model_params"] if quality_runs else None)}
-    result = {"meta": meta, "timing": timing, "quality": quality, "targets": targets,
-              "quality_runs": [{"config": s, "seed": seed, "world": w, "losses": res["losses"], "evals": res["evals"]}
-                               for s, seed, res, w in quality_runs]}
+    result = {"meta": meta, "timing": timing, "quality": quality, "targets": targets}
     path = os.path.join(args.out_dir, f"{stem}.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
+    results_io.write_summary(path, result)
     print(f"\nwrote {path}" + (f", {png}" if note is None else f" ({note})"))
+    if quality_runs:
+        curves = results_io.write_curves(args.curves_dir, stem, [
+            {"config": s, "seed": seed, "world": w, "losses": res["losses"], "evals": res["evals"]}
+            for s, seed, res, w in quality_runs])
+        print(f"curves: {curves}")
     return 0
 
 

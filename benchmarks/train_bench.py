@@ -3,6 +3,8 @@
 model, reads back each run's results.jsonl line and its metrics.jsonl curve, and prints:
 method, compression ratio, final val_ppl, its change vs `none`, tokens/s, step time p50, comm
 share, and the training time each method needs to reach the baseline's final perplexity.
+The summary (rows, targets, command) goes to --out_dir, each run's line and curve gzip-compressed
+to --curves_dir (not in git; see benchmarks/results_io.py).
 
     sudo python benchmarks/train_bench.py --setting cpu            # 2 ranks, tiny, 1 Gbit/s link
     python benchmarks/train_bench.py --setting gpu                 # 1 GPU, gpt2-62m, compress_own_chunk
@@ -28,6 +30,7 @@ import repo_path  # noqa: E402
 repo_path.use_checkout()  # fsdpcomp built in place, else the installed one
 
 import launch  # noqa: E402
+import results_io  # noqa: E402
 from netns import Topology, exit_on_sigterm  # noqa: E402
 
 # What each setting means; every flag can still be overridden on the command line.
@@ -212,7 +215,7 @@ def plot(runs: list[dict], rows: list[dict], path: str, title: str) -> str | Non
     ax2.grid(alpha=0.3)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    results_io.save_png(fig, path)
     plt.close(fig)
     return None
 
@@ -235,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train_script", default=os.path.join(launch.REPO, "examples", "fsdp_train.py"))
     p.add_argument("--train_repo", default=None, help="checkout whose fsdpcomp the runs import (default: this one if built in place, else the installed package)")
     p.add_argument("--out_dir", default=os.path.join("benchmarks", "results"))
+    p.add_argument("--curves_dir", default=results_io.CURVES_DIR,
+                   help="each run's results.jsonl line and metrics.jsonl curve, as <stem>.json.gz (not in git)")
     p.add_argument("--tag", default="", help="suffix of the output files, for a second set of runs")
     p.add_argument("--timeout_s", type=float, default=3600.0, help="per training run")
     p.add_argument("train_args", nargs=argparse.REMAINDER, help="after --: passed to fsdp_train.py unchanged")
@@ -302,12 +307,12 @@ def main(argv: list[str] | None = None) -> int:
                        "setting": args.setting, "model": args.model, "world": args.world, "link": link_note,
                        "max_steps": args.max_steps, "batch_size": args.batch_size, "max_length": args.max_length,
                        "seeds": args.seeds, "plot": note, "title": title, "stem": stem},
-              "rows": rows, "targets": targets,
-              "runs": [{"method": r["method"], "seed": r["seed"], "record": r["record"], "curve": r["curve"]} for r in runs]}
+              "rows": rows, "targets": targets}
     path = os.path.join(args.out_dir, f"{stem}.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"\nwrote {path}" + (f", {png}" if note is None else f" ({note})"))
+    results_io.write_summary(path, result)
+    curves = results_io.write_curves(args.curves_dir, stem, [
+        {"method": r["method"], "seed": r["seed"], "record": r["record"], "curve": r["curve"]} for r in runs])
+    print(f"\nwrote {path}" + (f", {png}" if note is None else f" ({note})") + f"; curves: {curves}")
     return 0
 
 

@@ -68,6 +68,10 @@ def test_output_is_labelled(bench):
     assert "PROJECTED step speedup" in stdout
     assert data["cluster"]["kernel_times"] is False and data["cluster"]["rows"]
     assert data["meta"]["torch"] and data["meta"]["fsdpcomp"] == fsdpcomp.__version__
+    # each method's resolved config once, in meta, not in every row of every size and link
+    configs = data["meta"]["configs"]
+    assert configs["int8"]["block_size"] == 256 and configs["torch_reduce_scatter"] is None
+    assert not any("config" in r for r in data["runs"][0]["sizes"][0]["rows"])
     if data["meta"].get("plot") is None:
         assert (out / "comm_bench.png").stat().st_size > 1000
 

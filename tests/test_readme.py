@@ -2,6 +2,7 @@
 benchmarks/make_results_md.py generates (up to date with benchmarks/results), the long tables
 in docs/results.md; and README's main command is the one the tests know."""
 import importlib.util
+import json
 import os
 import re
 
@@ -48,3 +49,29 @@ def test_readme_results_are_the_generated_headline():
         if name.startswith("train_bench_") and name.endswith(".json"):
             stem = name[:-5]
             assert f"`{stem}`)" in full and f"`{stem}`)" not in section, stem
+
+
+def test_docs_results_is_generated_from_the_committed_summaries(tmp_path, monkeypatch):
+    """docs/results.md is what make_results_md.py writes from benchmarks/results as committed."""
+    out = tmp_path / "docs" / "results.md"
+    monkeypatch.chdir(ROOT)  # the page names the results folder as given
+    _generator().main(["--results_dir", os.path.join("benchmarks", "results"), "--out", str(out)])
+    with open(os.path.join(ROOT, "docs", "results.md"), encoding="utf-8") as f:
+        committed = f.read()
+    rel = os.path.relpath(RESULTS, os.path.dirname(str(out)))  # the plot links point from where the page is
+    assert out.read_text(encoding="utf-8").replace(rel, "../benchmarks/results") == committed, \
+        "run: python benchmarks/make_results_md.py"
+
+
+def test_results_in_git_are_summaries_and_plots():
+    """benchmarks/results holds summaries and plots, <= 1.5 MB: per-step curves go to runs/curves."""
+    total = 0
+    for name in os.listdir(RESULTS):
+        path = os.path.join(RESULTS, name)
+        total += os.path.getsize(path)
+        assert name.endswith((".json", ".png")), name
+        if name.startswith(("train_bench_", "step_bench_")) and name.endswith(".json"):
+            with open(path, encoding="utf-8") as f:
+                keys = set(json.load(f))
+            assert not keys & {"runs", "quality_runs"}, (name, keys)  # the curves' old homes
+    assert total <= 1.5e6, total

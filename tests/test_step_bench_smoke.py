@@ -1,4 +1,5 @@
 # step_bench end to end on 2 unshaped ranks, tiny model, a few steps: it runs every phase, resumes, and writes a consistent JSON.
+import gzip
 import json
 import os
 import subprocess
@@ -18,7 +19,7 @@ def _run(base, data):
             "--phases", "timing", "quality", "--warmup", "1", "--timing_steps", "2", "--quality_steps", "3",
             "--eval_every", "0", "--eval_batches", "1", "--batch_size", "2", "--max_length", "32",
             "--data_path", data[0], "--val_path", data[1], "--cache_dir", str(base / "cache"),
-            "--work_dir", str(base / "runs"), "--out_dir", str(base / "out")]
+            "--work_dir", str(base / "runs"), "--out_dir", str(base / "out"), "--curves_dir", str(base / "curves")]
     env = dict(os.environ, PYTHONPATH=pythonpath(), TOKENIZERS_PARALLELISM="false")
     return subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
 
@@ -54,11 +55,15 @@ def test_timing_rows_split_the_step_and_count_bytes(bench):
 
 
 def test_quality_rows_and_resume(bench):
-    data, again, _ = bench
+    data, again, base = bench
     rows = {r["config"]: r for r in data["quality"]}
     assert rows["none"]["delta_ppl_pct"] == 0 and rows["none"]["val_ppl"] > 1
     assert rows["int8+int8"]["delta_ppl_pct"] is not None and rows["int8+int8"]["steps"] == 3
-    assert len(data["quality_runs"]) == 2 and all(len(r["losses"]) == 3 for r in data["quality_runs"])
+    # the summary holds no per-step curve; the curves file beside it (outside git) holds them
+    assert "quality_runs" not in data and set(data) == {"meta", "timing", "quality", "targets"}
+    with gzip.open(base / "curves" / "step_bench_tiny.json.gz", "rt") as f:
+        curves = json.load(f)
+    assert len(curves) == 2 and all(len(r["losses"]) == 3 for r in curves)
     assert again.count("done before") == 4  # nothing ran twice
     assert any(t["target"].startswith("total FSDP bytes") for t in data["targets"])
 
