@@ -142,7 +142,7 @@ def _measure(case: _Case, base: torch.Tensor, ref: torch.Tensor, reps: int, tx_p
     return row
 
 
-def _link_check(world: int, rank: int, nbytes: int) -> float:
+def link_check(world: int, rank: int, nbytes: int) -> float:
     """Gbit/s of a plain point-to-point send from rank 0 to rank 1 (the last of three)."""
     buf = torch.empty(nbytes // 4, dtype=torch.float32)
     rate = 0.0
@@ -170,7 +170,7 @@ def main(config_path: str) -> None:
     if cfg.get("methods"):
         methods = [m for m in methods if m in cfg["methods"]]
     names = [TORCH_RS, "none", BF16_HOOK] + methods
-    result = {"link_check_gbit": _link_check(world, rank, cfg["link_check_bytes"]), "sizes": []}
+    result = {"link_check_gbit": link_check(world, rank, cfg["link_check_bytes"]), "sizes": []}
     for numel in cfg["sizes"]:
         numel = -(-numel // world) * world  # FSDP pads the flat gradient to a multiple of W
         base = _gradient(cfg["seed"], numel, rank, world)

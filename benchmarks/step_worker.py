@@ -16,12 +16,15 @@ import warnings
 import torch
 import torch.distributed as dist
 
+# Its siblings and examples/ by path: under `python -P` / PYTHONSAFEPATH the script's own folder
+# is not on sys.path. Neither holds an fsdpcomp, so the one launch.py chose stays first.
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(_HERE), "examples"))
+sys.path[:0] = [_HERE, os.path.join(os.path.dirname(_HERE), "examples")]
 
 import fsdpcomp  # noqa: E402
 import fsdp_train  # noqa: E402  (examples/: data, schedule, evaluation)
 import gpt  # noqa: E402
+from comm_worker import link_check  # noqa: E402
 
 _DTYPES = {None: None, "bf16": torch.bfloat16}
 
@@ -116,8 +119,7 @@ def main(config_path: str) -> None:
     totals = wrap_collectives(model, cfg.get("tx_path"))
     link = None
     if cfg.get("link_check_bytes"):
-        from comm_worker import _link_check
-        link = _link_check(world, rank, cfg["link_check_bytes"])
+        link = link_check(world, rank, cfg["link_check_bytes"])
     steps, losses, evals = [], [], []
     snap = None
     for step in range(cfg["steps"]):

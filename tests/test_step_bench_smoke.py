@@ -1,4 +1,4 @@
-# step_bench end to end on 2 unshaped ranks, tiny model, a few steps: it runs every phase, resumes, and writes a consistent JSON.
+# step_bench end to end on 2 unshaped ranks, tiny model, a few steps: it runs every phase, resumes, and writes a consistent JSON, under `python -P`.
 import gzip
 import json
 import os
@@ -15,12 +15,14 @@ BENCH = os.path.join(REPO, "benchmarks", "step_bench.py")
 
 
 def _run(base, data):
-    args = [sys.executable, BENCH, "--model", "tiny", "--configs", "none", "int8+int8", "--links", "unshaped",
+    # -P and PYTHONSAFEPATH (inherited by the ranks): no script folder on sys.path, as README
+    # recommends; the benchmark and its workers find their siblings themselves
+    args = [sys.executable, "-P", BENCH, "--model", "tiny", "--configs", "none", "int8+int8", "--links", "unshaped",
             "--phases", "timing", "quality", "--warmup", "1", "--timing_steps", "2", "--quality_steps", "3",
             "--eval_every", "0", "--eval_batches", "1", "--batch_size", "2", "--max_length", "32",
             "--data_path", data[0], "--val_path", data[1], "--cache_dir", str(base / "cache"),
             "--work_dir", str(base / "runs"), "--out_dir", str(base / "out"), "--curves_dir", str(base / "curves")]
-    env = dict(os.environ, PYTHONPATH=pythonpath(), TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, PYTHONPATH=pythonpath(), PYTHONSAFEPATH="1", TOKENIZERS_PARALLELISM="false")
     return subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
 
 
