@@ -4,7 +4,7 @@ rank 0's RSS every `--every` calls, from the first report on (warm-up excluded),
 that creeps shows a rising column. The variants bisect the thresholdv call: the full call, its
 size exchange alone (fresh or reused tensors), gloo all_to_all_single with the same varying
 splits, with fixed ones and with none, an all-gather, the Python side alone, and int8. Findings:
-docs/design.md, "Lessons recorded".
+docs/decisions.md, "Lessons".
 
     python benchmarks/rss_creep.py --calls 24000 --every 4000
     python benchmarks/rss_creep.py --variants thresholdv,a2a_varying --malloc_trim
