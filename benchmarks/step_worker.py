@@ -175,7 +175,7 @@ if __name__ == "__main__":
     main(sys.argv[1])
     # The result is written; skip interpreter finalization, where a torch C++ thread still
     # joinable now and then aborted a rank ("terminate called without an active exception"),
-    # failing a run whose numbers were already saved (tests/dist_utils.py does the same).
+    # failing a run whose numbers were already saved (tests/helpers/dist_utils.py does the same).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

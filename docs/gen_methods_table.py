@@ -1,5 +1,5 @@
 """Regenerates the method table of docs/methods.md from fsdpcomp.method_info(), so the table
-can never disagree with the code (tests/test_methods_doc.py checks it is up to date).
+can never disagree with the code (tests/tools/test_methods_doc.py checks it is up to date).
 
     PYTHONPATH=. python docs/gen_methods_table.py          # rewrite docs/methods.md in place
     PYTHONPATH=. python docs/gen_methods_table.py --check  # exit 1 if it is stale

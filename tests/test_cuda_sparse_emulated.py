@@ -20,4 +20,4 @@ if not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")):
 
 
 def test_sparse_methods_on_the_emulated_cuda_library():
-    pytest_emulated.run("test_cuda_sparse.py")
+    pytest_emulated.run("cuda/test_cuda_sparse.py")

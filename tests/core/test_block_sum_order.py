@@ -1,6 +1,6 @@
 """The CPU's block sums in double (onebit's means; qsgd's norms the same way) follow fc_block.h's
 order: 8 lanes, element i of a block into lane (i - lo) % 8, combined
-((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)). The probe block of tests/cuda_cases.py sits on an fp32
+((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)). The probe block of tests/helpers/cuda_cases.py sits on an fp32
 rounding tie in that order only: both CPU paths give the value of that order, and another order
 gives another value, so the CUDA tests that encode the probe (test_cuda.py,
 test_cuda_emulated.py) see a kernel that adds otherwise."""
@@ -9,7 +9,7 @@ import struct
 import pytest
 import torch
 
-from cuda_cases import sum_order_block
+from helpers.cuda_cases import sum_order_block
 from fsdpcomp import _C
 
 

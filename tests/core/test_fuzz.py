@@ -1,8 +1,8 @@
-"""The fuzzer (tests/fuzz.py) on a bounded budget with a fixed seed: mutated payloads, configs,
+"""The fuzzer (tests/helpers/fuzz.py) on a bounded budget with a fixed seed: mutated payloads, configs,
 tensors and checkpoints for every method config; only documented exceptions, no state change on
 refusal, no accepted header corruption, finite in -> finite out. Also run under ASan + UBSan
-(.ci/sanitize); `python tests/fuzz.py --seconds N` is the long run."""
-import fuzz
+(.ci/sanitize); `python tests/helpers/fuzz.py --seconds N` is the long run."""
+from helpers import fuzz
 
 
 def test_fuzz_bounded():

@@ -153,7 +153,7 @@ def test_a_second_thread_is_refused_while_the_allocator_runs():
 
 def test_a_flipped_method_byte_is_a_payload_error():
     """thresholdv's payload of n values can be 4n bytes long, the size of the `none` payload it
-    falls back to; with only the method byte changed (tests/fuzz.py's find: 41 of 2.5M inputs)
+    falls back to; with only the method byte changed (tests/helpers/fuzz.py's find: 41 of 2.5M inputs)
     the receiver decoded its index/value records as raw floats. The header's fingerprint mixes
     in the method id, so that flip is now a config mismatch."""
     s = _C.State("thresholdv", {"threshold": 1.5})

@@ -5,9 +5,9 @@ import shutil
 import subprocess
 import sys
 
-from pkg_path import PKG_DIR
+from helpers.pkg_path import PKG_DIR
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _built_copy(dest):

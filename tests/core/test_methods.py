@@ -8,7 +8,7 @@ import torch
 
 import fsdpcomp
 from fsdpcomp import _C
-from method_cases import CASES, WIRE_IDS, case_id
+from helpers.method_cases import CASES, WIRE_IDS, case_id
 
 HEADER, ALIGN = _C.HEADER_BYTES, _C.ALIGN
 

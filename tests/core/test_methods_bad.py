@@ -5,7 +5,7 @@ import torch
 
 import fsdpcomp
 from fsdpcomp import _C
-from method_cases import CASES, case_id
+from helpers.method_cases import CASES, case_id
 
 NEW_METHODS = ["fp8", "intN", "qsgd", "nc", "topk", "randomk", "thresholdv", "sketch", "gradiveq",
                "signsgd", "onebit"]

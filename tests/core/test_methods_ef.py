@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fsdpcomp
-from method_cases import CASES, case_id
+from helpers.method_cases import CASES, case_id
 
 
 def ef_state(method, cfg, residual_dtype="fp32"):

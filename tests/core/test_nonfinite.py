@@ -6,7 +6,7 @@ g' = e and the residual still goes out (docs/design.md, "Non-finite gradients").
 import torch
 
 import fsdpcomp
-from wire_sim import end_step, exchange
+from helpers.wire_sim import end_step, exchange
 
 
 def test_zero_mode_zeroes_and_counts_the_own_chunk():

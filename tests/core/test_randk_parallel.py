@@ -1,7 +1,7 @@
 """random-k's selection sampling as the CUDA kernels run it (csrc/fc_randk_par.h: segments from
 windows of entry values, composed in two levels, with an exact fallback) equals m_randomk.c's
 sequential loop pick for pick: the header's steps run in order by a C harness
-(tests/host_rules/randk_parallel.c) over sizes, densities, seeds, and windows too narrow to hold
+(tests/core/host_rules/randk_parallel.c) over sizes, densities, seeds, and windows too narrow to hold
 the exact value (every fallback path)."""
 import os
 import shutil
@@ -12,7 +12,7 @@ import tempfile
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 CC = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
 
 

@@ -6,8 +6,8 @@ import torch
 
 import fsdpcomp
 from fsdpcomp import _C
-from method_cases import CASES, case_id
-from wire_sim import end_step, exchange
+from helpers.method_cases import CASES, case_id
+from helpers.wire_sim import end_step, exchange
 
 FMAX = torch.finfo(torch.float32).max
 ALL = [("none", {}), ("fp16", {}), ("bf16", {}), ("int8", {})] + CASES

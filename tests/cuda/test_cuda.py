@@ -1,5 +1,5 @@
 """CUDA kernels against the CPU reference, byte for byte (the cases and checks of
-tests/cuda_cases.py: every method with CUDA kernels, at odd sizes, W = 1, 3, 4, fp32/bf16/fp16
+tests/helpers/cuda_cases.py: every method with CUDA kernels, at odd sizes, W = 1, 3, 4, fp32/bf16/fp16
 gradients, error feedback with fp32 and bf16 residuals over two steps, NaN/Inf in both
 `nonfinite` modes), and the NCCL transport at world size 1 through a real FSDP1 run. Skips
 (with the reason) where there is no GPU or no CUDA library."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fsdpcomp
-from cuda_cases import check_decode, check_encode, check_sum_order, cpu_encode, cuda_cases, cuda_methods, residual_of
+from helpers.cuda_cases import check_decode, check_encode, check_sum_order, cpu_encode, cuda_cases, cuda_methods, residual_of
 from fsdpcomp import _C
 
 if not torch.cuda.is_available():
@@ -20,7 +20,7 @@ if not _C.cuda_info()["available"]:
 
 
 class OnGpu:
-    """The backend of tests/cuda_cases.py: State._core on CUDA tensors."""
+    """The backend of tests/helpers/cuda_cases.py: State._core on CUDA tensors."""
 
     def state(self, method: str, cfg: dict):
         return fsdpcomp.CommState(method, cfg)
@@ -190,7 +190,7 @@ def _fsdp_one_gpu(method, cfg, port):
 
 
 def test_fsdp1_one_gpu_through_nccl_transport():
-    from dist_utils import free_port
+    from helpers.dist_utils import free_port
     ref, _ = _fsdp_one_gpu(None, None, free_port())
     losses, ctr = _fsdp_one_gpu("int8", {"compress_own_chunk": True, "transport": "nccl",
                                          "error_feedback": True}, free_port())

@@ -9,7 +9,7 @@ import tempfile
 
 import pytest
 
-from pkg_path import PKG_DIR, pythonpath
+from helpers.pkg_path import PKG_DIR, pythonpath
 
 LIB = os.path.join(PKG_DIR, "_fsdpcomp_cuda.so")
 HAVE_NVCC = bool(os.environ.get("NVCC") or shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc"))
@@ -43,7 +43,7 @@ def test_library_exports_only_the_table():
 
 def cuda_abi() -> int:
     """FC_CUDA_ABI as cuda/fc_cuda.h defines it: the one number _C and the library must share."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout's
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's
     with open(os.path.join(root, "cuda", "fc_cuda.h")) as f:
         m = re.search(r"#define FC_CUDA_ABI (\d+)", f.read())
     assert m, "FC_CUDA_ABI not found in cuda/fc_cuda.h"

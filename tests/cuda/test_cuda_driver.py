@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpu"))
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device: the CUDA tests run on a GPU machine (tests/gpu/run.sh)",

@@ -1,6 +1,6 @@
 """The CUDA library's driver and kernels run on the CPU: cuda/*.cu compiled as C++ against a host
 emulation of the CUDA runtime (tests/cuda_emu: a host thread per CUDA thread, warp shuffles as
-barriers of the warp's lanes), then the checks of tests/test_cuda.py against the CPU path at
+barriers of the warp's lanes), then the checks of tests/cuda/test_cuda.py against the CPU path at
 small sizes. It proves the kernels' logic (indexing, block reductions in the CPU's order,
 packing, draws, residuals, decode, corrupt codes) without a GPU; what only a GPU shows (timing,
 the memory model, NaN bits of the hardware's own arithmetic) is left to tests/gpu/run.sh."""
@@ -17,9 +17,9 @@ import pytest
 import torch
 
 import fsdpcomp
-from cuda_cases import DTYPES, NEEDS_HOST, check_decode, check_encode, check_sum_order, cpu_encode, cuda_cases, make_grad
+from helpers.cuda_cases import DTYPES, NEEDS_HOST, check_decode, check_encode, check_sum_order, cpu_encode, cuda_cases, make_grad
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "cuda_emu"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cuda_emu"))
 import build as emu_build  # noqa: E402
 
 if not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")):

@@ -3,7 +3,7 @@ of the sparse, aggregate and stateful methods through the CUDA library: the CPU'
 and the CPU's acc += alpha * D(payload), bit for bit, at odd sizes, with NaN/Inf in the input, for
 gradiveq's unit states (a unit the collective runs, a loose one, a learn step), and a corrupted
 header refused as on the CPU. On a GPU machine (tests/gpu/run.sh) it runs on the device;
-tests/test_cuda_single_emulated.py runs it on the host emulation of cuda/ (FSDPCOMP_TEST_EMULATED=1:
+tests/cuda/test_cuda_files_emulated.py runs it on the host emulation of cuda/ (FSDPCOMP_TEST_EMULATED=1:
 CPU tensors take the CUDA path)."""
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ import pytest
 import torch
 
 import fsdpcomp
-from cuda_cases import make_grad, same_bits
+from helpers.cuda_cases import make_grad, same_bits
 from fsdpcomp import _C
 
 EMULATED = os.environ.get("FSDPCOMP_TEST_EMULATED") == "1"
 if not EMULATED:
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device: runs on a GPU machine (tests/gpu/run.sh), or emulated "
-                    "(tests/test_cuda_single_emulated.py)", allow_module_level=True)
+                    "(tests/cuda/test_cuda_files_emulated.py)", allow_module_level=True)
     if not _C.cuda_info()["available"]:
         pytest.skip("CUDA library not usable: " + str(_C.cuda_info()["error"]), allow_module_level=True)
 DEV = "cpu" if EMULATED else "cuda"

@@ -1,10 +1,10 @@
 """The sparse, aggregate and stateful methods on CUDA (signsgd, topk, randomk, thresholdv, sketch,
-gradiveq) against the CPU reference: payload bytes and residuals (tests/cuda_cases.py's checks),
+gradiveq) against the CPU reference: payload bytes and residuals (tests/helpers/cuda_cases.py's checks),
 and what is special to them: compressed-domain decodes of W payloads, data-dependent sizes, the
 second round, gradiveq's unit state and its sync across ranks.
 
 Runs on a GPU (tests/gpu/run.sh), or here without one under the host emulation of the CUDA
-library (tests/test_cuda_sparse_emulated.py runs this file with FSDPCOMP_TEST_EMULATED=1: the real
+library (tests/cuda/test_cuda_files_emulated.py runs this file with FSDPCOMP_TEST_EMULATED=1: the real
 _C drives tests/cuda_emu's library, CPU tensors standing for CUDA ones, at smaller sizes)."""
 from __future__ import annotations
 
@@ -14,20 +14,20 @@ import pytest
 import torch
 
 import fsdpcomp
-from cuda_cases import check_decode, check_encode, cpu_encode, cuda_cases, make_grad, residual_of, same_bits
+from helpers.cuda_cases import check_decode, check_encode, cpu_encode, cuda_cases, make_grad, residual_of, same_bits
 from fsdpcomp import _C
 
 EMULATED = os.environ.get("FSDPCOMP_TEST_EMULATED") == "1"
 if not EMULATED:
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device: runs on a GPU machine (tests/gpu/run.sh), or emulated "
-                    "(tests/test_cuda_sparse_emulated.py)", allow_module_level=True)
+                    "(tests/cuda/test_cuda_files_emulated.py)", allow_module_level=True)
     if not _C.cuda_info()["available"]:
         pytest.skip("CUDA library not usable: " + str(_C.cuda_info()["error"]), allow_module_level=True)
 
 DEV = "cpu" if EMULATED else "cuda"
 SPARSE = ("signsgd", "topk", "randomk", "thresholdv", "sketch", "gradiveq")
-# geometries and options the kernels treat apart, beyond tests/method_cases.py's
+# geometries and options the kernels treat apart, beyond tests/helpers/method_cases.py's
 EXTRA = [
     ("signsgd", {"block_size": 8}), ("signsgd", {"block_size": 1024}),
     ("signsgd", {"mode": "majority", "scale": 3.0}),
@@ -47,7 +47,7 @@ def new_state(method: str, cfg: dict) -> fsdpcomp.CommState:
 
 
 class OnDevice:
-    """The backend of tests/cuda_cases.py's checks: State._core through the CUDA library."""
+    """The backend of tests/helpers/cuda_cases.py's checks: State._core through the CUDA library."""
 
     def state(self, method: str, cfg: dict):
         return new_state(method, cfg)
@@ -160,7 +160,7 @@ ALL_CASES = cuda_cases()
                                                        for m, c in ALL_CASES])
 def test_single_payloads_match_cpu(method, cfg, gen):
     """State.compress/decompress (the compressed all-gathers' path) through the CUDA library, every
-    method: the CPU's bytes and acc += alpha * D(payload) (tests/test_cuda_single.py has the sparse,
+    method: the CPU's bytes and acc += alpha * D(payload) (tests/cuda/test_cuda_single.py has the sparse,
     aggregate and stateful methods' variants, sizes and refusals)."""
     c = dict(cfg, seed=99)
     n = 257

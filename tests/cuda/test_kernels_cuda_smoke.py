@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import fsdpcomp
-from pkg_path import pythonpath
+from helpers.pkg_path import pythonpath
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 BENCH = os.path.join(REPO, "benchmarks", "kernels_cuda.py")
 
 

@@ -10,7 +10,7 @@ import sys
 import tempfile
 
 import build as emu_build
-from pkg_path import pythonpath
+from helpers.pkg_path import pythonpath
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

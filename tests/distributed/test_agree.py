@@ -8,8 +8,8 @@ import torch
 
 import fsdpcomp
 from fsdpcomp import _C
-from dist_utils import run_ranks
-from wire_sim import exchange
+from helpers.dist_utils import run_ranks
+from helpers.wire_sim import exchange
 
 MISMATCHES = [  # (rank 0, rank 1, a key the error must name)
     (("int8", {}), ("fp16", {}), "method"),

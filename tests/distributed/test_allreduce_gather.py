@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import fsdpcomp
-from dist_utils import run_ranks
+from helpers.dist_utils import run_ranks
 
 STEPS = 4
 

@@ -7,7 +7,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import fsdpcomp
-from dist_utils import run_ranks
+from helpers.dist_utils import run_ranks
 
 STEPS = 4
 # `none` sends fp32 exactly. DDP divides each gradient by the world size and sums in gloo's

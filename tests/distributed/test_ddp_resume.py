@@ -9,8 +9,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import fsdpcomp
-from dist_utils import run_ranks
-from step_models import Blocks
+from helpers.dist_utils import run_ranks
+from helpers.step_models import Blocks
 
 STEPS = 6
 BUCKET_MB = 0.0002  # several buckets

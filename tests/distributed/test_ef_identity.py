@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import fsdpcomp
-from dist_utils import run_ranks
+from helpers.dist_utils import run_ranks
 
 STEPS = 5
 # large enough that no method's payload reaches none's (a sketch's default table is 3 x 4096

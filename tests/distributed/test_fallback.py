@@ -9,9 +9,9 @@ import torch.nn as nn
 
 import fsdpcomp
 from fsdpcomp import _C
-from dist_utils import run_ranks
-from method_cases import CASES
-from tiny_models import TinyLM
+from helpers.dist_utils import run_ranks
+from helpers.method_cases import CASES
+from helpers.tiny_models import TinyLM
 
 SIZES = (1, 2, 3, 5, 8, 17, 100, 255, 1000, 4097, 20001, 70001)
 DTYPES = (torch.float32, torch.bfloat16)

@@ -7,8 +7,8 @@ import torch
 import torch.nn as nn
 
 import fsdpcomp
-from dist_utils import run_ranks
-from tiny_models import TinyLM
+from helpers.dist_utils import run_ranks
+from helpers.tiny_models import TinyLM
 
 
 def _train(rank, world, method, config, strategy, steps, dtype_name, optim="adam"):

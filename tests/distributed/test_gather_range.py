@@ -8,7 +8,7 @@ import torch
 
 import fsdpcomp
 from fsdpcomp import _C, _range
-from dist_utils import run_ranks
+from helpers.dist_utils import run_ranks
 
 FMAX = torch.finfo(torch.float32).max
 # deterministic codecs: the payload does not depend on the step or the stream

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fsdpcomp
-from dist_utils import run_ranks
+from helpers.dist_utils import run_ranks
 
 CFG = {"dim": 16, "k": 4, "warmup": 2, "refresh": 0, "min_numel": 64, "error_feedback": True}
 SIZES = (240, 48)  # the second unit is below min_numel: plain `none`, no unit state

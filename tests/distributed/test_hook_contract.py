@@ -5,7 +5,7 @@ import torch
 
 import fsdpcomp
 from fsdpcomp import _C
-from dist_utils import run_ranks
+from helpers.dist_utils import run_ranks
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

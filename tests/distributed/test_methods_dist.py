@@ -6,9 +6,9 @@ import torch
 import torch.nn as nn
 
 import fsdpcomp
-from dist_utils import run_ranks
-from tiny_models import TinyLM
-from method_cases import CASES
+from helpers.dist_utils import run_ranks
+from helpers.tiny_models import TinyLM
+from helpers.method_cases import CASES
 
 # error feedback where the method needs it to train (biased, or unscaled random-k)
 EF = {"topk", "thresholdv", "signsgd", "onebit", "sketch", "gradiveq", "fp8", "intN"}

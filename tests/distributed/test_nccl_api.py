@@ -5,7 +5,7 @@ import pytest
 import torch.distributed as dist
 
 import fsdpcomp
-from dist_utils import free_port
+from helpers.dist_utils import free_port
 from fsdpcomp import _C
 
 

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 import fsdpcomp
-from dist_utils import run_ranks
+from helpers.dist_utils import run_ranks
 
 fully_shard = pytest.importorskip("torch.distributed.fsdp").fully_shard
 from torch.distributed.fsdp import MixedPrecisionPolicy  # noqa: E402

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import fsdpcomp
-from dist_utils import run_ranks
-from method_cases import CASES, case_id
+from helpers.dist_utils import run_ranks
+from helpers.method_cases import CASES, case_id
 
 PER_PEER = [c for c in CASES + [("none", {}), ("fp16", {}), ("bf16", {})]
             if fsdpcomp.CommState(*c)._core.per_peer_ok(3 * 1001, 3)]

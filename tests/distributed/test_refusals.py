@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 import fsdpcomp
-from dist_utils import run_ranks
+from helpers.dist_utils import run_ranks
 
 N = 256
 

@@ -8,7 +8,7 @@ import torch
 
 import fsdpcomp
 from fsdpcomp import _C
-from dist_utils import run_ranks
+from helpers.dist_utils import run_ranks
 
 K = 12
 CFG = {"rows": 5, "cols": 256, "k": K, "second_round": True}

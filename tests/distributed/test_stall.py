@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fsdpcomp
-from dist_utils import run_ranks
+from helpers.dist_utils import run_ranks
 
 TIMEOUT_S = 5.0
 

@@ -13,8 +13,8 @@ import torch
 import torch.nn as nn
 
 import fsdpcomp
-from dist_utils import run_ranks
-from step_models import Blocks, fsdp1, fsdp2, full_params, per_unit_states, train
+from helpers.dist_utils import run_ranks
+from helpers.step_models import Blocks, fsdp1, fsdp2, full_params, per_unit_states, train
 
 METHOD, CONFIG = "int8", {"error_feedback": True, "block_size": 16}  # nearest rounding: no RNG
 STEPS = 4

@@ -6,7 +6,7 @@ import torch
 
 import fsdpcomp
 from fsdpcomp import _C
-from dist_utils import run_ranks
+from helpers.dist_utils import run_ranks
 
 V = 0.75
 SIGN = {"threshold": V, "values": "sign"}

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import fsdpcomp
-from dist_utils import run_ranks
-from step_models import Blocks, fsdp1, fsdp2, full_params, per_unit_states, train
+from helpers.dist_utils import run_ranks
+from helpers.step_models import Blocks, fsdp1, fsdp2, full_params, per_unit_states, train
 
 METHOD, CONFIG = "topk", {"ratio": 0.25}  # error feedback on by default; no RNG
 STEPS = 6

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import fsdpcomp
-from method_cases import CASES
+from helpers.method_cases import CASES
 
 
 class Skip(Exception):

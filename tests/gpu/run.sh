@@ -9,9 +9,9 @@
 #   build      ~1-2 min  build in place (FSDPCOMP_CUDA=1, this GPU's arch unless
 #                        FSDPCOMP_CUDA_ARCHS is set), skipped when the build is newer than the
 #                        sources; every other group builds first if needed
-#   pytest     ~2-5 min  tests/test_cuda*.py under pytest (skipped without pytest)
+#   pytest     ~2-5 min  tests/cuda/test_cuda*.py under pytest (skipped without pytest)
 #   bytes      ~3-6 min  payload bytes, residuals and decodes = the CPU's for every config of
-#                        tests/method_cases.py of every method with CUDA kernels, at n = 1, 255,
+#                        tests/helpers/method_cases.py of every method with CUDA kernels, at n = 1, 255,
 #                        257, 2^20+3 and one case above 2^31 bytes; loopback decode of W payloads;
 #                        single-payload compress/decompress (tests/gpu/checks_bytes.py)
 #   driver     ~1-2 min  300 calls on one State without counters(), event-timed collectives,
@@ -154,10 +154,10 @@ run_pytest() {
         record pytest cuda_tests skipped "pytest is not installed here" 0
         return
     fi
-    local files=(tests/test_cuda.py tests/test_cuda_build.py tests/test_cuda_geometry.py)
-    [ -f tests/test_cuda_driver.py ] && files+=(tests/test_cuda_driver.py)
+    local files=(tests/cuda/test_cuda.py tests/cuda/test_cuda_build.py tests/cuda/test_cuda_geometry.py)
+    [ -f tests/cuda/test_cuda_driver.py ] && files+=(tests/cuda/test_cuda_driver.py)
     # the sparse, aggregate and stateful methods' single payloads (compress/decompress)
-    [ -f tests/test_cuda_single.py ] && files+=(tests/test_cuda_single.py)
+    [ -f tests/cuda/test_cuda_single.py ] && files+=(tests/cuda/test_cuda_single.py)
     echo "---- pytest ${files[*]}"
     "$PY" -m pytest "${files[@]}" -q -rs -p no:cacheprovider --junitxml="$OUT_DIR/pytest.xml"
     local rc=$?

@@ -1,5 +1,5 @@
-"""What the CUDA tests check, written once for two backends: the GPU (tests/test_cuda.py) and the
-host emulation of the CUDA library (tests/test_cuda_emulated.py). A backend encodes and decodes
+"""What the CUDA tests check, written once for two backends: the GPU (tests/cuda/test_cuda.py) and the
+host emulation of the CUDA library (tests/cuda/test_cuda_emulated.py). A backend encodes and decodes
 like State._core on its device; the CPU path is the reference: payload bytes, residuals (fp32
 and bf16) and decoded outputs must equal it bit for bit, NaNs included (one canonical NaN per
 format, docs/methods.md "Range and NaN"), and the counters that follow from them."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import fsdpcomp
 import torch
-from method_cases import CASES
+from helpers.method_cases import CASES
 
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -23,9 +23,9 @@ EXTRA = [
 
 
 # Methods whose CUDA calls need the State's host side beyond a dense method's arguments (device
-# scratch, a unit state, a second round, data-dependent sizes): tests/test_cuda_emulated.py's
-# executable leaves them to tests/test_cuda_sparse.py, which the real _C drives (on a GPU, or
-# under the emulation built as a library: tests/test_cuda_sparse_emulated.py).
+# scratch, a unit state, a second round, data-dependent sizes): tests/cuda/test_cuda_emulated.py's
+# executable leaves them to tests/cuda/test_cuda_sparse.py, which the real _C drives (on a GPU, or
+# under the emulation built as a library: tests/cuda/test_cuda_files_emulated.py).
 NEEDS_HOST = frozenset({"topk", "randomk", "thresholdv", "sketch", "gradiveq"})
 
 
@@ -44,7 +44,7 @@ def cuda_cases(methods: list[str] | None = None) -> list[tuple[str, dict]]:
 
 # NaN/Inf placed so that blocks hold several, two NaN terms share a lane of the CPU's 8-lane sums
 # (elements 0, 8 and 16), and NaNs differ in payload and sign: every one must leave as the
-# canonical NaN (tests/test_nonfinite_rule.py).
+# canonical NaN (tests/core/test_nonfinite_rule.py).
 NONFINITE = [(0, 0x7FC00001), (8, 0xFFC0ABCD), (3, 0x7F800000), (11, 0xFF800000), (16, 0x7FA00003),
              (-1, 0xFF800000), (0.5, 0x7FD00000), (0.5001, 0x7F800000)]
 

@@ -9,10 +9,10 @@ state exactly as it was; anything else is counted:
                  finite input that came out non-finite, a refused payload that touched its output
   crash          the process dies (faulthandler prints the input's case; see --log)
 
-    python tests/fuzz.py --seconds 600            # a long run; prints the counts
-    python tests/fuzz.py --seconds 300 --seed 7
+    python tests/helpers/fuzz.py --seconds 600            # a long run; prints the counts
+    python tests/helpers/fuzz.py --seconds 300 --seed 7
 
-tests/test_fuzz.py runs a bounded number of inputs per method with a fixed seed (CI, and the
+tests/core/test_fuzz.py runs a bounded number of inputs per method with a fixed seed (CI, and the
 ASan+UBSan job)."""
 from __future__ import annotations
 
@@ -28,13 +28,13 @@ import time
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if TESTS not in sys.path:  # run as a script: `python tests/helpers/fuzz.py`
+    sys.path.insert(0, TESTS)
 
 import fsdpcomp  # noqa: E402
 from fsdpcomp import _C  # noqa: E402
-from method_cases import CASES  # noqa: E402
+from helpers.method_cases import CASES  # noqa: E402
 
 DOCUMENTED = (ValueError, TypeError)  # PayloadError is a ValueError
 METHOD_CASES = [("none", {}), ("fp16", {}), ("bf16", {}), ("int8", {})] + CASES

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from pkg_path import pythonpath
+from helpers.pkg_path import pythonpath
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(ROOT, "examples")
 if EXAMPLES not in sys.path:
     sys.path.insert(0, EXAMPLES)

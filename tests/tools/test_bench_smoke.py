@@ -8,7 +8,7 @@ import pytest
 
 import fsdpcomp
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(REPO, "benchmarks", "comm_bench.py")
 
 
@@ -84,7 +84,7 @@ def test_bad_flags_are_refused(tmp_path):
 
 
 def test_step_projection_is_bounded_by_the_uncompressed_all_gathers():
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks"))
     import projection
     numel, world, gbit, alpha = 64 << 20, 8, 100.0, 10e-6
     rs = projection.ring_rs_time(numel, 4, world, gbit, alpha)

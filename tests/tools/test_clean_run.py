@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from pkg_path import pythonpath
-from train_utils import EXAMPLES, read_jsonl, wordnet_subset
+from helpers.pkg_path import pythonpath
+from helpers.train_utils import EXAMPLES, read_jsonl, wordnet_subset
 
 pytestmark = pytest.mark.slow
 

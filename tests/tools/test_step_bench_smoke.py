@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from pkg_path import pythonpath
-from train_utils import wordnet_subset
+from helpers.pkg_path import pythonpath
+from helpers.train_utils import wordnet_subset
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(REPO, "benchmarks", "step_bench.py")
 
 

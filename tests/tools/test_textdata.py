@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-import train_utils  # noqa: F401  (puts examples/ on sys.path)
+from helpers import train_utils  # noqa: F401  (puts examples/ on sys.path)
 import textdata
 from textdata import DataError, TokenBlocks, build_cache, iter_documents, read_meta
 

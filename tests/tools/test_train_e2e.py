@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from train_utils import read_jsonl, run_train, wordnet_subset
+from helpers.train_utils import read_jsonl, run_train, wordnet_subset
 
 import fsdpcomp
 from fsdpcomp.results import COMM_OPS, OPTIONAL_FIELDS, REQUIRED_FIELDS
@@ -114,8 +114,8 @@ def test_notebook_executes(trained, monkeypatch):
     import nbformat
     from nbclient import NotebookClient
 
-    from pkg_path import pythonpath
-    from train_utils import EXAMPLES
+    from helpers.pkg_path import pythonpath
+    from helpers.train_utils import EXAMPLES
 
     monkeypatch.setenv("PYTHONPATH", pythonpath())
     monkeypatch.setenv("FSDPCOMP_RESULTS", str(trained["out"] / "results.jsonl"))

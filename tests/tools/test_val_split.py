@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from train_utils import read_jsonl, run_train, wordnet_subset
+from helpers.train_utils import read_jsonl, run_train, wordnet_subset
 import textdata
 
 
