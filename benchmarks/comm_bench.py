@@ -151,7 +151,7 @@ def projected_rows(rows: list[dict], world: int, numel: int, gbit: float, alpha_
 
 
 def check_targets(runs: list[dict], projected: list[dict]) -> list[dict]:
-    """The issue's targets on the 1 Gbit/s link, from measured runs (or projected ones, labelled)."""
+    """The targets on the 1 Gbit/s link, from measured runs (or projected ones, labelled)."""
     found = []
     sources = [(r, "measured") for r in runs if r["gbit"] == 1.0]
     if not sources:

@@ -36,7 +36,7 @@ CONFIGS = {
     "sketch": {"rows": 3, "cols": 65536, "k": 4096}, "gradiveq": {"dim": 32, "k": 4},
     "signsgd": {}, "onebit": {},
 }
-# the quantisers issue 3 holds to >= 50% of memcpy on one core
+# the quantisers held to >= 50% of memcpy on one core
 QUANTISERS = {"fp16", "bf16", "fp8", "int8", "int8-stoch", "intN", "intN-2", "intN-3", "intN-3mm", "nc", "signsgd",
               "onebit", "qsgd"}
 

@@ -5,7 +5,7 @@ N(0, 1) data: its default keeps nearly all, which goes as `none`), and the varia
 other kernel paths (int8 stochastic, fp8 e5m2, intN 2-bit stochastic, 3-bit, 3-bit min-max;
 signsgd majority, the sparsifiers' value codecs, thresholdv's sign bits, the bitmap index coding),
 each validated against the CPU reference first (payload bytes of the encode, bits of the decode);
-exits non-zero when a result is wrong. The issue's targets (quantisers >= 80% of copy bandwidth,
+exits non-zero when a result is wrong. The targets (quantisers >= 80% of copy bandwidth,
 top-k / selection >= 25%) are reported per row, not enforced. GPU only; `--list` prints the
 cases (and this build's CUDA flags) without one.
 

@@ -1,5 +1,5 @@
-"""Resident memory over many calls on 2 gloo ranks (issue 14, 10: thresholdv's RSS crept ~0.3 MB
-over 24k calls where a bare gloo control did not). Each variant runs `--calls` calls and prints
+"""Resident memory over many calls on 2 gloo ranks (thresholdv's RSS crept ~0.3 MB over 24k
+calls where a bare gloo control did not). Each variant runs `--calls` calls and prints
 rank 0's RSS every `--every` calls, from the first report on (warm-up excluded), so a variant
 that creeps shows a rising column. The variants bisect the thresholdv call: the full call, its
 size exchange alone (fresh or reused tensors), gloo all_to_all_single with the same varying

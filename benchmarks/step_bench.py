@@ -57,7 +57,7 @@ CONFIGS = {
     "int8+int8": {"fsdpcomp": True, "method": "int8", "config": {"param_gather": "int8"}},
 }
 DEFAULT_CONFIGS = list(CONFIGS)
-# The targets: bytes per step, and val_ppl of int8 gathers (per model) against `none`.
+# The targets: bytes per step, and val_ppl of int8 gathers (per model) against `none`.
 BYTES_TARGET = ("int8+int8", 3.5)
 PPL_TARGET = {"tiny": 0.5, "gpt2-62m": 1.0}
 

@@ -41,7 +41,7 @@ SETTINGS = {
             "max_length": 256, "eval_every": 100, "config": {"compress_own_chunk": True}},
 }
 
-# The issue's targets: (what, methods or a minimum ratio, allowed val_ppl change in %).
+# The targets: (what, methods or a minimum ratio, allowed val_ppl change in %).
 TARGETS = [("int8, fp8, bf16 within 0.5% of the baseline perplexity", ("int8", "fp8", "bf16"), None, 0.5),
            ("a method with >= 8x compression within 1%", None, 8.0, 1.0),
            ("a method with >= 32x compression within 3%", None, 32.0, 3.0)]
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             setattr(args, key, preset[key])
     link = preset["link"] if args.link == "setting" else (None if args.link == "unshaped" else float(args.link))
     if not os.path.exists(args.train_script):
-        p.error(f"--train_script {args.train_script} does not exist (examples/fsdp_train.py comes with issue 5)")
+        p.error(f"--train_script {args.train_script} does not exist")
 
     import torch
     import fsdpcomp

@@ -1,4 +1,4 @@
-"""Hostile input (issue 14, items 4, 9 and the thread guard of 10): a clear ValueError or
+"""Hostile input (entry points, sizes, checkpoints, threads): a clear ValueError or
 TypeError naming what was wrong, before any state changes; never a wrong read, a wrapped size,
 a RecursionError or a second thread inside one State."""
 import threading

@@ -1,4 +1,4 @@
-"""The compressor family of issue 3 on one chunk: round-trip bounds, exact byte formulas,
+"""Every compressor on one chunk: round-trip bounds, exact byte formulas,
 determinism per seed, unbiasedness (with biased controls that the same check rejects), top-k
 exactness, linearity of the summable methods and the wire ids."""
 import math

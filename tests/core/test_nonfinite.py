@@ -1,4 +1,4 @@
-"""NaN/Inf in gradients (issue 14, 3): "nonfinite": "zero" zeroes and counts them in every chunk,
+"""NaN/Inf in gradients: "nonfinite": "zero" zeroes and counts them in every chunk,
 the rank's own included, and a chunk that held one does not keep a residual that was already
 sent: e becomes g' - D(C(g')) where both are finite, g' where only the decode is not (nothing
 of it arrived), and 0 where g' itself is not; "zero" mode zeroes the gradient's NaN, so there

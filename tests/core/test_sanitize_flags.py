@@ -1,4 +1,4 @@
-"""The sanitizer build sees signed overflow (issue 14, 10): Python's CFLAGS carry -fwrapv, which
+"""The sanitizer build sees signed overflow: Python's CFLAGS carry -fwrapv, which
 makes signed overflow defined (it wraps) and so invisible to UBSan; setup.py's sanitizer flags
 come after Python's and turn it back off. Checked by building a three-line program the way
 setuptools builds fsdpcomp._C and running it."""

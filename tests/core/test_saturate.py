@@ -25,7 +25,7 @@ def one_step(state, g):
 
 
 def test_fp16_saturates_and_the_residual_delivers_the_rest():
-    # issue 14, 2: 1e5 encoded to Inf, the residual became -Inf and stayed
+    # guards the old failure: 1e5 encoded to Inf, the residual became -Inf and stayed
     s = ef_state("fp16", {})
     g = torch.zeros(64)
     g[0], g[5] = 1e5, -3e5

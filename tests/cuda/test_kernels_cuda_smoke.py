@@ -1,5 +1,5 @@
 """benchmarks/kernels_cuda.py without a GPU: it imports, refuses bad flags, and lists every case it
-would measure (the sparse methods and their variants with the issue's 25% selection target,
+would measure (the sparse methods and their variants with their 25% selection target,
 sketch and gradiveq without one) with this build's CUDA flag per method."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Ranks agree before they exchange (issue 14, 1): the first call of each unit shape on a process
+"""Ranks agree before they exchange: the first call of each unit shape on a process
 group compares a fingerprint of everything that decides payload sizes and meanings, and a
 mismatch is a ValueError on every rank naming the keys that differ; the header carries the
 config's fingerprint too, so a mismatch that slips past the handshake is a PayloadError, never

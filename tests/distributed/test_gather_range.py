@@ -1,5 +1,5 @@
 """The all-gather half of an all-reduce keeps the range and NaN rules of the reduce-scatter
-(issue 14, 2-3 on the path main added since): its g' = shard + e and its residual e = g' - D are
+(saturation, no NaN/Inf kept in a residual): its g' = shard + e and its residual e = g' - D are
 torch ops (fsdpcomp/_range.py), which must give the C driver's values (csrc/fc_range.h), and on
 real ranks a shard near fp32's largest value or holding a NaN never leaves a NaN/Inf in a
 residual or an output that the input did not have."""

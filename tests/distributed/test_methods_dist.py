@@ -1,4 +1,4 @@
-"""Every method of issue 3 through the real FSDP1 hook on 2 and 3 gloo ranks: a small
+"""Every method through the real FSDP1 hook on 2 and 3 gloo ranks: a small
 transformer's loss falls, the collectives agree across ranks (a desync would raise), and the
 counters show the compression, the size exchange of thresholdv and gradiveq's basis sync."""
 import pytest

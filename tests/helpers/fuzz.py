@@ -324,7 +324,8 @@ def fuzz_tensors(tally, rng, method, cfg, count):
             tally.fail("corruption", "compress", f"{method} {cfg}: a refusal changed state")
         state.end_step()
         # the Python entry point with tensors of the unit's size (a refused call claiming a unit
-        # first, wrong sizes and non-tensor arguments are issue 14's item 5, done elsewhere)
+        # first, wrong sizes and non-tensor arguments: tests/distributed/test_refusals.py and
+        # tests/core/test_bad_input.py)
         g2 = g if isinstance(g, torch.Tensor) and g.numel() == n else torch.randn(n)
         o2 = out if isinstance(out, torch.Tensor) and out.numel() == n else torch.empty(n)
         _call(tally, "reduce_scatter", lambda: state.reduce_scatter(g2, o2))

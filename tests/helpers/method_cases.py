@@ -1,4 +1,4 @@
-"""The method configurations the method tests run: every method of issue 3, the hybrids and
+"""The method configurations the method tests run: every method fsdpcomp has, the hybrids and
 the variants whose behaviour differs (stochastic rounding, bit widths, modes)."""
 
 CASES = [
@@ -29,7 +29,7 @@ CASES = [
     ("onebit", {}),
 ]
 
-# the wire ids issue 3 fixes: stable across versions
+# the wire ids: stable across versions (a payload's header names its method by them)
 WIRE_IDS = {"none": 0, "fp16": 1, "bf16": 2, "int8": 3, "fp8": 4, "intN": 5, "qsgd": 6, "nc": 7,
             "topk": 8, "randomk": 9, "thresholdv": 10, "sketch": 11, "gradiveq": 12,
             "signsgd": 13, "onebit": 14}
