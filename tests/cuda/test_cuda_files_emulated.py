@@ -1,7 +1,10 @@
-"""tests/cuda/test_cuda_single.py without a GPU: the single-payload codec (State.compress/decompress)
-of the sparse, aggregate and stateful methods on cuda/ compiled for the host against the emulation
-of the CUDA runtime in tests/cuda_emu, loaded by the real fsdpcomp._C in place of
-_fsdpcomp_cuda.so (FSDPCOMP_CUDA_LIB), in a subprocess (as tests/cuda/test_cuda_files_emulated.py)."""
+"""CUDA test files without a GPU: each runs on cuda/ compiled for the host against the emulation of
+the CUDA runtime in tests/cuda_emu, built as a shared library that the real fsdpcomp._C loads in
+place of _fsdpcomp_cuda.so (FSDPCOMP_CUDA_LIB), in a pytest subprocess whose States send their CPU
+tensors down the CUDA path (FSDPCOMP_TEST_EMULATED). The host glue (csrc/fc_cuda_path.c,
+state_cuda.c), the driver and the kernels all run; every test of the file must pass (a skip there
+means the emulation was not picked up). What only a GPU shows (timing, the memory model, the
+hardware's own NaN bits) is left to tests/gpu/run.sh."""
 from __future__ import annotations
 
 import os
@@ -16,6 +19,11 @@ import pytest_emulated  # noqa: E402
 if not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")):
     pytest.skip("no C++ compiler for the CUDA emulation", allow_module_level=True)
 
+# The CUDA test files that take the emulated library: the sparse, aggregate and stateful methods
+# through the reduce-scatter, and every method's single payloads (State.compress/decompress).
+FILES = ["cuda/test_cuda_sparse.py", "cuda/test_cuda_single.py"]
 
-def test_single_payloads_on_the_emulated_cuda_library():
-    pytest_emulated.run("cuda/test_cuda_single.py")
+
+@pytest.mark.parametrize("test_file", FILES)
+def test_cuda_file_on_the_emulated_library(test_file):
+    pytest_emulated.run(test_file)

@@ -1,7 +1,7 @@
 """Runs one CUDA test file of tests/ without a GPU: the emulated CUDA library (build.py's
 build_shared) loaded by the real fsdpcomp._C in place of _fsdpcomp_cuda.so (FSDPCOMP_CUDA_LIB),
 in a pytest subprocess whose States send their CPU tensors down the CUDA path
-(FSDPCOMP_TEST_EMULATED). The wrappers tests/test_cuda_*_emulated.py call this."""
+(FSDPCOMP_TEST_EMULATED). tests/cuda/test_cuda_files_emulated.py calls it, one test per file."""
 from __future__ import annotations
 
 import os
