@@ -1,5 +1,5 @@
 """What the GPU checks share: which methods have CUDA kernels in this build, their configs
-(tests/method_cases.py plus each method's defaults), bit comparison, and Skip."""
+(tests/helpers/method_cases.py plus each method's defaults), bit comparison, and Skip."""
 from __future__ import annotations
 
 import torch
