@@ -126,7 +126,8 @@ def comm_section(data: dict, rel: str, brief: bool = False) -> list[str]:
                           "speedup, overlap", "+ gathers, no overlap", "+ gathers, overlap"], rows)
     if os.path.exists(os.path.join(os.path.dirname(data["_path"]), "comm_bench.png")):
         out += ["", f"![reduce-scatter time per call]({rel}/comm_bench.png)"]
-    out += ["", "Reproduce:", "", "```", reproduce_cmd(m, COMM_CMD), "```", ""]
+    shaped = m["namespaces"] and any(r["shaped"] for r in data["runs"])
+    out += ["", "Reproduce:", "", "```", reproduce_cmd(m, COMM_CMD, root=shaped), "```", ""]
     return out
 
 
@@ -157,12 +158,16 @@ def train_section(data: dict, rel: str) -> list[str]:
     png = m.get("stem", f"train_bench_{m['setting']}") + ".png"
     if os.path.exists(os.path.join(os.path.dirname(data["_path"]), png)):
         out += ["", f"![loss curves and ratio vs quality]({rel}/{png})"]
-    out += ["", "Reproduce:", "", "```", reproduce_cmd(m, TRAIN_CMD.get(m["setting"], "python benchmarks/train_bench.py")), "```", ""]
+    shaped = "(tc tbf)" in m["link"]
+    out += ["", "Reproduce:", "", "```", reproduce_cmd(m, TRAIN_CMD.get(m["setting"], "python benchmarks/train_bench.py"),
+                                                      root=shaped), "```", ""]
     return out
 
 
-def reproduce_cmd(meta: dict, default: str) -> str:
-    """The run's own command line (its methods, sizes, seeds, links, tag), else `default`."""
+def reproduce_cmd(meta: dict, default: str, root: bool = False) -> str:
+    """The run's own command line (its methods, sizes, seeds, links, tag), else `default`; with
+    `sudo` when it measured shaped links (network namespaces need root: without, the benchmarks
+    run unshaped or stop, so the same numbers would not come out)."""
     argv = meta.get("argv")
     if not argv:
         return default
@@ -175,7 +180,7 @@ def reproduce_cmd(meta: dict, default: str) -> str:
             skip = True
         else:
             keep.append(shlex.quote(a))
-    return "python " + " ".join(keep)
+    return ("sudo " if root else "") + "python " + " ".join(keep)
 
 
 README_BEGIN, README_END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -192,7 +197,9 @@ def sections(results_dir: str, rel: str, brief: bool = False) -> list[str]:
         lines += ["## Reduce-scatter", "", f"No {comm} yet: run `{COMM_CMD}`.", ""]
     for path in sorted(glob.glob(os.path.join(results_dir, "step_bench_*.json"))):
         data = load(path)
-        lines += results_step.step_section(data, rel, reproduce_cmd(data["meta"], results_step.STEP_CMD), brief)
+        shaped = any(r["link"] != "unshaped (loopback)" for r in data["timing"])
+        lines += results_step.step_section(data, rel, reproduce_cmd(data["meta"], results_step.STEP_CMD, root=shaped),
+                                           brief)
     trains = sorted(glob.glob(os.path.join(results_dir, "train_bench_*.json")))
     for path in trains:
         lines += train_section(load(path), rel)
