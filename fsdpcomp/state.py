@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C, _agree, _nccl
-from ._gather import all_gather_shards
+from ._shard_gather import all_gather_shards
 from ._config import gather_default, normalize_config
 from ._order import Units
 from ._param_codec import make_param_codec
