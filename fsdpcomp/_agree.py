@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 
 from . import _C
+from ._dist import all_gather_single
 
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 # per process group: {(numel, dtype, world): (digest, description, exchange signature)}
 _agreed: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
@@ -99,7 +99,7 @@ def _handshake(core, group, desc, digest: bytes, device: torch.device, world: in
     mine = torch.frombuffer(bytearray(digest), dtype=torch.uint8).to(device)
     every = torch.empty(world * len(digest), dtype=torch.uint8, device=device)
     t0 = time.perf_counter()
-    _all_gather_single(every, mine, group=group)
+    all_gather_single(every, mine, group=group)
     core.add_comm(time.perf_counter() - t0, header_bytes=len(digest) * (world - 1), extra=True)
     digests = every.cpu().view(world, len(digest))
     if bool((digests == digests[0]).all()):

@@ -19,29 +19,12 @@ import torch
 import torch.distributed as dist
 
 from . import _nccl
+from ._dist import Ranks, all_gather_single
 from ._shard_gather import all_gather_shards
-
-# torch 2.13 renamed all_gather_into_tensor (and deprecates the old name); older torch has only it.
-all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 ELEMENT_SIZE = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
 
 Splits = tuple[tuple[int, ...], tuple[int, ...]]  # bytes sent to, received from, each rank
-
-
-@dataclass(frozen=True)
-class Ranks:
-    """The process group of one call, its size and this rank's place in it."""
-    group: dist.ProcessGroup | None
-    world: int
-    rank: int
-
-    @staticmethod
-    def of(group: dist.ProcessGroup | None) -> "Ranks":
-        """None with torch.distributed not initialised: a single rank."""
-        if not dist.is_available() or not dist.is_initialized():
-            return Ranks(group, 1, 0)
-        return Ranks(group, dist.get_world_size(group), dist.get_rank(group))
 
 
 @dataclass(frozen=True)
@@ -133,7 +116,7 @@ class Exchange:
         self._saturated: dict[torch.device, torch.Tensor] = {}
         # the C core's answers per shape, asked once
         self._splits: dict[_Shape, Splits] = {}
-        self._per_peer: dict[tuple[int, int], bool] = {}  # (numel, world)
+        self._pipelined_ok: dict[tuple[int, int], bool] = {}  # (numel, world)
         self._kmax: dict[tuple[int, int], int] = {}  # (numel, world): second-round picks, 0: none
         self._slots: dict[_Shape, _PartSlots] = {}
         self._peers: tuple[dist.ProcessGroup, list[int]] | None = None
@@ -178,25 +161,25 @@ class Exchange:
     def signature(self, grad: torch.Tensor, world: int, rank: int) -> tuple:
         """What the exchange of this shape looks like from this rank, up to the payloads: per-peer
         or all-to-all, the split sizes, the pieces, the size exchange, the transport."""
-        per_peer = self.per_peer(grad, world)
+        per_peer = self._pipelined(grad, world)
         pieces = self.core.pieces(grad, world, rank) if per_peer else None
         return (per_peer, self.core.plan(grad, world, rank), pieces, self.wire.varsize, self.wire.transport)
 
-    def per_peer(self, grad: torch.Tensor, world: int) -> bool:
+    def _pipelined(self, grad: torch.Tensor, world: int) -> bool:
         """The pipelined exchange applies to CPU tensors on torch.distributed, over >= 2 ranks,
         for units whose payloads have fixed sizes and are decoded one by one."""
         if not self.wire.pipeline or world < 2 or grad.device.type != "cpu" or self.wire.transport == "nccl":
             return False
         key = (grad.numel(), world)
-        ok = self._per_peer.get(key)
+        ok = self._pipelined_ok.get(key)
         if ok is None:
-            ok = self._per_peer[key] = self.core.per_peer_ok(grad.numel(), world)
+            ok = self._pipelined_ok[key] = self.core.per_peer_ok(grad.numel(), world)
         return ok
 
     def reduce_scatter(self, grad: torch.Tensor, output: torch.Tensor, unit: int, ranks: Ranks) -> None:
         """output = this rank's chunk of the sum over ranks of grad / world (the C core decodes),
         for the unit the caller claimed."""
-        if self.per_peer(grad, ranks.world):
+        if self._pipelined(grad, ranks.world):
             self._per_peer_exchange(grad, output, unit, ranks)
         else:
             self._all_to_all_exchange(grad, output, unit, ranks)

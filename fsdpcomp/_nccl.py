@@ -24,7 +24,8 @@ def _group_timeout(group: dist.ProcessGroup | None, device: torch.device) -> flo
     """The process group's own timeout in seconds (what its collectives wait before torch gives
     up on them), from the backend serving `device`; torch's default for the backend otherwise."""
     pg = group if group is not None else dist.group.WORLD
-    try:  # torch exposes a process group's timeout only through these private members
+    try:
+        # torch exposes a process group's timeout only through these private members
         timeout = pg._get_backend(device).options._timeout
     except (AttributeError, RuntimeError):
         try:

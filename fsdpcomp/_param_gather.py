@@ -14,7 +14,8 @@ from typing import Any, Mapping
 import torch
 
 from . import _C
-from ._exchange import Buffers, Ranks, all_gather_single
+from ._dist import Ranks, all_gather_single
+from ._exchange import Buffers
 
 
 def make_param_codec(config: Mapping[str, Any]) -> "_C.State | None":

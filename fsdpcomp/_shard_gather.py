@@ -17,12 +17,10 @@ from __future__ import annotations
 import weakref
 
 import torch
-import torch.distributed as dist
 
 from . import _range
+from ._dist import all_gather_single as _all_gather_single
 
-# torch 2.13 renamed all_gather_into_tensor (and deprecates the old name); older torch has only it.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 # Whether an exchange's single-payload compress() took tensors of a device type: learned from the
 # first call there (its argument checks run before anything changes, so a refusal costs nothing).

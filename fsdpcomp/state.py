@@ -12,7 +12,8 @@ import torch.distributed as dist
 
 from . import _C, _agree
 from ._config import gather_default, normalize_config
-from ._exchange import ELEMENT_SIZE, Exchange, Ranks, Wire
+from ._dist import Ranks
+from ._exchange import ELEMENT_SIZE, Exchange, Wire
 from ._param_gather import ParamGather
 from ._units import UnitTable, refuse_nonfinite
 from .counters import Counters
@@ -25,7 +26,7 @@ def _allocate_residual(numel: int, dtype_name: str, like: torch.Tensor) -> torch
     return torch.zeros(numel, dtype=_RESIDUAL_DTYPES[dtype_name], device=like.device)
 
 
-def check_tensor(t: Any, name: str) -> None:
+def _check_tensor(t: Any, name: str) -> None:
     """What every gradient tensor a hook call reduces must be, checked before the call claims
     its unit: TypeError for what it is (not a tensor, dtype, device), ValueError for its layout."""
     if not isinstance(t, torch.Tensor):
@@ -149,14 +150,14 @@ class CommState:
 
     def _check_call(self, grad: Any, output: Any, world: int) -> None:
         """Everything a reduce-scatter call's tensors must be, before it claims a unit."""
-        check_tensor(grad, "grad")
+        _check_tensor(grad, "grad")
         device = grad.device
         if self._device is not None and device != self._device:
             raise TypeError(f"grad is on {device} but this CommState's units live on {self._device}: "
                             "one state serves one device")
         if output is None:
             return
-        check_tensor(output, "output")
+        _check_tensor(output, "output")
         if output.device != device:
             raise TypeError(f"output is on {output.device} but grad is on {device}: all tensors of "
                             "a call must share a device")

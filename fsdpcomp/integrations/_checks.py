@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ..state import CommState
 
@@ -32,10 +31,6 @@ def check_alike(output: torch.Tensor, input: torch.Tensor) -> None:
     if output.dtype != input.dtype or output.device != input.device:
         raise TypeError(f"output_tensor ({output.dtype}, {output.device}) and input_tensor "
                         f"({input.dtype}, {input.device}) must share dtype and device")
-
-
-def world_size(group: dist.ProcessGroup | None) -> int:
-    return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
 
 
 def refuse_param_gather(state: CommState, where: str) -> None:

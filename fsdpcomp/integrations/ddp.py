@@ -8,8 +8,9 @@ import weakref
 import torch
 import torch.distributed as dist
 
+from .._dist import Ranks
 from ..state import CommState
-from ._checks import FLOATS, check_state, refuse_param_gather, world_size
+from ._checks import FLOATS, check_state, refuse_param_gather
 
 # DDP buckets its parameters once when it is built and again, in the order their gradients
 # became ready, before its second forward (unless find_unused_parameters without static_graph):
@@ -116,7 +117,7 @@ def ddp_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tenso
 def _plain_mean(state: CommState, buf: torch.Tensor) -> None:
     """The uncompressed all-reduce of a bucket whose layout is not final (not counted: no unit,
     no bytes)."""
-    world = world_size(state.process_group)
+    world = Ranks.of(state.process_group).world
     if world > 1:
         dist.all_reduce(buf, group=state.process_group)
     buf.div_(world)

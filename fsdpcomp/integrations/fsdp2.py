@@ -9,8 +9,9 @@ from typing import Hashable, Sequence
 import torch
 import torch.distributed as dist
 
+from .._dist import Ranks
 from ..state import CommState
-from ._checks import check_alike, check_flat, check_state, completed, refuse_param_gather, world_size
+from ._checks import check_alike, check_flat, check_state, completed, refuse_param_gather
 
 try:  # torch >= 2.9 defines the protocols; subclassing them keeps torch's isinstance checks true
     from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _TorchAllGather
@@ -20,7 +21,8 @@ except ImportError:  # older torch: the classes still work, register() says what
 
 
 def _param_groups(module: torch.nn.Module) -> list:
-    """An FSDPModule's parameter groups: torch has no public accessor for them."""
+    """An FSDPModule's parameter groups (each parameter's padded shard, HSDP or not)."""
+    # torch has no public accessor for them
     return module._get_fsdp_state()._fsdp_param_groups
 
 
@@ -66,7 +68,7 @@ class ReduceScatter(_TorchReduceScatter):
                  async_op: bool = False):
         state = self.state
         reduce_group = group if group is not None else state.process_group
-        world = world_size(reduce_group)
+        world = Ranks.of(reduce_group).world
         for name, t in (("output_tensor", output_tensor), ("input_tensor", input_tensor)):
             check_flat(t, name)
         check_alike(output_tensor, input_tensor)
@@ -158,7 +160,7 @@ class AllGather(_TorchAllGather):
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup | None = None, async_op: bool = False):
         state = self.state
-        world = world_size(group if group is not None else state.process_group)
+        world = Ranks.of(group if group is not None else state.process_group).world
         codec = state.param_codec is not None
         for name, t in (("output_tensor", output_tensor), ("input_tensor", input_tensor)):
             # `none` moves any dtype FSDP2 gathers, uint8 included
