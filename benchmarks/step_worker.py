@@ -95,7 +95,7 @@ def build(cfg: dict, rank: int, world: int):
 def wrap_collectives(model, tx_path: str | None) -> dict:
     totals = {f"{kind}_{what}": 0 for kind in ("all_gather", "reduce_scatter")
               for what in ("s", "raw_bytes", "wire_bytes", "calls")}
-    for _, module in fsdpcomp.register_fsdp2.fsdp2_modules(model):
+    for _, module in fsdpcomp.integrations.fsdp2_modules(model):
         (group,) = module._get_fsdp_state()._fsdp_param_groups
         module.set_custom_all_gather(Timed(group._all_gather_comm, totals, "all_gather", tx_path))
         module.set_custom_reduce_scatter(Timed(group._reduce_scatter_comm, totals, "reduce_scatter", tx_path))

@@ -49,16 +49,11 @@ from ._C import CudaError, NcclError, PayloadError
 from ._nccl import release_nccl
 from .cli import add_argparse_args, from_args
 from .counters import Counters
-from .ddp import ddp_hook
-from .fsdp2 import AllReduceHook, ReduceScatter
-from .hooks import fsdp_hook
-from .param_gather import AllGather
-from .register import register
-from .register_fsdp2 import register_replicate
+from .integrations import (AllGather, AllReduceHook, DDPHookState, ReduceScatter, UnitHookState, ddp_hook,
+                           fsdp_hook, register, register_replicate)
 from .results import append_result, build_record, combine_counters, read_results
 from .state import CommState
-
-__version__ = "0.1.0"
+from ._version import __version__
 
 
 def methods() -> list[str]:
@@ -88,8 +83,8 @@ def method_info(name: str) -> dict[str, Any]:
 
 
 __all__ = [
-    "AllGather", "AllReduceHook", "CommState", "Counters", "CudaError", "NcclError", "PayloadError",
-    "ReduceScatter", "__version__", "add_argparse_args", "append_result", "build_record",
+    "AllGather", "AllReduceHook", "CommState", "Counters", "CudaError", "DDPHookState", "NcclError",
+    "PayloadError", "ReduceScatter", "UnitHookState", "__version__", "add_argparse_args", "append_result", "build_record",
     "combine_counters", "ddp_hook", "from_args", "fsdp_hook", "method_info", "methods",
     "read_results", "register", "register_replicate", "release_nccl",
 ]

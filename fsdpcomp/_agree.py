@@ -21,14 +21,14 @@ import json
 import re
 import time
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
 from . import _C
+from ._dist import all_gather_single
 
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 # per process group: {(numel, dtype, world): (digest, description, exchange signature)}
 _agreed: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
@@ -37,85 +37,77 @@ _agreed: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 _known: dict[int, dict[str, Any]] = {}
 
 
-def remember(state) -> None:
-    """Records a new state's fingerprint and wire config (CommState.__init__)."""
-    _known[state._core.fingerprint] = {"method": state.method, **state._core.wire_config}
+class Handshake:
+    """The agreements of one CommState: what it has settled, per (process group, shape)."""
+
+    def __init__(self, core):
+        self._core = core  # wire_config, fingerprint; add_comm counts the handshakes
+        self._settled: set = set()  # (group, key): the steady state's one lookup
+        # the fingerprint names this config in a PayloadError another rank's state raises
+        _known[core.fingerprint] = {"method": core.method, **core.wire_config}
+
+    def _description(self, what: dict[str, Any], dtype: torch.dtype, world: int) -> dict[str, Any]:
+        return {**what, "method": self._core.method, **self._core.wire_config,
+                "wire_version": _C.WIRE_VERSION, "dtype": str(dtype).replace("torch.", ""), "world": world}
+
+    def before_reduce(self, group, grad: torch.Tensor, world: int, signature: Callable[[], tuple]) -> None:
+        """Before the first exchange of this shape by this state: the handshake, when needed.
+        signature(): what the exchange looks like from this rank (Exchange.signature)."""
+        if world == 1:
+            return
+        group = _group_of(group)
+        key = (grad.numel(), grad.dtype, world)
+        if (group, key) in self._settled:
+            return
+        desc = self._description({"unit_numel": grad.numel()}, grad.dtype, world)
+        self._settle(group, key, desc, signature(), grad.device)
+
+    def before_param_gather(self, group, shard: torch.Tensor, world: int) -> None:
+        """Before the first parameter all-gather (fsdpcomp.AllGather) of this shard shape: ranks
+        whose param_gather codecs differ would all-gather payloads of different sizes (gloo
+        aborts) or decode each other's weights with the wrong codec. The same handshake, over
+        the gather's group; any change of what a rank would send handshakes again."""
+        if world == 1:
+            return
+        group = _group_of(group)
+        key = ("param_gather", shard.numel(), shard.dtype, world)
+        if (group, key) in self._settled:
+            return
+        desc = self._description({"exchange": "parameter all-gather", "shard_numel": shard.numel()},
+                                 shard.dtype, world)
+        self._settle(group, key, desc, None, shard.device)
+
+    def _settle(self, group, key, desc: dict, sig, device: torch.device) -> None:
+        """Handshakes unless this process group has settled the same description for this key,
+        or (sig given) one whose exchange looks the same (the header fingerprint catches the rest)."""
+        digest = hashlib.blake2b(json.dumps(desc, sort_keys=True).encode(), digest_size=8).digest()
+        table = _agreed.setdefault(group, {})
+        settled = table.get(key)
+        if settled is None or (settled[0] != digest and (sig is None or settled[2] != sig)):
+            _handshake(self._core, group, desc, digest, device, desc["world"])
+            table[key] = (digest, desc, sig)
+        self._settled.add((group, key))
 
 
-def _description(state, grad: torch.Tensor, world: int) -> dict[str, Any]:
-    return {"method": state.method, **state._core.wire_config, "wire_version": _C.WIRE_VERSION,
-            "dtype": str(grad.dtype).replace("torch.", ""), "unit_numel": grad.numel(),
-            "world": world}
+def _group_of(group):
+    return group if group is not None else dist.group.WORLD
 
 
-def _signature(state, grad: torch.Tensor, world: int, rank: int) -> tuple:
-    """What the exchange of this shape looks like from this rank, up to the payloads: per-peer or
-    all-to-all, the split sizes, the pieces, the size exchange, the transport."""
-    per_peer = state._exchanges_per_peer(grad, world)
-    pieces = state._core.pieces(grad, world, rank) if per_peer else None
-    return (per_peer, state._core.plan(grad, world, rank), pieces, state._varsize, state._transport)
-
-
-def _group_of(state):
-    return state.process_group if state.process_group is not None else dist.group.WORLD
-
-
-def agree(state, grad: torch.Tensor, world: int, rank: int) -> None:
-    """Before the first exchange of this shape by this state: the handshake, when needed."""
-    if world == 1:
-        return
-    group = _group_of(state)
-    key = (grad.numel(), grad.dtype, world)
-    if (group, key) in state._agreed_shapes:
-        return
-    _settle(state, group, key, _description(state, grad, world), _signature(state, grad, world, rank),
-            grad.device)
-
-
-def agree_gather(state, shard: torch.Tensor, world: int, group) -> None:
-    """Before the first parameter all-gather (fsdpcomp.AllGather) of this shard shape: ranks whose
-    param_gather codecs differ would all-gather payloads of different sizes (gloo aborts) or
-    decode each other's weights with the wrong codec. The same handshake, over the gather's
-    group; any change of what a rank would send handshakes again."""
-    if world == 1:
-        return
-    group = group if group is not None else _group_of(state)
-    key = ("param_gather", shard.numel(), shard.dtype, world)
-    if (group, key) in state._agreed_shapes:
-        return
-    desc = {"exchange": "parameter all-gather", "method": state.method, **state._core.wire_config,
-            "wire_version": _C.WIRE_VERSION, "dtype": str(shard.dtype).replace("torch.", ""),
-            "shard_numel": shard.numel(), "world": world}
-    _settle(state, group, key, desc, None, shard.device)
-
-
-def _settle(state, group, key, desc: dict, sig, device: torch.device) -> None:
-    """Handshakes unless this process group has settled the same description for this key, or
-    (sig given) one whose exchange looks the same (the header fingerprint catches the rest)."""
-    digest = hashlib.blake2b(json.dumps(desc, sort_keys=True).encode(), digest_size=8).digest()
-    table = _agreed.setdefault(group, {})
-    settled = table.get(key)
-    if settled is None or (settled[0] != digest and (sig is None or settled[2] != sig)):
-        _handshake(state, group, desc, digest, device, desc["world"])
-        table[key] = (digest, desc, sig)
-    state._agreed_shapes.add((group, key))
-
-
-def _handshake(state, group, desc, digest: bytes, device: torch.device, world: int) -> None:
+def _handshake(core, group, desc, digest: bytes, device: torch.device, world: int) -> None:
     backend = str(dist.get_backend(group))
     device = device if backend == "nccl" else torch.device("cpu")
     mine = torch.frombuffer(bytearray(digest), dtype=torch.uint8).to(device)
     every = torch.empty(world * len(digest), dtype=torch.uint8, device=device)
     t0 = time.perf_counter()
-    _all_gather_single(every, mine, group=group)
-    state._core.add_comm(time.perf_counter() - t0, header_bytes=len(digest) * (world - 1), extra=True)
+    all_gather_single(every, mine, group=group)
+    core.add_comm(time.perf_counter() - t0, header_bytes=len(digest) * (world - 1), extra=True)
     digests = every.cpu().view(world, len(digest))
     if bool((digests == digests[0]).all()):
         return
     descs: list[Any] = [None] * world
     t0 = time.perf_counter()
     dist.all_gather_object(descs, desc, group=group)
-    state._core.add_comm(time.perf_counter() - t0, extra=True)
+    core.add_comm(time.perf_counter() - t0, extra=True)
     raise ValueError(_disagreement(descs, desc))
 
 

@@ -25,6 +25,7 @@ def _group_timeout(group: dist.ProcessGroup | None, device: torch.device) -> flo
     up on them), from the backend serving `device`; torch's default for the backend otherwise."""
     pg = group if group is not None else dist.group.WORLD
     try:
+        # torch exposes a process group's timeout only through these private members
         timeout = pg._get_backend(device).options._timeout
     except (AttributeError, RuntimeError):
         try:

@@ -8,6 +8,8 @@ import os
 import platform
 from typing import Any, Iterable, Mapping, Sequence
 
+from ._version import __version__
+
 # Fields every line carries (null where the value could not be measured on this setup).
 REQUIRED_FIELDS = (
     "run_name", "world_size", "model", "dataset", "max_length", "batch_size", "compress_method",
@@ -171,7 +173,6 @@ def build_record(*, run: Mapping[str, Any], step_times_s: Iterable[float], token
         except ImportError:
             pass
     if rec.get("fsdpcomp_version") is None:
-        from . import __version__
         rec["fsdpcomp_version"] = __version__
     rec.setdefault("python_version", platform.python_version())
     return {k: _finite_or_none(v) for k, v in rec.items()}

@@ -1,4 +1,4 @@
-"""State.compress/decompress (the compressed all-gather's single-payload codec, fsdpcomp/_gather.py)
+"""State.compress/decompress (the compressed all-gather's single-payload codec, fsdpcomp/_shard_gather.py)
 of the sparse, aggregate and stateful methods through the CUDA library: the CPU's payload bytes
 and the CPU's acc += alpha * D(payload), bit for bit, at odd sizes, with NaN/Inf in the input, for
 gradiveq's unit states (a unit the collective runs, a loose one, a learn step), and a corrupted

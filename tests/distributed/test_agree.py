@@ -121,7 +121,7 @@ PARAM_MISMATCHES = [  # FSDP2 parameter all-gathers: (rank 0's config, rank 1's,
 
 def _gather_worker(rank, world, cases):
     import torch.distributed as dist
-    from fsdpcomp.param_gather import AllGather
+    from fsdpcomp import AllGather
 
     results = []
     for i, (a, b, _) in enumerate(cases):

@@ -28,7 +28,7 @@ def huge(gen, n=4096, nan=False):
 
 
 def python_half(method, cfg, g, e, zero):
-    """What _gather.py does with one shard: g' (gprime), one payload, its decode, the residual."""
+    """What fsdpcomp/_shard_gather.py does with one shard: g' (gprime), one payload, its decode, the residual."""
     x = g.clone()
     if e is not None:
         x += e
@@ -72,7 +72,7 @@ def _all_reduce(rank, world, method, mode):
         fsdpcomp.fsdp_hook(state, g)
         outs.append(g.clone())
         state.end_step()
-    return outs, [r.clone() for r in state._gather_residuals.values()], dict(state.counters())
+    return outs, [r.clone() for r in state.state_dict()["gather_residuals"].values()], dict(state.counters())
 
 
 @pytest.mark.parametrize("method", ["int8", "fp16", "bf16"])

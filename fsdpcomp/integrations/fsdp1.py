@@ -1,6 +1,6 @@
-"""The FSDP1 communication hook: one function for every sharding strategy FSDP1 allows a hook
-for. Register it with ``fsdpcomp.register(model, ...)`` (which names every unit) or
-``model.register_comm_hook(state, fsdp_hook)``."""
+"""FSDP1 (``FullyShardedDataParallel``): the communication hook, one function for every sharding
+strategy FSDP1 allows a hook for, and what ``fsdpcomp.register`` does on an FSDP1 root: register
+it and name every unit. By hand: ``model.register_comm_hook(state, fsdp_hook)``."""
 from __future__ import annotations
 
 import weakref
@@ -8,7 +8,8 @@ from typing import Hashable
 
 import torch
 
-from .state import CommState
+from ..state import CommState
+from ._checks import check_state, refuse_param_gather
 
 
 class UnitHookState:
@@ -17,8 +18,7 @@ class UnitHookState:
     every FSDP instance of the root; torch passes each instance its own ``_comm_hook_state``."""
 
     def __init__(self, state: CommState, key: Hashable):
-        if not isinstance(state, CommState):
-            raise TypeError(f"UnitHookState's state must be a fsdpcomp.CommState, got {type(state).__name__}")
+        check_state(state, "UnitHookState")
         self.state = state
         self.key = key
 
@@ -68,14 +68,34 @@ def fsdp_hook(state: CommState | UnitHookState, grad: torch.Tensor, output: torc
 
     Each FSDP unit keeps its own residual, keyed by its name (``UnitHookState``, set by
     ``fsdpcomp.register``) or, with a bare CommState, by its flat parameter, so a unit that gets
-    no gradient in a step (FSDP1 then skips its hook) never shifts the others."""
+    no gradient in a step (FSDP1 then skips its hook) never shifts the others. Errors as
+    CommState's."""
     if isinstance(state, UnitHookState):
         state, key = state.state, state.key
-    elif isinstance(state, CommState):
-        key = _flat_param_key(state)
     else:
-        raise TypeError(f"fsdp_hook's state must be a fsdpcomp.CommState, got {type(state).__name__}")
+        check_state(state, "fsdp_hook")
+        key = _flat_param_key(state)
     if output is None:
         state.all_reduce(grad, key)
     else:
         state.reduce_scatter(grad, output, key)
+
+
+def register_fsdp1(root: torch.nn.Module, state: CommState) -> None:
+    """``register_comm_hook`` with :func:`fsdp_hook` on an FSDP1 root, every unit named.
+
+    torch's register_comm_hook gives every FSDP instance of the root the same hook state; each
+    instance gets its own instead, naming its unit, so that FSDP1 skipping a unit's hook in a
+    step (no gradient: an unused branch, a frozen layer) shifts no other unit's residual.
+    ValueError for a ``param_gather`` other than "none" (FSDP1 has no all-gather hook)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp._common_utils import clean_tensor_name
+
+    refuse_param_gather(state, "FullyShardedDataParallel")
+    if state.process_group is None:
+        state.process_group = root.process_group
+    root.register_comm_hook(state, fsdp_hook)
+    for name, module in root.named_modules():
+        if isinstance(module, FSDP):
+            # torch's FSDP1 keeps the hook state of each instance here and has no setter for it
+            module._comm_hook_state = UnitHookState(state, clean_tensor_name(name) or "<root>")

@@ -17,14 +17,12 @@ from __future__ import annotations
 import weakref
 
 import torch
-import torch.distributed as dist
 
 from . import _range
+from ._dist import all_gather_single as _all_gather_single
 
-# torch 2.13 renamed all_gather_into_tensor (and deprecates the old name); older torch has only it.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
-# Whether a state's single-payload compress() took tensors of a device type: learned from the
+# Whether an exchange's single-payload compress() took tensors of a device type: learned from the
 # first call there (its argument checks run before anything changes, so a refusal costs nothing).
 _DEVICE_OK: "weakref.WeakKeyDictionary[object, dict[str, bool]]" = weakref.WeakKeyDictionary()
 
@@ -32,45 +30,47 @@ _DEVICE_OK: "weakref.WeakKeyDictionary[object, dict[str, bool]]" = weakref.WeakK
 _SENT, _NO_GAIN, _NO_CODEC = "sent", "no gain", "no codec"
 
 
-def all_gather_shards(state, reduced: torch.Tensor, grad: torch.Tensor, unit: int, world: int,
-                      rank: int, residuals: dict[int, torch.Tensor]) -> None:
+def all_gather_shards(ex, reduced: torch.Tensor, grad: torch.Tensor, unit: int, ranks,
+                      residuals: dict[int, torch.Tensor]) -> None:
     """grad[:n] = every rank's reduced shard (reduced: this rank's), compressed on the wire
-    where that pays; the same bits on every rank either way."""
-    if not state._gather_compressed or grad.numel() < state._min_numel:
-        return _plain(state, reduced, grad, world, fallback=False)
+    where that pays; the same bits on every rank either way. ex: the state's Exchange (its
+    core, wire config, buffers and counted collectives); ranks: its Ranks."""
+    wire = ex.wire
+    if not wire.gather_compressed or grad.numel() < wire.min_numel:
+        return _plain(ex, reduced, grad, ranks, fallback=False)
     # a fixed-size payload no smaller than the raw shard: decided from sizes, alike on every rank
     raw = reduced.numel() * grad.element_size()
-    if not state._varsize and state._core.payload_bytes(reduced.numel()) >= raw:
-        return _plain(state, reduced, grad, world, fallback=state.method != "none")
-    outcome = _compressed(state, reduced, grad, unit, world, rank, residuals)
+    if not wire.varsize and ex.core.payload_bytes(reduced.numel()) >= raw:
+        return _plain(ex, reduced, grad, ranks, fallback=ex.core.method != "none")
+    outcome = _compressed(ex, reduced, grad, unit, ranks, residuals)
     if outcome != _SENT:
-        _plain(state, reduced, grad, world, fallback=outcome == _NO_GAIN)
+        _plain(ex, reduced, grad, ranks, fallback=outcome == _NO_GAIN)
 
 
-def _plain(state, reduced, grad, world, *, fallback: bool) -> None:
+def _plain(ex, reduced, grad, ranks, *, fallback: bool) -> None:
     """The all-gather in the gradient's dtype: what an uncompressed all-reduce sends."""
-    shard, n = reduced.numel(), grad.numel()
-    gathered = state._buffer_like("gathered", shard * world, grad)
+    shard, n, world = reduced.numel(), grad.numel(), ranks.world
+    gathered = ex.buffers.like("gathered", shard * world, grad)
     nbytes = (world - 1) * shard * grad.element_size()
-    state._collective(grad, lambda: _all_gather_single(gathered, reduced, group=state.process_group),
-                      bytes_sent=nbytes, bytes_raw=nbytes, fallback=fallback)
+    ex.timed(grad, lambda: _all_gather_single(gathered, reduced, group=ranks.group),
+             bytes_sent=nbytes, bytes_raw=nbytes, fallback=fallback)
     grad.copy_(gathered[:n].view_as(grad))
 
 
-def _encode(state, x: torch.Tensor, send: torch.Tensor, unit: int, world: int, rank: int) -> int | None:
+def _encode(ex, x: torch.Tensor, send: torch.Tensor, unit: int, world: int, rank: int) -> int | None:
     """compress() of this rank's shard into send; None where the device has no codec yet."""
-    known = _DEVICE_OK.setdefault(state, {})
+    known = _DEVICE_OK.setdefault(ex, {})
     dev = x.device.type
     if known.get(dev) is False:
         return None
     try:
         # chunk index world + r: a random stream apart from the reduce-scatter's chunks 0..world-1
-        written = state._core.compress(x, send, unit=unit, chunk=world + rank, world=world, rank=rank)
+        written = ex.core.compress(x, send, unit=unit, chunk=world + rank, world=world, rank=rank)
     except TypeError as err:
         if dev == "cpu":
             raise
-        if state._gather_explicit:  # asked for by name: say that it cannot run here
-            raise TypeError(f"allgather_compress: {state.method}'s single-payload codec does not take "
+        if ex.wire.gather_explicit:  # asked for by name: say that it cannot run here
+            raise TypeError(f"allgather_compress: {ex.core.method}'s single-payload codec does not take "
                             f"tensors on {x.device} ({err}); leave the key unset (the all-gather then goes "
                             f"uncompressed on {dev}) or set it false") from err
         known[dev] = False  # the default on a device without the codec: uncompressed, not an error
@@ -79,55 +79,55 @@ def _encode(state, x: torch.Tensor, send: torch.Tensor, unit: int, world: int, r
     return written
 
 
-def _compressed(state, reduced, grad, unit, world, rank, residuals) -> str:
+def _compressed(ex, reduced, grad, unit, ranks, residuals) -> str:
     """Encode this rank's shard (plus its residual), all-gather the payloads, decode them all:
     _SENT. With nothing changed, _NO_CODEC where the device has no single-payload codec yet and
     _NO_GAIN where a data-dependent payload came out no smaller than the raw shard on some rank
     (every rank sees the same sizes, so they all turn back together)."""
-    core, shard, n = state._core, reduced.numel(), grad.numel()
-    dev = reduced.device
-    x = state._typed_buffer("gather_x", shard, torch.float32, dev)
+    core, shard, n = ex.core, reduced.numel(), grad.numel()
+    world, rank, dev = ranks.world, ranks.rank, reduced.device
+    x = ex.buffers.typed("gather_x", shard, torch.float32, dev)
     x.copy_(reduced)  # the encode input, and the residual's reference
-    e = residuals.get(unit) if state._ef else None
+    e = residuals.get(unit) if ex.wire.error_feedback else None
     if e is not None and e.numel() != shard:
         e = None
     if e is not None:
         x += e
     # g' as the C driver makes it (csrc/fc_range.h): saturated sums, "zero" mode's NaN/Inf
-    state._count_saturated(_range.gprime(x, reduced, e, state._zero_nonfinite))
+    ex.count_saturated(_range.gprime(x, reduced, e, ex.wire.zero_nonfinite))
     bound = core.payload_bytes(shard)
-    send = state._buffer("gather_send", bound, dev)
-    written = _encode(state, x, send, unit, world, rank)
+    send = ex.buffers.bytes("gather_send", bound, dev)
+    written = _encode(ex, x, send, unit, world, rank)
     if written is None:
         return _NO_CODEC
     slot = bound
-    if state._varsize:  # data-dependent size: the largest payload sets the slot
-        slot = _largest_payload(state, written, world, dev)
+    if ex.wire.varsize:  # data-dependent size: the largest payload sets the slot
+        slot = _largest_payload(ex, written, ranks, dev)
         if slot >= shard * grad.element_size():
             return _NO_GAIN  # most values passed on some rank: the raw shards cost less
         send[written:slot].zero_()  # no stale bytes on the wire past a shorter payload
-    recv = state._buffer("gather_recv", slot * world, dev)
-    state._collective(send, lambda: _all_gather_single(recv, send[:slot], group=state.process_group),
-                      bytes_sent=(world - 1) * slot, bytes_raw=(world - 1) * shard * grad.element_size())
-    full = state._typed_buffer("gather_full", shard * world, torch.float32, dev)
+    recv = ex.buffers.bytes("gather_recv", slot * world, dev)
+    ex.timed(send, lambda: _all_gather_single(recv, send[:slot], group=ranks.group),
+             bytes_sent=(world - 1) * slot, bytes_raw=(world - 1) * shard * grad.element_size())
+    full = ex.buffers.typed("gather_full", shard * world, torch.float32, dev)
     full.zero_()
     for r in range(world):
         core.decompress(recv[r * slot:r * slot + slot], full[r * shard:(r + 1) * shard],
                         unit=unit, chunk=world + r, world=world)
-    if state._ef:
+    if ex.wire.error_feedback:
         if e is None:
             e = residuals[unit] = torch.zeros(shard, dtype=torch.float32, device=dev)
         # e = g' - D, always finite (a shard that held NaN/Inf: fc_residual_passed's rule)
-        state._count_saturated(_range.residual(x, full[rank * shard:(rank + 1) * shard], e))
+        ex.count_saturated(_range.residual(x, full[rank * shard:(rank + 1) * shard], e))
     grad.copy_(full[:n].view_as(grad))
     return _SENT
 
 
-def _largest_payload(state, written: int, world: int, device) -> int:
+def _largest_payload(ex, written: int, ranks, device) -> int:
     """Every rank's payload size, all-gathered (one extra collective): the largest, which every
     payload slot is sized to."""
     mine = torch.tensor([written], dtype=torch.int64, device=device)
-    every = torch.empty(world, dtype=torch.int64, device=device)
-    state._collective(mine, lambda: _all_gather_single(every, mine, group=state.process_group),
-                      bytes_sent=8 * (world - 1), extra=True)
+    every = torch.empty(ranks.world, dtype=torch.int64, device=device)
+    ex.timed(mine, lambda: _all_gather_single(every, mine, group=ranks.group),
+             bytes_sent=8 * (ranks.world - 1), extra=True)
     return int(every.max())

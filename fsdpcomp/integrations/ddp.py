@@ -1,6 +1,6 @@
-"""The DDP communication hook: ``fsdpcomp.register(ddp_model, ...)`` (or
-``ddp_model.register_comm_hook(state, fsdpcomp.ddp_hook)``) replaces each bucket's all-reduce by a
-compressed reduce-scatter and an all-gather of the reduced shards."""
+"""DDP (``DistributedDataParallel``): the communication hook. ``fsdpcomp.register(ddp_model, ...)``
+(or ``ddp_model.register_comm_hook(state, fsdpcomp.ddp_hook)``) replaces each bucket's all-reduce
+by a compressed reduce-scatter and an all-gather of the reduced shards."""
 # No `from __future__ import annotations`: DDP's register_comm_hook compares the hook's
 # annotations with dist.GradBucket and Future[Tensor] as objects, and strings fail that check.
 import weakref
@@ -8,9 +8,9 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from .state import CommState
-
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+from .._dist import Ranks
+from ..state import CommState
+from ._checks import FLOATS, check_state, refuse_param_gather
 
 # DDP buckets its parameters once when it is built and again, in the order their gradients
 # became ready, before its second forward (unless find_unused_parameters without static_graph):
@@ -32,8 +32,7 @@ class DDPHookState:
     residuals find their bucket again in a fresh DDP wrapper."""
 
     def __init__(self, state: CommState, ddp: torch.nn.parallel.DistributedDataParallel):
-        if not isinstance(state, CommState):
-            raise TypeError(f"DDPHookState's state must be a fsdpcomp.CommState, got {type(state).__name__}")
+        check_state(state, "DDPHookState")
         self.state = state
         self._ddp = weakref.ref(ddp)
         self._names = {id(p): name for name, p in ddp.module.named_parameters()}
@@ -49,12 +48,13 @@ class DDPHookState:
     def final(self) -> bool:
         """Whether DDP's buckets are the ones it keeps (rebuilt, or never to be rebuilt)."""
         ddp = self._ddp()
+        # torch's DDP says whether it rebuilt its buckets only through this member
         return (ddp is None or ddp._has_rebuilt_buckets or
                 (ddp.find_unused_parameters and not ddp.static_graph))
 
     def reduce(self, bucket: dist.GradBucket, buf: torch.Tensor) -> None:
         state, key = self.state, self.key(bucket)
-        if self.final() or state._units.has(key):
+        if self.final() or key in state.unit_keys:
             state.all_reduce(buf, key)
             return
         # A first layout: the final buckets the state knows that lie inside this one go as
@@ -63,8 +63,8 @@ class DDPHookState:
         where = {name: i for i, name in enumerate(key[1])}
         grads = bucket.gradients()
         done = set()
-        for known in state._units.keys:
-            if known[0] == "ddp" and all(name in where for name in known[1]):
+        for known in state.unit_keys:
+            if isinstance(known, tuple) and known[0] == "ddp" and all(name in where for name in known[1]):
                 parts = [grads[where[name]] for name in known[1]]
                 flat = torch.cat([g.reshape(-1) for g in parts])
                 state.all_reduce(flat, known)
@@ -89,14 +89,15 @@ def ddp_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tenso
     all-gather of the reduced shards in the bucket's dtype (or compressed: allgather_compress).
     state: the ``DDPHookState`` that ``fsdpcomp.register`` registers (units keyed by the
     bucket's parameters), or a bare CommState (units keyed by bucket index, the first backward
-    of each process uncompressed)."""
-    if not isinstance(state, (CommState, DDPHookState)):
-        raise TypeError(f"ddp_hook's state must be a fsdpcomp.CommState, got {type(state).__name__}")
+    of each process uncompressed). TypeError for a state or bucket of the wrong kind or a
+    bucket of another dtype than float32/bfloat16/float16; the rest as CommState's."""
+    if not isinstance(state, DDPHookState):
+        check_state(state, "ddp_hook")
     if not isinstance(bucket, dist.GradBucket):
         raise TypeError(f"ddp_hook's bucket must be a torch.distributed.GradBucket, got {type(bucket).__name__}")
     buf = bucket.buffer()
-    if buf.dtype not in _FLOATS:
-        raise ValueError(f"ddp_hook: gradient bucket {bucket.index()} must be float32, bfloat16 or "
+    if buf.dtype not in FLOATS:
+        raise TypeError(f"ddp_hook: gradient bucket {bucket.index()} must be float32, bfloat16 or "
                          f"float16, got {buf.dtype}")
     if isinstance(state, DDPHookState):
         state.reduce(bucket, buf)
@@ -116,7 +117,17 @@ def ddp_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tenso
 def _plain_mean(state: CommState, buf: torch.Tensor) -> None:
     """The uncompressed all-reduce of a bucket whose layout is not final (not counted: no unit,
     no bytes)."""
-    world, _ = state._world_rank()
+    world = Ranks.of(state.process_group).world
     if world > 1:
         dist.all_reduce(buf, group=state.process_group)
     buf.div_(world)
+
+
+def register_ddp(ddp: torch.nn.parallel.DistributedDataParallel, state: CommState) -> None:
+    """``register_comm_hook`` with :func:`ddp_hook` and a :class:`DDPHookState`: buckets keyed by
+    their parameters. ValueError for a ``param_gather`` other than "none" (DDP has no
+    parameter all-gather)."""
+    refuse_param_gather(state, "DistributedDataParallel")
+    if state.process_group is None:
+        state.process_group = ddp.process_group
+    ddp.register_comm_hook(DDPHookState(state, ddp), ddp_hook)

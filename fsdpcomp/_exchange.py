@@ -1,0 +1,346 @@
+"""The collectives of one CommState: what goes on the wire and in which order, apart from the
+state (config, units, counters, checkpoint) they serve, as torch FSDP2 keeps its collectives in
+``_fsdp_collectives.py``. CommState claims the unit; the C core plans, encodes, decodes and
+counts; this moves the payloads through torch.distributed (or the C-side NCCL transport).
+
+The interface CommState uses: ``reduce_scatter`` (the all-to-all exchange, or the pipelined
+per-peer one, with the size exchange and the second round where the method has them), ``sync``
+(method state kept equal on all ranks), ``all_gather`` (the all-gather half of an all-reduce,
+_shard_gather.py), ``signature`` (what an exchange looks like, for the handshake in _agree.py),
+``timed`` (one counted collective), ``buffers``, the all-gather half's ``gather_residuals`` and
+``saturated`` count."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from . import _nccl
+from ._dist import Ranks, all_gather_single
+from ._shard_gather import all_gather_shards
+
+ELEMENT_SIZE = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
+
+Splits = tuple[tuple[int, ...], tuple[int, ...]]  # bytes sent to, received from, each rank
+
+
+@dataclass(frozen=True)
+class Wire:
+    """The config keys the exchange reads, read once (the core's config property copies a dict)."""
+    transport: str
+    varsize: bool  # payload sizes depend on the data: a size exchange first
+    pipeline: bool
+    timeout_s: float
+    error_feedback: bool
+    zero_nonfinite: bool
+    gather_compressed: bool  # allgather_compress
+    gather_explicit: bool  # allgather_compress set by name, not by default
+    min_numel: int
+
+    @staticmethod
+    def of(core, given: Mapping[str, Any]) -> "Wire":
+        cfg = core.config
+        return Wire(cfg["transport"], bool(core.flags["varsize"]), cfg["pipeline"], cfg["timeout_s"],
+                    cfg["error_feedback"], cfg["nonfinite"] == "zero", cfg["allgather_compress"],
+                    "allgather_compress" in given, cfg["min_numel"])
+
+
+class Buffers:
+    """Reusable working memory: one uint8 buffer per (kind, device), grown and never shrunk, so
+    no call allocates in steady state; typed buffers are views of it."""
+
+    def __init__(self):
+        self._bufs: dict[tuple[str, str], torch.Tensor] = {}
+
+    def bytes(self, kind: str, nbytes: int, device: torch.device) -> torch.Tensor:
+        key = (kind, str(device))
+        buf = self._bufs.get(key)
+        if buf is None or buf.numel() < nbytes:
+            buf = torch.empty(max(nbytes, 1024), dtype=torch.uint8, device=device)
+            self._bufs[key] = buf
+        return buf[:nbytes]
+
+    def typed(self, kind: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        size = ELEMENT_SIZE.get(dtype) or torch.empty((), dtype=dtype).element_size()
+        return self.bytes(kind + str(dtype), numel * size, device).view(dtype)
+
+    def like(self, kind: str, numel: int, like: torch.Tensor) -> torch.Tensor:
+        return self.typed(kind, numel, like.dtype, like.device)
+
+    def base(self, kind: str, device: torch.device) -> torch.Tensor | None:
+        """The buffer itself: views cached beside it are stale once it is regrown."""
+        return self._bufs.get((kind, str(device)))
+
+
+class _Shape(NamedTuple):
+    numel: int
+    dtype: torch.dtype
+    world: int
+    rank: int
+
+
+class _PartSlots(NamedTuple):
+    """The per-peer exchange's buffers and a view per (peer, piece) of each."""
+    bases: tuple[torch.Tensor, torch.Tensor]  # the send and recv buffers the views are of
+    send: torch.Tensor
+    recv: torch.Tensor
+    send_slots: list[list[torch.Tensor]]
+    recv_slots: list[list[torch.Tensor]]
+
+
+def _slots(buf: torch.Tensor, parts) -> list[list[torch.Tensor]]:
+    """Views of buf, one per part, for parts[c] = the byte sizes of chunk c's pieces laid back
+    to back, chunk after chunk."""
+    slots, at = [], 0
+    for sizes in parts:
+        slots.append([])
+        for size in sizes:
+            slots[-1].append(buf[at:at + size])
+            at += size
+    return slots
+
+
+class Exchange:
+    """The collectives of one C core (see the module docstring)."""
+
+    def __init__(self, core, wire: Wire):
+        self.core = core
+        self.wire = wire
+        self.buffers = Buffers()
+        self.gather_residuals: dict[int, torch.Tensor] = {}  # the all-gather half's, per unit
+        # what the all-gather half's torch ops saturated (_range.py), per device: summed only
+        # when the counters are read, so CUDA calls never wait for the count
+        self._saturated: dict[torch.device, torch.Tensor] = {}
+        # the C core's answers per shape, asked once
+        self._splits: dict[_Shape, Splits] = {}
+        self._pipelined_ok: dict[tuple[int, int], bool] = {}  # (numel, world)
+        self._kmax: dict[tuple[int, int], int] = {}  # (numel, world): second-round picks, 0: none
+        self._slots: dict[_Shape, _PartSlots] = {}
+        self._peers: tuple[dist.ProcessGroup, list[int]] | None = None
+
+    # ---- counting
+
+    def timed(self, like: torch.Tensor, run: Callable[[], Any], bytes_sent: int = 0, bytes_raw: int = 0,
+              extra: bool = False, fallback: bool = False) -> None:
+        """Runs `run()`, one torch.distributed collective on tensors like `like`, and counts it.
+        On CUDA its time is that of CUDA events around it on the current stream (the stream
+        waits for the collective, the host does not: a host clock would time the enqueue
+        only), read lazily with counters(); on the CPU, the host clock. extra: a collective
+        beyond the all-to-all (extra_collectives); fallback: a unit sent uncompressed because
+        compressing would not have paid (fallback_units)."""
+        if like.is_cuda:
+            index = like.device.index if like.device.index is not None else torch.cuda.current_device()
+            stream = torch.cuda.current_stream(index).cuda_stream
+            self.core.comm_mark(index, stream, False, extra)
+            run()
+            self.core.comm_mark(index, stream, True, extra)
+            seconds = 0.0
+        else:
+            t0 = time.perf_counter()
+            run()
+            seconds = time.perf_counter() - t0
+        self.core.add_comm(seconds, bytes_sent=bytes_sent, bytes_raw=bytes_raw, extra=extra,
+                           fallback=fallback)
+
+    def count_saturated(self, count: torch.Tensor) -> None:
+        """Adds a count of the all-gather half's saturations (a 0-dim tensor on any device)."""
+        total = self._saturated.get(count.device)
+        self._saturated[count.device] = count if total is None else total + count
+
+    def saturated(self) -> int:
+        return sum(int(t) for t in self._saturated.values())
+
+    def reset_counts(self) -> None:
+        self._saturated.clear()
+
+    # ---- the reduce-scatter
+
+    def signature(self, grad: torch.Tensor, world: int, rank: int) -> tuple:
+        """What the exchange of this shape looks like from this rank, up to the payloads: per-peer
+        or all-to-all, the split sizes, the pieces, the size exchange, the transport."""
+        per_peer = self._pipelined(grad, world)
+        pieces = self.core.pieces(grad, world, rank) if per_peer else None
+        return (per_peer, self.core.plan(grad, world, rank), pieces, self.wire.varsize, self.wire.transport)
+
+    def _pipelined(self, grad: torch.Tensor, world: int) -> bool:
+        """The pipelined exchange applies to CPU tensors on torch.distributed, over >= 2 ranks,
+        for units whose payloads have fixed sizes and are decoded one by one."""
+        if not self.wire.pipeline or world < 2 or grad.device.type != "cpu" or self.wire.transport == "nccl":
+            return False
+        key = (grad.numel(), world)
+        ok = self._pipelined_ok.get(key)
+        if ok is None:
+            ok = self._pipelined_ok[key] = self.core.per_peer_ok(grad.numel(), world)
+        return ok
+
+    def reduce_scatter(self, grad: torch.Tensor, output: torch.Tensor, unit: int, ranks: Ranks) -> None:
+        """output = this rank's chunk of the sum over ranks of grad / world (the C core decodes),
+        for the unit the caller claimed."""
+        if self._pipelined(grad, ranks.world):
+            self._per_peer_exchange(grad, output, unit, ranks)
+        else:
+            self._all_to_all_exchange(grad, output, unit, ranks)
+
+    def _all_to_all_exchange(self, grad, output, unit: int, ranks: Ranks) -> None:
+        """Encode every payload, one all-to-all, decode them all: any method, any transport."""
+        world, rank = ranks.world, ranks.rank
+        shape = _Shape(grad.numel(), grad.dtype, world, rank)
+        splits = self._splits.get(shape)
+        if splits is None:
+            splits = self._splits[shape] = self.core.plan(grad, world, rank)
+        send_splits, recv_splits = splits
+        send = self.buffers.bytes("send", sum(send_splits), grad.device)
+        recv = self.buffers.bytes("recv", sum(recv_splits), grad.device)
+        sizes = self.core.encode(grad, send, world, rank, unit)
+        if self.wire.varsize:
+            send, recv, send_splits, recv_splits = self._exchange_sizes(sizes, send, recv, ranks)
+        if self.wire.transport == "nccl":
+            # the C-side collective: grouped send/recv on the current stream, timed by events
+            comm = _nccl.comm_for(ranks.group, grad.device, self.wire.timeout_s)
+            self.core.nccl_all_to_all(comm, send, recv, send_splits, recv_splits)
+        elif world > 1:
+            self.timed(send, lambda: dist.all_to_all_single(
+                recv, send, list(recv_splits), list(send_splits), group=ranks.group))
+        elif recv.numel():
+            recv.copy_(send)  # one rank compressing its own chunk: the payload loops back
+        self.core.decode(recv, grad, output, world, rank, unit)
+        key = (grad.numel(), world)
+        kmax = self._kmax.get(key)
+        if kmax is None:
+            kmax = self._kmax[key] = self.core.fetch_kmax(grad.numel(), world)
+        if kmax:
+            self._second_round(grad, output, unit, ranks, kmax)
+
+    def _exchange_sizes(self, sizes, send, recv, ranks: Ranks):
+        """Data-dependent payload sizes (flags['varsize']): every rank learns what it will receive
+        with one small all-to-all first, counted as an extra collective."""
+        send_splits = tuple(sizes)
+        if ranks.world == 1:
+            recv_splits = send_splits
+        else:
+            out_sizes = torch.tensor(send_splits, dtype=torch.int64, device=send.device)
+            in_sizes = torch.empty(ranks.world, dtype=torch.int64, device=send.device)
+            self.timed(send, lambda: dist.all_to_all_single(in_sizes, out_sizes, group=ranks.group),
+                       bytes_sent=8 * (ranks.world - 1), extra=True)
+            # the one host sync of a data-dependent size on CUDA: the receive splits must be
+            # known on the host to post the payloads' all-to-all
+            recv_splits = tuple(int(v) for v in in_sizes.tolist())
+        return send[:sum(send_splits)], recv[:sum(recv_splits)], send_splits, recv_splits
+
+    def _second_round(self, grad, output, unit: int, ranks: Ranks, kmax: int) -> None:
+        """Sketched-SGD's second round (sketch with second_round): decode() only picked this
+        rank's heavy coordinates. The picks go to every rank (an all-gather), each rank answers
+        with its exact values there (an all-to-all), and finish() sums them into output. Two
+        extra collectives, timed here; their bytes are counted by the C side."""
+        world, rank, dev = ranks.world, ranks.rank, grad.device
+        picks = self.buffers.typed("fetch_picks", kmax, torch.int32, dev)
+        self.core.fetch_picks(unit, picks.view(torch.uint8))
+        if world > 1:
+            everyone = self.buffers.typed("fetch_all_picks", world * kmax, torch.int32, dev)
+            self.timed(grad, lambda: all_gather_single(everyone, picks, group=ranks.group), extra=True)
+        else:
+            everyone = picks
+        send = self.buffers.typed("fetch_send", world * kmax, torch.float32, dev)
+        send_splits, recv_splits = self.core.fetch(everyone.view(torch.uint8), grad,
+                                                   send.view(torch.uint8), world, rank, unit)
+        send = send[:sum(send_splits)]
+        recv = self.buffers.typed("fetch_recv", sum(recv_splits), torch.float32, dev)
+        if world > 1:
+            self.timed(grad, lambda: dist.all_to_all_single(
+                recv, send, list(recv_splits), list(send_splits), group=ranks.group), extra=True)
+        else:
+            recv.copy_(send)  # one rank compressing its own chunk: its values loop back
+        self.core.finish(recv.view(torch.uint8), grad, output, world, rank, unit)
+
+    def _per_peer_exchange(self, grad, output, unit: int, ranks: Ranks) -> None:
+        """The reduce-scatter as point-to-point messages, overlapped with the codec.
+
+        Every receive is posted first. Then, at step k = 1..W-1, this rank encodes the payload
+        for rank - k and puts it on the wire at once, so the next encode runs while it is in
+        flight; each rank thus receives from rank + k at step k (a permutation: one flow per
+        link per step, on every rank), which is the order decode_part adds them in, after the
+        own chunk. A large payload of an element- or block-wise method goes as pieces
+        (`pipeline_piece` elements each), so even a single peer's payload is encoded, sent and
+        decoded in overlapping steps. The sum runs in that fixed order on every run.
+        comm_time_s counts only the time spent waiting on the wire."""
+        world, rank, group = ranks.world, ranks.rank, ranks.group
+        peers = self._global_ranks(group)
+        parts = self._part_slots(grad, world, rank)
+        send, send_slots, recv_slots = parts.send, parts.send_slots, parts.recv_slots
+        arriving = {}
+        for k in range(1, world):
+            src = (rank + k) % world
+            for piece, slot in enumerate(recv_slots[src]):
+                if slot.numel():  # the tag tells a sender's pieces apart
+                    arriving[src, piece] = dist.irecv(slot, src=peers[src], group=group, tag=piece)
+        leaving = []
+        for k in range(1, world):
+            dst = (rank - k) % world
+            for piece, slot in enumerate(send_slots[dst]):
+                if self.core.encode_part(grad, send, world, rank, unit, dst, piece):
+                    leaving.append(dist.isend(slot, dst=peers[dst], group=group, tag=piece))
+        for piece, slot in enumerate(send_slots[rank]):  # empty unless compress_own_chunk
+            self.core.encode_part(grad, send, world, rank, unit, rank, piece)
+        waited = 0.0
+        for k in range(world):
+            src = (rank + k) % world
+            slots = send_slots[rank] if src == rank else recv_slots[src]  # the own payload loops back
+            for piece, slot in enumerate(slots):
+                work = arriving.get((src, piece))
+                if work is not None:
+                    t0 = time.perf_counter()
+                    work.wait()
+                    waited += time.perf_counter() - t0
+                self.core.decode_part(slot, grad, output, world, rank, unit, src, piece)
+        t0 = time.perf_counter()
+        for work in leaving:  # the send buffer is reused by the next call
+            work.wait()
+        self.core.add_comm(waited + time.perf_counter() - t0)
+
+    def _part_slots(self, grad: torch.Tensor, world: int, rank: int) -> _PartSlots:
+        """Made once per (size, dtype, world, rank), again only after a buffer was regrown: W x
+        pieces views are not worth rebuilding on every call."""
+        shape, dev = _Shape(grad.numel(), grad.dtype, world, rank), grad.device
+        cached = self._slots.get(shape)
+        if cached is not None and all(self.buffers.base(kind, dev) is base
+                                      for kind, base in zip(("send", "recv"), cached.bases)):
+            return cached
+        send_parts, recv_parts = self.core.pieces(grad, world, rank)
+        send = self.buffers.bytes("send", sum(map(sum, send_parts)), dev)
+        recv = self.buffers.bytes("recv", sum(map(sum, recv_parts)), dev)
+        parts = _PartSlots((self.buffers.base("send", dev), self.buffers.base("recv", dev)), send, recv,
+                           _slots(send, send_parts), _slots(recv, recv_parts))
+        self._slots[shape] = parts
+        return parts
+
+    def _global_ranks(self, group: dist.ProcessGroup | None) -> list[int]:
+        """Global rank of each rank of the group: torch's point-to-point calls take global ranks."""
+        group = group if group is not None else dist.group.WORLD
+        if self._peers is None or self._peers[0] is not group:
+            self._peers = (group, dist.get_process_group_ranks(group))
+        return self._peers[1]
+
+    def sync(self, unit: int, ranks: Ranks, device: torch.device) -> None:
+        """Method state that must stay identical on all ranks (gradiveq's basis) is rebuilt from
+        a sum over ranks: one all-reduce, counted as an extra collective, on the steps it is due."""
+        vec = self.core.sync_vector(unit)
+        if vec is None:
+            return
+        summed = torch.frombuffer(bytearray(vec), dtype=torch.float32)
+        if ranks.world > 1:
+            # the state lives on the host (C), so on CUDA this costs a copy each way and a wait,
+            # on the steps the method's schedule makes it due (gradiveq: its basis updates)
+            t = summed.to(device)
+            nbytes = len(vec) * (ranks.world - 1) // ranks.world * 2  # ring all-reduce traffic per rank
+            self.timed(t, lambda: dist.all_reduce(t, group=ranks.group), bytes_sent=nbytes, extra=True)
+            summed = t.cpu()
+        self.core.sync_apply(unit, summed)
+
+    # ---- the all-gather half of an all-reduce
+
+    def all_gather(self, reduced: torch.Tensor, grad: torch.Tensor, unit: int, ranks: Ranks) -> None:
+        """grad = every rank's reduced shard (reduced: this rank's), compressed where that pays."""
+        all_gather_shards(self, reduced, grad, unit, ranks, self.gather_residuals)

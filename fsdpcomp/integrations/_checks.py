@@ -1,0 +1,52 @@
+"""The argument checks the integrations share, one per fault, each with one exception type:
+TypeError for what an argument is (not a tensor, not a CommState, a dtype or device the call
+cannot take), ValueError for whether its value fits (a shape, a size, a config key, an op)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..state import CommState
+
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_state(state: Any, who: str) -> None:
+    if not isinstance(state, CommState):
+        raise TypeError(f"{who}'s state must be a fsdpcomp.CommState, got {type(state).__name__}")
+
+
+def check_flat(t: Any, name: str, floats: bool = True, hint: str = "") -> None:
+    """A flat contiguous tensor; floats: of a dtype the codecs read."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if floats and t.dtype not in FLOATS:
+        raise TypeError(f"{name} must be float32, bfloat16 or float16{hint}, got {t.dtype}")
+    if t.dim() != 1 or not t.is_contiguous():
+        raise ValueError(f"{name} must be a flat contiguous tensor, got shape {tuple(t.shape)}")
+
+
+def check_alike(output: torch.Tensor, input: torch.Tensor) -> None:
+    if output.dtype != input.dtype or output.device != input.device:
+        raise TypeError(f"output_tensor ({output.dtype}, {output.device}) and input_tensor "
+                        f"({input.dtype}, {input.device}) must share dtype and device")
+
+
+def refuse_param_gather(state: CommState, where: str) -> None:
+    """Only FSDP2 has a parameter all-gather fsdpcomp can replace (set_custom_all_gather):
+    ValueError for a ``param_gather`` other than "none" anywhere else."""
+    codec = state.config["param_gather"]
+    if codec != "none":
+        raise ValueError(f"config key 'param_gather' is '{codec}', but {where} has no parameter "
+                         "all-gather hook (only FSDP2's fully_shard has one): set it to 'none'")
+
+
+def completed(output: torch.Tensor, async_op: bool):
+    """What torch's collectives return: None, or (async_op) a Work; the collective has already
+    run on the caller's stream, so the Work is a completed one."""
+    if not async_op:
+        return None
+    fut = torch.futures.Future()
+    fut.set_result([output])
+    return torch._C._distributed_c10d._create_work_from_future(fut)

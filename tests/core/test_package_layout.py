@@ -1,0 +1,103 @@
+"""The shape of fsdpcomp/ a reader relies on: no import cycle (every import, at any depth), the
+integrations import the state and their shared checks but never each other, no module over 400
+lines, and at most five reaches into another object's private members, each with a comment
+saying why (torch's, where it has no public accessor)."""
+import ast
+import os
+import re
+
+import pytest
+
+PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "fsdpcomp")
+# obj._member where obj is neither self/cls nor a module (torch._C, dist.distributed_c10d, ...)
+REACH = re.compile(r"\b(?!self\b|cls\b|torch\b|_C\b|_?distributed_c10d\b|Variable\b|fsdp\b|os\b)"
+                   r"[A-Za-z_]\w*(\(\))?\._[a-z]\w*")
+
+
+def _modules():
+    mods, ext = {}, set()
+    for d, _, files in os.walk(PKG):
+        rel = os.path.relpath(d, os.path.dirname(PKG)).split(os.sep)
+        for f in files:
+            if f.endswith(".so"):
+                ext.add(".".join(rel + [f.split(".")[0]]))
+            elif f.endswith(".py"):
+                name = rel if f == "__init__.py" else rel + [f[:-3]]
+                mods[".".join(name)] = os.path.join(d, f)
+    return mods, ext
+
+
+def _graph():
+    mods, ext = _modules()
+    graph = {m: set() for m in mods}
+    for m, path in mods.items():
+        pkg = m if path.endswith("__init__.py") else m.rpartition(".")[0]
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = pkg.split(".")
+                    base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+                subs = [f"{base}.{a.name}" for a in node.names]
+                targets = [t for t in subs if t in mods or t in ext]
+                if len(targets) < len(subs):  # `from pkg import name`: the package itself
+                    targets.append(base)
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            graph[m].update(t for t in targets if t in mods and t != m)
+    return graph
+
+
+def test_no_import_cycle():
+    graph = _graph()
+    assert "fsdpcomp.state" in graph and "fsdpcomp.integrations.fsdp2" in graph
+    cycles, seen, stack = [], {}, []
+
+    def visit(m):
+        seen[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if seen.get(n) == 1:
+                cycles.append(" -> ".join(stack[stack.index(n):] + [n]))
+            elif n not in seen:
+                visit(n)
+        stack.pop()
+        seen[m] = 2
+
+    for m in sorted(graph):
+        if m not in seen:
+            visit(m)
+    assert not cycles, cycles
+
+
+def test_integrations_do_not_import_each_other():
+    graph = _graph()
+    allowed = {"fsdpcomp.state", "fsdpcomp._dist", "fsdpcomp.integrations._checks"}
+    for name in ("fsdp1", "fsdp2", "ddp"):
+        mod = f"fsdpcomp.integrations.{name}"
+        assert graph[mod] <= allowed, f"{mod} imports {sorted(graph[mod] - allowed)}"
+
+
+@pytest.mark.parametrize("path", sorted(_modules()[0].values()), ids=lambda p: os.path.relpath(p, PKG))
+def test_module_is_at_most_400_lines(path):
+    with open(path, encoding="utf-8") as f:
+        assert len(f.readlines()) <= 400
+
+
+def test_private_reaches_are_few_and_commented():
+    reaches = []
+    for path in sorted(_modules()[0].values()):
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        for i, line in enumerate(lines):
+            code = line.split("#", 1)[0]
+            if line.lstrip().startswith(("from ", "import ")) or not REACH.search(code):
+                continue
+            commented = "#" in line or (i > 0 and lines[i - 1].lstrip().startswith("#"))
+            reaches.append((os.path.relpath(path, PKG), i + 1, line.strip(), commented))
+    assert len(reaches) <= 5, reaches
+    assert all(r[3] for r in reaches), [r for r in reaches if not r[3]]
