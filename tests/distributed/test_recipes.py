@@ -52,3 +52,14 @@ def test_accelerate_ddp():
     _check(losses, table)
     # DDP's first backward goes uncompressed (DDP rebuilds its buckets after it)
     assert table["step"] == str(STEPS - 1)
+
+
+def test_accelerate_fsdp2_wrapping():
+    # accelerate's own FSDP2 wrapping (fsdp2_prepare_model: fully_shard per GPT2Block, the tied
+    # embeddings, final norm and lm_head as one group, then the root), on CPU
+    pytest.importorskip("accelerate")
+    losses, table = _torchrun("accelerate_fsdp", STEPS)
+    _check(losses, table)
+    # root, 2 blocks, [ln_f, wte, lm_head]: one unit (the group shares one reduce-scatter)
+    assert table["units"] == "4" and table["step"] == str(STEPS)
+    assert int(table["param_gather_bytes_sent"]) < 0.3 * int(table["param_gather_bytes_raw"])
