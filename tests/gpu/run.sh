@@ -9,11 +9,14 @@
 #
 # Every group runs under an outer timeout of FSDPCOMP_GPU_GROUP_TIMEOUT seconds (default 600)
 # and records each check's result the moment it ends, so a group cut off by the timeout keeps
-# what it finished. Order and estimated time on one H100 (not measured yet: no GPU has run this
-# script; the first run's summary.json has the real seconds). Within a 40-minute session run
-#   session 1 (~25 min):  prereq build pytest bytes driver
-#   session 2 (~25 min):  train memcheck initcheck bench racecheck synccheck
-# or, with one session only, `all` in this order: what fails first is what matters most.
+# what it finished. Order and estimated time on one H100 (estimates: no GPU has run this script
+# yet; the first run's summary.json has the real seconds). `all` runs the groups in this order,
+# the most telling first, so that in a 40-minute GPU session the ones left out are the last
+# sanitizers; over two sessions:
+#   session 1 (12-24 min):  build pytest bytes driver
+#   session 2 (12-30 min):  train memcheck initcheck bench
+#   then, with time left:   racecheck synccheck (3-9 min each)
+# (prereq always runs first, in seconds.)
 #
 #   prereq     ~10 s     python, torch with CUDA and a GPU, nvcc, the host compiler, pytest,
 #                        compute-sanitizer: a missing one is said first (always runs)
@@ -312,8 +315,8 @@ run_sanitizer() {
     echo "---- compute-sanitizer --tool $tool"
     local extra=()
     [ "$tool" = racecheck ] && extra=(--racecheck-report analysis)
-    # initcheck: reads of device memory nothing wrote (torch.empty buffers the kernels must fill)
-    [ "$tool" = initcheck ] && extra=(--track-unused-memory no)
+    # initcheck (no options of its own): reads of device memory nothing wrote, such as the
+    # torch.empty buffers and scratch the kernels must fill before they read them
     bounded "$cs" --tool "$tool" "${extra[@]}" --error-exitcode 1 --target-processes all \
         "$PY" tests/gpu/sanitize_run.py > "$OUT_DIR/sanitize_$tool.log" 2>&1
     local rc=$?
