@@ -8,6 +8,7 @@ Environment:
   NCCL_HOME           NCCL headers/library, before the nvidia-nccl-cu* package and the toolkit
   FSDPCOMP_DEBUG=1    -O0 -g;  FSDPCOMP_SANITIZE=1  ASan + UBSan on the C code
   FSDPCOMP_NATIVE=1   -march=native for the CPU kernels (not for wheels you ship)
+  FSDPCOMP_WERROR=0   warnings stay warnings (another compiler than CI's, e.g. a GPU machine's)
 """
 import glob
 import os
@@ -30,9 +31,11 @@ def env_flag(name, default="0"):
 
 
 def c_flags():
-    flags = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden",
+    flags = ["-std=c11", "-Wall", "-Wextra", "-fvisibility=hidden",
              # One rounding per operation, no FMA contraction: CPU and CUDA bytes must agree.
              "-ffp-contract=off", "-fno-math-errno"]
+    if env_flag("FSDPCOMP_WERROR", "1"):
+        flags += ["-Werror"]
     if env_flag("FSDPCOMP_DEBUG"):
         flags += ["-O0", "-g3"]
     else:
@@ -144,8 +147,8 @@ class BuildExt(build_ext):
         info = "archs %s, nccl.h %s" % (",".join(archs), nccl_inc or "absent (built-in declarations)")
         defs.append('-DFC_CUDA_BUILD_INFO="%s"' % info)
         # --fmad=false: no FMA contraction, so decoded values match the CPU reference bit for bit.
-        flags = ["-O3", "-std=c++17", "--fmad=false", "-Xcompiler", "-fPIC,-Wall,-fvisibility=hidden",
-                 "-Werror", "all-warnings"] + gencode + incs + defs
+        flags = ["-O3", "-std=c++17", "--fmad=false", "-Xcompiler", "-fPIC,-Wall,-fvisibility=hidden"]
+        flags += (["-Werror", "all-warnings"] if env_flag("FSDPCOMP_WERROR", "1") else []) + gencode + incs + defs
         if env_flag("FSDPCOMP_DEBUG"):
             flags += ["-G", "-g"]
         objs = [os.path.join(obj_dir, os.path.basename(src) + ".o") for src in sources]

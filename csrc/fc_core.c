@@ -140,7 +140,7 @@ static int unit_state(fc_core *s, const fc_method *m, uint32_t unit, float **out
     if (m->unit_floats == NULL)
         return FC_OK;
     float **slot;
-    if ((int32_t)unit < s->n_units) {
+    if (unit < (uint32_t)s->n_units) {
         slot = &s->units[unit].ustate;
     } else { /* compress()/decompress() of a unit the collective has not seen */
         if (s->loose != NULL && s->loose_unit != (int64_t)unit) {
@@ -168,7 +168,7 @@ static int unit_state(fc_core *s, const fc_method *m, uint32_t unit, float **out
 int fc_core_unit_state(fc_core *s, uint32_t unit, float **out, fc_err *err)
 {
     *out = NULL;
-    if ((int32_t)unit >= s->n_units)
+    if (unit >= (uint32_t)s->n_units)
         return fc_fail(err, FC_ERR_VALUE, "unit %u was never begun", unit);
     return unit_state(s, fc_core_unit_method(s, s->units[unit].numel), unit, out, err);
 }
@@ -182,7 +182,7 @@ void fc_core_sync_span(fc_core *s, uint32_t unit, float **data, int64_t *len)
 {
     *data = NULL;
     *len = 0;
-    if ((int32_t)unit >= s->n_units || s->units[unit].ustate == NULL)
+    if (unit >= (uint32_t)s->n_units || s->units[unit].ustate == NULL)
         return;
     const fc_method *m = fc_core_unit_method(s, s->units[unit].numel);
     if (m->sync_floats == NULL)

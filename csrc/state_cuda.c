@@ -147,7 +147,7 @@ static int single_state(StateObject *self, PyObject *like, const fc_cuda_call *k
     int rc = fc_core_single_state(c, unit, &host, err);
     if (rc != FC_OK || host == NULL)
         return rc;
-    if ((int32_t)unit < c->n_units && fc_core_unit_floats(c, c->units[unit].numel) > 0)
+    if (unit < (uint32_t)c->n_units && fc_core_unit_floats(c, c->units[unit].numel) > 0)
         return unit_state(self, like, k, unit, dev, err);
     const int64_t nf = c->method->unit_floats(c->cfg); /* host != NULL: the method keeps one */
     rc = named_buffer(self, "single state", 4 * nf, like, &ptr, &have, err);

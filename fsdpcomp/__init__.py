@@ -61,7 +61,7 @@ def methods() -> list[str]:
     return list(_C.methods())
 
 
-# Methods with CUDA kernels: the table in cuda/fc_cu_methods.cu (tests/test_cuda_build.py checks
+# Methods with CUDA kernels: the table in cuda/fc_cu_methods.cu (tests/cuda/test_cuda_build.py checks
 # this against the built library's own answer).
 _CUDA_METHODS = frozenset({"none", "fp16", "bf16", "int8", "fp8", "intN", "qsgd", "nc", "onebit",
                            "signsgd", "topk", "randomk", "thresholdv", "sketch", "gradiveq"})

@@ -64,19 +64,19 @@ def check_single(cpu, dev, x: torch.Tensor, gen, unit: int = 3, chunk: int = 5, 
     pa = torch.zeros(size, dtype=torch.uint8)
     pb = torch.full((size,), 0xA5, dtype=torch.uint8, device=DEV)  # unwritten bytes show
     wa = cpu._core.compress(x, pa, unit=unit, chunk=chunk, world=world, rank=rank)
-    wb = dev._core.compress(x.to(DEV), pb, unit=unit, chunk=chunk, world=world, rank=rank)
+    wb = dev._core.compress(x.to(DEV, copy=True), pb, unit=unit, chunk=chunk, world=world, rank=rank)
     assert wa == wb, f"{what} n={n}: payload sizes {wa} (CPU) and {wb}"
     diff = (pa[:wa] != pb[:wb].cpu()).nonzero().flatten()[:8].tolist()
     assert not diff, f"{what} n={n}: payload bytes differ at {diff}"
     for alpha in (1.0, -0.5):
         acc = make_grad(n, torch.float32, gen)
-        acc_d = acc.to(DEV)
+        acc_d = acc.to(DEV, copy=True)
         cpu._core.decompress(pa[:wa], acc, alpha=alpha, unit=unit, chunk=chunk, world=world)
         dev._core.decompress(pb[:wb], acc_d, alpha=alpha, unit=unit, chunk=chunk, world=world)
         assert same_bits(acc, acc_d.cpu()), f"{what} n={n} alpha={alpha}: decompressed sums"
     # a payload buffer longer than the payload (the all-gather's slot): the same sum
     acc = torch.zeros(n)
-    acc_d = acc.to(DEV)
+    acc_d = acc.to(DEV, copy=True)
     cpu._core.decompress(pa, acc, unit=unit, chunk=chunk, world=world)
     dev._core.decompress(pb, acc_d, unit=unit, chunk=chunk, world=world)
     assert same_bits(acc, acc_d.cpu()), f"{what} n={n}: decompress of the whole buffer"
@@ -115,7 +115,7 @@ def test_gradiveq_single_payloads_use_the_collectives_unit_state(gen):
     cfg = {"dim": 16, "k": 3, "warmup": 1, "refresh": 0}
     cpu, dev = states("gradiveq", cfg)
     g = make_grad(4000, torch.float32, gen)
-    for st, t in ((cpu, g), (dev, g.to(DEV))):
+    for st, t in ((cpu, g), (dev, g.to(DEV, copy=True))):
         u = st._core.begin(t.numel())
         send_splits, _ = st._core.plan(t, 1, 0)
         st._core.encode(t, torch.zeros(sum(send_splits), dtype=torch.uint8, device=t.device), 1, 0, u)
@@ -148,8 +148,8 @@ def test_corrupted_header_is_refused_as_on_the_cpu(method, cfg, field, gen):
     with pytest.raises(fsdpcomp.PayloadError):
         cpu._core.decompress(bad, acc, unit=3, chunk=5, world=3)
     assert same_bits(acc, before), "the CPU leaves acc as it was"
-    acc_d = before.to(DEV)
-    dev._core.decompress(bad.to(DEV), acc_d, unit=3, chunk=5, world=3)
+    acc_d = before.to(DEV, copy=True)
+    dev._core.decompress(bad.to(DEV, copy=True), acc_d, unit=3, chunk=5, world=3)
     assert torch.isnan(acc_d.cpu()).all(), f"{method}: a refused payload poisons every element"
     with pytest.raises(fsdpcomp.PayloadError):
         dev.counters()

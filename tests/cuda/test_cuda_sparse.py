@@ -53,7 +53,7 @@ class OnDevice:
         return new_state(method, cfg)
 
     def encode(self, st, grad: torch.Tensor, world: int, rank: int) -> torch.Tensor:
-        g = grad.to(DEV)
+        g = grad.to(DEV, copy=True)
         self.unit = st._core.begin(g.numel())
         s, _ = st._core.plan(g, world, rank)
         send = torch.full((sum(s),), 0xA5, dtype=torch.uint8, device=DEV)  # unwritten bytes show
@@ -74,7 +74,7 @@ class OnDevice:
                world: int, rank: int):
         st = new_state(method, cfg)
         out = torch.full((out_numel,), 7.0, dtype=grad.dtype, device=DEV)
-        st._core.decode(recv.to(DEV), grad.to(DEV), out, world, rank, st._core.begin(grad.numel()))
+        st._core.decode(recv.to(DEV, copy=True), grad.to(DEV, copy=True), out, world, rank, st._core.begin(grad.numel()))
         return out.cpu(), dict(st.counters())
 
 
@@ -170,11 +170,11 @@ def test_single_payloads_match_cpu(method, cfg, gen):
     pa = torch.zeros(size, dtype=torch.uint8)
     pb = torch.full((size,), 0xA5, dtype=torch.uint8, device=DEV)
     wa = cpu._core.compress(x, pa, unit=3, chunk=5, world=3, rank=1)
-    wb = dev._core.compress(x.to(DEV), pb, unit=3, chunk=5, world=3, rank=1)
+    wb = dev._core.compress(x.to(DEV, copy=True), pb, unit=3, chunk=5, world=3, rank=1)
     assert wa == wb and torch.equal(pa[:wa], pb[:wb].cpu()), f"{method} {cfg}: payload bytes"
     for alpha in (1.0, -0.5):
         acc = make_grad(n, torch.float32, gen)
-        acc_d = acc.to(DEV)
+        acc_d = acc.to(DEV, copy=True)
         cpu._core.decompress(pa[:wa], acc, alpha=alpha, unit=3, chunk=5, world=3)
         dev._core.decompress(pb[:wb], acc_d, alpha=alpha, unit=3, chunk=5, world=3)
         assert same_bits(acc, acc_d.cpu()), f"{method} {cfg} alpha={alpha}: decompressed sums"
@@ -195,7 +195,7 @@ def test_decode_of_w_payloads_matches_cpu(method, cfg, dtype, gen):
 def test_many_calls_on_one_state_without_reading_counters(gen):
     """More calls than the context has timing events (64), counters read once at the end."""
     st = new_state("signsgd", {"compress_own_chunk": True, "error_feedback": True})
-    g = make_grad(1000, torch.float32, gen).to(DEV)
+    g = make_grad(1000, torch.float32, gen).to(DEV, copy=True)
     s, _ = st._core.plan(g, 1, 0)
     send = torch.empty(sum(s), dtype=torch.uint8, device=DEV)
     out = torch.empty(1000, device=DEV)
@@ -220,7 +220,7 @@ def exchange(states, grads, world, on_device):
     shard = -(-n // world)
     sends, sizes, units = [], [], []
     for r, (st, g) in enumerate(zip(states, grads)):
-        g = g.to(dev)
+        g = g.to(dev, copy=True)
         u = st._units.claim(n, None)  # as the hooks claim it: state_dict() lists the unit's key
         s, _ = st._core.plan(g, world, r)
         send = torch.zeros(sum(s), dtype=torch.uint8, device=dev)
@@ -235,7 +235,7 @@ def exchange(states, grads, world, on_device):
             parts.append(sends[q][off:off + sizes[q][r]])
         recv = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8, device=dev)
         out = torch.zeros(shard, dtype=g.dtype, device=dev)
-        st._core.decode(recv, g.to(dev), out, world, r, units[r])
+        st._core.decode(recv, g.to(dev, copy=True), out, world, r, units[r])
         outs.append(out)
     kmax = states[0]._core.fetch_kmax(n, world)
     if kmax:  # the second round: picks all-gathered, values all-to-all, then finish
@@ -248,12 +248,12 @@ def exchange(states, grads, world, on_device):
         vals, splits = [], []
         for r, (st, g) in enumerate(zip(states, grads)):
             send = torch.zeros(world * kmax, dtype=torch.float32, device=dev)
-            ss, _ = st._core.fetch(everyone.view(torch.uint8), g.to(dev), send.view(torch.uint8), world, r, units[r])
+            ss, _ = st._core.fetch(everyone.view(torch.uint8), g.to(dev, copy=True), send.view(torch.uint8), world, r, units[r])
             vals.append(send)
             splits.append(ss)
         for r, (st, g) in enumerate(zip(states, grads)):
             recv = torch.cat([vals[q][sum(splits[q][:r]):sum(splits[q][:r + 1])] for q in range(world)])
-            st._core.finish(recv.view(torch.uint8), g.to(dev), outs[r], world, r, units[r])
+            st._core.finish(recv.view(torch.uint8), g.to(dev, copy=True), outs[r], world, r, units[r])
     outs = [o.cpu() for o in outs]
     vecs = [st._core.sync_vector(u) for st, u in zip(states, units)]
     summed = None
@@ -394,7 +394,7 @@ def test_thresholdv_sizes_are_the_cpus(threshold, values, gen):
         a = torch.zeros(sum(s), dtype=torch.uint8)
         b = torch.zeros(sum(s), dtype=torch.uint8, device=DEV)
         sa = cpu._core.encode(g, a, world, rank, cpu._core.begin(g.numel()))
-        sb = dev._core.encode(g.to(DEV), b, world, rank, dev._core.begin(g.numel()))
+        sb = dev._core.encode(g.to(DEV, copy=True), b, world, rank, dev._core.begin(g.numel()))
         assert sa == sb, f"{cfg} W={world}: sizes {sb}, the CPU's {sa}"
         assert torch.equal(a[:sum(sa)], b[:sum(sb)].cpu())
         assert dev.counters()["value_bytes"] == cpu.counters()["value_bytes"]
@@ -418,7 +418,7 @@ def corrupt_decode(method, cfg, n, edit):
         st._core.decode(send, g, torch.empty(n), 1, 0, 0)
     dev = new_state(method, full)
     out = torch.zeros(n, device=DEV)
-    dev._core.decode(send.to(DEV), g.to(DEV), out, 1, 0, dev._core.begin(n))
+    dev._core.decode(send.to(DEV, copy=True), g.to(DEV, copy=True), out, 1, 0, dev._core.begin(n))
     with pytest.raises(fsdpcomp.PayloadError, match="rank 0"):
         dev.counters()
     assert torch.isnan(out.cpu()).all()
@@ -452,7 +452,7 @@ def test_second_round_picks_that_the_cpu_rejects_are_reported(gen):
         units = []
         sizes, sends = [], []
         for r, st in enumerate(states):
-            g = grads[r].to(dev)
+            g = grads[r].to(dev, copy=True)
             units.append(st._core.begin(n))
             s, _ = st._core.plan(g, world, r)
             send = torch.zeros(sum(s), dtype=torch.uint8, device=dev)
@@ -460,7 +460,7 @@ def test_second_round_picks_that_the_cpu_rejects_are_reported(gen):
             sends.append(send)
         for r, st in enumerate(states):
             recv = torch.cat([sends[q][sum(sizes[q][:r]):sum(sizes[q][:r + 1])] for q in range(world)])
-            st._core.decode(recv, grads[r].to(dev), torch.zeros(n // world, device=dev), world, r, units[r])
+            st._core.decode(recv, grads[r].to(dev, copy=True), torch.zeros(n // world, device=dev), world, r, units[r])
         kmax = states[0]._core.fetch_kmax(n, world)
         assert kmax > 0
         everyone = torch.zeros(world * kmax, dtype=torch.int32, device=dev)
@@ -472,7 +472,7 @@ def test_second_round_picks_that_the_cpu_rejects_are_reported(gen):
             with pytest.raises(fsdpcomp.PayloadError):
                 states[1]._core.fetch(everyone.view(torch.uint8), grads[1], send.view(torch.uint8), world, 1, units[1])
         else:
-            ss, _ = states[1]._core.fetch(everyone.view(torch.uint8), grads[1].to(dev), send.view(torch.uint8),
+            ss, _ = states[1]._core.fetch(everyone.view(torch.uint8), grads[1].to(dev, copy=True), send.view(torch.uint8),
                                           world, 1, units[1])
             assert torch.isnan(send[:ss[0]].cpu()).all()
             with pytest.raises(fsdpcomp.PayloadError, match="rank 0"):

@@ -1,9 +1,10 @@
 """Builds tests/cuda_emu's emulator: cuda/*.cu (all but the CUB file) compiled as C++ by the
 host compiler against cuda_runtime.h here, launches rewritten from `k<<<cfg>>>(` to
-`fc_emu_launch(k, cfg)(`, with emu_stubs.cpp (CUB's two algorithms as host loops): linked with
+`fc_emu_launch(k, cfg)(`, with emu_stubs.cpp (CUB's two algorithms as host loops, the exported
+table's wrapper that poisons each call's scratch) and emu_swap.cpp (the fiber switch): linked with
 emu_main.cpp into an executable (build), or into a shared library that fsdpcomp._C loads in
 place of _fsdpcomp_cuda.so (build_shared: the real host glue drives it, CPU tensors standing for
-CUDA ones, see tests/test_cuda_sparse_emulated.py)."""
+CUDA ones, see tests/cuda/test_cuda_files_emulated.py)."""
 from __future__ import annotations
 
 import hashlib
@@ -15,11 +16,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-CUDA, CSRC = os.path.join(ROOT, "cuda"), os.path.join(ROOT, "csrc")
+# FSDPCOMP_EMU_CUDA_SRC: another copy of cuda/ to build (tests/cuda_emu/mutate.py's mutants)
+CUDA = os.environ.get("FSDPCOMP_EMU_CUDA_SRC") or os.path.join(ROOT, "cuda")
+CSRC = os.path.join(ROOT, "csrc")
 LAUNCH = re.compile(r"([A-Za-z_]\w*(?:<[^<>;]*>)?)<<<(.*?)>>>\(")
 SKIP = {"fc_cu_cub.cu"}  # CUB: emu_stubs.cpp stands in (the NCCL transport compiles too: it loads
 # libnccl when used, never here)
 FLAGS = ["-std=c++20", "-O1", "-pthread", "-ffp-contract=off", "-w", "-fPIC"]
+# the driver's exported table comes through emu_stubs.cpp's wrapper (poisoned scratch per call)
+RENAME = ["-Dfc_cuda_get_api=fc_emu_real_get_api"]
+STATIC_SHARED_LIMIT = 48 * 1024  # a kernel's static __shared__ bytes (cudaErrorInvalidValue above)
 
 
 def sources() -> list[str]:
@@ -69,14 +75,15 @@ def _build(out_dir: str, shared: bool) -> str:
         os.replace(os.path.join(src, f) + tmp, os.path.join(src, f))
     incs = ["-I", HERE, "-I", src, "-I", CSRC]
     units = [os.path.join(src, f) for f in sources() if f.endswith(".cu") and f not in SKIP]
-    units.append(os.path.join(HERE, "emu_stubs.cpp"))
+    units += [os.path.join(HERE, "emu_stubs.cpp"), os.path.join(HERE, "emu_swap.cpp")]
     if not shared:
         units.append(os.path.join(HERE, "emu_main.cpp"))
 
     def compile_one(path: str) -> str:
         obj = os.path.join(src, os.path.basename(path) + ".o")
         if not os.path.exists(obj):
-            subprocess.run([cxx, "-x", "c++", "-c", path, "-o", obj + tmp] + FLAGS + incs, check=True,
+            rename = [] if path.endswith("emu_main.cpp") else RENAME
+            subprocess.run([cxx, "-x", "c++", "-c", path, "-o", obj + tmp] + FLAGS + rename + incs, check=True,
                            capture_output=True, text=True)
             os.replace(obj + tmp, obj)
         return obj
@@ -86,9 +93,40 @@ def _build(out_dir: str, shared: bool) -> str:
             objs = list(pool.map(compile_one, units))
         except subprocess.CalledProcessError as e:
             raise RuntimeError(f"emulator build failed: {' '.join(e.cmd)}\n{e.stderr}") from e
+    check_static_shared(objs)
     subprocess.run([cxx, "-o", exe + tmp] + objs + ["-pthread"] + (["-shared"] if shared else []), check=True)
     os.replace(exe + tmp, exe)
     return exe
+
+
+def static_shared(objs: list[str]) -> dict[str, int]:
+    """Static __shared__ bytes per function that declares them (cuda_runtime.h puts every
+    __shared__ variable in the section fc_emu_shared), by its demangled name: a kernel holds at
+    least its largest (the codec kernels' tiles: ~21 KiB of 48)."""
+    seen: dict[str, int] = {}  # a variable of an inline function is in every object that uses it
+    for obj in objs:
+        r = subprocess.run(["objdump", "-t", "-C", obj], capture_output=True, text=True, check=True)
+        for line in r.stdout.splitlines():
+            f = line.split()
+            if "fc_emu_shared" not in f or len(f) < 6:
+                continue
+            at = f.index("fc_emu_shared")
+            seen[" ".join(f[at + 2:])] = int(f[at + 1], 16)
+    per: dict[str, int] = {}
+    for name, size in seen.items():
+        func = name.rsplit("::", 1)[0] if "::" in name else name
+        per[func] = per.get(func, 0) + size
+    return per
+
+
+def check_static_shared(objs: list[str]) -> None:
+    if shutil.which("objdump") is None:
+        return
+    over = {k: v for k, v in static_shared(objs).items() if v > STATIC_SHARED_LIMIT}
+    if over:
+        raise RuntimeError(f"kernels with more than {STATIC_SHARED_LIMIT} bytes of static shared memory "
+                           f"(a launch fails on a GPU): {over}")
+
 
 if __name__ == "__main__":
     import sys

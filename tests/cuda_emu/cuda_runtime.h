@@ -1,11 +1,26 @@
 // cuda_runtime.h (tests only): the subset of CUDA that cuda/*.cu uses, emulated on the host so
-// that tests/test_cuda_emulated.py can run the real driver and kernels without a GPU. Every
+// that tests/cuda/test_cuda_emulated.py can run the real driver and kernels without a GPU. Every
 // CUDA thread of a block is a fiber of the launching host thread; warp shuffles and __syncwarp
 // are barriers of the warp's lanes, __syncthreads one of the block's (a thread that skips a
 // collective the others reach deadlocks, as full-mask code may not do on a GPU, and the launch
-// aborts saying so); blocks run one after the other; streams and events are synchronous.
-// Launches are written `fc_emu_launch(kernel, grid, block, smem, stream)(args)`: the test
-// rewrites `kernel<<<...>>>(` into that when it copies cuda/.
+// aborts saying so). Launches are written `fc_emu_launch(kernel, grid, block, smem, stream)(args)`:
+// the test rewrites `kernel<<<...>>>(` into that when it copies cuda/.
+//
+// Adversarial where a GPU may differ from a naive emulation (FC_EMU_SEED, default 1, seeds it;
+// FC_EMU_ORDER=index keeps the scheduler's fixed order, to tell a scheduling bug apart):
+// - the threads of a block run in a random order between barriers (reshuffled every round), and
+//   the blocks of a grid in a random order: code that leans on lockstep warps or block order shows;
+// - __shared__ memory is filled with a poison byte (FC_EMU_POISON, default 0xFF: NaN floats, -1
+//   ints) before every block, as a GPU gives a block whatever the last one left; device scratch
+//   is poisoned before every driver call (emu_stubs.cpp);
+// - launch configurations are checked against the real limits (1..1024 threads a block, grid
+//   1..2^31-1 x 65535 x 65535, 48 KiB of dynamic shared memory; build.py checks each kernel's
+//   static shared memory): a bad one does not run and is reported, as CUDA does, through
+//   cudaGetLastError / cudaPeekAtLastError;
+// - a device-to-host cudaMemcpyAsync reads the device in stream order but lands in host memory
+//   (poisoned until then) only when the host synchronizes (stream, event): a host read of it
+//   before the wait sees garbage.
+// Kernels run to completion at their launch: stream order between kernels and copies holds.
 #ifndef FC_EMU_CUDA_RUNTIME_H
 #define FC_EMU_CUDA_RUNTIME_H
 
@@ -25,7 +40,8 @@
 #define __device__
 #define __global__
 #define __forceinline__ inline
-#define __shared__ static
+// every __shared__ variable in one section, poisoned before each block (fc_emu_poison_shared)
+#define __shared__ static __attribute__((section("fc_emu_shared")))
 #define __launch_bounds__(...)
 
 struct dim3 {
@@ -45,7 +61,12 @@ static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
 
 // ---- runtime API: one synchronous "device"
 
-typedef enum { cudaSuccess = 0, cudaErrorNotReady = 600, cudaErrorInvalidValue = 1 } cudaError_t;
+typedef enum {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorInvalidConfiguration = 9,
+    cudaErrorNotReady = 600,
+} cudaError_t;
 typedef int cudaMemcpyKind;
 #define cudaMemcpyHostToDevice 1
 #define cudaMemcpyDeviceToHost 2
@@ -54,14 +75,93 @@ struct fc_emu_stream;
 typedef fc_emu_stream *cudaStream_t;
 typedef struct fc_emu_event {
     int recorded;
+    const void *stream;
+    uint64_t seq;
 } *cudaEvent_t;
 #define cudaEventDefault 0
 #define cudaEventDisableTiming 2
 #define cudaHostAllocMapped 2
 
-static inline cudaError_t cudaGetLastError(void) { return cudaSuccess; }
-static inline const char *cudaGetErrorString(cudaError_t) { return "emulated"; }
-static inline const char *cudaGetErrorName(cudaError_t) { return "cudaEmulated"; }
+// the last launch error, as the runtime keeps it per host thread (not sticky: a bad configuration)
+inline thread_local cudaError_t fc_emu_last_error = cudaSuccess;
+static inline cudaError_t cudaGetLastError(void)
+{
+    const cudaError_t e = fc_emu_last_error;
+    fc_emu_last_error = cudaSuccess;
+    return e;
+}
+static inline cudaError_t cudaPeekAtLastError(void) { return fc_emu_last_error; }
+static inline const char *cudaGetErrorString(cudaError_t e)
+{
+    return e == cudaSuccess ? "no error" : e == cudaErrorInvalidConfiguration ? "invalid configuration argument"
+         : e == cudaErrorInvalidValue ? "invalid argument" : e == cudaErrorNotReady ? "device not ready" : "emulated";
+}
+static inline const char *cudaGetErrorName(cudaError_t e)
+{
+    return e == cudaSuccess ? "cudaSuccess" : e == cudaErrorInvalidConfiguration ? "cudaErrorInvalidConfiguration"
+         : e == cudaErrorInvalidValue ? "cudaErrorInvalidValue" : e == cudaErrorNotReady ? "cudaErrorNotReady"
+         : "cudaEmulated";
+}
+
+// ---- the seeded choices: thread and block order, the poison byte (environment, read once)
+struct fc_emu_conf {
+    uint64_t seed = 1;
+    bool index_order = false;
+    int poison = 0xFF;
+    fc_emu_conf()
+    {
+        if (const char *v = getenv("FC_EMU_SEED"))
+            seed = strtoull(v, nullptr, 0);
+        if (const char *v = getenv("FC_EMU_ORDER"))
+            index_order = strcmp(v, "index") == 0;
+        if (const char *v = getenv("FC_EMU_POISON"))
+            poison = (int)strtol(v, nullptr, 0) & 0xFF;
+    }
+};
+static inline const fc_emu_conf &fc_emu_config(void)
+{
+    static const fc_emu_conf c;
+    return c;
+}
+static inline uint64_t fc_emu_mix(uint64_t *s) // splitmix64
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+template <class T> static inline void fc_emu_shuffle(std::vector<T> &v, uint64_t *rng)
+{
+    if (fc_emu_config().index_order)
+        return;
+    for (size_t i = v.size(); i > 1; i--)
+        std::swap(v[i - 1], v[(size_t)(fc_emu_mix(rng) % i)]);
+}
+
+// ---- device-to-host copies in flight: read in stream order, written to the host at a wait
+struct fc_emu_copy {
+    void *dst;
+    std::vector<char> data;
+    const void *stream;
+    uint64_t seq;
+};
+inline std::mutex fc_emu_copies_lock;
+inline std::vector<fc_emu_copy> fc_emu_copies;
+inline uint64_t fc_emu_seq;
+// Lands the copies queued before `seq` on `stream` (the legacy stream 0 waits for, and is waited
+// by, every stream; all: every copy).
+static inline void fc_emu_land(const void *stream, uint64_t seq, bool all)
+{
+    std::lock_guard<std::mutex> g(fc_emu_copies_lock);
+    std::vector<fc_emu_copy> keep;
+    for (auto &c : fc_emu_copies) {
+        if (all || (c.seq < seq && (c.stream == stream || stream == nullptr || c.stream == nullptr)))
+            memcpy(c.dst, c.data.data(), c.data.size());
+        else
+            keep.push_back(std::move(c));
+    }
+    fc_emu_copies.swap(keep);
+}
 static inline cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
 static inline cudaError_t cudaSetDevice(int) { return cudaSuccess; }
 static inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t = 0)
@@ -69,18 +169,46 @@ static inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t
     memset(p, v, n);
     return cudaSuccess;
 }
-static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind, cudaStream_t = 0)
+static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind kind, cudaStream_t st = 0)
 {
-    memcpy(d, s, n);
+    if (kind != cudaMemcpyDeviceToHost || n == 0) {
+        memcpy(d, s, n);
+        return cudaSuccess;
+    }
+    std::lock_guard<std::mutex> g(fc_emu_copies_lock);
+    fc_emu_copies.push_back(fc_emu_copy{d, std::vector<char>((const char *)s, (const char *)s + n), st, fc_emu_seq++});
+    memset(d, fc_emu_config().poison, n); // in flight: what the host reads before its wait
     return cudaSuccess;
 }
-static inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-static inline cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = new fc_emu_event{0}; return cudaSuccess; }
+static inline cudaError_t cudaStreamSynchronize(cudaStream_t st)
+{
+    fc_emu_land(st, UINT64_MAX, false);
+    return cudaSuccess;
+}
+static inline cudaError_t cudaDeviceSynchronize(void)
+{
+    fc_emu_land(nullptr, UINT64_MAX, true);
+    return cudaSuccess;
+}
+static inline cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = new fc_emu_event{0, nullptr, 0}; return cudaSuccess; }
 static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { return cudaEventCreate(e); }
 static inline cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
-static inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t = 0) { e->recorded = 1; return cudaSuccess; }
-static inline cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
-static inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+static inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st = 0)
+{
+    std::lock_guard<std::mutex> g(fc_emu_copies_lock);
+    e->recorded = 1;
+    e->stream = st;
+    e->seq = fc_emu_seq++;
+    return cudaSuccess;
+}
+// an event is complete once looked at (the kernels before it ran at their launch); what it
+// completes are the copies queued before it on its stream
+static inline cudaError_t cudaEventQuery(cudaEvent_t e)
+{
+    fc_emu_land(e->stream, e->seq, false);
+    return cudaSuccess;
+}
+static inline cudaError_t cudaEventSynchronize(cudaEvent_t e) { return cudaEventQuery(e); }
 static inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t, cudaEvent_t) { *ms = 0.0f; return cudaSuccess; }
 static inline cudaError_t cudaHostAlloc(void **p, size_t n, unsigned) { *p = calloc(1, n); return cudaSuccess; }
 static inline cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
@@ -216,7 +344,16 @@ static inline unsigned atomicCAS(unsigned *p, unsigned cmp, unsigned v)
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 static inline long long __double_as_longlong(double d) { long long i; memcpy(&i, &d, 8); return i; }
 
-// Runs the grid: blockDim.x fibers walk the blocks in order, a barrier between blocks.
+// Runs the grid: blockDim.x fibers walk the blocks (in a seeded random order), the block's
+// __shared__ memory poisoned between blocks (barriers around it).
+extern "C" char __start_fc_emu_shared[] __attribute__((weak, visibility("hidden")));
+extern "C" char __stop_fc_emu_shared[] __attribute__((weak, visibility("hidden")));
+static inline void fc_emu_poison_shared(void)
+{
+    if (__start_fc_emu_shared != nullptr && __stop_fc_emu_shared > __start_fc_emu_shared)
+        memset(__start_fc_emu_shared, fc_emu_config().poison, (size_t)(__stop_fc_emu_shared - __start_fc_emu_shared));
+}
+inline thread_local uint64_t fc_emu_launches; // each launch's own draws, reproducible from the seed
 inline thread_local std::function<void()> *fc_emu_body;
 static inline void fc_emu_entry(void)
 {
@@ -262,26 +399,60 @@ static inline void fc_emu_resume(fc_emu_fiber &f)
 #endif
 }
 
+// A launch configuration CUDA refuses (cudaErrorInvalidConfiguration), or NULL.
+static inline const char *fc_emu_bad_launch(dim3 grid, dim3 block, size_t smem)
+{
+    const unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
+    if (threads == 0 || threads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64)
+        return "threads per block outside 1..1024 (x, y <= 1024, z <= 64)";
+    if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
+        return "grid dimensions outside 1..2^31-1 x 1..65535 x 1..65535";
+    if (smem > 48 * 1024) // no kernel opts in (cudaFuncSetAttribute) to more dynamic shared memory
+        return "more than 48 KiB of dynamic shared memory";
+    return nullptr;
+}
+
 template <class K> struct fc_emu_launcher {
     K k;
     dim3 grid, block;
+    size_t smem;
     template <class... A> void operator()(A... args) const
     {
+        if (const char *why = fc_emu_bad_launch(grid, block, smem)) {
+            if (getenv("FC_EMU_VERBOSE"))
+                fprintf(stderr, "cuda_emu: launch <<<(%u,%u,%u), (%u,%u,%u), %zu>>> refused: %s\n", grid.x, grid.y,
+                        grid.z, block.x, block.y, block.z, smem, why);
+            fc_emu_last_error = cudaErrorInvalidConfiguration;
+            return;
+        }
+        if (block.y != 1 || block.z != 1 || grid.z != 1) {
+            fprintf(stderr, "cuda_emu: a 2-D block or 3-D grid is not emulated\n");
+            abort();
+        }
         static thread_local std::vector<std::unique_ptr<char[]>> stacks;
         const size_t stack = 256 * 1024;
         const unsigned nt = block.x, nw = (nt + 31) / 32;
+        uint64_t rng = fc_emu_config().seed * 0x2545F4914F6CDD1Dull + fc_emu_launches++;
         std::vector<std::unique_ptr<fc_emu_warp>> warps;
         for (unsigned w = 0; w < nw; w++)
             warps.emplace_back(new fc_emu_warp((int)(w + 1 < nw ? 32 : nt - 32 * w)));
         fc_emu_bar between, inside;
         between.need = inside.need = (int)nt;
+        std::vector<dim3> blocks;
+        blocks.reserve((size_t)grid.x * grid.y);
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++)
+                blocks.push_back(dim3(x, y, 0));
+        fc_emu_shuffle(blocks, &rng);
         std::function<void()> body = [&]() {
-            for (unsigned y = 0; y < grid.y; y++)
-                for (unsigned x = 0; x < grid.x; x++) {
-                    blockIdx = dim3(x, y, 0);
-                    k(args...);
-                    fc_emu_wait(&between);
-                }
+            for (const dim3 &b : blocks) {
+                fc_emu_wait(&between); // the last block's threads are all done with its shared memory
+                if (threadIdx.x == 0)
+                    fc_emu_poison_shared();
+                fc_emu_wait(&between);
+                blockIdx = b;
+                k(args...);
+            }
         };
         std::function<void()> *outer_body = fc_emu_body;
         fc_emu_fiber *outer_self = fc_emu_self;
@@ -300,10 +471,14 @@ template <class K> struct fc_emu_launcher {
             f.warp = warps[t / 32].get();
             f.done = false;
         }
+        std::vector<unsigned> order(nt);
+        for (unsigned t = 0; t < nt; t++)
+            order[t] = t;
         unsigned alive = nt;
         while (alive > 0) {
             const unsigned long long before = fc_emu_progress;
-            for (unsigned t = 0; t < nt; t++) {
+            fc_emu_shuffle(order, &rng); // each round: the threads up to their next barrier, in a new order
+            for (unsigned t : order) {
                 fc_emu_fiber &f = fibers[t];
                 if (f.done)
                     continue;
@@ -320,7 +495,8 @@ template <class K> struct fc_emu_launcher {
                 }
             }
             if (alive > 0 && fc_emu_progress == before) {
-                fprintf(stderr, "cuda_emu: deadlock: %u threads wait at a barrier the others never reach\n", alive);
+                fprintf(stderr, "cuda_emu: deadlock: %u threads wait at a barrier the others never reach "
+                        "(FC_EMU_SEED=%llu)\n", alive, (unsigned long long)fc_emu_config().seed);
                 abort();
             }
         }
@@ -330,10 +506,10 @@ template <class K> struct fc_emu_launcher {
     }
 };
 
-template <class K> static inline fc_emu_launcher<K> fc_emu_launch(K k, dim3 grid, dim3 block, size_t = 0,
+template <class K> static inline fc_emu_launcher<K> fc_emu_launch(K k, dim3 grid, dim3 block, size_t smem = 0,
                                                                   cudaStream_t = 0)
 {
-    return fc_emu_launcher<K>{k, grid, block};
+    return fc_emu_launcher<K>{k, grid, block, smem};
 }
 
 #endif

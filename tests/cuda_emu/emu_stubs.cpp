@@ -5,38 +5,9 @@
 #include <numeric>
 #include <vector>
 
-#include "fc_cu_sparse.cuh"
+#include <mutex>
 
-#ifdef FC_EMU_FAST
-// fc_emu_swap(void **save_sp, void *load_sp), System V x86-64 (cuda_runtime.h says why).
-__asm__(".text\n"
-        ".globl fc_emu_swap\n"
-        ".hidden fc_emu_swap\n"
-        ".type fc_emu_swap, @function\n"
-        "fc_emu_swap:\n"
-        "    pushq %rbp\n"
-        "    pushq %rbx\n"
-        "    pushq %r12\n"
-        "    pushq %r13\n"
-        "    pushq %r14\n"
-        "    pushq %r15\n"
-        "    subq $8, %rsp\n"
-        "    stmxcsr (%rsp)\n"
-        "    fnstcw 4(%rsp)\n"
-        "    movq %rsp, (%rdi)\n"
-        "    movq %rsi, %rsp\n"
-        "    ldmxcsr (%rsp)\n"
-        "    fldcw 4(%rsp)\n"
-        "    addq $8, %rsp\n"
-        "    popq %r15\n"
-        "    popq %r14\n"
-        "    popq %r13\n"
-        "    popq %r12\n"
-        "    popq %rbx\n"
-        "    popq %rbp\n"
-        "    ret\n"
-        ".size fc_emu_swap, .-fc_emu_swap\n");
-#endif
+#include "fc_cu_sparse.cuh"
 
 cudaError_t fc_cu_select_if(void *temp, size_t *temp_bytes, const fc_cu_sel_pred &pred, int64_t *out,
                             int64_t *num, int64_t n, cudaStream_t)
@@ -70,4 +41,56 @@ cudaError_t fc_cu_sort_pairs(void *temp, size_t *temp_bytes, const uint32_t *kin
         vout[j] = vin[order[(size_t)j]];
     }
     return cudaSuccess;
+}
+
+// ---- fresh device memory is not zeroed: the scratch a call gets (a grow-only torch buffer on a
+// GPU, whatever the last call or another tensor left) is poisoned before every driver call that
+// takes one. build.py compiles the driver's fc_cuda_get_api as fc_emu_real_get_api; this is the
+// exported one, the real table with its calls wrapped.
+extern "C" const fc_cuda_api *fc_emu_real_get_api(int abi);
+
+static void fc_emu_poison_scratch(const fc_cuda_extra &x)
+{
+    if (x.scratch != nullptr && x.scratch_bytes > 0)
+        memset(x.scratch, fc_emu_config().poison, (size_t)x.scratch_bytes);
+}
+static const fc_cuda_api *fc_emu_real;
+static int fc_emu_encode(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, fc_err *err)
+{
+    fc_emu_poison_scratch(a->x);
+    return fc_emu_real->encode(ctx, a, err);
+}
+static int fc_emu_decode(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *err)
+{
+    fc_emu_poison_scratch(a->x);
+    return fc_emu_real->decode(ctx, a, err);
+}
+static int fc_emu_compress(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *written, fc_err *err)
+{
+    fc_emu_poison_scratch(a->x);
+    return fc_emu_real->compress(ctx, a, written, err);
+}
+static int fc_emu_decompress(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *err)
+{
+    fc_emu_poison_scratch(a->x);
+    return fc_emu_real->decompress(ctx, a, err);
+}
+
+extern "C" __attribute__((visibility("default"))) const fc_cuda_api *fc_emu_get_api(int abi) __asm__("fc_cuda_get_api");
+extern "C" const fc_cuda_api *fc_emu_get_api(int abi)
+{
+    static fc_cuda_api wrapped;
+    static std::once_flag once;
+    const fc_cuda_api *real = fc_emu_real_get_api(abi);
+    if (real == nullptr)
+        return nullptr;
+    std::call_once(once, [real]() {
+        fc_emu_real = real;
+        wrapped = *real;
+        wrapped.encode = fc_emu_encode;
+        wrapped.decode = fc_emu_decode;
+        wrapped.compress = fc_emu_compress;
+        wrapped.decompress = fc_emu_decompress;
+    });
+    return &wrapped;
 }

@@ -15,7 +15,7 @@ import torch
 
 import fsdpcomp
 from fsdpcomp import _C
-from gpu_common import CheckFailed, need_gpu
+from gpu_common import CheckFailed, need_real_gpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -29,7 +29,7 @@ def check_300_calls_without_counters():
     """The defect of harvest(): with the GPU kept behind (a sleep kernel before every call), the
     event ring wraps while its pairs are still running, so cudaEventQuery answers NotReady; that
     code must not reach the next launch check. 300 encode + decode calls, then counters()."""
-    need_gpu()
+    need_real_gpu("the driver on a device (streams, events, NCCL)")
     n, calls = 1 << 20, 300
     st = fsdpcomp.CommState("int8", {"compress_own_chunk": True, "error_feedback": True})
     g = torch.randn(n, device="cuda")
@@ -66,7 +66,7 @@ def check_300_calls_without_counters():
 def check_comm_time_is_device_time():
     """A collective issued from Python on CUDA tensors is timed by events on the stream: a GPU
     sleep of 10^8 cycles standing in for it counts its ~50 ms although the host returns at once."""
-    need_gpu()
+    need_real_gpu("the driver on a device (streams, events, NCCL)")
     st = fsdpcomp.CommState("int8", {})
     x = torch.zeros(16, device="cuda")
     torch.cuda.synchronize()
@@ -90,7 +90,7 @@ def check_comm_time_is_device_time():
 def check_counters_wait_without_the_gil():
     """counters() waits for the GPU (2 s of sleep queued) with the GIL released: another thread
     runs meanwhile, and a call into the same State from it is refused as busy, not deadlocked."""
-    need_gpu()
+    need_real_gpu("the driver on a device (streams, events, NCCL)")
     st = fsdpcomp.CommState("int8", {"compress_own_chunk": True})
     g = torch.randn(4096, device="cuda")
     s, _ = st._core.plan(g, 1, 0)
@@ -125,7 +125,7 @@ def check_counters_wait_without_the_gil():
 def check_sampled_statistics_follow_the_cpu_rule():
     """With NaN in the first chunk sent, the sample is the next finite chunk's (as on the CPU),
     with and without error feedback; error_samples equal, grad_rel_error and grad_cos_sim close."""
-    need_gpu()
+    need_real_gpu("the driver on a device (streams, events, NCCL)")
     gen, out = torch.Generator().manual_seed(6), {}
     for ef in (False, True):
         cfg = {"error_feedback": ef, "error_stats_every": 1}
@@ -158,7 +158,7 @@ def _python(code: str, timeout: float) -> subprocess.CompletedProcess:
 def check_nccl_release_and_reuse():
     """transport nccl at world 1 (self send/recv): reduce-scatters, release_nccl(), a call after
     it makes a new communicator, release again; the released one raises NcclError if used."""
-    need_gpu()
+    need_real_gpu("the driver on a device (streams, events, NCCL)")
     st = fsdpcomp.CommState("int8", {"transport": "nccl", "compress_own_chunk": True})
     g = torch.randn(10000, device="cuda")
     out = torch.empty(10000, device="cuda")
@@ -192,7 +192,7 @@ def check_nccl_release_and_reuse():
 def check_nccl_dropped_and_exit_are_local():
     """An unreleased communicator dropped while running is aborted locally (returns at once), and
     one still alive at exit is left to the process's exit (exit 0, no hang)."""
-    need_gpu()
+    need_real_gpu("the driver on a device (streams, events, NCCL)")
     code = ("import time, torch, fsdpcomp\n"
             "from fsdpcomp import _C\n"
             "c = _C.nccl_comm_init(_C.nccl_unique_id(), 1, 0, 0, 30.0)\n"
@@ -211,7 +211,7 @@ def check_nccl_dropped_and_exit_are_local():
 def check_nccl_peer_that_never_joins_times_out():
     """nccl_comm_init for 2 ranks with only this one joining: NcclError after timeout_s (5 s),
     not a hang (the non-blocking init's deadline)."""
-    need_gpu()
+    need_real_gpu("the driver on a device (streams, events, NCCL)")
     code = ("import time, fsdpcomp\n"
             "from fsdpcomp import _C\n"
             "t0 = time.time()\n"

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 import fsdpcomp
-from gpu_common import CheckFailed, Skip, cuda_methods, need_gpu
+from gpu_common import CheckFailed, Skip, cuda_methods, need_real_gpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 8
@@ -93,7 +93,7 @@ def _train(parallel: str, method, cfg) -> dict:
 
 
 def _every_method(parallel: str) -> dict:
-    need_gpu()
+    need_real_gpu("training through NCCL on a GPU")
     rows, bad = [], []
     with one_rank_nccl():
         base = _train(parallel, None, None)["losses"]
@@ -167,10 +167,24 @@ def check_ddp_every_method():
     return _every_method("ddp")
 
 
+WORDS = ["gradient", "compression", "sharded", "training", "over", "slow", "links", "with", "fsdp"]
+
+
+def write_text_data(path: str, docs: int = 3000) -> None:
+    """A .txt file of `docs` distinct documents (paragraphs: blank-line separated, as
+    examples/textdata.py reads them), so that the 5% validation split fsdp_train.py holds out of
+    --data_path by a hash of each document has ~150 of them (one paragraph would land wholly on
+    one side, and the run fail for want of training or validation data)."""
+    with open(path, "w") as f:
+        for i in range(docs):
+            words = " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(12 + i % 9))
+            f.write(f"document {i}: {words}\n\n")
+
+
 def check_examples_fsdp_train():
     """The real examples/fsdp_train.py (GPT-2 `tiny`, 6 steps, FSDP1 and FSDP2, int8 through the
     nccl transport with compress_own_chunk) on a small text file; its results.jsonl rows."""
-    need_gpu()
+    need_real_gpu("training through NCCL on a GPU")
     try:
         import transformers  # noqa: F401 - the example's GPT-2 comes from it
     except ImportError:
@@ -178,10 +192,7 @@ def check_examples_fsdp_train():
     rows, bad = [], []
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "train.txt")
-        words = ["gradient", "compression", "sharded", "training", "over", "slow", "links", "with", "fsdp"]
-        with open(data, "w") as f:
-            for i in range(3000):
-                f.write(" ".join(words[(i * 7 + j) % len(words)] for j in range(12 + i % 9)) + "\n")
+        write_text_data(data)
         for parallel in ("fsdp1", "fsdp2"):
             out = os.path.join(tmp, parallel)
             cmd = [sys.executable, os.path.join(ROOT, "examples", "fsdp_train.py"), "--model", "tiny",

@@ -1,9 +1,12 @@
 """Runs one group of GPU checks for tests/gpu/run.sh: each check function of the group's module
 (`check_*`, in file order) in its own subprocess with a time limit, so a crash or a hang costs
-that check only. Every result goes into one JSON summary (merged with what earlier groups wrote:
-passed / failed / skipped, the reason, seconds, and the check's details) and one log.
+that check only. Every result goes into one JSON summary as soon as its check ends (merged with
+what earlier checks wrote: passed / failed / skipped, the reason, seconds, and the check's
+details), so an outer timeout that kills the group loses only the check it was running. A group
+has a budget (--budget, seconds): a check gets at most what is left of it, and checks it leaves no
+time for are recorded as failed, not run.
 
-    python tests/gpu/harness.py GROUP --out DIR [--only NAME ...]
+    python tests/gpu/harness.py GROUP --out DIR [--budget S] [--only NAME ...] [--skip REASON]
     python tests/gpu/harness.py --one MODULE:CHECK --result FILE     (the subprocess side)
 """
 from __future__ import annotations
@@ -79,14 +82,26 @@ def merge(summary_path: str, group: str, results: dict) -> dict:
     return summary
 
 
-def run_group(group: str, out_dir: str, only: list[str]) -> int:
-    module_name, limit = GROUPS[group]
+def run_group(group: str, out_dir: str, only: list[str], budget: float = 570.0, skip: str = "") -> int:
+    module_name, per_check = GROUPS[group]
     names = [n for n in checks_of(module_name) if not only or n in only or n[6:] in only]
-    results, failed = {}, 0
+    failed, end = 0, time.time() + budget
+    summary = os.path.join(out_dir, "summary.json")
+    if skip:  # every check recorded as skipped, none run (run.sh --emulated: they need a GPU)
+        merge(summary, group, {n[6:]: {"status": "skipped", "seconds": 0.0, "reason": skip} for n in names})
+        print(f"[{group}] {len(names)} checks skipped: {skip}", flush=True)
+        return 0
     for name in names:
         result_path = os.path.join(out_dir, f".{group}.{name}.json")
         if os.path.exists(result_path):
             os.remove(result_path)
+        limit = min(per_check, int(end - time.time()))
+        if limit < 10:
+            merge(summary, group, {name[6:]: {"status": "failed", "seconds": 0.0,
+                                              "error": f"not run: the group's {budget:.0f} s budget was spent"}})
+            failed += 1
+            print(f"[{group}] {name}: NOT RUN (the group's budget was spent)", flush=True)
+            continue
         t0 = time.time()
         print(f"[{group}] {name} ...", flush=True)
         try:
@@ -101,22 +116,26 @@ def run_group(group: str, out_dir: str, only: list[str]) -> int:
                 r = json.load(f)
             os.remove(result_path)
         r["seconds"] = round(time.time() - t0, 1)
-        results[name[6:]] = r
+        merge(summary, group, {name[6:]: r})  # now: a kill of the group later keeps it
         failed += r["status"] == "failed"
         why = r.get("error") or r.get("reason") or ""
         print(f"[{group}] {name}: {r['status'].upper()} ({r['seconds']} s) {why}", flush=True)
         if r["status"] == "failed" and r.get("traceback"):
             print(r["traceback"], flush=True)
-    merge(os.path.join(out_dir, "summary.json"), group, results)
     return 1 if failed else 0
 
 
 def main() -> int:
-    sys.path[:0] = [HERE, TESTS, ROOT]
+    # the checkout's fsdpcomp where it is built in place, else the installed one (a bare source
+    # tree has no _C and would shadow an install)
+    built = any(f.startswith("_C") and f.endswith(".so") for f in os.listdir(os.path.join(ROOT, "fsdpcomp")))
+    sys.path[:0] = [HERE, TESTS] + ([ROOT] if built else [])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("group", nargs="?", choices=sorted(GROUPS))
     ap.add_argument("--out", default=os.path.join(ROOT, "build", "gpu"))
     ap.add_argument("--only", nargs="*", default=[])
+    ap.add_argument("--budget", type=float, default=570.0, help="seconds for the whole group")
+    ap.add_argument("--skip", default="", help="record every check as skipped with this reason")
     ap.add_argument("--one")
     ap.add_argument("--result")
     ap.add_argument("--merge", nargs=3, metavar=("GROUP", "NAME", "RESULT_JSON"),
@@ -129,7 +148,7 @@ def main() -> int:
         group, name, result = args.merge
         merge(os.path.join(args.out, "summary.json"), group, {name: json.loads(result)})
         return 0
-    return run_group(args.group, args.out, args.only)
+    return run_group(args.group, args.out, args.only, args.budget, args.skip)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ HEADER = _C.HEADER_BYTES
 # header bytes a receiver must refuse any change of: all but the body size of a data-dependent
 # payload (bytes 22..27, fc_wire.h) and the NaN flag (bit 0 of byte 5)
 FLAG_BYTE, BODY_FIELD = 5, range(22, 28)
+ALWAYS_VALID = {"roundtrip"}  # checks of accepted inputs, not entry points (Tally.blind)
 
 
 class Tally:
@@ -56,13 +57,28 @@ class Tally:
     def fail(self, kind, entry, what):
         self.failures[kind].append(f"{entry}: {what}")
 
+    def refusals(self, entry) -> int:
+        return sum(self.refused[entry].values())
+
+    def blind(self) -> list[str]:
+        """Entry points that saw only valid or only hostile inputs (a blind half: a check of
+        the refusals, or of the accepted calls, that never ran). `roundtrip` is a check on
+        accepted configs, not an entry point: only ever valid."""
+        return [e for e in sorted(self.tried) if e not in ALWAYS_VALID and
+                (self.accepted[e] == 0 or self.refusals(e) == 0)]
+
     def table(self) -> str:
-        lines = [f"{'entry point':<16} {'inputs':>8} {'accepted':>9}  refused by type"]
+        lines = [f"{'entry point':<16} {'inputs':>8} {'accepted':>9} {'refused':>8}  refused by type"]
+        blind = self.blind()
         for entry in sorted(self.tried):
             ref = ", ".join(f"{k} {v}" for k, v in sorted(self.refused[entry].items()))
-            lines.append(f"{entry:<16} {self.tried[entry]:>8} {self.accepted[entry]:>9}  {ref}")
+            mark = "  BLIND: " + ("nothing accepted" if self.accepted[entry] == 0 else "nothing refused") \
+                if entry in blind else ""
+            lines.append(f"{entry:<16} {self.tried[entry]:>8} {self.accepted[entry]:>9} {self.refusals(entry):>8}  "
+                         f"{ref}{mark}")
         total = sum(self.tried.values())
-        lines.append(f"{'total':<16} {total:>8} {sum(self.accepted.values()):>9}")
+        lines.append(f"{'total':<16} {total:>8} {sum(self.accepted.values()):>9} "
+                     f"{sum(self.refusals(e) for e in self.tried):>8}")
         for kind, label in (("undocumented", "undocumented"), ("corruption", "corruptions")):
             lines.append(f"{label:<16} {len(self.failures[kind]):>8}")
         for kind, items in self.failures.items():
@@ -181,6 +197,7 @@ def fuzz_decode(tally, rng, method, cfg, count):
     payload = send[:sizes[0]].clone()
     varsize = bool(states[0]._core.flags["varsize"])
     out = torch.full((n // world,), 7.0)
+    per_peer = states[0]._core.per_peer_ok(n, world)
     for _ in range(count):
         q, must_refuse = _mutate(rng, payload, varsize)
         snap = _snapshot(states[0])
@@ -190,14 +207,18 @@ def fuzz_decode(tally, rng, method, cfg, count):
             tally.fail("corruption", "decode", f"{method} {cfg}: accepted a header corruption")
         if not ok and (not _same(_snapshot(states[0]), snap) or not torch.equal(o, out)):
             tally.fail("corruption", "decode", f"{method} {cfg}: a refusal changed state or output")
-        if ok and states[0]._core.per_peer_ok(n, world):
-            part = o.clone()  # the same payload through decode_part: the same verdict
+        if per_peer:  # the same payload, hostile or not, through decode_part: the same verdict
+            part = out.clone()
             states[0]._core.decode_part(torch.empty(0, dtype=torch.uint8), grads[0], part, world, 0,
                                         units[0], 0, 0)
             okp, _ = _call(tally, "decode_part",
                            lambda: states[0]._core.decode_part(q, grads[0], part, world, 0, units[0], 1, 0))
-            if not okp:
-                tally.fail("corruption", "decode_part", f"{method} {cfg}: refused what decode took")
+            if okp != ok:
+                tally.fail("corruption", "decode_part",
+                           f"{method} {cfg}: decode_part {'took' if okp else 'refused'} what decode "
+                           f"{'took' if ok else 'refused'}")
+            elif okp and must_refuse:
+                tally.fail("corruption", "decode_part", f"{method} {cfg}: accepted a header corruption")
 
 
 CONFIG_VALUES = [None, True, False, 0, 1, -1, 7, 8, 64, 255, 256, 2**24, 2**31, 2**63 - 1, 2**64, -2**70,
@@ -317,9 +338,18 @@ def fuzz_tensors(tally, rng, method, cfg, count):
                 tally.fail("corruption", entry, f"{method} {cfg}: a refusal changed state")
             if not ok:
                 break
-        x, p = _bad_tensor(rng, n), _bad_tensor(rng, 2048)
+        # compress: a valid call (its payload buffer, arguments in range) about half the time,
+        # else a wrong tensor, a short buffer or an argument out of range
+        m = rng.choice([1, 7, n, 1000])
+        need = core.payload_bytes(m)
+        x = torch.randn(m) if rng.random() < 0.6 else _bad_tensor(rng, m)
+        r = rng.random()
+        p = (torch.empty(need + rng.choice([0, 0, 16]), dtype=torch.uint8) if r < 0.6 else
+             torch.empty(max(0, need - rng.randint(1, 40)), dtype=torch.uint8) if r < 0.75 else _bad_tensor(rng, need))
+        kw = rng.choice([{}, {"unit": 3, "chunk": 5, "world": 3, "rank": 1}, {"world": 2, "rank": 1},
+                         {"world": 0}, {"world": 2, "rank": 2}, {"unit": -1}, {"chunk": 2**40}])
         snap = _snapshot(state)
-        ok, _ = _call(tally, "compress", lambda: core.compress(x, p))
+        ok, _ = _call(tally, "compress", lambda: core.compress(x, p, **kw))
         if not ok and not _same(_snapshot(state), snap):
             tally.fail("corruption", "compress", f"{method} {cfg}: a refusal changed state")
         state.end_step()
