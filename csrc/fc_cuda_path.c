@@ -1,5 +1,5 @@
 /* fc_cuda_path.c: builds the CUDA library's arguments from a fc_core (geometry, the method's
- * config by key name, RNG keys) and keeps the host-side counters the CPU driver keeps. */
+ * config struct as parsed, RNG keys) and keeps the host-side counters the CPU driver keeps. */
 #include "fc_cuda_path.h"
 
 #include <stdlib.h>
@@ -8,64 +8,13 @@
 #include "fc_sparse.h"
 #include "fc_wire.h"
 
-static int add_cfg(fc_cuda_method_cfg *out, const char *name, double v, fc_err *err)
+/* The method's parsed config struct as it is (fc_cfg.h): `none` below min_numel has none. */
+static void method_cfg(const fc_core *s, const fc_method *m, fc_cuda_method_cfg *out)
 {
-    if (out->n_cfg >= FC_CUDA_MAX_CFG)
-        return fc_fail(err, FC_ERR_STATE, "internal: more than %d config values for the CUDA "
-                       "library", FC_CUDA_MAX_CFG);
-    out->cfg[out->n_cfg].name = name;
-    out->cfg[out->n_cfg].value = v;
-    out->n_cfg++;
-    return FC_OK;
-}
-
-/* The sparsifiers' value codec travels as four more values (the kernels do not parse configs):
- * the codec method's keys at its defaults, as fc_vcodec_init sets them. */
-static int vcodec_cfg(int quantize, fc_cuda_method_cfg *out, fc_err *err)
-{
-    fc_vcodec v;
-    fc_vc_shape shape;
-    memset(&v, 0, sizeof(v));
-    v.quantize = quantize;
-    int rc = fc_vcodec_init(&v, err);
-    if (rc != FC_OK)
-        return rc;
-    fc_vcodec_shape(&v, &shape);
-    if ((rc = add_cfg(out, "vc_block", (double)shape.block, err)) != FC_OK ||
-        (rc = add_cfg(out, "vc_levels_or_bits", (double)shape.levels_or_bits, err)) != FC_OK ||
-        (rc = add_cfg(out, "vc_minmax", shape.minmax, err)) != FC_OK)
-        return rc;
-    return add_cfg(out, "vc_stochastic", shape.stochastic, err);
-}
-
-static int method_cfg(const fc_core *s, const fc_method *m, fc_cuda_method_cfg *out, fc_err *err)
-{
-    int rc = FC_OK;
     memset(out, 0, sizeof(*out));
     out->id = m->id;
-    if (m != s->method)
-        return FC_OK; /* `none` below min_numel: no keys */
-    for (const fc_key *k = m->keys; k->name != NULL; k++) {
-        const unsigned char *p = s->cfg + k->offset;
-        double v = 0;
-        if (k->kind == FC_KEY_BOOL || k->kind == FC_KEY_CHOICE) {
-            int i;
-            memcpy(&i, p, sizeof(i));
-            v = i;
-            if (k->kind == FC_KEY_CHOICE && k->choices == fc_sparse_quant_names &&
-                (rc = vcodec_cfg(i, out, err)) != FC_OK)
-                return rc;
-        } else if (k->kind == FC_KEY_INT) {
-            int64_t i;
-            memcpy(&i, p, sizeof(i));
-            v = (double)i;
-        } else {
-            memcpy(&v, p, sizeof(v));
-        }
-        if ((rc = add_cfg(out, k->name, v, err)) != FC_OK)
-            return rc;
-    }
-    return FC_OK;
+    if (m == s->method)
+        memcpy(out->cfg, s->cfg, m->cfg_size);
 }
 
 static int64_t body_bytes(const fc_core *s, const fc_method *m, int64_t n, int world, int dtype,
@@ -125,9 +74,8 @@ static int encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *gr
                        s->ctr.calls % s->common.error_stats_every == 0 &&
                        fc_core_fetch_kmax(s, N, world) == 0;
     memset(a, 0, sizeof(*a));
-    int rc = method_cfg(s, m, &a->m, err);
-    if (rc != FC_OK)
-        return rc;
+    method_cfg(s, m, &a->m);
+    (void)err;
     a->varsize = (m->flags & FC_VARSIZE) != 0;
     a->device = k->device;
     a->stream = k->stream;
@@ -250,9 +198,8 @@ static int decode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *re
     int64_t start, n;
     fc_chunk_span(N, world, rank, &start, &n);
     memset(a, 0, sizeof(*a));
-    int rc = method_cfg(s, m, &a->m, err);
-    if (rc != FC_OK)
-        return rc;
+    method_cfg(s, m, &a->m);
+    (void)err;
     a->varsize = (m->flags & FC_VARSIZE) != 0;
     a->device = k->device;
     a->stream = k->stream;
@@ -483,9 +430,8 @@ static int single_encode_args(const fc_core *s, const fc_cuda_call *k, const fc_
 {
     const fc_method *m = s->method;
     memset(a, 0, sizeof(*a));
-    int rc = method_cfg(s, m, &a->m, err);
-    if (rc != FC_OK)
-        return rc;
+    method_cfg(s, m, &a->m);
+    (void)err;
     a->varsize = (m->flags & FC_VARSIZE) != 0;
     a->device = k->device;
     a->stream = k->stream;
@@ -515,9 +461,8 @@ static int single_decode_args(const fc_core *s, const fc_cuda_call *k, const fc_
 {
     const fc_method *m = s->method;
     memset(a, 0, sizeof(*a));
-    int rc = method_cfg(s, m, &a->m, err);
-    if (rc != FC_OK)
-        return rc;
+    method_cfg(s, m, &a->m);
+    (void)err;
     a->varsize = (m->flags & FC_VARSIZE) != 0;
     a->device = k->device;
     a->stream = k->stream;

@@ -258,13 +258,11 @@ typedef struct {
                    fc_err *err);
 } fc_cu_method;
 
-// A config value by key name; `def` when the key is absent.
-static inline double fc_cu_cfg(const fc_cuda_method_cfg *m, const char *name, double def)
+// The method's parsed config as its fc_cfg.h struct (the C side's bytes as they are).
+template <class T> static inline const T *fc_cu_cfg_of(const fc_cuda_method_cfg *m)
 {
-    for (int i = 0; i < m->n_cfg; i++)
-        if (strcmp(m->cfg[i].name, name) == 0)
-            return m->cfg[i].value;
-    return def;
+    static_assert(sizeof(T) <= FC_CFG_MAX, "a method's config fits fc_cuda_method_cfg");
+    return reinterpret_cast<const T *>(m->cfg);
 }
 
 // Grid over (blocks of one chunk, chunks): y is the chunk, as W never exceeds 65535.

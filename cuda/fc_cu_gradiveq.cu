@@ -186,8 +186,9 @@ __global__ void gvq_add(fc_cu_dec d, gvq_cfg g, const float *u)
 
 static int config(const fc_cuda_method_cfg *m, const float *ustate, gvq_cfg *g, fc_err *err)
 {
-    g->m = (int)fc_cu_cfg(m, "dim", 32);
-    g->k = (int)fc_cu_cfg(m, "k", 4);
+    const fc_gradiveq_cfg *k = fc_cu_cfg_of<fc_gradiveq_cfg>(m);
+    g->m = (int)k->dim;
+    g->k = (int)k->k;
     if (g->m < 2 || g->m > 256 || g->k < 1 || g->k > g->m)
         return fc_fail(err, FC_ERR_VALUE, "gradiveq dim must be in [2, 256] and k in [1, dim], got "
                        "%d and %d", g->m, g->k);

@@ -5,8 +5,9 @@
 
 static int codec(const fc_cuda_method_cfg *m, fc_cu_int8_codec *c, fc_err *err)
 {
-    c->bs = (int64_t)fc_cu_cfg(m, "block_size", 256);
-    c->stochastic = fc_cu_cfg(m, "stochastic", 0) != 0;
+    const fc_int8_cfg *k = fc_cu_cfg_of<fc_int8_cfg>(m);
+    c->bs = k->block_size;
+    c->stochastic = k->stochastic != 0;
     return fc_cu_check_block("int8", "block_size", c->bs, err);
 }
 

@@ -4,7 +4,7 @@
 
 static int codec(const fc_cuda_method_cfg *m, fc_cu_onebit_codec *c, fc_err *err)
 {
-    c->bs = (int64_t)fc_cu_cfg(m, "block_size", 256);
+    c->bs = fc_cu_cfg_of<fc_onebit_cfg>(m)->block_size;
     return fc_cu_check_block("onebit", "block_size", c->bs, err);
 }
 

@@ -4,10 +4,12 @@
 
 static int codec(const fc_cuda_method_cfg *m, fc_cu_qsgd_codec *c, fc_err *err)
 {
-    const double levels = fc_cu_cfg(m, "levels", 15);
-    c->bs = (int64_t)fc_cu_cfg(m, "bucket_size", 512);
+    const fc_qsgd_cfg *k = fc_cu_cfg_of<fc_qsgd_cfg>(m);
+    const int64_t levels = k->levels;
+    *c = fc_cu_qsgd_codec{};
+    c->bs = k->bucket_size;
     if (levels < 1 || levels > 32767)
-        return fc_fail(err, FC_ERR_VALUE, "qsgd levels must be in [1, 32767], got %g", levels);
+        return fc_fail(err, FC_ERR_VALUE, "qsgd levels must be in [1, 32767], got %lld", (long long)levels);
     c->levels = (int32_t)levels;
     c->w = fc_qsgd_width(c->levels);
     return fc_cu_check_block("qsgd", "bucket_size", c->bs, err);

@@ -18,10 +18,11 @@ struct rk_cfg {
 static int config(const fc_cuda_method_cfg *m, int world, rk_cfg *c, fc_err *err)
 {
     memset(c, 0, sizeof(*c));
-    c->kr.k = (int64_t)fc_cu_cfg(m, "k", 0);
-    c->kr.ratio = fc_cu_cfg(m, "ratio", 0.01);
-    c->scale = fc_cu_cfg(m, "scale", 1) != 0;
-    c->vc = fc_cu_vc_from(m, world);
+    const fc_randomk_cfg *k = fc_cu_cfg_of<fc_randomk_cfg>(m);
+    c->kr.k = k->k;
+    c->kr.ratio = k->ratio;
+    c->scale = k->scale != 0;
+    c->vc = fc_cu_vc_from(&k->vc, world);
     return fc_cu_vc_check(c->vc, err);
 }
 

@@ -168,9 +168,10 @@ struct sign_cfg {
 
 static int config(const fc_cuda_method_cfg *m, sign_cfg *c, fc_err *err)
 {
-    c->majority = fc_cu_cfg(m, "mode", 0) == 1;
-    c->bs = (int64_t)fc_cu_cfg(m, "block_size", 256);
-    c->scale = (float)fc_cu_cfg(m, "scale", 1.0); // the CPU's (float)cfg->scale
+    const fc_signsgd_cfg *k = fc_cu_cfg_of<fc_signsgd_cfg>(m);
+    c->majority = k->mode == FC_SIGN_MAJORITY;
+    c->bs = k->block_size;
+    c->scale = (float)k->scale; // the CPU's (float)cfg->scale
     return fc_cu_check_block("signsgd", "block_size", c->bs, err);
 }
 

@@ -20,11 +20,12 @@ struct sk_cfg {
 
 static int config(const fc_cuda_method_cfg *m, sk_cfg *c, fc_err *err)
 {
-    c->rows = (int)fc_cu_cfg(m, "rows", 3);
-    c->cols = (int64_t)fc_cu_cfg(m, "cols", 4096);
-    c->kr.k = (int64_t)fc_cu_cfg(m, "k", 256);
+    const fc_sketch_cfg *k = fc_cu_cfg_of<fc_sketch_cfg>(m);
+    c->rows = (int)k->rows;
+    c->cols = k->cols;
+    c->kr.k = k->k;
     c->kr.ratio = 1.0;
-    c->second = fc_cu_cfg(m, "second_round", 0) != 0;
+    c->second = k->second_round != 0;
     if (c->rows < 1 || c->rows > SK_MAX_ROWS || c->cols < 1 || c->cols > (1 << 26))
         return fc_fail(err, FC_ERR_VALUE, "sketch rows must be in [1, %d] and cols in [1, 2^26], got %d and %lld",
                        SK_MAX_ROWS, c->rows, (long long)c->cols);

@@ -209,18 +209,12 @@ struct fc_cu_vc {
     }
 };
 
-// The value codec of a sparsifier's config: `quantize` and the codec's own keys, which the
-// host appends to the method's (fc_cuda_path.c: vc_block, vc_levels_or_bits, vc_minmax,
-// vc_stochastic).
-static inline fc_cu_vc fc_cu_vc_from(const fc_cuda_method_cfg *m, int world)
+// The value codec of a sparsifier's config, as its check() resolved it (fc_vcodec_init).
+static inline fc_cu_vc fc_cu_vc_from(const fc_vcodec *c, int world)
 {
     fc_cu_vc v;
     memset(&v, 0, sizeof(v));
-    v.shape.quantize = (int)fc_cu_cfg(m, "quantize", 0);
-    v.shape.block = (int64_t)fc_cu_cfg(m, "vc_block", 0);
-    v.shape.levels_or_bits = (int64_t)fc_cu_cfg(m, "vc_levels_or_bits", 0);
-    v.shape.minmax = fc_cu_cfg(m, "vc_minmax", 0) != 0;
-    v.shape.stochastic = fc_cu_cfg(m, "vc_stochastic", 0) != 0;
+    v.shape = c->shape;
     v.fp16 = fc_cu_make_fp16(world);
     return v;
 }

@@ -18,9 +18,10 @@ struct thrv_cfg {
 static int config(const fc_cuda_method_cfg *m, int world, thrv_cfg *c, fc_err *err)
 {
     memset(c, 0, sizeof(*c));
-    c->v = (float)fc_cu_cfg(m, "threshold", 1e-3); // the CPU's (float)cfg->threshold
-    c->va.vc = fc_cu_vc_from(m, world);
-    c->va.sign = fc_cu_cfg(m, "values", 0) == 1;
+    const fc_thresholdv_cfg *k = fc_cu_cfg_of<fc_thresholdv_cfg>(m);
+    c->v = (float)k->threshold; // the CPU's (float)cfg->threshold
+    c->va.vc = fc_cu_vc_from(&k->vc, world);
+    c->va.sign = k->values == FC_THRV_SIGN;
     c->va.sign_v = c->v;
     return fc_cu_vc_check(c->va.vc, err);
 }

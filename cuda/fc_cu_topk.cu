@@ -13,9 +13,10 @@ struct topk_cfg {
 static int config(const fc_cuda_method_cfg *m, int world, topk_cfg *c, fc_err *err)
 {
     memset(c, 0, sizeof(*c));
-    c->kr.k = (int64_t)fc_cu_cfg(m, "k", 0);
-    c->kr.ratio = fc_cu_cfg(m, "ratio", 0.01);
-    c->va.vc = fc_cu_vc_from(m, world);
+    const fc_topk_cfg *k = fc_cu_cfg_of<fc_topk_cfg>(m);
+    c->kr.k = k->k;
+    c->kr.ratio = k->ratio;
+    c->va.vc = fc_cu_vc_from(&k->vc, world);
     return fc_cu_vc_check(c->va.vc, err);
 }
 

@@ -5,6 +5,7 @@
 #define FC_CUDA_H
 
 #include <stdint.h>
+#include "fc_cfg.h"
 #include "fc_status.h"
 
 #ifdef __cplusplus
@@ -14,23 +15,16 @@ extern "C" {
 /* 2: compress/decompress, comm marks, NCCL timeout and release, geometry probe; 3: the sparse,
  * aggregate and stateful methods' scratch, second round and copies (and their argument fields);
  * 4: the config fingerprint in the args (wire version 3), the decode's nonfinite mode, the
- * workspace's saturated count */
-#define FC_CUDA_ABI 4
+ * workspace's saturated count; 5: the method's config as its fc_cfg.h struct, not by key name */
+#define FC_CUDA_ABI 5
 #define FC_CUDA_MAX_WORLD 1024 /* equals FC_MAX_WORLD of the CPU driver */
 #define FC_CUDA_MAX_UNITS 4096 /* units whose residual norm the device keeps */
-#define FC_CUDA_MAX_CFG 16
 
-/* A method's parsed config as (name, value) pairs: the CUDA side looks keys up by name, so it
- * shares no struct layout with the C method files. */
-typedef struct {
-    const char *name;
-    double value;
-} fc_cuda_kv;
-
+/* A method's parsed config: its struct of csrc/fc_cfg.h (fc_int8_cfg, ...) as the C side parsed
+ * it, zeros for `none` below min_numel; the kernels read it as that struct. */
 typedef struct {
     int id; /* wire id of the method (fc_method.id) */
-    int n_cfg;
-    fc_cuda_kv cfg[FC_CUDA_MAX_CFG];
+    FC_ALIGN8 unsigned char cfg[FC_CFG_MAX];
 } fc_cuda_method_cfg;
 
 /* Chunk geometry of one unit: chunk c is [c*per, ...) and only the last non-empty chunk may be

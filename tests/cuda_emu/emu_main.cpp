@@ -9,7 +9,8 @@
 //     (acc += alpha * decode), ws.bin
 //   emu array DIR: args.txt, x.bin, acc.bin -> body.bin, acc.bin (+= alpha * decode of body)
 //   emu methods -: the wire ids of the methods with kernels
-// args.txt holds "key value" lines (and "cfg NAME VALUE" for the method's keys).
+// args.txt holds "key value" lines (and "cfg HEX": the method's parsed config struct, fc_cfg.h,
+// as State._config_bytes gives it).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -88,33 +89,27 @@ static void run_array(const C &c, std::map<std::string, double> &a, const std::v
                                                        (float *)acc.data(), c);
 }
 
-static double cfg_of(const fc_cuda_method_cfg &m, const char *name, double def)
-{
-    for (int i = 0; i < m.n_cfg; i++)
-        if (strcmp(m.cfg[i].name, name) == 0)
-            return m.cfg[i].value;
-    return def;
-}
-
 static void array_mode(const fc_cuda_method_cfg &m, std::map<std::string, double> &a, const std::string &dir)
 {
     std::vector<uint8_t> x = slurp(dir + "/x.bin"), acc = slurp(dir + "/acc.bin");
     std::vector<uint8_t> body((size_t)a["body_bytes"], 0xA5);
-    const int64_t bs = (int64_t)cfg_of(m, "block_size", cfg_of(m, "bucket_size", 256));
-    if (m.id == 3)
-        run_array(fc_cu_int8_codec{bs, (int)cfg_of(m, "stochastic", 0)}, a, x, acc, body);
-    else if (m.id == 4)
-        run_array(fc_cu_fp8_codec{bs, (int)cfg_of(m, "format", 0)}, a, x, acc, body);
-    else if (m.id == 5)
-        run_array(fc_cu_intn_codec{bs, (int)cfg_of(m, "bits", 4), (int)cfg_of(m, "stochastic", 0),
-                                   (int)cfg_of(m, "scheme", 0)}, a, x, acc, body);
-    else if (m.id == 6)
-        run_array(fc_cu_qsgd_codec{bs, (int32_t)cfg_of(m, "levels", 15), fc_qsgd_width((int64_t)cfg_of(m, "levels", 15))},
-                  a, x, acc, body);
-    else if (m.id == 7)
-        run_array(fc_cu_nc_codec{bs}, a, x, acc, body);
-    else if (m.id == 14)
-        run_array(fc_cu_onebit_codec{bs}, a, x, acc, body);
+    if (m.id == 3) {
+        const fc_int8_cfg *k = fc_cu_cfg_of<fc_int8_cfg>(&m);
+        run_array(fc_cu_int8_codec{k->block_size, k->stochastic}, a, x, acc, body);
+    } else if (m.id == 4) {
+        const fc_fp8_cfg *k = fc_cu_cfg_of<fc_fp8_cfg>(&m);
+        run_array(fc_cu_fp8_codec{k->block_size, k->format}, a, x, acc, body);
+    } else if (m.id == 5) {
+        const fc_intn_cfg *k = fc_cu_cfg_of<fc_intn_cfg>(&m);
+        run_array(fc_cu_intn_codec{k->block_size, (int)k->bits, k->stochastic, k->scheme}, a, x, acc, body);
+    } else if (m.id == 6) {
+        const fc_qsgd_cfg *k = fc_cu_cfg_of<fc_qsgd_cfg>(&m);
+        run_array(fc_cu_qsgd_codec{k->bucket_size, (int32_t)k->levels, fc_qsgd_width(k->levels)}, a, x, acc, body);
+    } else if (m.id == 7) {
+        run_array(fc_cu_nc_codec{fc_cu_cfg_of<fc_nc_cfg>(&m)->block_size}, a, x, acc, body);
+    } else if (m.id == 14) {
+        run_array(fc_cu_onebit_codec{fc_cu_cfg_of<fc_onebit_cfg>(&m)->block_size}, a, x, acc, body);
+    }
     else
         exit(3);
     spill(dir + "/body.bin", body.data(), body.size());
@@ -151,21 +146,21 @@ int main(int argc, char **argv)
         return 0;
     }
     std::map<std::string, double> a;
-    std::vector<std::string> names; // storage for the config key names
     fc_cuda_method_cfg m;
     memset(&m, 0, sizeof m);
     {
         FILE *f = fopen((dir + "/args.txt").c_str(), "r");
         if (f == NULL)
             return 2;
-        char key[128], name[128];
+        char key[128], hex[2 * FC_CFG_MAX + 1];
         double v;
-        names.reserve(FC_CUDA_MAX_CFG);
         while (fscanf(f, "%127s", key) == 1) {
-            if (strcmp(key, "cfg") == 0 && fscanf(f, "%127s %lf", name, &v) == 2) {
-                names.push_back(name);
-                m.cfg[m.n_cfg].name = names.back().c_str();
-                m.cfg[m.n_cfg++].value = v;
+            if (strcmp(key, "cfg") == 0 && fscanf(f, "%512s", hex) == 1) { // the struct's bytes
+                for (size_t i = 0; 2 * i + 1 < strlen(hex) && i < FC_CFG_MAX; i++) {
+                    unsigned byte = 0;
+                    sscanf(hex + 2 * i, "%2x", &byte);
+                    m.cfg[i] = (unsigned char)byte;
+                }
             } else if (fscanf(f, "%lf", &v) == 1) {
                 a[key] = v;
             }
