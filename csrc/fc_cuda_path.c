@@ -62,40 +62,59 @@ static int learns(const fc_core *s, const fc_method *m)
     return m == s->method && m->sync_floats != NULL && m->sync_floats(s->cfg, s->step, &off) > 0;
 }
 
-static int encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf *send,
-                       fc_buf *residual, int world, int rank, uint32_t unit,
-                       fc_cuda_encode_args *a, fc_err *err)
+/* The call header (fc_cuda_head): what every call to the library carries, filled here only.
+ * m is the method the payloads go out with; the caller sets the geometry and what it changes. */
+static void call_head(const fc_core *s, const fc_cuda_call *k, const fc_method *m,
+                      const fc_buf *grad, uint32_t unit, uint32_t chunk_base, fc_cuda_head *h)
+{
+    memset(h, 0, sizeof(*h));
+    method_cfg(s, m, &h->m);
+    h->varsize = (m->flags & FC_VARSIZE) != 0;
+    h->device = k->device;
+    h->stream = k->stream;
+    h->grad = grad != NULL ? grad->data : NULL;
+    h->grad_dtype = grad != NULL ? grad->dtype : FC_F32;
+    h->unit = unit;
+    h->step = s->step;
+    h->chunk_base = chunk_base;
+    h->seed = (uint64_t)s->common.seed;
+    h->fingerprint = s->fingerprint;
+    h->nonfinite_zero = s->common.nonfinite == FC_NONFINITE_ZERO;
+    h->ws = k->ws;
+    h->x = k->x; /* scratch, unit state, fetch buffer; what a call changes, it sets */
+    h->x.learn = 0;
+    h->x.fetch_k = 0;
+}
+
+/* The collective's header: the unit's geometry and wire method, and whether a second round
+ * follows (exactly when there is a fetch buffer: the kernels' test). */
+static const fc_method *unit_head(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad,
+                                  int world, int rank, uint32_t unit, fc_cuda_head *h)
 {
     const int64_t N = grad->numel;
     const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
-    const int use_ef = m == s->method && s->common.error_feedback && residual != NULL;
-    /* a second round decides what is sent after this call: no error sample from round 1 */
-    const int sample = m == s->method && s->common.error_stats_every > 0 &&
-                       s->ctr.calls % s->common.error_stats_every == 0 &&
-                       fc_core_fetch_kmax(s, N, world) == 0;
+    call_head(s, k, m, grad, unit, 0, h);
+    geometry(s, m, N, grad->dtype, world, rank, &h->geo);
+    if (fc_core_fetch_kmax(s, N, world) == 0)
+        h->x.fetch = NULL;
+    return m;
+}
+
+static void encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf *send,
+                        fc_buf *residual, int world, int rank, uint32_t unit,
+                        fc_cuda_encode_args *a)
+{
     memset(a, 0, sizeof(*a));
-    method_cfg(s, m, &a->m);
-    (void)err;
-    a->varsize = (m->flags & FC_VARSIZE) != 0;
-    a->device = k->device;
-    a->stream = k->stream;
-    geometry(s, m, N, grad->dtype, world, rank, &a->geo);
-    a->grad = grad->data;
-    a->grad_dtype = grad->dtype;
+    const fc_method *m = unit_head(s, k, grad, world, rank, unit, &a->h);
+    const int use_ef = m == s->method && s->common.error_feedback && residual != NULL;
+    a->h.x.learn = learns(s, m);
     a->residual = use_ef ? residual->data : NULL;
     a->res_dtype = use_ef ? residual->dtype : FC_F32;
     a->send = send != NULL ? (uint8_t *)send->data : NULL;
-    a->unit = unit;
-    a->step = s->step;
-    a->seed = (uint64_t)s->common.seed;
-    a->nonfinite_zero = s->common.nonfinite == FC_NONFINITE_ZERO;
-    a->sample = sample;
-    a->ws = k->ws;
-    a->fingerprint = s->fingerprint;
-    a->x = k->x;
-    a->x.learn = learns(s, m);
-    a->x.fetch_k = 0;
-    return FC_OK;
+    /* a second round decides what is sent after this call: no error sample from round 1 */
+    a->sample = m == s->method && s->common.error_stats_every > 0 &&
+                s->ctr.calls % s->common.error_stats_every == 0 &&
+                fc_core_fetch_kmax(s, grad->numel, world) == 0;
 }
 
 int64_t fc_cuda_fetch_bytes(int64_t kmax)
@@ -112,7 +131,7 @@ int fc_cuda_encode_needs(const fc_core *s, const fc_cuda_call *k, const fc_buf *
     *scratch = *fetch = 0;
     int rc = check_method(k, m, err);
     if (rc == FC_OK)
-        rc = encode_args(s, k, grad, NULL, NULL, world, rank, unit, &a, err);
+        encode_args(s, k, grad, NULL, NULL, world, rank, unit, &a);
     if (rc == FC_OK)
         rc = k->api->scratch_bytes(&a, NULL, scratch, err);
     *fetch = kmax > 0 ? fc_cuda_fetch_bytes(kmax) : 0;
@@ -131,13 +150,13 @@ int fc_cuda_encode(fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf
     int64_t recvs[FC_MAX_WORLD];
     fc_cuda_encode_args a;
     FC_TRY(check_method(k, m, err));
-    FC_TRY(encode_args(s, k, grad, send, residual, world, rank, unit, &a, err));
+    encode_args(s, k, grad, send, residual, world, rank, unit, &a);
     fc_core_plan(s, N, grad->dtype, world, rank, sizes, recvs);
     if (varsize) {
         sent = (fc_cuda_sent *)calloc((size_t)world, sizeof(fc_cuda_sent));
         if (sent == NULL)
             FC_TRY(fc_fail(err, FC_ERR_NOMEM, "could not allocate %d payload records", world));
-        a.x.sent = sent;
+        a.h.x.sent = sent;
     }
     FC_TRY(k->api->encode(k->ctx, &a, err));
 
@@ -189,43 +208,22 @@ error:
     return rc;
 }
 
-static int decode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *recv,
-                       const fc_buf *grad, const fc_buf *out, int world, int rank, uint32_t unit,
-                       fc_cuda_decode_args *a, fc_err *err)
+static void decode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *recv,
+                        const fc_buf *grad, const fc_buf *out, int world, int rank, uint32_t unit,
+                        fc_cuda_decode_args *a)
 {
-    const int64_t N = grad->numel;
-    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
     int64_t start, n;
-    fc_chunk_span(N, world, rank, &start, &n);
+    fc_chunk_span(grad->numel, world, rank, &start, &n);
     memset(a, 0, sizeof(*a));
-    method_cfg(s, m, &a->m);
-    (void)err;
-    a->varsize = (m->flags & FC_VARSIZE) != 0;
-    a->device = k->device;
-    a->stream = k->stream;
-    geometry(s, m, N, grad->dtype, world, rank, &a->geo);
+    const fc_method *m = unit_head(s, k, grad, world, rank, unit, &a->h);
+    a->h.x.fetch_k = fc_core_fetch_kmax(s, grad->numel, world) > 0 ? fc_core_fetch_k(s, m, n) : 0;
+    a->h.x.packed_bytes = (m->flags & FC_VARSIZE) && recv != NULL ? recv->numel : 0;
     a->recv = recv != NULL ? (const uint8_t *)recv->data : NULL;
     /* fixed sizes: every slot a payload of the own chunk; data-dependent: back to back */
     a->slot = (m->flags & FC_VARSIZE) ? 0 : fc_payload_bytes(s, m, n, grad->dtype);
-    a->grad = grad->data;
-    a->grad_dtype = grad->dtype;
     a->out = out->data;
     a->out_dtype = out->dtype;
     a->out_numel = out->numel;
-    a->unit = unit;
-    a->step = s->step;
-    a->seed = (uint64_t)s->common.seed;
-    a->nonfinite_zero = s->common.nonfinite == FC_NONFINITE_ZERO;
-    a->ws = k->ws;
-    a->fingerprint = s->fingerprint;
-    a->x = k->x;
-    a->x.learn = 0;
-    /* a second round follows exactly when there is a fetch buffer (the kernels' test) */
-    const int second = fc_core_fetch_kmax(s, N, world) > 0;
-    a->x.fetch = second ? a->x.fetch : NULL;
-    a->x.fetch_k = second ? fc_core_fetch_k(s, m, n) : 0;
-    a->x.packed_bytes = (m->flags & FC_VARSIZE) && recv != NULL ? recv->numel : 0;
-    return FC_OK;
 }
 
 int fc_cuda_decode_needs(const fc_core *s, const fc_cuda_call *k, const fc_buf *recv,
@@ -238,7 +236,7 @@ int fc_cuda_decode_needs(const fc_core *s, const fc_cuda_call *k, const fc_buf *
     *scratch = *fetch = 0;
     int rc = check_method(k, m, err);
     if (rc == FC_OK)
-        rc = decode_args(s, k, recv, grad, out, world, rank, unit, &a, err);
+        decode_args(s, k, recv, grad, out, world, rank, unit, &a);
     if (rc == FC_OK)
         rc = k->api->scratch_bytes(NULL, &a, scratch, err);
     *fetch = kmax > 0 ? fc_cuda_fetch_bytes(kmax) : 0;
@@ -269,13 +267,13 @@ int fc_cuda_decode(fc_core *s, const fc_cuda_call *k, const fc_buf *recv, const 
                        "elements over %d ranks needs %s%lld", (long long)recv->numel, (long long)N,
                        world, varsize ? "at most " : "", (long long)total);
     fc_cuda_decode_args a;
-    FC_TRY(decode_args(s, k, recv, grad, out, world, rank, unit, &a, err));
-    if (fc_core_fetch_kmax(s, N, world) > 0 && a.x.fetch == NULL)
+    decode_args(s, k, recv, grad, out, world, rank, unit, &a);
+    if (fc_core_fetch_kmax(s, N, world) > 0 && a.h.x.fetch == NULL)
         FC_TRY(fc_fail(err, FC_ERR_STATE, "internal: a second round without its fetch buffer"));
     s->picks_unit = -1;
     FC_TRY(k->api->decode(k->ctx, &a, err));
     if (fc_core_fetch_kmax(s, N, world) > 0) { /* the picks stay on the device */
-        s->n_picks = a.x.fetch_k;
+        s->n_picks = a.h.x.fetch_k;
         s->picks_unit = unit;
     }
 error:
@@ -301,20 +299,11 @@ static int check_unit(int64_t have, uint32_t unit, const char *what, fc_err *err
 static void fetch_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad, int world,
                        int rank, uint32_t unit, fc_cuda_fetch_args *a)
 {
-    const fc_method *m = fc_core_wire_method(s, grad->numel, world, grad->dtype);
     memset(a, 0, sizeof(*a));
-    a->m.id = m->id; /* the round itself is method-agnostic: no keys */
-    a->device = k->device;
-    a->stream = k->stream;
-    geometry(s, m, grad->numel, grad->dtype, world, rank, &a->geo);
+    unit_head(s, k, grad, world, rank, unit, &a->h);
+    a->h.x.fetch = k->x.fetch;
     a->kmax = fc_core_fetch_kmax(s, grad->numel, world);
-    a->grad = grad->data;
-    a->grad_dtype = grad->dtype;
-    a->nonfinite_zero = s->common.nonfinite == FC_NONFINITE_ZERO;
-    a->fetch = k->x.fetch;
     a->n_picks = s->n_picks;
-    a->unit = unit;
-    a->ws = k->ws;
 }
 
 int fc_cuda_fetch_picks(const fc_core *s, const fc_cuda_call *k, uint32_t unit, uint32_t *picks,
@@ -328,13 +317,11 @@ int fc_cuda_fetch_picks(const fc_core *s, const fc_cuda_call *k, uint32_t unit, 
         return fc_fail(err, FC_ERR_VALUE, "picks buffer holds %lld, need %lld", (long long)kmax,
                        (long long)s->n_picks);
     memset(&a, 0, sizeof(a));
-    a.device = k->device;
-    a.stream = k->stream;
+    call_head(s, k, s->method, NULL, unit, 0, &a.h);
+    a.h.x.fetch = k->x.fetch;
     a.kmax = kmax;
-    a.fetch = k->x.fetch;
     a.n_picks = s->n_picks;
     a.picks = picks;
-    a.ws = k->ws;
     return k->api->fetch_picks(k->ctx, &a, err);
 }
 
@@ -423,70 +410,43 @@ static void single_geometry(const fc_core *s, int64_t n, int world, int rank, fc
     g->body_full = g->body_last = body_bytes(s, s->method, n, world, FC_F32, &l);
 }
 
-/* compress()'s arguments for x (x->numel values; data may be NULL when only sizing). */
-static int single_encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *x, fc_buf *payload,
-                              uint32_t unit, uint32_t chunk, int world, int rank,
-                              fc_cuda_encode_args *a, fc_err *err)
+/* compress()'s arguments for x (x->numel values; data may be NULL when only sizing): NaN/Inf
+ * go through flagged, no residual, no sample, no second round after one payload. */
+static void single_encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *x,
+                               fc_buf *payload, uint32_t unit, uint32_t chunk, int world, int rank,
+                               fc_cuda_encode_args *a)
 {
-    const fc_method *m = s->method;
     memset(a, 0, sizeof(*a));
-    method_cfg(s, m, &a->m);
-    (void)err;
-    a->varsize = (m->flags & FC_VARSIZE) != 0;
-    a->device = k->device;
-    a->stream = k->stream;
-    single_geometry(s, x->numel, world, rank, &a->geo);
-    a->grad = x->data;
-    a->grad_dtype = FC_F32;
+    call_head(s, k, s->method, x, unit, chunk, &a->h);
+    single_geometry(s, x->numel, world, rank, &a->h.geo);
+    a->h.grad_dtype = FC_F32;
+    a->h.nonfinite_zero = 0;
+    a->h.x.learn = learns(s, s->method); /* the CPU's compress learns too (gradiveq) */
+    a->h.x.fetch = NULL;
+    a->h.x.sent = NULL; /* the driver reads a data-dependent size from the header */
     a->res_dtype = FC_F32;
     a->send = payload != NULL ? (uint8_t *)payload->data : NULL;
-    a->unit = unit;
-    a->step = s->step;
-    a->chunk_base = chunk;
-    a->seed = (uint64_t)s->common.seed;
-    a->ws = k->ws;
-    a->fingerprint = s->fingerprint;
-    a->x = k->x;
-    a->x.learn = learns(s, m); /* the CPU's compress learns too (gradiveq on its learn steps) */
-    a->x.fetch = NULL;         /* no second round after one payload */
-    a->x.fetch_k = 0;
-    a->x.sent = NULL;          /* the driver reads a data-dependent size from the header */
-    return FC_OK;
 }
 
 /* decompress()'s arguments for acc (acc->numel values; data may be NULL when only sizing). */
-static int single_decode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *payload,
-                              const fc_buf *acc, float alpha, uint32_t unit, uint32_t chunk,
-                              int world, fc_cuda_decode_args *a, fc_err *err)
+static void single_decode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *payload,
+                               const fc_buf *acc, float alpha, uint32_t unit, uint32_t chunk,
+                               int world, fc_cuda_decode_args *a)
 {
-    const fc_method *m = s->method;
     memset(a, 0, sizeof(*a));
-    method_cfg(s, m, &a->m);
-    (void)err;
-    a->varsize = (m->flags & FC_VARSIZE) != 0;
-    a->device = k->device;
-    a->stream = k->stream;
-    single_geometry(s, acc->numel, world, 0, &a->geo);
+    /* grad is never read: the own chunk is not part of a single payload's sum */
+    call_head(s, k, s->method, acc, unit, chunk, &a->h);
+    single_geometry(s, acc->numel, world, 0, &a->h.geo);
+    a->h.grad_dtype = FC_F32;
+    a->h.nonfinite_zero = 0;
+    a->h.x.fetch = NULL;
     a->recv = payload != NULL ? (const uint8_t *)payload->data : NULL;
     a->slot = payload != NULL ? payload->numel : 0;
-    a->grad = acc->data; /* never read: the own chunk is not part of a single payload's sum */
-    a->grad_dtype = FC_F32;
+    a->h.x.packed_bytes = a->slot; /* a data-dependent method walks the one payload's header */
     a->out = acc->data;
     a->out_dtype = FC_F32;
     a->out_numel = acc->numel;
-    a->unit = unit;
-    a->step = s->step;
-    a->chunk_base = chunk;
-    a->seed = (uint64_t)s->common.seed;
     a->alpha = alpha;
-    a->ws = k->ws;
-    a->fingerprint = s->fingerprint;
-    a->x = k->x;
-    a->x.learn = 0;
-    a->x.fetch = NULL;
-    a->x.fetch_k = 0;
-    a->x.packed_bytes = a->slot; /* a data-dependent method walks the one payload's header */
-    return FC_OK;
 }
 
 int fc_cuda_single_needs(const fc_core *s, const fc_cuda_call *k, int64_t n, int world, int rank,
@@ -502,12 +462,12 @@ int fc_cuda_single_needs(const fc_core *s, const fc_cuda_call *k, int64_t n, int
         return rc;
     if (decode) {
         fc_cuda_decode_args a;
-        if ((rc = single_decode_args(s, k, NULL, &b, 1.0f, unit, chunk, world, &a, err)) == FC_OK)
-            rc = k->api->scratch_bytes(NULL, &a, scratch, err);
+        single_decode_args(s, k, NULL, &b, 1.0f, unit, chunk, world, &a);
+        rc = k->api->scratch_bytes(NULL, &a, scratch, err);
     } else {
         fc_cuda_encode_args a;
-        if ((rc = single_encode_args(s, k, &b, NULL, unit, chunk, world, rank, &a, err)) == FC_OK)
-            rc = k->api->scratch_bytes(&a, NULL, scratch, err);
+        single_encode_args(s, k, &b, NULL, unit, chunk, world, rank, &a);
+        rc = k->api->scratch_bytes(&a, NULL, scratch, err);
     }
     return rc;
 }
@@ -525,8 +485,7 @@ int fc_cuda_compress(fc_core *s, const fc_cuda_call *k, const fc_buf *x, fc_buf 
         return fc_fail(err, FC_ERR_VALUE, "payload buffer holds %lld bytes, need %lld",
                        (long long)payload->numel, (long long)need);
     fc_cuda_encode_args a;
-    if ((rc = single_encode_args(s, k, x, payload, unit, chunk, world, rank, &a, err)) != FC_OK)
-        return rc;
+    single_encode_args(s, k, x, payload, unit, chunk, world, rank, &a);
     return k->api->compress(k->ctx, &a, written, err);
 }
 
@@ -542,8 +501,7 @@ int fc_cuda_decompress(fc_core *s, const fc_cuda_call *k, const fc_buf *payload,
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank 0: %lld bytes, shorter than the "
                        "%d-byte header", (long long)payload->numel, FC_HEADER_BYTES);
     fc_cuda_decode_args a;
-    if ((rc = single_decode_args(s, k, payload, acc, alpha, unit, chunk, world, &a, err)) != FC_OK)
-        return rc;
+    single_decode_args(s, k, payload, acc, alpha, unit, chunk, world, &a);
     return k->api->decompress(k->ctx, &a, err);
 }
 

@@ -201,19 +201,19 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
 {
     int rc = FC_OK;
     gvq_cfg g;
-    FC_TRY(config(&a->m, a->x.ustate, &g, err));
+    FC_TRY(config(&a->h.m, a->h.x.ustate, &g, err));
     {
-        const float *u = a->x.ustate;
-        const int64_t coefs = (a->geo.per + g.m - 1) / g.m * g.k;
-        if (a->x.learn) { // before the residual changes what g' reads
+        const float *u = a->h.x.ustate;
+        const int64_t coefs = (a->h.geo.per + g.m - 1) / g.m * g.k;
+        if (a->h.x.learn) { // before the residual changes what g' reads
             gvq_covariance<<<fc_cu_grid((int64_t)g.m * g.m, GVQ_THREADS, 1), GVQ_THREADS, 0, s>>>(
-                *e, g, a->x.ustate + (int64_t)g.m * g.k);
+                *e, g, a->h.x.ustate + (int64_t)g.m * g.k);
             FC_CHECK_LAUNCH(err, error);
         }
-        gvq_coefs<<<fc_cu_grid(coefs, GVQ_THREADS * 4, a->geo.world), GVQ_THREADS, 0, s>>>(*e, g, u);
+        gvq_coefs<<<fc_cu_grid(coefs, GVQ_THREADS * 4, a->h.geo.world), GVQ_THREADS, 0, s>>>(*e, g, u);
         FC_CHECK_LAUNCH(err, error);
         if (e->res != NULL || e->sample) {
-            gvq_residual<<<fc_cu_grid(a->geo.per, GVQ_THREADS * 8, a->geo.world), GVQ_THREADS, 0, s>>>(*e, g, u);
+            gvq_residual<<<fc_cu_grid(a->h.geo.per, GVQ_THREADS * 8, a->h.geo.world), GVQ_THREADS, 0, s>>>(*e, g, u);
             FC_CHECK_LAUNCH(err, error);
         }
     }
@@ -226,17 +226,17 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
     int rc = FC_OK;
     gvq_cfg g;
     int64_t start, n;
-    FC_TRY(config(&a->m, a->x.ustate, &g, err));
-    fc_cu_span(a->geo, a->geo.rank, &start, &n);
+    FC_TRY(config(&a->h.m, a->h.x.ustate, &g, err));
+    fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
     {
-        const int senders = n > 0 ? a->geo.world - (a->geo.skip_own ? 1 : 0) : 0;
+        const int senders = n > 0 ? a->h.geo.world - (a->h.geo.skip_own ? 1 : 0) : 0;
         if (d->add) { // decompress(): one payload decoded alone
-            gvq_add<<<fc_cu_grid(d->out_numel, GVQ_THREADS * 4, 1), GVQ_THREADS, 0, s>>>(*d, g, a->x.ustate);
+            gvq_add<<<fc_cu_grid(d->out_numel, GVQ_THREADS * 4, 1), GVQ_THREADS, 0, s>>>(*d, g, a->h.x.ustate);
             FC_CHECK_LAUNCH(err, error);
             return FC_OK;
         }
         if (d->out_numel > 0) {
-            gvq_decode<<<fc_cu_grid(d->out_numel, GVQ_THREADS * 4, 1), GVQ_THREADS, 0, s>>>(*d, g, a->x.ustate,
+            gvq_decode<<<fc_cu_grid(d->out_numel, GVQ_THREADS * 4, 1), GVQ_THREADS, 0, s>>>(*d, g, a->h.x.ustate,
                                                                                          senders);
             FC_CHECK_LAUNCH(err, error);
         }

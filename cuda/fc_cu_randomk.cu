@@ -244,12 +244,12 @@ struct rk_enc_parts {
 
 static void carve_encode(const fc_cuda_encode_args *a, const rk_cfg &c, fc_cu_arena &ar, rk_enc_parts *p)
 {
-    p->total = kept_total(a->geo, c.kr);
-    carve_space(ar, a->geo, 0, c.kr, p->total, &p->sp);
+    p->total = kept_total(a->h.geo, c.kr);
+    carve_space(ar, a->h.geo, 0, c.kr, p->total, &p->sp);
     p->vals = ar.take<float>(p->total);
     p->enc = ar.take<float>(p->total);
     p->ev = ar.take<float>(p->total);
-    p->jobs = ar.take<fc_cu_vc_job>(a->geo.world);
+    p->jobs = ar.take<fc_cu_vc_job>(a->h.geo.world);
 }
 
 static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
@@ -257,11 +257,11 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
     int rc = FC_OK;
     rk_cfg c;
     rk_enc_parts p;
-    fc_cu_arena ar = fc_cu_arena_of(a->x);
-    FC_TRY(config(&a->m, a->geo.world, &c, err));
+    fc_cu_arena ar = fc_cu_arena_of(a->h.x);
+    FC_TRY(config(&a->h.m, a->h.geo.world, &c, err));
     carve_encode(a, c, ar, &p);
     FC_TRY(fc_cu_arena_check(ar, err));
-    p.sp.base = shared_base(a->seed, a->chunk_base, a->unit, a->step);
+    p.sp.base = shared_base(a->h.seed, a->h.chunk_base, a->h.unit, a->h.step);
     {
         const unsigned gb = fc_cu_blocks(p.total, FC_CU_THREADS * 4);
         FC_TRY(draw(p.sp, s, err));
@@ -269,7 +269,7 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
         FC_CHECK_LAUNCH(err, error);
         rk_jobs<<<1, 256, 0, s>>>(p.sp, a->send, p.enc, e->rng, p.jobs);
         FC_CHECK_LAUNCH(err, error);
-        FC_TRY(fc_cu_vc_encode(c.vc, p.jobs, a->geo.world, fc_rule_sparse_k(a->geo.per, c.kr.k, c.kr.ratio), s, err));
+        FC_TRY(fc_cu_vc_encode(c.vc, p.jobs, a->h.geo.world, fc_rule_sparse_k(a->h.geo.per, c.kr.k, c.kr.ratio), s, err));
         if (e->res != NULL || e->sample) {
             rk_corrections<<<gb, FC_CU_THREADS, 0, s>>>(p.sp, a->send, c.scale, c.vc, p.ev, p.total);
             FC_CHECK_LAUNCH(err, error);
@@ -395,19 +395,19 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
     rk_cfg c;
     rk_space sp;
     int64_t start, n;
-    fc_cu_arena ar = fc_cu_arena_of(a->x);
-    fc_cu_span(a->geo, a->geo.rank, &start, &n);
-    FC_TRY(config(&a->m, a->geo.world, &c, err));
+    fc_cu_arena ar = fc_cu_arena_of(a->h.x);
+    fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
+    FC_TRY(config(&a->h.m, a->h.geo.world, &c, err));
     {
         const int64_t k = fc_rule_sparse_k(n, c.kr.k, c.kr.ratio);
-        const int senders = n > 0 ? a->geo.world - (a->geo.skip_own ? 1 : 0) : 0;
-        carve_space(ar, a->geo, 1, c.kr, k, &sp);
+        const int senders = n > 0 ? a->h.geo.world - (a->h.geo.skip_own ? 1 : 0) : 0;
+        carve_space(ar, a->h.geo, 1, c.kr, k, &sp);
         FC_TRY(fc_cu_arena_check(ar, err));
-        sp.base = shared_base(a->seed, a->chunk_base, a->unit, a->step);
+        sp.base = shared_base(a->h.seed, a->h.chunk_base, a->h.unit, a->h.step);
         if (d->add) { // decompress(): one payload, no own chunk, no division by W
             if (k > 0) {
-                rk_check<<<dim3(fc_cu_blocks(k, FC_CU_THREADS * 4), 1), FC_CU_THREADS, 0, s>>>(*d, c.vc, k, a->unit,
-                                                                                            a->step);
+                rk_check<<<dim3(fc_cu_blocks(k, FC_CU_THREADS * 4), 1), FC_CU_THREADS, 0, s>>>(*d, c.vc, k, a->h.unit,
+                                                                                            a->h.step);
                 FC_CHECK_LAUNCH(err, error);
                 FC_TRY(draw(sp, s, err));
             }
@@ -417,8 +417,8 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
             return FC_OK;
         }
         if (senders > 0 && k > 0) {
-            rk_check<<<dim3(fc_cu_blocks(k, FC_CU_THREADS * 4), (unsigned)a->geo.world), FC_CU_THREADS, 0, s>>>(
-                *d, c.vc, k, a->unit, a->step);
+            rk_check<<<dim3(fc_cu_blocks(k, FC_CU_THREADS * 4), (unsigned)a->h.geo.world), FC_CU_THREADS, 0, s>>>(
+                *d, c.vc, k, a->h.unit, a->h.step);
             FC_CHECK_LAUNCH(err, error);
         }
         if (d->out_numel > 0) {
@@ -443,14 +443,14 @@ static int scratch(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *de
     fc_cu_arena ar = {NULL, 0, 0};
     if (enc != NULL) {
         rk_enc_parts p;
-        FC_TRY(config(&enc->m, enc->geo.world, &c, err));
+        FC_TRY(config(&enc->h.m, enc->h.geo.world, &c, err));
         carve_encode(enc, c, ar, &p);
     } else {
         rk_space sp;
         int64_t start, n;
-        FC_TRY(config(&dec->m, dec->geo.world, &c, err));
-        fc_cu_span(dec->geo, dec->geo.rank, &start, &n);
-        carve_space(ar, dec->geo, 1, c.kr, fc_rule_sparse_k(n, c.kr.k, c.kr.ratio), &sp);
+        FC_TRY(config(&dec->h.m, dec->h.geo.world, &c, err));
+        fc_cu_span(dec->h.geo, dec->h.geo.rank, &start, &n);
+        carve_space(ar, dec->h.geo, 1, c.kr, fc_rule_sparse_k(n, c.kr.k, c.kr.ratio), &sp);
     }
     *bytes = ar.used;
 error:

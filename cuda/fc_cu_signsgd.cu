@@ -178,7 +178,7 @@ static int config(const fc_cuda_method_cfg *m, sign_cfg *c, fc_err *err)
 static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
 {
     sign_cfg c;
-    int rc = config(&a->m, &c, err);
+    int rc = config(&a->h.m, &c, err);
     if (rc != FC_OK)
         return rc;
     if (c.majority)
@@ -198,7 +198,7 @@ error:
 static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
 {
     sign_cfg c;
-    int rc = config(&a->m, &c, err);
+    int rc = config(&a->h.m, &c, err);
     if (rc != FC_OK)
         return rc;
     if (!c.majority)
@@ -206,8 +206,8 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
     if (d->add)
         return vote_add(d, c, s, err);
     int64_t start, n;
-    fc_cu_span(a->geo, a->geo.rank, &start, &n);
-    const int senders = n > 0 ? a->geo.world - (a->geo.skip_own ? 1 : 0) : 0;
+    fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
+    const int senders = n > 0 ? a->h.geo.world - (a->h.geo.skip_own ? 1 : 0) : 0;
     const float v = 1.0f * c.scale * (float)senders; // decode_agg's alpha * scale * senders
     if (d->out_numel > 0) {
         sign_vote_decode<<<fc_cu_grid(d->out_numel, FC_CU_THREADS * 4, 1), FC_CU_THREADS, 0, s>>>(*d, v, senders);

@@ -116,20 +116,25 @@ static void array_mode(const fc_cuda_method_cfg &m, std::map<std::string, double
     spill(dir + "/acc.bin", acc.data(), acc.size());
 }
 
-// What every mode's arguments share, encode's and decode's alike (the two structs name these
-// fields the same), from args.txt; the mode sets the rest.
-template <class Args>
-static void common_args(Args &x, const fc_cuda_method_cfg &m, const fc_cuda_geom &g,
-                        std::map<std::string, double> &a, std::vector<uint8_t> &ws)
+// The call header every mode's arguments start with (fc_cuda_head), from args.txt: what the
+// driver's call_head (csrc/fc_cuda_path.c) fills; the mode sets the rest.
+static fc_cuda_head head(const fc_cuda_method_cfg &m, const fc_cuda_geom &g, std::map<std::string, double> &a,
+                         std::vector<uint8_t> &grad, std::vector<uint8_t> &ws)
 {
-    memset(&x, 0, sizeof x);
-    x.m = m;
-    x.geo = g;
-    x.unit = (uint32_t)a["unit"];
-    x.step = (uint32_t)a["step"];
-    x.seed = (uint64_t)a["seed"];
-    x.fingerprint = (uint32_t)a["fingerprint"];
-    x.ws = (fc_cuda_ws *)ws.data();
+    fc_cuda_head h;
+    memset(&h, 0, sizeof h);
+    h.m = m;
+    h.geo = g;
+    h.grad = grad.data();
+    h.grad_dtype = (int)a["gdt"]; // compress, decompress: 0 (fp32)
+    h.unit = (uint32_t)a["unit"];
+    h.step = (uint32_t)a["step"];
+    h.chunk_base = (uint32_t)a["chunk"]; // compress, decompress: their `chunk`; else 0
+    h.seed = (uint64_t)a["seed"];
+    h.fingerprint = (uint32_t)a["fingerprint"];
+    h.nonfinite_zero = (int)a["nonfinite_zero"];
+    h.ws = (fc_cuda_ws *)ws.data();
+    return h;
 }
 
 int main(int argc, char **argv)
@@ -190,38 +195,30 @@ int main(int argc, char **argv)
     memset(&err, 0, sizeof err);
     int rc;
     std::vector<uint8_t> grad = slurp(dir + "/grad.bin");
+    fc_cuda_encode_args e;
+    fc_cuda_decode_args d;
+    memset(&e, 0, sizeof e);
+    memset(&d, 0, sizeof d);
+    e.h = d.h = head(m, g, a, grad, ws);
     if (mode == "compress") { // State.compress: geometry of one chunk, chunk_base = `chunk`
-        fc_cuda_encode_args e;
-        common_args(e, m, g, a, ws);
-        e.grad = grad.data();
         std::vector<uint8_t> send((size_t)a["send_bytes"], 0xA5);
         e.send = send.data();
-        e.chunk_base = (uint32_t)a["chunk"];
         int64_t written = 0;
         rc = api->compress(ctx, &e, &written, &err);
         if (rc == FC_OK)
             spill(dir + "/send.bin", send.data(), (size_t)written);
     } else if (mode == "decompress") { // State.decompress: acc (grad.bin) += alpha * D(payload)
-        fc_cuda_decode_args d;
-        common_args(d, m, g, a, ws);
         std::vector<uint8_t> recv = slurp(dir + "/recv.bin");
         d.recv = recv.data();
         d.slot = (int64_t)recv.size();
-        d.grad = grad.data();
-        d.grad_dtype = 0;
         d.out = grad.data();
         d.out_dtype = 0;
         d.out_numel = g.numel;
-        d.chunk_base = (uint32_t)a["chunk"];
         d.alpha = (float)a["alpha"];
         rc = api->decompress(ctx, &d, &err);
         if (rc == FC_OK)
             spill(dir + "/out.bin", grad.data(), grad.size());
     } else if (mode == "encode") {
-        fc_cuda_encode_args e;
-        common_args(e, m, g, a, ws);
-        e.grad = grad.data();
-        e.grad_dtype = (int)a["gdt"];
         std::vector<uint8_t> res;
         if (a["rdt"] >= 0) {
             res = slurp(dir + "/res.bin");
@@ -230,7 +227,6 @@ int main(int argc, char **argv)
         }
         std::vector<uint8_t> send((size_t)a["send_bytes"], 0xA5); // unwritten bytes show
         e.send = send.data();
-        e.nonfinite_zero = (int)a["nonfinite_zero"];
         e.sample = (int)a["sample"];
         rc = api->encode(ctx, &e, &err);
         if (rc == FC_OK) {
@@ -239,18 +235,13 @@ int main(int argc, char **argv)
                 spill(dir + "/res.bin", res.data(), res.size());
         }
     } else {
-        fc_cuda_decode_args d;
-        common_args(d, m, g, a, ws);
         std::vector<uint8_t> recv = slurp(dir + "/recv.bin");
         d.recv = recv.data();
         d.slot = (int64_t)a["slot"];
-        d.grad = grad.data();
-        d.grad_dtype = (int)a["gdt"];
         d.out_dtype = (int)a["odt"];
         d.out_numel = (int64_t)a["out_numel"];
         std::vector<uint8_t> out((size_t)d.out_numel * (d.out_dtype == 0 ? 4 : 2), 0xA5);
         d.out = out.data();
-        d.nonfinite_zero = (int)a["nonfinite_zero"];
         rc = api->decode(ctx, &d, &err);
         if (rc == FC_OK)
             spill(dir + "/out.bin", out.data(), out.size());
