@@ -494,8 +494,9 @@ static int64_t header_body_bytes(const uint8_t *p)
     return (int64_t)fc_header_body(&h);
 }
 
-static void count_payload(fc_counters *k, const fc_layout *l, int64_t size, int64_t n)
+void fc_core_count_payload(fc_core *s, const fc_layout *l, int64_t size, int64_t n)
 {
+    fc_counters *k = &s->ctr;
     k->chunks_sent++;
     k->bytes_sent += size;
     k->header_bytes += size - fc_layout_bytes(l);
@@ -788,9 +789,8 @@ static int encode_begin(fc_core *s, const fc_buf *grad, const fc_buf *residual, 
     e->fell_back = 0;
     e->use_ef = m == s->method && s->common.error_feedback && residual != NULL;
     /* a second round decides what is sent after this call: no error sample from round 1 */
-    e->stats = s->common.error_stats_every > 0 && !fc_core_fetch_kmax(s, N, world);
-    e->sample = !e->use_ef && m == s->method && e->stats &&
-                s->ctr.calls % s->common.error_stats_every == 0;
+    e->stats = fc_core_stats_due(s, m, N, world);
+    e->sample = !e->use_ef && e->stats;
     e->sampled = 0;
     e->raw = 0;
     e->e_sq = 0;
@@ -848,12 +848,11 @@ static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci
     FC_TRY(encode_one(s, m, &c, x, p, cap, 1, passed ? FC_HDR_NONFINITE : 0u, size, &used, &wm,
                       err));
     e->fell_back |= wm != m;
-    count_payload(&s->ctr, &used, *size, n);
+    fc_core_count_payload(s, &used, *size, n);
     s->ctr.saturated += used.saturated;
     e->raw += n * fc_dtype_size(grad->dtype);
     if (e->use_ef) { /* a residual is always replaced: the old one went out inside g' */
-        const int dots = !passed && !e->sampled && e->stats &&
-                         s->ctr.calls % s->common.error_stats_every == 0;
+        const int dots = !passed && !e->sampled && e->stats;
         double ee, xx, xe;
         FC_TRY(update_residual(s, wm, &c, p, grad, residual, start, passed, dots, &ee, &xx, &xe,
                                err));
@@ -884,14 +883,26 @@ static void encode_end(fc_core *s, const fc_buf *residual)
         s->units[e->key.unit].residual_sq = e->e_sq;
         s->units[e->key.unit].residual_elems = residual->numel;
     }
-    s->ctr.calls++;
-    s->ctr.calls_uncompressed += e->method != s->method;
-    /* as `none` though min_numel let the method through: the size rule, unit-wide or per payload */
-    s->ctr.fallback_units += (e->method != s->method &&
-                              fc_core_unit_method(s, e->key.numel) == s->method) || e->fell_back;
-    s->ctr.elements += e->key.numel;
-    s->ctr.bytes_raw += e->raw;
+    fc_core_count_call(s, e->method, e->key.numel, e->fell_back, e->raw);
     e->open = 0;
+}
+
+void fc_core_count_call(fc_core *s, const fc_method *m, int64_t numel, int fell_back, int64_t raw)
+{
+    s->ctr.calls++;
+    s->ctr.calls_uncompressed += m != s->method;
+    /* as `none` though min_numel let the method through: the size rule, unit-wide or per payload */
+    s->ctr.fallback_units += (m != s->method && fc_core_unit_method(s, numel) == s->method) ||
+                             fell_back;
+    s->ctr.elements += numel;
+    s->ctr.bytes_raw += raw;
+}
+
+int fc_core_stats_due(const fc_core *s, const fc_method *m, int64_t numel, int world)
+{
+    /* a second round decides what is sent after this call: no error sample from round 1 */
+    return m == s->method && s->common.error_stats_every > 0 && !fc_core_fetch_kmax(s, numel, world) &&
+           s->ctr.calls % s->common.error_stats_every == 0;
 }
 
 int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual, int world,
@@ -1128,6 +1139,23 @@ static int pick_coordinates(fc_core *s, const fc_method *m, const fc_chunk *c0, 
     return FC_OK;
 }
 
+int fc_core_check_recv(const fc_core *s, int64_t numel, int dtype, int world, int rank,
+                       int64_t have, int64_t *recvs, fc_err *err)
+{
+    const fc_method *m = fc_core_wire_method(s, numel, world, dtype);
+    const int varsize = (m->flags & FC_VARSIZE) != 0;
+    int64_t sends[FC_MAX_WORLD], total = 0;
+    fc_core_plan(s, numel, dtype, world, rank, sends, recvs);
+    for (int r = 0; r < world; r++)
+        total += recvs[r];
+    /* data-dependent sizes: the plan is an upper bound and the payloads lie back to back */
+    if (varsize ? have > total : have != total)
+        return fc_fail(err, FC_ERR_PAYLOAD, "receive buffer has %lld bytes, the plan for %lld "
+                       "elements over %d ranks needs %s%lld", (long long)have, (long long)numel,
+                       world, varsize ? "at most " : "", (long long)total);
+    return FC_OK;
+}
+
 int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *out, int world,
                    int rank, uint32_t unit, fc_err *err)
 {
@@ -1139,17 +1167,9 @@ int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *o
     int64_t start, n;
     fc_chunk_span(N, world, rank, &start, &n);
     FC_TRY(decode_scratch(s, m, n, out, err));
-    int64_t sends[FC_MAX_WORLD], recvs[FC_MAX_WORLD];
-    fc_core_plan(s, N, grad->dtype, world, rank, sends, recvs);
+    int64_t recvs[FC_MAX_WORLD];
+    FC_TRY(fc_core_check_recv(s, N, grad->dtype, world, rank, recv->numel, recvs, err));
     const int varsize = (m->flags & FC_VARSIZE) != 0;
-    int64_t total = 0;
-    for (int r = 0; r < world; r++)
-        total += recvs[r];
-    /* data-dependent sizes: the plan is an upper bound and the payloads lie back to back */
-    if (varsize ? recv->numel > total : recv->numel != total)
-        return fc_fail(err, FC_ERR_PAYLOAD, "receive buffer has %lld bytes, the plan for %lld "
-                       "elements over %d ranks needs %s%lld", (long long)recv->numel, (long long)N,
-                       world, varsize ? "at most " : "", (long long)total);
     float *acc = s->acc;
     memset(acc, 0, (size_t)n * 4);
     float *ust;

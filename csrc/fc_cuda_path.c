@@ -111,10 +111,7 @@ static void encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *g
     a->residual = use_ef ? residual->data : NULL;
     a->res_dtype = use_ef ? residual->dtype : FC_F32;
     a->send = send != NULL ? (uint8_t *)send->data : NULL;
-    /* a second round decides what is sent after this call: no error sample from round 1 */
-    a->sample = m == s->method && s->common.error_stats_every > 0 &&
-                s->ctr.calls % s->common.error_stats_every == 0 &&
-                fc_core_fetch_kmax(s, grad->numel, world) == 0;
+    a->sample = fc_core_stats_due(s, m, grad->numel, world);
 }
 
 int64_t fc_cuda_fetch_bytes(int64_t kmax)
@@ -171,38 +168,26 @@ int fc_cuda_encode(fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf
             continue;
         }
         fc_layout l;
-        int64_t body, size;
+        int64_t size;
         if (varsize) {
+            memset(&l, 0, sizeof(l));
             l.value_bytes = sent[c].value_bytes;
             l.meta_bytes = sent[c].meta_bytes;
             l.index_bytes = sent[c].index_bytes;
             l.kept = sent[c].kept;
             fell_back |= sent[c].none != 0;
-            body = fc_layout_bytes(&l);
             size = sizes[c] = sent[c].size;
         } else {
-            body = body_bytes(s, m, n, world, grad->dtype, &l);
+            body_bytes(s, m, n, world, grad->dtype, &l);
             size = fc_payload_bytes(s, m, n, grad->dtype);
         }
-        s->ctr.chunks_sent++;
-        s->ctr.bytes_sent += size;
-        s->ctr.header_bytes += size - body;
-        s->ctr.meta_bytes += l.meta_bytes;
-        s->ctr.index_bytes += l.index_bytes;
-        s->ctr.value_bytes += l.value_bytes;
-        s->ctr.kept += l.kept;
-        s->ctr.sent_elements += n;
+        fc_core_count_payload(s, &l, size, n);
         raw += n * fc_dtype_size(grad->dtype);
     }
     if (a.residual != NULL)
         s->units[unit].residual_elems = residual->numel;
     s->bad_unit = unit; /* the second round reads this encode's chunk flags (on the device) */
-    s->ctr.calls++;
-    s->ctr.calls_uncompressed += m != s->method;
-    /* as `none` though min_numel let the method through: unit-wide or per payload (fc_core.c) */
-    s->ctr.fallback_units += (m != s->method && fc_core_unit_method(s, N) == s->method) || fell_back;
-    s->ctr.elements += N;
-    s->ctr.bytes_raw += raw;
+    fc_core_count_call(s, m, N, fell_back, raw);
 error:
     free(sent);
     return rc;
@@ -249,23 +234,14 @@ int fc_cuda_decode(fc_core *s, const fc_cuda_call *k, const fc_buf *recv, const 
     int rc = FC_OK;
     const int64_t N = grad->numel;
     const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
-    const int varsize = (m->flags & FC_VARSIZE) != 0;
     int64_t start, n;
-    int64_t sends[FC_MAX_WORLD], recvs[FC_MAX_WORLD];
+    int64_t recvs[FC_MAX_WORLD];
     fc_chunk_span(N, world, rank, &start, &n);
     if (out->numel < n)
         return fc_fail(err, FC_ERR_VALUE, "output has %lld elements, the shard needs %lld",
                        (long long)out->numel, (long long)n);
     FC_TRY(check_method(k, m, err));
-    fc_core_plan(s, N, grad->dtype, world, rank, sends, recvs);
-    int64_t total = 0;
-    for (int r = 0; r < world; r++)
-        total += recvs[r];
-    /* data-dependent sizes: the plan is an upper bound and the payloads lie back to back */
-    if (varsize ? recv->numel > total : recv->numel != total)
-        return fc_fail(err, FC_ERR_PAYLOAD, "receive buffer has %lld bytes, the plan for %lld "
-                       "elements over %d ranks needs %s%lld", (long long)recv->numel, (long long)N,
-                       world, varsize ? "at most " : "", (long long)total);
+    FC_TRY(fc_core_check_recv(s, N, grad->dtype, world, rank, recv->numel, recvs, err));
     fc_cuda_decode_args a;
     decode_args(s, k, recv, grad, out, world, rank, unit, &a);
     if (fc_core_fetch_kmax(s, N, world) > 0 && a.h.x.fetch == NULL)
@@ -280,21 +256,7 @@ error:
     return rc;
 }
 
-/* ---- the second round: fc_fetch.c's checks and counters, the work on the device */
-
-/* Whether rank `from` sends chunk `to` a payload (and so values in round 2). */
-static int sends(const fc_core *s, int from, int to)
-{
-    return from != to || s->common.compress_own_chunk;
-}
-
-static int check_unit(int64_t have, uint32_t unit, const char *what, fc_err *err)
-{
-    if (have != (int64_t)unit)
-        return fc_fail(err, FC_ERR_STATE, "second round of unit %u: %s (call encode, decode, "
-                       "fetch and finish of one unit in that order)", unit, what);
-    return FC_OK;
-}
+/* ---- the second round's work on the device (fc_fetch.c checks, splits and counts) */
 
 static void fetch_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad, int world,
                        int rank, uint32_t unit, fc_cuda_fetch_args *a)
@@ -310,12 +272,6 @@ int fc_cuda_fetch_picks(const fc_core *s, const fc_cuda_call *k, uint32_t unit, 
                         int64_t kmax, fc_err *err)
 {
     fc_cuda_fetch_args a;
-    int rc = check_unit(s->picks_unit, unit, "decode() has not picked its coordinates", err);
-    if (rc != FC_OK)
-        return rc;
-    if (kmax < s->n_picks)
-        return fc_fail(err, FC_ERR_VALUE, "picks buffer holds %lld, need %lld", (long long)kmax,
-                       (long long)s->n_picks);
     memset(&a, 0, sizeof(a));
     call_head(s, k, s->method, NULL, unit, 0, &a.h);
     a.h.x.fetch = k->x.fetch;
@@ -327,71 +283,28 @@ int fc_cuda_fetch_picks(const fc_core *s, const fc_cuda_call *k, uint32_t unit, 
 
 int fc_cuda_fetch_values(fc_core *s, const fc_cuda_call *k, const uint32_t *all_picks, int64_t kmax,
                          const fc_buf *grad, fc_buf *residual, int world, int rank, uint32_t unit,
-                         float *send, int64_t send_cap, int64_t *send_splits,
-                         int64_t *recv_splits, fc_err *err)
+                         float *send, fc_err *err)
 {
-    int rc = FC_OK;
-    const int64_t N = grad->numel;
-    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
     fc_cuda_fetch_args a;
-    if (kmax != fc_core_fetch_kmax(s, N, world) || kmax == 0)
-        return fc_fail(err, FC_ERR_VALUE, "picks of %lld per rank, the unit of %lld elements "
-                       "over %d ranks has %lld", (long long)kmax, (long long)N, world,
-                       (long long)fc_core_fetch_kmax(s, N, world));
-    FC_TRY(check_unit(s->bad_unit, unit, "it was not the latest unit encoded", err));
-    FC_TRY(check_unit(s->picks_unit, unit, "decode() has not picked its coordinates", err));
-    int64_t start, len, need = 0;
-    for (int c = 0; c < world; c++) {
-        fc_chunk_span(N, world, c, &start, &len);
-        send_splits[c] = sends(s, rank, c) ? fc_core_fetch_k(s, m, len) : 0;
-        recv_splits[c] = sends(s, c, rank) ? s->n_picks : 0;
-        need += send_splits[c];
-    }
-    if (need > send_cap)
-        FC_TRY(fc_fail(err, FC_ERR_VALUE, "second-round send buffer holds %lld values, need %lld",
-                       (long long)send_cap, (long long)need));
-    /* the owners' picks are checked on the device: a malformed list is reported when counters
-     * are read, and its owner gets NaN values (fc_cu_fetch.cu) */
     fetch_args(s, k, grad, world, rank, unit, &a);
+    a.kmax = kmax;
     a.residual = residual != NULL ? residual->data : NULL;
     a.res_dtype = residual != NULL ? residual->dtype : FC_F32;
     a.all_picks = all_picks;
     a.values = send;
-    FC_TRY(k->api->fetch_values(k->ctx, &a, err));
-    const int64_t index_bytes = 4 * kmax * (world > 1 ? world - 1 : 1);
-    s->ctr.index_bytes += index_bytes;
-    s->ctr.value_bytes += 4 * need;
-    s->ctr.bytes_sent += index_bytes + 4 * need;
-error:
-    return rc;
+    return k->api->fetch_values(k->ctx, &a, err);
 }
 
-int fc_cuda_fetch_finish(fc_core *s, const fc_cuda_call *k, const float *recv, int64_t recv_n,
-                         const fc_buf *grad, fc_buf *out, int world, int rank, uint32_t unit,
-                         fc_err *err)
+int fc_cuda_fetch_finish(fc_core *s, const fc_cuda_call *k, const float *recv, const fc_buf *grad,
+                         fc_buf *out, int world, int rank, uint32_t unit, fc_err *err)
 {
-    int rc = FC_OK;
-    int64_t start, n, want = 0;
     fc_cuda_fetch_args a;
-    fc_chunk_span(grad->numel, world, rank, &start, &n);
-    FC_TRY(check_unit(s->picks_unit, unit, "decode() has not picked its coordinates", err));
-    if (out->numel < n)
-        FC_TRY(fc_fail(err, FC_ERR_VALUE, "output has %lld elements, the shard needs %lld",
-                       (long long)out->numel, (long long)n));
-    for (int r = 0; r < world; r++)
-        want += sends(s, r, rank) ? s->n_picks : 0;
-    if (recv_n != want)
-        FC_TRY(fc_fail(err, FC_ERR_VALUE, "second-round receive buffer has %lld values, the "
-                       "senders send %lld", (long long)recv_n, (long long)want));
     fetch_args(s, k, grad, world, rank, unit, &a);
     a.values = (float *)recv;
     a.out = out->data;
     a.out_dtype = out->dtype;
     a.out_numel = out->numel;
-    FC_TRY(k->api->fetch_finish(k->ctx, &a, err));
-    s->picks_unit = -1; /* used once */
-error:
-    return rc;
+    return k->api->fetch_finish(k->ctx, &a, err);
 }
 
 /* One chunk of n elements as its own unit: chunk 0 is all of it and the other W - 1 are empty,

@@ -32,16 +32,15 @@ int fc_cuda_decode_needs(const fc_core *s, const fc_cuda_call *k, const fc_buf *
                          const fc_buf *grad, const fc_buf *out, int world, int rank,
                          uint32_t unit, int64_t *scratch, int64_t *fetch, fc_err *err);
 
-/* The second round on CUDA tensors (fc_fetch.h's three steps; picks stay on the device). */
+/* The second round's element work on CUDA tensors (picks stay on the device); fc_fetch.c's
+ * three steps check, split and count, then call these. */
 int fc_cuda_fetch_picks(const fc_core *s, const fc_cuda_call *k, uint32_t unit, uint32_t *picks,
                         int64_t kmax, fc_err *err);
 int fc_cuda_fetch_values(fc_core *s, const fc_cuda_call *k, const uint32_t *all_picks, int64_t kmax,
                          const fc_buf *grad, fc_buf *residual, int world, int rank, uint32_t unit,
-                         float *send, int64_t send_cap, int64_t *send_splits,
-                         int64_t *recv_splits, fc_err *err);
-int fc_cuda_fetch_finish(fc_core *s, const fc_cuda_call *k, const float *recv, int64_t recv_n,
-                         const fc_buf *grad, fc_buf *out, int world, int rank, uint32_t unit,
-                         fc_err *err);
+                         float *send, fc_err *err);
+int fc_cuda_fetch_finish(fc_core *s, const fc_cuda_call *k, const float *recv, const fc_buf *grad,
+                         fc_buf *out, int world, int rank, uint32_t unit, fc_err *err);
 /* Bytes of the fetch buffer a unit's second round keeps on the device. */
 int64_t fc_cuda_fetch_bytes(int64_t kmax);
 

@@ -57,20 +57,14 @@ PyObject *fc_state_fetch_picks(StateObject *self, PyObject *args)
         fc_fail(&err, FC_ERR_VALUE, "unit must be a unit index, got %lld", unit);
         goto error;
     }
-    if (fc_state_on_cuda(self, &v)) { /* the picks of a CUDA decode stay on its device */
-        if (fc_state_cuda_prepare(self, picks, &v, &k, &err) != FC_OK ||
-            fc_state_cuda_fetch(self, picks, &k, self->core.n_picks, &err) != FC_OK)
-            goto error;
-        self->busy = 1;
-        Py_BEGIN_ALLOW_THREADS
-        rc = fc_cuda_fetch_picks(&self->core, &k, (uint32_t)unit, (uint32_t *)v.buf.data,
-                                 v.buf.numel / 4, &err);
-        Py_END_ALLOW_THREADS
-        self->busy = 0;
-    } else {
-        rc = fc_fetch_picks(&self->core, (uint32_t)unit, (uint32_t *)v.buf.data, v.buf.numel / 4,
-                            &err);
-    }
+    const int cuda = fc_state_on_cuda(self, &v); /* a CUDA decode's picks stay on its device */
+    if (cuda && (fc_state_cuda_prepare(self, picks, &v, &k, &err) != FC_OK ||
+                 fc_state_cuda_fetch(self, picks, &k, self->core.n_picks, &err) != FC_OK))
+        goto error;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fc_fetch_picks(&self->core, cuda ? &k : NULL, (uint32_t)unit, (uint32_t *)v.buf.data,
+                        v.buf.numel / 4, &err);
+    Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
     fc_view_release(&v);
     if (rc != FC_OK)
@@ -113,19 +107,14 @@ PyObject *fc_state_fetch(StateObject *self, PyObject *args)
         ((res = fc_state_residual(self, (uint32_t)unit, grad, g.buf.numel, &r, &err)) == NULL ||
          fc_check_same_device(&r, &g, "residual", &err) != FC_OK))
         goto error;
-    if (fc_state_on_cuda(self, &g) &&
-        (fc_state_cuda_prepare(self, grad, &g, &k, &err) != FC_OK ||
-         fc_state_cuda_fetch(self, grad, &k, self->core.n_picks, &err) != FC_OK))
+    const int cuda = fc_state_on_cuda(self, &g);
+    if (cuda && (fc_state_cuda_prepare(self, grad, &g, &k, &err) != FC_OK ||
+                 fc_state_cuda_fetch(self, grad, &k, self->core.n_picks, &err) != FC_OK))
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    if (fc_state_on_cuda(self, &g))
-        rc = fc_cuda_fetch_values(&self->core, &k, (const uint32_t *)pv.buf.data, kmax, &g.buf,
-                                  use_ef ? &r.buf : NULL, world, rank, (uint32_t)unit,
-                                  (float *)sv.buf.data, sv.buf.numel / 4, ss, rs, &err);
-    else
-        rc = fc_fetch_values(&self->core, (const uint32_t *)pv.buf.data, kmax, &g.buf,
-                             use_ef ? &r.buf : NULL, world, rank, (uint32_t)unit,
-                             (float *)sv.buf.data, sv.buf.numel / 4, ss, rs, &err);
+    rc = fc_fetch_values(&self->core, cuda ? &k : NULL, (const uint32_t *)pv.buf.data, kmax,
+                         &g.buf, use_ef ? &r.buf : NULL, world, rank, (uint32_t)unit,
+                         (float *)sv.buf.data, sv.buf.numel / 4, ss, rs, &err);
     Py_END_ALLOW_THREADS
     if (rc == FC_OK) {
         PyObject *st = fc_sizes_tuple(ss, world), *rt = fc_sizes_tuple(rs, world);
@@ -162,17 +151,13 @@ PyObject *fc_state_finish(StateObject *self, PyObject *args)
         words_view(recv, "recv", &g, &v, &err) != FC_OK ||
         fc_check_same_device(&o, &g, "output", &err))
         goto error;
-    if (fc_state_on_cuda(self, &g) &&
-        (fc_state_cuda_prepare(self, grad, &g, &k, &err) != FC_OK ||
-         fc_state_cuda_fetch(self, grad, &k, self->core.n_picks, &err) != FC_OK))
+    const int cuda = fc_state_on_cuda(self, &g);
+    if (cuda && (fc_state_cuda_prepare(self, grad, &g, &k, &err) != FC_OK ||
+                 fc_state_cuda_fetch(self, grad, &k, self->core.n_picks, &err) != FC_OK))
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    if (fc_state_on_cuda(self, &g))
-        rc = fc_cuda_fetch_finish(&self->core, &k, (const float *)v.buf.data, v.buf.numel / 4,
-                                  &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
-    else
-        rc = fc_fetch_finish(&self->core, (const float *)v.buf.data, v.buf.numel / 4, &g.buf,
-                             &o.buf, world, rank, (uint32_t)unit, &err);
+    rc = fc_fetch_finish(&self->core, cuda ? &k : NULL, (const float *)v.buf.data,
+                         v.buf.numel / 4, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
     return fc_state_views_done(self, rc, &err, &v, &g, &o);
