@@ -141,13 +141,8 @@ __global__ void finish_dense(fc_cuda_fetch_args a)
     int64_t nonfinite = 0, sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.out_numel; i += stride) {
-        if (i >= n) { // FSDP's padded tail of the output
-            if (a.out_dtype == FC_CU_F32)
-                ((float *)a.out)[i] = 0.0f;
-            else
-                ((uint16_t *)a.out)[i] = 0;
+        if (fc_cu_out_tail(a.out, a.out_dtype, i, n)) // FSDP's padded tail
             continue;
-        }
         float acc = 0.0f;
         if (a.h.geo.skip_own)
             acc += fetch_own(a, start + i);

@@ -120,16 +120,9 @@ __global__ void sign_vote_decode(fc_cu_dec d, float s, int senders)
     int64_t nonfinite = 0, sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
-        if (i >= n) { // FSDP's padded tail of the output
-            if (d.odt == FC_CU_F32)
-                ((float *)d.out)[i] = 0.0f;
-            else
-                ((uint16_t *)d.out)[i] = 0;
+        if (fc_cu_out_tail(d.out, d.odt, i, n)) // FSDP's padded tail
             continue;
-        }
-        float acc = 0.0f;
-        if (d.geo.skip_own)
-            acc += fc_cu_own(d, start + i);
+        float acc = fc_cu_own_first(d, start + i);
         if (senders > 0) {
             int32_t votes = 0;
             int rejected = 0;

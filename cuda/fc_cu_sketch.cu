@@ -339,16 +339,9 @@ __global__ void sk_dense(fc_cu_dec d)
     int64_t nonfinite = 0, sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
-        if (i >= n) { // FSDP's padded tail of the output
-            if (d.odt == FC_CU_F32)
-                ((float *)d.out)[i] = 0.0f;
-            else
-                ((uint16_t *)d.out)[i] = 0;
+        if (fc_cu_out_tail(d.out, d.odt, i, n)) // FSDP's padded tail
             continue;
-        }
-        float acc = 0.0f;
-        if (d.geo.skip_own)
-            acc += fc_cu_own(d, start + i);
+        float acc = fc_cu_own_first(d, start + i);
         if (poison)
             acc += fc_cu_poison();
         fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &nonfinite, &sat);
@@ -369,9 +362,7 @@ __global__ void sk_heavy(fc_cu_dec d, const float *est, const int64_t *idx, cons
     const int64_t total = *num, stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < total; j += stride) {
         const int64_t i = idx[j];
-        float acc = 0.0f;
-        if (d.geo.skip_own)
-            acc += fc_cu_own(d, start + i);
+        float acc = fc_cu_own_first(d, start + i);
         fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &was, &was_sat); // what sk_dense counted
         acc += 1.0f * est[i];
         fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &now, &now_sat);
