@@ -1,5 +1,6 @@
-/* fc_cuda_path.c: builds the CUDA library's arguments from a fc_core (geometry, the method's
- * config struct as parsed, RNG keys) and keeps the host-side counters the CPU driver keeps. */
+/* fc_cuda_path.c: the CUDA backend of the driver: builds the library's call header and
+ * arguments from a fc_core (geometry, the method's config struct as parsed, RNG keys) and counts
+ * through the driver's own bookkeeping (fc_core_count_*). */
 #include "fc_cuda_path.h"
 
 #include <stdlib.h>

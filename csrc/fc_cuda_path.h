@@ -1,5 +1,6 @@
-/* fc_cuda_path.h: the CUDA twin of fc_core_encode / fc_core_decode: the same geometry and host
- * counters, with the work queued through the CUDA library's table on the caller's stream. */
+/* fc_cuda_path.h: the CUDA backend of the driver: encode / decode / compress / decompress and the
+ * second round's work on CUDA tensors, queued through the CUDA library's table on the caller's
+ * stream, with the driver's plan, counters and checks (fc_core.h, fc_fetch.c). */
 #ifndef FC_CUDA_PATH_H
 #define FC_CUDA_PATH_H
 
