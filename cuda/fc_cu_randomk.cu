@@ -302,35 +302,6 @@ __global__ void rk_check(fc_cu_dec d, fc_cu_vc vc, int64_t k, uint32_t unit, uin
     }
 }
 
-__device__ __forceinline__ int rk_any_rejected(const fc_cu_dec &d)
-{
-    for (int r = 0; r < d.geo.world; r++)
-        if (!(d.geo.skip_own && r == d.geo.rank) && d.bad[r] != 0)
-            return 1;
-    return 0;
-}
-
-// Everywhere: (0 + own) / W (a rejected payload: NaN, as it poisons the dense decodes).
-__global__ void rk_dense(fc_cu_dec d)
-{
-    int64_t start, n;
-    fc_cu_span(d.geo, d.geo.rank, &start, &n);
-    const float w = (float)d.geo.world;
-    const int poison = rk_any_rejected(d), passed = fc_cu_sum_passes(d);
-    int64_t nonfinite = 0, sat = 0;
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
-        if (fc_cu_out_tail(d.out, d.odt, i, n)) // FSDP's padded tail
-            continue;
-        float acc = fc_cu_own_first(d, start + i);
-        if (poison)
-            acc += fc_cu_poison();
-        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &nonfinite, &sat);
-    }
-    fc_cu_count(&d.ws->nonfinite_out, nonfinite);
-    fc_cu_count(&d.ws->saturated, sat);
-}
-
 // At the picks: (0 + own) + a * sum, the sum of the senders' decoded values (from 0, rank
 // order), a = 1 * n / k; the output there rewritten, its non-finite count moved with it.
 __global__ void rk_picks(fc_cu_dec d, fc_cu_vc vc, const int64_t *idx, int64_t k, float a)
@@ -338,8 +309,8 @@ __global__ void rk_picks(fc_cu_dec d, fc_cu_vc vc, const int64_t *idx, int64_t k
     int64_t start, n;
     fc_cu_span(d.geo, d.geo.rank, &start, &n);
     const float w = (float)d.geo.world;
-    if (rk_any_rejected(d))
-        return; // rk_dense made everything NaN
+    if (fc_cu_any_rejected(d))
+        return; // fc_cu_own_dense made everything NaN
     const int passed = fc_cu_sum_passes(d);
     int64_t was = 0, now = 0, was_sat = 0, now_sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
@@ -353,7 +324,7 @@ __global__ void rk_picks(fc_cu_dec d, fc_cu_vc vc, const int64_t *idx, int64_t k
         }
         const int64_t i = idx[j];
         float acc = fc_cu_own_first(d, start + i);
-        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &was, &was_sat); // what rk_dense counted
+        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &was, &was_sat); // what fc_cu_own_dense counted
         acc += a * sum;
         fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &now, &now_sat);
     }
@@ -412,10 +383,7 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
                 *d, c.vc, k, a->h.unit, a->h.step);
             FC_CHECK_LAUNCH(err, error);
         }
-        if (d->out_numel > 0) {
-            rk_dense<<<fc_cu_blocks(d->out_numel, FC_CU_THREADS * 4), FC_CU_THREADS, 0, s>>>(*d);
-            FC_CHECK_LAUNCH(err, error);
-        }
+        FC_TRY(fc_cu_own_dense(*d, s, err));
         if (senders > 0 && k > 0) {
             FC_TRY(draw(sp, s, err));
             rk_picks<<<fc_cu_blocks(k, FC_CU_THREADS), FC_CU_THREADS, 0, s>>>(*d, c.vc, sp.idx, k,

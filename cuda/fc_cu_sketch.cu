@@ -321,49 +321,20 @@ __global__ void sk_estimates(fc_cu_dec d, sk_cfg cfg, fc_rng shared, const float
     }
 }
 
-__device__ __forceinline__ int sk_rejected(const fc_cu_dec &d)
-{
-    for (int r = 0; r < d.geo.world; r++)
-        if (!(d.geo.skip_own && r == d.geo.rank) && d.bad[r] != 0)
-            return 1;
-    return 0;
-}
-
-// Everywhere (0 + own) / W (a rejected payload: NaN), then at the heavy hitters + 1 * est.
-__global__ void sk_dense(fc_cu_dec d)
-{
-    int64_t start, n;
-    fc_cu_span(d.geo, d.geo.rank, &start, &n);
-    const float w = (float)d.geo.world;
-    const int poison = sk_rejected(d), passed = fc_cu_sum_passes(d);
-    int64_t nonfinite = 0, sat = 0;
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
-        if (fc_cu_out_tail(d.out, d.odt, i, n)) // FSDP's padded tail
-            continue;
-        float acc = fc_cu_own_first(d, start + i);
-        if (poison)
-            acc += fc_cu_poison();
-        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &nonfinite, &sat);
-    }
-    fc_cu_count(&d.ws->nonfinite_out, nonfinite);
-    fc_cu_count(&d.ws->saturated, sat);
-}
-
 __global__ void sk_heavy(fc_cu_dec d, const float *est, const int64_t *idx, const int64_t *num)
 {
     int64_t start, n;
     fc_cu_span(d.geo, d.geo.rank, &start, &n);
     const float w = (float)d.geo.world;
-    if (sk_rejected(d))
-        return; // sk_dense made everything NaN
+    if (fc_cu_any_rejected(d))
+        return; // fc_cu_own_dense made everything NaN
     const int passed = fc_cu_sum_passes(d);
     int64_t was = 0, now = 0, was_sat = 0, now_sat = 0;
     const int64_t total = *num, stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < total; j += stride) {
         const int64_t i = idx[j];
         float acc = fc_cu_own_first(d, start + i);
-        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &was, &was_sat); // what sk_dense counted
+        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &was, &was_sat); // what fc_cu_own_dense counted
         acc += 1.0f * est[i];
         fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &now, &now_sat);
     }
@@ -453,10 +424,8 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
             FC_CHECK_LAUNCH(err, error);
             return FC_OK;
         }
-        if (!pick && d->out_numel > 0) {
-            sk_dense<<<fc_cu_blocks(d->out_numel, SK_THREADS * 4), SK_THREADS, 0, s>>>(*d);
-            FC_CHECK_LAUNCH(err, error);
-        }
+        if (!pick)
+            FC_TRY(fc_cu_own_dense(*d, s, err));
         if (n == 0 || (!pick && senders == 0))
             return FC_OK;
         sk_aggregate<<<fc_cu_blocks(cells, SK_THREADS * 4), SK_THREADS, 0, s>>>(*d, cells, p.agg); // zeros: none

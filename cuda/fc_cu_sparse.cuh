@@ -335,9 +335,20 @@ int fc_cu_res_fix(const fc_cu_enc &e, const int64_t *idx, const float *xv, const
 // acc = 0 (the CPU's sum starts from zero), then acc += own where the own chunk comes in rank
 // order (its exact values, when it is not sent), then out = acc / W.
 int fc_cu_acc_zero(const fc_cu_dec &d, float *acc, cudaStream_t s, fc_err *err);
+// out = (0 + own) / W everywhere, NaN everywhere when a payload was rejected (randomk, sketch).
+int fc_cu_own_dense(const fc_cu_dec &d, cudaStream_t s, fc_err *err);
 int fc_cu_acc_own(const fc_cu_dec &d, float *acc, cudaStream_t s, fc_err *err);
 int fc_cu_acc_write(const fc_cu_dec &d, const float *acc, cudaStream_t s, fc_err *err);
 // A rejected payload poisons the sum (every element NaN), as the dense decode does.
+// Whether a sender's payload was rejected (its header or body): the decode's output is NaN.
+__device__ __forceinline__ int fc_cu_any_rejected(const fc_cu_dec &d)
+{
+    for (int r = 0; r < d.geo.world; r++)
+        if (!(d.geo.skip_own && r == d.geo.rank) && d.bad[r] != 0)
+            return 1;
+    return 0;
+}
+
 __device__ __forceinline__ float fc_cu_poison()
 {
     return fc_bits_f32(FC_NAN_BITS);
