@@ -120,22 +120,6 @@ int64_t fc_cuda_fetch_bytes(int64_t kmax)
     return FC_CUDA_FETCH_PICKS + 4 * kmax;
 }
 
-int fc_cuda_encode_needs(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad, int world,
-                         int rank, uint32_t unit, int64_t *scratch, int64_t *fetch, fc_err *err)
-{
-    fc_cuda_encode_args a;
-    const fc_method *m = fc_core_wire_method(s, grad->numel, world, grad->dtype);
-    const int64_t kmax = fc_core_fetch_kmax(s, grad->numel, world);
-    *scratch = *fetch = 0;
-    int rc = check_method(k, m, err);
-    if (rc == FC_OK)
-        encode_args(s, k, grad, NULL, NULL, world, rank, unit, &a);
-    if (rc == FC_OK)
-        rc = k->api->scratch_bytes(&a, NULL, scratch, err);
-    *fetch = kmax > 0 ? fc_cuda_fetch_bytes(kmax) : 0;
-    return rc;
-}
-
 int fc_cuda_encode(fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf *send,
                    fc_buf *residual, int world, int rank, uint32_t unit, int64_t *sizes,
                    fc_err *err)
@@ -212,21 +196,25 @@ static void decode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *r
     a->out_numel = out->numel;
 }
 
-int fc_cuda_decode_needs(const fc_core *s, const fc_cuda_call *k, const fc_buf *recv,
-                         const fc_buf *grad, const fc_buf *out, int world, int rank,
-                         uint32_t unit, int64_t *scratch, int64_t *fetch, fc_err *err)
+int fc_cuda_unit_needs(const fc_core *s, const fc_cuda_call *k, int decode, const fc_buf *recv,
+                       const fc_buf *grad, const fc_buf *out, int world, int rank, uint32_t unit,
+                       int64_t *scratch, int64_t *fetch, fc_err *err)
 {
-    fc_cuda_decode_args a;
     const fc_method *m = fc_core_wire_method(s, grad->numel, world, grad->dtype);
     const int64_t kmax = fc_core_fetch_kmax(s, grad->numel, world);
-    *scratch = *fetch = 0;
-    int rc = check_method(k, m, err);
-    if (rc == FC_OK)
-        decode_args(s, k, recv, grad, out, world, rank, unit, &a);
-    if (rc == FC_OK)
-        rc = k->api->scratch_bytes(NULL, &a, scratch, err);
+    *scratch = 0;
     *fetch = kmax > 0 ? fc_cuda_fetch_bytes(kmax) : 0;
-    return rc;
+    int rc = check_method(k, m, err);
+    if (rc != FC_OK)
+        return rc;
+    if (decode) {
+        fc_cuda_decode_args a;
+        decode_args(s, k, recv, grad, out, world, rank, unit, &a);
+        return k->api->scratch_bytes(NULL, &a, scratch, err);
+    }
+    fc_cuda_encode_args a;
+    encode_args(s, k, grad, NULL, NULL, world, rank, unit, &a);
+    return k->api->scratch_bytes(&a, NULL, scratch, err);
 }
 
 int fc_cuda_decode(fc_core *s, const fc_cuda_call *k, const fc_buf *recv, const fc_buf *grad,

@@ -27,11 +27,9 @@ int fc_cuda_decode(fc_core *s, const fc_cuda_call *k, const fc_buf *recv, const 
 
 /* What a CUDA encode or decode of a unit needs besides its tensors: device scratch bytes (0:
  * none), the fetch buffer's bytes (0: no second round). k->x is not read. */
-int fc_cuda_encode_needs(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad, int world,
-                         int rank, uint32_t unit, int64_t *scratch, int64_t *fetch, fc_err *err);
-int fc_cuda_decode_needs(const fc_core *s, const fc_cuda_call *k, const fc_buf *recv,
-                         const fc_buf *grad, const fc_buf *out, int world, int rank,
-                         uint32_t unit, int64_t *scratch, int64_t *fetch, fc_err *err);
+int fc_cuda_unit_needs(const fc_core *s, const fc_cuda_call *k, int decode, const fc_buf *recv,
+                       const fc_buf *grad, const fc_buf *out, int world, int rank, uint32_t unit,
+                       int64_t *scratch, int64_t *fetch, fc_err *err);
 
 /* The second round's element work on CUDA tensors (picks stay on the device); fc_fetch.c's
  * three steps check, split and count, then call these. */
