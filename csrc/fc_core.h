@@ -121,6 +121,17 @@ typedef struct {
     fc_decode_call dec_call;
 } fc_core;
 
+/* The driver's bookkeeping, one copy for CPU and CUDA tensors (fc_cuda_path.c calls it too):
+ * one payload sent (its layout, padded size, elements); one encode call closed (m: the unit's
+ * wire method, fell_back: a data-dependent payload went as `none`, raw: the input's bytes);
+ * whether this call samples the error statistics; the receive buffer's size against the plan
+ * (recvs: the plan's receive sizes). */
+void fc_core_count_payload(fc_core *s, const fc_layout *l, int64_t size, int64_t n);
+void fc_core_count_call(fc_core *s, const fc_method *m, int64_t numel, int fell_back, int64_t raw);
+int fc_core_stats_due(const fc_core *s, const fc_method *m, int64_t numel, int world);
+int fc_core_check_recv(const fc_core *s, int64_t numel, int dtype, int world, int rank,
+                       int64_t have, int64_t *recvs, fc_err *err);
+
 /* fingerprint: fc_config_fingerprint of the same config. */
 void fc_core_init(fc_core *s, const fc_method *m, const fc_common *common, const void *cfg,
                   uint32_t fingerprint);

@@ -1,5 +1,6 @@
-/* fc_cuda_path.c: builds the CUDA library's arguments from a fc_core (geometry, the method's
- * config by key name, RNG keys) and keeps the host-side counters the CPU driver keeps. */
+/* fc_cuda_path.c: the CUDA backend of the driver: builds the library's call header and
+ * arguments from a fc_core (geometry, the method's config struct as parsed, RNG keys) and counts
+ * through the driver's own bookkeeping (fc_core_count_*). */
 #include "fc_cuda_path.h"
 
 #include <stdlib.h>
@@ -8,64 +9,13 @@
 #include "fc_sparse.h"
 #include "fc_wire.h"
 
-static int add_cfg(fc_cuda_method_cfg *out, const char *name, double v, fc_err *err)
+/* The method's parsed config struct as it is (fc_cfg.h): `none` below min_numel has none. */
+static void method_cfg(const fc_core *s, const fc_method *m, fc_cuda_method_cfg *out)
 {
-    if (out->n_cfg >= FC_CUDA_MAX_CFG)
-        return fc_fail(err, FC_ERR_STATE, "internal: more than %d config values for the CUDA "
-                       "library", FC_CUDA_MAX_CFG);
-    out->cfg[out->n_cfg].name = name;
-    out->cfg[out->n_cfg].value = v;
-    out->n_cfg++;
-    return FC_OK;
-}
-
-/* The sparsifiers' value codec travels as four more values (the kernels do not parse configs):
- * the codec method's keys at its defaults, as fc_vcodec_init sets them. */
-static int vcodec_cfg(int quantize, fc_cuda_method_cfg *out, fc_err *err)
-{
-    fc_vcodec v;
-    fc_vc_shape shape;
-    memset(&v, 0, sizeof(v));
-    v.quantize = quantize;
-    int rc = fc_vcodec_init(&v, err);
-    if (rc != FC_OK)
-        return rc;
-    fc_vcodec_shape(&v, &shape);
-    if ((rc = add_cfg(out, "vc_block", (double)shape.block, err)) != FC_OK ||
-        (rc = add_cfg(out, "vc_levels_or_bits", (double)shape.levels_or_bits, err)) != FC_OK ||
-        (rc = add_cfg(out, "vc_minmax", shape.minmax, err)) != FC_OK)
-        return rc;
-    return add_cfg(out, "vc_stochastic", shape.stochastic, err);
-}
-
-static int method_cfg(const fc_core *s, const fc_method *m, fc_cuda_method_cfg *out, fc_err *err)
-{
-    int rc = FC_OK;
     memset(out, 0, sizeof(*out));
     out->id = m->id;
-    if (m != s->method)
-        return FC_OK; /* `none` below min_numel: no keys */
-    for (const fc_key *k = m->keys; k->name != NULL; k++) {
-        const unsigned char *p = s->cfg + k->offset;
-        double v = 0;
-        if (k->kind == FC_KEY_BOOL || k->kind == FC_KEY_CHOICE) {
-            int i;
-            memcpy(&i, p, sizeof(i));
-            v = i;
-            if (k->kind == FC_KEY_CHOICE && k->choices == fc_sparse_quant_names &&
-                (rc = vcodec_cfg(i, out, err)) != FC_OK)
-                return rc;
-        } else if (k->kind == FC_KEY_INT) {
-            int64_t i;
-            memcpy(&i, p, sizeof(i));
-            v = (double)i;
-        } else {
-            memcpy(&v, p, sizeof(v));
-        }
-        if ((rc = add_cfg(out, k->name, v, err)) != FC_OK)
-            return rc;
-    }
-    return FC_OK;
+    if (m == s->method)
+        memcpy(out->cfg, s->cfg, m->cfg_size);
 }
 
 static int64_t body_bytes(const fc_core *s, const fc_method *m, int64_t n, int world, int dtype,
@@ -113,62 +63,61 @@ static int learns(const fc_core *s, const fc_method *m)
     return m == s->method && m->sync_floats != NULL && m->sync_floats(s->cfg, s->step, &off) > 0;
 }
 
-static int encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf *send,
-                       fc_buf *residual, int world, int rank, uint32_t unit,
-                       fc_cuda_encode_args *a, fc_err *err)
+/* The call header (fc_cuda_head): what every call to the library carries, filled here only.
+ * m is the method the payloads go out with; the caller sets the geometry and what it changes. */
+static void call_head(const fc_core *s, const fc_cuda_call *k, const fc_method *m,
+                      const fc_buf *grad, uint32_t unit, uint32_t chunk_base, fc_cuda_head *h)
+{
+    memset(h, 0, sizeof(*h));
+    method_cfg(s, m, &h->m);
+    h->varsize = (m->flags & FC_VARSIZE) != 0;
+    h->device = k->device;
+    h->stream = k->stream;
+    h->grad = grad != NULL ? grad->data : NULL;
+    h->grad_dtype = grad != NULL ? grad->dtype : FC_F32;
+    h->unit = unit;
+    h->step = s->step;
+    h->chunk_base = chunk_base;
+    h->seed = (uint64_t)s->common.seed;
+    h->fingerprint = s->fingerprint;
+    h->nonfinite_zero = s->common.nonfinite == FC_NONFINITE_ZERO;
+    h->ws = k->ws;
+    h->x = k->x; /* scratch, unit state, fetch buffer; what a call changes, it sets */
+    h->x.learn = 0;
+    h->x.fetch_k = 0;
+}
+
+/* The collective's header: the unit's geometry and wire method, and whether a second round
+ * follows (exactly when there is a fetch buffer: the kernels' test). */
+static const fc_method *unit_head(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad,
+                                  int world, int rank, uint32_t unit, fc_cuda_head *h)
 {
     const int64_t N = grad->numel;
     const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
-    const int use_ef = m == s->method && s->common.error_feedback && residual != NULL;
-    /* a second round decides what is sent after this call: no error sample from round 1 */
-    const int sample = m == s->method && s->common.error_stats_every > 0 &&
-                       s->ctr.calls % s->common.error_stats_every == 0 &&
-                       fc_core_fetch_kmax(s, N, world) == 0;
+    call_head(s, k, m, grad, unit, 0, h);
+    geometry(s, m, N, grad->dtype, world, rank, &h->geo);
+    if (fc_core_fetch_kmax(s, N, world) == 0)
+        h->x.fetch = NULL;
+    return m;
+}
+
+static void encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf *send,
+                        fc_buf *residual, int world, int rank, uint32_t unit,
+                        fc_cuda_encode_args *a)
+{
     memset(a, 0, sizeof(*a));
-    int rc = method_cfg(s, m, &a->m, err);
-    if (rc != FC_OK)
-        return rc;
-    a->varsize = (m->flags & FC_VARSIZE) != 0;
-    a->device = k->device;
-    a->stream = k->stream;
-    geometry(s, m, N, grad->dtype, world, rank, &a->geo);
-    a->grad = grad->data;
-    a->grad_dtype = grad->dtype;
+    const fc_method *m = unit_head(s, k, grad, world, rank, unit, &a->h);
+    const int use_ef = m == s->method && s->common.error_feedback && residual != NULL;
+    a->h.x.learn = learns(s, m);
     a->residual = use_ef ? residual->data : NULL;
     a->res_dtype = use_ef ? residual->dtype : FC_F32;
     a->send = send != NULL ? (uint8_t *)send->data : NULL;
-    a->unit = unit;
-    a->step = s->step;
-    a->seed = (uint64_t)s->common.seed;
-    a->nonfinite_zero = s->common.nonfinite == FC_NONFINITE_ZERO;
-    a->sample = sample;
-    a->ws = k->ws;
-    a->fingerprint = s->fingerprint;
-    a->x = k->x;
-    a->x.learn = learns(s, m);
-    a->x.fetch_k = 0;
-    return FC_OK;
+    a->sample = fc_core_stats_due(s, m, grad->numel, world);
 }
 
 int64_t fc_cuda_fetch_bytes(int64_t kmax)
 {
     return FC_CUDA_FETCH_PICKS + 4 * kmax;
-}
-
-int fc_cuda_encode_needs(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad, int world,
-                         int rank, uint32_t unit, int64_t *scratch, int64_t *fetch, fc_err *err)
-{
-    fc_cuda_encode_args a;
-    const fc_method *m = fc_core_wire_method(s, grad->numel, world, grad->dtype);
-    const int64_t kmax = fc_core_fetch_kmax(s, grad->numel, world);
-    *scratch = *fetch = 0;
-    int rc = check_method(k, m, err);
-    if (rc == FC_OK)
-        rc = encode_args(s, k, grad, NULL, NULL, world, rank, unit, &a, err);
-    if (rc == FC_OK)
-        rc = k->api->scratch_bytes(&a, NULL, scratch, err);
-    *fetch = kmax > 0 ? fc_cuda_fetch_bytes(kmax) : 0;
-    return rc;
 }
 
 int fc_cuda_encode(fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf *send,
@@ -183,13 +132,13 @@ int fc_cuda_encode(fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf
     int64_t recvs[FC_MAX_WORLD];
     fc_cuda_encode_args a;
     FC_TRY(check_method(k, m, err));
-    FC_TRY(encode_args(s, k, grad, send, residual, world, rank, unit, &a, err));
+    encode_args(s, k, grad, send, residual, world, rank, unit, &a);
     fc_core_plan(s, N, grad->dtype, world, rank, sizes, recvs);
     if (varsize) {
         sent = (fc_cuda_sent *)calloc((size_t)world, sizeof(fc_cuda_sent));
         if (sent == NULL)
             FC_TRY(fc_fail(err, FC_ERR_NOMEM, "could not allocate %d payload records", world));
-        a.x.sent = sent;
+        a.h.x.sent = sent;
     }
     FC_TRY(k->api->encode(k->ctx, &a, err));
 
@@ -204,98 +153,68 @@ int fc_cuda_encode(fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf
             continue;
         }
         fc_layout l;
-        int64_t body, size;
+        int64_t size;
         if (varsize) {
+            memset(&l, 0, sizeof(l));
             l.value_bytes = sent[c].value_bytes;
             l.meta_bytes = sent[c].meta_bytes;
             l.index_bytes = sent[c].index_bytes;
             l.kept = sent[c].kept;
             fell_back |= sent[c].none != 0;
-            body = fc_layout_bytes(&l);
             size = sizes[c] = sent[c].size;
         } else {
-            body = body_bytes(s, m, n, world, grad->dtype, &l);
+            body_bytes(s, m, n, world, grad->dtype, &l);
             size = fc_payload_bytes(s, m, n, grad->dtype);
         }
-        s->ctr.chunks_sent++;
-        s->ctr.bytes_sent += size;
-        s->ctr.header_bytes += size - body;
-        s->ctr.meta_bytes += l.meta_bytes;
-        s->ctr.index_bytes += l.index_bytes;
-        s->ctr.value_bytes += l.value_bytes;
-        s->ctr.kept += l.kept;
-        s->ctr.sent_elements += n;
+        fc_core_count_payload(s, &l, size, n);
         raw += n * fc_dtype_size(grad->dtype);
     }
     if (a.residual != NULL)
         s->units[unit].residual_elems = residual->numel;
     s->bad_unit = unit; /* the second round reads this encode's chunk flags (on the device) */
-    s->ctr.calls++;
-    s->ctr.calls_uncompressed += m != s->method;
-    /* as `none` though min_numel let the method through: unit-wide or per payload (fc_core.c) */
-    s->ctr.fallback_units += (m != s->method && fc_core_unit_method(s, N) == s->method) || fell_back;
-    s->ctr.elements += N;
-    s->ctr.bytes_raw += raw;
+    fc_core_count_call(s, m, N, fell_back, raw);
 error:
     free(sent);
     return rc;
 }
 
-static int decode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *recv,
-                       const fc_buf *grad, const fc_buf *out, int world, int rank, uint32_t unit,
-                       fc_cuda_decode_args *a, fc_err *err)
+static void decode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *recv,
+                        const fc_buf *grad, const fc_buf *out, int world, int rank, uint32_t unit,
+                        fc_cuda_decode_args *a)
 {
-    const int64_t N = grad->numel;
-    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
     int64_t start, n;
-    fc_chunk_span(N, world, rank, &start, &n);
+    fc_chunk_span(grad->numel, world, rank, &start, &n);
     memset(a, 0, sizeof(*a));
-    int rc = method_cfg(s, m, &a->m, err);
-    if (rc != FC_OK)
-        return rc;
-    a->varsize = (m->flags & FC_VARSIZE) != 0;
-    a->device = k->device;
-    a->stream = k->stream;
-    geometry(s, m, N, grad->dtype, world, rank, &a->geo);
+    const fc_method *m = unit_head(s, k, grad, world, rank, unit, &a->h);
+    a->h.x.fetch_k = fc_core_fetch_kmax(s, grad->numel, world) > 0 ? fc_core_fetch_k(s, m, n) : 0;
+    a->h.x.packed_bytes = (m->flags & FC_VARSIZE) && recv != NULL ? recv->numel : 0;
     a->recv = recv != NULL ? (const uint8_t *)recv->data : NULL;
     /* fixed sizes: every slot a payload of the own chunk; data-dependent: back to back */
     a->slot = (m->flags & FC_VARSIZE) ? 0 : fc_payload_bytes(s, m, n, grad->dtype);
-    a->grad = grad->data;
-    a->grad_dtype = grad->dtype;
     a->out = out->data;
     a->out_dtype = out->dtype;
     a->out_numel = out->numel;
-    a->unit = unit;
-    a->step = s->step;
-    a->seed = (uint64_t)s->common.seed;
-    a->nonfinite_zero = s->common.nonfinite == FC_NONFINITE_ZERO;
-    a->ws = k->ws;
-    a->fingerprint = s->fingerprint;
-    a->x = k->x;
-    a->x.learn = 0;
-    /* a second round follows exactly when there is a fetch buffer (the kernels' test) */
-    const int second = fc_core_fetch_kmax(s, N, world) > 0;
-    a->x.fetch = second ? a->x.fetch : NULL;
-    a->x.fetch_k = second ? fc_core_fetch_k(s, m, n) : 0;
-    a->x.packed_bytes = (m->flags & FC_VARSIZE) && recv != NULL ? recv->numel : 0;
-    return FC_OK;
 }
 
-int fc_cuda_decode_needs(const fc_core *s, const fc_cuda_call *k, const fc_buf *recv,
-                         const fc_buf *grad, const fc_buf *out, int world, int rank,
-                         uint32_t unit, int64_t *scratch, int64_t *fetch, fc_err *err)
+int fc_cuda_unit_needs(const fc_core *s, const fc_cuda_call *k, int decode, const fc_buf *recv,
+                       const fc_buf *grad, const fc_buf *out, int world, int rank, uint32_t unit,
+                       int64_t *scratch, int64_t *fetch, fc_err *err)
 {
-    fc_cuda_decode_args a;
     const fc_method *m = fc_core_wire_method(s, grad->numel, world, grad->dtype);
     const int64_t kmax = fc_core_fetch_kmax(s, grad->numel, world);
-    *scratch = *fetch = 0;
-    int rc = check_method(k, m, err);
-    if (rc == FC_OK)
-        rc = decode_args(s, k, recv, grad, out, world, rank, unit, &a, err);
-    if (rc == FC_OK)
-        rc = k->api->scratch_bytes(NULL, &a, scratch, err);
+    *scratch = 0;
     *fetch = kmax > 0 ? fc_cuda_fetch_bytes(kmax) : 0;
-    return rc;
+    int rc = check_method(k, m, err);
+    if (rc != FC_OK)
+        return rc;
+    if (decode) {
+        fc_cuda_decode_args a;
+        decode_args(s, k, recv, grad, out, world, rank, unit, &a);
+        return k->api->scratch_bytes(NULL, &a, scratch, err);
+    }
+    fc_cuda_encode_args a;
+    encode_args(s, k, grad, NULL, NULL, world, rank, unit, &a);
+    return k->api->scratch_bytes(&a, NULL, scratch, err);
 }
 
 int fc_cuda_decode(fc_core *s, const fc_cuda_call *k, const fc_buf *recv, const fc_buf *grad,
@@ -304,160 +223,77 @@ int fc_cuda_decode(fc_core *s, const fc_cuda_call *k, const fc_buf *recv, const 
     int rc = FC_OK;
     const int64_t N = grad->numel;
     const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
-    const int varsize = (m->flags & FC_VARSIZE) != 0;
     int64_t start, n;
-    int64_t sends[FC_MAX_WORLD], recvs[FC_MAX_WORLD];
+    int64_t recvs[FC_MAX_WORLD];
     fc_chunk_span(N, world, rank, &start, &n);
     if (out->numel < n)
         return fc_fail(err, FC_ERR_VALUE, "output has %lld elements, the shard needs %lld",
                        (long long)out->numel, (long long)n);
     FC_TRY(check_method(k, m, err));
-    fc_core_plan(s, N, grad->dtype, world, rank, sends, recvs);
-    int64_t total = 0;
-    for (int r = 0; r < world; r++)
-        total += recvs[r];
-    /* data-dependent sizes: the plan is an upper bound and the payloads lie back to back */
-    if (varsize ? recv->numel > total : recv->numel != total)
-        return fc_fail(err, FC_ERR_PAYLOAD, "receive buffer has %lld bytes, the plan for %lld "
-                       "elements over %d ranks needs %s%lld", (long long)recv->numel, (long long)N,
-                       world, varsize ? "at most " : "", (long long)total);
+    FC_TRY(fc_core_check_recv(s, N, grad->dtype, world, rank, recv->numel, recvs, err));
     fc_cuda_decode_args a;
-    FC_TRY(decode_args(s, k, recv, grad, out, world, rank, unit, &a, err));
-    if (fc_core_fetch_kmax(s, N, world) > 0 && a.x.fetch == NULL)
+    decode_args(s, k, recv, grad, out, world, rank, unit, &a);
+    if (fc_core_fetch_kmax(s, N, world) > 0 && a.h.x.fetch == NULL)
         FC_TRY(fc_fail(err, FC_ERR_STATE, "internal: a second round without its fetch buffer"));
     s->picks_unit = -1;
     FC_TRY(k->api->decode(k->ctx, &a, err));
     if (fc_core_fetch_kmax(s, N, world) > 0) { /* the picks stay on the device */
-        s->n_picks = a.x.fetch_k;
+        s->n_picks = a.h.x.fetch_k;
         s->picks_unit = unit;
     }
 error:
     return rc;
 }
 
-/* ---- the second round: fc_fetch.c's checks and counters, the work on the device */
-
-/* Whether rank `from` sends chunk `to` a payload (and so values in round 2). */
-static int sends(const fc_core *s, int from, int to)
-{
-    return from != to || s->common.compress_own_chunk;
-}
-
-static int check_unit(int64_t have, uint32_t unit, const char *what, fc_err *err)
-{
-    if (have != (int64_t)unit)
-        return fc_fail(err, FC_ERR_STATE, "second round of unit %u: %s (call encode, decode, "
-                       "fetch and finish of one unit in that order)", unit, what);
-    return FC_OK;
-}
+/* ---- the second round's work on the device (fc_fetch.c checks, splits and counts) */
 
 static void fetch_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad, int world,
                        int rank, uint32_t unit, fc_cuda_fetch_args *a)
 {
-    const fc_method *m = fc_core_wire_method(s, grad->numel, world, grad->dtype);
     memset(a, 0, sizeof(*a));
-    a->m.id = m->id; /* the round itself is method-agnostic: no keys */
-    a->device = k->device;
-    a->stream = k->stream;
-    geometry(s, m, grad->numel, grad->dtype, world, rank, &a->geo);
+    unit_head(s, k, grad, world, rank, unit, &a->h);
+    a->h.x.fetch = k->x.fetch;
     a->kmax = fc_core_fetch_kmax(s, grad->numel, world);
-    a->grad = grad->data;
-    a->grad_dtype = grad->dtype;
-    a->nonfinite_zero = s->common.nonfinite == FC_NONFINITE_ZERO;
-    a->fetch = k->x.fetch;
     a->n_picks = s->n_picks;
-    a->unit = unit;
-    a->ws = k->ws;
 }
 
 int fc_cuda_fetch_picks(const fc_core *s, const fc_cuda_call *k, uint32_t unit, uint32_t *picks,
                         int64_t kmax, fc_err *err)
 {
     fc_cuda_fetch_args a;
-    int rc = check_unit(s->picks_unit, unit, "decode() has not picked its coordinates", err);
-    if (rc != FC_OK)
-        return rc;
-    if (kmax < s->n_picks)
-        return fc_fail(err, FC_ERR_VALUE, "picks buffer holds %lld, need %lld", (long long)kmax,
-                       (long long)s->n_picks);
     memset(&a, 0, sizeof(a));
-    a.device = k->device;
-    a.stream = k->stream;
+    call_head(s, k, s->method, NULL, unit, 0, &a.h);
+    a.h.x.fetch = k->x.fetch;
     a.kmax = kmax;
-    a.fetch = k->x.fetch;
     a.n_picks = s->n_picks;
     a.picks = picks;
-    a.ws = k->ws;
     return k->api->fetch_picks(k->ctx, &a, err);
 }
 
 int fc_cuda_fetch_values(fc_core *s, const fc_cuda_call *k, const uint32_t *all_picks, int64_t kmax,
                          const fc_buf *grad, fc_buf *residual, int world, int rank, uint32_t unit,
-                         float *send, int64_t send_cap, int64_t *send_splits,
-                         int64_t *recv_splits, fc_err *err)
+                         float *send, fc_err *err)
 {
-    int rc = FC_OK;
-    const int64_t N = grad->numel;
-    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
     fc_cuda_fetch_args a;
-    if (kmax != fc_core_fetch_kmax(s, N, world) || kmax == 0)
-        return fc_fail(err, FC_ERR_VALUE, "picks of %lld per rank, the unit of %lld elements "
-                       "over %d ranks has %lld", (long long)kmax, (long long)N, world,
-                       (long long)fc_core_fetch_kmax(s, N, world));
-    FC_TRY(check_unit(s->bad_unit, unit, "it was not the latest unit encoded", err));
-    FC_TRY(check_unit(s->picks_unit, unit, "decode() has not picked its coordinates", err));
-    int64_t start, len, need = 0;
-    for (int c = 0; c < world; c++) {
-        fc_chunk_span(N, world, c, &start, &len);
-        send_splits[c] = sends(s, rank, c) ? fc_core_fetch_k(s, m, len) : 0;
-        recv_splits[c] = sends(s, c, rank) ? s->n_picks : 0;
-        need += send_splits[c];
-    }
-    if (need > send_cap)
-        FC_TRY(fc_fail(err, FC_ERR_VALUE, "second-round send buffer holds %lld values, need %lld",
-                       (long long)send_cap, (long long)need));
-    /* the owners' picks are checked on the device: a malformed list is reported when counters
-     * are read, and its owner gets NaN values (fc_cu_fetch.cu) */
     fetch_args(s, k, grad, world, rank, unit, &a);
+    a.kmax = kmax;
     a.residual = residual != NULL ? residual->data : NULL;
     a.res_dtype = residual != NULL ? residual->dtype : FC_F32;
     a.all_picks = all_picks;
     a.values = send;
-    FC_TRY(k->api->fetch_values(k->ctx, &a, err));
-    const int64_t index_bytes = 4 * kmax * (world > 1 ? world - 1 : 1);
-    s->ctr.index_bytes += index_bytes;
-    s->ctr.value_bytes += 4 * need;
-    s->ctr.bytes_sent += index_bytes + 4 * need;
-error:
-    return rc;
+    return k->api->fetch_values(k->ctx, &a, err);
 }
 
-int fc_cuda_fetch_finish(fc_core *s, const fc_cuda_call *k, const float *recv, int64_t recv_n,
-                         const fc_buf *grad, fc_buf *out, int world, int rank, uint32_t unit,
-                         fc_err *err)
+int fc_cuda_fetch_finish(fc_core *s, const fc_cuda_call *k, const float *recv, const fc_buf *grad,
+                         fc_buf *out, int world, int rank, uint32_t unit, fc_err *err)
 {
-    int rc = FC_OK;
-    int64_t start, n, want = 0;
     fc_cuda_fetch_args a;
-    fc_chunk_span(grad->numel, world, rank, &start, &n);
-    FC_TRY(check_unit(s->picks_unit, unit, "decode() has not picked its coordinates", err));
-    if (out->numel < n)
-        FC_TRY(fc_fail(err, FC_ERR_VALUE, "output has %lld elements, the shard needs %lld",
-                       (long long)out->numel, (long long)n));
-    for (int r = 0; r < world; r++)
-        want += sends(s, r, rank) ? s->n_picks : 0;
-    if (recv_n != want)
-        FC_TRY(fc_fail(err, FC_ERR_VALUE, "second-round receive buffer has %lld values, the "
-                       "senders send %lld", (long long)recv_n, (long long)want));
     fetch_args(s, k, grad, world, rank, unit, &a);
     a.values = (float *)recv;
     a.out = out->data;
     a.out_dtype = out->dtype;
     a.out_numel = out->numel;
-    FC_TRY(k->api->fetch_finish(k->ctx, &a, err));
-    s->picks_unit = -1; /* used once */
-error:
-    return rc;
+    return k->api->fetch_finish(k->ctx, &a, err);
 }
 
 /* One chunk of n elements as its own unit: chunk 0 is all of it and the other W - 1 are empty,
@@ -476,72 +312,43 @@ static void single_geometry(const fc_core *s, int64_t n, int world, int rank, fc
     g->body_full = g->body_last = body_bytes(s, s->method, n, world, FC_F32, &l);
 }
 
-/* compress()'s arguments for x (x->numel values; data may be NULL when only sizing). */
-static int single_encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *x, fc_buf *payload,
-                              uint32_t unit, uint32_t chunk, int world, int rank,
-                              fc_cuda_encode_args *a, fc_err *err)
+/* compress()'s arguments for x (x->numel values; data may be NULL when only sizing): NaN/Inf
+ * go through flagged, no residual, no sample, no second round after one payload. */
+static void single_encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *x,
+                               fc_buf *payload, uint32_t unit, uint32_t chunk, int world, int rank,
+                               fc_cuda_encode_args *a)
 {
-    const fc_method *m = s->method;
     memset(a, 0, sizeof(*a));
-    int rc = method_cfg(s, m, &a->m, err);
-    if (rc != FC_OK)
-        return rc;
-    a->varsize = (m->flags & FC_VARSIZE) != 0;
-    a->device = k->device;
-    a->stream = k->stream;
-    single_geometry(s, x->numel, world, rank, &a->geo);
-    a->grad = x->data;
-    a->grad_dtype = FC_F32;
+    call_head(s, k, s->method, x, unit, chunk, &a->h);
+    single_geometry(s, x->numel, world, rank, &a->h.geo);
+    a->h.grad_dtype = FC_F32;
+    a->h.nonfinite_zero = 0;
+    a->h.x.learn = learns(s, s->method); /* the CPU's compress learns too (gradiveq) */
+    a->h.x.fetch = NULL;
+    a->h.x.sent = NULL; /* the driver reads a data-dependent size from the header */
     a->res_dtype = FC_F32;
     a->send = payload != NULL ? (uint8_t *)payload->data : NULL;
-    a->unit = unit;
-    a->step = s->step;
-    a->chunk_base = chunk;
-    a->seed = (uint64_t)s->common.seed;
-    a->ws = k->ws;
-    a->fingerprint = s->fingerprint;
-    a->x = k->x;
-    a->x.learn = learns(s, m); /* the CPU's compress learns too (gradiveq on its learn steps) */
-    a->x.fetch = NULL;         /* no second round after one payload */
-    a->x.fetch_k = 0;
-    a->x.sent = NULL;          /* the driver reads a data-dependent size from the header */
-    return FC_OK;
 }
 
 /* decompress()'s arguments for acc (acc->numel values; data may be NULL when only sizing). */
-static int single_decode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *payload,
-                              const fc_buf *acc, float alpha, uint32_t unit, uint32_t chunk,
-                              int world, fc_cuda_decode_args *a, fc_err *err)
+static void single_decode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *payload,
+                               const fc_buf *acc, float alpha, uint32_t unit, uint32_t chunk,
+                               int world, fc_cuda_decode_args *a)
 {
-    const fc_method *m = s->method;
     memset(a, 0, sizeof(*a));
-    int rc = method_cfg(s, m, &a->m, err);
-    if (rc != FC_OK)
-        return rc;
-    a->varsize = (m->flags & FC_VARSIZE) != 0;
-    a->device = k->device;
-    a->stream = k->stream;
-    single_geometry(s, acc->numel, world, 0, &a->geo);
+    /* grad is never read: the own chunk is not part of a single payload's sum */
+    call_head(s, k, s->method, acc, unit, chunk, &a->h);
+    single_geometry(s, acc->numel, world, 0, &a->h.geo);
+    a->h.grad_dtype = FC_F32;
+    a->h.nonfinite_zero = 0;
+    a->h.x.fetch = NULL;
     a->recv = payload != NULL ? (const uint8_t *)payload->data : NULL;
     a->slot = payload != NULL ? payload->numel : 0;
-    a->grad = acc->data; /* never read: the own chunk is not part of a single payload's sum */
-    a->grad_dtype = FC_F32;
+    a->h.x.packed_bytes = a->slot; /* a data-dependent method walks the one payload's header */
     a->out = acc->data;
     a->out_dtype = FC_F32;
     a->out_numel = acc->numel;
-    a->unit = unit;
-    a->step = s->step;
-    a->chunk_base = chunk;
-    a->seed = (uint64_t)s->common.seed;
     a->alpha = alpha;
-    a->ws = k->ws;
-    a->fingerprint = s->fingerprint;
-    a->x = k->x;
-    a->x.learn = 0;
-    a->x.fetch = NULL;
-    a->x.fetch_k = 0;
-    a->x.packed_bytes = a->slot; /* a data-dependent method walks the one payload's header */
-    return FC_OK;
 }
 
 int fc_cuda_single_needs(const fc_core *s, const fc_cuda_call *k, int64_t n, int world, int rank,
@@ -557,12 +364,12 @@ int fc_cuda_single_needs(const fc_core *s, const fc_cuda_call *k, int64_t n, int
         return rc;
     if (decode) {
         fc_cuda_decode_args a;
-        if ((rc = single_decode_args(s, k, NULL, &b, 1.0f, unit, chunk, world, &a, err)) == FC_OK)
-            rc = k->api->scratch_bytes(NULL, &a, scratch, err);
+        single_decode_args(s, k, NULL, &b, 1.0f, unit, chunk, world, &a);
+        rc = k->api->scratch_bytes(NULL, &a, scratch, err);
     } else {
         fc_cuda_encode_args a;
-        if ((rc = single_encode_args(s, k, &b, NULL, unit, chunk, world, rank, &a, err)) == FC_OK)
-            rc = k->api->scratch_bytes(&a, NULL, scratch, err);
+        single_encode_args(s, k, &b, NULL, unit, chunk, world, rank, &a);
+        rc = k->api->scratch_bytes(&a, NULL, scratch, err);
     }
     return rc;
 }
@@ -580,8 +387,7 @@ int fc_cuda_compress(fc_core *s, const fc_cuda_call *k, const fc_buf *x, fc_buf 
         return fc_fail(err, FC_ERR_VALUE, "payload buffer holds %lld bytes, need %lld",
                        (long long)payload->numel, (long long)need);
     fc_cuda_encode_args a;
-    if ((rc = single_encode_args(s, k, x, payload, unit, chunk, world, rank, &a, err)) != FC_OK)
-        return rc;
+    single_encode_args(s, k, x, payload, unit, chunk, world, rank, &a);
     return k->api->compress(k->ctx, &a, written, err);
 }
 
@@ -597,8 +403,7 @@ int fc_cuda_decompress(fc_core *s, const fc_cuda_call *k, const fc_buf *payload,
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank 0: %lld bytes, shorter than the "
                        "%d-byte header", (long long)payload->numel, FC_HEADER_BYTES);
     fc_cuda_decode_args a;
-    if ((rc = single_decode_args(s, k, payload, acc, alpha, unit, chunk, world, &a, err)) != FC_OK)
-        return rc;
+    single_decode_args(s, k, payload, acc, alpha, unit, chunk, world, &a);
     return k->api->decompress(k->ctx, &a, err);
 }
 

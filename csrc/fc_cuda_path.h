@@ -1,5 +1,6 @@
-/* fc_cuda_path.h: the CUDA twin of fc_core_encode / fc_core_decode: the same geometry and host
- * counters, with the work queued through the CUDA library's table on the caller's stream. */
+/* fc_cuda_path.h: the CUDA backend of the driver: encode / decode / compress / decompress and the
+ * second round's work on CUDA tensors, queued through the CUDA library's table on the caller's
+ * stream, with the driver's plan, counters and checks (fc_core.h, fc_fetch.c). */
 #ifndef FC_CUDA_PATH_H
 #define FC_CUDA_PATH_H
 
@@ -26,22 +27,19 @@ int fc_cuda_decode(fc_core *s, const fc_cuda_call *k, const fc_buf *recv, const 
 
 /* What a CUDA encode or decode of a unit needs besides its tensors: device scratch bytes (0:
  * none), the fetch buffer's bytes (0: no second round). k->x is not read. */
-int fc_cuda_encode_needs(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad, int world,
-                         int rank, uint32_t unit, int64_t *scratch, int64_t *fetch, fc_err *err);
-int fc_cuda_decode_needs(const fc_core *s, const fc_cuda_call *k, const fc_buf *recv,
-                         const fc_buf *grad, const fc_buf *out, int world, int rank,
-                         uint32_t unit, int64_t *scratch, int64_t *fetch, fc_err *err);
+int fc_cuda_unit_needs(const fc_core *s, const fc_cuda_call *k, int decode, const fc_buf *recv,
+                       const fc_buf *grad, const fc_buf *out, int world, int rank, uint32_t unit,
+                       int64_t *scratch, int64_t *fetch, fc_err *err);
 
-/* The second round on CUDA tensors (fc_fetch.h's three steps; picks stay on the device). */
+/* The second round's element work on CUDA tensors (picks stay on the device); fc_fetch.c's
+ * three steps check, split and count, then call these. */
 int fc_cuda_fetch_picks(const fc_core *s, const fc_cuda_call *k, uint32_t unit, uint32_t *picks,
                         int64_t kmax, fc_err *err);
 int fc_cuda_fetch_values(fc_core *s, const fc_cuda_call *k, const uint32_t *all_picks, int64_t kmax,
                          const fc_buf *grad, fc_buf *residual, int world, int rank, uint32_t unit,
-                         float *send, int64_t send_cap, int64_t *send_splits,
-                         int64_t *recv_splits, fc_err *err);
-int fc_cuda_fetch_finish(fc_core *s, const fc_cuda_call *k, const float *recv, int64_t recv_n,
-                         const fc_buf *grad, fc_buf *out, int world, int rank, uint32_t unit,
-                         fc_err *err);
+                         float *send, fc_err *err);
+int fc_cuda_fetch_finish(fc_core *s, const fc_cuda_call *k, const float *recv, const fc_buf *grad,
+                         fc_buf *out, int world, int rank, uint32_t unit, fc_err *err);
 /* Bytes of the fetch buffer a unit's second round keeps on the device. */
 int64_t fc_cuda_fetch_bytes(int64_t kmax);
 

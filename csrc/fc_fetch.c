@@ -1,4 +1,6 @@
-/* fc_fetch.c: the second round of two-round methods (see fc_fetch.h), on the CPU. */
+/* fc_fetch.c: the second round of two-round methods (see fc_fetch.h): the checks, splits and
+ * counters once, for CPU and CUDA tensors; the element work by the CPU loops here or by the CUDA
+ * library (fc_cuda_path.c). */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "fc_fetch.h"
 
@@ -40,7 +42,8 @@ static int check_unit(int64_t have, uint32_t unit, const char *what, fc_err *err
     return FC_OK;
 }
 
-int fc_fetch_picks(const fc_core *s, uint32_t unit, uint32_t *out, int64_t kmax, fc_err *err)
+int fc_fetch_picks(const fc_core *s, const fc_cuda_call *k, uint32_t unit, uint32_t *out,
+                   int64_t kmax, fc_err *err)
 {
     int rc = check_unit(s->picks_unit, unit, "decode() has not picked its coordinates", err);
     if (rc != FC_OK)
@@ -48,6 +51,8 @@ int fc_fetch_picks(const fc_core *s, uint32_t unit, uint32_t *out, int64_t kmax,
     if (kmax < s->n_picks)
         return fc_fail(err, FC_ERR_VALUE, "picks buffer holds %lld, need %lld", (long long)kmax,
                        (long long)s->n_picks);
+    if (k != NULL) /* the picks of a CUDA decode stay on its device */
+        return fc_cuda_fetch_picks(s, k, unit, out, kmax, err);
     memcpy(out, s->picks, (size_t)s->n_picks * 4);
     for (int64_t j = s->n_picks; j < kmax; j++)
         out[j] = NO_PICK;
@@ -65,31 +70,20 @@ static int check_picks(const uint32_t *p, int64_t k, int64_t len, int owner, fc_
     return FC_OK;
 }
 
-int fc_fetch_values(fc_core *s, const uint32_t *all_picks, int64_t kmax, const fc_buf *grad,
-                    fc_buf *residual, int world, int rank, uint32_t unit, float *send,
-                    int64_t send_cap, int64_t *send_splits, int64_t *recv_splits, fc_err *err)
+/* The CPU's work of fc_fetch_values: the picks checked first (on CUDA the device checks them),
+ * then the values taken out of the residual. */
+static int values_cpu(fc_core *s, const uint32_t *all_picks, int64_t kmax, const fc_buf *grad,
+                      fc_buf *residual, int world, uint32_t unit, float *send,
+                      const int64_t *send_splits, fc_err *err)
 {
-    int rc = FC_OK;
-    const double t0 = now_s();
     const int64_t N = grad->numel;
-    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
-    if (kmax != fc_core_fetch_kmax(s, N, world) || kmax == 0)
-        return fc_fail(err, FC_ERR_VALUE, "picks of %lld per rank, the unit of %lld elements "
-                       "over %d ranks has %lld", (long long)kmax, (long long)N, world,
-                       (long long)fc_core_fetch_kmax(s, N, world));
-    FC_TRY(check_unit(s->bad_unit, unit, "it was not the latest unit encoded", err));
-    FC_TRY(check_unit(s->picks_unit, unit, "decode() has not picked its coordinates", err));
-    int64_t start, len, need = 0;
+    int64_t start, len;
     for (int c = 0; c < world; c++) { /* everything checked before anything changes */
         fc_chunk_span(N, world, c, &start, &len);
-        send_splits[c] = sends(s, rank, c) ? fc_core_fetch_k(s, m, len) : 0;
-        recv_splits[c] = sends(s, c, rank) ? s->n_picks : 0;
-        FC_TRY(check_picks(all_picks + c * kmax, send_splits[c], len, c, err));
-        need += send_splits[c];
+        int rc = check_picks(all_picks + c * kmax, send_splits[c], len, c, err);
+        if (rc != FC_OK)
+            return rc;
     }
-    if (need > send_cap)
-        FC_TRY(fc_fail(err, FC_ERR_VALUE, "second-round send buffer holds %lld values, need %lld",
-                       (long long)send_cap, (long long)need));
     const int zero_bad = s->common.nonfinite == FC_NONFINITE_ZERO;
     int64_t off = 0;
     double taken_sq = 0;
@@ -122,18 +116,56 @@ int fc_fetch_values(fc_core *s, const uint32_t *all_picks, int64_t kmax, const f
         double e = s->units[unit].residual_sq - taken_sq;
         s->units[unit].residual_sq = e > 0 ? e : 0;
     }
+    return FC_OK;
+}
+
+int fc_fetch_values(fc_core *s, const fc_cuda_call *k, const uint32_t *all_picks, int64_t kmax,
+                    const fc_buf *grad, fc_buf *residual, int world, int rank, uint32_t unit,
+                    float *send, int64_t send_cap, int64_t *send_splits, int64_t *recv_splits,
+                    fc_err *err)
+{
+    int rc = FC_OK;
+    const double t0 = now_s();
+    const int64_t N = grad->numel;
+    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
+    if (kmax != fc_core_fetch_kmax(s, N, world) || kmax == 0)
+        return fc_fail(err, FC_ERR_VALUE, "picks of %lld per rank, the unit of %lld elements "
+                       "over %d ranks has %lld", (long long)kmax, (long long)N, world,
+                       (long long)fc_core_fetch_kmax(s, N, world));
+    FC_TRY(check_unit(s->bad_unit, unit, "it was not the latest unit encoded", err));
+    FC_TRY(check_unit(s->picks_unit, unit, "decode() has not picked its coordinates", err));
+    int64_t start, len, need = 0;
+    for (int c = 0; c < world; c++) {
+        fc_chunk_span(N, world, c, &start, &len);
+        send_splits[c] = sends(s, rank, c) ? fc_core_fetch_k(s, m, len) : 0;
+        recv_splits[c] = sends(s, c, rank) ? s->n_picks : 0;
+        need += send_splits[c];
+    }
+    if (need > send_cap)
+        FC_TRY(fc_fail(err, FC_ERR_VALUE, "second-round send buffer holds %lld values, need %lld",
+                       (long long)send_cap, (long long)need));
+    /* on CUDA the owners' picks are checked on the device: a malformed list is reported when
+     * counters are read, and its owner gets NaN values (fc_cu_fetch.cu) */
+    if (k != NULL)
+        FC_TRY(fc_cuda_fetch_values(s, k, all_picks, kmax, grad, residual, world, rank, unit,
+                                    send, err));
+    else
+        FC_TRY(values_cpu(s, all_picks, kmax, grad, residual, world, unit, send, send_splits,
+                          err));
     const int64_t index_bytes = 4 * kmax * (world > 1 ? world - 1 : 1);
     s->ctr.index_bytes += index_bytes;
-    s->ctr.value_bytes += 4 * off;
-    s->ctr.bytes_sent += index_bytes + 4 * off;
-    s->ctr.compress_s += now_s() - t0;
+    s->ctr.value_bytes += 4 * need;
+    s->ctr.bytes_sent += index_bytes + 4 * need;
+    if (k == NULL) /* CUDA times its work with events */
+        s->ctr.compress_s += now_s() - t0;
     return FC_OK;
 error:
     return rc;
 }
 
-int fc_fetch_finish(fc_core *s, const float *recv, int64_t recv_n, const fc_buf *grad,
-                    fc_buf *out, int world, int rank, uint32_t unit, fc_err *err)
+int fc_fetch_finish(fc_core *s, const fc_cuda_call *k, const float *recv, int64_t recv_n,
+                    const fc_buf *grad, fc_buf *out, int world, int rank, uint32_t unit,
+                    fc_err *err)
 {
     int rc = FC_OK;
     const double t0 = now_s();
@@ -149,6 +181,11 @@ int fc_fetch_finish(fc_core *s, const float *recv, int64_t recv_n, const fc_buf 
     if (recv_n != want)
         FC_TRY(fc_fail(err, FC_ERR_VALUE, "second-round receive buffer has %lld values, the "
                        "senders send %lld", (long long)recv_n, (long long)want));
+    if (k != NULL) {
+        FC_TRY(fc_cuda_fetch_finish(s, k, recv, grad, out, world, rank, unit, err));
+        s->picks_unit = -1; /* used once */
+        return FC_OK;
+    }
     float *acc = s->acc; /* grown to n by the decode that picked */
     memset(acc, 0, (size_t)n * 4);
     int passed = 0; /* NaN/Inf among the summands (the own chunk's were counted by decode) */

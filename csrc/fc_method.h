@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "fc_cfg.h"
 #include "fc_rng.h"
 #include "fc_status.h"
 
@@ -80,8 +81,6 @@ static inline int64_t fc_layout_bytes(const fc_layout *l)
 #define FC_VARSIZE 8u     /* body size is data-dependent: layout() is an upper bound */
 #define FC_EF_DEFAULT 16u /* error feedback on unless the config turns it off */
 #define FC_PIECEWISE 32u  /* encodes element- or block-wise: a chunk may go as independent pieces */
-
-#define FC_CFG_MAX 256 /* bytes reserved for any method's config struct */
 
 typedef struct fc_method {
     const char *name;

@@ -3,6 +3,7 @@
 
 #include <string.h>
 
+#include "fc_intn.h"
 #include "fc_sparse_rules.h"
 
 extern const fc_method fc_method_none, fc_method_fp16, fc_method_int8, fc_method_qsgd, fc_method_nc,
@@ -32,6 +33,27 @@ int fc_vcodec_init(fc_vcodec *v, fc_err *err)
         } else if (k->kind == FC_KEY_FLOAT) {
             memcpy(p, &k->def, sizeof(double));
         }
+    }
+    /* what the kernels read of it (and the CPU's byte counts, fc_rule_vc_layout) */
+    fc_vc_shape *sh = &v->shape;
+    memset(sh, 0, sizeof(*sh));
+    sh->quantize = v->quantize;
+    if (v->quantize == FC_VC_INT8) {
+        const fc_int8_cfg *c = (const fc_int8_cfg *)(const void *)v->sub;
+        sh->block = c->block_size;
+        sh->stochastic = c->stochastic;
+    } else if (v->quantize == FC_VC_QSGD) {
+        const fc_qsgd_cfg *c = (const fc_qsgd_cfg *)(const void *)v->sub;
+        sh->block = c->bucket_size;
+        sh->levels_or_bits = c->levels;
+    } else if (v->quantize == FC_VC_NC) {
+        sh->block = ((const fc_nc_cfg *)(const void *)v->sub)->block_size;
+    } else if (v->quantize == FC_VC_INTN) {
+        const fc_intn_cfg *c = (const fc_intn_cfg *)(const void *)v->sub;
+        sh->block = c->block_size;
+        sh->levels_or_bits = c->bits;
+        sh->minmax = c->scheme == FC_INTN_MINMAX;
+        sh->stochastic = c->stochastic;
     }
     return FC_OK;
 }
@@ -66,38 +88,6 @@ int64_t fc_vcodec_bytes(const fc_vcodec *v, const fc_chunk *parent, int64_t k)
     fc_layout l;
     fc_vcodec_layout(v, parent, k, &l);
     return l.value_bytes + l.meta_bytes;
-}
-
-/* A key of the value method's config by name (its defaults, set by fc_vcodec_init), 0 if it
- * has no such key. */
-static int64_t sub_key(const fc_vcodec *v, const char *name)
-{
-    for (const fc_key *k = quant_methods[v->quantize]->keys; k->name != NULL; k++) {
-        if (strcmp(k->name, name) != 0)
-            continue;
-        const unsigned char *p = v->sub + k->offset;
-        if (k->kind == FC_KEY_INT) {
-            int64_t i;
-            memcpy(&i, p, sizeof(i));
-            return i;
-        }
-        if (k->kind == FC_KEY_BOOL || k->kind == FC_KEY_CHOICE) {
-            int i;
-            memcpy(&i, p, sizeof(i));
-            return i;
-        }
-    }
-    return 0;
-}
-
-void fc_vcodec_shape(const fc_vcodec *v, fc_vc_shape *out)
-{
-    memset(out, 0, sizeof(*out));
-    out->quantize = v->quantize;
-    out->block = v->quantize == FC_VC_QSGD ? sub_key(v, "bucket_size") : sub_key(v, "block_size");
-    out->levels_or_bits = v->quantize == FC_VC_QSGD ? sub_key(v, "levels") : sub_key(v, "bits");
-    out->minmax = v->quantize == FC_VC_INTN && sub_key(v, "scheme") == 1;
-    out->stochastic = (int)sub_key(v, "stochastic");
 }
 
 int fc_vcodec_encode(const fc_vcodec *v, const fc_chunk *parent, const float *vals, int64_t k,

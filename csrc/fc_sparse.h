@@ -8,22 +8,14 @@
 #include "fc_method.h"
 #include "fc_sparse_rules.h"
 
-#define FC_SUB_CFG 64
-
 extern const char *const fc_sparse_quant_names[]; /* none, fp16, int8, qsgd, nc, intN */
 
-/* The value codec, resolved once by the method's check(). */
-typedef struct {
-    int quantize;
-    _Alignas(8) unsigned char sub[FC_SUB_CFG]; /* the value method's default config */
-} fc_vcodec;
+/* The value codec (fc_vcodec, fc_cfg.h): fills sub (the value method's defaults) and shape. */
 
 int fc_vcodec_init(fc_vcodec *v, fc_err *err);
 /* value_bytes and meta_bytes of k values (index_bytes and kept untouched) */
 void fc_vcodec_layout(const fc_vcodec *v, const fc_chunk *parent, int64_t k, fc_layout *out);
 int64_t fc_vcodec_bytes(const fc_vcodec *v, const fc_chunk *parent, int64_t k);
-/* What the CUDA value codec needs to know of it (its method's config, for the kernels). */
-void fc_vcodec_shape(const fc_vcodec *v, fc_vc_shape *out);
 /* *saturated += the values the value method saturated */
 int fc_vcodec_encode(const fc_vcodec *v, const fc_chunk *parent, const float *vals, int64_t k,
                      uint8_t *out, int64_t *saturated, fc_err *err);

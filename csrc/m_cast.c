@@ -7,10 +7,6 @@
 #include "fc_method.h"
 #include "fc_simd.h"
 
-typedef struct {
-    int unused;
-} cast_cfg;
-
 static const fc_key cast_keys[] = {FC_KEYS_END};
 
 static void cast_layout(const fc_chunk *c, fc_layout *out)
@@ -137,7 +133,7 @@ const fc_method fc_method_fp16 = {
     .id = 1,
     .flags = FC_PIECEWISE,
     .summary = "IEEE half cast, pre-divided by the world size; 16 bits",
-    .cfg_size = sizeof(cast_cfg),
+    .cfg_size = sizeof(fc_none_cfg),
     .keys = cast_keys,
     .layout = cast_layout,
     .encode = fp16_encode,
@@ -149,7 +145,7 @@ const fc_method fc_method_bf16 = {
     .id = 2,
     .flags = FC_PIECEWISE,
     .summary = "bfloat16 cast (round to nearest even); 16 bits",
-    .cfg_size = sizeof(cast_cfg),
+    .cfg_size = sizeof(fc_none_cfg),
     .keys = cast_keys,
     .layout = cast_layout,
     .encode = bf16_encode,

@@ -7,22 +7,17 @@
 #include "fc_method.h"
 #include "fc_simd.h"
 
-typedef struct {
-    int format;
-    int64_t block_size;
-} fp8_cfg;
-
 static const char *const fp8_formats[] = {"e4m3", "e5m2", NULL};
 
 static const fc_key fp8_keys[] = {
-    FC_CHOICE(fp8_cfg, format, 0, fp8_formats, "e4m3 (max 448, 3 mantissa bits) or e5m2 (max 57344, 2)"),
-    FC_INT(fp8_cfg, block_size, 256, 8, 1 << 24, FC_KEY_POW2, "elements per scale; a power of two"),
+    FC_CHOICE(fc_fp8_cfg, format, 0, fp8_formats, "e4m3 (max 448, 3 mantissa bits) or e5m2 (max 57344, 2)"),
+    FC_INT(fc_fp8_cfg, block_size, 256, 8, 1 << 24, FC_KEY_POW2, "elements per scale; a power of two"),
     FC_KEYS_END,
 };
 
 static void fp8_layout(const fc_chunk *c, fc_layout *out)
 {
-    const fp8_cfg *cfg = (const fp8_cfg *)c->cfg;
+    const fc_fp8_cfg *cfg = (const fc_fp8_cfg *)c->cfg;
     out->meta_bytes = 4 * fc_nblocks(c->n, cfg->block_size);
     out->value_bytes = c->n;
     out->index_bytes = 0;
@@ -81,7 +76,7 @@ FC_CLONES static void fp8_encode_fast(const float *x, int64_t n, int64_t bs, int
 static int fp8_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
 {
     (void)err;
-    const fp8_cfg *cfg = (const fp8_cfg *)c->cfg;
+    const fc_fp8_cfg *cfg = (const fc_fp8_cfg *)c->cfg;
     if (!fc_cpu_reference) {
         fp8_encode_fast(x, c->n, cfg->block_size, cfg->format, body);
         fp8_layout(c, used);
@@ -112,7 +107,7 @@ static int fp8_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_b
 {
     (void)body_bytes;
     (void)err;
-    const fp8_cfg *cfg = (const fp8_cfg *)c->cfg;
+    const fc_fp8_cfg *cfg = (const fc_fp8_cfg *)c->cfg;
     const int64_t bs = cfg->block_size, nb = fc_nblocks(c->n, bs);
     const float *scales = (const float *)body;
     const uint8_t *codes = body + 4 * nb;
@@ -133,7 +128,7 @@ const fc_method fc_method_fp8 = {
     .id = 4,
     .flags = FC_PIECEWISE,
     .summary = "OCP FP8 (e4m3/e5m2) with an fp32 absmax scale per block; 8 bits + 32/block_size",
-    .cfg_size = sizeof(fp8_cfg),
+    .cfg_size = sizeof(fc_fp8_cfg),
     .keys = fp8_keys,
     .layout = fp8_layout,
     .encode = fp8_encode,

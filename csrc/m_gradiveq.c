@@ -13,24 +13,17 @@
 #include "fc_method.h"
 #include "fc_quant.h"
 
-typedef struct {
-    int64_t dim;
-    int64_t k;
-    int64_t warmup;
-    int64_t refresh;
-} gvq_cfg;
-
 static const fc_key gvq_keys[] = {
-    FC_INT(gvq_cfg, dim, 32, 2, 256, 0, "slice length m"),
-    FC_INT(gvq_cfg, k, 4, 1, 256, 0, "coefficients per slice (basis size), <= dim"),
-    FC_INT(gvq_cfg, warmup, 2, 0, 1000000, 0, "first steps whose slices (re)learn the basis"),
-    FC_INT(gvq_cfg, refresh, 50, 0, 1000000000, 0, "relearn the basis every this many steps (0: never)"),
+    FC_INT(fc_gradiveq_cfg, dim, 32, 2, 256, 0, "slice length m"),
+    FC_INT(fc_gradiveq_cfg, k, 4, 1, 256, 0, "coefficients per slice (basis size), <= dim"),
+    FC_INT(fc_gradiveq_cfg, warmup, 2, 0, 1000000, 0, "first steps whose slices (re)learn the basis"),
+    FC_INT(fc_gradiveq_cfg, refresh, 50, 0, 1000000000, 0, "relearn the basis every this many steps (0: never)"),
     FC_KEYS_END,
 };
 
 static int gvq_check(void *cfg, fc_err *err)
 {
-    const gvq_cfg *g = (const gvq_cfg *)cfg;
+    const fc_gradiveq_cfg *g = (const fc_gradiveq_cfg *)cfg;
     if (g->k > g->dim)
         return fc_fail(err, FC_ERR_VALUE, "gradiveq config key 'k' must be <= dim (%lld), got %lld",
                        (long long)g->dim, (long long)g->k);
@@ -39,13 +32,13 @@ static int gvq_check(void *cfg, fc_err *err)
 
 static int64_t slices(const fc_chunk *c)
 {
-    const gvq_cfg *cfg = (const gvq_cfg *)c->cfg;
+    const fc_gradiveq_cfg *cfg = (const fc_gradiveq_cfg *)c->cfg;
     return (c->n + cfg->dim - 1) / cfg->dim;
 }
 
 static void gvq_layout(const fc_chunk *c, fc_layout *out)
 {
-    const gvq_cfg *cfg = (const gvq_cfg *)c->cfg;
+    const fc_gradiveq_cfg *cfg = (const fc_gradiveq_cfg *)c->cfg;
     out->value_bytes = 4 * slices(c) * cfg->k;
     out->meta_bytes = 0;
     out->index_bytes = 0;
@@ -55,18 +48,18 @@ static void gvq_layout(const fc_chunk *c, fc_layout *out)
 /* ustate: U (k vectors of dim), then the covariance sum (dim x dim) */
 static int64_t gvq_unit_floats(const void *cfg)
 {
-    const gvq_cfg *g = (const gvq_cfg *)cfg;
+    const fc_gradiveq_cfg *g = (const fc_gradiveq_cfg *)cfg;
     return g->dim * g->k + g->dim * g->dim;
 }
 
-static int due(const gvq_cfg *g, uint32_t step)
+static int due(const fc_gradiveq_cfg *g, uint32_t step)
 {
     return (int64_t)step < g->warmup || (g->refresh > 0 && ((int64_t)step + 1) % g->refresh == 0);
 }
 
 static int64_t gvq_sync_floats(const void *cfg, uint32_t step, int64_t *offset)
 {
-    const gvq_cfg *g = (const gvq_cfg *)cfg;
+    const fc_gradiveq_cfg *g = (const fc_gradiveq_cfg *)cfg;
     *offset = g->dim * g->k;
     return due(g, step) ? g->dim * g->dim : 0;
 }
@@ -74,7 +67,7 @@ static int64_t gvq_sync_floats(const void *cfg, uint32_t step, int64_t *offset)
 /* Modified Gram-Schmidt of uniform random vectors: a basis that needs no data yet. */
 static void gvq_unit_init(const void *cfg, float *u, const fc_rng *rng)
 {
-    const gvq_cfg *g = (const gvq_cfg *)cfg;
+    const fc_gradiveq_cfg *g = (const fc_gradiveq_cfg *)cfg;
     const int64_t m = g->dim, k = g->k;
     memset(u, 0, (size_t)gvq_unit_floats(cfg) * 4);
     for (int64_t j = 0; j < k; j++) {
@@ -98,7 +91,7 @@ static void gvq_unit_init(const void *cfg, float *u, const fc_rng *rng)
 
 static int gvq_sync_apply(const void *cfg, float *ustate, fc_err *err)
 {
-    const gvq_cfg *g = (const gvq_cfg *)cfg;
+    const fc_gradiveq_cfg *g = (const fc_gradiveq_cfg *)cfg;
     const int64_t m = g->dim;
     float *cov = ustate + m * g->k;
     double *a = (double *)malloc((size_t)(2 * m * m) * sizeof(double));
@@ -121,7 +114,7 @@ static int gvq_sync_apply(const void *cfg, float *ustate, fc_err *err)
  * orthonormal (fp32 rounding of a double-precision basis is far below the tolerance). */
 static int gvq_unit_check(const void *cfg, const float *u, fc_err *err)
 {
-    const gvq_cfg *g = (const gvq_cfg *)cfg;
+    const fc_gradiveq_cfg *g = (const fc_gradiveq_cfg *)cfg;
     const int64_t m = g->dim, k = g->k;
     for (int64_t i = 0; i < m * k + m * m; i++)
         if (!isfinite(u[i]))
@@ -143,7 +136,7 @@ static int gvq_unit_check(const void *cfg, const float *u, fc_err *err)
 static int gvq_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
 {
     (void)err;
-    const gvq_cfg *cfg = (const gvq_cfg *)c->cfg;
+    const fc_gradiveq_cfg *cfg = (const fc_gradiveq_cfg *)c->cfg;
     const int64_t m = cfg->dim, k = cfg->k, ns = slices(c);
     const float *u = c->ustate;
     float *cov = c->ustate + m * k;
@@ -193,7 +186,7 @@ static int gvq_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_b
 {
     (void)body_bytes;
     (void)err;
-    const gvq_cfg *cfg = (const gvq_cfg *)c->cfg;
+    const fc_gradiveq_cfg *cfg = (const fc_gradiveq_cfg *)c->cfg;
     const int64_t m = cfg->dim, k = cfg->k, ns = slices(c);
     const float *u = c->ustate;
     const float *coef = (const float *)body;
@@ -211,7 +204,7 @@ static int gvq_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_b
 
 static int64_t gvq_agg_bytes(const fc_chunk *c)
 {
-    const gvq_cfg *cfg = (const gvq_cfg *)c->cfg;
+    const fc_gradiveq_cfg *cfg = (const fc_gradiveq_cfg *)c->cfg;
     return 4 * slices(c) * cfg->k;
 }
 
@@ -228,7 +221,7 @@ const fc_method fc_method_gradiveq = {
     .flags = FC_LINEAR | FC_RANDOM,
     .summary = "GradiVeQ: slices of dim projected on a PCA basis shared by all ranks, summed "
                "compressed; 32 * k / dim bits",
-    .cfg_size = sizeof(gvq_cfg),
+    .cfg_size = sizeof(fc_gradiveq_cfg),
     .keys = gvq_keys,
     .check = gvq_check,
     .layout = gvq_layout,

@@ -8,21 +8,16 @@
 #include "fc_rng_batch.h"
 #include "fc_simd.h"
 
-typedef struct {
-    int64_t block_size;
-    int stochastic;
-} int8_cfg;
-
 static const fc_key int8_keys[] = {
-    FC_INT(int8_cfg, block_size, 256, 8, 1 << 24, FC_KEY_POW2,
+    FC_INT(fc_int8_cfg, block_size, 256, 8, 1 << 24, FC_KEY_POW2,
            "elements per scale; a power of two"),
-    FC_BOOL(int8_cfg, stochastic, 0, "stochastic rounding (unbiased) instead of nearest"),
+    FC_BOOL(fc_int8_cfg, stochastic, 0, "stochastic rounding (unbiased) instead of nearest"),
     FC_KEYS_END,
 };
 
 static int64_t int8_blocks(const fc_chunk *c)
 {
-    const int8_cfg *cfg = (const int8_cfg *)c->cfg;
+    const fc_int8_cfg *cfg = (const fc_int8_cfg *)c->cfg;
     return (c->n + cfg->block_size - 1) / cfg->block_size;
 }
 
@@ -105,7 +100,7 @@ FC_CLONES static void int8_encode_stoch(const fc_rng *rng, const float *x, int64
 static int int8_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
 {
     (void)err;
-    const int8_cfg *cfg = (const int8_cfg *)c->cfg;
+    const fc_int8_cfg *cfg = (const fc_int8_cfg *)c->cfg;
     if (!fc_cpu_reference) {
         if (cfg->stochastic)
             int8_encode_stoch(&c->rng, x, c->n, cfg->block_size, body);
@@ -148,7 +143,7 @@ static int int8_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
 {
     (void)body_bytes;
     (void)err;
-    const int8_cfg *cfg = (const int8_cfg *)c->cfg;
+    const fc_int8_cfg *cfg = (const fc_int8_cfg *)c->cfg;
     const int64_t bs = cfg->block_size, nb = int8_blocks(c);
     const float *scales = (const float *)body;
     const int8_t *codes = (const int8_t *)(body + 4 * nb);
@@ -166,7 +161,7 @@ const fc_method fc_method_int8 = {
     .id = 3,
     .flags = FC_RANDOM | FC_PIECEWISE, /* unbiased only with stochastic rounding */
     .summary = "block-wise absmax int8, nearest or stochastic rounding; 8 bits + 32/block_size",
-    .cfg_size = sizeof(int8_cfg),
+    .cfg_size = sizeof(fc_int8_cfg),
     .keys = int8_keys,
     .layout = int8_layout,
     .encode = int8_encode,

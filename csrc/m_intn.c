@@ -18,20 +18,13 @@
 #include "fc_rng_batch.h"
 #include "fc_simd.h"
 
-typedef struct {
-    int64_t bits;
-    int64_t block_size;
-    int stochastic;
-    int scheme; /* FC_INTN_ABSMAX or FC_INTN_MINMAX */
-} intn_cfg;
-
 static const char *const intn_schemes[] = {"absmax", "minmax", NULL};
 
 static const fc_key intn_keys[] = {
-    FC_INT(intn_cfg, bits, 4, 2, 4, 0, "bits per code: 2, 3 or 4"),
-    FC_INT(intn_cfg, block_size, 256, 8, 1 << 24, FC_KEY_POW2, "elements per scale; a power of two"),
-    FC_BOOL(intn_cfg, stochastic, 0, "stochastic rounding (unbiased) instead of nearest"),
-    FC_CHOICE(intn_cfg, scheme, FC_INTN_ABSMAX, intn_schemes,
+    FC_INT(fc_intn_cfg, bits, 4, 2, 4, 0, "bits per code: 2, 3 or 4"),
+    FC_INT(fc_intn_cfg, block_size, 256, 8, 1 << 24, FC_KEY_POW2, "elements per scale; a power of two"),
+    FC_BOOL(fc_intn_cfg, stochastic, 0, "stochastic rounding (unbiased) instead of nearest"),
+    FC_CHOICE(fc_intn_cfg, scheme, FC_INTN_ABSMAX, intn_schemes,
               "absmax: symmetric, one fp32 scale per block; minmax: fp32 min and step per block, "
               "all 2^bits levels"),
     FC_KEYS_END,
@@ -45,14 +38,14 @@ static const fc_key intn_keys[] = {
 #define INTN_STRETCH (4 * FC_RNG_BATCH)
 
 /* Bytes of block metadata before the codes: a scale, or a (min, step) pair. */
-static int64_t intn_meta_bytes(const intn_cfg *cfg, int64_t n)
+static int64_t intn_meta_bytes(const fc_intn_cfg *cfg, int64_t n)
 {
     return (cfg->scheme == FC_INTN_MINMAX ? 8 : 4) * fc_nblocks(n, cfg->block_size);
 }
 
 static void intn_layout(const fc_chunk *c, fc_layout *out)
 {
-    const intn_cfg *cfg = (const intn_cfg *)c->cfg;
+    const fc_intn_cfg *cfg = (const fc_intn_cfg *)c->cfg;
     out->meta_bytes = intn_meta_bytes(cfg, c->n);
     out->value_bytes = fc_pack_bytes(c->n, (int)cfg->bits);
     out->index_bytes = 0;
@@ -138,7 +131,7 @@ INTN_INLINE int intn_float_range(const float *x, int64_t lo, int64_t hi, float *
 
 /* Min-max block: (m, d) into meta[2b], meta[2b + 1] and its map (fc_intn_minmax_map). The
  * reference finds min and max as integer keys, the fast path as floats: the same m and M - m. */
-INTN_INLINE void intn_minmax_map(const intn_cfg *cfg, const float *x, int64_t lo, int64_t hi,
+INTN_INLINE void intn_minmax_map(const fc_intn_cfg *cfg, const float *x, int64_t lo, int64_t hi,
                                  float *meta, int64_t b, fc_intn_map *p, int fast)
 {
     float small, big;
@@ -156,7 +149,7 @@ INTN_INLINE void intn_minmax_map(const intn_cfg *cfg, const float *x, int64_t lo
 /* Block [lo, hi)'s metadata into the body and its code map; `fast` picks how a min-max block
  * finds its range (the same result). Returns how many of its values the map saturates (a
  * min-max block clamped to [-lim, lim], see fc_intn_minmax_map). */
-INTN_INLINE int64_t intn_block_map(const intn_cfg *cfg, const float *x, int64_t lo, int64_t hi,
+INTN_INLINE int64_t intn_block_map(const fc_intn_cfg *cfg, const float *x, int64_t lo, int64_t hi,
                                    float *meta, int64_t b, fc_intn_map *p, int fast)
 {
     if (cfg->scheme == FC_INTN_MINMAX)
@@ -176,7 +169,7 @@ INTN_INLINE int64_t intn_block_map(const intn_cfg *cfg, const float *x, int64_t 
 static int64_t intn_encode_ref(const fc_chunk *c, const float *x, uint8_t *body)
 {
     int64_t sat = 0;
-    const intn_cfg *cfg = (const intn_cfg *)c->cfg;
+    const fc_intn_cfg *cfg = (const fc_intn_cfg *)c->cfg;
     const int w = (int)cfg->bits;
     const int64_t bs = cfg->block_size, n = c->n;
     uint8_t *packed = body + intn_meta_bytes(cfg, n);
@@ -308,7 +301,7 @@ INTN_INLINE void intn_pack(const uint8_t *t, int64_t m, int w, uint8_t *out)
 INTN_INLINE int64_t intn_encode_w(const fc_chunk *c, const float *x, uint8_t *body, int w)
 {
     int64_t sat = 0;
-    const intn_cfg *cfg = (const intn_cfg *)c->cfg;
+    const fc_intn_cfg *cfg = (const fc_intn_cfg *)c->cfg;
     const int64_t bs = cfg->block_size, n = c->n;
     uint8_t *packed = body + intn_meta_bytes(cfg, n);
     fc_intn_map map = {0};
@@ -338,7 +331,7 @@ INTN_INLINE int64_t intn_encode_w(const fc_chunk *c, const float *x, uint8_t *bo
 
 FC_CLONES static int64_t intn_encode_fast(const fc_chunk *c, const float *x, uint8_t *body)
 {
-    const int w = (int)((const intn_cfg *)c->cfg)->bits;
+    const int w = (int)((const fc_intn_cfg *)c->cfg)->bits;
     return w == 2 ? intn_encode_w(c, x, body, 2)
          : w == 3 ? intn_encode_w(c, x, body, 3)
                   : intn_encode_w(c, x, body, 4);
@@ -363,7 +356,7 @@ static int intn_bad_code(uint32_t worst, int64_t b, uint32_t top, fc_err *err)
 /* Reference decode: each group of 8 unpacked by fc_unpack8, element by element. */
 static int intn_decode_ref(const fc_chunk *c, const uint8_t *body, float alpha, float *acc, fc_err *err)
 {
-    const intn_cfg *cfg = (const intn_cfg *)c->cfg;
+    const fc_intn_cfg *cfg = (const fc_intn_cfg *)c->cfg;
     const int w = (int)cfg->bits;
     const int64_t bs = cfg->block_size, n = c->n, nb = fc_nblocks(n, bs);
     const uint8_t *packed = body + intn_meta_bytes(cfg, n);
@@ -453,7 +446,7 @@ INTN_INLINE uint32_t intn_decode_stretch(const uint8_t *restrict in, int64_t m, 
 INTN_INLINE int intn_decode_w(const fc_chunk *c, const uint8_t *body, float alpha, float *acc,
                                 int w, fc_err *err)
 {
-    const intn_cfg *cfg = (const intn_cfg *)c->cfg;
+    const fc_intn_cfg *cfg = (const fc_intn_cfg *)c->cfg;
     const int64_t bs = cfg->block_size, n = c->n, nb = fc_nblocks(n, bs);
     const uint8_t *packed = body + intn_meta_bytes(cfg, n);
     for (int64_t b = 0; b < nb; b++) {
@@ -475,7 +468,7 @@ INTN_INLINE int intn_decode_w(const fc_chunk *c, const uint8_t *body, float alph
 FC_CLONES static int intn_decode_fast(const fc_chunk *c, const uint8_t *body, float alpha,
                                       float *acc, fc_err *err)
 {
-    const int w = (int)((const intn_cfg *)c->cfg)->bits;
+    const int w = (int)((const fc_intn_cfg *)c->cfg)->bits;
     return w == 2 ? intn_decode_w(c, body, alpha, acc, 2, err)
          : w == 3 ? intn_decode_w(c, body, alpha, acc, 3, err)
                   : intn_decode_w(c, body, alpha, acc, 4, err);
@@ -495,7 +488,7 @@ const fc_method fc_method_intn = {
     .flags = FC_RANDOM | FC_PIECEWISE,
     .summary = "block-wise 2-, 3- or 4-bit integers, packed; absmax scale (bits + 32/block_size) "
                "or min-max (bits + 64/block_size)",
-    .cfg_size = sizeof(intn_cfg),
+    .cfg_size = sizeof(fc_intn_cfg),
     .keys = intn_keys,
     .layout = intn_layout,
     .encode = intn_encode,

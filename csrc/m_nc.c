@@ -9,19 +9,15 @@
 #include "fc_rng_batch.h"
 #include "fc_simd.h"
 
-typedef struct {
-    int64_t block_size;
-} nc_cfg;
-
 static const fc_key nc_keys[] = {
-    FC_INT(nc_cfg, block_size, 256, 8, 1 << 24, FC_KEY_POW2,
+    FC_INT(fc_nc_cfg, block_size, 256, 8, 1 << 24, FC_KEY_POW2,
            "elements sharing one reference exponent; a power of two"),
     FC_KEYS_END,
 };
 
 static void nc_layout(const fc_chunk *c, fc_layout *out)
 {
-    const nc_cfg *cfg = (const nc_cfg *)c->cfg;
+    const fc_nc_cfg *cfg = (const fc_nc_cfg *)c->cfg;
     out->meta_bytes = 4 * fc_nblocks(c->n, cfg->block_size);
     out->value_bytes = c->n;
     out->index_bytes = 0;
@@ -99,7 +95,7 @@ FC_CLONES static int64_t nc_encode_fast(const fc_rng *rng, const float *x, int64
 static int nc_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
 {
     (void)err;
-    const nc_cfg *cfg = (const nc_cfg *)c->cfg;
+    const fc_nc_cfg *cfg = (const fc_nc_cfg *)c->cfg;
     const int64_t bs = cfg->block_size, nb = fc_nblocks(c->n, bs);
     if (!fc_cpu_reference) {
         const int64_t sat = nc_encode_fast(&c->rng, x, c->n, bs, body);
@@ -167,7 +163,7 @@ static int nc_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_by
                          float *acc, fc_err *err)
 {
     (void)body_bytes;
-    const nc_cfg *cfg = (const nc_cfg *)c->cfg;
+    const fc_nc_cfg *cfg = (const fc_nc_cfg *)c->cfg;
     const int64_t bs = cfg->block_size, nb = fc_nblocks(c->n, bs);
     const uint32_t *emaxs = (const uint32_t *)body;
     const uint8_t *codes = body + 4 * nb;
@@ -198,7 +194,7 @@ const fc_method fc_method_nc = {
     .flags = FC_UNBIASED | FC_RANDOM | FC_PIECEWISE,
     .summary = "natural compression: stochastic rounding to a power of two (unbiased); "
                "8 bits + 32/block_size",
-    .cfg_size = sizeof(nc_cfg),
+    .cfg_size = sizeof(fc_nc_cfg),
     .keys = nc_keys,
     .layout = nc_layout,
     .encode = nc_encode,

@@ -3,10 +3,6 @@
 #include "fc_half.h"
 #include "fc_method.h"
 
-typedef struct {
-    int unused;
-} none_cfg;
-
 static const fc_key none_keys[] = {FC_KEYS_END};
 
 static void none_layout(const fc_chunk *c, fc_layout *out)
@@ -68,7 +64,7 @@ const fc_method fc_method_none = {
     .id = 0,
     .flags = FC_UNBIASED | FC_LINEAR | FC_PIECEWISE,
     .summary = "exact: the gradient's own dtype through the compressed path's all-to-all",
-    .cfg_size = sizeof(none_cfg),
+    .cfg_size = sizeof(fc_none_cfg),
     .keys = none_keys,
     .layout = none_layout,
     .encode = none_encode,

@@ -7,19 +7,15 @@
 #include "fc_onebit.h"
 #include "fc_simd.h"
 
-typedef struct {
-    int64_t block_size;
-} onebit_cfg;
-
 static const fc_key onebit_keys[] = {
-    FC_INT(onebit_cfg, block_size, 256, 8, 1 << 24, FC_KEY_POW2,
+    FC_INT(fc_onebit_cfg, block_size, 256, 8, 1 << 24, FC_KEY_POW2,
            "elements per pair of reconstruction values; a power of two"),
     FC_KEYS_END,
 };
 
 static void onebit_layout(const fc_chunk *c, fc_layout *out)
 {
-    const onebit_cfg *cfg = (const onebit_cfg *)c->cfg;
+    const fc_onebit_cfg *cfg = (const fc_onebit_cfg *)c->cfg;
     out->meta_bytes = 8 * fc_nblocks(c->n, cfg->block_size);
     out->value_bytes = (c->n + 7) / 8;
     out->index_bytes = 0;
@@ -154,7 +150,7 @@ __attribute__((target("avx2"))) static void onebit_block_avx2(const float *x, in
 static int onebit_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
 {
     (void)err;
-    const onebit_cfg *cfg = (const onebit_cfg *)c->cfg;
+    const fc_onebit_cfg *cfg = (const fc_onebit_cfg *)c->cfg;
 #ifdef ONEBIT_AVX2
     if (!fc_cpu_reference && __builtin_cpu_supports("avx2")) {
         const int64_t bs = cfg->block_size, nb = fc_nblocks(c->n, bs);
@@ -193,7 +189,7 @@ static int onebit_decode_add(const fc_chunk *c, const uint8_t *body, int64_t bod
 {
     (void)body_bytes;
     (void)err;
-    const onebit_cfg *cfg = (const onebit_cfg *)c->cfg;
+    const fc_onebit_cfg *cfg = (const fc_onebit_cfg *)c->cfg;
     const int64_t bs = cfg->block_size, nb = fc_nblocks(c->n, bs);
     const float *means = (const float *)body;
     const uint8_t *bits = body + 8 * nb;
@@ -218,7 +214,7 @@ const fc_method fc_method_onebit = {
     .flags = FC_EF_DEFAULT | FC_PIECEWISE,
     .summary = "1-bit SGD: sign bit + mean of the positive and of the negative entries per block; "
                "1 bit + 64/block_size",
-    .cfg_size = sizeof(onebit_cfg),
+    .cfg_size = sizeof(fc_onebit_cfg),
     .keys = onebit_keys,
     .layout = onebit_layout,
     .encode = onebit_encode,

@@ -10,20 +10,15 @@
 #include "fc_rng_batch.h"
 #include "fc_simd.h"
 
-typedef struct {
-    int64_t levels;
-    int64_t bucket_size;
-} qsgd_cfg;
-
 static const fc_key qsgd_keys[] = {
-    FC_INT(qsgd_cfg, levels, 15, 1, 32767, 0, "s, the number of positive levels"),
-    FC_INT(qsgd_cfg, bucket_size, 512, 8, 1 << 24, FC_KEY_POW2, "elements per norm; a power of two"),
+    FC_INT(fc_qsgd_cfg, levels, 15, 1, 32767, 0, "s, the number of positive levels"),
+    FC_INT(fc_qsgd_cfg, bucket_size, 512, 8, 1 << 24, FC_KEY_POW2, "elements per norm; a power of two"),
     FC_KEYS_END,
 };
 
 static void qsgd_layout(const fc_chunk *c, fc_layout *out)
 {
-    const qsgd_cfg *cfg = (const qsgd_cfg *)c->cfg;
+    const fc_qsgd_cfg *cfg = (const fc_qsgd_cfg *)c->cfg;
     out->meta_bytes = 4 * fc_nblocks(c->n, cfg->bucket_size);
     out->value_bytes = fc_pack_bytes(c->n, fc_qsgd_width(cfg->levels));
     out->index_bytes = 0;
@@ -277,7 +272,7 @@ FC_CLONES static void qsgd_encode_fast(const fc_rng *rng, const float *x, int64_
 static int qsgd_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
 {
     (void)err;
-    const qsgd_cfg *cfg = (const qsgd_cfg *)c->cfg;
+    const fc_qsgd_cfg *cfg = (const fc_qsgd_cfg *)c->cfg;
     const int w = fc_qsgd_width(cfg->levels);
     const int32_t s = (int32_t)cfg->levels;
     const int64_t bs = cfg->bucket_size, nb = fc_nblocks(c->n, bs);
@@ -495,7 +490,7 @@ static int qsgd_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
                            float *acc, fc_err *err)
 {
     (void)body_bytes;
-    const qsgd_cfg *cfg = (const qsgd_cfg *)c->cfg;
+    const fc_qsgd_cfg *cfg = (const fc_qsgd_cfg *)c->cfg;
     const int w = fc_qsgd_width(cfg->levels);
     const int64_t bs = cfg->bucket_size, nb = fc_nblocks(c->n, bs);
     const uint32_t top = (uint32_t)cfg->levels << 1 | 1u;
@@ -531,7 +526,7 @@ const fc_method fc_method_qsgd = {
     .flags = FC_UNBIASED | FC_RANDOM | FC_PIECEWISE,
     .summary = "QSGD: per-bucket L2 norm, sign + stochastic level per element (unbiased); "
                "1 + ceil(log2(levels + 1)) bits + 32/bucket_size",
-    .cfg_size = sizeof(qsgd_cfg),
+    .cfg_size = sizeof(fc_qsgd_cfg),
     .keys = qsgd_keys,
     .layout = qsgd_layout,
     .encode = qsgd_encode,

@@ -9,32 +9,24 @@
 #include "fc_quant.h"
 #include "fc_sparse.h"
 
-typedef struct {
-    double ratio;
-    int64_t k;
-    int quantize;
-    int scale;
-    fc_vcodec vc;
-} randk_cfg;
-
 static const fc_key randk_keys[] = {
-    FC_FLOAT(randk_cfg, ratio, 0.01, 0.0, 1.0, FC_KEY_OPEN_LO, "fraction of each chunk kept (when k is 0)"),
-    FC_INT(randk_cfg, k, 0, 0, 2147483647.0, 0, "coordinates kept per chunk (0: use ratio)"),
-    FC_CHOICE(randk_cfg, quantize, 0, fc_sparse_quant_names, "codec of the kept values"),
-    FC_BOOL(randk_cfg, scale, 1, "scale the decode by n / k (unbiased)"),
+    FC_FLOAT(fc_randomk_cfg, ratio, 0.01, 0.0, 1.0, FC_KEY_OPEN_LO, "fraction of each chunk kept (when k is 0)"),
+    FC_INT(fc_randomk_cfg, k, 0, 0, 2147483647.0, 0, "coordinates kept per chunk (0: use ratio)"),
+    FC_CHOICE(fc_randomk_cfg, quantize, 0, fc_sparse_quant_names, "codec of the kept values"),
+    FC_BOOL(fc_randomk_cfg, scale, 1, "scale the decode by n / k (unbiased)"),
     FC_KEYS_END,
 };
 
 static int randk_check(void *cfg, fc_err *err)
 {
-    randk_cfg *t = (randk_cfg *)cfg;
+    fc_randomk_cfg *t = (fc_randomk_cfg *)cfg;
     t->vc.quantize = t->quantize;
     return fc_vcodec_init(&t->vc, err);
 }
 
 static int64_t randk_k(const fc_chunk *c)
 {
-    const randk_cfg *cfg = (const randk_cfg *)c->cfg;
+    const fc_randomk_cfg *cfg = (const fc_randomk_cfg *)c->cfg;
     return fc_sparse_k(c->n, cfg->k, cfg->ratio);
 }
 
@@ -56,7 +48,7 @@ static void randk_indices(const fc_chunk *c, int64_t k, uint32_t *idx)
 
 static void randk_layout(const fc_chunk *c, fc_layout *out)
 {
-    const randk_cfg *cfg = (const randk_cfg *)c->cfg;
+    const fc_randomk_cfg *cfg = (const fc_randomk_cfg *)c->cfg;
     const int64_t k = randk_k(c);
     fc_vcodec_layout(&cfg->vc, c, k, out);
     out->index_bytes = 0;
@@ -71,13 +63,13 @@ static size_t randk_scratch(const void *cfg, int64_t n)
 
 static float randk_factor(const fc_chunk *c, int64_t k)
 {
-    const randk_cfg *cfg = (const randk_cfg *)c->cfg;
+    const fc_randomk_cfg *cfg = (const fc_randomk_cfg *)c->cfg;
     return cfg->scale ? (float)((double)c->n / (double)k) : 1.0f;
 }
 
 static int randk_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
 {
-    const randk_cfg *cfg = (const randk_cfg *)c->cfg;
+    const fc_randomk_cfg *cfg = (const fc_randomk_cfg *)c->cfg;
     const int64_t k = randk_k(c);
     uint32_t *idx = (uint32_t *)c->scratch;
     float *vals = (float *)(idx + c->n);
@@ -109,7 +101,7 @@ static int randk_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body
                             float *acc, fc_err *err)
 {
     (void)body_bytes;
-    const randk_cfg *cfg = (const randk_cfg *)c->cfg;
+    const fc_randomk_cfg *cfg = (const fc_randomk_cfg *)c->cfg;
     const int64_t k = randk_k(c);
     float *vals = (float *)((uint32_t *)c->scratch + c->n);
     memset(vals, 0, (size_t)k * 4);
@@ -129,7 +121,7 @@ static int randk_aggregate(const fc_chunk *c, uint8_t *agg, const uint8_t *body,
                            fc_err *err)
 {
     (void)body_bytes;
-    const randk_cfg *cfg = (const randk_cfg *)c->cfg;
+    const fc_randomk_cfg *cfg = (const fc_randomk_cfg *)c->cfg;
     return fc_vcodec_decode_add(&cfg->vc, c, body, randk_k(c), 1.0f, (float *)agg, err);
 }
 
@@ -149,7 +141,7 @@ const fc_method fc_method_randomk = {
     .flags = FC_UNBIASED | FC_LINEAR | FC_RANDOM,
     .summary = "k coordinates from a seed shared by all ranks: values only, summed compressed; "
                "scaled by n/k to be unbiased",
-    .cfg_size = sizeof(randk_cfg),
+    .cfg_size = sizeof(fc_randomk_cfg),
     .keys = randk_keys,
     .check = randk_check,
     .layout = randk_layout,

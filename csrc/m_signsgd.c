@@ -12,27 +12,20 @@
 #include "fc_method.h"
 #include "fc_simd.h"
 
-typedef struct {
-    int mode;
-    int64_t block_size;
-    double scale;
-} sign_cfg;
-
 static const char *const sign_modes[] = {"scaled", "majority", NULL};
-#define MODE_MAJORITY 1
 
 static const fc_key sign_keys[] = {
-    FC_CHOICE(sign_cfg, mode, 0, sign_modes, "scaled: EF-signSGD's L1 scale per block; majority: vote"),
-    FC_INT(sign_cfg, block_size, 256, 8, 1 << 24, FC_KEY_POW2, "elements per L1 scale (scaled mode)"),
-    FC_FLOAT(sign_cfg, scale, 1.0, 0.0, 1e30, FC_KEY_OPEN_LO,
+    FC_CHOICE(fc_signsgd_cfg, mode, 0, sign_modes, "scaled: EF-signSGD's L1 scale per block; majority: vote"),
+    FC_INT(fc_signsgd_cfg, block_size, 256, 8, 1 << 24, FC_KEY_POW2, "elements per L1 scale (scaled mode)"),
+    FC_FLOAT(fc_signsgd_cfg, scale, 1.0, 0.0, 1e30, FC_KEY_OPEN_LO,
              "majority mode: magnitude of the voted result (a learning-rate scale)"),
     FC_KEYS_END,
 };
 
 static int64_t sign_nb(const fc_chunk *c)
 {
-    const sign_cfg *cfg = (const sign_cfg *)c->cfg;
-    return cfg->mode == MODE_MAJORITY ? 0 : fc_nblocks(c->n, cfg->block_size);
+    const fc_signsgd_cfg *cfg = (const fc_signsgd_cfg *)c->cfg;
+    return cfg->mode == FC_SIGN_MAJORITY ? 0 : fc_nblocks(c->n, cfg->block_size);
 }
 
 static void sign_layout(const fc_chunk *c, fc_layout *out)
@@ -75,7 +68,7 @@ FC_CLONES static void sign_encode_fast(const float *x, int64_t n, int64_t nb, in
 static int sign_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
 {
     (void)err;
-    const sign_cfg *cfg = (const sign_cfg *)c->cfg;
+    const fc_signsgd_cfg *cfg = (const fc_signsgd_cfg *)c->cfg;
     const int64_t nb = sign_nb(c), bs = cfg->block_size;
     float *scales = (float *)body;
     if (!fc_cpu_reference) {
@@ -98,13 +91,13 @@ static int sign_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
 {
     (void)body_bytes;
     (void)err;
-    const sign_cfg *cfg = (const sign_cfg *)c->cfg;
+    const fc_signsgd_cfg *cfg = (const fc_signsgd_cfg *)c->cfg;
     const int64_t nb = sign_nb(c), bs = cfg->block_size;
     const float *scales = (const float *)body;
     const uint8_t *bits = body + 4 * nb;
     /* groups of 8 share one byte and, blocks being multiples of 8, one scale */
     for (int64_t g = 0; g < c->n; g += 8) {
-        const float s = alpha * (cfg->mode == MODE_MAJORITY ? (float)cfg->scale : scales[g / bs]);
+        const float s = alpha * (cfg->mode == FC_SIGN_MAJORITY ? (float)cfg->scale : scales[g / bs]);
         const float pm[2] = {s, -s}; /* a table, not a branch: random signs defeat prediction */
         const uint32_t byte = bits[g >> 3];
         const int64_t m = c->n - g < 8 ? c->n - g : 8;
@@ -117,8 +110,8 @@ static int sign_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
 /* majority vote: the aggregate is one int32 vote sum per element */
 static int64_t sign_agg_bytes(const fc_chunk *c)
 {
-    const sign_cfg *cfg = (const sign_cfg *)c->cfg;
-    return cfg->mode == MODE_MAJORITY ? 4 * c->n : 0;
+    const fc_signsgd_cfg *cfg = (const fc_signsgd_cfg *)c->cfg;
+    return cfg->mode == FC_SIGN_MAJORITY ? 4 * c->n : 0;
 }
 
 static int sign_aggregate(const fc_chunk *c, uint8_t *agg, const uint8_t *body, int64_t body_bytes,
@@ -136,7 +129,7 @@ static int sign_decode_agg(const fc_chunk *c, const uint8_t *agg, int senders, f
                            float *acc, fc_err *err)
 {
     (void)err;
-    const sign_cfg *cfg = (const sign_cfg *)c->cfg;
+    const fc_signsgd_cfg *cfg = (const fc_signsgd_cfg *)c->cfg;
     const int32_t *votes = (const int32_t *)agg;
     /* sign(sum) stands for all senders: the average over W then weighs it by senders / W */
     const float s = alpha * (float)cfg->scale * (float)senders;
@@ -148,7 +141,7 @@ static int sign_decode_agg(const fc_chunk *c, const uint8_t *agg, int senders, f
 /* error feedback by default in scaled mode only (see the top of the file) */
 static int sign_ef_default(const void *cfg)
 {
-    return ((const sign_cfg *)cfg)->mode != MODE_MAJORITY;
+    return ((const fc_signsgd_cfg *)cfg)->mode != FC_SIGN_MAJORITY;
 }
 
 const fc_method fc_method_signsgd = {
@@ -157,7 +150,7 @@ const fc_method fc_method_signsgd = {
     .flags = FC_EF_DEFAULT, /* EF-signSGD (Karimireddy et al.), the default mode */
     .summary = "sign bits; scaled (EF-signSGD, L1 scale per block) or majority vote; "
                "1 bit (+ 32/block_size when scaled)",
-    .cfg_size = sizeof(sign_cfg),
+    .cfg_size = sizeof(fc_signsgd_cfg),
     .keys = sign_keys,
     .layout = sign_layout,
     .encode = sign_encode,

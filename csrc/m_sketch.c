@@ -16,25 +16,18 @@
 #include "fc_quant.h"
 #include "fc_select.h"
 
-typedef struct {
-    int64_t rows;
-    int64_t cols;
-    int64_t k;
-    int second_round;
-} sketch_cfg;
-
 static const fc_key sketch_keys[] = {
-    FC_INT(sketch_cfg, rows, 3, 1, 15, 0, "hash rows; the estimate is the median over rows"),
-    FC_INT(sketch_cfg, cols, 4096, 1, 1 << 26, 0, "buckets per row"),
-    FC_INT(sketch_cfg, k, 256, 0, 2147483647.0, 0, "heavy hitters kept per chunk (0: every estimate)"),
-    FC_BOOL(sketch_cfg, second_round, 0,
+    FC_INT(fc_sketch_cfg, rows, 3, 1, 15, 0, "hash rows; the estimate is the median over rows"),
+    FC_INT(fc_sketch_cfg, cols, 4096, 1, 1 << 26, 0, "buckets per row"),
+    FC_INT(fc_sketch_cfg, k, 256, 0, 2147483647.0, 0, "heavy hitters kept per chunk (0: every estimate)"),
+    FC_BOOL(fc_sketch_cfg, second_round, 0,
             "fetch the exact values of the k heavy hitters from every rank (two extra collectives)"),
     FC_KEYS_END,
 };
 
 static int sketch_check(void *cfg, fc_err *err)
 {
-    const sketch_cfg *g = (const sketch_cfg *)cfg;
+    const fc_sketch_cfg *g = (const fc_sketch_cfg *)cfg;
     if (g->second_round && g->k == 0)
         return fc_fail(err, FC_ERR_VALUE, "sketch config key 'k' must be > 0 with 'second_round' "
                        "(k = 0 would fetch every value), got 0");
@@ -43,13 +36,13 @@ static int sketch_check(void *cfg, fc_err *err)
 
 static int64_t sketch_k(const fc_chunk *c)
 {
-    const sketch_cfg *cfg = (const sketch_cfg *)c->cfg;
+    const fc_sketch_cfg *cfg = (const fc_sketch_cfg *)c->cfg;
     return cfg->k == 0 || cfg->k > c->n ? c->n : cfg->k;
 }
 
 static void sketch_layout(const fc_chunk *c, fc_layout *out)
 {
-    const sketch_cfg *cfg = (const sketch_cfg *)c->cfg;
+    const fc_sketch_cfg *cfg = (const fc_sketch_cfg *)c->cfg;
     out->value_bytes = 4 * cfg->rows * cfg->cols;
     out->meta_bytes = 0;
     out->index_bytes = 0;
@@ -71,7 +64,7 @@ static uint32_t row_key(const fc_chunk *c, int64_t j)
 static int sketch_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
 {
     (void)err;
-    const sketch_cfg *cfg = (const sketch_cfg *)c->cfg;
+    const fc_sketch_cfg *cfg = (const fc_sketch_cfg *)c->cfg;
     const int64_t r = cfg->rows, cols = cfg->cols;
     float *t = (float *)body;
     int64_t sat = 0;
@@ -112,7 +105,7 @@ static float median(float *v, int64_t r)
 /* est[i] = the median over rows of coordinate i's estimates in table t */
 static void estimate(const fc_chunk *c, const float *t, float *est)
 {
-    const sketch_cfg *cfg = (const sketch_cfg *)c->cfg;
+    const fc_sketch_cfg *cfg = (const fc_sketch_cfg *)c->cfg;
     const int64_t r = cfg->rows, cols = cfg->cols, n = c->n;
     uint32_t rk[15];
     for (int64_t j = 0; j < r; j++)
@@ -150,14 +143,14 @@ static int sketch_decode_add(const fc_chunk *c, const uint8_t *body, int64_t bod
 {
     (void)body_bytes;
     (void)err;
-    if (((const sketch_cfg *)c->cfg)->second_round)
+    if (((const fc_sketch_cfg *)c->cfg)->second_round)
         return FC_OK; /* the values come from the second round */
     return unsketch(c, (const float *)body, alpha, acc);
 }
 
 static int64_t sketch_fetch_k(const fc_chunk *c)
 {
-    return ((const sketch_cfg *)c->cfg)->second_round ? sketch_k(c) : 0;
+    return ((const fc_sketch_cfg *)c->cfg)->second_round ? sketch_k(c) : 0;
 }
 
 /* The heavy coordinates of the total: the estimates of the senders' sum plus the exact own
@@ -179,7 +172,7 @@ static int sketch_pick(const fc_chunk *c, const uint8_t *agg, const float *own, 
 
 static int64_t sketch_agg_bytes(const fc_chunk *c)
 {
-    const sketch_cfg *cfg = (const sketch_cfg *)c->cfg;
+    const fc_sketch_cfg *cfg = (const fc_sketch_cfg *)c->cfg;
     return 4 * cfg->rows * cfg->cols;
 }
 
@@ -194,7 +187,7 @@ static int sketch_decode_agg(const fc_chunk *c, const uint8_t *agg, int senders,
 /* error feedback by default with the second round only (see the top of the file) */
 static int sketch_ef_default(const void *cfg)
 {
-    return ((const sketch_cfg *)cfg)->second_round;
+    return ((const fc_sketch_cfg *)cfg)->second_round;
 }
 
 const fc_method fc_method_sketch = {
@@ -203,7 +196,7 @@ const fc_method fc_method_sketch = {
     .flags = FC_LINEAR | FC_RANDOM,
     .summary = "count sketch (rows x cols fp32), summed compressed; heavy hitters of the summed "
                "sketch decoded, or with second_round their exact values fetched (Sketched-SGD)",
-    .cfg_size = sizeof(sketch_cfg),
+    .cfg_size = sizeof(fc_sketch_cfg),
     .keys = sketch_keys,
     .check = sketch_check,
     .layout = sketch_layout,

@@ -9,20 +9,12 @@
 #include "fc_quant.h"
 #include "fc_sparse.h"
 
-enum { THRV_EXACT = 0, THRV_SIGN = 1 };
 static const char *const thrv_values[] = {"exact", "sign", NULL};
 
-typedef struct {
-    double threshold;
-    int quantize;
-    int values;
-    fc_vcodec vc;
-} thrv_cfg;
-
 static const fc_key thrv_keys[] = {
-    FC_FLOAT(thrv_cfg, threshold, 1e-3, 0.0, 1e30, 0, "v: elements with |x| > v are sent"),
-    FC_CHOICE(thrv_cfg, quantize, 0, fc_sparse_quant_names, "codec of the kept values"),
-    FC_CHOICE(thrv_cfg, values, THRV_EXACT, thrv_values,
+    FC_FLOAT(fc_thresholdv_cfg, threshold, 1e-3, 0.0, 1e30, 0, "v: elements with |x| > v are sent"),
+    FC_CHOICE(fc_thresholdv_cfg, quantize, 0, fc_sparse_quant_names, "codec of the kept values"),
+    FC_CHOICE(fc_thresholdv_cfg, values, FC_THRV_EXACT, thrv_values,
               "what travels per kept element: its value (exact, through quantize) or its sign "
               "(sign: decodes to +-threshold, Strom)"),
     FC_KEYS_END,
@@ -30,12 +22,12 @@ static const fc_key thrv_keys[] = {
 
 static int thrv_check(void *cfg, fc_err *err)
 {
-    thrv_cfg *t = (thrv_cfg *)cfg;
-    if (t->values == THRV_SIGN && t->quantize != 0)
+    fc_thresholdv_cfg *t = (fc_thresholdv_cfg *)cfg;
+    if (t->values == FC_THRV_SIGN && t->quantize != 0)
         return fc_fail(err, FC_ERR_VALUE, "thresholdv config key 'quantize' must be \"none\" with "
                        "\"values\": \"sign\" (only sign bits travel), got \"%s\"",
                        fc_sparse_quant_names[t->quantize]);
-    if (t->values == THRV_SIGN && !(t->threshold > 0))
+    if (t->values == FC_THRV_SIGN && !(t->threshold > 0))
         return fc_fail(err, FC_ERR_VALUE, "thresholdv config key 'threshold' must be > 0 with "
                        "\"values\": \"sign\" (kept elements decode to +-threshold), got %g",
                        t->threshold);
@@ -45,8 +37,8 @@ static int thrv_check(void *cfg, fc_err *err)
 
 static void layout_k(const fc_chunk *c, int64_t k, fc_layout *out)
 {
-    const thrv_cfg *cfg = (const thrv_cfg *)c->cfg;
-    if (cfg->values == THRV_SIGN) {
+    const fc_thresholdv_cfg *cfg = (const fc_thresholdv_cfg *)c->cfg;
+    if (cfg->values == FC_THRV_SIGN) {
         out->value_bytes = (k + 7) / 8;
         out->meta_bytes = 0;
     } else {
@@ -70,7 +62,7 @@ static size_t thrv_scratch(const void *cfg, int64_t n)
 
 static int thrv_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
 {
-    const thrv_cfg *cfg = (const thrv_cfg *)c->cfg;
+    const fc_thresholdv_cfg *cfg = (const fc_thresholdv_cfg *)c->cfg;
     const int64_t n = c->n;
     const float v = (float)cfg->threshold;
     uint32_t *idx = (uint32_t *)c->scratch;
@@ -87,7 +79,7 @@ static int thrv_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layo
     uint8_t *vb = body + 4 + fc_index_bytes(n, k);
     int rc = FC_OK;
     int64_t sat = 0;
-    if (cfg->values == THRV_SIGN) { /* bit j set: element j is negative (NaN: by its sign bit) */
+    if (cfg->values == FC_THRV_SIGN) { /* bit j set: element j is negative (NaN: by its sign bit) */
         memset(vb, 0, (size_t)(k + 7) / 8);
         for (int64_t j = 0; j < k; j++)
             vb[j >> 3] |= (uint8_t)((fc_f32_bits(vals[j]) >> 31) << (j & 7));
@@ -115,7 +107,7 @@ static int sign_decode_add(const uint8_t *bits, const uint32_t *idx, int64_t k, 
 static int thrv_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_bytes, float alpha,
                            float *acc, fc_err *err)
 {
-    const thrv_cfg *cfg = (const thrv_cfg *)c->cfg;
+    const fc_thresholdv_cfg *cfg = (const fc_thresholdv_cfg *)c->cfg;
     const int64_t n = c->n;
     uint32_t k32;
     if (body_bytes < 4)
@@ -137,7 +129,7 @@ static int thrv_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
     int rc = fc_index_decode(body + 4, n, k, idx, err);
     if (rc != FC_OK)
         return rc;
-    if (cfg->values == THRV_SIGN)
+    if (cfg->values == FC_THRV_SIGN)
         return sign_decode_add(body + 4 + fc_index_bytes(n, k), idx, k, (float)cfg->threshold,
                                alpha, acc, err);
     memset(vals, 0, (size_t)k * 4);
@@ -155,7 +147,7 @@ const fc_method fc_method_thresholdv = {
     .flags = FC_VARSIZE | FC_RANDOM | FC_EF_DEFAULT, /* biased: Strom keeps the rest in a residual */
     .summary = "every |x| > threshold: data-dependent count (sizes exchanged first), indices + "
                "values (fp32 or quantize=fp16/int8/qsgd/nc/intN) or values=sign: 1 bit, +-threshold",
-    .cfg_size = sizeof(thrv_cfg),
+    .cfg_size = sizeof(fc_thresholdv_cfg),
     .keys = thrv_keys,
     .check = thrv_check,
     .layout = thrv_layout,

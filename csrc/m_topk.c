@@ -7,36 +7,29 @@
 #include "fc_select.h"
 #include "fc_sparse.h"
 
-typedef struct {
-    double ratio;
-    int64_t k;
-    int quantize;
-    fc_vcodec vc;
-} topk_cfg;
-
 static const fc_key topk_keys[] = {
-    FC_FLOAT(topk_cfg, ratio, 0.01, 0.0, 1.0, FC_KEY_OPEN_LO, "fraction of each chunk kept (when k is 0)"),
-    FC_INT(topk_cfg, k, 0, 0, 2147483647.0, 0, "coordinates kept per chunk (0: use ratio)"),
-    FC_CHOICE(topk_cfg, quantize, 0, fc_sparse_quant_names, "codec of the kept values"),
+    FC_FLOAT(fc_topk_cfg, ratio, 0.01, 0.0, 1.0, FC_KEY_OPEN_LO, "fraction of each chunk kept (when k is 0)"),
+    FC_INT(fc_topk_cfg, k, 0, 0, 2147483647.0, 0, "coordinates kept per chunk (0: use ratio)"),
+    FC_CHOICE(fc_topk_cfg, quantize, 0, fc_sparse_quant_names, "codec of the kept values"),
     FC_KEYS_END,
 };
 
 static int topk_check(void *cfg, fc_err *err)
 {
-    topk_cfg *t = (topk_cfg *)cfg;
+    fc_topk_cfg *t = (fc_topk_cfg *)cfg;
     t->vc.quantize = t->quantize;
     return fc_vcodec_init(&t->vc, err);
 }
 
 static int64_t topk_k(const fc_chunk *c)
 {
-    const topk_cfg *cfg = (const topk_cfg *)c->cfg;
+    const fc_topk_cfg *cfg = (const fc_topk_cfg *)c->cfg;
     return fc_sparse_k(c->n, cfg->k, cfg->ratio);
 }
 
 static void topk_layout(const fc_chunk *c, fc_layout *out)
 {
-    const topk_cfg *cfg = (const topk_cfg *)c->cfg;
+    const fc_topk_cfg *cfg = (const fc_topk_cfg *)c->cfg;
     const int64_t k = topk_k(c);
     fc_vcodec_layout(&cfg->vc, c, k, out);
     out->index_bytes = fc_index_bytes(c->n, k);
@@ -51,7 +44,7 @@ static size_t topk_scratch(const void *cfg, int64_t n)
 
 static int topk_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
 {
-    const topk_cfg *cfg = (const topk_cfg *)c->cfg;
+    const fc_topk_cfg *cfg = (const fc_topk_cfg *)c->cfg;
     const int64_t k = topk_k(c), n = c->n;
     uint32_t *keys = (uint32_t *)c->scratch, *idx = keys + n;
     float *vals = (float *)(idx + n);
@@ -70,7 +63,7 @@ static int topk_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
                            float *acc, fc_err *err)
 {
     (void)body_bytes;
-    const topk_cfg *cfg = (const topk_cfg *)c->cfg;
+    const fc_topk_cfg *cfg = (const fc_topk_cfg *)c->cfg;
     const int64_t k = topk_k(c), n = c->n;
     uint32_t *idx = (uint32_t *)c->scratch + n;
     float *vals = (float *)(idx + n);
@@ -93,7 +86,7 @@ const fc_method fc_method_topk = {
     .flags = FC_RANDOM | FC_EF_DEFAULT, /* random only through a stochastic value codec */
     .summary = "exact top-k magnitudes per chunk; indices (bitmap/16/32-bit) + values "
                "(fp32 or quantize=fp16/int8/qsgd/nc/intN)",
-    .cfg_size = sizeof(topk_cfg),
+    .cfg_size = sizeof(fc_topk_cfg),
     .keys = topk_keys,
     .check = topk_check,
     .layout = topk_layout,

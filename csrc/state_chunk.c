@@ -6,23 +6,34 @@
 
 #include "fc_cuda_path.h"
 
+/* payload_bytes' and layout's n, at least lo; an int past int64 is refused as too large. */
+static int chunk_numel(StateObject *self, PyObject *arg, long long lo, long long *n)
+{
+    fc_err err = {0};
+    if (!fc_state_ready(self))
+        return -1;
+    *n = PyLong_AsLongLong(arg);
+    if (*n == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -1;
+        PyErr_Clear();
+        *n = LLONG_MAX;
+    }
+    if (fc_check_numel(*n, lo, "n", &err) != FC_OK) {
+        STATE_ERR(self, &err);
+        return -1;
+    }
+    return 0;
+}
+
 FC_DOCSTRING(fc_state_payload_bytes_doc,
 "payload_bytes(n) -> int\n\nBytes of one fp32 chunk of n elements on the wire: header, body and padding.");
 
 PyObject *fc_state_payload_bytes(StateObject *self, PyObject *arg)
 {
-    if (!fc_state_ready(self))
+    long long n;
+    if (chunk_numel(self, arg, 0, &n) < 0)
         return NULL;
-    fc_err err = {0};
-    long long n = PyLong_AsLongLong(arg);
-    if (n == -1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
-            return NULL;
-        PyErr_Clear();
-        n = LLONG_MAX;
-    }
-    if (fc_check_numel(n, 0, "n", &err) != FC_OK)
-        return STATE_ERR(self, &err);
     return PyLong_FromLongLong(fc_payload_bytes(&self->core, self->core.method, n, FC_F32));
 }
 
@@ -32,18 +43,9 @@ FC_DOCSTRING(fc_state_layout_doc,
 
 PyObject *fc_state_layout(StateObject *self, PyObject *arg)
 {
-    if (!fc_state_ready(self))
+    long long n;
+    if (chunk_numel(self, arg, 1, &n) < 0)
         return NULL;
-    fc_err err = {0};
-    long long n = PyLong_AsLongLong(arg);
-    if (n == -1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
-            return NULL;
-        PyErr_Clear();
-        n = LLONG_MAX;
-    }
-    if (fc_check_numel(n, 1, "n", &err) != FC_OK)
-        return STATE_ERR(self, &err);
     fc_chunk c;
     memset(&c, 0, sizeof(c));
     c.cfg = self->core.cfg;

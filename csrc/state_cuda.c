@@ -115,10 +115,8 @@ int fc_state_cuda_extras(StateObject *self, PyObject *like, fc_cuda_call *k, con
     int64_t scratch = 0, fetch = 0, have = 0;
     void *ptr = NULL;
     memset(&k->x, 0, sizeof(k->x));
-    int rc = decode ? fc_cuda_decode_needs(&self->core, k, recv, grad, out, world, rank, unit,
-                                           &scratch, &fetch, err)
-                    : fc_cuda_encode_needs(&self->core, k, grad, world, rank, unit, &scratch,
-                                           &fetch, err);
+    int rc = fc_cuda_unit_needs(&self->core, k, decode, recv, grad, out, world, rank, unit,
+                                &scratch, &fetch, err);
     if (rc == FC_OK && scratch > 0 &&
         (rc = named_buffer(self, "scratch", scratch, like, &ptr, &have, err)) == FC_OK) {
         k->x.scratch = ptr;

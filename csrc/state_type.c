@@ -192,6 +192,13 @@ static PyObject *State_get_wire_config(StateObject *self, void *Py_UNUSED(c))
     return d;
 }
 
+static PyObject *State_get_config_bytes(StateObject *self, void *Py_UNUSED(c))
+{
+    if (!fc_state_ready(self))
+        return NULL;
+    return PyBytes_FromStringAndSize((const char *)self->core.cfg, FC_CFG_MAX);
+}
+
 static PyGetSetDef State_getset[] = {
     {"method", (getter)State_get_method, NULL, "the method's name", NULL},
     {"config", (getter)State_get_config, NULL, "the resolved config (a copy)", NULL},
@@ -203,6 +210,9 @@ static PyGetSetDef State_getset[] = {
      NULL},
     {"wire_config", (getter)State_get_wire_config, NULL,
      "the config keys that decide the wire, as the ranks compare them (a new dict)", NULL},
+    {"_config_bytes", (getter)State_get_config_bytes, NULL,
+     "the method's parsed config struct (csrc/fc_cfg.h) as the CUDA library receives it (tests)",
+     NULL},
     {NULL},
 };
 

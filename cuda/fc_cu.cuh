@@ -258,13 +258,11 @@ typedef struct {
                    fc_err *err);
 } fc_cu_method;
 
-// A config value by key name; `def` when the key is absent.
-static inline double fc_cu_cfg(const fc_cuda_method_cfg *m, const char *name, double def)
+// The method's parsed config as its fc_cfg.h struct (the C side's bytes as they are).
+template <class T> static inline const T *fc_cu_cfg_of(const fc_cuda_method_cfg *m)
 {
-    for (int i = 0; i < m->n_cfg; i++)
-        if (strcmp(m->cfg[i].name, name) == 0)
-            return m->cfg[i].value;
-    return def;
+    static_assert(sizeof(T) <= FC_CFG_MAX, "a method's config fits fc_cuda_method_cfg");
+    return reinterpret_cast<const T *>(m->cfg);
 }
 
 // Grid over (blocks of one chunk, chunks): y is the chunk, as W never exceeds 65535.
@@ -295,12 +293,34 @@ __device__ __forceinline__ void fc_cu_store_out(void *out, int odt, int64_t i, f
         ((uint16_t *)out)[i] = odt == FC_CU_BF16 ? fc_f32_to_bf16(v) : fc_f32_to_f16(v);
 }
 
+// FSDP's padded tail of a decode's output: element i past the own chunk's n is zeroed (true).
+__device__ __forceinline__ bool fc_cu_out_tail(void *out, int odt, int64_t i, int64_t n)
+{
+    if (i < n)
+        return false;
+    if (odt == FC_CU_F32)
+        ((float *)out)[i] = 0.0f;
+    else
+        ((uint16_t *)out)[i] = 0;
+    return true;
+}
+
 // The own chunk's element as the CPU's fc_core_add_own adds it: a NaN/Inf is 0 in "zero" mode,
 // else passed on, a NaN as the canonical one.
 __device__ __forceinline__ float fc_cu_own(const fc_cu_dec &d, int64_t i)
 {
     const float g = fc_cu_load(d.grad, d.gdt, i);
     return fc_abs_bits(g) < FC_INF_BITS ? g : d.zero_nonfinite ? 0.0f : fc_canon_nan(g);
+}
+
+// The first term of a decode's sum at own element i: the exact own chunk when it was kept
+// exact (0 + its value, as the CPU's accumulator adds it to zeros), else 0.
+__device__ __forceinline__ float fc_cu_own_first(const fc_cu_dec &d, int64_t i)
+{
+    float acc = 0.0f;
+    if (d.geo.skip_own)
+        acc += fc_cu_own(d, i);
+    return acc;
 }
 
 // Whether this decode's sum passes NaN/Inf to the output (ws->passed: the own chunk in "pass"
@@ -334,13 +354,8 @@ template <class V> __global__ void fc_cu_decode_dense(fc_cu_dec d, V v)
     }
     const int passed = d.ws->passed != 0; // set by check_headers and own_nonfinite, earlier
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
-        if (i >= n) { // FSDP's padded tail of the output
-            if (d.odt == FC_CU_F32)
-                ((float *)d.out)[i] = 0.0f;
-            else
-                ((uint16_t *)d.out)[i] = 0;
+        if (fc_cu_out_tail(d.out, d.odt, i, n)) // FSDP's padded tail
             continue;
-        }
         float acc = 0.0f;
         int poison = 0; // a rejected payload or an impossible code: NaN, never hidden or saturated
         for (int r = 0; r < d.geo.world; r++) {

@@ -88,22 +88,22 @@ error:
 
 static int none_encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
 {
-    return cast_launch_encode(e, none_code{a->grad_dtype}, s, err);
+    return cast_launch_encode(e, none_code{a->h.grad_dtype}, s, err);
 }
 
 static int none_decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
 {
-    return fc_cu_launch_decode_dense(d, none_code{a->grad_dtype}, s, err);
+    return fc_cu_launch_decode_dense(d, none_code{a->h.grad_dtype}, s, err);
 }
 
 static int fp16_encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
 {
-    return cast_launch_encode(e, fc_cu_make_fp16(a->geo.world), s, err);
+    return cast_launch_encode(e, fc_cu_make_fp16(a->h.geo.world), s, err);
 }
 
 static int fp16_decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
 {
-    return fc_cu_launch_decode_dense(d, fc_cu_make_fp16(a->geo.world), s, err);
+    return fc_cu_launch_decode_dense(d, fc_cu_make_fp16(a->h.geo.world), s, err);
 }
 
 static int bf16_encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)

@@ -82,7 +82,7 @@ static int fc_cu_launch_decode_codec(const fc_cuda_decode_args *a, const fc_cu_d
                                      cudaStream_t s, fc_err *err)
 {
     int64_t start, n;
-    fc_cu_span(a->geo, a->geo.rank, &start, &n); // every payload received is of the own chunk
+    fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n); // every payload received is of the own chunk
     fc_cu_checked<typename C::dec> v;
     v.d = codec.at(n);
     v.recv = d->recv;

@@ -181,7 +181,7 @@ static int check_scratch(const fc_cu_method *m, const fc_cuda_encode_args *enc,
                          const fc_cuda_decode_args *dec, fc_err *err)
 {
     int64_t need = 0;
-    const fc_cuda_extra *x = enc != NULL ? &enc->x : &dec->x;
+    const fc_cuda_extra *x = enc != NULL ? &enc->h.x : &dec->h.x;
     int rc = m->scratch != NULL ? m->scratch(enc, dec, &need, err) : FC_OK;
     if (rc == FC_OK && need > 0 && (x->scratch == NULL || x->scratch_bytes < need))
         rc = fc_fail(err, FC_ERR_STATE, "internal: the single-payload call needs %lld bytes of CUDA "
@@ -194,22 +194,22 @@ static fc_cu_enc enc_of(const fc_cuda_encode_args *a)
 {
     fc_cu_enc e;
     memset(&e, 0, sizeof(e));
-    e.geo = a->geo;
-    e.src.grad = a->grad;
+    e.geo = a->h.geo;
+    e.src.grad = a->h.grad;
     e.src.res = a->residual;
-    e.src.gdt = a->grad_dtype;
+    e.src.gdt = a->h.grad_dtype;
     e.src.rdt = a->res_dtype;
     e.res = a->residual;
     e.rdt = a->res_dtype;
     e.send = a->send;
-    e.bad = a->ws->bad;
-    e.ws = a->ws;
+    e.bad = a->h.ws->bad;
+    e.ws = a->h.ws;
     e.unit_slot = -1;
-    e.rng.key0 = (uint32_t)a->seed;
-    e.rng.key1 = (uint32_t)(a->seed >> 32);
-    e.rng.chunk = a->chunk_base;
-    e.rng.unit = a->unit;
-    e.rng.step = a->step;
+    e.rng.key0 = (uint32_t)a->h.seed;
+    e.rng.key1 = (uint32_t)(a->h.seed >> 32);
+    e.rng.chunk = a->h.chunk_base;
+    e.rng.unit = a->h.unit;
+    e.rng.step = a->h.step;
     return e;
 }
 
@@ -217,17 +217,17 @@ static fc_cu_dec dec_of(const fc_cuda_decode_args *a)
 {
     fc_cu_dec d;
     memset(&d, 0, sizeof(d));
-    d.geo = a->geo;
+    d.geo = a->h.geo;
     d.recv = a->recv;
     d.slot = a->slot;
-    d.grad = a->grad;
-    d.gdt = a->grad_dtype;
+    d.grad = a->h.grad;
+    d.gdt = a->h.grad_dtype;
     d.out = a->out;
     d.odt = a->out_dtype;
     d.out_numel = a->out_numel;
-    d.bad = a->ws->bad;
-    d.ws = a->ws;
-    d.zero_nonfinite = a->nonfinite_zero;
+    d.bad = a->h.ws->bad;
+    d.ws = a->h.ws;
+    d.zero_nonfinite = a->h.nonfinite_zero;
     return d;
 }
 
@@ -243,41 +243,41 @@ static int encode(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, fc_err *err)
     int rc = FC_OK;
     fc_cu_device_guard dg = {0, 0};
     fc_cu_timer *t = NULL;
-    const cudaStream_t s = (cudaStream_t)a->stream;
-    const fc_cu_method *m = fc_cu_method_by_id(a->m.id);
-    FC_TRY(check_call(m, a->m.id, &a->geo, err));
-    if (a->geo.numel == 0)
+    const cudaStream_t s = (cudaStream_t)a->h.stream;
+    const fc_cu_method *m = fc_cu_method_by_id(a->h.m.id);
+    FC_TRY(check_call(m, a->h.m.id, &a->h.geo, err));
+    if (a->h.geo.numel == 0)
         return FC_OK;
-    FC_TRY(fc_cu_device_enter(&dg, a->device, err));
+    FC_TRY(fc_cu_device_enter(&dg, a->h.device, err));
     t = fc_cu_timer_start(ctx, FC_TIME_COMPRESS, s);
     {
         fc_cu_enc e = enc_of(a);
-        e.unit_slot = a->residual != NULL && a->unit < FC_CUDA_MAX_UNITS ? (int)a->unit : -1;
+        e.unit_slot = a->residual != NULL && a->h.unit < FC_CUDA_MAX_UNITS ? (int)a->h.unit : -1;
         e.sample = a->sample;
-        FC_CHECK_CUDA(cudaMemsetAsync(a->ws->bad, 0, sizeof(unsigned int) * (size_t)a->geo.world, s),
+        FC_CHECK_CUDA(cudaMemsetAsync(a->h.ws->bad, 0, sizeof(unsigned int) * (size_t)a->h.geo.world, s),
                       err, error);
         if (e.unit_slot >= 0)
-            FC_CHECK_CUDA(cudaMemsetAsync(&a->ws->unit_sq[e.unit_slot], 0, sizeof(double), s), err, error);
-        e.src.zero_nonfinite = a->nonfinite_zero;
-        count_nonfinite<<<fc_cu_grid(a->geo.per, FC_CU_THREADS * 8, a->geo.world), FC_CU_THREADS, 0, s>>>(
-            a->geo, e.src, 1, a->ws);
+            FC_CHECK_CUDA(cudaMemsetAsync(&a->h.ws->unit_sq[e.unit_slot], 0, sizeof(double), s), err, error);
+        e.src.zero_nonfinite = a->h.nonfinite_zero;
+        count_nonfinite<<<fc_cu_grid(a->h.geo.per, FC_CU_THREADS * 8, a->h.geo.world), FC_CU_THREADS, 0, s>>>(
+            a->h.geo, e.src, 1, a->h.ws);
         FC_CHECK_LAUNCH(err, error);
         if (a->sample) {
-            pick_sample<<<1, 1, 0, s>>>(a->geo, a->nonfinite_zero, a->ws);
+            pick_sample<<<1, 1, 0, s>>>(a->h.geo, a->h.nonfinite_zero, a->h.ws);
             FC_CHECK_LAUNCH(err, error);
         }
-        write_headers<<<a->geo.world, 32, 0, s>>>(a->geo, a->send, a->m.id, a->grad_dtype, a->unit,
-                                                  a->step, a->fingerprint, a->nonfinite_zero, a->ws);
+        write_headers<<<a->h.geo.world, 32, 0, s>>>(a->h.geo, a->send, a->h.m.id, a->h.grad_dtype, a->h.unit,
+                                                  a->h.step, a->h.fingerprint, a->h.nonfinite_zero, a->h.ws);
         FC_CHECK_LAUNCH(err, error);
         FC_TRY(m->encode(a, &e, s, err));
         if (a->sample) {
-            finish_sample<<<1, 1, 0, s>>>(a->ws, a->residual != NULL);
+            finish_sample<<<1, 1, 0, s>>>(a->h.ws, a->residual != NULL);
             FC_CHECK_LAUNCH(err, error);
         }
     }
     fc_cu_timer_stop(t, s);
     t = NULL;
-    note_stream(ctx, s, a->device);
+    note_stream(ctx, s, a->h.device);
 error:
     if (t != NULL)
         fc_cu_timer_stop(t, s);
@@ -290,37 +290,37 @@ static int decode(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *err)
     int rc = FC_OK;
     fc_cu_device_guard dg = {0, 0};
     fc_cu_timer *t = NULL;
-    const cudaStream_t s = (cudaStream_t)a->stream;
-    const fc_cu_method *m = fc_cu_method_by_id(a->m.id);
-    FC_TRY(check_call(m, a->m.id, &a->geo, err));
+    const cudaStream_t s = (cudaStream_t)a->h.stream;
+    const fc_cu_method *m = fc_cu_method_by_id(a->h.m.id);
+    FC_TRY(check_call(m, a->h.m.id, &a->h.geo, err));
     if (a->out_numel == 0)
         return FC_OK;
-    FC_TRY(fc_cu_device_enter(&dg, a->device, err));
+    FC_TRY(fc_cu_device_enter(&dg, a->h.device, err));
     t = fc_cu_timer_start(ctx, FC_TIME_DECOMPRESS, s);
     {
         fc_cu_dec d = dec_of(a);
-        FC_CHECK_CUDA(cudaMemsetAsync(a->ws->bad, 0, sizeof(unsigned int) * (size_t)a->geo.world, s),
+        FC_CHECK_CUDA(cudaMemsetAsync(a->h.ws->bad, 0, sizeof(unsigned int) * (size_t)a->h.geo.world, s),
                       err, error);
-        FC_CHECK_CUDA(cudaMemsetAsync(&a->ws->passed, 0, sizeof(unsigned int), s), err, error);
+        FC_CHECK_CUDA(cudaMemsetAsync(&a->h.ws->passed, 0, sizeof(unsigned int), s), err, error);
         int64_t start, n;
-        fc_cu_span(a->geo, a->geo.rank, &start, &n);
-        if (n > 0 && a->geo.skip_own) {
+        fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
+        if (n > 0 && a->h.geo.skip_own) {
             own_nonfinite<<<fc_cu_grid(n, FC_CU_THREADS * 8, 1), FC_CU_THREADS, 0, s>>>(
-                a->geo, a->grad, a->grad_dtype, a->nonfinite_zero, a->ws);
+                a->h.geo, a->h.grad, a->h.grad_dtype, a->h.nonfinite_zero, a->h.ws);
             FC_CHECK_LAUNCH(err, error);
         }
         if (n > 0 && a->slot > 0) {
-            int threads = a->geo.world < 256 ? 32 * ((a->geo.world + 31) / 32) : 256;
-            check_headers<<<1, threads, 0, s>>>(a->geo, a->recv, a->slot, a->geo.world, a->m.id,
-                                                a->grad_dtype, a->varsize, a->unit, a->step,
-                                                a->fingerprint, a->ws);
+            int threads = a->h.geo.world < 256 ? 32 * ((a->h.geo.world + 31) / 32) : 256;
+            check_headers<<<1, threads, 0, s>>>(a->h.geo, a->recv, a->slot, a->h.geo.world, a->h.m.id,
+                                                a->h.grad_dtype, a->h.varsize, a->h.unit, a->h.step,
+                                                a->h.fingerprint, a->h.ws);
             FC_CHECK_LAUNCH(err, error);
         }
         FC_TRY(m->decode(a, &d, s, err));
     }
     fc_cu_timer_stop(t, s);
     t = NULL;
-    note_stream(ctx, s, a->device);
+    note_stream(ctx, s, a->h.device);
 error:
     if (t != NULL)
         fc_cu_timer_stop(t, s);
@@ -337,43 +337,43 @@ static int compress(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *wri
     int rc = FC_OK;
     fc_cu_device_guard dg = {0, 0};
     fc_cu_timer *t = NULL;
-    const cudaStream_t s = (cudaStream_t)a->stream;
-    const fc_cu_method *m = fc_cu_method_by_id(a->m.id);
+    const cudaStream_t s = (cudaStream_t)a->h.stream;
+    const fc_cu_method *m = fc_cu_method_by_id(a->h.m.id);
     *written = 0;
-    FC_TRY(check_call(m, a->m.id, &a->geo, err));
-    if (a->geo.numel < 1 || a->geo.per != a->geo.numel || a->geo.skip_own || a->residual != NULL ||
+    FC_TRY(check_call(m, a->h.m.id, &a->h.geo, err));
+    if (a->h.geo.numel < 1 || a->h.geo.per != a->h.geo.numel || a->h.geo.skip_own || a->residual != NULL ||
         a->sample)
         return fc_fail(err, FC_ERR_STATE, "internal: compress() takes a one-chunk geometry without "
                        "residual or sample");
-    FC_TRY(fc_cu_device_enter(&dg, a->device, err));
+    FC_TRY(fc_cu_device_enter(&dg, a->h.device, err));
     FC_TRY(check_scratch(m, a, NULL, err));
     t = fc_cu_timer_start(ctx, FC_TIME_COMPRESS, s);
     {
         fc_cu_enc e = enc_of(a);
         e.single = 1;
-        FC_CHECK_CUDA(cudaMemsetAsync(a->ws->bad, 0, sizeof(unsigned int) * (size_t)a->geo.world, s),
+        FC_CHECK_CUDA(cudaMemsetAsync(a->h.ws->bad, 0, sizeof(unsigned int) * (size_t)a->h.geo.world, s),
                       err, error);
         // NaN/Inf of x go on the wire (canonical, flagged in the header) and are not counted
-        count_nonfinite<<<fc_cu_grid(a->geo.per, FC_CU_THREADS * 8, a->geo.world), FC_CU_THREADS, 0, s>>>(
-            a->geo, e.src, 0, a->ws);
+        count_nonfinite<<<fc_cu_grid(a->h.geo.per, FC_CU_THREADS * 8, a->h.geo.world), FC_CU_THREADS, 0, s>>>(
+            a->h.geo, e.src, 0, a->h.ws);
         FC_CHECK_LAUNCH(err, error);
-        write_headers<<<a->geo.world, 32, 0, s>>>(a->geo, a->send, a->m.id, a->grad_dtype, a->unit,
-                                                  a->step, a->fingerprint, 0, a->ws);
+        write_headers<<<a->h.geo.world, 32, 0, s>>>(a->h.geo, a->send, a->h.m.id, a->h.grad_dtype, a->h.unit,
+                                                  a->h.step, a->h.fingerprint, 0, a->h.ws);
         FC_CHECK_LAUNCH(err, error);
         FC_TRY(m->encode(a, &e, s, err));
     }
     fc_cu_timer_stop(t, s);
     t = NULL;
-    note_stream(ctx, s, a->device);
-    *written = a->geo.pay_full;
-    if (a->varsize) { // how long the body came out is in the header the encode wrote
+    note_stream(ctx, s, a->h.device);
+    *written = a->h.geo.pay_full;
+    if (a->h.varsize) { // how long the body came out is in the header the encode wrote
         fc_header h;
         FC_CHECK_CUDA(cudaMemcpyAsync(&h, a->send, sizeof(h), cudaMemcpyDeviceToHost, s), err, error);
         FC_CHECK_CUDA(cudaStreamSynchronize(s), err, error);
-        if (fc_header_body(&h) > (uint64_t)(a->geo.pay_full - FC_HEADER_BYTES)) {
+        if (fc_header_body(&h) > (uint64_t)(a->h.geo.pay_full - FC_HEADER_BYTES)) {
             rc = fc_fail(err, FC_ERR_STATE, "internal: the encode wrote a %llu-byte body, its "
                          "layout allows %lld", (unsigned long long)fc_header_body(&h),
-                         (long long)(a->geo.pay_full - FC_HEADER_BYTES));
+                         (long long)(a->h.geo.pay_full - FC_HEADER_BYTES));
             goto error;
         }
         *written = fc_align_up(FC_HEADER_BYTES + (int64_t)fc_header_body(&h));
@@ -394,33 +394,33 @@ static int decompress(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *er
     int rc = FC_OK;
     fc_cu_device_guard dg = {0, 0};
     fc_cu_timer *t = NULL;
-    const cudaStream_t s = (cudaStream_t)a->stream;
-    const fc_cu_method *m = fc_cu_method_by_id(a->m.id);
-    FC_TRY(check_call(m, a->m.id, &a->geo, err));
-    if (a->out_numel < 1 || a->geo.numel != a->out_numel || a->geo.per != a->geo.numel ||
-        a->geo.rank != 0 || a->geo.skip_own || a->out_dtype != FC_CU_F32 || a->slot < FC_HEADER_BYTES)
+    const cudaStream_t s = (cudaStream_t)a->h.stream;
+    const fc_cu_method *m = fc_cu_method_by_id(a->h.m.id);
+    FC_TRY(check_call(m, a->h.m.id, &a->h.geo, err));
+    if (a->out_numel < 1 || a->h.geo.numel != a->out_numel || a->h.geo.per != a->h.geo.numel ||
+        a->h.geo.rank != 0 || a->h.geo.skip_own || a->out_dtype != FC_CU_F32 || a->slot < FC_HEADER_BYTES)
         return fc_fail(err, FC_ERR_STATE, "internal: decompress() takes a one-chunk geometry, an "
                        "fp32 output of its length and a slot of at least a header");
-    FC_TRY(fc_cu_device_enter(&dg, a->device, err));
+    FC_TRY(fc_cu_device_enter(&dg, a->h.device, err));
     FC_TRY(check_scratch(m, NULL, a, err));
     t = fc_cu_timer_start(ctx, FC_TIME_DECOMPRESS, s);
     {
         fc_cu_dec d = dec_of(a);
         d.add = 1;
         d.alpha = a->alpha;
-        FC_CHECK_CUDA(cudaMemsetAsync(a->ws->bad, 0, sizeof(unsigned int), s), err, error);
+        FC_CHECK_CUDA(cudaMemsetAsync(a->h.ws->bad, 0, sizeof(unsigned int), s), err, error);
         // a data-dependent method walks its headers itself (its payload may be `none`'s, as the
         // CPU's payload_method allows), as in the collective's decode
-        if (!a->varsize) {
-            check_headers<<<1, 32, 0, s>>>(a->geo, a->recv, a->slot, 1, a->m.id, a->grad_dtype,
-                                           a->varsize, a->unit, a->step, a->fingerprint, a->ws);
+        if (!a->h.varsize) {
+            check_headers<<<1, 32, 0, s>>>(a->h.geo, a->recv, a->slot, 1, a->h.m.id, a->h.grad_dtype,
+                                           a->h.varsize, a->h.unit, a->h.step, a->h.fingerprint, a->h.ws);
             FC_CHECK_LAUNCH(err, error);
         }
         FC_TRY(m->decode(a, &d, s, err));
     }
     fc_cu_timer_stop(t, s);
     t = NULL;
-    note_stream(ctx, s, a->device);
+    note_stream(ctx, s, a->h.device);
 error:
     if (t != NULL)
         fc_cu_timer_stop(t, s);

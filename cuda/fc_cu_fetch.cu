@@ -33,11 +33,11 @@ __device__ __forceinline__ void owner_span(const fc_cuda_fetch_args &a, int c, i
 {
     int64_t at = 0, start, n;
     for (int q = 0; q < c; q++) {
-        fc_cu_span(a.geo, q, &start, &n);
-        at += fetch_sends(a.geo, a.geo.rank, q) ? (n < a.kmax ? n : a.kmax) : 0;
+        fc_cu_span(a.h.geo, q, &start, &n);
+        at += fetch_sends(a.h.geo, a.h.geo.rank, q) ? (n < a.kmax ? n : a.kmax) : 0;
     }
-    fc_cu_span(a.geo, c, &start, &n);
-    *k = fetch_sends(a.geo, a.geo.rank, c) ? (n < a.kmax ? n : a.kmax) : 0;
+    fc_cu_span(a.h.geo, c, &start, &n);
+    *k = fetch_sends(a.h.geo, a.h.geo.rank, c) ? (n < a.kmax ? n : a.kmax) : 0;
     *off = at;
 }
 
@@ -48,12 +48,12 @@ __global__ void fetch_check(fc_cuda_fetch_args a)
     const int c = blockIdx.y;
     int64_t k, off, start, n;
     owner_span(a, c, &k, &off);
-    fc_cu_span(a.geo, c, &start, &n);
+    fc_cu_span(a.h.geo, c, &start, &n);
     const uint32_t *p = a.all_picks + (int64_t)c * a.kmax;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < k; j += stride)
         if ((int64_t)p[j] >= n || (j > 0 && p[j] <= p[j - 1]))
-            fc_cu_reject(a.ws, a.ws->bad, c, FC_PAYLOAD_PICKS, a.unit, 0);
+            fc_cu_reject(a.h.ws, a.h.ws->bad, c, FC_PAYLOAD_PICKS, a.h.unit, 0);
 }
 
 // This rank's values at owner c's picks, as fc_fetch.c's: the residual there (round 1 left
@@ -65,9 +65,9 @@ __global__ void fetch_values(fc_cuda_fetch_args a)
     const int c = blockIdx.y;
     int64_t k, off, start, n;
     owner_span(a, c, &k, &off);
-    fc_cu_span(a.geo, c, &start, &n);
+    fc_cu_span(a.h.geo, c, &start, &n);
     const uint32_t *p = a.all_picks + (int64_t)c * a.kmax;
-    const int rejected = a.ws->bad[c] != 0;
+    const int rejected = a.h.ws->bad[c] != 0;
     double taken = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < k; j += stride) {
@@ -76,7 +76,7 @@ __global__ void fetch_values(fc_cuda_fetch_args a)
             v = fc_cu_poison();
         } else {
             const int64_t i = start + p[j];
-            const float g = fc_cu_load(a.grad, a.grad_dtype, i);
+            const float g = fc_cu_load(a.h.grad, a.h.grad_dtype, i);
             if (a.residual != NULL) {
                 int64_t unused = 0;
                 v = fc_cu_load(a.residual, a.res_dtype, i);
@@ -85,23 +85,23 @@ __global__ void fetch_values(fc_cuda_fetch_args a)
             } else {
                 v = g;
             }
-            if (!(fc_abs_bits(g) < FC_INF_BITS) && (!a.nonfinite_zero || a.residual == NULL))
-                v = a.nonfinite_zero ? 0.0f : fc_canon_nan(g);
+            if (!(fc_abs_bits(g) < FC_INF_BITS) && (!a.h.nonfinite_zero || a.residual == NULL))
+                v = a.h.nonfinite_zero ? 0.0f : fc_canon_nan(g);
         }
         a.values[off + j] = v;
     }
     taken = fc_cu_warp_sum(taken);
     if ((threadIdx.x & 31) == 0 && taken != 0)
-        atomicAdd(fetch_taken(a.fetch), taken);
+        atomicAdd(fetch_taken(a.h.x.fetch), taken);
 }
 
 // ||e||^2 of the unit loses what was taken (never below 0), as fc_fetch.c's.
 __global__ void fetch_residual_sq(fc_cuda_fetch_args a)
 {
-    double *t = fetch_taken(a.fetch);
-    if (a.unit < FC_CUDA_MAX_UNITS) {
-        const double e = a.ws->unit_sq[a.unit] - *t;
-        a.ws->unit_sq[a.unit] = e > 0 ? e : 0;
+    double *t = fetch_taken(a.h.x.fetch);
+    if (a.h.unit < FC_CUDA_MAX_UNITS) {
+        const double e = a.h.ws->unit_sq[a.h.unit] - *t;
+        a.h.ws->unit_sq[a.h.unit] = e > 0 ? e : 0;
     }
     *t = 0;
 }
@@ -111,50 +111,45 @@ __global__ void fetch_residual_sq(fc_cuda_fetch_args a)
 __global__ void finish_passed(fc_cuda_fetch_args a, int64_t values)
 {
     int64_t start, n;
-    fc_cu_span(a.geo, a.geo.rank, &start, &n);
+    fc_cu_span(a.h.geo, a.h.geo.rank, &start, &n);
     int bad = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     const int64_t t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (a.geo.skip_own && !a.nonfinite_zero)
+    if (a.h.geo.skip_own && !a.h.nonfinite_zero)
         for (int64_t i = t0; i < n && !bad; i += stride)
-            bad = !(fc_abs_bits(fc_cu_load(a.grad, a.grad_dtype, start + i)) < FC_INF_BITS);
+            bad = !(fc_abs_bits(fc_cu_load(a.h.grad, a.h.grad_dtype, start + i)) < FC_INF_BITS);
     for (int64_t j = t0; j < values && !bad; j += stride)
         bad = !(fc_abs_bits(a.values[j]) < FC_INF_BITS);
     if (bad)
-        a.ws->passed = 1;
+        a.h.ws->passed = 1;
 }
 
 // The own chunk's element as fc_core_add_own adds it (0 in "zero" mode for a NaN/Inf).
 __device__ __forceinline__ float fetch_own(const fc_cuda_fetch_args &a, int64_t i)
 {
-    const float g = fc_cu_load(a.grad, a.grad_dtype, i);
-    return fc_abs_bits(g) < FC_INF_BITS ? g : a.nonfinite_zero ? 0.0f : fc_canon_nan(g);
+    const float g = fc_cu_load(a.h.grad, a.h.grad_dtype, i);
+    return fc_abs_bits(g) < FC_INF_BITS ? g : a.h.nonfinite_zero ? 0.0f : fc_canon_nan(g);
 }
 
 // out = (0 + own) / W everywhere first (own: when the own chunk was not sent), then the picks.
 __global__ void finish_dense(fc_cuda_fetch_args a)
 {
     int64_t start, n;
-    fc_cu_span(a.geo, a.geo.rank, &start, &n);
-    const float w = (float)a.geo.world;
-    const int passed = a.ws->passed != 0;
+    fc_cu_span(a.h.geo, a.h.geo.rank, &start, &n);
+    const float w = (float)a.h.geo.world;
+    const int passed = a.h.ws->passed != 0;
     int64_t nonfinite = 0, sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.out_numel; i += stride) {
-        if (i >= n) { // FSDP's padded tail of the output
-            if (a.out_dtype == FC_CU_F32)
-                ((float *)a.out)[i] = 0.0f;
-            else
-                ((uint16_t *)a.out)[i] = 0;
+        if (fc_cu_out_tail(a.out, a.out_dtype, i, n)) // FSDP's padded tail
             continue;
-        }
         float acc = 0.0f;
-        if (a.geo.skip_own)
+        if (a.h.geo.skip_own)
             acc += fetch_own(a, start + i);
         fc_cu_store_out(a.out, a.out_dtype, i, acc / w, passed, &nonfinite, &sat);
     }
-    fc_cu_count(&a.ws->nonfinite_out, nonfinite);
-    fc_cu_count(&a.ws->saturated, sat);
+    fc_cu_count(&a.h.ws->nonfinite_out, nonfinite);
+    fc_cu_count(&a.h.ws->saturated, sat);
 }
 
 // At each pick the senders' values and the own chunk, in rank order (fc_fetch.c's sum); the
@@ -162,10 +157,10 @@ __global__ void finish_dense(fc_cuda_fetch_args a)
 __global__ void finish_picks(fc_cuda_fetch_args a)
 {
     int64_t start, n;
-    fc_cu_span(a.geo, a.geo.rank, &start, &n);
-    const uint32_t *picks = fetch_own_picks(a.fetch);
-    const float w = (float)a.geo.world;
-    const int passed = a.ws->passed != 0;
+    fc_cu_span(a.h.geo, a.h.geo.rank, &start, &n);
+    const uint32_t *picks = fetch_own_picks(a.h.x.fetch);
+    const float w = (float)a.h.geo.world;
+    const int passed = a.h.ws->passed != 0;
     int64_t was = 0, now = 0, was_sat = 0, now_sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < a.n_picks; j += stride) {
@@ -173,22 +168,22 @@ __global__ void finish_picks(fc_cuda_fetch_args a)
         const float own = fetch_own(a, start + i);
         float acc = 0.0f, before = 0.0f;
         int64_t at = 0;
-        for (int r = 0; r < a.geo.world; r++) {
-            if (!fetch_sends(a.geo, r, a.geo.rank)) {
+        for (int r = 0; r < a.h.geo.world; r++) {
+            if (!fetch_sends(a.h.geo, r, a.h.geo.rank)) {
                 acc += own;
                 continue;
             }
             acc += a.values[at + j];
             at += a.n_picks;
         }
-        if (a.geo.skip_own)
+        if (a.h.geo.skip_own)
             before += own;
         fc_cu_store_out(a.out, a.out_dtype, i, before / w, passed, &was, &was_sat); // finish_dense's
         fc_cu_store_out(a.out, a.out_dtype, i, acc / w, passed, &now, &now_sat);
     }
     // the counts move by now - was (negative where fewer: the unsigned add wraps, a subtraction)
-    fc_cu_count(&a.ws->nonfinite_out, now - was);
-    fc_cu_count(&a.ws->saturated, now_sat - was_sat);
+    fc_cu_count(&a.h.ws->nonfinite_out, now - was);
+    fc_cu_count(&a.h.ws->saturated, now_sat - was_sat);
 }
 
 // ---- the API entries
@@ -196,20 +191,20 @@ __global__ void finish_picks(fc_cuda_fetch_args a)
 static int fetch_enter(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_cu_device_guard *dg,
                        fc_err *err)
 {
-    if (a->fetch == NULL)
+    if (a->h.x.fetch == NULL)
         return fc_fail(err, FC_ERR_STATE, "internal: the second round has no fetch buffer");
-    if (a->geo.world < 1 || a->geo.world > FC_CUDA_MAX_WORLD)
+    if (a->h.geo.world < 1 || a->h.geo.world > FC_CUDA_MAX_WORLD)
         return fc_fail(err, FC_ERR_VALUE, "world must be in [1, %d], got %d", FC_CUDA_MAX_WORLD,
-                       a->geo.world);
+                       a->h.geo.world);
     (void)ctx;
-    return fc_cu_device_enter(dg, a->device, err);
+    return fc_cu_device_enter(dg, a->h.device, err);
 }
 
 static void fetch_leave(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, cudaStream_t s,
                         fc_cu_device_guard *dg)
 {
     ctx->last_stream = s;
-    ctx->last_device = a->device;
+    ctx->last_device = a->h.device;
     ctx->have_last = 1;
     fc_cu_device_leave(dg);
 }
@@ -218,18 +213,18 @@ int fc_cu_fetch_picks(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_err *err
 {
     int rc = FC_OK;
     fc_cu_device_guard dg = {0, 0};
-    const cudaStream_t s = (cudaStream_t)a->stream;
-    if (a->fetch == NULL)
+    const cudaStream_t s = (cudaStream_t)a->h.stream;
+    if (a->h.x.fetch == NULL)
         return fc_fail(err, FC_ERR_STATE, "internal: the second round has no fetch buffer");
-    FC_TRY(fc_cu_device_enter(&dg, a->device, err));
+    FC_TRY(fc_cu_device_enter(&dg, a->h.device, err));
     if (a->n_picks > 0)
-        FC_CHECK_CUDA(cudaMemcpyAsync(a->picks, fetch_own_picks(a->fetch), 4 * (size_t)a->n_picks,
+        FC_CHECK_CUDA(cudaMemcpyAsync(a->picks, fetch_own_picks(a->h.x.fetch), 4 * (size_t)a->n_picks,
                                       cudaMemcpyDeviceToDevice, s), err, error);
     if (a->kmax > a->n_picks)
         FC_CHECK_CUDA(cudaMemsetAsync(a->picks + a->n_picks, 0xFF, 4 * (size_t)(a->kmax - a->n_picks), s),
                       err, error);
     ctx->last_stream = s;
-    ctx->last_device = a->device;
+    ctx->last_device = a->h.device;
     ctx->have_last = 1;
 error:
     fc_cu_device_leave(&dg);
@@ -241,12 +236,12 @@ int fc_cu_fetch_values(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_err *er
     int rc = FC_OK;
     fc_cu_device_guard dg = {0, 0};
     fc_cu_timer *t = NULL;
-    const cudaStream_t s = (cudaStream_t)a->stream;
+    const cudaStream_t s = (cudaStream_t)a->h.stream;
     FC_TRY(fetch_enter(ctx, a, &dg, err));
     t = fc_cu_timer_start(ctx, FC_TIME_COMPRESS, s);
     {
-        const dim3 grid(fc_cu_blocks(a->kmax, FETCH_THREADS * 4), (unsigned)a->geo.world);
-        FC_CHECK_CUDA(cudaMemsetAsync(a->ws->bad, 0, sizeof(unsigned int) * (size_t)a->geo.world, s),
+        const dim3 grid(fc_cu_blocks(a->kmax, FETCH_THREADS * 4), (unsigned)a->h.geo.world);
+        FC_CHECK_CUDA(cudaMemsetAsync(a->h.ws->bad, 0, sizeof(unsigned int) * (size_t)a->h.geo.world, s),
                       err, error);
         fetch_check<<<grid, FETCH_THREADS, 0, s>>>(*a);
         FC_CHECK_LAUNCH(err, error);
@@ -273,7 +268,7 @@ int fc_cu_fetch_finish(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_err *er
     int rc = FC_OK;
     fc_cu_device_guard dg = {0, 0};
     fc_cu_timer *t = NULL;
-    const cudaStream_t s = (cudaStream_t)a->stream;
+    const cudaStream_t s = (cudaStream_t)a->h.stream;
     FC_TRY(fetch_enter(ctx, a, &dg, err));
     if (a->out_numel == 0) {
         fc_cu_device_leave(&dg);
@@ -282,10 +277,10 @@ int fc_cu_fetch_finish(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_err *er
     t = fc_cu_timer_start(ctx, FC_TIME_DECOMPRESS, s);
     {
         int64_t start, n, values = 0;
-        fc_cu_span(a->geo, a->geo.rank, &start, &n);
-        for (int r = 0; r < a->geo.world; r++)
-            values += fetch_sends(a->geo, r, a->geo.rank) ? a->n_picks : 0;
-        FC_CHECK_CUDA(cudaMemsetAsync(&a->ws->passed, 0, sizeof(unsigned int), s), err, error);
+        fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
+        for (int r = 0; r < a->h.geo.world; r++)
+            values += fetch_sends(a->h.geo, r, a->h.geo.rank) ? a->n_picks : 0;
+        FC_CHECK_CUDA(cudaMemsetAsync(&a->h.ws->passed, 0, sizeof(unsigned int), s), err, error);
         finish_passed<<<fc_cu_blocks(n > values ? n : values, FETCH_THREADS * 4), FETCH_THREADS, 0, s>>>(*a, values);
         FC_CHECK_LAUNCH(err, error);
     }

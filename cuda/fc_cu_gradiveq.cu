@@ -129,16 +129,9 @@ __global__ void gvq_decode(fc_cu_dec d, gvq_cfg g, const float *u, int senders)
     int64_t nonfinite = 0, sat = 0, agg_sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
-        if (i >= n) { // FSDP's padded tail of the output
-            if (d.odt == FC_CU_F32)
-                ((float *)d.out)[i] = 0.0f;
-            else
-                ((uint16_t *)d.out)[i] = 0;
+        if (fc_cu_out_tail(d.out, d.odt, i, n)) // FSDP's padded tail
             continue;
-        }
-        float acc = 0.0f;
-        if (d.geo.skip_own)
-            acc += fc_cu_own(d, start + i);
+        float acc = fc_cu_own_first(d, start + i);
         if (senders > 0) {
             const int64_t s = i / g.m;
             const int t = (int)(i - s * g.m);
@@ -186,8 +179,9 @@ __global__ void gvq_add(fc_cu_dec d, gvq_cfg g, const float *u)
 
 static int config(const fc_cuda_method_cfg *m, const float *ustate, gvq_cfg *g, fc_err *err)
 {
-    g->m = (int)fc_cu_cfg(m, "dim", 32);
-    g->k = (int)fc_cu_cfg(m, "k", 4);
+    const fc_gradiveq_cfg *k = fc_cu_cfg_of<fc_gradiveq_cfg>(m);
+    g->m = (int)k->dim;
+    g->k = (int)k->k;
     if (g->m < 2 || g->m > 256 || g->k < 1 || g->k > g->m)
         return fc_fail(err, FC_ERR_VALUE, "gradiveq dim must be in [2, 256] and k in [1, dim], got "
                        "%d and %d", g->m, g->k);
@@ -200,19 +194,19 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
 {
     int rc = FC_OK;
     gvq_cfg g;
-    FC_TRY(config(&a->m, a->x.ustate, &g, err));
+    FC_TRY(config(&a->h.m, a->h.x.ustate, &g, err));
     {
-        const float *u = a->x.ustate;
-        const int64_t coefs = (a->geo.per + g.m - 1) / g.m * g.k;
-        if (a->x.learn) { // before the residual changes what g' reads
+        const float *u = a->h.x.ustate;
+        const int64_t coefs = (a->h.geo.per + g.m - 1) / g.m * g.k;
+        if (a->h.x.learn) { // before the residual changes what g' reads
             gvq_covariance<<<fc_cu_grid((int64_t)g.m * g.m, GVQ_THREADS, 1), GVQ_THREADS, 0, s>>>(
-                *e, g, a->x.ustate + (int64_t)g.m * g.k);
+                *e, g, a->h.x.ustate + (int64_t)g.m * g.k);
             FC_CHECK_LAUNCH(err, error);
         }
-        gvq_coefs<<<fc_cu_grid(coefs, GVQ_THREADS * 4, a->geo.world), GVQ_THREADS, 0, s>>>(*e, g, u);
+        gvq_coefs<<<fc_cu_grid(coefs, GVQ_THREADS * 4, a->h.geo.world), GVQ_THREADS, 0, s>>>(*e, g, u);
         FC_CHECK_LAUNCH(err, error);
         if (e->res != NULL || e->sample) {
-            gvq_residual<<<fc_cu_grid(a->geo.per, GVQ_THREADS * 8, a->geo.world), GVQ_THREADS, 0, s>>>(*e, g, u);
+            gvq_residual<<<fc_cu_grid(a->h.geo.per, GVQ_THREADS * 8, a->h.geo.world), GVQ_THREADS, 0, s>>>(*e, g, u);
             FC_CHECK_LAUNCH(err, error);
         }
     }
@@ -225,17 +219,17 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
     int rc = FC_OK;
     gvq_cfg g;
     int64_t start, n;
-    FC_TRY(config(&a->m, a->x.ustate, &g, err));
-    fc_cu_span(a->geo, a->geo.rank, &start, &n);
+    FC_TRY(config(&a->h.m, a->h.x.ustate, &g, err));
+    fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
     {
-        const int senders = n > 0 ? a->geo.world - (a->geo.skip_own ? 1 : 0) : 0;
+        const int senders = n > 0 ? a->h.geo.world - (a->h.geo.skip_own ? 1 : 0) : 0;
         if (d->add) { // decompress(): one payload decoded alone
-            gvq_add<<<fc_cu_grid(d->out_numel, GVQ_THREADS * 4, 1), GVQ_THREADS, 0, s>>>(*d, g, a->x.ustate);
+            gvq_add<<<fc_cu_grid(d->out_numel, GVQ_THREADS * 4, 1), GVQ_THREADS, 0, s>>>(*d, g, a->h.x.ustate);
             FC_CHECK_LAUNCH(err, error);
             return FC_OK;
         }
         if (d->out_numel > 0) {
-            gvq_decode<<<fc_cu_grid(d->out_numel, GVQ_THREADS * 4, 1), GVQ_THREADS, 0, s>>>(*d, g, a->x.ustate,
+            gvq_decode<<<fc_cu_grid(d->out_numel, GVQ_THREADS * 4, 1), GVQ_THREADS, 0, s>>>(*d, g, a->h.x.ustate,
                                                                                          senders);
             FC_CHECK_LAUNCH(err, error);
         }

@@ -4,10 +4,11 @@
 
 static int codec(const fc_cuda_method_cfg *m, fc_cu_intn_codec *c, fc_err *err)
 {
-    c->bs = (int64_t)fc_cu_cfg(m, "block_size", 256);
-    c->bits = (int)fc_cu_cfg(m, "bits", 4);
-    c->stochastic = fc_cu_cfg(m, "stochastic", 0) != 0;
-    c->scheme = (int)fc_cu_cfg(m, "scheme", FC_INTN_ABSMAX);
+    const fc_intn_cfg *k = fc_cu_cfg_of<fc_intn_cfg>(m);
+    c->bs = k->block_size;
+    c->bits = (int)k->bits;
+    c->stochastic = k->stochastic != 0;
+    c->scheme = k->scheme;
     if (c->bits < 2 || c->bits > 4)
         return fc_fail(err, FC_ERR_VALUE, "intN bits must be 2, 3 or 4, got %d", c->bits);
     if (c->scheme != FC_INTN_ABSMAX && c->scheme != FC_INTN_MINMAX)
@@ -19,14 +20,14 @@ static int codec(const fc_cuda_method_cfg *m, fc_cu_intn_codec *c, fc_err *err)
 static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
 {
     fc_cu_intn_codec c;
-    int rc = codec(&a->m, &c, err);
+    int rc = codec(&a->h.m, &c, err);
     return rc != FC_OK ? rc : fc_cu_launch_encode_dense(e, c, s, err);
 }
 
 static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
 {
     fc_cu_intn_codec c;
-    int rc = codec(&a->m, &c, err);
+    int rc = codec(&a->h.m, &c, err);
     return rc != FC_OK ? rc : fc_cu_launch_decode_codec(a, d, c, s, err);
 }
 

@@ -18,10 +18,11 @@ struct rk_cfg {
 static int config(const fc_cuda_method_cfg *m, int world, rk_cfg *c, fc_err *err)
 {
     memset(c, 0, sizeof(*c));
-    c->kr.k = (int64_t)fc_cu_cfg(m, "k", 0);
-    c->kr.ratio = fc_cu_cfg(m, "ratio", 0.01);
-    c->scale = fc_cu_cfg(m, "scale", 1) != 0;
-    c->vc = fc_cu_vc_from(m, world);
+    const fc_randomk_cfg *k = fc_cu_cfg_of<fc_randomk_cfg>(m);
+    c->kr.k = k->k;
+    c->kr.ratio = k->ratio;
+    c->scale = k->scale != 0;
+    c->vc = fc_cu_vc_from(&k->vc, world);
     return fc_cu_vc_check(c->vc, err);
 }
 
@@ -243,12 +244,12 @@ struct rk_enc_parts {
 
 static void carve_encode(const fc_cuda_encode_args *a, const rk_cfg &c, fc_cu_arena &ar, rk_enc_parts *p)
 {
-    p->total = kept_total(a->geo, c.kr);
-    carve_space(ar, a->geo, 0, c.kr, p->total, &p->sp);
+    p->total = kept_total(a->h.geo, c.kr);
+    carve_space(ar, a->h.geo, 0, c.kr, p->total, &p->sp);
     p->vals = ar.take<float>(p->total);
     p->enc = ar.take<float>(p->total);
     p->ev = ar.take<float>(p->total);
-    p->jobs = ar.take<fc_cu_vc_job>(a->geo.world);
+    p->jobs = ar.take<fc_cu_vc_job>(a->h.geo.world);
 }
 
 static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
@@ -256,11 +257,11 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
     int rc = FC_OK;
     rk_cfg c;
     rk_enc_parts p;
-    fc_cu_arena ar = fc_cu_arena_of(a->x);
-    FC_TRY(config(&a->m, a->geo.world, &c, err));
+    fc_cu_arena ar = fc_cu_arena_of(a->h.x);
+    FC_TRY(config(&a->h.m, a->h.geo.world, &c, err));
     carve_encode(a, c, ar, &p);
     FC_TRY(fc_cu_arena_check(ar, err));
-    p.sp.base = shared_base(a->seed, a->chunk_base, a->unit, a->step);
+    p.sp.base = shared_base(a->h.seed, a->h.chunk_base, a->h.unit, a->h.step);
     {
         const unsigned gb = fc_cu_blocks(p.total, FC_CU_THREADS * 4);
         FC_TRY(draw(p.sp, s, err));
@@ -268,7 +269,7 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
         FC_CHECK_LAUNCH(err, error);
         rk_jobs<<<1, 256, 0, s>>>(p.sp, a->send, p.enc, e->rng, p.jobs);
         FC_CHECK_LAUNCH(err, error);
-        FC_TRY(fc_cu_vc_encode(c.vc, p.jobs, a->geo.world, fc_rule_sparse_k(a->geo.per, c.kr.k, c.kr.ratio), s, err));
+        FC_TRY(fc_cu_vc_encode(c.vc, p.jobs, a->h.geo.world, fc_rule_sparse_k(a->h.geo.per, c.kr.k, c.kr.ratio), s, err));
         if (e->res != NULL || e->sample) {
             rk_corrections<<<gb, FC_CU_THREADS, 0, s>>>(p.sp, a->send, c.scale, c.vc, p.ev, p.total);
             FC_CHECK_LAUNCH(err, error);
@@ -301,42 +302,6 @@ __global__ void rk_check(fc_cu_dec d, fc_cu_vc vc, int64_t k, uint32_t unit, uin
     }
 }
 
-__device__ __forceinline__ int rk_any_rejected(const fc_cu_dec &d)
-{
-    for (int r = 0; r < d.geo.world; r++)
-        if (!(d.geo.skip_own && r == d.geo.rank) && d.bad[r] != 0)
-            return 1;
-    return 0;
-}
-
-// Everywhere: (0 + own) / W (a rejected payload: NaN, as it poisons the dense decodes).
-__global__ void rk_dense(fc_cu_dec d)
-{
-    int64_t start, n;
-    fc_cu_span(d.geo, d.geo.rank, &start, &n);
-    const float w = (float)d.geo.world;
-    const int poison = rk_any_rejected(d), passed = fc_cu_sum_passes(d);
-    int64_t nonfinite = 0, sat = 0;
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
-        if (i >= n) { // FSDP's padded tail of the output
-            if (d.odt == FC_CU_F32)
-                ((float *)d.out)[i] = 0.0f;
-            else
-                ((uint16_t *)d.out)[i] = 0;
-            continue;
-        }
-        float acc = 0.0f;
-        if (d.geo.skip_own)
-            acc += fc_cu_own(d, start + i);
-        if (poison)
-            acc += fc_cu_poison();
-        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &nonfinite, &sat);
-    }
-    fc_cu_count(&d.ws->nonfinite_out, nonfinite);
-    fc_cu_count(&d.ws->saturated, sat);
-}
-
 // At the picks: (0 + own) + a * sum, the sum of the senders' decoded values (from 0, rank
 // order), a = 1 * n / k; the output there rewritten, its non-finite count moved with it.
 __global__ void rk_picks(fc_cu_dec d, fc_cu_vc vc, const int64_t *idx, int64_t k, float a)
@@ -344,8 +309,8 @@ __global__ void rk_picks(fc_cu_dec d, fc_cu_vc vc, const int64_t *idx, int64_t k
     int64_t start, n;
     fc_cu_span(d.geo, d.geo.rank, &start, &n);
     const float w = (float)d.geo.world;
-    if (rk_any_rejected(d))
-        return; // rk_dense made everything NaN
+    if (fc_cu_any_rejected(d))
+        return; // fc_cu_own_dense made everything NaN
     const int passed = fc_cu_sum_passes(d);
     int64_t was = 0, now = 0, was_sat = 0, now_sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
@@ -358,10 +323,8 @@ __global__ void rk_picks(fc_cu_dec d, fc_cu_vc vc, const int64_t *idx, int64_t k
             sum += vc.term(rk_values(d, r), k, j, 1.0f, &bad); // fc_vcodec_decode_add into the sum
         }
         const int64_t i = idx[j];
-        float acc = 0.0f;
-        if (d.geo.skip_own)
-            acc += fc_cu_own(d, start + i);
-        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &was, &was_sat); // what rk_dense counted
+        float acc = fc_cu_own_first(d, start + i);
+        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &was, &was_sat); // what fc_cu_own_dense counted
         acc += a * sum;
         fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &now, &now_sat);
     }
@@ -394,19 +357,19 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
     rk_cfg c;
     rk_space sp;
     int64_t start, n;
-    fc_cu_arena ar = fc_cu_arena_of(a->x);
-    fc_cu_span(a->geo, a->geo.rank, &start, &n);
-    FC_TRY(config(&a->m, a->geo.world, &c, err));
+    fc_cu_arena ar = fc_cu_arena_of(a->h.x);
+    fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
+    FC_TRY(config(&a->h.m, a->h.geo.world, &c, err));
     {
         const int64_t k = fc_rule_sparse_k(n, c.kr.k, c.kr.ratio);
-        const int senders = n > 0 ? a->geo.world - (a->geo.skip_own ? 1 : 0) : 0;
-        carve_space(ar, a->geo, 1, c.kr, k, &sp);
+        const int senders = n > 0 ? a->h.geo.world - (a->h.geo.skip_own ? 1 : 0) : 0;
+        carve_space(ar, a->h.geo, 1, c.kr, k, &sp);
         FC_TRY(fc_cu_arena_check(ar, err));
-        sp.base = shared_base(a->seed, a->chunk_base, a->unit, a->step);
+        sp.base = shared_base(a->h.seed, a->h.chunk_base, a->h.unit, a->h.step);
         if (d->add) { // decompress(): one payload, no own chunk, no division by W
             if (k > 0) {
-                rk_check<<<dim3(fc_cu_blocks(k, FC_CU_THREADS * 4), 1), FC_CU_THREADS, 0, s>>>(*d, c.vc, k, a->unit,
-                                                                                            a->step);
+                rk_check<<<dim3(fc_cu_blocks(k, FC_CU_THREADS * 4), 1), FC_CU_THREADS, 0, s>>>(*d, c.vc, k, a->h.unit,
+                                                                                            a->h.step);
                 FC_CHECK_LAUNCH(err, error);
                 FC_TRY(draw(sp, s, err));
             }
@@ -416,14 +379,11 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
             return FC_OK;
         }
         if (senders > 0 && k > 0) {
-            rk_check<<<dim3(fc_cu_blocks(k, FC_CU_THREADS * 4), (unsigned)a->geo.world), FC_CU_THREADS, 0, s>>>(
-                *d, c.vc, k, a->unit, a->step);
+            rk_check<<<dim3(fc_cu_blocks(k, FC_CU_THREADS * 4), (unsigned)a->h.geo.world), FC_CU_THREADS, 0, s>>>(
+                *d, c.vc, k, a->h.unit, a->h.step);
             FC_CHECK_LAUNCH(err, error);
         }
-        if (d->out_numel > 0) {
-            rk_dense<<<fc_cu_blocks(d->out_numel, FC_CU_THREADS * 4), FC_CU_THREADS, 0, s>>>(*d);
-            FC_CHECK_LAUNCH(err, error);
-        }
+        FC_TRY(fc_cu_own_dense(*d, s, err));
         if (senders > 0 && k > 0) {
             FC_TRY(draw(sp, s, err));
             rk_picks<<<fc_cu_blocks(k, FC_CU_THREADS), FC_CU_THREADS, 0, s>>>(*d, c.vc, sp.idx, k,
@@ -442,14 +402,14 @@ static int scratch(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *de
     fc_cu_arena ar = {NULL, 0, 0};
     if (enc != NULL) {
         rk_enc_parts p;
-        FC_TRY(config(&enc->m, enc->geo.world, &c, err));
+        FC_TRY(config(&enc->h.m, enc->h.geo.world, &c, err));
         carve_encode(enc, c, ar, &p);
     } else {
         rk_space sp;
         int64_t start, n;
-        FC_TRY(config(&dec->m, dec->geo.world, &c, err));
-        fc_cu_span(dec->geo, dec->geo.rank, &start, &n);
-        carve_space(ar, dec->geo, 1, c.kr, fc_rule_sparse_k(n, c.kr.k, c.kr.ratio), &sp);
+        FC_TRY(config(&dec->h.m, dec->h.geo.world, &c, err));
+        fc_cu_span(dec->h.geo, dec->h.geo.rank, &start, &n);
+        carve_space(ar, dec->h.geo, 1, c.kr, fc_rule_sparse_k(n, c.kr.k, c.kr.ratio), &sp);
     }
     *bytes = ar.used;
 error:

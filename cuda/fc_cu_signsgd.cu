@@ -120,16 +120,9 @@ __global__ void sign_vote_decode(fc_cu_dec d, float s, int senders)
     int64_t nonfinite = 0, sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
-        if (i >= n) { // FSDP's padded tail of the output
-            if (d.odt == FC_CU_F32)
-                ((float *)d.out)[i] = 0.0f;
-            else
-                ((uint16_t *)d.out)[i] = 0;
+        if (fc_cu_out_tail(d.out, d.odt, i, n)) // FSDP's padded tail
             continue;
-        }
-        float acc = 0.0f;
-        if (d.geo.skip_own)
-            acc += fc_cu_own(d, start + i);
+        float acc = fc_cu_own_first(d, start + i);
         if (senders > 0) {
             int32_t votes = 0;
             int rejected = 0;
@@ -168,16 +161,17 @@ struct sign_cfg {
 
 static int config(const fc_cuda_method_cfg *m, sign_cfg *c, fc_err *err)
 {
-    c->majority = fc_cu_cfg(m, "mode", 0) == 1;
-    c->bs = (int64_t)fc_cu_cfg(m, "block_size", 256);
-    c->scale = (float)fc_cu_cfg(m, "scale", 1.0); // the CPU's (float)cfg->scale
+    const fc_signsgd_cfg *k = fc_cu_cfg_of<fc_signsgd_cfg>(m);
+    c->majority = k->mode == FC_SIGN_MAJORITY;
+    c->bs = k->block_size;
+    c->scale = (float)k->scale; // the CPU's (float)cfg->scale
     return fc_cu_check_block("signsgd", "block_size", c->bs, err);
 }
 
 static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
 {
     sign_cfg c;
-    int rc = config(&a->m, &c, err);
+    int rc = config(&a->h.m, &c, err);
     if (rc != FC_OK)
         return rc;
     if (c.majority)
@@ -197,7 +191,7 @@ error:
 static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
 {
     sign_cfg c;
-    int rc = config(&a->m, &c, err);
+    int rc = config(&a->h.m, &c, err);
     if (rc != FC_OK)
         return rc;
     if (!c.majority)
@@ -205,8 +199,8 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
     if (d->add)
         return vote_add(d, c, s, err);
     int64_t start, n;
-    fc_cu_span(a->geo, a->geo.rank, &start, &n);
-    const int senders = n > 0 ? a->geo.world - (a->geo.skip_own ? 1 : 0) : 0;
+    fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
+    const int senders = n > 0 ? a->h.geo.world - (a->h.geo.skip_own ? 1 : 0) : 0;
     const float v = 1.0f * c.scale * (float)senders; // decode_agg's alpha * scale * senders
     if (d->out_numel > 0) {
         sign_vote_decode<<<fc_cu_grid(d->out_numel, FC_CU_THREADS * 4, 1), FC_CU_THREADS, 0, s>>>(*d, v, senders);

@@ -20,11 +20,12 @@ struct sk_cfg {
 
 static int config(const fc_cuda_method_cfg *m, sk_cfg *c, fc_err *err)
 {
-    c->rows = (int)fc_cu_cfg(m, "rows", 3);
-    c->cols = (int64_t)fc_cu_cfg(m, "cols", 4096);
-    c->kr.k = (int64_t)fc_cu_cfg(m, "k", 256);
+    const fc_sketch_cfg *k = fc_cu_cfg_of<fc_sketch_cfg>(m);
+    c->rows = (int)k->rows;
+    c->cols = k->cols;
+    c->kr.k = k->k;
     c->kr.ratio = 1.0;
-    c->second = fc_cu_cfg(m, "second_round", 0) != 0;
+    c->second = k->second_round != 0;
     if (c->rows < 1 || c->rows > SK_MAX_ROWS || c->cols < 1 || c->cols > (1 << 26))
         return fc_fail(err, FC_ERR_VALUE, "sketch rows must be in [1, %d] and cols in [1, 2^26], got %d and %lld",
                        SK_MAX_ROWS, c->rows, (long long)c->cols);
@@ -190,7 +191,7 @@ struct sk_enc_parts {
 static int carve_encode(const fc_cuda_encode_args *a, const sk_cfg &c, fc_cu_arena &ar, sk_enc_parts *p, fc_err *err)
 {
     int rc = FC_OK;
-    const int64_t N = a->geo.numel;
+    const int64_t N = a->h.geo.numel;
     memset(p, 0, sizeof(*p));
     p->kin = ar.take<uint32_t>(N);
     p->kout = ar.take<uint32_t>(N);
@@ -199,7 +200,7 @@ static int carve_encode(const fc_cuda_encode_args *a, const sk_cfg &c, fc_cu_are
     FC_CHECK_CUDA(fc_cu_sort_pairs(NULL, &p->sort_bytes, NULL, NULL, NULL, NULL, N > 0 ? N : 1, 32, 0), err, error);
     p->sort_temp = ar.take_bytes(p->sort_bytes);
     if (!c.second) { // the residual decodes the sender's own table: estimates and their top k
-        const fc_cu_sel_space sp = {N, a->geo.per > 0 ? a->geo.per : 1, a->geo.world, a->geo.skip_own ? a->geo.rank : -1};
+        const fc_cu_sel_space sp = {N, a->h.geo.per > 0 ? a->h.geo.per : 1, a->h.geo.world, a->h.geo.skip_own ? a->h.geo.rank : -1};
         p->est = ar.take<float>(N);
         p->vals = ar.take<float>(N);
         p->ev = ar.take<float>(N);
@@ -225,18 +226,18 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
     int rc = FC_OK;
     sk_cfg c;
     sk_enc_parts p;
-    fc_cu_arena ar = fc_cu_arena_of(a->x);
-    FC_TRY(config(&a->m, &c, err));
+    fc_cu_arena ar = fc_cu_arena_of(a->h.x);
+    FC_TRY(config(&a->h.m, &c, err));
     FC_TRY(carve_encode(a, c, ar, &p, err));
     FC_TRY(fc_cu_arena_check(ar, err));
     {
-        const fc_rng shared = shared_rng(a->seed, a->chunk_base, a->unit, a->step);
-        const int G = sk_group(c, a->geo.world);
-        for (int g0 = 0; g0 < a->geo.world; g0 += G) {
-            const int gc = g0 + G < a->geo.world ? G : a->geo.world - g0;
+        const fc_rng shared = shared_rng(a->h.seed, a->h.chunk_base, a->h.unit, a->h.step);
+        const int G = sk_group(c, a->h.geo.world);
+        for (int g0 = 0; g0 < a->h.geo.world; g0 += G) {
+            const int gc = g0 + G < a->h.geo.world ? G : a->h.geo.world - g0;
             int64_t a0, b0, s0, n0;
-            fc_cu_span(a->geo, g0, &a0, &n0);
-            fc_cu_span(a->geo, g0 + gc - 1, &s0, &n0);
+            fc_cu_span(a->h.geo, g0, &a0, &n0);
+            fc_cu_span(a->h.geo, g0 + gc - 1, &s0, &n0);
             b0 = s0 + n0;
             const int64_t count = b0 - a0;
             if (count == 0)
@@ -255,24 +256,24 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
         }
         if (e->single) { // compress(): the table is the payload; no residual, no second round
         } else if (c.second) { // nothing decodes from round 1: the residual is the whole g'
-            if (a->x.fetch == NULL)
+            if (a->h.x.fetch == NULL)
                 FC_TRY(fc_fail(err, FC_ERR_STATE, "internal: sketch's second round without its fetch buffer"));
             FC_TRY(fc_cu_res_dense(*e, NULL, NULL, 0, s, err));
-            FC_TRY(fc_cu_fetch_keep_flags(a->x.fetch, a->ws, a->geo.world, s, err));
+            FC_TRY(fc_cu_fetch_keep_flags(a->h.x.fetch, a->h.ws, a->h.geo.world, s, err));
         } else if (e->res != NULL || e->sample) {
             fc_cu_src est;
             memset(&est, 0, sizeof(est));
             est.grad = p.est;
             est.gdt = FC_CU_F32;
-            sk_own_estimates<<<fc_cu_grid(a->geo.per, SK_THREADS * 4, a->geo.world), SK_THREADS, 0, s>>>(*e, c, shared,
+            sk_own_estimates<<<fc_cu_grid(a->h.geo.per, SK_THREADS * 4, a->h.geo.world), SK_THREADS, 0, s>>>(*e, c, shared,
                                                                                                      p.est);
             FC_CHECK_LAUNCH(err, error);
             FC_TRY(fc_cu_select_topk(p.sel, est, c.kr, s, err));
-            sk_gather<<<fc_cu_blocks(a->geo.numel, SK_THREADS * 4), SK_THREADS, 0, s>>>(e->src, p.est, p.sel.idx,
+            sk_gather<<<fc_cu_blocks(a->h.geo.numel, SK_THREADS * 4), SK_THREADS, 0, s>>>(e->src, p.est, p.sel.idx,
                                                                                        p.sel.num, p.vals, p.ev);
             FC_CHECK_LAUNCH(err, error);
-            FC_TRY(fc_cu_res_dense(*e, p.sel.idx, p.sel.num, a->geo.numel, s, err));
-            FC_TRY(fc_cu_res_fix(*e, p.sel.idx, p.vals, p.ev, p.sel.num, a->geo.numel, s, err));
+            FC_TRY(fc_cu_res_dense(*e, p.sel.idx, p.sel.num, a->h.geo.numel, s, err));
+            FC_TRY(fc_cu_res_fix(*e, p.sel.idx, p.vals, p.ev, p.sel.num, a->h.geo.numel, s, err));
         }
     }
 error:
@@ -320,58 +321,20 @@ __global__ void sk_estimates(fc_cu_dec d, sk_cfg cfg, fc_rng shared, const float
     }
 }
 
-__device__ __forceinline__ int sk_rejected(const fc_cu_dec &d)
-{
-    for (int r = 0; r < d.geo.world; r++)
-        if (!(d.geo.skip_own && r == d.geo.rank) && d.bad[r] != 0)
-            return 1;
-    return 0;
-}
-
-// Everywhere (0 + own) / W (a rejected payload: NaN), then at the heavy hitters + 1 * est.
-__global__ void sk_dense(fc_cu_dec d)
-{
-    int64_t start, n;
-    fc_cu_span(d.geo, d.geo.rank, &start, &n);
-    const float w = (float)d.geo.world;
-    const int poison = sk_rejected(d), passed = fc_cu_sum_passes(d);
-    int64_t nonfinite = 0, sat = 0;
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
-        if (i >= n) { // FSDP's padded tail of the output
-            if (d.odt == FC_CU_F32)
-                ((float *)d.out)[i] = 0.0f;
-            else
-                ((uint16_t *)d.out)[i] = 0;
-            continue;
-        }
-        float acc = 0.0f;
-        if (d.geo.skip_own)
-            acc += fc_cu_own(d, start + i);
-        if (poison)
-            acc += fc_cu_poison();
-        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &nonfinite, &sat);
-    }
-    fc_cu_count(&d.ws->nonfinite_out, nonfinite);
-    fc_cu_count(&d.ws->saturated, sat);
-}
-
 __global__ void sk_heavy(fc_cu_dec d, const float *est, const int64_t *idx, const int64_t *num)
 {
     int64_t start, n;
     fc_cu_span(d.geo, d.geo.rank, &start, &n);
     const float w = (float)d.geo.world;
-    if (sk_rejected(d))
-        return; // sk_dense made everything NaN
+    if (fc_cu_any_rejected(d))
+        return; // fc_cu_own_dense made everything NaN
     const int passed = fc_cu_sum_passes(d);
     int64_t was = 0, now = 0, was_sat = 0, now_sat = 0;
     const int64_t total = *num, stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < total; j += stride) {
         const int64_t i = idx[j];
-        float acc = 0.0f;
-        if (d.geo.skip_own)
-            acc += fc_cu_own(d, start + i);
-        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &was, &was_sat); // what sk_dense counted
+        float acc = fc_cu_own_first(d, start + i);
+        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &was, &was_sat); // what fc_cu_own_dense counted
         acc += 1.0f * est[i];
         fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &now, &now_sat);
     }
@@ -417,7 +380,7 @@ struct sk_dec_parts {
 static int carve_decode(const fc_cuda_decode_args *a, const sk_cfg &c, fc_cu_arena &ar, sk_dec_parts *p, fc_err *err)
 {
     int64_t start, n;
-    fc_cu_span(a->geo, a->geo.rank, &start, &n);
+    fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
     const fc_cu_sel_space sp = {n, n > 0 ? n : 1, 1, -1};
     p->agg = ar.take<float>((int64_t)c.rows * c.cols);
     p->est = ar.take<float>(n);
@@ -430,18 +393,18 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
     sk_cfg c;
     sk_dec_parts p;
     int64_t start, n;
-    fc_cu_arena ar = fc_cu_arena_of(a->x);
-    fc_cu_span(a->geo, a->geo.rank, &start, &n);
-    FC_TRY(config(&a->m, &c, err));
+    fc_cu_arena ar = fc_cu_arena_of(a->h.x);
+    fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
+    FC_TRY(config(&a->h.m, &c, err));
     FC_TRY(carve_decode(a, c, ar, &p, err));
     FC_TRY(fc_cu_arena_check(ar, err));
     {
-        const int senders = n > 0 ? a->geo.world - (a->geo.skip_own ? 1 : 0) : 0;
+        const int senders = n > 0 ? a->h.geo.world - (a->h.geo.skip_own ? 1 : 0) : 0;
         // a second round follows (the unit's kmax > 0: only then is there a fetch buffer): the
         // owner only picks, none of an empty chunk, and writes no output yet, as the CPU's decode
-        const int pick = a->x.fetch != NULL;
+        const int pick = a->h.x.fetch != NULL;
         const int64_t cells = (int64_t)c.rows * c.cols;
-        const fc_rng shared = shared_rng(a->seed, a->chunk_base, a->unit, a->step);
+        const fc_rng shared = shared_rng(a->h.seed, a->h.chunk_base, a->h.unit, a->h.step);
         fc_cu_src est;
         memset(&est, 0, sizeof(est));
         est.grad = p.est;
@@ -461,10 +424,8 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
             FC_CHECK_LAUNCH(err, error);
             return FC_OK;
         }
-        if (!pick && d->out_numel > 0) {
-            sk_dense<<<fc_cu_blocks(d->out_numel, SK_THREADS * 4), SK_THREADS, 0, s>>>(*d);
-            FC_CHECK_LAUNCH(err, error);
-        }
+        if (!pick)
+            FC_TRY(fc_cu_own_dense(*d, s, err));
         if (n == 0 || (!pick && senders == 0))
             return FC_OK;
         sk_aggregate<<<fc_cu_blocks(cells, SK_THREADS * 4), SK_THREADS, 0, s>>>(*d, cells, p.agg); // zeros: none
@@ -474,7 +435,7 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
         FC_TRY(fc_cu_select_topk(p.sel, est, c.kr, s, err));
         if (pick) {
             sk_keep_picks<<<fc_cu_blocks(n, SK_THREADS * 4), SK_THREADS, 0, s>>>(p.sel.idx, p.sel.num,
-                                                                               fc_cu_fetch_picks_at(a->x.fetch));
+                                                                               fc_cu_fetch_picks_at(a->h.x.fetch));
             FC_CHECK_LAUNCH(err, error);
         } else {
             sk_heavy<<<fc_cu_blocks(n, SK_THREADS * 4), SK_THREADS, 0, s>>>(*d, p.est, p.sel.idx, p.sel.num);
@@ -490,7 +451,7 @@ static int scratch(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *de
     int rc = FC_OK;
     sk_cfg c;
     fc_cu_arena ar = {NULL, 0, 0};
-    FC_TRY(config(enc != NULL ? &enc->m : &dec->m, &c, err));
+    FC_TRY(config(enc != NULL ? &enc->h.m : &dec->h.m, &c, err));
     if (enc != NULL) {
         sk_enc_parts p;
         FC_TRY(carve_encode(enc, c, ar, &p, err));

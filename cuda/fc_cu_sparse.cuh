@@ -209,18 +209,12 @@ struct fc_cu_vc {
     }
 };
 
-// The value codec of a sparsifier's config: `quantize` and the codec's own keys, which the
-// host appends to the method's (fc_cuda_path.c: vc_block, vc_levels_or_bits, vc_minmax,
-// vc_stochastic).
-static inline fc_cu_vc fc_cu_vc_from(const fc_cuda_method_cfg *m, int world)
+// The value codec of a sparsifier's config, as its check() resolved it (fc_vcodec_init).
+static inline fc_cu_vc fc_cu_vc_from(const fc_vcodec *c, int world)
 {
     fc_cu_vc v;
     memset(&v, 0, sizeof(v));
-    v.shape.quantize = (int)fc_cu_cfg(m, "quantize", 0);
-    v.shape.block = (int64_t)fc_cu_cfg(m, "vc_block", 0);
-    v.shape.levels_or_bits = (int64_t)fc_cu_cfg(m, "vc_levels_or_bits", 0);
-    v.shape.minmax = fc_cu_cfg(m, "vc_minmax", 0) != 0;
-    v.shape.stochastic = fc_cu_cfg(m, "vc_stochastic", 0) != 0;
+    v.shape = c->shape;
     v.fp16 = fc_cu_make_fp16(world);
     return v;
 }
@@ -341,9 +335,20 @@ int fc_cu_res_fix(const fc_cu_enc &e, const int64_t *idx, const float *xv, const
 // acc = 0 (the CPU's sum starts from zero), then acc += own where the own chunk comes in rank
 // order (its exact values, when it is not sent), then out = acc / W.
 int fc_cu_acc_zero(const fc_cu_dec &d, float *acc, cudaStream_t s, fc_err *err);
+// out = (0 + own) / W everywhere, NaN everywhere when a payload was rejected (randomk, sketch).
+int fc_cu_own_dense(const fc_cu_dec &d, cudaStream_t s, fc_err *err);
 int fc_cu_acc_own(const fc_cu_dec &d, float *acc, cudaStream_t s, fc_err *err);
 int fc_cu_acc_write(const fc_cu_dec &d, const float *acc, cudaStream_t s, fc_err *err);
 // A rejected payload poisons the sum (every element NaN), as the dense decode does.
+// Whether a sender's payload was rejected (its header or body): the decode's output is NaN.
+__device__ __forceinline__ int fc_cu_any_rejected(const fc_cu_dec &d)
+{
+    for (int r = 0; r < d.geo.world; r++)
+        if (!(d.geo.skip_own && r == d.geo.rank) && d.bad[r] != 0)
+            return 1;
+    return 0;
+}
+
 __device__ __forceinline__ float fc_cu_poison()
 {
     return fc_bits_f32(FC_NAN_BITS);

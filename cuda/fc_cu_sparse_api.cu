@@ -8,7 +8,7 @@ int fc_cu_scratch_bytes(const fc_cuda_encode_args *enc, const fc_cuda_decode_arg
 {
     int rc = FC_OK;
     fc_cu_device_guard dg = {0, 0};
-    const int id = enc != NULL ? enc->m.id : dec->m.id;
+    const int id = enc != NULL ? enc->h.m.id : dec->h.m.id;
     const fc_cu_method *m = fc_cu_method_by_id(id);
     *bytes = 0;
     if (m == NULL)
@@ -16,7 +16,7 @@ int fc_cu_scratch_bytes(const fc_cuda_encode_args *enc, const fc_cuda_decode_arg
     if (m->scratch == NULL)
         return FC_OK;
     // CUB sizes its temporary storage for the current device
-    FC_TRY(fc_cu_device_enter(&dg, enc != NULL ? enc->device : dec->device, err));
+    FC_TRY(fc_cu_device_enter(&dg, enc != NULL ? enc->h.device : dec->h.device, err));
     rc = m->scratch(enc, dec, bytes, err);
 error:
     fc_cu_device_leave(&dg);

@@ -286,6 +286,39 @@ __global__ void acc_write(fc_cu_dec d, const float *acc, int64_t n)
     fc_cu_count(&d.ws->saturated, sat);
 }
 
+// Everywhere: (0 + own) / W, NaN where a payload was rejected (as it poisons the dense
+// decodes): randomk's and sketch's output before their picks add the senders' values.
+__global__ void own_dense(fc_cu_dec d)
+{
+    int64_t start, n;
+    fc_cu_span(d.geo, d.geo.rank, &start, &n);
+    const float w = (float)d.geo.world;
+    const int poison = fc_cu_any_rejected(d), passed = fc_cu_sum_passes(d);
+    int64_t nonfinite = 0, sat = 0;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
+        if (fc_cu_out_tail(d.out, d.odt, i, n)) // FSDP's padded tail
+            continue;
+        float acc = fc_cu_own_first(d, start + i);
+        if (poison)
+            acc += fc_cu_poison();
+        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &nonfinite, &sat);
+    }
+    fc_cu_count(&d.ws->nonfinite_out, nonfinite);
+    fc_cu_count(&d.ws->saturated, sat);
+}
+
+int fc_cu_own_dense(const fc_cu_dec &d, cudaStream_t s, fc_err *err)
+{
+    int rc = FC_OK;
+    if (d.out_numel > 0) {
+        own_dense<<<fc_cu_blocks(d.out_numel, SP_THREADS * 4), SP_THREADS, 0, s>>>(d);
+        FC_CHECK_LAUNCH(err, error);
+    }
+error:
+    return rc;
+}
+
 int fc_cu_acc_zero(const fc_cu_dec &d, float *acc, cudaStream_t s, fc_err *err)
 {
     int rc = FC_OK;

@@ -18,9 +18,10 @@ struct thrv_cfg {
 static int config(const fc_cuda_method_cfg *m, int world, thrv_cfg *c, fc_err *err)
 {
     memset(c, 0, sizeof(*c));
-    c->v = (float)fc_cu_cfg(m, "threshold", 1e-3); // the CPU's (float)cfg->threshold
-    c->va.vc = fc_cu_vc_from(m, world);
-    c->va.sign = fc_cu_cfg(m, "values", 0) == 1;
+    const fc_thresholdv_cfg *k = fc_cu_cfg_of<fc_thresholdv_cfg>(m);
+    c->v = (float)k->threshold; // the CPU's (float)cfg->threshold
+    c->va.vc = fc_cu_vc_from(&k->vc, world);
+    c->va.sign = k->values == FC_THRV_SIGN;
     c->va.sign_v = c->v;
     return fc_cu_vc_check(c->va.vc, err);
 }
@@ -193,14 +194,14 @@ struct thrv_enc_parts {
 
 static int carve_encode(const fc_cuda_encode_args *a, fc_cu_arena &ar, thrv_enc_parts *p, fc_err *err)
 {
-    const fc_cu_sel_space sp = {a->geo.numel, a->geo.per > 0 ? a->geo.per : 1, a->geo.world,
-                                a->geo.skip_own ? a->geo.rank : -1};
-    p->vals = ar.take<float>(a->geo.numel);
-    p->ev = ar.take<float>(a->geo.numel);
-    p->jobs = ar.take<fc_cu_vc_job>(a->geo.world);
-    p->sent = ar.take<fc_cuda_sent>(a->geo.world);
-    p->offs = ar.take<int64_t>(a->geo.world);
-    p->skip = ar.take<unsigned int>(a->geo.world);
+    const fc_cu_sel_space sp = {a->h.geo.numel, a->h.geo.per > 0 ? a->h.geo.per : 1, a->h.geo.world,
+                                a->h.geo.skip_own ? a->h.geo.rank : -1};
+    p->vals = ar.take<float>(a->h.geo.numel);
+    p->ev = ar.take<float>(a->h.geo.numel);
+    p->jobs = ar.take<fc_cu_vc_job>(a->h.geo.world);
+    p->sent = ar.take<fc_cuda_sent>(a->h.geo.world);
+    p->offs = ar.take<int64_t>(a->h.geo.world);
+    p->skip = ar.take<unsigned int>(a->h.geo.world);
     return fc_cu_sel_carve(ar, sp, &p->sel, err);
 }
 
@@ -209,15 +210,15 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
     int rc = FC_OK;
     thrv_cfg c;
     thrv_enc_parts p;
-    fc_cu_arena ar = fc_cu_arena_of(a->x);
-    if (a->x.sent == NULL && !e->single)
+    fc_cu_arena ar = fc_cu_arena_of(a->h.x);
+    if (a->h.x.sent == NULL && !e->single)
         return fc_fail(err, FC_ERR_STATE, "internal: thresholdv's encode needs the host's size records");
-    FC_TRY(config(&a->m, a->geo.world, &c, err));
+    FC_TRY(config(&a->h.m, a->h.geo.world, &c, err));
     FC_TRY(carve_encode(a, ar, &p, err));
     FC_TRY(fc_cu_arena_check(ar, err));
     {
-        const fc_cu_outs outs = {a->send, a->geo, p.offs};
-        const int dsize = a->grad_dtype == FC_CU_F32 ? 4 : 2;
+        const fc_cu_outs outs = {a->send, a->h.geo, p.offs};
+        const int dsize = a->h.grad_dtype == FC_CU_F32 ? 4 : 2;
         int fell_back = 0;
         FC_TRY(fc_cu_select_threshold(p.sel, e->src, c.v, s, err));
         // compress(): the method as configured whatever its size (fc_core_compress), and the
@@ -225,26 +226,26 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
         thrv_plan<<<1, 1, 0, s>>>(p.sel, c.va, dsize, !e->single, p.sent, p.offs);
         FC_CHECK_LAUNCH(err, error);
         if (!e->single) { // the sizes to the host now, so that it can start the size exchange: the one wait
-            FC_CHECK_CUDA(cudaMemcpyAsync(a->x.sent, p.sent, sizeof(fc_cuda_sent) * (size_t)a->geo.world,
+            FC_CHECK_CUDA(cudaMemcpyAsync(a->h.x.sent, p.sent, sizeof(fc_cuda_sent) * (size_t)a->h.geo.world,
                                           cudaMemcpyDeviceToHost, s), err, error);
             FC_CHECK_CUDA(cudaStreamSynchronize(s), err, error);
         }
-        thrv_headers<<<a->geo.world, 64, 0, s>>>(p.sel, p.sent, p.offs, a->send, a->m.id, a->grad_dtype, a->unit,
-                                                 a->step, a->fingerprint, a->nonfinite_zero, e->bad);
+        thrv_headers<<<a->h.geo.world, 64, 0, s>>>(p.sel, p.sent, p.offs, a->send, a->h.m.id, a->h.grad_dtype, a->h.unit,
+                                                 a->h.step, a->h.fingerprint, a->h.nonfinite_zero, e->bad);
         FC_CHECK_LAUNCH(err, error);
-        for (int ch = 0; ch < a->geo.world && !e->single; ch++)
-            fell_back |= a->x.sent[ch].none != 0;
+        for (int ch = 0; ch < a->h.geo.world && !e->single; ch++)
+            fell_back |= a->h.x.sent[ch].none != 0;
         fc_cu_enc ie = *e; // the index payloads' encode
         if (fell_back) {
-            thrv_drop<<<1, 256, 0, s>>>(p.sel.ch, p.sent, e->bad, p.skip, a->geo.world);
+            thrv_drop<<<1, 256, 0, s>>>(p.sel.ch, p.sent, e->bad, p.skip, a->h.geo.world);
             FC_CHECK_LAUNCH(err, error);
             FC_TRY(fc_cu_reselect_threshold(p.sel, e->src, s, err));
             ie.bad = p.skip;
         }
-        FC_TRY(fc_cu_sp_encode(p.sel, ie, outs, 4, c.va, p.vals, p.ev, p.jobs, a->geo.per, a->geo.numel, s, err));
+        FC_TRY(fc_cu_sp_encode(p.sel, ie, outs, 4, c.va, p.vals, p.ev, p.jobs, a->h.geo.per, a->h.geo.numel, s, err));
         if (fell_back) { // the fallen-back chunks' values, residuals and sums
-            thrv_none<<<fc_cu_grid(a->geo.per, THRV_THREADS * 4, a->geo.world), THRV_THREADS, 0, s>>>(
-                *e, p.sent, p.offs, a->grad_dtype);
+            thrv_none<<<fc_cu_grid(a->h.geo.per, THRV_THREADS * 4, a->h.geo.world), THRV_THREADS, 0, s>>>(
+                *e, p.sent, p.offs, a->h.grad_dtype);
             FC_CHECK_LAUNCH(err, error);
         }
     }
@@ -348,14 +349,14 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
     thrv_cfg c;
     fc_cu_sp_decoder dec;
     int64_t start, n;
-    fc_cu_arena ar = fc_cu_arena_of(a->x);
-    fc_cu_span(a->geo, a->geo.rank, &start, &n);
-    FC_TRY(config(&a->m, a->geo.world, &c, err));
-    FC_TRY(fc_cu_sp_carve(ar, n, a->geo.world, &dec, err));
+    fc_cu_arena ar = fc_cu_arena_of(a->h.x);
+    fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
+    FC_TRY(config(&a->h.m, a->h.geo.world, &c, err));
+    FC_TRY(fc_cu_sp_carve(ar, n, a->h.geo.world, &dec, err));
     FC_TRY(fc_cu_arena_check(ar, err));
-    thrv_walk<<<1, 1, 0, s>>>(*d, c.va, a->x.packed_bytes, a->m.id, a->unit, a->step, a->fingerprint, dec.desc);
+    thrv_walk<<<1, 1, 0, s>>>(*d, c.va, a->h.x.packed_bytes, a->h.m.id, a->h.unit, a->h.step, a->h.fingerprint, dec.desc);
     FC_CHECK_LAUNCH(err, error);
-    FC_TRY(fc_cu_sp_decode(dec, *d, c.va, a->unit, a->step, s, err));
+    FC_TRY(fc_cu_sp_decode(dec, *d, c.va, a->h.unit, a->h.step, s, err));
 error:
     return rc;
 }
@@ -370,8 +371,8 @@ static int scratch(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *de
     } else {
         fc_cu_sp_decoder d;
         int64_t start, n;
-        fc_cu_span(dec->geo, dec->geo.rank, &start, &n);
-        FC_TRY(fc_cu_sp_carve(ar, n, dec->geo.world, &d, err));
+        fc_cu_span(dec->h.geo, dec->h.geo.rank, &start, &n);
+        FC_TRY(fc_cu_sp_carve(ar, n, dec->h.geo.world, &d, err));
     }
     *bytes = ar.used;
 error:

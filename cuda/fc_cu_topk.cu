@@ -13,9 +13,10 @@ struct topk_cfg {
 static int config(const fc_cuda_method_cfg *m, int world, topk_cfg *c, fc_err *err)
 {
     memset(c, 0, sizeof(*c));
-    c->kr.k = (int64_t)fc_cu_cfg(m, "k", 0);
-    c->kr.ratio = fc_cu_cfg(m, "ratio", 0.01);
-    c->va.vc = fc_cu_vc_from(m, world);
+    const fc_topk_cfg *k = fc_cu_cfg_of<fc_topk_cfg>(m);
+    c->kr.k = k->k;
+    c->kr.ratio = k->ratio;
+    c->va.vc = fc_cu_vc_from(&k->vc, world);
     return fc_cu_vc_check(c->va.vc, err);
 }
 
@@ -41,12 +42,12 @@ struct topk_enc_parts {
 static int carve_encode(const fc_cuda_encode_args *a, const topk_cfg &c, fc_cu_arena &ar, topk_enc_parts *p,
                         fc_err *err)
 {
-    const fc_cu_sel_space sp = {a->geo.numel, a->geo.per > 0 ? a->geo.per : 1, a->geo.world,
-                                a->geo.skip_own ? a->geo.rank : -1};
-    p->total = kept_total(a->geo, c.kr);
+    const fc_cu_sel_space sp = {a->h.geo.numel, a->h.geo.per > 0 ? a->h.geo.per : 1, a->h.geo.world,
+                                a->h.geo.skip_own ? a->h.geo.rank : -1};
+    p->total = kept_total(a->h.geo, c.kr);
     p->vals = ar.take<float>(p->total);
     p->ev = ar.take<float>(p->total);
-    p->jobs = ar.take<fc_cu_vc_job>(a->geo.world);
+    p->jobs = ar.take<fc_cu_vc_job>(a->h.geo.world);
     return fc_cu_sel_carve(ar, sp, &p->sel, err);
 }
 
@@ -55,15 +56,15 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
     int rc = FC_OK;
     topk_cfg c;
     topk_enc_parts p;
-    fc_cu_arena ar = fc_cu_arena_of(a->x);
-    FC_TRY(config(&a->m, a->geo.world, &c, err));
+    fc_cu_arena ar = fc_cu_arena_of(a->h.x);
+    FC_TRY(config(&a->h.m, a->h.geo.world, &c, err));
     FC_TRY(carve_encode(a, c, ar, &p, err));
     FC_TRY(fc_cu_arena_check(ar, err));
     {
-        const fc_cu_outs outs = {a->send, a->geo, NULL};
+        const fc_cu_outs outs = {a->send, a->h.geo, NULL};
         FC_TRY(fc_cu_select_topk(p.sel, e->src, c.kr, s, err));
         FC_TRY(fc_cu_sp_encode(p.sel, *e, outs, 0, c.va, p.vals, p.ev, p.jobs,
-                               fc_rule_sparse_k(a->geo.per, c.kr.k, c.kr.ratio), p.total, s, err));
+                               fc_rule_sparse_k(a->h.geo.per, c.kr.k, c.kr.ratio), p.total, s, err));
     }
 error:
     return rc;
@@ -89,14 +90,14 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
     topk_cfg c;
     fc_cu_sp_decoder dec;
     int64_t start, n;
-    fc_cu_arena ar = fc_cu_arena_of(a->x);
-    fc_cu_span(a->geo, a->geo.rank, &start, &n);
-    FC_TRY(config(&a->m, a->geo.world, &c, err));
-    FC_TRY(fc_cu_sp_carve(ar, n, a->geo.world, &dec, err));
+    fc_cu_arena ar = fc_cu_arena_of(a->h.x);
+    fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
+    FC_TRY(config(&a->h.m, a->h.geo.world, &c, err));
+    FC_TRY(fc_cu_sp_carve(ar, n, a->h.geo.world, &dec, err));
     FC_TRY(fc_cu_arena_check(ar, err));
-    topk_desc<<<1, 256, 0, s>>>(a->geo, a->slot, n, fc_rule_sparse_k(n, c.kr.k, c.kr.ratio), dec.desc);
+    topk_desc<<<1, 256, 0, s>>>(a->h.geo, a->slot, n, fc_rule_sparse_k(n, c.kr.k, c.kr.ratio), dec.desc);
     FC_CHECK_LAUNCH(err, error);
-    FC_TRY(fc_cu_sp_decode(dec, *d, c.va, a->unit, a->step, s, err));
+    FC_TRY(fc_cu_sp_decode(dec, *d, c.va, a->h.unit, a->h.step, s, err));
 error:
     return rc;
 }
@@ -108,13 +109,13 @@ static int scratch(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *de
     fc_cu_arena ar = {NULL, 0, 0};
     if (enc != NULL) {
         topk_enc_parts p;
-        FC_TRY(config(&enc->m, enc->geo.world, &c, err));
+        FC_TRY(config(&enc->h.m, enc->h.geo.world, &c, err));
         FC_TRY(carve_encode(enc, c, ar, &p, err));
     } else {
         fc_cu_sp_decoder d;
         int64_t start, n;
-        fc_cu_span(dec->geo, dec->geo.rank, &start, &n);
-        FC_TRY(fc_cu_sp_carve(ar, n, dec->geo.world, &d, err));
+        fc_cu_span(dec->h.geo, dec->h.geo.rank, &start, &n);
+        FC_TRY(fc_cu_sp_carve(ar, n, dec->h.geo.world, &d, err));
     }
     *bytes = ar.used;
 error:

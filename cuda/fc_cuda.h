@@ -5,6 +5,7 @@
 #define FC_CUDA_H
 
 #include <stdint.h>
+#include "fc_cfg.h"
 #include "fc_status.h"
 
 #ifdef __cplusplus
@@ -14,23 +15,17 @@ extern "C" {
 /* 2: compress/decompress, comm marks, NCCL timeout and release, geometry probe; 3: the sparse,
  * aggregate and stateful methods' scratch, second round and copies (and their argument fields);
  * 4: the config fingerprint in the args (wire version 3), the decode's nonfinite mode, the
- * workspace's saturated count */
-#define FC_CUDA_ABI 4
+ * workspace's saturated count; 5: the method's config as its fc_cfg.h struct, not by key name, and
+ * every argument struct opens with one call header (fc_cuda_head) */
+#define FC_CUDA_ABI 5
 #define FC_CUDA_MAX_WORLD 1024 /* equals FC_MAX_WORLD of the CPU driver */
 #define FC_CUDA_MAX_UNITS 4096 /* units whose residual norm the device keeps */
-#define FC_CUDA_MAX_CFG 16
 
-/* A method's parsed config as (name, value) pairs: the CUDA side looks keys up by name, so it
- * shares no struct layout with the C method files. */
-typedef struct {
-    const char *name;
-    double value;
-} fc_cuda_kv;
-
+/* A method's parsed config: its struct of csrc/fc_cfg.h (fc_int8_cfg, ...) as the C side parsed
+ * it, zeros for `none` below min_numel; the kernels read it as that struct. */
 typedef struct {
     int id; /* wire id of the method (fc_method.id) */
-    int n_cfg;
-    fc_cuda_kv cfg[FC_CUDA_MAX_CFG];
+    FC_ALIGN8 unsigned char cfg[FC_CFG_MAX];
 } fc_cuda_method_cfg;
 
 /* Chunk geometry of one unit: chunk c is [c*per, ...) and only the last non-empty chunk may be
@@ -115,51 +110,44 @@ typedef struct {
  * and poisons its outputs instead of summing whatever the buffer held. */
 #define FC_MAGIC_ABORTED 0xAB0A7ED0u
 
+/* The call header: what every call from the driver carries, filled in one place
+ * (csrc/fc_cuda_path.c's call_head) and first in every argument struct below. */
 typedef struct {
     fc_cuda_method_cfg m;
     int varsize;  /* the method's body size is data-dependent (FC_VARSIZE): the geometry's are
                    * upper bounds */
     int device;
     void *stream; /* cudaStream_t current at the hook call */
-    fc_cuda_geom geo;
-    const void *grad;
-    int grad_dtype; /* fc_dtype; also the wire dtype of `none` */
+    fc_cuda_geom geo; /* of the unit; decode's own chunk is chunk `rank` */
+    const void *grad; /* the unit's gradient (compress(): its input; decompress(): unread) */
+    int grad_dtype;   /* fc_dtype; also the wire dtype of `none` */
+    uint32_t unit, step;
+    uint32_t chunk_base; /* the RNG's chunk id of chunk 0: 0 in the collective; compress()'s and
+                          * decompress()'s `chunk`, whose single payload is chunk 0 of a
+                          * one-chunk geometry (decode: the own chunk's id is chunk_base + rank) */
+    uint64_t seed;
+    uint32_t fingerprint; /* fc_core.fingerprint: every header carries it, decode checks it */
+    int nonfinite_zero;   /* this rank's NaN/Inf are taken as 0 ("zero" mode) */
+    fc_cuda_ws *ws;
+    fc_cuda_extra x; /* the sparse, aggregate and stateful methods' part (zero for the others) */
+} fc_cuda_head;
+
+typedef struct {
+    fc_cuda_head h;
     void *residual; /* NULL: no error feedback */
     int res_dtype;
     uint8_t *send;
-    uint32_t unit, step;
-    uint32_t chunk_base; /* the RNG's chunk id of chunk 0: 0 in the collective; compress()'s
-                          * `chunk`, whose single payload is chunk 0 of a one-chunk geometry */
-    uint64_t seed;
-    int nonfinite_zero;
     int sample; /* accumulate error statistics from the first sent chunk without NaN/Inf */
-    fc_cuda_ws *ws;
-    fc_cuda_extra x; /* the sparse, aggregate and stateful methods' part (zero for the others) */
-    uint32_t fingerprint; /* fc_core.fingerprint: every header carries it */
 } fc_cuda_encode_args;
 
 typedef struct {
-    fc_cuda_method_cfg m;
-    int varsize;
-    int device;
-    void *stream;
-    fc_cuda_geom geo; /* of the unit; the own chunk is chunk `rank` */
+    fc_cuda_head h;
     const uint8_t *recv;
     int64_t slot; /* payload bytes of each received slot */
-    const void *grad;
-    int grad_dtype;
     void *out;
     int out_dtype;
     int64_t out_numel;
-    uint32_t unit, step;
-    uint32_t chunk_base; /* the RNG's chunk id of the own chunk is chunk_base + geo.rank: 0 in
-                          * the collective; decompress()'s `chunk` (its geometry has rank 0) */
-    uint64_t seed;
     float alpha; /* decompress() only: out (fp32) += alpha * D(the one payload in recv) */
-    int nonfinite_zero; /* the own chunk's NaN/Inf are added as 0 (this rank's "zero" mode) */
-    fc_cuda_ws *ws;
-    fc_cuda_extra x; /* as in fc_cuda_encode_args */
-    uint32_t fingerprint; /* what the headers must carry */
 } fc_cuda_decode_args;
 
 /* What a data-dependent encode wrote for one chunk (0s for a chunk without payload): the host
@@ -179,17 +167,10 @@ struct fc_cuda_sent {
 /* The second round of a two-round method (sketch's second_round, fc_fetch.c on the CPU). The
  * picks of a chunk of n are min(kmax, n): kmax is those of the longest chunk. */
 typedef struct {
-    fc_cuda_method_cfg m;
-    int device;
-    void *stream;
-    fc_cuda_geom geo;       /* of the unit */
+    fc_cuda_head h;         /* h.x.fetch: the State's fetch buffer (own picks, encode's flags) */
     int64_t kmax;           /* picks per rank in the all-gather */
-    const void *grad;
-    int grad_dtype;
     void *residual;         /* NULL: no error feedback */
     int res_dtype;
-    int nonfinite_zero;
-    uint8_t *fetch;         /* the State's fetch buffer: own picks, encode's chunk flags */
     int64_t n_picks;        /* the own chunk's picks (decode's) */
     uint32_t *picks;        /* fetch_picks: the kmax words of this rank in the all-gather */
     const uint32_t *all_picks; /* fetch_values: world x kmax, every owner's picks */
@@ -197,8 +178,6 @@ typedef struct {
     void *out;              /* fetch_finish */
     int out_dtype;
     int64_t out_numel;
-    uint32_t unit;
-    fc_cuda_ws *ws;
 } fc_cuda_fetch_args;
 
 /* Timings are kept per kind and read lazily through cudaEvent elapsed times. EXTRA is the time

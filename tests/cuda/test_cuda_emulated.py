@@ -60,10 +60,7 @@ class EmuState:
         self.core = fsdpcomp.CommState(method, cfg)._core  # config resolution and sizes only
         info = fsdpcomp.method_info(method)
         self.id = info["id"]
-        self.keys = []
-        for k in info["keys"]:
-            v = cfg.get(k["name"], k["default"])
-            self.keys.append((k["name"], float(k["choices"].index(v) if k["choices"] else v)))
+        self.cfg_bytes = self.core._config_bytes  # the parsed config struct, as the library gets it
         conf = self.core.config
         self.ef = bool(conf["error_feedback"])
         self.res_dtype = torch.float32 if conf["residual_dtype"] == "fp32" else torch.bfloat16
@@ -120,8 +117,7 @@ class Emulated:
                     f.write(t.contiguous().view(torch.uint8).numpy().tobytes())
             with open(os.path.join(d, "args.txt"), "w") as f:
                 f.write(f"method {st.id}\n")
-                for k, v in st.keys:
-                    f.write(f"cfg {k} {v!r}\n")
+                f.write(f"cfg {st.cfg_bytes.hex()}\n")
                 for k, v in args.items():
                     f.write(f"{k} {v}\n")
             r = subprocess.run([self.exe, mode, d], capture_output=True, text=True, timeout=600)

@@ -9,7 +9,8 @@
 //     (acc += alpha * decode), ws.bin
 //   emu array DIR: args.txt, x.bin, acc.bin -> body.bin, acc.bin (+= alpha * decode of body)
 //   emu methods -: the wire ids of the methods with kernels
-// args.txt holds "key value" lines (and "cfg NAME VALUE" for the method's keys).
+// args.txt holds "key value" lines (and "cfg HEX": the method's parsed config struct, fc_cfg.h,
+// as State._config_bytes gives it).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -88,53 +89,52 @@ static void run_array(const C &c, std::map<std::string, double> &a, const std::v
                                                        (float *)acc.data(), c);
 }
 
-static double cfg_of(const fc_cuda_method_cfg &m, const char *name, double def)
-{
-    for (int i = 0; i < m.n_cfg; i++)
-        if (strcmp(m.cfg[i].name, name) == 0)
-            return m.cfg[i].value;
-    return def;
-}
-
 static void array_mode(const fc_cuda_method_cfg &m, std::map<std::string, double> &a, const std::string &dir)
 {
     std::vector<uint8_t> x = slurp(dir + "/x.bin"), acc = slurp(dir + "/acc.bin");
     std::vector<uint8_t> body((size_t)a["body_bytes"], 0xA5);
-    const int64_t bs = (int64_t)cfg_of(m, "block_size", cfg_of(m, "bucket_size", 256));
-    if (m.id == 3)
-        run_array(fc_cu_int8_codec{bs, (int)cfg_of(m, "stochastic", 0)}, a, x, acc, body);
-    else if (m.id == 4)
-        run_array(fc_cu_fp8_codec{bs, (int)cfg_of(m, "format", 0)}, a, x, acc, body);
-    else if (m.id == 5)
-        run_array(fc_cu_intn_codec{bs, (int)cfg_of(m, "bits", 4), (int)cfg_of(m, "stochastic", 0),
-                                   (int)cfg_of(m, "scheme", 0)}, a, x, acc, body);
-    else if (m.id == 6)
-        run_array(fc_cu_qsgd_codec{bs, (int32_t)cfg_of(m, "levels", 15), fc_qsgd_width((int64_t)cfg_of(m, "levels", 15))},
-                  a, x, acc, body);
-    else if (m.id == 7)
-        run_array(fc_cu_nc_codec{bs}, a, x, acc, body);
-    else if (m.id == 14)
-        run_array(fc_cu_onebit_codec{bs}, a, x, acc, body);
+    if (m.id == 3) {
+        const fc_int8_cfg *k = fc_cu_cfg_of<fc_int8_cfg>(&m);
+        run_array(fc_cu_int8_codec{k->block_size, k->stochastic}, a, x, acc, body);
+    } else if (m.id == 4) {
+        const fc_fp8_cfg *k = fc_cu_cfg_of<fc_fp8_cfg>(&m);
+        run_array(fc_cu_fp8_codec{k->block_size, k->format}, a, x, acc, body);
+    } else if (m.id == 5) {
+        const fc_intn_cfg *k = fc_cu_cfg_of<fc_intn_cfg>(&m);
+        run_array(fc_cu_intn_codec{k->block_size, (int)k->bits, k->stochastic, k->scheme}, a, x, acc, body);
+    } else if (m.id == 6) {
+        const fc_qsgd_cfg *k = fc_cu_cfg_of<fc_qsgd_cfg>(&m);
+        run_array(fc_cu_qsgd_codec{k->bucket_size, (int32_t)k->levels, fc_qsgd_width(k->levels)}, a, x, acc, body);
+    } else if (m.id == 7) {
+        run_array(fc_cu_nc_codec{fc_cu_cfg_of<fc_nc_cfg>(&m)->block_size}, a, x, acc, body);
+    } else if (m.id == 14) {
+        run_array(fc_cu_onebit_codec{fc_cu_cfg_of<fc_onebit_cfg>(&m)->block_size}, a, x, acc, body);
+    }
     else
         exit(3);
     spill(dir + "/body.bin", body.data(), body.size());
     spill(dir + "/acc.bin", acc.data(), acc.size());
 }
 
-// What every mode's arguments share, encode's and decode's alike (the two structs name these
-// fields the same), from args.txt; the mode sets the rest.
-template <class Args>
-static void common_args(Args &x, const fc_cuda_method_cfg &m, const fc_cuda_geom &g,
-                        std::map<std::string, double> &a, std::vector<uint8_t> &ws)
+// The call header every mode's arguments start with (fc_cuda_head), from args.txt: what the
+// driver's call_head (csrc/fc_cuda_path.c) fills; the mode sets the rest.
+static fc_cuda_head head(const fc_cuda_method_cfg &m, const fc_cuda_geom &g, std::map<std::string, double> &a,
+                         std::vector<uint8_t> &grad, std::vector<uint8_t> &ws)
 {
-    memset(&x, 0, sizeof x);
-    x.m = m;
-    x.geo = g;
-    x.unit = (uint32_t)a["unit"];
-    x.step = (uint32_t)a["step"];
-    x.seed = (uint64_t)a["seed"];
-    x.fingerprint = (uint32_t)a["fingerprint"];
-    x.ws = (fc_cuda_ws *)ws.data();
+    fc_cuda_head h;
+    memset(&h, 0, sizeof h);
+    h.m = m;
+    h.geo = g;
+    h.grad = grad.data();
+    h.grad_dtype = (int)a["gdt"]; // compress, decompress: 0 (fp32)
+    h.unit = (uint32_t)a["unit"];
+    h.step = (uint32_t)a["step"];
+    h.chunk_base = (uint32_t)a["chunk"]; // compress, decompress: their `chunk`; else 0
+    h.seed = (uint64_t)a["seed"];
+    h.fingerprint = (uint32_t)a["fingerprint"];
+    h.nonfinite_zero = (int)a["nonfinite_zero"];
+    h.ws = (fc_cuda_ws *)ws.data();
+    return h;
 }
 
 int main(int argc, char **argv)
@@ -151,21 +151,21 @@ int main(int argc, char **argv)
         return 0;
     }
     std::map<std::string, double> a;
-    std::vector<std::string> names; // storage for the config key names
     fc_cuda_method_cfg m;
     memset(&m, 0, sizeof m);
     {
         FILE *f = fopen((dir + "/args.txt").c_str(), "r");
         if (f == NULL)
             return 2;
-        char key[128], name[128];
+        char key[128], hex[2 * FC_CFG_MAX + 1];
         double v;
-        names.reserve(FC_CUDA_MAX_CFG);
         while (fscanf(f, "%127s", key) == 1) {
-            if (strcmp(key, "cfg") == 0 && fscanf(f, "%127s %lf", name, &v) == 2) {
-                names.push_back(name);
-                m.cfg[m.n_cfg].name = names.back().c_str();
-                m.cfg[m.n_cfg++].value = v;
+            if (strcmp(key, "cfg") == 0 && fscanf(f, "%512s", hex) == 1) { // the struct's bytes
+                for (size_t i = 0; 2 * i + 1 < strlen(hex) && i < FC_CFG_MAX; i++) {
+                    unsigned byte = 0;
+                    sscanf(hex + 2 * i, "%2x", &byte);
+                    m.cfg[i] = (unsigned char)byte;
+                }
             } else if (fscanf(f, "%lf", &v) == 1) {
                 a[key] = v;
             }
@@ -195,38 +195,30 @@ int main(int argc, char **argv)
     memset(&err, 0, sizeof err);
     int rc;
     std::vector<uint8_t> grad = slurp(dir + "/grad.bin");
+    fc_cuda_encode_args e;
+    fc_cuda_decode_args d;
+    memset(&e, 0, sizeof e);
+    memset(&d, 0, sizeof d);
+    e.h = d.h = head(m, g, a, grad, ws);
     if (mode == "compress") { // State.compress: geometry of one chunk, chunk_base = `chunk`
-        fc_cuda_encode_args e;
-        common_args(e, m, g, a, ws);
-        e.grad = grad.data();
         std::vector<uint8_t> send((size_t)a["send_bytes"], 0xA5);
         e.send = send.data();
-        e.chunk_base = (uint32_t)a["chunk"];
         int64_t written = 0;
         rc = api->compress(ctx, &e, &written, &err);
         if (rc == FC_OK)
             spill(dir + "/send.bin", send.data(), (size_t)written);
     } else if (mode == "decompress") { // State.decompress: acc (grad.bin) += alpha * D(payload)
-        fc_cuda_decode_args d;
-        common_args(d, m, g, a, ws);
         std::vector<uint8_t> recv = slurp(dir + "/recv.bin");
         d.recv = recv.data();
         d.slot = (int64_t)recv.size();
-        d.grad = grad.data();
-        d.grad_dtype = 0;
         d.out = grad.data();
         d.out_dtype = 0;
         d.out_numel = g.numel;
-        d.chunk_base = (uint32_t)a["chunk"];
         d.alpha = (float)a["alpha"];
         rc = api->decompress(ctx, &d, &err);
         if (rc == FC_OK)
             spill(dir + "/out.bin", grad.data(), grad.size());
     } else if (mode == "encode") {
-        fc_cuda_encode_args e;
-        common_args(e, m, g, a, ws);
-        e.grad = grad.data();
-        e.grad_dtype = (int)a["gdt"];
         std::vector<uint8_t> res;
         if (a["rdt"] >= 0) {
             res = slurp(dir + "/res.bin");
@@ -235,7 +227,6 @@ int main(int argc, char **argv)
         }
         std::vector<uint8_t> send((size_t)a["send_bytes"], 0xA5); // unwritten bytes show
         e.send = send.data();
-        e.nonfinite_zero = (int)a["nonfinite_zero"];
         e.sample = (int)a["sample"];
         rc = api->encode(ctx, &e, &err);
         if (rc == FC_OK) {
@@ -244,18 +235,13 @@ int main(int argc, char **argv)
                 spill(dir + "/res.bin", res.data(), res.size());
         }
     } else {
-        fc_cuda_decode_args d;
-        common_args(d, m, g, a, ws);
         std::vector<uint8_t> recv = slurp(dir + "/recv.bin");
         d.recv = recv.data();
         d.slot = (int64_t)a["slot"];
-        d.grad = grad.data();
-        d.grad_dtype = (int)a["gdt"];
         d.out_dtype = (int)a["odt"];
         d.out_numel = (int64_t)a["out_numel"];
         std::vector<uint8_t> out((size_t)d.out_numel * (d.out_dtype == 0 ? 4 : 2), 0xA5);
         d.out = out.data();
-        d.nonfinite_zero = (int)a["nonfinite_zero"];
         rc = api->decode(ctx, &d, &err);
         if (rc == FC_OK)
             spill(dir + "/out.bin", out.data(), out.size());
