@@ -59,10 +59,12 @@ def driver_cuda_version() -> int | None:
     return version or None
 
 
-def driver_release() -> str | None:
-    """The NVIDIA kernel module's version (e.g. 575.57.08), or None where it cannot be read."""
+def driver_release(proc: str = "/proc/driver/nvidia/version") -> str | None:
+    """The NVIDIA kernel module's version (e.g. 575.57.08) from its first line in ``proc``
+    ("... Kernel Module  575.57.08 ...", or "... Open Kernel Module for x86_64  575.57.08 ..."),
+    or None where it cannot be read."""
     try:
-        with open("/proc/driver/nvidia/version", encoding="ascii", errors="replace") as f:
+        with open(proc, encoding="ascii", errors="replace") as f:
             found = re.search(r"Kernel Module\s+(?:for \S+\s+)?(\d+(?:\.\d+)+)", f.read())
     except OSError:
         return None

@@ -137,6 +137,16 @@ def test_problem_messages(tmp_path):
     assert _cuda_check.library_cuda_version(path) == (13, 0)
 
 
+@pytest.mark.parametrize("line", [
+    "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.133.20  Fri Feb 28 09:47:01 UTC 2025",
+    "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.133.20  Release Build  (dvs-builder@U16)"])
+def test_driver_release_from_proc(tmp_path, line):
+    proc = tmp_path / "version"
+    proc.write_text(line + "\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
+    assert _cuda_check.driver_release(str(proc)) == "570.133.20"
+    assert _cuda_check.driver_release(str(tmp_path / "absent")) is None
+
+
 def test_library_version_without_nvcc_mark(tmp_path):
     empty, plain = tmp_path / "empty.so", tmp_path / "plain.so"
     empty.write_bytes(b"")
