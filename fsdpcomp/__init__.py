@@ -46,6 +46,7 @@ except ImportError as _err:
         raise _no_extension(_err) from _err
     raise  # _C is there but does not load (another Python, a missing library): Python's message says why
 from ._C import CudaError, NcclError, PayloadError
+from ._cuda_check import library_path
 from ._nccl import release_nccl
 from .cli import add_argparse_args, from_args
 from .counters import Counters
@@ -69,8 +70,7 @@ _CUDA_METHODS = frozenset({"none", "fp16", "bf16", "int8", "fp8", "intN", "qsgd"
 
 def _cuda_built() -> bool:
     """Whether this build has the CUDA library (where the loader looks for it; not loaded)."""
-    lib = os.environ.get("FSDPCOMP_CUDA_LIB") or os.path.join(os.path.dirname(_C.__file__), "_fsdpcomp_cuda.so")
-    return os.path.exists(lib)
+    return os.path.exists(library_path())
 
 
 def method_info(name: str) -> dict[str, Any]:

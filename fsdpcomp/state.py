@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C, _agree
+from ._cuda_check import require_cuda
 from ._config import gather_default, normalize_config
 from ._dist import Ranks
 from ._exchange import ELEMENT_SIZE, Exchange, Wire
@@ -35,6 +36,8 @@ def _check_tensor(t: Any, name: str) -> None:
         raise TypeError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
     if t.device.type not in ("cpu", "cuda"):
         raise TypeError(f"{name} must be on the CPU or a CUDA device, got {t.device}")
+    if t.device.type == "cuda":
+        require_cuda(f"{name} is")  # CudaError: no CUDA library, or a driver too old for it
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous (call .contiguous()), got shape "
                          f"{tuple(t.shape)} with strides {t.stride()}")
@@ -53,7 +56,9 @@ class CommState:
     kind (not a tensor, a dtype other than float32/bfloat16/float16, a device the call cannot
     use, a state that is not a CommState); ValueError for a value that does not fit (a size, a
     layout, a config key, a unit key used inconsistently); fsdpcomp.PayloadError for a payload
-    from another rank that does not decode. A refused call changes nothing.
+    from another rank that does not decode; fsdpcomp.CudaError for the first CUDA tensor when
+    this fsdpcomp cannot run on CUDA here (built without CUDA, or a driver too old for its CUDA
+    library: the message says which and what to do). A refused call changes nothing.
     """
 
     def __init__(self, method: str = "none", config: Mapping[str, Any] | str | None = None,
@@ -217,6 +222,8 @@ class CommState:
         encoded on its own (default: the whole shard). group None: the state's process group.
         Returns torch's Work for an uncompressed gather with async_op, else None."""
         ranks = Ranks.of(group if group is not None else self.process_group)
+        if shard.device.type == "cuda":
+            require_cuda("shard is")
         self._handshake.before_param_gather(ranks.group, shard, ranks.world)  # first gather of a shape
         return self._param_gather(output, shard, ranks, unit, segments or (shard.numel(),), async_op)
 

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ..state import CommState
+from ._checks import check_cuda_model
 from .ddp import DDPHookState, ddp_hook, register_ddp
 from .fsdp1 import UnitHookState, fsdp_hook, register_fsdp1
 from .fsdp2 import AllGather, AllReduceHook, ReduceScatter, fsdp2_modules, register_fsdp2, register_replicate
@@ -30,11 +31,14 @@ def register(model: torch.nn.Module, method: str | CommState = "none",
     :func:`fsdpcomp.ddp_hook`, buckets keyed by their parameters. Every unit's residual stays
     with its key whatever the order of the calls, whichever units sit out a step.
 
-    Errors, raised before anything is registered: TypeError for a model of none of these
-    kinds, or a CommState passed together with a config; ValueError for a bad method or
-    config, and for a ``param_gather`` other than "none" on FSDP1 or DDP (they have no
-    parameter all-gather hook); RuntimeError for a torch without FSDP2's custom collectives.
+    Errors, raised before anything is registered: fsdpcomp.CudaError for a model on CUDA that
+    this fsdpcomp cannot run (built without CUDA, or a driver too old for its CUDA library: the
+    message says which and what to do); TypeError for a model of none of these kinds, or a
+    CommState passed together with a config; ValueError for a bad method or config, and for a
+    ``param_gather`` other than "none" on FSDP1 or DDP (they have no parameter all-gather hook);
+    RuntimeError for a torch without FSDP2's custom collectives.
     """
+    check_cuda_model(model)
     if isinstance(method, CommState):
         if config is not None:
             raise TypeError("pass either a CommState or a method name with its config, not both")

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from .._cuda_check import require_cuda
 from ..state import CommState
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -15,6 +16,14 @@ FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 def check_state(state: Any, who: str) -> None:
     if not isinstance(state, CommState):
         raise TypeError(f"{who}'s state must be a fsdpcomp.CommState, got {type(state).__name__}")
+
+
+def check_cuda_model(model: torch.nn.Module) -> None:
+    """fsdpcomp.CudaError, before any hook is set, when the model's parameters are on CUDA and
+    this fsdpcomp cannot run there (built without CUDA, or a driver too old for its library)."""
+    params = model.parameters() if isinstance(model, torch.nn.Module) else ()
+    if any(p.device.type == "cuda" for p in params):
+        require_cuda(f"{type(model).__name__}'s parameters are")
 
 
 def check_flat(t: Any, name: str, floats: bool = True, hint: str = "") -> None:

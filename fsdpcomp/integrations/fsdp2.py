@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from .._dist import Ranks
 from ..state import CommState
-from ._checks import check_alike, check_flat, check_state, completed, refuse_param_gather
+from ._checks import check_alike, check_cuda_model, check_flat, check_state, completed, refuse_param_gather
 
 try:  # torch >= 2.9 defines the protocols; subclassing them keeps torch's isinstance checks true
     from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _TorchAllGather
@@ -232,10 +232,12 @@ def register_replicate(model: torch.nn.Module, state: CommState) -> None:
     mesh and ``state.process_group`` is the replicate group; every FSDPModule gets an
     AllReduceHook (keyed by its name) that averages its reduce-scatter output across replicas.
 
-    Checked before anything is set: ValueError for a ``param_gather`` other than "none" or a
+    Checked before anything is set: fsdpcomp.CudaError for a model on CUDA this fsdpcomp cannot
+    run (as for ``register``), ValueError for a ``param_gather`` other than "none" or a
     module sharded on a 2-D (HSDP) mesh, TypeError for a model without FSDPModules,
     RuntimeError on a torch without ``set_all_reduce_hook``."""
     check_state(state, "register_replicate")
+    check_cuda_model(model)
     refuse_param_gather(state, "register_replicate (the replica all-reduce)")
     modules = fsdp2_modules(model)
     if not modules:
