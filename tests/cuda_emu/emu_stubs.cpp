@@ -57,22 +57,22 @@ static void fc_emu_poison_scratch(const fc_cuda_extra &x)
 static const fc_cuda_api *fc_emu_real;
 static int fc_emu_encode(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, fc_err *err)
 {
-    fc_emu_poison_scratch(a->x);
+    fc_emu_poison_scratch(a->h.x);
     return fc_emu_real->encode(ctx, a, err);
 }
 static int fc_emu_decode(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *err)
 {
-    fc_emu_poison_scratch(a->x);
+    fc_emu_poison_scratch(a->h.x);
     return fc_emu_real->decode(ctx, a, err);
 }
 static int fc_emu_compress(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *written, fc_err *err)
 {
-    fc_emu_poison_scratch(a->x);
+    fc_emu_poison_scratch(a->h.x);
     return fc_emu_real->compress(ctx, a, written, err);
 }
 static int fc_emu_decompress(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *err)
 {
-    fc_emu_poison_scratch(a->x);
+    fc_emu_poison_scratch(a->h.x);
     return fc_emu_real->decompress(ctx, a, err);
 }
 
