@@ -46,10 +46,7 @@ static int64_t intn_meta_bytes(const fc_intn_cfg *cfg, int64_t n)
 static void intn_layout(const fc_chunk *c, fc_layout *out)
 {
     const fc_intn_cfg *cfg = (const fc_intn_cfg *)c->cfg;
-    out->meta_bytes = intn_meta_bytes(cfg, c->n);
-    out->value_bytes = fc_pack_bytes(c->n, (int)cfg->bits);
-    out->index_bytes = 0;
-    out->kept = c->n;
+    fc_layout_set(out, intn_meta_bytes(cfg, c->n), fc_pack_bytes(c->n, (int)cfg->bits), c->n);
 }
 
 /* The smallest and largest key of block [lo, hi), in 16 independent lanes (as fc_amax_bits). */
