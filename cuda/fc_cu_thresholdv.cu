@@ -140,7 +140,7 @@ __global__ void thrv_none(fc_cu_enc e, const fc_cuda_sent *sent, const int64_t *
         return;
     uint8_t *body = e.send + offs[c] + FC_HEADER_BYTES;
     const int ef = e.res != NULL;
-    const int passed = e.bad[c] != 0 && !e.src.zero_nonfinite;
+    const int passed = fc_cu_passed(e, c);
     const int sample = fc_cu_sampled(e, c);
     double dee_unit = 0, dee = 0, dxx = 0, dxe = 0;
     int64_t sat = 0;
