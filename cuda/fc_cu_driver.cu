@@ -231,71 +231,38 @@ static fc_cu_dec dec_of(const fc_cuda_decode_args *a)
     return d;
 }
 
-static void note_stream(fc_cuda_ctx *ctx, cudaStream_t s, int device)
+// A call on h with method m checked and its frame readied, nothing entered yet.
+static int frame_check(const fc_cu_method *m, fc_cu_frame *f, const fc_cuda_head &h, fc_err *err)
 {
-    ctx->last_stream = s;
-    ctx->last_device = device;
-    ctx->have_last = 1;
-}
-
-// One entry point's frame: its method and stream, the device it entered, the timer it runs.
-struct call_frame {
-    const fc_cu_method *m;
-    cudaStream_t s;
-    fc_cu_device_guard dg;
-    fc_cu_timer *t;
-};
-
-// The frame of a call on h, nothing entered yet: the method looked up, the call checked.
-static int frame_check(call_frame *f, const fc_cuda_head &h, fc_err *err)
-{
-    f->m = fc_cu_method_by_id(h.m.id);
-    f->s = (cudaStream_t)h.stream;
-    f->dg = {0, 0};
-    f->t = NULL;
-    return check_call(f->m, h.m.id, &h.geo, err);
+    fc_cu_frame_init(f, h);
+    return check_call(m, h.m.id, &h.geo, err);
 }
 
 // Enters h's device, checks a single-payload call's scratch (enc or dec; the collective's are
 // NULL), starts the timer of `kind` and clears the verdicts of the call's `nbad` payloads.
-static int frame_start(fc_cuda_ctx *ctx, call_frame *f, const fc_cuda_head &h, int kind,
-                       const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, int nbad, fc_err *err)
+static int frame_start(fc_cuda_ctx *ctx, const fc_cu_method *m, fc_cu_frame *f, const fc_cuda_head &h,
+                       int kind, const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, int nbad,
+                       fc_err *err)
 {
     int rc = FC_OK;
-    FC_TRY(fc_cu_device_enter(&f->dg, h.device, err));
+    FC_TRY(fc_cu_frame_enter(f, err));
     if (enc != NULL || dec != NULL)
-        FC_TRY(check_scratch(f->m, enc, dec, err));
+        FC_TRY(check_scratch(m, enc, dec, err));
     f->t = fc_cu_timer_start(ctx, kind, f->s);
     FC_CHECK_CUDA(cudaMemsetAsync(h.ws->bad, 0, sizeof(unsigned int) * (size_t)nbad, f->s), err, error);
 error:
     return rc;
 }
 
-// The work is queued: the timer stopped, the stream noted for the counters.
-static void frame_done(fc_cuda_ctx *ctx, call_frame *f, const fc_cuda_head &h)
-{
-    fc_cu_timer_stop(f->t, f->s);
-    f->t = NULL;
-    note_stream(ctx, f->s, h.device);
-}
-
-// Every exit: a timer still running stopped, the device left; returns rc.
-static int frame_leave(call_frame *f, int rc)
-{
-    if (f->t != NULL)
-        fc_cu_timer_stop(f->t, f->s);
-    fc_cu_device_leave(&f->dg);
-    return rc;
-}
-
 static int encode(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, fc_err *err)
 {
-    call_frame f;
-    int rc = frame_check(&f, a->h, err);
+    const fc_cu_method *m = fc_cu_method_by_id(a->h.m.id);
+    fc_cu_frame f;
+    int rc = frame_check(m, &f, a->h, err);
     if (rc != FC_OK || a->h.geo.numel == 0)
         return rc;
     const cudaStream_t s = f.s;
-    FC_TRY(frame_start(ctx, &f, a->h, FC_TIME_COMPRESS, NULL, NULL, a->h.geo.world, err));
+    FC_TRY(frame_start(ctx, m, &f, a->h, FC_TIME_COMPRESS, NULL, NULL, a->h.geo.world, err));
     {
         fc_cu_enc e = enc_of(a);
         e.unit_slot = a->residual != NULL && a->h.unit < FC_CUDA_MAX_UNITS ? (int)a->h.unit : -1;
@@ -313,25 +280,26 @@ static int encode(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, fc_err *err)
         write_headers<<<a->h.geo.world, 32, 0, s>>>(a->h.geo, a->send, a->h.m.id, a->h.grad_dtype, a->h.unit,
                                                   a->h.step, a->h.fingerprint, a->h.nonfinite_zero, a->h.ws);
         FC_CHECK_LAUNCH(err, error);
-        FC_TRY(f.m->encode(a, &e, s, err));
+        FC_TRY(m->encode(a, &e, s, err));
         if (a->sample) {
             finish_sample<<<1, 1, 0, s>>>(a->h.ws, a->residual != NULL);
             FC_CHECK_LAUNCH(err, error);
         }
     }
-    frame_done(ctx, &f, a->h);
+    fc_cu_frame_done(ctx, &f);
 error:
-    return frame_leave(&f, rc);
+    return fc_cu_frame_leave(&f, rc);
 }
 
 static int decode(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *err)
 {
-    call_frame f;
-    int rc = frame_check(&f, a->h, err);
+    const fc_cu_method *m = fc_cu_method_by_id(a->h.m.id);
+    fc_cu_frame f;
+    int rc = frame_check(m, &f, a->h, err);
     if (rc != FC_OK || a->out_numel == 0)
         return rc;
     const cudaStream_t s = f.s;
-    FC_TRY(frame_start(ctx, &f, a->h, FC_TIME_DECOMPRESS, NULL, NULL, a->h.geo.world, err));
+    FC_TRY(frame_start(ctx, m, &f, a->h, FC_TIME_DECOMPRESS, NULL, NULL, a->h.geo.world, err));
     {
         fc_cu_dec d = dec_of(a);
         FC_CHECK_CUDA(cudaMemsetAsync(&a->h.ws->passed, 0, sizeof(unsigned int), s), err, error);
@@ -349,11 +317,11 @@ static int decode(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *err)
                                                 a->h.fingerprint, a->h.ws);
             FC_CHECK_LAUNCH(err, error);
         }
-        FC_TRY(f.m->decode(a, &d, s, err));
+        FC_TRY(m->decode(a, &d, s, err));
     }
-    frame_done(ctx, &f, a->h);
+    fc_cu_frame_done(ctx, &f);
 error:
-    return frame_leave(&f, rc);
+    return fc_cu_frame_leave(&f, rc);
 }
 
 // compress(): chunk 0 of a.geo (numel = per = n, skip_own 0: the other chunks are empty) as one
@@ -362,9 +330,10 @@ error:
 // a.chunk_base and a.geo.rank.
 static int compress(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *written, fc_err *err)
 {
-    call_frame f;
+    const fc_cu_method *m = fc_cu_method_by_id(a->h.m.id);
+    fc_cu_frame f;
     *written = 0;
-    int rc = frame_check(&f, a->h, err);
+    int rc = frame_check(m, &f, a->h, err);
     if (rc != FC_OK)
         return rc;
     if (a->h.geo.numel < 1 || a->h.geo.per != a->h.geo.numel || a->h.geo.skip_own || a->residual != NULL ||
@@ -372,7 +341,7 @@ static int compress(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *wri
         return fc_fail(err, FC_ERR_STATE, "internal: compress() takes a one-chunk geometry without "
                        "residual or sample");
     const cudaStream_t s = f.s;
-    FC_TRY(frame_start(ctx, &f, a->h, FC_TIME_COMPRESS, a, NULL, a->h.geo.world, err));
+    FC_TRY(frame_start(ctx, m, &f, a->h, FC_TIME_COMPRESS, a, NULL, a->h.geo.world, err));
     {
         fc_cu_enc e = enc_of(a);
         e.single = 1;
@@ -383,9 +352,9 @@ static int compress(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *wri
         write_headers<<<a->h.geo.world, 32, 0, s>>>(a->h.geo, a->send, a->h.m.id, a->h.grad_dtype, a->h.unit,
                                                   a->h.step, a->h.fingerprint, 0, a->h.ws);
         FC_CHECK_LAUNCH(err, error);
-        FC_TRY(f.m->encode(a, &e, s, err));
+        FC_TRY(m->encode(a, &e, s, err));
     }
-    frame_done(ctx, &f, a->h);
+    fc_cu_frame_done(ctx, &f);
     *written = a->h.geo.pay_full;
     if (a->h.varsize) { // how long the body came out is in the header the encode wrote
         fc_header h;
@@ -400,7 +369,7 @@ static int compress(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *wri
         *written = fc_align_up(FC_HEADER_BYTES + (int64_t)fc_header_body(&h));
     }
 error:
-    return frame_leave(&f, rc);
+    return fc_cu_frame_leave(&f, rc);
 }
 
 // decompress(): out (fp32) += alpha * D(payload): the header checked as the CPU's decode_one
@@ -409,8 +378,9 @@ error:
 // state the caller gave (fc_cuda_decode_args.x).
 static int decompress(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *err)
 {
-    call_frame f;
-    int rc = frame_check(&f, a->h, err);
+    const fc_cu_method *m = fc_cu_method_by_id(a->h.m.id);
+    fc_cu_frame f;
+    int rc = frame_check(m, &f, a->h, err);
     if (rc != FC_OK)
         return rc;
     if (a->out_numel < 1 || a->h.geo.numel != a->out_numel || a->h.geo.per != a->h.geo.numel ||
@@ -418,7 +388,7 @@ static int decompress(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *er
         return fc_fail(err, FC_ERR_STATE, "internal: decompress() takes a one-chunk geometry, an "
                        "fp32 output of its length and a slot of at least a header");
     const cudaStream_t s = f.s;
-    FC_TRY(frame_start(ctx, &f, a->h, FC_TIME_DECOMPRESS, NULL, a, 1, err));
+    FC_TRY(frame_start(ctx, m, &f, a->h, FC_TIME_DECOMPRESS, NULL, a, 1, err));
     {
         fc_cu_dec d = dec_of(a);
         d.add = 1;
@@ -430,11 +400,11 @@ static int decompress(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *er
                                            a->h.varsize, a->h.unit, a->h.step, a->h.fingerprint, a->h.ws);
             FC_CHECK_LAUNCH(err, error);
         }
-        FC_TRY(f.m->decode(a, &d, s, err));
+        FC_TRY(m->decode(a, &d, s, err));
     }
-    frame_done(ctx, &f, a->h);
+    fc_cu_frame_done(ctx, &f);
 error:
-    return frame_leave(&f, rc);
+    return fc_cu_frame_leave(&f, rc);
 }
 
 static int read_counters(fc_cuda_ctx *ctx, const fc_cuda_ws *dev_ws, fc_cuda_ws *host_ws,
