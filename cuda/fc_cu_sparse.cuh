@@ -304,7 +304,8 @@ struct fc_cu_sp_decoder {
     fc_cu_sp_desc *desc;  // per rank
 };
 
-int fc_cu_sp_carve(fc_cu_arena &ar, int64_t n, int world, fc_cu_sp_decoder *dec, fc_err *err);
+// The decoder's parts for g's own chunk (its length in *n), carved from ar.
+int fc_cu_sp_carve(fc_cu_arena &ar, const fc_cuda_geom &g, fc_cu_sp_decoder *dec, int64_t *n, fc_err *err);
 // Every sender's payload (desc, filled) checked and added at its indices, in rank order with
 // the own chunk in its place, then out = acc / W; in add mode (decompress()) rank 0's payload
 // alone, out += alpha * D. A malformed payload is rejected as the CPU decoder would raise, and

@@ -424,11 +424,13 @@ error:
 
 // ---- index payloads: the decode
 
-int fc_cu_sp_carve(fc_cu_arena &ar, int64_t n, int world, fc_cu_sp_decoder *dec, fc_err *err)
+int fc_cu_sp_carve(fc_cu_arena &ar, const fc_cuda_geom &g, fc_cu_sp_decoder *dec, int64_t *n, fc_err *err)
 {
-    fc_cu_sel_space sp = {n, n > 0 ? n : 1, 1, -1};
-    dec->acc = ar.take<float>(n);
-    dec->desc = ar.take<fc_cu_sp_desc>(world);
+    int64_t start;
+    fc_cu_span(g, g.rank, &start, n);
+    fc_cu_sel_space sp = {*n, *n > 0 ? *n : 1, 1, -1};
+    dec->acc = ar.take<float>(*n);
+    dec->desc = ar.take<fc_cu_sp_desc>(g.world);
     return fc_cu_sel_carve(ar, sp, &dec->sel, err);
 }
 
