@@ -230,6 +230,19 @@ __device__ __forceinline__ uint8_t *fc_cu_enc_body(const fc_cu_enc &e, int c, in
     return fc_cu_sent(e.geo, c, *n) ? e.send + fc_cu_send_off(e.geo, c) + FC_HEADER_BYTES : NULL;
 }
 
+// A call's base stream: the seed's keys, chunk 0's id (h.chunk_base), the unit and the step; the
+// shared draws of randomk and sketch, and every chunk's own once fc_cu_chunk_rng keys it.
+__host__ __device__ __forceinline__ fc_rng fc_cu_call_rng(const fc_cuda_head &h)
+{
+    fc_rng r;
+    r.key0 = (uint32_t)h.seed;
+    r.key1 = (uint32_t)(h.seed >> 32);
+    r.chunk = h.chunk_base;
+    r.unit = h.unit;
+    r.step = h.step;
+    return r;
+}
+
 // The sender's stream for chunk c, exactly as the CPU's make_chunk builds it. base.chunk is
 // the id of chunk 0: 0 in the collective, compress()'s `chunk` for its single payload.
 __host__ __device__ __forceinline__ fc_rng fc_cu_chunk_rng(fc_rng base, int chunk, int rank)

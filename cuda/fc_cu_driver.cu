@@ -205,11 +205,7 @@ static fc_cu_enc enc_of(const fc_cuda_encode_args *a)
     e.bad = a->h.ws->bad;
     e.ws = a->h.ws;
     e.unit_slot = -1;
-    e.rng.key0 = (uint32_t)a->h.seed;
-    e.rng.key1 = (uint32_t)(a->h.seed >> 32);
-    e.rng.chunk = a->h.chunk_base;
-    e.rng.unit = a->h.unit;
-    e.rng.step = a->h.step;
+    e.rng = fc_cu_call_rng(a->h);
     return e;
 }
 

@@ -179,17 +179,6 @@ error:
     return rc;
 }
 
-static fc_rng shared_rng(uint64_t seed, uint32_t chunk_base, uint32_t unit, uint32_t step)
-{
-    fc_rng r;
-    r.key0 = (uint32_t)seed;
-    r.key1 = (uint32_t)(seed >> 32);
-    r.chunk = chunk_base;
-    r.unit = unit;
-    r.step = step;
-    return r;
-}
-
 static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
 {
     int rc = FC_OK;
@@ -200,7 +189,7 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
     FC_TRY(carve_encode(a, c, ar, &p, err));
     FC_TRY(fc_cu_arena_check(ar, err));
     {
-        const fc_rng shared = shared_rng(a->h.seed, a->h.chunk_base, a->h.unit, a->h.step);
+        const fc_rng shared = fc_cu_call_rng(a->h);
         const int G = sk_group(c, a->h.geo.world);
         for (int g0 = 0; g0 < a->h.geo.world; g0 += G) {
             const int gc = g0 + G < a->h.geo.world ? G : a->h.geo.world - g0;
@@ -373,7 +362,7 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
         // owner only picks, none of an empty chunk, and writes no output yet, as the CPU's decode
         const int pick = a->h.x.fetch != NULL;
         const int64_t cells = (int64_t)c.rows * c.cols;
-        const fc_rng shared = shared_rng(a->h.seed, a->h.chunk_base, a->h.unit, a->h.step);
+        const fc_rng shared = fc_cu_call_rng(a->h);
         fc_cu_src est;
         memset(&est, 0, sizeof(est));
         est.grad = p.est;
