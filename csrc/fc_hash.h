@@ -1,10 +1,12 @@
 /* fc_hash.h: the count sketch's hash and sign functions, identical on every rank and on the
- * GPU: murmur3's finaliser of (element, row key). The top bits pick the column, bit 0 the sign. */
+ * GPU: murmur3's finaliser of (element, row key). The top bits pick the column, bit 0 the sign.
+ * The median over rows that estimates a coordinate is here too: one definition for both. */
 #ifndef FC_HASH_H
 #define FC_HASH_H
 
 #include <stdint.h>
 #include "fc_hostdev.h"
+#include "fc_quant.h"
 
 FC_HOSTDEV uint32_t fc_fmix32(uint32_t h)
 {
@@ -30,6 +32,37 @@ FC_HOSTDEV uint32_t fc_sketch_col(uint32_t h, uint32_t cols)
 FC_HOSTDEV float fc_sketch_sign(uint32_t h)
 {
     return (h & 1u) ? -1.0f : 1.0f;
+}
+
+/* The median of r (<= 15) values by insertion sort (the same comparisons everywhere, NaN
+ * included), an even count's two middle values halved first where their sum leaves fp32. */
+FC_HOSTDEV float fc_sketch_median(float *v, int r)
+{
+    for (int a = 1; a < r; a++) {
+        const float key = v[a];
+        int b = a - 1;
+        while (b >= 0 && v[b] > key) {
+            v[b + 1] = v[b];
+            b--;
+        }
+        v[b + 1] = key;
+    }
+    if (r & 1)
+        return v[r / 2];
+    const float s = v[r / 2 - 1] + v[r / 2]; /* two estimates near fp32's largest: halve first */
+    return fc_abs_bits(s) >= FC_INF_BITS ? 0.5f * v[r / 2 - 1] + 0.5f * v[r / 2] : 0.5f * s;
+}
+
+/* Coordinate i's estimate in table t (rows x cols, row j hashed by keys[j]): the median over
+ * rows of sign * t[row][col]. */
+FC_HOSTDEV float fc_sketch_estimate(const float *t, int rows, int64_t cols, const uint32_t *keys, int64_t i)
+{
+    float v[15];
+    for (int j = 0; j < rows; j++) {
+        const uint32_t h = fc_sketch_hash((uint64_t)i, keys[j]);
+        v[j] = fc_sketch_sign(h) * t[j * cols + fc_sketch_col(h, (uint32_t)cols)];
+    }
+    return fc_sketch_median(v, rows);
 }
 
 #endif

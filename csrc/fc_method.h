@@ -75,6 +75,16 @@ static inline int64_t fc_layout_bytes(const fc_layout *l)
     return l->value_bytes + l->meta_bytes + l->index_bytes;
 }
 
+/* A layout without indices (a dense method's, or a sketch's): meta and value bytes, kept of the
+ * chunk's coordinates carried; saturated left as it is. */
+static inline void fc_layout_set(fc_layout *out, int64_t meta, int64_t value, int64_t kept)
+{
+    out->meta_bytes = meta;
+    out->value_bytes = value;
+    out->index_bytes = 0;
+    out->kept = kept;
+}
+
 #define FC_UNBIASED 1u    /* E[D(C(x))] = x */
 #define FC_LINEAR 2u      /* payloads of different ranks may be summed before one decode */
 #define FC_RANDOM 4u      /* uses the counter-based RNG */

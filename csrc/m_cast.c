@@ -11,10 +11,7 @@ static const fc_key cast_keys[] = {FC_KEYS_END};
 
 static void cast_layout(const fc_chunk *c, fc_layout *out)
 {
-    out->value_bytes = c->n * 2;
-    out->meta_bytes = 0;
-    out->index_bytes = 0;
-    out->kept = c->n;
+    fc_layout_set(out, 0, c->n * 2, c->n);
 }
 
 /* fc_f32_to_f16 without branches, so that the loop vectorises. Same bytes: normals by the same

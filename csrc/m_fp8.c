@@ -18,10 +18,7 @@ static const fc_key fp8_keys[] = {
 static void fp8_layout(const fc_chunk *c, fc_layout *out)
 {
     const fc_fp8_cfg *cfg = (const fc_fp8_cfg *)c->cfg;
-    out->meta_bytes = 4 * fc_nblocks(c->n, cfg->block_size);
-    out->value_bytes = c->n;
-    out->index_bytes = 0;
-    out->kept = c->n;
+    fc_layout_set(out, 4 * fc_nblocks(c->n, cfg->block_size), c->n, c->n);
 }
 
 /* fc_f32_to_fp8 without the branch, so the loop vectorises: both the subnormal code (the same

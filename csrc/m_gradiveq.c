@@ -39,10 +39,7 @@ static int64_t slices(const fc_chunk *c)
 static void gvq_layout(const fc_chunk *c, fc_layout *out)
 {
     const fc_gradiveq_cfg *cfg = (const fc_gradiveq_cfg *)c->cfg;
-    out->value_bytes = 4 * slices(c) * cfg->k;
-    out->meta_bytes = 0;
-    out->index_bytes = 0;
-    out->kept = c->n;
+    fc_layout_set(out, 0, 4 * slices(c) * cfg->k, c->n);
 }
 
 /* ustate: U (k vectors of dim), then the covariance sum (dim x dim) */

@@ -23,10 +23,7 @@ static int64_t int8_blocks(const fc_chunk *c)
 
 static void int8_layout(const fc_chunk *c, fc_layout *out)
 {
-    out->meta_bytes = 4 * int8_blocks(c);
-    out->value_bytes = c->n;
-    out->index_bytes = 0;
-    out->kept = c->n;
+    fc_layout_set(out, 4 * int8_blocks(c), c->n, c->n);
 }
 
 /* Round-to-nearest codes of one finite block: the reference's expression, in a function of its
@@ -38,24 +35,6 @@ static inline void int8_nearest(const float *restrict x, int64_t n, float inv, i
         q = q > 127.0f ? 127.0f : q;
         q = q < -127.0f ? -127.0f : q;
         codes[i] = (int8_t)(int32_t)q;
-    }
-}
-
-/* The reference's nearest-rounding encode, blocks and special blocks included. */
-FC_CLONES static void int8_encode_nearest(const float *x, int64_t n, int64_t bs, uint8_t *body)
-{
-    const int64_t nb = fc_nblocks(n, bs);
-    float *scales = (float *)body;
-    int8_t *codes = (int8_t *)(body + 4 * nb);
-    for (int64_t b = 0; b < nb; b++) {
-        const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, n);
-        const float inv = fc_block_scale(x, lo, hi, 127.0f, &scales[b]);
-        if (inv == 0.0f) { /* zero or non-finite block: zero codes (see fc_block_scale) */
-            for (int64_t i = lo; i < hi; i++)
-                codes[i] = 0;
-            continue;
-        }
-        int8_nearest(x + lo, hi - lo, inv, codes + lo);
     }
 }
 
@@ -71,10 +50,11 @@ static inline void int8_stoch(const float *restrict x, const uint16_t *restrict 
     }
 }
 
-/* The reference's stochastic encode with the draws made in bulk (fc_rng_fill16), a stretch at
- * a time in L1, and the rounding loop compiled for AVX2 as well. */
-FC_CLONES static void int8_encode_stoch(const fc_rng *rng, const float *x, int64_t n, int64_t bs,
-                                        uint8_t *body)
+/* The reference's encode, blocks and special blocks included: nearest rounding without rng,
+ * else stochastic with the draws made in bulk (fc_rng_fill16), a stretch at a time in L1; the
+ * rounding loops compiled for AVX2 as well. */
+FC_CLONES static void int8_encode_fast(const fc_rng *rng, const float *x, int64_t n, int64_t bs,
+                                       uint8_t *body)
 {
     const int64_t nb = fc_nblocks(n, bs);
     float *scales = (float *)body;
@@ -86,6 +66,10 @@ FC_CLONES static void int8_encode_stoch(const fc_rng *rng, const float *x, int64
         if (inv == 0.0f) { /* zero or non-finite block: zero codes (see fc_block_scale) */
             for (int64_t i = lo; i < hi; i++)
                 codes[i] = 0;
+            continue;
+        }
+        if (rng == NULL) {
+            int8_nearest(x + lo, hi - lo, inv, codes + lo);
             continue;
         }
         int64_t m;
@@ -102,10 +86,7 @@ static int int8_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layo
     (void)err;
     const fc_int8_cfg *cfg = (const fc_int8_cfg *)c->cfg;
     if (!fc_cpu_reference) {
-        if (cfg->stochastic)
-            int8_encode_stoch(&c->rng, x, c->n, cfg->block_size, body);
-        else
-            int8_encode_nearest(x, c->n, cfg->block_size, body);
+        int8_encode_fast(cfg->stochastic ? &c->rng : NULL, x, c->n, cfg->block_size, body);
         int8_layout(c, used);
         return FC_OK;
     }

@@ -46,10 +46,7 @@ static int64_t intn_meta_bytes(const fc_intn_cfg *cfg, int64_t n)
 static void intn_layout(const fc_chunk *c, fc_layout *out)
 {
     const fc_intn_cfg *cfg = (const fc_intn_cfg *)c->cfg;
-    out->meta_bytes = intn_meta_bytes(cfg, c->n);
-    out->value_bytes = fc_pack_bytes(c->n, (int)cfg->bits);
-    out->index_bytes = 0;
-    out->kept = c->n;
+    fc_layout_set(out, intn_meta_bytes(cfg, c->n), fc_pack_bytes(c->n, (int)cfg->bits), c->n);
 }
 
 /* The smallest and largest key of block [lo, hi), in 16 independent lanes (as fc_amax_bits). */
@@ -353,30 +350,18 @@ static int intn_bad_code(uint32_t worst, int64_t b, uint32_t top, fc_err *err)
                    "(corrupted)", worst, (long long)b, top);
 }
 
-/* Reference decode: each group of 8 unpacked by fc_unpack8, element by element. */
-static int intn_decode_ref(const fc_chunk *c, const uint8_t *body, float alpha, float *acc, fc_err *err)
+/* The reference decode of one group of m (<= 8) codes: unpacked by fc_unpack8, element by
+ * element; returns the largest code. */
+static inline uint32_t intn_decode_group_ref(const uint8_t *in, int64_t m, int w, const fc_intn_dec *d,
+                                             float *acc)
 {
-    const fc_intn_cfg *cfg = (const fc_intn_cfg *)c->cfg;
-    const int w = (int)cfg->bits;
-    const int64_t bs = cfg->block_size, n = c->n, nb = fc_nblocks(n, bs);
-    const uint8_t *packed = body + intn_meta_bytes(cfg, n);
-    for (int64_t b = 0; b < nb; b++) {
-        const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, n);
-        const fc_intn_dec d =
-            fc_intn_dec_block((int)cfg->bits, cfg->scheme, (const float *)body, b, alpha);
-        uint32_t worst = 0;
-        for (int64_t k = lo; k < hi; k += 8) {
-            uint32_t codes[8];
-            fc_unpack8(packed + k / 8 * w, w, codes);
-            for (int64_t j = 0; j < 8 && k + j < hi; j++) {
-                worst = codes[j] > worst ? codes[j] : worst;
-                acc[k + j] += fc_intn_value(&d, codes[j]);
-            }
-        }
-        if (worst > d.top)
-            return intn_bad_code(worst, b, d.top, err);
+    uint32_t codes[8], worst = 0;
+    fc_unpack8(in, w, codes);
+    for (int64_t j = 0; j < m; j++) {
+        worst = codes[j] > worst ? codes[j] : worst;
+        acc[j] += fc_intn_value(d, codes[j]);
     }
-    return FC_OK;
+    return worst;
 }
 
 /* ceil(m / 8) groups of w bytes back to one code per byte of t, a group of 8 per load. */
@@ -443,20 +428,24 @@ INTN_INLINE uint32_t intn_decode_stretch(const uint8_t *restrict in, int64_t m, 
     return worst;
 }
 
+/* The decode of every block, a code above the block's top refused: the reference a group of 8
+ * at a time (ref), else a stretch at a time with `w` a literal at every call. */
 INTN_INLINE int intn_decode_w(const fc_chunk *c, const uint8_t *body, float alpha, float *acc,
-                                int w, fc_err *err)
+                                int w, int ref, fc_err *err)
 {
     const fc_intn_cfg *cfg = (const fc_intn_cfg *)c->cfg;
     const int64_t bs = cfg->block_size, n = c->n, nb = fc_nblocks(n, bs);
+    const int64_t step = ref ? 8 : INTN_STRETCH;
     const uint8_t *packed = body + intn_meta_bytes(cfg, n);
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * bs, hi = FC_BLOCK_END(lo, bs, n);
         const fc_intn_dec d =
             fc_intn_dec_block((int)cfg->bits, cfg->scheme, (const float *)body, b, alpha);
         uint32_t worst = 0;
-        for (int64_t k = lo; k < hi; k += INTN_STRETCH) {
-            const int64_t m = hi - k < INTN_STRETCH ? hi - k : INTN_STRETCH;
-            const uint32_t s = intn_decode_stretch(packed + k / 8 * w, m, w, &d, acc + k);
+        for (int64_t k = lo; k < hi; k += step) {
+            const int64_t m = hi - k < step ? hi - k : step;
+            const uint32_t s = ref ? intn_decode_group_ref(packed + k / 8 * w, m, w, &d, acc + k)
+                                   : intn_decode_stretch(packed + k / 8 * w, m, w, &d, acc + k);
             worst = s > worst ? s : worst;
         }
         if (worst > d.top)
@@ -469,16 +458,17 @@ FC_CLONES static int intn_decode_fast(const fc_chunk *c, const uint8_t *body, fl
                                       float *acc, fc_err *err)
 {
     const int w = (int)((const fc_intn_cfg *)c->cfg)->bits;
-    return w == 2 ? intn_decode_w(c, body, alpha, acc, 2, err)
-         : w == 3 ? intn_decode_w(c, body, alpha, acc, 3, err)
-                  : intn_decode_w(c, body, alpha, acc, 4, err);
+    return w == 2 ? intn_decode_w(c, body, alpha, acc, 2, 0, err)
+         : w == 3 ? intn_decode_w(c, body, alpha, acc, 3, 0, err)
+                  : intn_decode_w(c, body, alpha, acc, 4, 0, err);
 }
 
 static int intn_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_bytes, float alpha,
                            float *acc, fc_err *err)
 {
     (void)body_bytes;
-    return fc_cpu_reference ? intn_decode_ref(c, body, alpha, acc, err)
+    const int w = (int)((const fc_intn_cfg *)c->cfg)->bits;
+    return fc_cpu_reference ? intn_decode_w(c, body, alpha, acc, w, 1, err)
                             : intn_decode_fast(c, body, alpha, acc, err);
 }
 

@@ -18,10 +18,7 @@ static const fc_key nc_keys[] = {
 static void nc_layout(const fc_chunk *c, fc_layout *out)
 {
     const fc_nc_cfg *cfg = (const fc_nc_cfg *)c->cfg;
-    out->meta_bytes = 4 * fc_nblocks(c->n, cfg->block_size);
-    out->value_bytes = c->n;
-    out->index_bytes = 0;
-    out->kept = c->n;
+    fc_layout_set(out, 4 * fc_nblocks(c->n, cfg->block_size), c->n, c->n);
 }
 
 /* fc_nc_encode's common case, branch-free so it vectorises: every non-zero element is a

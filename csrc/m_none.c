@@ -7,10 +7,7 @@ static const fc_key none_keys[] = {FC_KEYS_END};
 
 static void none_layout(const fc_chunk *c, fc_layout *out)
 {
-    out->value_bytes = c->n * fc_dtype_size(c->wire_dtype);
-    out->meta_bytes = 0;
-    out->index_bytes = 0;
-    out->kept = c->n;
+    fc_layout_set(out, 0, c->n * fc_dtype_size(c->wire_dtype), c->n);
 }
 
 static int none_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)

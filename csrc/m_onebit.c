@@ -16,10 +16,7 @@ static const fc_key onebit_keys[] = {
 static void onebit_layout(const fc_chunk *c, fc_layout *out)
 {
     const fc_onebit_cfg *cfg = (const fc_onebit_cfg *)c->cfg;
-    out->meta_bytes = 8 * fc_nblocks(c->n, cfg->block_size);
-    out->value_bytes = (c->n + 7) / 8;
-    out->index_bytes = 0;
-    out->kept = c->n;
+    fc_layout_set(out, 8 * fc_nblocks(c->n, cfg->block_size), (c->n + 7) / 8, c->n);
 }
 
 /* The definition of a block's two means: 8 lanes each, fixed combination order (see

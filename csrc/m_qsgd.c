@@ -19,10 +19,8 @@ static const fc_key qsgd_keys[] = {
 static void qsgd_layout(const fc_chunk *c, fc_layout *out)
 {
     const fc_qsgd_cfg *cfg = (const fc_qsgd_cfg *)c->cfg;
-    out->meta_bytes = 4 * fc_nblocks(c->n, cfg->bucket_size);
-    out->value_bytes = fc_pack_bytes(c->n, fc_qsgd_width(cfg->levels));
-    out->index_bytes = 0;
-    out->kept = c->n;
+    fc_layout_set(out, 4 * fc_nblocks(c->n, cfg->bucket_size), fc_pack_bytes(c->n, fc_qsgd_width(cfg->levels)),
+                  c->n);
 }
 
 /* The reference's sum of squares, compiled once (not inlined into the AVX2 clone), so that

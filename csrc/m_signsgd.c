@@ -30,10 +30,7 @@ static int64_t sign_nb(const fc_chunk *c)
 
 static void sign_layout(const fc_chunk *c, fc_layout *out)
 {
-    out->meta_bytes = 4 * sign_nb(c);
-    out->value_bytes = (c->n + 7) / 8;
-    out->index_bytes = 0;
-    out->kept = c->n;
+    fc_layout_set(out, 4 * sign_nb(c), (c->n + 7) / 8, c->n);
 }
 
 static void sign_bits(const float *x, int64_t n, uint8_t *bits)

@@ -43,10 +43,7 @@ static int64_t sketch_k(const fc_chunk *c)
 static void sketch_layout(const fc_chunk *c, fc_layout *out)
 {
     const fc_sketch_cfg *cfg = (const fc_sketch_cfg *)c->cfg;
-    out->value_bytes = 4 * cfg->rows * cfg->cols;
-    out->meta_bytes = 0;
-    out->index_bytes = 0;
-    out->kept = sketch_k(c);
+    fc_layout_set(out, 0, 4 * cfg->rows * cfg->cols, sketch_k(c));
 }
 
 static size_t sketch_scratch(const void *cfg, int64_t n)
@@ -85,23 +82,6 @@ static int sketch_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_la
     return FC_OK;
 }
 
-static float median(float *v, int64_t r)
-{
-    for (int64_t a = 1; a < r; a++) { /* insertion sort: r <= 15 */
-        float key = v[a];
-        int64_t b = a - 1;
-        while (b >= 0 && v[b] > key) {
-            v[b + 1] = v[b];
-            b--;
-        }
-        v[b + 1] = key;
-    }
-    if (r & 1)
-        return v[r / 2];
-    const float s = v[r / 2 - 1] + v[r / 2]; /* two estimates near fp32's largest: halve first */
-    return fc_abs_bits(s) >= FC_INF_BITS ? 0.5f * v[r / 2 - 1] + 0.5f * v[r / 2] : 0.5f * s;
-}
-
 /* est[i] = the median over rows of coordinate i's estimates in table t */
 static void estimate(const fc_chunk *c, const float *t, float *est)
 {
@@ -110,14 +90,8 @@ static void estimate(const fc_chunk *c, const float *t, float *est)
     uint32_t rk[15];
     for (int64_t j = 0; j < r; j++)
         rk[j] = row_key(c, j);
-    for (int64_t i = 0; i < n; i++) {
-        float v[15];
-        for (int64_t j = 0; j < r; j++) {
-            uint32_t h = fc_sketch_hash((uint64_t)i, rk[j]);
-            v[j] = fc_sketch_sign(h) * t[j * cols + fc_sketch_col(h, (uint32_t)cols)];
-        }
-        est[i] = median(v, r);
-    }
+    for (int64_t i = 0; i < n; i++)
+        est[i] = fc_sketch_estimate(t, (int)r, cols, rk, i);
 }
 
 /* acc += alpha * the k largest estimates read from table t */

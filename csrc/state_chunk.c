@@ -62,6 +62,39 @@ PyObject *fc_state_layout(StateObject *self, PyObject *arg)
                          "total", (long long)total);
 }
 
+/* One payload's call outside the collective (compress, decompress): its arguments, the views
+ * of its tensors and, on CUDA, its prepared call. */
+typedef struct {
+    PyObject *t, *payload; /* t: x or acc; borrowed from the arguments */
+    unsigned int unit, chunk;
+    int world, rank;
+    fc_view tv, pv;
+    fc_cuda_call k;
+    fc_err err;
+} single_call;
+
+/* a's tensors: t (fp32, at least one element, named name) and the uint8 payload, aligned, on t's
+ * device; world and rank checked; on CUDA the call prepared for one payload (decode:
+ * decompress()'s). The caller releases both views. */
+static int single_views(StateObject *self, single_call *a, const char *name, int decode)
+{
+    int rc = FC_OK;
+    FC_TRY(fc_view_get(a->t, name, FC_DT_F32, &a->tv, &a->err));
+    FC_TRY(fc_view_get(a->payload, "payload", FC_DT_U8, &a->pv, &a->err));
+    FC_TRY(fc_check_same_device(&a->pv, &a->tv, "payload", &a->err));
+    FC_TRY(fc_check_aligned(&a->pv, "payload", &a->err));
+    FC_TRY(fc_check_world(a->world, a->rank, &a->err));
+    if (a->tv.buf.numel == 0)
+        return fc_fail(&a->err, FC_ERR_VALUE, "%s must have at least one element", name);
+    if (fc_state_on_cuda(self, &a->tv)) {
+        FC_TRY(fc_state_cuda_prepare(self, a->t, &a->tv, &a->k, &a->err));
+        FC_TRY(fc_state_cuda_single_extras(self, a->t, &a->k, a->tv.buf.numel, a->world, a->rank, a->unit,
+                                           a->chunk, decode, &a->err));
+    }
+error:
+    return rc;
+}
+
 FC_DOCSTRING(fc_state_compress_doc,
 "compress(x, payload, unit=0, chunk=0, world=1, rank=0) -> int\n\n"
 "Encodes the fp32 tensor x as one payload into the uint8 tensor `payload` on the same device;\n"
@@ -72,40 +105,28 @@ FC_DOCSTRING(fc_state_compress_doc,
 PyObject *fc_state_compress(StateObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"x", "payload", "unit", "chunk", "world", "rank", NULL};
-    PyObject *x, *payload;
-    unsigned int unit = 0, chunk = 0;
-    int world = 1, rank = 0, rc = FC_ERR_VALUE; /* until the encode has run */
+    single_call a = {.world = 1};
+    int rc = FC_ERR_VALUE; /* until the encode has run */
     int64_t written = 0;
-    fc_err err = {0};
-    fc_view xv = {0}, pv = {0};
     if (!fc_state_ready(self) ||
-        !PyArg_ParseTupleAndKeywords(args, kwds, "OO|IIii:compress", kwlist, &x, &payload, &unit,
-                                     &chunk, &world, &rank))
+        !PyArg_ParseTupleAndKeywords(args, kwds, "OO|IIii:compress", kwlist, &a.t, &a.payload, &a.unit,
+                                     &a.chunk, &a.world, &a.rank))
         return NULL;
-    fc_cuda_call k;
-    if (fc_view_get(x, "x", FC_DT_F32, &xv, &err) || fc_view_get(payload, "payload", FC_DT_U8, &pv, &err) ||
-        fc_check_same_device(&pv, &xv, "payload", &err) ||
-        fc_check_aligned(&pv, "payload", &err) || fc_check_world(world, rank, &err))
-        goto error;
-    if (xv.buf.numel == 0) {
-        fc_fail(&err, FC_ERR_VALUE, "x must have at least one element");
-        goto error;
-    }
-    if (fc_state_on_cuda(self, &xv) &&
-        (fc_state_cuda_prepare(self, x, &xv, &k, &err) != FC_OK ||
-         fc_state_cuda_single_extras(self, x, &k, xv.buf.numel, world, rank, unit, chunk, 0, &err) != FC_OK))
+    if (single_views(self, &a, "x", 0) != FC_OK)
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    if (fc_state_on_cuda(self, &xv))
-        rc = fc_cuda_compress(&self->core, &k, &xv.buf, &pv.buf, unit, chunk, world, rank, &written, &err);
+    if (fc_state_on_cuda(self, &a.tv))
+        rc = fc_cuda_compress(&self->core, &a.k, &a.tv.buf, &a.pv.buf, a.unit, a.chunk, a.world, a.rank,
+                              &written, &a.err);
     else
-        rc = fc_core_compress(&self->core, (const float *)xv.buf.data, xv.buf.numel,
-                              (uint8_t *)pv.buf.data, pv.buf.numel, unit, chunk, world, rank, &written, &err);
+        rc = fc_core_compress(&self->core, (const float *)a.tv.buf.data, a.tv.buf.numel,
+                              (uint8_t *)a.pv.buf.data, a.pv.buf.numel, a.unit, a.chunk, a.world, a.rank,
+                              &written, &a.err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
-    fc_view_release(&xv);
-    fc_view_release(&pv);
-    return rc == FC_OK ? PyLong_FromLongLong(written) : STATE_ERR(self, &err);
+    fc_view_release(&a.tv);
+    fc_view_release(&a.pv);
+    return rc == FC_OK ? PyLong_FromLongLong(written) : STATE_ERR(self, &a.err);
 }
 
 FC_DOCSTRING(fc_state_decompress_doc,
@@ -118,36 +139,23 @@ FC_DOCSTRING(fc_state_decompress_doc,
 PyObject *fc_state_decompress(StateObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"payload", "acc", "alpha", "unit", "chunk", "world", NULL};
-    PyObject *payload, *acc;
+    single_call a = {.world = 1};
     double alpha = 1.0;
-    unsigned int unit = 0, chunk = 0;
-    int world = 1, rc = FC_ERR_VALUE; /* until the decode has run */
-    fc_err err = {0};
-    fc_view pv = {0}, av = {0};
+    int rc = FC_ERR_VALUE; /* until the decode has run */
     if (!fc_state_ready(self) ||
-        !PyArg_ParseTupleAndKeywords(args, kwds, "OO|dIIi:decompress", kwlist, &payload, &acc,
-                                     &alpha, &unit, &chunk, &world))
+        !PyArg_ParseTupleAndKeywords(args, kwds, "OO|dIIi:decompress", kwlist, &a.payload, &a.t, &alpha,
+                                     &a.unit, &a.chunk, &a.world))
         return NULL;
-    fc_cuda_call k;
-    if (fc_view_get(payload, "payload", FC_DT_U8, &pv, &err) || fc_view_get(acc, "acc", FC_DT_F32, &av, &err) ||
-        fc_check_same_device(&av, &pv, "acc", &err) ||
-        fc_check_aligned(&pv, "payload", &err) || fc_check_world(world, 0, &err))
-        goto error;
-    if (av.buf.numel == 0) {
-        fc_fail(&err, FC_ERR_VALUE, "acc must have at least one element");
-        goto error;
-    }
-    if (fc_state_on_cuda(self, &av) &&
-        (fc_state_cuda_prepare(self, acc, &av, &k, &err) != FC_OK ||
-         fc_state_cuda_single_extras(self, acc, &k, av.buf.numel, world, 0, unit, chunk, 1, &err) != FC_OK))
+    if (single_views(self, &a, "acc", 1) != FC_OK)
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    if (fc_state_on_cuda(self, &av))
-        rc = fc_cuda_decompress(&self->core, &k, &pv.buf, &av.buf, (float)alpha, unit, chunk, world, &err);
+    if (fc_state_on_cuda(self, &a.tv))
+        rc = fc_cuda_decompress(&self->core, &a.k, &a.pv.buf, &a.tv.buf, (float)alpha, a.unit, a.chunk, a.world,
+                                &a.err);
     else
-        rc = fc_core_decompress(&self->core, (const uint8_t *)pv.buf.data, pv.buf.numel, av.buf.numel,
-                                (float)alpha, (float *)av.buf.data, unit, chunk, world, &err);
+        rc = fc_core_decompress(&self->core, (const uint8_t *)a.pv.buf.data, a.pv.buf.numel, a.tv.buf.numel,
+                                (float)alpha, (float *)a.tv.buf.data, a.unit, a.chunk, a.world, &a.err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
-    return fc_state_views_done(self, rc, &err, &pv, &av, NULL);
+    return fc_state_views_done(self, rc, &a.err, &a.pv, &a.tv, NULL);
 }

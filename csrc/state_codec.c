@@ -153,63 +153,74 @@ static PyObject *ef_residual(StateObject *self, uint32_t unit, PyObject *grad, c
     return res;
 }
 
+/* What encode() and encode_part() hold: the views of grad, send and the unit's residual, the
+ * residual itself (new ref, NULL without error feedback) and whether it applies. */
+typedef struct {
+    fc_view g, s, r;
+    PyObject *res;
+    int use_ef;
+} encode_call;
+
 /* What encode() and encode_part() share: grad and send viewed and checked, send as long as
  * plan() says (with `whole`; the C side checks a per-peer buffer against its pieces), and the
- * unit's residual (*res, new ref) when error feedback applies to it. */
+ * unit's residual when error feedback applies to it. encode_release() undoes it. */
 static int encode_views(StateObject *self, PyObject *grad, PyObject *send, int world, int rank,
-                        long long unit, int whole, fc_view *g, fc_view *s, fc_view *r,
-                        PyObject **res, int *use_ef, fc_err *err)
+                        long long unit, int whole, encode_call *e, fc_err *err)
 {
     int64_t ss[FC_MAX_WORLD], rs[FC_MAX_WORLD];
-    if (fc_view_get(grad, "grad", FC_DT_FLOATS, g, err) != FC_OK ||
-        fc_view_get(send, "send", FC_DT_U8, s, err) != FC_OK ||
-        fc_check_same_device(s, g, "send", err) || fc_check_aligned(s, "send", err) ||
-        fc_check_world(world, rank, err) || fc_state_check_unit(self, unit, g->buf.numel, err))
+    if (fc_view_get(grad, "grad", FC_DT_FLOATS, &e->g, err) != FC_OK ||
+        fc_view_get(send, "send", FC_DT_U8, &e->s, err) != FC_OK ||
+        fc_check_same_device(&e->s, &e->g, "send", err) || fc_check_aligned(&e->s, "send", err) ||
+        fc_check_world(world, rank, err) || fc_state_check_unit(self, unit, e->g.buf.numel, err))
         return err->code != FC_OK ? err->code : FC_ERR_VALUE;
-    fc_core_plan(&self->core, g->buf.numel, g->buf.dtype, world, rank, ss, rs);
-    if (whole && s->buf.numel != plan_total(ss, world))
+    fc_core_plan(&self->core, e->g.buf.numel, e->g.buf.dtype, world, rank, ss, rs);
+    if (whole && e->s.buf.numel != plan_total(ss, world))
         return fc_fail(err, FC_ERR_VALUE, "send has %lld bytes, plan() needs %lld",
-                       (long long)s->buf.numel, (long long)plan_total(ss, world));
-    *use_ef = uses_residual(self, g->buf.numel, world, g->buf.dtype);
-    if (*use_ef && (*res = ef_residual(self, (uint32_t)unit, grad, g, r, err)) == NULL)
+                       (long long)e->s.buf.numel, (long long)plan_total(ss, world));
+    e->use_ef = uses_residual(self, e->g.buf.numel, world, e->g.buf.dtype);
+    if (e->use_ef && (e->res = ef_residual(self, (uint32_t)unit, grad, &e->g, &e->r, err)) == NULL)
         return err->code != FC_OK ? err->code : FC_ERR_PYTHON;
     return FC_OK;
 }
 
+static void encode_release(encode_call *e)
+{
+    fc_view_release(&e->g);
+    fc_view_release(&e->s);
+    fc_view_release(&e->r);
+    Py_XDECREF(e->res);
+}
+
 PyObject *fc_state_encode(StateObject *self, PyObject *args)
 {
-    PyObject *grad, *send, *res = NULL;
+    PyObject *grad, *send;
     int world, rank, rc = FC_ERR_VALUE; /* until the encode has run */
     long long unit;
     fc_err err = {0};
-    fc_view g = {0}, s = {0}, r = {0};
+    encode_call e = {0};
     int64_t sizes[FC_MAX_WORLD];
-    int use_ef = 0;
     if (!fc_state_ready(self) ||
         !PyArg_ParseTuple(args, "OOiiL:encode", &grad, &send, &world, &rank, &unit))
         return NULL;
     fc_cuda_call k;
-    if (encode_views(self, grad, send, world, rank, unit, 1, &g, &s, &r, &res, &use_ef, &err) != FC_OK)
+    if (encode_views(self, grad, send, world, rank, unit, 1, &e, &err) != FC_OK)
         goto error;
-    if (fc_state_on_cuda(self, &g) &&
-        (fc_state_cuda_prepare(self, grad, &g, &k, &err) != FC_OK ||
-         fc_state_cuda_extras(self, grad, &k, &g.buf, NULL, NULL, world, rank, (uint32_t)unit, 0,
+    if (fc_state_on_cuda(self, &e.g) &&
+        (fc_state_cuda_prepare(self, grad, &e.g, &k, &err) != FC_OK ||
+         fc_state_cuda_extras(self, grad, &k, &e.g.buf, NULL, NULL, world, rank, (uint32_t)unit, 0,
                               &err) != FC_OK))
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    if (fc_state_on_cuda(self, &g)) {
-        rc = fc_cuda_encode(&self->core, &k, &g.buf, &s.buf, use_ef ? &r.buf : NULL, world, rank,
-                            (uint32_t)unit, sizes, &err);
+    if (fc_state_on_cuda(self, &e.g)) {
+        rc = fc_cuda_encode(&self->core, &k, &e.g.buf, &e.s.buf, e.use_ef ? &e.r.buf : NULL, world,
+                            rank, (uint32_t)unit, sizes, &err);
     } else {
-        rc = fc_core_encode(&self->core, &g.buf, &s.buf, use_ef ? &r.buf : NULL, world, rank,
-                            (uint32_t)unit, sizes, &err);
+        rc = fc_core_encode(&self->core, &e.g.buf, &e.s.buf, e.use_ef ? &e.r.buf : NULL, world,
+                            rank, (uint32_t)unit, sizes, &err);
     }
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
-    fc_view_release(&g);
-    fc_view_release(&s);
-    fc_view_release(&r);
-    Py_XDECREF(res);
+    encode_release(&e);
     return rc == FC_OK ? fc_sizes_tuple(sizes, world) : STATE_ERR(self, &err);
 }
 
@@ -327,29 +338,25 @@ FC_DOCSTRING(fc_state_encode_part_doc,
 
 PyObject *fc_state_encode_part(StateObject *self, PyObject *args)
 {
-    PyObject *grad, *send, *res = NULL;
+    PyObject *grad, *send;
     int world, rank, chunk, piece, rc = FC_ERR_VALUE; /* until the encode has run */
     long long unit;
     fc_err err = {0};
-    fc_view g = {0}, s = {0}, r = {0};
+    encode_call e = {0};
     int64_t size = 0;
-    int use_ef = 0;
     if (!fc_state_ready(self) ||
         !PyArg_ParseTuple(args, "OOiiLii:encode_part", &grad, &send, &world, &rank, &unit, &chunk,
                           &piece))
         return NULL;
-    if (encode_views(self, grad, send, world, rank, unit, 0, &g, &s, &r, &res, &use_ef, &err) != FC_OK ||
-        fc_check_cpu(&g, "grad", &err))
+    if (encode_views(self, grad, send, world, rank, unit, 0, &e, &err) != FC_OK ||
+        fc_check_cpu(&e.g, "grad", &err))
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    rc = fc_core_encode_part(&self->core, &g.buf, &s.buf, use_ef ? &r.buf : NULL, world, rank,
-                             (uint32_t)unit, chunk, piece, &size, &err);
+    rc = fc_core_encode_part(&self->core, &e.g.buf, &e.s.buf, e.use_ef ? &e.r.buf : NULL, world,
+                             rank, (uint32_t)unit, chunk, piece, &size, &err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
-    fc_view_release(&g);
-    fc_view_release(&s);
-    fc_view_release(&r);
-    Py_XDECREF(res);
+    encode_release(&e);
     return rc == FC_OK ? PyLong_FromLongLong(size) : STATE_ERR(self, &err);
 }
 

@@ -216,6 +216,33 @@ __device__ __forceinline__ int fc_cu_sampled(const fc_cu_enc &e, int c)
     return e.sample && e.ws->sample_chunk == c;
 }
 
+// Whether chunk c passed NaN/Inf on the wire (counted, not zeroed): its residual keeps them.
+__device__ __forceinline__ int fc_cu_passed(const fc_cu_enc &e, int c)
+{
+    return e.bad[c] != 0 && !e.src.zero_nonfinite;
+}
+
+// Chunk c of an encode: its span, and its body in the send buffer, NULL where the chunk is not
+// sent (empty, or the own chunk kept exact).
+__device__ __forceinline__ uint8_t *fc_cu_enc_body(const fc_cu_enc &e, int c, int64_t *start, int64_t *n)
+{
+    fc_cu_span(e.geo, c, start, n);
+    return fc_cu_sent(e.geo, c, *n) ? e.send + fc_cu_send_off(e.geo, c) + FC_HEADER_BYTES : NULL;
+}
+
+// A call's base stream: the seed's keys, chunk 0's id (h.chunk_base), the unit and the step; the
+// shared draws of randomk and sketch, and every chunk's own once fc_cu_chunk_rng keys it.
+__host__ __device__ __forceinline__ fc_rng fc_cu_call_rng(const fc_cuda_head &h)
+{
+    fc_rng r;
+    r.key0 = (uint32_t)h.seed;
+    r.key1 = (uint32_t)(h.seed >> 32);
+    r.chunk = h.chunk_base;
+    r.unit = h.unit;
+    r.step = h.step;
+    return r;
+}
+
 // The sender's stream for chunk c, exactly as the CPU's make_chunk builds it. base.chunk is
 // the id of chunk 0: 0 in the collective, compress()'s `chunk` for its single payload.
 __host__ __device__ __forceinline__ fc_rng fc_cu_chunk_rng(fc_rng base, int chunk, int rank)
@@ -334,6 +361,27 @@ __device__ __forceinline__ int fc_cu_sum_passes(const fc_cu_dec &d)
         if (d.bad[r] != 0)
             return 1;
     return 0;
+}
+
+// A receiver's output pass over the own chunk: acc = (0 + own) (fc_cu_own_first), then
+// more(i, acc) adds the senders' part, out = acc / W in out's dtype under fc_cu_store_out's rules
+// (FSDP's padded tail zeroed), the non-finite and saturated outputs counted.
+template <class F> __device__ __forceinline__ void fc_cu_decode_out(const fc_cu_dec &d, F more)
+{
+    int64_t start, n;
+    fc_cu_span(d.geo, d.geo.rank, &start, &n);
+    const float w = (float)d.geo.world;
+    const int passed = fc_cu_sum_passes(d);
+    int64_t nonfinite = 0, sat = 0;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
+        if (fc_cu_out_tail(d.out, d.odt, i, n)) // FSDP's padded tail
+            continue;
+        const float acc = more(i, fc_cu_own_first(d, start + i));
+        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &nonfinite, &sat);
+    }
+    fc_cu_count(&d.ws->nonfinite_out, nonfinite);
+    fc_cu_count(&d.ws->saturated, sat);
 }
 
 template <class V> __global__ void fc_cu_decode_dense(fc_cu_dec d, V v)

@@ -7,12 +7,11 @@ template <class M> __global__ void cast_encode(fc_cu_enc e, M m)
 {
     const int c = blockIdx.y;
     int64_t start, n;
-    fc_cu_span(e.geo, c, &start, &n);
-    if (!fc_cu_sent(e.geo, c, n))
+    uint8_t *body = fc_cu_enc_body(e, c, &start, &n);
+    if (body == NULL)
         return;
-    uint8_t *body = e.send + fc_cu_send_off(e.geo, c) + FC_HEADER_BYTES;
     const int ef = e.res != NULL;
-    const int passed = e.bad[c] != 0 && !e.src.zero_nonfinite;
+    const int passed = fc_cu_passed(e, c);
     const int sample = fc_cu_sampled(e, c);
     fc_cu_esum sum;
     int64_t sat = 0; // the codes' and, with error feedback, the residuals'

@@ -400,13 +400,7 @@ struct fc_cu_qsgd_codec {
 
     __host__ __device__ int64_t meta_bytes(int64_t n) const { return 4 * fc_cu_nblocks(n, bs); }
 
-    __device__ void red_init(red &r) const
-    {
-        __shared__ double tile[FC_CU_CODEC_WARPS][FC_CU_TILE_WORDS];
-        __shared__ double tot[FC_CU_CODEC_WARPS][32];
-        const int wi = threadIdx.x >> 5;
-        r.sums.init(tile[wi], tot[wi]);
-    }
+    __device__ void red_init(red &r) const { r.sums.init(); }
     __device__ void red_tile(red &r, int64_t, int, const float v[8]) const
     {
         r.sums.tile_add(bs, v, fc_cu_sq_terms());
@@ -492,10 +486,7 @@ struct fc_cu_onebit_codec {
 
     __device__ void red_init(red &r) const
     {
-        __shared__ double tile[FC_CU_CODEC_WARPS][FC_CU_TILE_WORDS];
-        __shared__ double tot[FC_CU_CODEC_WARPS][64];
-        const int wi = threadIdx.x >> 5;
-        r.sums.init(tile[wi], tot[wi]);
+        r.sums.init();
         r.nan[0] = r.nan[1] = 0;
         r.pos = r.count = 0;
     }

@@ -60,4 +60,48 @@ static inline void fc_cu_device_leave(const fc_cu_device_guard *g)
         FC_CUDA_IGNORE(cudaSetDevice(g->prev));
 }
 
+// One API entry's frame: its stream and device, the device guard, the timer it runs (NULL: none
+// yet). fc_cu_frame_init before any exit, fc_cu_frame_enter to switch devices, f.t from
+// fc_cu_timer_start, fc_cu_frame_done once the work is queued, fc_cu_frame_leave on every exit.
+struct fc_cu_frame {
+    cudaStream_t s;
+    int device;
+    fc_cu_device_guard dg;
+    fc_cu_timer *t;
+};
+
+static inline void fc_cu_frame_init(fc_cu_frame *f, const fc_cuda_head &h)
+{
+    f->s = (cudaStream_t)h.stream;
+    f->device = h.device;
+    f->dg.prev = 0;
+    f->dg.changed = 0;
+    f->t = NULL;
+}
+
+static inline int fc_cu_frame_enter(fc_cu_frame *f, fc_err *err)
+{
+    return fc_cu_device_enter(&f->dg, f->device, err);
+}
+
+// The work is queued: the timer stopped, the stream noted as where the workspace was written.
+static inline void fc_cu_frame_done(fc_cuda_ctx *ctx, fc_cu_frame *f)
+{
+    if (f->t != NULL)
+        fc_cu_timer_stop(f->t, f->s);
+    f->t = NULL;
+    ctx->last_stream = f->s;
+    ctx->last_device = f->device;
+    ctx->have_last = 1;
+}
+
+// Every exit: a timer still running stopped, the caller's device back; returns rc.
+static inline int fc_cu_frame_leave(fc_cu_frame *f, int rc)
+{
+    if (f->t != NULL)
+        fc_cu_timer_stop(f->t, f->s);
+    fc_cu_device_leave(&f->dg);
+    return rc;
+}
+
 #endif

@@ -12,20 +12,11 @@ __global__ void __launch_bounds__(FC_CU_CODEC_THREADS, 2) fc_cu_encode_dense(fc_
 {
     const int c = blockIdx.y;
     int64_t start, n;
-    fc_cu_span(e.geo, c, &start, &n);
-    if (!fc_cu_sent(e.geo, c, n))
+    uint8_t *body = fc_cu_enc_body(e, c, &start, &n);
+    if (body == NULL)
         return;
-    uint8_t *body = e.send + fc_cu_send_off(e.geo, c) + FC_HEADER_BYTES;
     const fc_cu_chunk_x x = fc_cu_chunk_x::make(e.src, start);
-    fc_cu_res_sink sink;
-    sink.res = e.res;
-    sink.rdt = e.rdt;
-    sink.start = start;
-    sink.sat = 0;
-    sink.ef = e.res != NULL; // always replaced: the old residual went out inside g'
-    sink.passed = e.bad[c] != 0 && !e.src.zero_nonfinite; // NaN/Inf went on the wire
-    sink.sample = fc_cu_sampled(e, c);
-    sink.vec = e.res != NULL && fc_cu_aligned16((const uint8_t *)e.res + start * (e.rdt == FC_CU_F32 ? 4 : 2));
+    fc_cu_res_sink sink = fc_cu_res_sink::make(e, c, start);
     const int64_t warp = (int64_t)blockIdx.x * FC_CU_CODEC_WARPS + (threadIdx.x >> 5);
     fc_cu_encode_blocks(codec, x, n, body, fc_cu_chunk_rng(e.rng, c, e.geo.rank), sink, warp,
                         (int64_t)gridDim.x * FC_CU_CODEC_WARPS);

@@ -205,11 +205,7 @@ static fc_cu_enc enc_of(const fc_cuda_encode_args *a)
     e.bad = a->h.ws->bad;
     e.ws = a->h.ws;
     e.unit_slot = -1;
-    e.rng.key0 = (uint32_t)a->h.seed;
-    e.rng.key1 = (uint32_t)(a->h.seed >> 32);
-    e.rng.chunk = a->h.chunk_base;
-    e.rng.unit = a->h.unit;
-    e.rng.step = a->h.step;
+    e.rng = fc_cu_call_rng(a->h);
     return e;
 }
 
@@ -231,31 +227,42 @@ static fc_cu_dec dec_of(const fc_cuda_decode_args *a)
     return d;
 }
 
-static void note_stream(fc_cuda_ctx *ctx, cudaStream_t s, int device)
+// A call on h with method m checked and its frame readied, nothing entered yet.
+static int frame_check(const fc_cu_method *m, fc_cu_frame *f, const fc_cuda_head &h, fc_err *err)
 {
-    ctx->last_stream = s;
-    ctx->last_device = device;
-    ctx->have_last = 1;
+    fc_cu_frame_init(f, h);
+    return check_call(m, h.m.id, &h.geo, err);
+}
+
+// Enters h's device, checks a single-payload call's scratch (enc or dec; the collective's are
+// NULL), starts the timer of `kind` and clears the verdicts of the call's `nbad` payloads.
+static int frame_start(fc_cuda_ctx *ctx, const fc_cu_method *m, fc_cu_frame *f, const fc_cuda_head &h,
+                       int kind, const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, int nbad,
+                       fc_err *err)
+{
+    int rc = FC_OK;
+    FC_TRY(fc_cu_frame_enter(f, err));
+    if (enc != NULL || dec != NULL)
+        FC_TRY(check_scratch(m, enc, dec, err));
+    f->t = fc_cu_timer_start(ctx, kind, f->s);
+    FC_CHECK_CUDA(cudaMemsetAsync(h.ws->bad, 0, sizeof(unsigned int) * (size_t)nbad, f->s), err, error);
+error:
+    return rc;
 }
 
 static int encode(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, fc_err *err)
 {
-    int rc = FC_OK;
-    fc_cu_device_guard dg = {0, 0};
-    fc_cu_timer *t = NULL;
-    const cudaStream_t s = (cudaStream_t)a->h.stream;
     const fc_cu_method *m = fc_cu_method_by_id(a->h.m.id);
-    FC_TRY(check_call(m, a->h.m.id, &a->h.geo, err));
-    if (a->h.geo.numel == 0)
-        return FC_OK;
-    FC_TRY(fc_cu_device_enter(&dg, a->h.device, err));
-    t = fc_cu_timer_start(ctx, FC_TIME_COMPRESS, s);
+    fc_cu_frame f;
+    int rc = frame_check(m, &f, a->h, err);
+    if (rc != FC_OK || a->h.geo.numel == 0)
+        return rc;
+    const cudaStream_t s = f.s;
+    FC_TRY(frame_start(ctx, m, &f, a->h, FC_TIME_COMPRESS, NULL, NULL, a->h.geo.world, err));
     {
         fc_cu_enc e = enc_of(a);
         e.unit_slot = a->residual != NULL && a->h.unit < FC_CUDA_MAX_UNITS ? (int)a->h.unit : -1;
         e.sample = a->sample;
-        FC_CHECK_CUDA(cudaMemsetAsync(a->h.ws->bad, 0, sizeof(unsigned int) * (size_t)a->h.geo.world, s),
-                      err, error);
         if (e.unit_slot >= 0)
             FC_CHECK_CUDA(cudaMemsetAsync(&a->h.ws->unit_sq[e.unit_slot], 0, sizeof(double), s), err, error);
         e.src.zero_nonfinite = a->h.nonfinite_zero;
@@ -275,32 +282,22 @@ static int encode(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, fc_err *err)
             FC_CHECK_LAUNCH(err, error);
         }
     }
-    fc_cu_timer_stop(t, s);
-    t = NULL;
-    note_stream(ctx, s, a->h.device);
+    fc_cu_frame_done(ctx, &f);
 error:
-    if (t != NULL)
-        fc_cu_timer_stop(t, s);
-    fc_cu_device_leave(&dg);
-    return rc;
+    return fc_cu_frame_leave(&f, rc);
 }
 
 static int decode(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *err)
 {
-    int rc = FC_OK;
-    fc_cu_device_guard dg = {0, 0};
-    fc_cu_timer *t = NULL;
-    const cudaStream_t s = (cudaStream_t)a->h.stream;
     const fc_cu_method *m = fc_cu_method_by_id(a->h.m.id);
-    FC_TRY(check_call(m, a->h.m.id, &a->h.geo, err));
-    if (a->out_numel == 0)
-        return FC_OK;
-    FC_TRY(fc_cu_device_enter(&dg, a->h.device, err));
-    t = fc_cu_timer_start(ctx, FC_TIME_DECOMPRESS, s);
+    fc_cu_frame f;
+    int rc = frame_check(m, &f, a->h, err);
+    if (rc != FC_OK || a->out_numel == 0)
+        return rc;
+    const cudaStream_t s = f.s;
+    FC_TRY(frame_start(ctx, m, &f, a->h, FC_TIME_DECOMPRESS, NULL, NULL, a->h.geo.world, err));
     {
         fc_cu_dec d = dec_of(a);
-        FC_CHECK_CUDA(cudaMemsetAsync(a->h.ws->bad, 0, sizeof(unsigned int) * (size_t)a->h.geo.world, s),
-                      err, error);
         FC_CHECK_CUDA(cudaMemsetAsync(&a->h.ws->passed, 0, sizeof(unsigned int), s), err, error);
         int64_t start, n;
         fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
@@ -318,14 +315,9 @@ static int decode(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *err)
         }
         FC_TRY(m->decode(a, &d, s, err));
     }
-    fc_cu_timer_stop(t, s);
-    t = NULL;
-    note_stream(ctx, s, a->h.device);
+    fc_cu_frame_done(ctx, &f);
 error:
-    if (t != NULL)
-        fc_cu_timer_stop(t, s);
-    fc_cu_device_leave(&dg);
-    return rc;
+    return fc_cu_frame_leave(&f, rc);
 }
 
 // compress(): chunk 0 of a.geo (numel = per = n, skip_own 0: the other chunks are empty) as one
@@ -334,25 +326,21 @@ error:
 // a.chunk_base and a.geo.rank.
 static int compress(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *written, fc_err *err)
 {
-    int rc = FC_OK;
-    fc_cu_device_guard dg = {0, 0};
-    fc_cu_timer *t = NULL;
-    const cudaStream_t s = (cudaStream_t)a->h.stream;
     const fc_cu_method *m = fc_cu_method_by_id(a->h.m.id);
+    fc_cu_frame f;
     *written = 0;
-    FC_TRY(check_call(m, a->h.m.id, &a->h.geo, err));
+    int rc = frame_check(m, &f, a->h, err);
+    if (rc != FC_OK)
+        return rc;
     if (a->h.geo.numel < 1 || a->h.geo.per != a->h.geo.numel || a->h.geo.skip_own || a->residual != NULL ||
         a->sample)
         return fc_fail(err, FC_ERR_STATE, "internal: compress() takes a one-chunk geometry without "
                        "residual or sample");
-    FC_TRY(fc_cu_device_enter(&dg, a->h.device, err));
-    FC_TRY(check_scratch(m, a, NULL, err));
-    t = fc_cu_timer_start(ctx, FC_TIME_COMPRESS, s);
+    const cudaStream_t s = f.s;
+    FC_TRY(frame_start(ctx, m, &f, a->h, FC_TIME_COMPRESS, a, NULL, a->h.geo.world, err));
     {
         fc_cu_enc e = enc_of(a);
         e.single = 1;
-        FC_CHECK_CUDA(cudaMemsetAsync(a->h.ws->bad, 0, sizeof(unsigned int) * (size_t)a->h.geo.world, s),
-                      err, error);
         // NaN/Inf of x go on the wire (canonical, flagged in the header) and are not counted
         count_nonfinite<<<fc_cu_grid(a->h.geo.per, FC_CU_THREADS * 8, a->h.geo.world), FC_CU_THREADS, 0, s>>>(
             a->h.geo, e.src, 0, a->h.ws);
@@ -362,9 +350,7 @@ static int compress(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *wri
         FC_CHECK_LAUNCH(err, error);
         FC_TRY(m->encode(a, &e, s, err));
     }
-    fc_cu_timer_stop(t, s);
-    t = NULL;
-    note_stream(ctx, s, a->h.device);
+    fc_cu_frame_done(ctx, &f);
     *written = a->h.geo.pay_full;
     if (a->h.varsize) { // how long the body came out is in the header the encode wrote
         fc_header h;
@@ -379,10 +365,7 @@ static int compress(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *wri
         *written = fc_align_up(FC_HEADER_BYTES + (int64_t)fc_header_body(&h));
     }
 error:
-    if (t != NULL)
-        fc_cu_timer_stop(t, s);
-    fc_cu_device_leave(&dg);
-    return rc;
+    return fc_cu_frame_leave(&f, rc);
 }
 
 // decompress(): out (fp32) += alpha * D(payload): the header checked as the CPU's decode_one
@@ -391,24 +374,21 @@ error:
 // state the caller gave (fc_cuda_decode_args.x).
 static int decompress(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *err)
 {
-    int rc = FC_OK;
-    fc_cu_device_guard dg = {0, 0};
-    fc_cu_timer *t = NULL;
-    const cudaStream_t s = (cudaStream_t)a->h.stream;
     const fc_cu_method *m = fc_cu_method_by_id(a->h.m.id);
-    FC_TRY(check_call(m, a->h.m.id, &a->h.geo, err));
+    fc_cu_frame f;
+    int rc = frame_check(m, &f, a->h, err);
+    if (rc != FC_OK)
+        return rc;
     if (a->out_numel < 1 || a->h.geo.numel != a->out_numel || a->h.geo.per != a->h.geo.numel ||
         a->h.geo.rank != 0 || a->h.geo.skip_own || a->out_dtype != FC_CU_F32 || a->slot < FC_HEADER_BYTES)
         return fc_fail(err, FC_ERR_STATE, "internal: decompress() takes a one-chunk geometry, an "
                        "fp32 output of its length and a slot of at least a header");
-    FC_TRY(fc_cu_device_enter(&dg, a->h.device, err));
-    FC_TRY(check_scratch(m, NULL, a, err));
-    t = fc_cu_timer_start(ctx, FC_TIME_DECOMPRESS, s);
+    const cudaStream_t s = f.s;
+    FC_TRY(frame_start(ctx, m, &f, a->h, FC_TIME_DECOMPRESS, NULL, a, 1, err));
     {
         fc_cu_dec d = dec_of(a);
         d.add = 1;
         d.alpha = a->alpha;
-        FC_CHECK_CUDA(cudaMemsetAsync(a->h.ws->bad, 0, sizeof(unsigned int), s), err, error);
         // a data-dependent method walks its headers itself (its payload may be `none`'s, as the
         // CPU's payload_method allows), as in the collective's decode
         if (!a->h.varsize) {
@@ -418,14 +398,9 @@ static int decompress(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *er
         }
         FC_TRY(m->decode(a, &d, s, err));
     }
-    fc_cu_timer_stop(t, s);
-    t = NULL;
-    note_stream(ctx, s, a->h.device);
+    fc_cu_frame_done(ctx, &f);
 error:
-    if (t != NULL)
-        fc_cu_timer_stop(t, s);
-    fc_cu_device_leave(&dg);
-    return rc;
+    return fc_cu_frame_leave(&f, rc);
 }
 
 static int read_counters(fc_cuda_ctx *ctx, const fc_cuda_ws *dev_ws, fc_cuda_ws *host_ws,

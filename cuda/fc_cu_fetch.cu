@@ -188,57 +188,45 @@ __global__ void finish_picks(fc_cuda_fetch_args a)
 
 // ---- the API entries
 
-static int fetch_enter(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_cu_device_guard *dg,
-                       fc_err *err)
+// The round's checks, then its device entered (f readied by fc_cu_frame_init).
+static int fetch_enter(const fc_cuda_fetch_args *a, fc_cu_frame *f, fc_err *err)
 {
     if (a->h.x.fetch == NULL)
         return fc_fail(err, FC_ERR_STATE, "internal: the second round has no fetch buffer");
     if (a->h.geo.world < 1 || a->h.geo.world > FC_CUDA_MAX_WORLD)
         return fc_fail(err, FC_ERR_VALUE, "world must be in [1, %d], got %d", FC_CUDA_MAX_WORLD,
                        a->h.geo.world);
-    (void)ctx;
-    return fc_cu_device_enter(dg, a->h.device, err);
-}
-
-static void fetch_leave(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, cudaStream_t s,
-                        fc_cu_device_guard *dg)
-{
-    ctx->last_stream = s;
-    ctx->last_device = a->h.device;
-    ctx->have_last = 1;
-    fc_cu_device_leave(dg);
+    return fc_cu_frame_enter(f, err);
 }
 
 int fc_cu_fetch_picks(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_err *err)
 {
     int rc = FC_OK;
-    fc_cu_device_guard dg = {0, 0};
-    const cudaStream_t s = (cudaStream_t)a->h.stream;
+    fc_cu_frame f;
+    fc_cu_frame_init(&f, a->h);
+    const cudaStream_t s = f.s;
     if (a->h.x.fetch == NULL)
         return fc_fail(err, FC_ERR_STATE, "internal: the second round has no fetch buffer");
-    FC_TRY(fc_cu_device_enter(&dg, a->h.device, err));
+    FC_TRY(fc_cu_frame_enter(&f, err));
     if (a->n_picks > 0)
         FC_CHECK_CUDA(cudaMemcpyAsync(a->picks, fetch_own_picks(a->h.x.fetch), 4 * (size_t)a->n_picks,
                                       cudaMemcpyDeviceToDevice, s), err, error);
     if (a->kmax > a->n_picks)
         FC_CHECK_CUDA(cudaMemsetAsync(a->picks + a->n_picks, 0xFF, 4 * (size_t)(a->kmax - a->n_picks), s),
                       err, error);
-    ctx->last_stream = s;
-    ctx->last_device = a->h.device;
-    ctx->have_last = 1;
+    fc_cu_frame_done(ctx, &f);
 error:
-    fc_cu_device_leave(&dg);
-    return rc;
+    return fc_cu_frame_leave(&f, rc);
 }
 
 int fc_cu_fetch_values(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_err *err)
 {
     int rc = FC_OK;
-    fc_cu_device_guard dg = {0, 0};
-    fc_cu_timer *t = NULL;
-    const cudaStream_t s = (cudaStream_t)a->h.stream;
-    FC_TRY(fetch_enter(ctx, a, &dg, err));
-    t = fc_cu_timer_start(ctx, FC_TIME_COMPRESS, s);
+    fc_cu_frame f;
+    fc_cu_frame_init(&f, a->h);
+    const cudaStream_t s = f.s;
+    FC_TRY(fetch_enter(a, &f, err));
+    f.t = fc_cu_timer_start(ctx, FC_TIME_COMPRESS, s);
     {
         const dim3 grid(fc_cu_blocks(a->kmax, FETCH_THREADS * 4), (unsigned)a->h.geo.world);
         FC_CHECK_CUDA(cudaMemsetAsync(a->h.ws->bad, 0, sizeof(unsigned int) * (size_t)a->h.geo.world, s),
@@ -252,29 +240,21 @@ int fc_cu_fetch_values(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_err *er
             FC_CHECK_LAUNCH(err, error);
         }
     }
-    fc_cu_timer_stop(t, s);
-    t = NULL;
-    fetch_leave(ctx, a, s, &dg);
-    return FC_OK;
+    fc_cu_frame_done(ctx, &f);
 error:
-    if (t != NULL)
-        fc_cu_timer_stop(t, s);
-    fc_cu_device_leave(&dg);
-    return rc;
+    return fc_cu_frame_leave(&f, rc);
 }
 
 int fc_cu_fetch_finish(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_err *err)
 {
     int rc = FC_OK;
-    fc_cu_device_guard dg = {0, 0};
-    fc_cu_timer *t = NULL;
-    const cudaStream_t s = (cudaStream_t)a->h.stream;
-    FC_TRY(fetch_enter(ctx, a, &dg, err));
-    if (a->out_numel == 0) {
-        fc_cu_device_leave(&dg);
-        return FC_OK;
-    }
-    t = fc_cu_timer_start(ctx, FC_TIME_DECOMPRESS, s);
+    fc_cu_frame f;
+    fc_cu_frame_init(&f, a->h);
+    const cudaStream_t s = f.s;
+    FC_TRY(fetch_enter(a, &f, err));
+    if (a->out_numel == 0)
+        return fc_cu_frame_leave(&f, FC_OK);
+    f.t = fc_cu_timer_start(ctx, FC_TIME_DECOMPRESS, s);
     {
         int64_t start, n, values = 0;
         fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
@@ -290,15 +270,9 @@ int fc_cu_fetch_finish(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_err *er
         finish_picks<<<fc_cu_blocks(a->n_picks, FETCH_THREADS), FETCH_THREADS, 0, s>>>(*a);
         FC_CHECK_LAUNCH(err, error);
     }
-    fc_cu_timer_stop(t, s);
-    t = NULL;
-    fetch_leave(ctx, a, s, &dg);
-    return FC_OK;
+    fc_cu_frame_done(ctx, &f);
 error:
-    if (t != NULL)
-        fc_cu_timer_stop(t, s);
-    fc_cu_device_leave(&dg);
-    return rc;
+    return fc_cu_frame_leave(&f, rc);
 }
 
 // Encode's side of the round: its per-chunk non-finite flags, which the values step reads

@@ -20,10 +20,9 @@ __global__ void gvq_coefs(fc_cu_enc e, gvq_cfg g, const float *u)
 {
     const int c = blockIdx.y;
     int64_t start, n;
-    fc_cu_span(e.geo, c, &start, &n);
-    if (!fc_cu_sent(e.geo, c, n))
+    float *coef = (float *)fc_cu_enc_body(e, c, &start, &n);
+    if (coef == NULL)
         return;
-    float *coef = (float *)(e.send + fc_cu_send_off(e.geo, c) + FC_HEADER_BYTES);
     const float lim = fc_bits_f32(FC_MAX_BITS) / (float)g.k;
     const int64_t total = (n + g.m - 1) / g.m * g.k;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
@@ -55,21 +54,12 @@ __global__ void gvq_residual(fc_cu_enc e, gvq_cfg g, const float *u)
 {
     const int c = blockIdx.y;
     int64_t start, n;
-    fc_cu_span(e.geo, c, &start, &n);
-    if (!fc_cu_sent(e.geo, c, n))
+    const float *coef = (const float *)fc_cu_enc_body(e, c, &start, &n);
+    if (coef == NULL)
         return;
-    fc_cu_res_sink sink;
-    sink.res = e.res;
-    sink.rdt = e.rdt;
-    sink.start = start;
-    sink.sat = 0;
-    sink.ef = e.res != NULL; // always replaced: the old residual went out inside g'
-    sink.passed = e.bad[c] != 0 && !e.src.zero_nonfinite;
-    sink.sample = fc_cu_sampled(e, c);
+    fc_cu_res_sink sink = fc_cu_res_sink::make(e, c, start);
     if (!sink.on())
         return;
-    sink.vec = e.res != NULL && fc_cu_aligned16((const uint8_t *)e.res + start * (e.rdt == FC_CU_F32 ? 4 : 2));
-    const float *coef = (const float *)(e.send + fc_cu_send_off(e.geo, c) + FC_HEADER_BYTES);
     const fc_cu_chunk_x x = fc_cu_chunk_x::make(e.src, start);
     const int64_t stride = 8 * (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = 8 * ((int64_t)blockIdx.x * blockDim.x + threadIdx.x); i < n; i += stride) {
@@ -122,16 +112,8 @@ __global__ void gvq_covariance(fc_cu_enc e, gvq_cfg g, float *cov)
 // senders in rank order (fc_aggregate_add_f32: saturating, then gvq_decode_agg).
 __global__ void gvq_decode(fc_cu_dec d, gvq_cfg g, const float *u, int senders)
 {
-    int64_t start, n;
-    fc_cu_span(d.geo, d.geo.rank, &start, &n);
-    const float w = (float)d.geo.world;
-    const int passed = fc_cu_sum_passes(d);
-    int64_t nonfinite = 0, sat = 0, agg_sat = 0;
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
-        if (fc_cu_out_tail(d.out, d.odt, i, n)) // FSDP's padded tail
-            continue;
-        float acc = fc_cu_own_first(d, start + i);
+    fc_cu_decode_out(d, [&](int64_t i, float acc) {
+        int64_t agg_sat = 0; // the senders' sum saturating: not counted
         if (senders > 0) {
             const int64_t s = i / g.m;
             const int t = (int)(i - s * g.m);
@@ -150,10 +132,8 @@ __global__ void gvq_decode(fc_cu_dec d, gvq_cfg g, const float *u, int senders)
             }
             acc += rejected ? fc_bits_f32(FC_NAN_BITS) : 1.0f * dd; // a rejected payload poisons
         }
-        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &nonfinite, &sat);
-    }
-    fc_cu_count(&d.ws->nonfinite_out, nonfinite);
-    fc_cu_count(&d.ws->saturated, sat);
+        return acc;
+    });
 }
 
 // decompress(): out += alpha * d of the one payload's coefficients (rank 0's), d = sum_j U[j][t] *

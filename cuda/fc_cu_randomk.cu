@@ -162,17 +162,6 @@ error:
     return rc;
 }
 
-static fc_rng shared_base(uint64_t seed, uint32_t chunk_base, uint32_t unit, uint32_t step)
-{
-    fc_rng r;
-    r.key0 = (uint32_t)seed;
-    r.key1 = (uint32_t)(seed >> 32);
-    r.chunk = chunk_base;
-    r.unit = unit;
-    r.step = step;
-    return r;
-}
-
 static int64_t kept_total(const fc_cuda_geom &g, const fc_cu_krule &kr)
 {
     int64_t total = 0;
@@ -261,7 +250,7 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
     FC_TRY(config(&a->h.m, a->h.geo.world, &c, err));
     carve_encode(a, c, ar, &p);
     FC_TRY(fc_cu_arena_check(ar, err));
-    p.sp.base = shared_base(a->h.seed, a->h.chunk_base, a->h.unit, a->h.step);
+    p.sp.base = fc_cu_call_rng(a->h);
     {
         const unsigned gb = fc_cu_blocks(p.total, FC_CU_THREADS * 4);
         FC_TRY(draw(p.sp, s, err));
@@ -365,7 +354,7 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
         const int senders = n > 0 ? a->h.geo.world - (a->h.geo.skip_own ? 1 : 0) : 0;
         carve_space(ar, a->h.geo, 1, c.kr, k, &sp);
         FC_TRY(fc_cu_arena_check(ar, err));
-        sp.base = shared_base(a->h.seed, a->h.chunk_base, a->h.unit, a->h.step);
+        sp.base = fc_cu_call_rng(a->h);
         if (d->add) { // decompress(): one payload, no own chunk, no division by W
             if (k > 0) {
                 rk_check<<<dim3(fc_cu_blocks(k, FC_CU_THREADS * 4), 1), FC_CU_THREADS, 0, s>>>(*d, c.vc, k, a->h.unit,

@@ -22,13 +22,7 @@ struct sign_scaled_codec {
 
     __host__ __device__ int64_t meta_bytes(int64_t n) const { return 4 * fc_cu_nblocks(n, bs); }
 
-    __device__ void red_init(red &r) const
-    {
-        __shared__ double tile[FC_CU_CODEC_WARPS][FC_CU_TILE_WORDS];
-        __shared__ double tot[FC_CU_CODEC_WARPS][32];
-        const int wi = threadIdx.x >> 5;
-        r.sums.init(tile[wi], tot[wi]);
-    }
+    __device__ void red_init(red &r) const { r.sums.init(); }
 
     __device__ void red_tile(red &r, int64_t, int, const float v[8]) const
     {
@@ -113,16 +107,7 @@ struct sign_vote_codec {
 // as the CPU's decode_agg (it adds the 0.0f too: a -0 own becomes +0).
 __global__ void sign_vote_decode(fc_cu_dec d, float s, int senders)
 {
-    int64_t start, n;
-    fc_cu_span(d.geo, d.geo.rank, &start, &n);
-    const float w = (float)d.geo.world;
-    const int passed = fc_cu_sum_passes(d);
-    int64_t nonfinite = 0, sat = 0;
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
-        if (fc_cu_out_tail(d.out, d.odt, i, n)) // FSDP's padded tail
-            continue;
-        float acc = fc_cu_own_first(d, start + i);
+    fc_cu_decode_out(d, [&](int64_t i, float acc) {
         if (senders > 0) {
             int32_t votes = 0;
             int rejected = 0;
@@ -136,10 +121,8 @@ __global__ void sign_vote_decode(fc_cu_dec d, float s, int senders)
             // a rejected payload poisons, never hides
             acc += rejected ? fc_bits_f32(FC_NAN_BITS) : votes > 0 ? s : votes < 0 ? -s : 0.0f;
         }
-        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &nonfinite, &sat);
-    }
-    fc_cu_count(&d.ws->nonfinite_out, nonfinite);
-    fc_cu_count(&d.ws->saturated, sat);
+        return acc;
+    });
 }
 
 // decompress() of a majority payload: no vote in one payload, the CPU's decode_add: out[i] +=

@@ -48,36 +48,6 @@ __device__ __forceinline__ void sk_keys(fc_rng shared, int c, int rows, uint32_t
     __syncthreads();
 }
 
-// The median of r values by the CPU's insertion sort (the same comparisons, NaN included), an
-// even count's two middle values halved first where their sum leaves fp32 (m_sketch.c).
-__device__ __forceinline__ float sk_median(float *v, int r)
-{
-    for (int a = 1; a < r; a++) {
-        const float key = v[a];
-        int b = a - 1;
-        while (b >= 0 && v[b] > key) {
-            v[b + 1] = v[b];
-            b--;
-        }
-        v[b + 1] = key;
-    }
-    if (r & 1)
-        return v[r / 2];
-    const float s = v[r / 2 - 1] + v[r / 2]; // two estimates near fp32's largest: halve first
-    return fc_abs_bits(s) >= FC_INF_BITS ? 0.5f * v[r / 2 - 1] + 0.5f * v[r / 2] : 0.5f * s;
-}
-
-// est[i] = the median over rows of sign * t[row][col] for the chunk's elements (i local).
-__device__ __forceinline__ float sk_estimate(const float *t, int rows, int64_t cols, const uint32_t *keys, int64_t i)
-{
-    float v[SK_MAX_ROWS];
-    for (int j = 0; j < rows; j++) {
-        const uint32_t h = fc_sketch_hash((uint64_t)i, keys[j]);
-        v[j] = fc_sketch_sign(h) * t[j * cols + fc_sketch_col(h, (uint32_t)cols)];
-    }
-    return sk_median(v, rows);
-}
-
 // ---- encode: the table of every sent chunk, a row and a group of chunks at a time
 
 // Chunks [g0, g0 + gc) lie in elements [a, b) of the unit; their pairs (c - g0) * cols + col,
@@ -144,14 +114,13 @@ __global__ void sk_own_estimates(fc_cu_enc e, sk_cfg cfg, fc_rng shared, float *
     __shared__ uint32_t keys[SK_MAX_ROWS];
     const int c = blockIdx.y;
     int64_t start, n;
-    fc_cu_span(e.geo, c, &start, &n);
-    if (!fc_cu_sent(e.geo, c, n))
+    const float *t = (const float *)fc_cu_enc_body(e, c, &start, &n);
+    if (t == NULL)
         return;
     sk_keys(shared, c, cfg.rows, keys);
-    const float *t = (const float *)(e.send + fc_cu_send_off(e.geo, c) + FC_HEADER_BYTES);
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        est[start + i] = sk_estimate(t, cfg.rows, cfg.cols, keys, i);
+        est[start + i] = fc_sketch_estimate(t, cfg.rows, cfg.cols, keys, i);
 }
 
 __global__ void sk_gather(fc_cu_src src, const float *est, const int64_t *idx, const int64_t *num, float *vals,
@@ -210,17 +179,6 @@ error:
     return rc;
 }
 
-static fc_rng shared_rng(uint64_t seed, uint32_t chunk_base, uint32_t unit, uint32_t step)
-{
-    fc_rng r;
-    r.key0 = (uint32_t)seed;
-    r.key1 = (uint32_t)(seed >> 32);
-    r.chunk = chunk_base;
-    r.unit = unit;
-    r.step = step;
-    return r;
-}
-
 static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
 {
     int rc = FC_OK;
@@ -231,7 +189,7 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
     FC_TRY(carve_encode(a, c, ar, &p, err));
     FC_TRY(fc_cu_arena_check(ar, err));
     {
-        const fc_rng shared = shared_rng(a->h.seed, a->h.chunk_base, a->h.unit, a->h.step);
+        const fc_rng shared = fc_cu_call_rng(a->h);
         const int G = sk_group(c, a->h.geo.world);
         for (int g0 = 0; g0 < a->h.geo.world; g0 += G) {
             const int gc = g0 + G < a->h.geo.world ? G : a->h.geo.world - g0;
@@ -310,7 +268,7 @@ __global__ void sk_estimates(fc_cu_dec d, sk_cfg cfg, fc_rng shared, const float
     sk_keys(shared, d.geo.rank, cfg.rows, keys);
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        float v = sk_estimate(agg, cfg.rows, cfg.cols, keys, i);
+        float v = fc_sketch_estimate(agg, cfg.rows, cfg.cols, keys, i);
         if (own) { // the CPU's acc: 0 + the own chunk as fc_core_add_own adds it
             float o = 0.0f;
             if (d.geo.skip_own)
@@ -404,7 +362,7 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
         // owner only picks, none of an empty chunk, and writes no output yet, as the CPU's decode
         const int pick = a->h.x.fetch != NULL;
         const int64_t cells = (int64_t)c.rows * c.cols;
-        const fc_rng shared = shared_rng(a->h.seed, a->h.chunk_base, a->h.unit, a->h.step);
+        const fc_rng shared = fc_cu_call_rng(a->h);
         fc_cu_src est;
         memset(&est, 0, sizeof(est));
         est.grad = p.est;

@@ -304,7 +304,8 @@ struct fc_cu_sp_decoder {
     fc_cu_sp_desc *desc;  // per rank
 };
 
-int fc_cu_sp_carve(fc_cu_arena &ar, int64_t n, int world, fc_cu_sp_decoder *dec, fc_err *err);
+// The decoder's parts for g's own chunk (its length in *n), carved from ar.
+int fc_cu_sp_carve(fc_cu_arena &ar, const fc_cuda_geom &g, fc_cu_sp_decoder *dec, int64_t *n, fc_err *err);
 // Every sender's payload (desc, filled) checked and added at its indices, in rank order with
 // the own chunk in its place, then out = acc / W; in add mode (decompress()) rank 0's payload
 // alone, out += alpha * D. A malformed payload is rejected as the CPU decoder would raise, and
@@ -332,12 +333,11 @@ int fc_cu_res_fix(const fc_cu_enc &e, const int64_t *idx, const float *xv, const
 // order, then out = acc / W in out's dtype (FSDP's tail zeroed; fc_cu_store_out's rules: NaN/Inf
 // pass only where the sum brought them, fc_cu_sum_passes).
 
-// acc = 0 (the CPU's sum starts from zero), then acc += own where the own chunk comes in rank
-// order (its exact values, when it is not sent), then out = acc / W.
-int fc_cu_acc_zero(const fc_cu_dec &d, float *acc, cudaStream_t s, fc_err *err);
+// own 0: acc = 0 (the CPU's sum starts from zero); own 1: acc += own where the own chunk comes
+// in rank order (its exact values, when it is not sent); then out = acc / W.
+int fc_cu_acc_own(const fc_cu_dec &d, float *acc, int own, cudaStream_t s, fc_err *err);
 // out = (0 + own) / W everywhere, NaN everywhere when a payload was rejected (randomk, sketch).
 int fc_cu_own_dense(const fc_cu_dec &d, cudaStream_t s, fc_err *err);
-int fc_cu_acc_own(const fc_cu_dec &d, float *acc, cudaStream_t s, fc_err *err);
 int fc_cu_acc_write(const fc_cu_dec &d, const float *acc, cudaStream_t s, fc_err *err);
 // A rejected payload poisons the sum (every element NaN), as the dense decode does.
 // Whether a sender's payload was rejected (its header or body): the decode's output is NaN.

@@ -157,7 +157,7 @@ __global__ void res_dense(fc_cu_enc e, const int64_t *idx, const int64_t *num, i
     if (e.bad[c] == FC_CU_ELSEWHERE) // another pass owns the chunk, its residual and its sums
         return;
     const int ef = e.res != NULL; // always replaced: the old residual went out inside g'
-    const int passed = e.bad[c] != 0 && !e.src.zero_nonfinite;
+    const int passed = fc_cu_passed(e, c);
     const int sample = fc_cu_sampled(e, c);
     if (!ef && !sample)
         return;
@@ -195,7 +195,7 @@ __global__ void res_fix(fc_cu_enc e, const int64_t *idx, const float *xv, const 
         const int64_t i = idx[j];
         const int c = fc_cu_chunk_of(i, e.geo.per, inv);
         const int ef = e.res != NULL;
-        const int passed = e.bad[c] != 0 && !e.src.zero_nonfinite;
+        const int passed = fc_cu_passed(e, c);
         const int sample = fc_cu_sampled(e, c);
         int64_t s = 0;
         const float x = xv[j];
@@ -253,18 +253,11 @@ error:
 
 // ---- the decode's accumulator
 
-__global__ void acc_zero(float *acc, int64_t n)
+__global__ void acc_own(fc_cu_dec d, float *acc, int own, int64_t start, int64_t n)
 {
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        acc[i] = 0.0f;
-}
-
-__global__ void acc_own(fc_cu_dec d, float *acc, int64_t start, int64_t n)
-{
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        acc[i] += fc_cu_own(d, start + i);
+        acc[i] = own ? acc[i] + fc_cu_own(d, start + i) : 0.0f;
 }
 
 __global__ void acc_write(fc_cu_dec d, const float *acc, int64_t n)
@@ -290,22 +283,8 @@ __global__ void acc_write(fc_cu_dec d, const float *acc, int64_t n)
 // decodes): randomk's and sketch's output before their picks add the senders' values.
 __global__ void own_dense(fc_cu_dec d)
 {
-    int64_t start, n;
-    fc_cu_span(d.geo, d.geo.rank, &start, &n);
-    const float w = (float)d.geo.world;
-    const int poison = fc_cu_any_rejected(d), passed = fc_cu_sum_passes(d);
-    int64_t nonfinite = 0, sat = 0;
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
-        if (fc_cu_out_tail(d.out, d.odt, i, n)) // FSDP's padded tail
-            continue;
-        float acc = fc_cu_own_first(d, start + i);
-        if (poison)
-            acc += fc_cu_poison();
-        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &nonfinite, &sat);
-    }
-    fc_cu_count(&d.ws->nonfinite_out, nonfinite);
-    fc_cu_count(&d.ws->saturated, sat);
+    const int poison = fc_cu_any_rejected(d);
+    fc_cu_decode_out(d, [&](int64_t, float acc) { return poison ? acc + fc_cu_poison() : acc; });
 }
 
 int fc_cu_own_dense(const fc_cu_dec &d, cudaStream_t s, fc_err *err)
@@ -319,26 +298,13 @@ error:
     return rc;
 }
 
-int fc_cu_acc_zero(const fc_cu_dec &d, float *acc, cudaStream_t s, fc_err *err)
+int fc_cu_acc_own(const fc_cu_dec &d, float *acc, int own, cudaStream_t s, fc_err *err)
 {
     int rc = FC_OK;
     int64_t start, n;
     fc_cu_span(d.geo, d.geo.rank, &start, &n);
     if (n > 0) {
-        acc_zero<<<fc_cu_blocks(n, SP_THREADS * 4), SP_THREADS, 0, s>>>(acc, n);
-        FC_CHECK_LAUNCH(err, error);
-    }
-error:
-    return rc;
-}
-
-int fc_cu_acc_own(const fc_cu_dec &d, float *acc, cudaStream_t s, fc_err *err)
-{
-    int rc = FC_OK;
-    int64_t start, n;
-    fc_cu_span(d.geo, d.geo.rank, &start, &n);
-    if (n > 0) {
-        acc_own<<<fc_cu_blocks(n, SP_THREADS * 4), SP_THREADS, 0, s>>>(d, acc, start, n);
+        acc_own<<<fc_cu_blocks(n, SP_THREADS * 4), SP_THREADS, 0, s>>>(d, acc, own, start, n);
         FC_CHECK_LAUNCH(err, error);
     }
 error:
@@ -458,11 +424,13 @@ error:
 
 // ---- index payloads: the decode
 
-int fc_cu_sp_carve(fc_cu_arena &ar, int64_t n, int world, fc_cu_sp_decoder *dec, fc_err *err)
+int fc_cu_sp_carve(fc_cu_arena &ar, const fc_cuda_geom &g, fc_cu_sp_decoder *dec, int64_t *n, fc_err *err)
 {
-    fc_cu_sel_space sp = {n, n > 0 ? n : 1, 1, -1};
-    dec->acc = ar.take<float>(n);
-    dec->desc = ar.take<fc_cu_sp_desc>(world);
+    int64_t start;
+    fc_cu_span(g, g.rank, &start, n);
+    fc_cu_sel_space sp = {*n, *n > 0 ? *n : 1, 1, -1};
+    dec->acc = ar.take<float>(*n);
+    dec->desc = ar.take<fc_cu_sp_desc>(g.world);
     return fc_cu_sel_carve(ar, sp, &dec->sel, err);
 }
 
@@ -571,10 +539,10 @@ int fc_cu_sp_decode(const fc_cu_sp_decoder &dec, const fc_cu_dec &d, const fc_cu
     if (d.add) // decompress(): the one payload (rank 0's slot) straight into the fp32 output
         return n > 0 ? sp_add_one(dec, d, va, 0, n, d.alpha, (float *)d.out, unit, step, s, err) : FC_OK;
     if (n > 0) {
-        FC_TRY(fc_cu_acc_zero(d, dec.acc, s, err));
+        FC_TRY(fc_cu_acc_own(d, dec.acc, 0, s, err));
         for (int r = 0; r < d.geo.world; r++) { // rank order: the sum every rank and the CPU make
             if (d.geo.skip_own && r == d.geo.rank) {
-                FC_TRY(fc_cu_acc_own(d, dec.acc, s, err));
+                FC_TRY(fc_cu_acc_own(d, dec.acc, 1, s, err));
                 continue;
             }
             FC_TRY(sp_add_one(dec, d, va, r, n, 1.0f, dec.acc, unit, step, s, err));

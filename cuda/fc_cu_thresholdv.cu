@@ -140,7 +140,7 @@ __global__ void thrv_none(fc_cu_enc e, const fc_cuda_sent *sent, const int64_t *
         return;
     uint8_t *body = e.send + offs[c] + FC_HEADER_BYTES;
     const int ef = e.res != NULL;
-    const int passed = e.bad[c] != 0 && !e.src.zero_nonfinite;
+    const int passed = fc_cu_passed(e, c);
     const int sample = fc_cu_sampled(e, c);
     double dee_unit = 0, dee = 0, dxx = 0, dxe = 0;
     int64_t sat = 0;
@@ -348,11 +348,10 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
     int rc = FC_OK;
     thrv_cfg c;
     fc_cu_sp_decoder dec;
-    int64_t start, n;
+    int64_t n;
     fc_cu_arena ar = fc_cu_arena_of(a->h.x);
-    fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
     FC_TRY(config(&a->h.m, a->h.geo.world, &c, err));
-    FC_TRY(fc_cu_sp_carve(ar, n, a->h.geo.world, &dec, err));
+    FC_TRY(fc_cu_sp_carve(ar, a->h.geo, &dec, &n, err));
     FC_TRY(fc_cu_arena_check(ar, err));
     thrv_walk<<<1, 1, 0, s>>>(*d, c.va, a->h.x.packed_bytes, a->h.m.id, a->h.unit, a->h.step, a->h.fingerprint, dec.desc);
     FC_CHECK_LAUNCH(err, error);
@@ -370,9 +369,8 @@ static int scratch(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *de
         FC_TRY(carve_encode(enc, ar, &p, err));
     } else {
         fc_cu_sp_decoder d;
-        int64_t start, n;
-        fc_cu_span(dec->h.geo, dec->h.geo.rank, &start, &n);
-        FC_TRY(fc_cu_sp_carve(ar, n, dec->h.geo.world, &d, err));
+        int64_t n;
+        FC_TRY(fc_cu_sp_carve(ar, dec->h.geo, &d, &n, err));
     }
     *bytes = ar.used;
 error:

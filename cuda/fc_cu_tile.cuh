@@ -35,31 +35,35 @@ __host__ __device__ __forceinline__ int64_t fc_cu_unit(int64_t bs)
 
 // ---- reductions within the aligned groups of G lanes (G a power of two, warp-uniform)
 
+// op(v, the value of the lane o away) for o = 1, 2, 4, ... < G: every lane of a group ends with
+// the group's fold.
+template <class T, class Op> __device__ __forceinline__ T fc_cu_group_fold(T v, int G, Op op)
+{
+    for (int o = 1; o < G; o <<= 1)
+        v = op(v, __shfl_xor_sync(FC_CU_FULL, v, o));
+    return v;
+}
+
+struct fc_cu_max_op {
+    template <class T> __device__ __forceinline__ T operator()(T v, T w) const { return w > v ? w : v; }
+};
+struct fc_cu_min_op {
+    template <class T> __device__ __forceinline__ T operator()(T v, T w) const { return w < v ? w : v; }
+};
+
 __device__ __forceinline__ uint32_t fc_cu_group_max(uint32_t v, int G)
 {
-    for (int o = 1; o < G; o <<= 1) {
-        const uint32_t w = __shfl_xor_sync(FC_CU_FULL, v, o);
-        v = w > v ? w : v;
-    }
-    return v;
+    return fc_cu_group_fold(v, G, fc_cu_max_op());
 }
 
 __device__ __forceinline__ int32_t fc_cu_group_min_i32(int32_t v, int G)
 {
-    for (int o = 1; o < G; o <<= 1) {
-        const int32_t w = __shfl_xor_sync(FC_CU_FULL, v, o);
-        v = w < v ? w : v;
-    }
-    return v;
+    return fc_cu_group_fold(v, G, fc_cu_min_op());
 }
 
 __device__ __forceinline__ int32_t fc_cu_group_max_i32(int32_t v, int G)
 {
-    for (int o = 1; o < G; o <<= 1) {
-        const int32_t w = __shfl_xor_sync(FC_CU_FULL, v, o);
-        v = w > v ? w : v;
-    }
-    return v;
+    return fc_cu_group_fold(v, G, fc_cu_max_op());
 }
 
 __device__ __forceinline__ int32_t fc_cu_group_sum_i32(int32_t v, int G)
@@ -176,6 +180,22 @@ struct fc_cu_res_sink {
     fc_cu_esum sum;
     int64_t sat;
 
+    // Chunk c's sink from elements start on: the residual always replaced (the old one went out
+    // inside g'), NaN/Inf kept where they went on the wire.
+    __device__ static __forceinline__ fc_cu_res_sink make(const fc_cu_enc &e, int c, int64_t start)
+    {
+        fc_cu_res_sink k;
+        k.res = e.res;
+        k.rdt = e.rdt;
+        k.start = start;
+        k.sat = 0;
+        k.ef = e.res != NULL;
+        k.passed = fc_cu_passed(e, c);
+        k.sample = fc_cu_sampled(e, c);
+        k.vec = e.res != NULL && fc_cu_aligned16((const uint8_t *)e.res + start * (e.rdt == FC_CU_F32 ? 4 : 2));
+        return k;
+    }
+
     __device__ __forceinline__ bool on() const { return ef || sample; }
 
     // x: g' of elements i..i+m; dneg: their decode with alpha = -1.
@@ -279,10 +299,15 @@ template <int NS> struct fc_cu_tile_sums {
     double *tile;   // this warp's FC_CU_TILE_WORDS doubles
     double *tot;    // this warp's 32 x NS block totals (blocks below a tile)
 
-    __device__ __forceinline__ void init(double *tile_, double *tot_)
+    // This warp's tile and totals in the kernel's static shared memory (a codec kernel's
+    // FC_CU_CODEC_WARPS warps), the running sums zero.
+    __device__ __forceinline__ void init()
     {
-        tile = tile_;
-        tot = tot_;
+        __shared__ double tiles[FC_CU_CODEC_WARPS][FC_CU_TILE_WORDS];
+        __shared__ double tots[FC_CU_CODEC_WARPS][32 * NS];
+        const int wi = threadIdx.x >> 5;
+        tile = tiles[wi];
+        tot = tots[wi];
         for (int k = 0; k < NS; k++)
             run[k] = 0.0;
     }

@@ -89,11 +89,10 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
     int rc = FC_OK;
     topk_cfg c;
     fc_cu_sp_decoder dec;
-    int64_t start, n;
+    int64_t n;
     fc_cu_arena ar = fc_cu_arena_of(a->h.x);
-    fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
     FC_TRY(config(&a->h.m, a->h.geo.world, &c, err));
-    FC_TRY(fc_cu_sp_carve(ar, n, a->h.geo.world, &dec, err));
+    FC_TRY(fc_cu_sp_carve(ar, a->h.geo, &dec, &n, err));
     FC_TRY(fc_cu_arena_check(ar, err));
     topk_desc<<<1, 256, 0, s>>>(a->h.geo, a->slot, n, fc_rule_sparse_k(n, c.kr.k, c.kr.ratio), dec.desc);
     FC_CHECK_LAUNCH(err, error);
@@ -113,9 +112,8 @@ static int scratch(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *de
         FC_TRY(carve_encode(enc, c, ar, &p, err));
     } else {
         fc_cu_sp_decoder d;
-        int64_t start, n;
-        fc_cu_span(dec->h.geo, dec->h.geo.rank, &start, &n);
-        FC_TRY(fc_cu_sp_carve(ar, n, dec->h.geo.world, &d, err));
+        int64_t n;
+        FC_TRY(fc_cu_sp_carve(ar, dec->h.geo, &d, &n, err));
     }
     *bytes = ar.used;
 error:
