@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from ._dist import all_gather_single
+from ._dist import all_gather_single, settled
 
 
 # per process group: {(numel, dtype, world): (digest, description, exchange signature)}
@@ -99,16 +99,33 @@ def _handshake(core, group, desc, digest: bytes, device: torch.device, world: in
     mine = torch.frombuffer(bytearray(digest), dtype=torch.uint8).to(device)
     every = torch.empty(world * len(digest), dtype=torch.uint8, device=device)
     t0 = time.perf_counter()
-    all_gather_single(every, mine, group=group)
+    settled(lambda out, inp: all_gather_single(out, inp, group=group), every, mine)
     core.add_comm(time.perf_counter() - t0, header_bytes=len(digest) * (world - 1), extra=True)
     digests = every.cpu().view(world, len(digest))
     if bool((digests == digests[0]).all()):
         return
-    descs: list[Any] = [None] * world
     t0 = time.perf_counter()
-    dist.all_gather_object(descs, desc, group=group)
+    descs = _gather_descriptions(group, desc, world, device)
     core.add_comm(time.perf_counter() - t0, extra=True)
     raise ValueError(_disagreement(descs, desc))
+
+
+def _gather_descriptions(group, desc: dict, world: int, device: torch.device) -> list[dict]:
+    """Every rank's description, as JSON over two all-gathers (lengths, then padded bytes) of
+    tensors this module owns, settled before the ValueError leaves (dist.all_gather_object's
+    own tensors could not be waited for: _dist.py says why that matters)."""
+    data = json.dumps(desc, sort_keys=True).encode()
+    lengths = torch.empty(world, dtype=torch.int64, device=device)
+    settled(lambda out, inp: all_gather_single(out, inp, group=group), lengths,
+            torch.tensor([len(data)], dtype=torch.int64, device=device))
+    lengths = lengths.tolist()
+    longest = max(lengths)
+    mine = torch.zeros(longest, dtype=torch.uint8)
+    mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    every = torch.empty(world * longest, dtype=torch.uint8, device=device)
+    settled(lambda out, inp: all_gather_single(out, inp, group=group), every, mine.to(device))
+    rows = every.cpu().view(world, longest)
+    return [json.loads(bytes(rows[r, :n].tolist())) for r, n in enumerate(lengths)]
 
 
 def _disagreement(descs: list[dict], mine: dict) -> str:

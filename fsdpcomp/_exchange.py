@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Callable, Mapping, NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from . import _nccl
-from ._dist import Ranks, all_gather_single
+from ._dist import Ranks, all_gather_single, fresh_views, settled, wait_released
 from ._shard_gather import all_gather_shards
 
 ELEMENT_SIZE = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
+
+_ABANDON_WAIT_S = 30  # the messages an error left posted: how long, in all, they may take to end
 
 Splits = tuple[tuple[int, ...], tuple[int, ...]]  # bytes sent to, received from, each rank
 
@@ -91,6 +94,14 @@ class _PartSlots(NamedTuple):
     recv_slots: list[list[torch.Tensor]]
 
 
+def _posted(op: Callable[..., Any], slot: torch.Tensor, handed: list, **kw) -> Any:
+    """op(view of slot, **kw): a point-to-point message posted on a fresh view, whose weak
+    reference goes to `handed` (wait_released once the message is over: _dist.settled)."""
+    (view,), refs = fresh_views(slot)
+    handed += refs
+    return op(view, **kw)
+
+
 def _slots(buf: torch.Tensor, parts) -> list[list[torch.Tensor]]:
     """Views of buf, one per part, for parts[c] = the byte sizes of chunk c's pieces laid back
     to back, chunk after chunk."""
@@ -123,24 +134,26 @@ class Exchange:
 
     # ---- counting
 
-    def timed(self, like: torch.Tensor, run: Callable[[], Any], bytes_sent: int = 0, bytes_raw: int = 0,
+    def timed(self, run: Callable[..., Any], *tensors: torch.Tensor, bytes_sent: int = 0, bytes_raw: int = 0,
               extra: bool = False, fallback: bool = False) -> None:
-        """Runs `run()`, one torch.distributed collective on tensors like `like`, and counts it.
+        """Runs `run(*tensors)`, one blocking torch.distributed collective, settled (over only once
+        the backend has let go of the tensors: _dist.settled says why), and counts it.
         On CUDA its time is that of CUDA events around it on the current stream (the stream
         waits for the collective, the host does not: a host clock would time the enqueue
         only), read lazily with counters(); on the CPU, the host clock. extra: a collective
         beyond the all-to-all (extra_collectives); fallback: a unit sent uncompressed because
         compressing would not have paid (fallback_units)."""
+        like = tensors[0]
         if like.is_cuda:
             index = like.device.index if like.device.index is not None else torch.cuda.current_device()
             stream = torch.cuda.current_stream(index).cuda_stream
             self.core.comm_mark(index, stream, False, extra)
-            run()
+            settled(run, *tensors)
             self.core.comm_mark(index, stream, True, extra)
             seconds = 0.0
         else:
             t0 = time.perf_counter()
-            run()
+            settled(run, *tensors)
             seconds = time.perf_counter() - t0
         self.core.add_comm(seconds, bytes_sent=bytes_sent, bytes_raw=bytes_raw, extra=extra,
                            fallback=fallback)
@@ -202,8 +215,8 @@ class Exchange:
             comm = _nccl.comm_for(ranks.group, grad.device, self.wire.timeout_s)
             self.core.nccl_all_to_all(comm, send, recv, send_splits, recv_splits)
         elif world > 1:
-            self.timed(send, lambda: dist.all_to_all_single(
-                recv, send, list(recv_splits), list(send_splits), group=ranks.group))
+            self.timed(lambda r, s: dist.all_to_all_single(
+                r, s, list(recv_splits), list(send_splits), group=ranks.group), recv, send)
         elif recv.numel():
             recv.copy_(send)  # one rank compressing its own chunk: the payload loops back
         self.core.decode(recv, grad, output, world, rank, unit)
@@ -223,7 +236,7 @@ class Exchange:
         else:
             out_sizes = torch.tensor(send_splits, dtype=torch.int64, device=send.device)
             in_sizes = torch.empty(ranks.world, dtype=torch.int64, device=send.device)
-            self.timed(send, lambda: dist.all_to_all_single(in_sizes, out_sizes, group=ranks.group),
+            self.timed(lambda i, o: dist.all_to_all_single(i, o, group=ranks.group), in_sizes, out_sizes,
                        bytes_sent=8 * (ranks.world - 1), extra=True)
             # the one host sync of a data-dependent size on CUDA: the receive splits must be
             # known on the host to post the payloads' all-to-all
@@ -240,7 +253,7 @@ class Exchange:
         self.core.fetch_picks(unit, picks.view(torch.uint8))
         if world > 1:
             everyone = self.buffers.typed("fetch_all_picks", world * kmax, torch.int32, dev)
-            self.timed(grad, lambda: all_gather_single(everyone, picks, group=ranks.group), extra=True)
+            self.timed(lambda e, p: all_gather_single(e, p, group=ranks.group), everyone, picks, extra=True)
         else:
             everyone = picks
         send = self.buffers.typed("fetch_send", world * kmax, torch.float32, dev)
@@ -249,8 +262,8 @@ class Exchange:
         send = send[:sum(send_splits)]
         recv = self.buffers.typed("fetch_recv", sum(recv_splits), torch.float32, dev)
         if world > 1:
-            self.timed(grad, lambda: dist.all_to_all_single(
-                recv, send, list(recv_splits), list(send_splits), group=ranks.group), extra=True)
+            self.timed(lambda r, s: dist.all_to_all_single(
+                r, s, list(recv_splits), list(send_splits), group=ranks.group), recv, send, extra=True)
         else:
             recv.copy_(send)  # one rank compressing its own chunk: its values loop back
         self.core.finish(recv.view(torch.uint8), grad, output, world, rank, unit)
@@ -270,35 +283,53 @@ class Exchange:
         peers = self._global_ranks(group)
         parts = self._part_slots(grad, world, rank)
         send, send_slots, recv_slots = parts.send, parts.send_slots, parts.recv_slots
-        arriving = {}
-        for k in range(1, world):
-            src = (rank + k) % world
-            for piece, slot in enumerate(recv_slots[src]):
-                if slot.numel():  # the tag tells a sender's pieces apart
-                    arriving[src, piece] = dist.irecv(slot, src=peers[src], group=group, tag=piece)
-        leaving = []
-        for k in range(1, world):
-            dst = (rank - k) % world
-            for piece, slot in enumerate(send_slots[dst]):
-                if self.core.encode_part(grad, send, world, rank, unit, dst, piece):
-                    leaving.append(dist.isend(slot, dst=peers[dst], group=group, tag=piece))
-        for piece, slot in enumerate(send_slots[rank]):  # empty unless compress_own_chunk
-            self.core.encode_part(grad, send, world, rank, unit, rank, piece)
-        waited = 0.0
-        for k in range(world):
-            src = (rank + k) % world
-            slots = send_slots[rank] if src == rank else recv_slots[src]  # the own payload loops back
-            for piece, slot in enumerate(slots):
-                work = arriving.get((src, piece))
-                if work is not None:
-                    t0 = time.perf_counter()
-                    work.wait()
-                    waited += time.perf_counter() - t0
-                self.core.decode_part(slot, grad, output, world, rank, unit, src, piece)
-        t0 = time.perf_counter()
-        for work in leaving:  # the send buffer is reused by the next call
-            work.wait()
-        self.core.add_comm(waited + time.perf_counter() - t0)
+        arriving, leaving, handed = {}, [], []  # handed: weak references to what gloo holds
+        try:
+            for k in range(1, world):
+                src = (rank + k) % world
+                for piece, slot in enumerate(recv_slots[src]):
+                    if slot.numel():  # the tag tells a sender's pieces apart
+                        arriving[src, piece] = _posted(dist.irecv, slot, handed, src=peers[src], group=group,
+                                                       tag=piece)
+            for k in range(1, world):
+                dst = (rank - k) % world
+                for piece, slot in enumerate(send_slots[dst]):
+                    if self.core.encode_part(grad, send, world, rank, unit, dst, piece):
+                        leaving.append(_posted(dist.isend, slot, handed, dst=peers[dst], group=group, tag=piece))
+            for piece, slot in enumerate(send_slots[rank]):  # empty unless compress_own_chunk
+                self.core.encode_part(grad, send, world, rank, unit, rank, piece)
+            waited = 0.0
+            for k in range(world):
+                src = (rank + k) % world
+                slots = send_slots[rank] if src == rank else recv_slots[src]  # the own payload loops back
+                for piece, slot in enumerate(slots):
+                    work = arriving.pop((src, piece), None)
+                    if work is not None:
+                        t0 = time.perf_counter()
+                        work.wait()
+                        waited += time.perf_counter() - t0
+                    self.core.decode_part(slot, grad, output, world, rank, unit, src, piece)
+            t0 = time.perf_counter()
+            for work in leaving:  # the send buffer is reused by the next call
+                work.wait()
+            self.core.add_comm(waited + time.perf_counter() - t0)
+        except BaseException:
+            # a payload that failed to decode (or an interrupt): the messages already posted are
+            # waited for, so no work is left pending behind the error (the peers posted theirs)
+            deadline = time.monotonic() + _ABANDON_WAIT_S
+            for work in [*arriving.values(), *leaving]:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    work.wait(timedelta(seconds=left))
+                except Exception:  # noqa: BLE001 - the first error is the one to report
+                    pass
+            raise
+        finally:
+            arriving.clear()
+            leaving.clear()
+            wait_released(handed)
 
     def _part_slots(self, grad: torch.Tensor, world: int, rank: int) -> _PartSlots:
         """Made once per (size, dtype, world, rank), again only after a buffer was regrown: W x
@@ -335,7 +366,7 @@ class Exchange:
             # on the steps the method's schedule makes it due (gradiveq: its basis updates)
             t = summed.to(device)
             nbytes = len(vec) * (ranks.world - 1) // ranks.world * 2  # ring all-reduce traffic per rank
-            self.timed(t, lambda: dist.all_reduce(t, group=ranks.group), bytes_sent=nbytes, extra=True)
+            self.timed(lambda v: dist.all_reduce(v, group=ranks.group), t, bytes_sent=nbytes, extra=True)
             summed = t.cpu()
         self.core.sync_apply(unit, summed)
 

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import torch
 
 from . import _C
-from ._dist import Ranks, all_gather_single
+from ._dist import Ranks, all_gather_single, settled
 from ._exchange import Buffers
 
 
@@ -63,7 +63,7 @@ class ParamGather:
         size = payload.numel()
         recv = self._scratch("param_gather_recv", size * world, torch.uint8, shard.device)
         if world > 1:
-            all_gather_single(recv, payload, group=group)
+            settled(lambda r, p: all_gather_single(r, p, group=group), recv, payload)
         else:
             recv.copy_(payload)
         codec_s += self._decode(recv, unit, segments, sizes, output, world)

@@ -52,7 +52,7 @@ def _plain(ex, reduced, grad, ranks, *, fallback: bool) -> None:
     shard, n, world = reduced.numel(), grad.numel(), ranks.world
     gathered = ex.buffers.like("gathered", shard * world, grad)
     nbytes = (world - 1) * shard * grad.element_size()
-    ex.timed(grad, lambda: _all_gather_single(gathered, reduced, group=ranks.group),
+    ex.timed(lambda g, r: _all_gather_single(g, r, group=ranks.group), gathered, reduced,
              bytes_sent=nbytes, bytes_raw=nbytes, fallback=fallback)
     grad.copy_(gathered[:n].view_as(grad))
 
@@ -107,7 +107,7 @@ def _compressed(ex, reduced, grad, unit, ranks, residuals) -> str:
             return _NO_GAIN  # most values passed on some rank: the raw shards cost less
         send[written:slot].zero_()  # no stale bytes on the wire past a shorter payload
     recv = ex.buffers.bytes("gather_recv", slot * world, dev)
-    ex.timed(send, lambda: _all_gather_single(recv, send[:slot], group=ranks.group),
+    ex.timed(lambda r, s: _all_gather_single(r, s, group=ranks.group), recv, send[:slot],
              bytes_sent=(world - 1) * slot, bytes_raw=(world - 1) * shard * grad.element_size())
     full = ex.buffers.typed("gather_full", shard * world, torch.float32, dev)
     full.zero_()
@@ -128,6 +128,6 @@ def _largest_payload(ex, written: int, ranks, device) -> int:
     payload slot is sized to."""
     mine = torch.tensor([written], dtype=torch.int64, device=device)
     every = torch.empty(ranks.world, dtype=torch.int64, device=device)
-    ex.timed(mine, lambda: _all_gather_single(every, mine, group=ranks.group),
+    ex.timed(lambda e, m: _all_gather_single(e, m, group=ranks.group), every, mine,
              bytes_sent=8 * (ranks.world - 1), extra=True)
     return int(every.max())

@@ -8,7 +8,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from .._dist import Ranks
+from .._dist import Ranks, settled
 from ..state import CommState
 from ._checks import FLOATS, check_state, refuse_param_gather
 
@@ -119,7 +119,7 @@ def _plain_mean(state: CommState, buf: torch.Tensor) -> None:
     no bytes)."""
     world = Ranks.of(state.process_group).world
     if world > 1:
-        dist.all_reduce(buf, group=state.process_group)
+        settled(lambda b: dist.all_reduce(b, group=state.process_group), buf)
     buf.div_(world)
 
 
