@@ -1,35 +1,14 @@
 """fsdpcomp._C is built on CPython's stable ABI (Py_LIMITED_API 3.10, setup.py): its file is
 _C.abi3.so, and the very same file loads and works in every other CPython >= 3.10 found here,
 which is what lets one cp310-abi3 wheel serve them all."""
-import glob
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
 import fsdpcomp
-
-# Runs in another interpreter without torch: load the file as fsdpcomp._C and exercise what
-# needs no tensor (a State's lifetime and GC, a config error naming the type it got).
-PROBE = r"""
-import gc, importlib.util, sys
-spec = importlib.util.spec_from_file_location("fsdpcomp._C", sys.argv[1])
-m = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(m)
-s = m.State("int8", {"block_size": 64})
-assert s.method == "int8" and s.config["block_size"] == 64, s.config
-try:
-    m.State("int8", {"block_size": 1.5})
-    raise SystemExit("a float block_size was accepted")
-except ValueError as e:
-    assert "must be an integer, got float" in str(e), e
-fp = s.fingerprint
-del s
-gc.collect()
-print("%d.%d" % sys.version_info[:2], len(m.methods()), fp)
-"""
+from helpers.pythons import ABI3_PROBE, other_cpythons
 
 
 def test_extension_is_abi3():
@@ -37,36 +16,15 @@ def test_extension_is_abi3():
     assert name == "_C.abi3.so", f"{fsdpcomp._C.__file__} is not a stable-ABI build (setup.py: py_limited_api)"
 
 
-def other_cpythons():
-    """{minor: executable} of the CPython >= 3.10 interpreters on PATH or under pyenv, this one
-    excluded."""
-    cands = [shutil.which(f"python3.{n}") for n in range(10, 20)]
-    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
-    cands += sorted(glob.glob(os.path.join(root, "versions", "3.*", "bin", "python3")))
-    found = {}
-    for exe in filter(None, cands):
-        try:
-            r = subprocess.run([exe, "-c", "import sys; print(sys.implementation.name, *sys.version_info[:2])"],
-                               capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        parts = r.stdout.split()
-        if r.returncode == 0 and len(parts) == 3 and parts[0] == "cpython":
-            minor = (int(parts[1]), int(parts[2]))
-            if minor >= (3, 10) and minor != sys.version_info[:2]:
-                found.setdefault(minor, exe)
-    return found
-
-
 def test_same_file_loads_in_other_cpythons():
     pythons = other_cpythons()
     if not pythons:
         pytest.skip("no other CPython >= 3.10 on this machine")
-    mine = subprocess.run([sys.executable, "-c", PROBE, fsdpcomp._C.__file__], capture_output=True, text=True,
+    mine = subprocess.run([sys.executable, "-c", ABI3_PROBE, fsdpcomp._C.__file__], capture_output=True, text=True,
                           timeout=120)
     assert mine.returncode == 0, mine.stderr
     expect = mine.stdout.split()[1:]
     for minor, exe in sorted(pythons.items()):
-        r = subprocess.run([exe, "-c", PROBE, fsdpcomp._C.__file__], capture_output=True, text=True, timeout=120)
+        r = subprocess.run([exe, "-c", ABI3_PROBE, fsdpcomp._C.__file__], capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, f"{exe} ({minor}): {r.stderr[-2000:]}"
         assert r.stdout.split() == ["%d.%d" % minor] + expect, (exe, r.stdout)

@@ -8,11 +8,13 @@ import re
 import shutil
 import struct
 import subprocess
-import tarfile
 import sys
+import tarfile
 import zipfile
 
 import pytest
+
+from helpers.pythons import ABI3_PROBE, other_cpythons
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HAVE_NVCC = bool(os.environ.get("NVCC") or shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc"))
@@ -154,6 +156,27 @@ def test_installs_in_fresh_venv_without_compiler(wheel, tmp_path):
         assert r.stdout.startswith("cuda True archs " + ",".join(expected_archs())), r.stdout
     else:
         assert r.stdout.startswith("cuda False"), r.stdout
+
+
+def test_installs_in_other_cpythons(wheel, tmp_path):
+    """pip takes the one cp310-abi3 wheel for every other CPython >= 3.10 here, and its _C works
+    there (loaded from the install as fsdpcomp._C: these interpreters have no torch)."""
+    pythons = other_cpythons()
+    if not pythons:
+        pytest.skip("no other CPython >= 3.10 on this machine")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    for (major, minor), exe in sorted(pythons.items()):
+        venv = tmp_path / f"venv{major}{minor}"
+        subprocess.run([exe, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
+        py = str(venv / "bin" / "python")
+        pip = subprocess.run([sys.executable, "-m", "pip", "--python", py, "install", "--no-index", "--no-deps",
+                              "--only-binary=:all:", "-q", wheel], capture_output=True, text=True, env=env,
+                             timeout=600)
+        assert pip.returncode == 0, f"{exe}: {pip.stdout}{pip.stderr}"
+        lib = glob.glob(str(venv / "lib" / f"python{major}.{minor}" / "site-packages" / "fsdpcomp" / "_C*.so"))
+        assert [os.path.basename(p) for p in lib] == ["_C.abi3.so"], lib
+        r = subprocess.run([py, "-c", ABI3_PROBE, lib[0]], capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 0 and r.stdout.startswith(f"{major}.{minor} "), f"{exe}: {r.stdout}{r.stderr}"
 
 
 def test_sdist_has_every_source(wheel):
