@@ -1,6 +1,9 @@
 """Build of fsdpcomp: the C extension fsdpcomp._C always; the CUDA library from cuda/*.cu when
 nvcc is found (FSDPCOMP_CUDA=auto|0|1). Prints a summary of what was built and why.
 
+_C is built on CPython's stable ABI (Py_LIMITED_API 3.10: _C.abi3.so), so one wheel,
+cp310-abi3, serves every CPython >= 3.10 (`python -m build`, then auditwheel: docs/wheel.md).
+
 Environment:
   FSDPCOMP_CUDA       auto (default): build CUDA if nvcc is found; 0: never; 1: required
   FSDPCOMP_CUDA_ARCHS e.g. "80;90;100" (default below), PTX is added for the newest
@@ -22,6 +25,8 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The oldest CPython whose stable ABI _C is built against: the wheel's cp310-abi3 tag.
+LIMITED_API = 0x030A0000
 # The architectures torch's own CUDA 13 wheels target; PTX of the last one runs on newer GPUs.
 DEFAULT_ARCHS = "75;80;86;90;100;120"
 
@@ -95,6 +100,13 @@ class BuildExt(build_ext):
         # setuptools builds into build_lib with inplace cleared, then copies the extensions;
         # the CUDA library is no Extension, so remember where it has to go.
         self.fc_inplace = bool(self.inplace)
+        # An earlier build's _C.cpython-3XY-*.so would win over _C.abi3.so (Python tries the
+        # version-tagged suffix first) in place, and ride along in a wheel from build_lib: it goes.
+        keep = os.path.basename(self.get_ext_filename("fsdpcomp._C"))
+        for d in (os.path.join(HERE, "fsdpcomp"), os.path.join(self.build_lib, "fsdpcomp")):
+            for old in glob.glob(os.path.join(d, "_C.*.so")):
+                if os.path.basename(old) != keep:
+                    os.remove(old)
         super().run()
 
     def build_extensions(self):
@@ -103,7 +115,9 @@ class BuildExt(build_ext):
             if env_flag("FSDPCOMP_SANITIZE"):
                 ext.extra_link_args = ["-fsanitize=address,undefined"]
         super().build_extensions()
-        BuildExt.summary.append("fsdpcomp._C: built (C, %s)" % " ".join(c_flags()))
+        BuildExt.summary.append("fsdpcomp._C: built %s (C, stable ABI of CPython >= %d.%d, %s)"
+                                % (os.path.basename(self.get_ext_filename("fsdpcomp._C")), LIMITED_API >> 24,
+                                   (LIMITED_API >> 16) & 0xFF, " ".join(c_flags())))
         self.build_cuda()
         print("\n==== fsdpcomp build summary ====")
         for line in BuildExt.summary:
@@ -185,6 +199,9 @@ ext = Extension(
     include_dirs=["csrc"],
     depends=sorted(glob.glob(os.path.join("csrc", "*.h"))) + [os.path.join("cuda", "fc_cuda.h")],
     libraries=["dl", "pthread"],  # dlopen of the CUDA library; a no-op on glibc >= 2.34
+    define_macros=[("Py_LIMITED_API", "0x%08X" % LIMITED_API)],
+    py_limited_api=True,
 )
 
-setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt})
+setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt},
+      options={"bdist_wheel": {"py_limited_api": "cp%d%d" % (LIMITED_API >> 24, (LIMITED_API >> 16) & 0xFF)}})

@@ -1,6 +1,7 @@
 /* fc_config.c: config dicts to C structs. One generic parser over declarative key tables, so
  * every method's keys get the same checks and the same error messages. */
 #include "fc_config.h"
+#include "fc_pytype.h"
 
 #include <math.h>
 #include <string.h>
@@ -113,7 +114,7 @@ static int choices_text(const fc_key *k, char *buf, size_t cap)
 static int parse_value(const char *method, const fc_key *k, PyObject *v, void *dst, fc_err *err)
 {
     char *p = (char *)dst + k->offset;
-    const char *tname = Py_TYPE(v)->tp_name;
+    const char *tname = FC_TYPE_NAME(v);
     switch (k->kind) {
     case FC_KEY_BOOL:
         if (!PyBool_Check(v))
@@ -210,7 +211,7 @@ static int parse_num_bits(const fc_method *m, PyObject *config, PyObject *v, voi
 {
     if (!PyLong_Check(v) || PyBool_Check(v))
         return fc_fail(err, FC_ERR_VALUE, "%s config key '" NUM_BITS "' must be an integer, got %s",
-                       m->name, Py_TYPE(v)->tp_name);
+                       m->name, FC_TYPE_NAME(v));
     int overflow = 0;
     long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
     if (x == -1 && PyErr_Occurred()) {
@@ -268,14 +269,14 @@ int fc_config_parse(const fc_method *m, PyObject *config, fc_common *common, voi
     }
     if (!PyDict_Check(config))
         return fc_fail(err, FC_ERR_TYPE, "config must be a dict (or None), got %s",
-                       Py_TYPE(config)->tp_name);
+                       FC_TYPE_NAME(config));
     PyObject *key, *value; /* borrowed */
     Py_ssize_t pos = 0;
     int ef_given = 0;
     while (PyDict_Next(config, &pos, &key, &value)) {
         if (!PyUnicode_Check(key))
             return fc_fail(err, FC_ERR_VALUE, "config keys must be strings, got %s",
-                           Py_TYPE(key)->tp_name);
+                           FC_TYPE_NAME(key));
         const char *name = text_of(key, m->name, "config key", err);
         if (name == NULL)
             return err->code;

@@ -2,6 +2,7 @@
  * (`type(t).__dlpack_c_exchange_api__`, no Python call, no capsule); the fallback is the
  * `__dlpack__()` protocol, versioned capsule first. */
 #include "fc_tensor.h"
+#include "fc_pytype.h"
 
 #include <string.h>
 
@@ -72,7 +73,7 @@ static int fail_from_python(const char *arg, fc_err *err)
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
     PyObject *msg = ev ? PyObject_Str(ev) : NULL;
-    const char *text = msg ? PyUnicode_AsUTF8(msg) : NULL;
+    const char *text = msg ? PyUnicode_AsUTF8AndSize(msg, NULL) : NULL;
     if (text == NULL)
         PyErr_Clear();
     int rc = fc_fail(err, FC_ERR_TYPE, "%s cannot be read through DLPack: %s", arg,
@@ -93,7 +94,7 @@ static int from_capsule(PyObject *obj, const char *arg, DLTensor *out, int *read
     if (meth == NULL) {
         PyErr_Clear();
         return fc_fail(err, FC_ERR_TYPE, "%s must be a tensor (DLPack-capable), got %s", arg,
-                       Py_TYPE(obj)->tp_name);
+                       FC_TYPE_NAME(obj));
     }
     args = PyTuple_New(0);
     ver = Py_BuildValue("(ii)", 1, 0);

@@ -55,7 +55,7 @@ static PyObject *mod_methods(PyObject *mod, PyObject *Py_UNUSED(ignored))
             Py_CLEAR(t);
             break;
         }
-        PyTuple_SET_ITEM(t, i, s);
+        PyTuple_SetItem(t, i, s);
     }
     return t;
 }
@@ -67,7 +67,7 @@ PyDoc_STRVAR(method_info_doc,
 static PyObject *mod_method_info(PyObject *mod, PyObject *arg)
 {
     (void)mod;
-    const char *name = PyUnicode_AsUTF8(arg);
+    const char *name = PyUnicode_AsUTF8AndSize(arg, NULL);
     if (name == NULL)
         return NULL;
     if (name[0] == '\0')

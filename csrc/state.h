@@ -9,6 +9,7 @@
 #include "fc_core.h"
 #include "fc_cuda_loader.h"
 #include "fc_cuda_path.h"
+#include "fc_pytype.h"
 #include "fc_tensor.h"
 
 typedef struct {

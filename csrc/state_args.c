@@ -88,7 +88,7 @@ PyObject *fc_sizes_tuple(const int64_t *sizes, int world)
             Py_CLEAR(t);
             break;
         }
-        PyTuple_SET_ITEM(t, r, v);
+        PyTuple_SetItem(t, r, v);
     }
     return t;
 }

@@ -20,7 +20,7 @@ PyObject *fc_state_units(StateObject *self, PyObject *Py_UNUSED(ignored))
             Py_CLEAR(list);
             break;
         }
-        PyList_SET_ITEM(list, u, v);
+        PyList_SetItem(list, u, v);
     }
     return list;
 }
@@ -31,7 +31,7 @@ PyObject *fc_state_residuals(StateObject *self, PyObject *Py_UNUSED(ignored))
 {
     if (!fc_state_ready(self))
         return NULL;
-    return PyList_GetSlice(self->residuals, 0, PyList_GET_SIZE(self->residuals));
+    return PyList_GetSlice(self->residuals, 0, PyList_Size(self->residuals));
 }
 
 FC_DOCSTRING(fc_state_unit_states_doc,
@@ -54,7 +54,7 @@ PyObject *fc_state_unit_states(StateObject *self, PyObject *Py_UNUSED(ignored))
             Py_CLEAR(list);
             break;
         }
-        PyList_SET_ITEM(list, u, v); /* steals v */
+        PyList_SetItem(list, u, v); /* steals v */
     }
     return list;
 }
@@ -63,13 +63,13 @@ PyObject *fc_state_unit_states(StateObject *self, PyObject *Py_UNUSED(ignored))
  * nothing of the live state is touched. */
 static int load_unit_states(StateObject *self, PyObject *states, fc_unit *table, Py_ssize_t n)
 {
-    if (PyList_GET_SIZE(states) > n) {
+    if (PyList_Size(states) > n) {
         PyErr_Format(PyExc_ValueError, "restore: %zd unit states for %zd units",
-                     PyList_GET_SIZE(states), n);
+                     PyList_Size(states), n);
         return -1;
     }
-    for (Py_ssize_t u = 0; u < PyList_GET_SIZE(states); u++) {
-        PyObject *t = PyList_GET_ITEM(states, u); /* borrowed */
+    for (Py_ssize_t u = 0; u < PyList_Size(states); u++) {
+        PyObject *t = PyList_GetItem(states, u); /* borrowed */
         if (t == Py_None)
             continue;
         fc_view v = {0};
@@ -148,13 +148,13 @@ PyObject *fc_state_restore(StateObject *self, PyObject *args)
     }
     if (states != Py_None && !PyList_Check(states)) {
         PyErr_Format(PyExc_TypeError, "restore: unit_states must be a list or None, got %s",
-                     Py_TYPE(states)->tp_name);
+                     FC_TYPE_NAME(states));
         return NULL;
     }
-    n = PyList_GET_SIZE(units);
+    n = PyList_Size(units);
     const int rdt = self->core.common.residual_dtype == 0 ? FC_F32 : FC_BF16;
-    if (PyList_GET_SIZE(residuals) > n) {
-        PyErr_Format(PyExc_ValueError, "restore: %zd residuals for %zd units", PyList_GET_SIZE(residuals), n);
+    if (PyList_Size(residuals) > n) {
+        PyErr_Format(PyExc_ValueError, "restore: %zd residuals for %zd units", PyList_Size(residuals), n);
         return NULL;
     }
     table = (fc_unit *)calloc((size_t)(n > 0 ? n : 1), sizeof(fc_unit));
@@ -164,14 +164,14 @@ PyObject *fc_state_restore(StateObject *self, PyObject *args)
         goto error;
     }
     for (Py_ssize_t u = 0; u < n; u++) {
-        long long numel = PyLong_AsLongLong(PyList_GET_ITEM(units, u));
+        long long numel = PyLong_AsLongLong(PyList_GetItem(units, u));
         if ((numel == -1 && PyErr_Occurred()) || numel < 0 || numel > FC_MAX_NUMEL) {
             PyErr_Clear();
             PyErr_Format(PyExc_ValueError, "restore: units[%zd] must be an int in [0, 2^44]", u);
             goto error;
         }
         table[u].numel = numel;
-        PyObject *r = u < PyList_GET_SIZE(residuals) ? PyList_GET_ITEM(residuals, u) : Py_None;
+        PyObject *r = u < PyList_Size(residuals) ? PyList_GetItem(residuals, u) : Py_None;
         if (r != Py_None) {
             fc_view v;
             fc_err err = {0};
@@ -203,7 +203,9 @@ PyObject *fc_state_restore(StateObject *self, PyObject *args)
     self->core.n_units = (int32_t)n;
     self->core.step = (uint32_t)step;
     self->core.cursor = 0;
-    Py_SETREF(self->residuals, new_list);
+    PyObject *old = self->residuals; /* Py_SETREF's order: the field is never left dangling */
+    self->residuals = new_list;
+    Py_DECREF(old);
     Py_RETURN_NONE;
 error:
     for (Py_ssize_t u = 0; table != NULL && u < n; u++)

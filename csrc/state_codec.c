@@ -83,8 +83,8 @@ PyObject *fc_state_plan(StateObject *self, PyObject *args)
             Py_XDECREF(b);
             goto error;
         }
-        PyTuple_SET_ITEM(send, r, a);
-        PyTuple_SET_ITEM(recv, r, b);
+        PyTuple_SetItem(send, r, a);
+        PyTuple_SetItem(recv, r, b);
     }
     return Py_BuildValue("(NN)", send, recv);
 error:
@@ -300,7 +300,7 @@ static PyObject *pieces_tuple(StateObject *self, int64_t numel, int dtype, int w
             Py_CLEAR(t);
             break;
         }
-        PyTuple_SET_ITEM(t, c, p);
+        PyTuple_SetItem(t, c, p);
     }
     return t;
 }

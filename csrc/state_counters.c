@@ -2,6 +2,7 @@
  * the caller's collectives added. */
 #include "state.h" /* first: it includes Python.h */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fc_cuda_path.h"
@@ -35,7 +36,7 @@ static int read_cuda_counters(StateObject *self, fc_cuda_ws **dws, double sec[FC
     const fc_cuda_api *api = fc_cuda_api_get(err);
     if (api == NULL)
         return err->code;
-    *dws = (fc_cuda_ws *)PyMem_RawMalloc(sizeof(fc_cuda_ws));
+    *dws = (fc_cuda_ws *)malloc(sizeof(fc_cuda_ws));
     if (*dws == NULL)
         return fc_fail(err, FC_ERR_NOMEM, "could not allocate %zu bytes for the CUDA counters",
                        sizeof(fc_cuda_ws));
@@ -73,7 +74,7 @@ PyObject *fc_state_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
             if (rc != FC_OK)
                 return STATE_ERR(self, &err);
         } else if (read_cuda_counters(self, &dws, sec, &err) != FC_OK) {
-            PyMem_RawFree(dws);
+            free(dws);
             return STATE_ERR(self, &err);
         }
         /* harvested event times become part of the host totals; extra collectives count in
@@ -99,7 +100,7 @@ PyObject *fc_state_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
                     "%u): %s; its output was set to NaN (reset_counters() clears this)",
                     dws->payload_error_rank, dws->payload_error_unit, dws->payload_error_step,
                     payload_problem(dws->payload_error));
-            PyMem_RawFree(dws);
+            free(dws);
             return STATE_ERR(self, &err);
         }
     }
@@ -111,10 +112,10 @@ PyObject *fc_state_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
         const double sq = dev ? dws->unit_sq[u] : self->core.units[u].residual_sq;
         res_sq += sq > 0 ? sq : 0;
     }
-    PyMem_RawFree(dws);
+    free(dws);
     dws = NULL;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(self->residuals); i++) {
-        PyObject *t = PyList_GET_ITEM(self->residuals, i); /* borrowed */
+    for (Py_ssize_t i = 0; i < PyList_Size(self->residuals); i++) {
+        PyObject *t = PyList_GetItem(self->residuals, i); /* borrowed */
         if (t != Py_None)
             res_bytes += (long long)self->core.units[i].numel *
                          (self->core.common.residual_dtype == 0 ? 4 : 2);
@@ -298,7 +299,7 @@ PyObject *fc_state_cuda_geometry(StateObject *self, PyObject *args)
             Py_CLEAR(out);
             break;
         }
-        PyTuple_SET_ITEM(out, c, row);
+        PyTuple_SetItem(out, c, row);
     }
     PyMem_Free(rows);
     return out;

@@ -238,8 +238,8 @@ void fc_state_cuda_forget_units(StateObject *self)
     if (self->cuda_extra == NULL)
         return;
     PyObject *keys = PyDict_Keys(self->cuda_extra);
-    for (Py_ssize_t i = 0; keys != NULL && i < PyList_GET_SIZE(keys); i++) {
-        PyObject *key = PyList_GET_ITEM(keys, i); /* borrowed */
+    for (Py_ssize_t i = 0; keys != NULL && i < PyList_Size(keys); i++) {
+        PyObject *key = PyList_GetItem(keys, i); /* borrowed */
         if (PyLong_Check(key) && PyDict_DelItem(self->cuda_extra, key) < 0)
             PyErr_Clear();
     }

@@ -11,13 +11,16 @@ static int splits_from(PyObject *seq, const char *arg, int world, int64_t *out, 
         return -1;
     int rc = 0;
     *total = 0;
-    if (PySequence_Fast_GET_SIZE(fast) != world) {
+    const Py_ssize_t n = PySequence_Size(fast);
+    if (n != world) {
         PyErr_Format(PyExc_ValueError, "%s has %zd entries, the communicator has %d ranks", arg,
-                     PySequence_Fast_GET_SIZE(fast), world);
+                     n, world);
         rc = -1;
     }
     for (int r = 0; rc == 0 && r < world; r++) {
-        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, r));
+        PyObject *item = PySequence_GetItem(fast, r);
+        long long v = item != NULL ? PyLong_AsLongLong(item) : -1;
+        Py_XDECREF(item);
         if ((v == -1 && PyErr_Occurred()) || v < 0) {
             PyErr_Clear();
             PyErr_Format(PyExc_ValueError, "%s[%d] must be a non-negative int", arg, r);
@@ -54,7 +57,7 @@ PyObject *fc_state_nccl_all_to_all(StateObject *self, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "comm must come from fsdpcomp._C.nccl_comm_init");
         return NULL;
     }
-    int world = (int)PyLong_AsLong(PyTuple_GET_ITEM(ctx_o, 0));
+    int world = (int)PyLong_AsLong(PyTuple_GetItem(ctx_o, 0));
     if (splits_from(ss_o, "send_splits", world, ss, &st) < 0 ||
         splits_from(rs_o, "recv_splits", world, rs, &rt) < 0)
         return NULL;
@@ -104,6 +107,18 @@ PyObject *fc_mod_nccl_unique_id(PyObject *mod, PyObject *Py_UNUSED(ignored))
     return PyBytes_FromStringAndSize((const char *)id, 128);
 }
 
+/* Whether the interpreter is finalizing: sys.is_finalizing(), as Py_IsFinalizing is not in the
+ * stable ABI before 3.13. When sys or the call is already gone, it is. Exception state is the
+ * caller's to keep. */
+static int interpreter_exiting(void)
+{
+    PyObject *fn = PySys_GetObject("is_finalizing"); /* borrowed */
+    PyObject *r = fn != NULL ? PyObject_CallNoArgs(fn) : NULL;
+    const int exiting = r == NULL || PyObject_IsTrue(r) != 0;
+    Py_XDECREF(r);
+    return exiting;
+}
+
 /* The capsule's destructor: never a collective call (ncclCommDestroy waits for the peers,
  * which are not destroying theirs at this moment: a hang, or a crash at exit). A communicator
  * fsdpcomp.release_nccl() did not release is aborted while the interpreter runs (local: its
@@ -117,11 +132,7 @@ static void comm_capsule_free(PyObject *cap)
     PyErr_Fetch(&type, &value, &tb);
     fc_cuda_comm *c = (fc_cuda_comm *)PyCapsule_GetPointer(cap, NCCL_CAPSULE);
     PyObject *ctx = (PyObject *)PyCapsule_GetContext(cap);
-#if PY_VERSION_HEX >= 0x030D0000
-    const int exiting = Py_IsFinalizing();
-#else
-    const int exiting = _Py_IsFinalizing();
-#endif
+    const int exiting = interpreter_exiting();
     if (c != NULL && fc_cuda_api_loaded() != NULL)
         fc_cuda_api_loaded()->nccl_comm_free(c, exiting);
     Py_XDECREF(ctx);

@@ -28,7 +28,8 @@ static int State_init(StateObject *self, PyObject *args, PyObject *kwds)
         for (int i = 0; names != NULL && i < fc_method_count(); i++) {
             PyObject *joined = PyUnicode_FromFormat("%U%s'%s'", names, i ? ", " : "",
                                                     fc_method_at(i)->name);
-            Py_SETREF(names, joined);
+            Py_DECREF(names);
+            names = joined;
         }
         if (names != NULL)
             PyErr_Format(PyExc_ValueError, "unknown compression method '%s'; valid methods: %U",
@@ -38,7 +39,7 @@ static int State_init(StateObject *self, PyObject *args, PyObject *kwds)
     }
     if (allocator != Py_None && !PyCallable_Check(allocator)) {
         PyErr_Format(PyExc_TypeError, "allocator must be callable or None, got %s",
-                     Py_TYPE(allocator)->tp_name);
+                     FC_TYPE_NAME(allocator));
         return -1;
     }
     if (fc_config_parse(m, config, &common, cfg, &err) != FC_OK) {
@@ -92,8 +93,9 @@ static void State_dealloc(StateObject *self)
     if (self->cuda_ctx != NULL && fc_cuda_api_loaded() != NULL)
         fc_cuda_api_loaded()->ctx_free(self->cuda_ctx);
     self->cuda_ctx = NULL;
-    tp->tp_free((PyObject *)self);
-    Py_DECREF(tp);
+    freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+    tp_free(self);
+    Py_DECREF(tp); /* a heap type: each instance holds a reference to it */
 }
 
 /* ---------------------------------------------------------------- State: residuals */
@@ -104,12 +106,12 @@ PyObject *fc_state_residual(StateObject *self, uint32_t unit, PyObject *grad, in
 {
     PyObject *res = NULL;
     const int rdt = self->core.common.residual_dtype == 0 ? FC_F32 : FC_BF16;
-    while (PyList_GET_SIZE(self->residuals) <= (Py_ssize_t)unit)
+    while (PyList_Size(self->residuals) <= (Py_ssize_t)unit)
         if (PyList_Append(self->residuals, Py_None) < 0) {
             fc_fail(err, FC_ERR_PYTHON, "");
             return NULL;
         }
-    res = PyList_GET_ITEM(self->residuals, unit); /* borrowed */
+    res = PyList_GetItem(self->residuals, unit); /* borrowed */
     if (res == Py_None) {
         if (self->allocator == Py_None) {
             fc_fail(err, FC_ERR_STATE, "error feedback needs a residual allocator (State(..., "
