@@ -58,3 +58,17 @@ def test_default_table_on_a_small_unit_keeps_the_count_sketch_bound():
     assert kept.numel() == 256 and torch.equal(d[kept], est[kept])
     assert set(heavy.tolist()) <= set(kept.tolist())
     torch.testing.assert_close(d[heavy], x[heavy], atol=0.5, rtol=0)
+
+
+@pytest.mark.parametrize("method", [m for m in fsdpcomp.methods() if m != "none"])
+@pytest.mark.parametrize("n", [72, 2048])
+def test_every_method_compresses_a_small_unit_at_its_defaults(method, n):
+    """A small model's units (a 8 x 8 layer and its bias: 72) go compressed at every method's
+    defaults; thresholdv's size depends on the data: most values under its threshold here."""
+    g = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    if method == "thresholdv":
+        g *= 1e-3 / 3
+    s = fsdpcomp.CommState(method, {"compress_own_chunk": True})
+    s.reduce_scatter(g, torch.empty(n))
+    c = s.counters()
+    assert c["fallback_units"] == 0 and c["ratio"] > 1, dict(c)
