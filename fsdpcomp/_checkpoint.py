@@ -154,12 +154,12 @@ def check_same_units(keys: tuple, sizes: list, mine: RankState) -> None:
 
 def check_rank_state(mine: RankState) -> None:
     """Fields of the right kinds; the values are checked by UnitTable.check and the core."""
+    kinds = {"gather_residuals": (dict,), "method_state": (dict,), "unit_states": (list, type(None))}
     for f in fields(RankState):
-        value = getattr(mine, f.name, None)
-        kinds = {"gather_residuals": dict, "method_state": dict, "unit_states": (list, type(None))}.get(f.name, list)
-        if not isinstance(value, kinds):
-            raise TypeError(f"state_dict RankState.{f.name} must be a "
-                            f"{kinds.__name__ if isinstance(kinds, type) else 'list or None'}, got {type(value).__name__}")
+        value, want = getattr(mine, f.name, None), kinds.get(f.name, (list,))
+        if not isinstance(value, want):
+            raise TypeError(f"state_dict RankState.{f.name} must be a {' or '.join(k.__name__ for k in want)}, "
+                            f"got {type(value).__name__}")
     if mine.method_state:
         raise ValueError(f"state_dict holds method state for {sorted(mine.method_state)}, which this "
                          "fsdpcomp does not know")
