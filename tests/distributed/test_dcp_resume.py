@@ -97,28 +97,50 @@ def _other_world(rank, world, kind, path):
     return refused, fresh, step, losses
 
 
-@pytest.mark.parametrize("kind", ["fsdp2", "ddp"])
-def test_dcp_resume_in_fresh_processes_is_bit_identical(kind, tmp_path):
-    whole = run_ranks(_whole, 2, kind)
-    path = str(tmp_path / "ckpt")
-    first = run_ranks(_first_half, 2, kind, path)
-    resumed = run_ranks(_second_half, 2, kind, path)  # new processes: nothing but the files carries over
-    for rank in range(2):
-        params, losses, keys, residuals, step = whole[rank]
-        params_r, losses_r, keys_r, residuals_r, step_r = resumed[rank]
-        assert first[rank][0] + losses_r == losses, f"rank {rank}: the loss curve differs after the resume"
-        assert all(torch.equal(p, q) for p, q in zip(params, params_r)), f"rank {rank}: parameters differ"
-        assert keys_r == keys and step_r == step
-        assert len(residuals) >= 3 and all(r is not None and r.abs().sum() > 0 for r in residuals)
-        assert all(torch.equal(r, q) for r, q in zip(residuals, residuals_r)), f"rank {rank}: residuals differ"
-    # each rank got its own residuals back, not the other's
-    assert not all(torch.equal(a, b) for a, b in zip(whole[0][3], whole[1][3]))
-    # rank 0's plain state_dict on rank 1: refused by name, nothing changed
-    assert first[0][1] is None
-    assert "holds the state of rank0, this is rank 1" in first[1][1] and first[1][2]
+KINDS = ("fsdp2", "ddp")
 
-    refused, fresh, step, losses = run_ranks(_other_world, 1, kind, path)[0]
-    assert "saved at world size 2, this run has 1 ranks" in refused and 'residuals="drop"' in refused
-    assert fresh, "a refused load changed the state"
-    assert step == SPLIT - (kind == "ddp")
-    assert all(torch.isfinite(torch.tensor(losses)))
+
+# every kind in one spawn (spawns are slow); each kind's checkpoint in root/<kind>
+def _whole_all(rank, world, root):
+    return {kind: _whole(rank, world, kind) for kind in KINDS}
+
+
+def _first_all(rank, world, root):
+    return {kind: _first_half(rank, world, kind, f"{root}/{kind}") for kind in KINDS}
+
+
+def _second_all(rank, world, root):
+    return {kind: _second_half(rank, world, kind, f"{root}/{kind}") for kind in KINDS}
+
+
+def _other_world_all(rank, world, root):
+    return {kind: _other_world(rank, world, kind, f"{root}/{kind}") for kind in KINDS}
+
+
+def test_dcp_resume_in_fresh_processes_is_bit_identical(tmp_path):
+    root = str(tmp_path)
+    whole = run_ranks(_whole_all, 2, root)
+    first = run_ranks(_first_all, 2, root)
+    resumed = run_ranks(_second_all, 2, root)  # new processes: nothing but the files carries over
+    other = run_ranks(_other_world_all, 1, root)[0]
+    for kind in KINDS:
+        for rank in range(2):
+            params, losses, keys, residuals, step = whole[rank][kind]
+            params_r, losses_r, keys_r, residuals_r, step_r = resumed[rank][kind]
+            where = f"{kind} rank {rank}"
+            assert first[rank][kind][0] + losses_r == losses, f"{where}: the loss curve differs after the resume"
+            assert all(torch.equal(p, q) for p, q in zip(params, params_r)), f"{where}: parameters differ"
+            assert keys_r == keys and step_r == step
+            assert len(residuals) >= 3 and all(r is not None and r.abs().sum() > 0 for r in residuals)
+            assert all(torch.equal(r, q) for r, q in zip(residuals, residuals_r)), f"{where}: residuals differ"
+        # each rank got its own residuals back, not the other's
+        assert not all(torch.equal(a, b) for a, b in zip(whole[0][kind][3], whole[1][kind][3]))
+        # rank 0's plain state_dict on rank 1: refused by name, nothing changed
+        assert first[0][kind][1] is None
+        assert "holds the state of rank0, this is rank 1" in first[1][kind][1] and first[1][kind][2]
+
+        refused, fresh, step, losses = other[kind]
+        assert "saved at world size 2, this run has 1 ranks" in refused and 'residuals="drop"' in refused
+        assert fresh, f"{kind}: a refused load changed the state"
+        assert step == SPLIT - (kind == "ddp")
+        assert all(torch.isfinite(torch.tensor(losses)))
