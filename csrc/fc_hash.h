@@ -23,6 +23,23 @@ FC_HOSTDEV uint32_t fc_sketch_hash(uint64_t i, uint32_t row_key)
     return fc_fmix32((uint32_t)i * 0x9E3779B1u ^ fc_fmix32((uint32_t)(i >> 32) ^ row_key));
 }
 
+/* Columns of the table of a chunk of n elements: the config's `cols`, or with cols 0 (the
+ * default) the table sized to the chunk, as topk's ratio sizes its k: n / (8 rows) columns, an
+ * eighth of the chunk's values (8x fewer bytes than fp32, 4x than bf16, so a small unit
+ * compresses instead of going as `none`), at least 1, and at most 4096, the fixed default
+ * before, reached from 98,304 elements on (3 rows). A unit's last chunk can be shorter than
+ * the others, and then its table narrower: each chunk's width is a function of its length. */
+#define FC_SKETCH_AUTO_DIV 8
+#define FC_SKETCH_AUTO_MAX 4096
+
+FC_HOSTDEV int64_t fc_sketch_cols(int64_t rows, int64_t cols, int64_t n)
+{
+    if (cols > 0)
+        return cols;
+    const int64_t c = n / (FC_SKETCH_AUTO_DIV * (rows > 0 ? rows : 1));
+    return c < 1 ? 1 : c > FC_SKETCH_AUTO_MAX ? FC_SKETCH_AUTO_MAX : c;
+}
+
 /* column in [0, cols) from the top bits (Lemire's multiply-shift) */
 FC_HOSTDEV uint32_t fc_sketch_col(uint32_t h, uint32_t cols)
 {

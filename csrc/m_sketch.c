@@ -18,7 +18,8 @@
 
 static const fc_key sketch_keys[] = {
     FC_INT(fc_sketch_cfg, rows, 3, 1, 15, 0, "hash rows; the estimate is the median over rows"),
-    FC_INT(fc_sketch_cfg, cols, 4096, 1, 1 << 26, 0, "buckets per row"),
+    FC_INT(fc_sketch_cfg, cols, 0, 0, 1 << 26, 0,
+           "buckets per row; 0: sized to the chunk, n / (8 rows), from 1 to 4096 (fc_sketch_cols)"),
     FC_INT(fc_sketch_cfg, k, 256, 0, 2147483647.0, 0, "heavy hitters kept per chunk (0: every estimate)"),
     FC_BOOL(fc_sketch_cfg, second_round, 0,
             "fetch the exact values of the k heavy hitters from every rank (two extra collectives)"),
@@ -40,10 +41,17 @@ static int64_t sketch_k(const fc_chunk *c)
     return cfg->k == 0 || cfg->k > c->n ? c->n : cfg->k;
 }
 
+/* the width of this chunk's table */
+static int64_t sketch_cols(const fc_chunk *c)
+{
+    const fc_sketch_cfg *cfg = (const fc_sketch_cfg *)c->cfg;
+    return fc_sketch_cols(cfg->rows, cfg->cols, c->n);
+}
+
 static void sketch_layout(const fc_chunk *c, fc_layout *out)
 {
     const fc_sketch_cfg *cfg = (const fc_sketch_cfg *)c->cfg;
-    fc_layout_set(out, 0, 4 * cfg->rows * cfg->cols, sketch_k(c));
+    fc_layout_set(out, 0, 4 * cfg->rows * sketch_cols(c), sketch_k(c));
 }
 
 static size_t sketch_scratch(const void *cfg, int64_t n)
@@ -62,7 +70,7 @@ static int sketch_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_la
 {
     (void)err;
     const fc_sketch_cfg *cfg = (const fc_sketch_cfg *)c->cfg;
-    const int64_t r = cfg->rows, cols = cfg->cols;
+    const int64_t r = cfg->rows, cols = sketch_cols(c);
     float *t = (float *)body;
     int64_t sat = 0;
     memset(t, 0, (size_t)(r * cols) * 4);
@@ -86,7 +94,7 @@ static int sketch_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_la
 static void estimate(const fc_chunk *c, const float *t, float *est)
 {
     const fc_sketch_cfg *cfg = (const fc_sketch_cfg *)c->cfg;
-    const int64_t r = cfg->rows, cols = cfg->cols, n = c->n;
+    const int64_t r = cfg->rows, cols = sketch_cols(c), n = c->n;
     uint32_t rk[15];
     for (int64_t j = 0; j < r; j++)
         rk[j] = row_key(c, j);
@@ -147,7 +155,7 @@ static int sketch_pick(const fc_chunk *c, const uint8_t *agg, const float *own, 
 static int64_t sketch_agg_bytes(const fc_chunk *c)
 {
     const fc_sketch_cfg *cfg = (const fc_sketch_cfg *)c->cfg;
-    return 4 * cfg->rows * cfg->cols;
+    return 4 * cfg->rows * sketch_cols(c);
 }
 
 static int sketch_decode_agg(const fc_chunk *c, const uint8_t *agg, int senders, float alpha,

@@ -13,22 +13,32 @@
 
 struct sk_cfg {
     int rows;
-    int64_t cols;
+    int64_t ccfg; // the config's cols; 0: each chunk's table sized to it (fc_sketch_cols)
+    int64_t cols; // the widest table of the call: the stride of its (chunk, bucket) keys
     fc_cu_krule kr; // sketch_k: fc_rule_sparse_k(n, k, 1.0)
     int second;
 };
 
-static int config(const fc_cuda_method_cfg *m, sk_cfg *c, fc_err *err)
+// The table width of a chunk of n elements (the CPU's sketch_cols).
+__host__ __device__ __forceinline__ int64_t sk_width(const sk_cfg &c, int64_t n)
+{
+    return fc_sketch_cols(c.rows, c.ccfg, n);
+}
+
+// n: the length of the widest chunk the call handles (a unit's chunks: ceil(N / W); a decode:
+// the own chunk's).
+static int config(const fc_cuda_method_cfg *m, int64_t n, sk_cfg *c, fc_err *err)
 {
     const fc_sketch_cfg *k = fc_cu_cfg_of<fc_sketch_cfg>(m);
     c->rows = (int)k->rows;
-    c->cols = k->cols;
+    c->ccfg = k->cols;
     c->kr.k = k->k;
     c->kr.ratio = 1.0;
     c->second = k->second_round != 0;
-    if (c->rows < 1 || c->rows > SK_MAX_ROWS || c->cols < 1 || c->cols > (1 << 26))
-        return fc_fail(err, FC_ERR_VALUE, "sketch rows must be in [1, %d] and cols in [1, 2^26], got %d and %lld",
-                       SK_MAX_ROWS, c->rows, (long long)c->cols);
+    if (c->rows < 1 || c->rows > SK_MAX_ROWS || c->ccfg < 0 || c->ccfg > (1 << 26))
+        return fc_fail(err, FC_ERR_VALUE, "sketch rows must be in [1, %d] and cols in [0, 2^26], got %d and %lld",
+                       SK_MAX_ROWS, c->rows, (long long)c->ccfg);
+    c->cols = sk_width(*c, n);
     return FC_OK;
 }
 
@@ -67,7 +77,7 @@ __global__ void sk_pairs(fc_cu_enc e, sk_cfg cfg, int j, int g0, int gc, int64_t
             continue;
         }
         const uint32_t h = fc_sketch_hash((uint64_t)(i - start), sk_row_key(shared, c, j));
-        keys[i - a] = (uint32_t)((c - g0) * cfg.cols) + fc_sketch_col(h, (uint32_t)cfg.cols);
+        keys[i - a] = (uint32_t)((c - g0) * cfg.cols) + fc_sketch_col(h, (uint32_t)sk_width(cfg, n));
         terms[i - a] = fc_sketch_sign(h) * e.src.x(i);
     }
 }
@@ -96,7 +106,8 @@ __global__ void sk_buckets(fc_cu_enc e, sk_cfg cfg, int j, int g0, int gc, const
         const int c = g0 + (int)(t / cfg.cols);
         int64_t start, n;
         fc_cu_span(e.geo, c, &start, &n);
-        if (!fc_cu_sent(e.geo, c, n))
+        const int64_t col = t - (int64_t)(c - g0) * cfg.cols, width = sk_width(cfg, n);
+        if (!fc_cu_sent(e.geo, c, n) || col >= width) // a shorter last chunk: a narrower table
             continue;
         const int64_t lo = sk_lower_bound(keys, count, (uint32_t)t), hi = sk_lower_bound(keys, count, (uint32_t)t + 1);
         float acc = 0.0f;
@@ -104,7 +115,7 @@ __global__ void sk_buckets(fc_cu_enc e, sk_cfg cfg, int j, int g0, int gc, const
         for (int64_t q = lo; q < hi; q++)
             acc = fc_add_sat(acc, terms[q], &sat);
         float *table = (float *)(e.send + fc_cu_send_off(e.geo, c) + FC_HEADER_BYTES);
-        table[j * cfg.cols + (t - (int64_t)(c - g0) * cfg.cols)] = fc_canon_nan(acc);
+        table[j * width + col] = fc_canon_nan(acc);
     }
 }
 
@@ -120,7 +131,7 @@ __global__ void sk_own_estimates(fc_cu_enc e, sk_cfg cfg, fc_rng shared, float *
     sk_keys(shared, c, cfg.rows, keys);
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        est[start + i] = fc_sketch_estimate(t, cfg.rows, cfg.cols, keys, i);
+        est[start + i] = fc_sketch_estimate(t, cfg.rows, sk_width(cfg, n), keys, i);
 }
 
 __global__ void sk_gather(fc_cu_src src, const float *est, const int64_t *idx, const int64_t *num, float *vals,
@@ -185,7 +196,7 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
     sk_cfg c;
     sk_enc_parts p;
     fc_cu_arena ar = fc_cu_arena_of(a->h.x);
-    FC_TRY(config(&a->h.m, &c, err));
+    FC_TRY(config(&a->h.m, a->h.geo.per, &c, err));
     FC_TRY(carve_encode(a, c, ar, &p, err));
     FC_TRY(fc_cu_arena_check(ar, err));
     {
@@ -353,7 +364,7 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
     int64_t start, n;
     fc_cu_arena ar = fc_cu_arena_of(a->h.x);
     fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
-    FC_TRY(config(&a->h.m, &c, err));
+    FC_TRY(config(&a->h.m, n, &c, err)); // the own chunk's table
     FC_TRY(carve_decode(a, c, ar, &p, err));
     FC_TRY(fc_cu_arena_check(ar, err));
     {
@@ -409,7 +420,12 @@ static int scratch(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *de
     int rc = FC_OK;
     sk_cfg c;
     fc_cu_arena ar = {NULL, 0, 0};
-    FC_TRY(config(enc != NULL ? &enc->h.m : &dec->h.m, &c, err));
+    int64_t start, n = 0;
+    if (enc != NULL)
+        n = enc->h.geo.per;
+    else
+        fc_cu_span(dec->h.geo, dec->h.geo.rank, &start, &n);
+    FC_TRY(config(enc != NULL ? &enc->h.m : &dec->h.m, n, &c, err));
     if (enc != NULL) {
         sk_enc_parts p;
         FC_TRY(carve_encode(enc, c, ar, &p, err));

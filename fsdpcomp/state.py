@@ -10,7 +10,7 @@ from typing import Any, Hashable, Mapping
 import torch
 import torch.distributed as dist
 
-from . import _C, _agree
+from . import _C, _agree, _checkpoint
 from ._cuda_check import require_cuda
 from ._config import gather_default, normalize_config
 from ._dist import Ranks
@@ -119,34 +119,49 @@ class CommState:
         self._units.end_step()
 
     def state_dict(self) -> dict[str, Any]:
-        """Method, config, step, unit sizes and keys, residuals (cloned) and the units' method
-        state (gradiveq's basis: a resumed run encodes as the uninterrupted one would), for
-        checkpoints."""
-        return {
-            "method": self.method,
-            "config": self.config,
-            **self._units.state_dict(),
-            "gather_residuals": {u: r.clone() for u, r in self._exchange.gather_residuals.items()},
-        }
+        """A checkpoint of this state (format 2, fsdpcomp/_checkpoint.py): method, config,
+        world size and step, and under ``"rank<r>"`` this rank's RankState: each unit's size
+        and key, the residuals (cloned) and the units' method state (gradiveq's basis: a
+        resumed run encodes as the uninterrupted one would). A CommState is a DCP ``Stateful``:
+        ``dcp.save({"model": ..., "fsdpcomp": state})`` gives every rank its own back; so does a
+        torch.save of this dict per rank."""
+        units = self._units.state_dict()
+        step = units.pop("step")
+        mine = _checkpoint.RankState(
+            **units, gather_residuals={u: r.clone() for u, r in self._exchange.gather_residuals.items()})
+        return _checkpoint.pack(self.method, self.config, step, mine)
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restores a state_dict() of a state with the same method and config. Everything is
-        checked first (ValueError: a missing key, another method or config, a count that does
-        not fit, a NaN/Inf residual; TypeError: a value of the wrong type): a refused load
-        leaves this state as it was."""
-        for key in ("method", "config"):
-            if key not in state_dict:
-                raise ValueError(f"fsdpcomp state_dict is missing '{key}'")
-        if state_dict["method"] != self.method:
-            raise ValueError(f"state_dict is for method '{state_dict['method']}', this state is '{self.method}'")
-        if dict(state_dict["config"]) != self.config:
-            raise ValueError(f"state_dict config {dict(state_dict['config'])} differs from this state's {self.config}")
-        saved = self._units.check(state_dict)
-        gather = _gather_residuals(state_dict.get("gather_residuals") or {}, len(saved.units))
-        for u, r in gather.items():
-            refuse_nonfinite(f"gather_residuals[{u}]", r)
-        self._units.restore(saved)
+    def load_state_dict(self, state_dict: Mapping[str, Any], *, residuals: str = "keep") -> None:
+        """Restores a state_dict() of a state with the same method and config, saved by this
+        rank at this world size. Everything is checked first, and a refused load leaves this
+        state as it was: ValueError names what differs (a missing key, another method or
+        config, another world size, another rank's state, a unit of another size than this
+        state's, a count that does not fit, a NaN/Inf residual); TypeError a value of the wrong
+        type. residuals="drop" keeps only the method, config and step and starts every unit's
+        residual and method state afresh, on purpose: to resume at another world size (with
+        DCP: ``state.without_residuals()``)."""
+        saved = _checkpoint.unpack(state_dict, self.method, self.config, residuals)
+        if saved.rank_state is None:
+            units = self._units.check({"step": saved.step, "units": [], "residuals": []})
+            gather = {}
+        else:
+            mine = saved.rank_state
+            _checkpoint.check_rank_state(mine)
+            if self._units.keys:
+                _checkpoint.check_same_units(self._units.keys, self._core.units(), mine)
+            units = self._units.check(_checkpoint.unit_fields(mine, saved.step))
+            gather = _gather_residuals(mine.gather_residuals, len(units.units))
+            for u, r in gather.items():
+                refuse_nonfinite(f"gather_residuals[{u}]", r)
+        self._units.restore(units)
         self._exchange.gather_residuals = gather
+
+    def without_residuals(self) -> "_checkpoint.WithoutResiduals":
+        """For ``torch.distributed.checkpoint.load``: a view of this state that reads a
+        checkpoint's method, config and step, at any world size, and starts the residuals
+        afresh (``load_state_dict(sd, residuals="drop")``), e.g.
+        ``dcp.load({"model": msd, "fsdpcomp": state.without_residuals()}, checkpoint_id=path)``."""
+        return _checkpoint.WithoutResiduals(self)
 
     def __repr__(self) -> str:
         return f"CommState(method={self.method!r}, config={self.config!r})"

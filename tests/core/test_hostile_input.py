@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import fsdpcomp
+from helpers.ckpt import own, with_own
 from fsdpcomp import _C
 
 
@@ -22,8 +23,8 @@ def used():
 
 
 def _same(a, b):
-    return (a["step"] == b["step"] and a["units"] == b["units"]
-            and all(torch.equal(x, y) for x, y in zip(a["residuals"], b["residuals"])))
+    return (a["step"] == b["step"] and own(a).units == own(b).units
+            and all(torch.equal(x, y) for x, y in zip(own(a).residuals, own(b).residuals)))
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
@@ -35,10 +36,10 @@ def test_restore_refuses_a_nonfinite_residual(value, dtype):
     s.end_step()
     sd = s.state_dict()
     before = s.state_dict()
-    bad = sd["residuals"][0].clone()
+    bad = own(sd).residuals[0].clone()
     bad[17] = value
     with pytest.raises(ValueError, match=r"residuals\[0\].*element 17.*(nan|inf)"):
-        s.load_state_dict(dict(sd, residuals=[bad]))
+        s.load_state_dict(with_own(sd, residuals=[bad]))
     assert _same(s.state_dict(), before)
 
 

@@ -82,8 +82,8 @@ def expected_body(method, cfg, n, x=None):
         if c["values"] == "sign":  # one sign bit per kept element
             return 4 + index_bytes(n, k) + cdiv(k, 8)
         return 4 + index_bytes(n, k) + (value_bytes(c["quantize"], k) if k else 0)
-    if method == "sketch":
-        return 4 * c["rows"] * c["cols"]
+    if method == "sketch":  # cols 0: the table sized to the chunk
+        return 4 * c["rows"] * (c["cols"] or min(4096, max(1, n // (8 * c["rows"]))))
     if method == "gradiveq":
         return 4 * cdiv(n, c["dim"]) * c["k"]
     if method == "signsgd":

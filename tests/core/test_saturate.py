@@ -64,8 +64,8 @@ def test_bf16_near_fp32_max_saturates():
 
 def adversarial(n=4096):
     """Finite values that stress every range: fp32's largest, mixed signs near it, a block of
-    subnormals, a block of tiny normals, ordinary values. 4096 elements: sketch's default table
-    (3 x 512 fp32) must be smaller than the unit, or the unit goes as none."""
+    subnormals, a block of tiny normals, ordinary values. 4096 elements: method_cases' sketch
+    tables (3 x 512 fp32) must be smaller than the unit, or the unit goes as none."""
     g = torch.Generator().manual_seed(14)
     x = torch.randn(n, generator=g)
     x[:64] = FMAX * torch.sign(torch.randn(64, generator=g))

@@ -34,6 +34,8 @@ EXTRA = [
     # tables smaller than most chunks here (a unit whose chunks are no larger than its table goes
     # as `none`, as method_cases' sketches do at these sizes: test_sketch_units_larger_than_the_table)
     ("sketch", {"rows": 3, "cols": 64, "k": 8}), ("sketch", {"rows": 3, "cols": 64, "k": 8, "second_round": True}),
+    # the default table, sized to each chunk (cols 0: n / (8 rows) columns)
+    ("sketch", {}), ("sketch", {"k": 8, "second_round": True}),
 ]
 SIZES = [1, 255, 257, 2053] if EMULATED else [1, 255, 257, (1 << 20) + 3]
 
@@ -99,12 +101,12 @@ def test_encode_bytes_and_residuals_match_cpu(method, cfg, dtype, world, rank, g
             check_encode(BACKEND, method, cfg, dtype, world, rank, max(n, world), gen, residual_dtype=res)
 
 
-SKETCHES = [c for c in CASES if c[0] == "sketch" and c[1].get("cols", 4096) > 64]
+SKETCHES = [c for c in CASES if c[0] == "sketch" and c[1].get("cols", 0) > 64]  # set tables wider than SIZES
 
 
 @pytest.mark.parametrize("method,cfg", SKETCHES, ids=[IDS[CASES.index(c)] for c in SKETCHES])
 def test_sketch_units_larger_than_the_table_match_cpu(method, cfg, gen):
-    """method_cases' sketches (and the default, 3 x 4096) on units whose chunks are larger than
+    """method_cases' sketches (tables of a set width) on units whose chunks are larger than
     their tables, so that they go as sketches, not as `none`."""
     full = fsdpcomp.CommState(method, cfg).config
     per = 2 * full["rows"] * full["cols"] + 67  # 16-bit `none` of the chunk: larger than the table
@@ -115,6 +117,18 @@ def test_sketch_units_larger_than_the_table_match_cpu(method, cfg, gen):
         cpu_encode(st, g, world, rank, st._core.begin(n))
         assert st.counters()["fallback_units"] == 0, f"{cfg} W={world}: the unit went as none"
         check_encode(BACKEND, method, cfg, dtype, world, rank, n, gen)
+
+
+@pytest.mark.parametrize("cfg", [{}, {"k": 8, "second_round": True}, {"rows": 5, "k": 0}],
+                         ids=["default", "second_round", "rows5-all"])
+def test_sketch_default_table_sized_to_each_chunk_matches_cpu(cfg, gen):
+    """With cols 0 (the default) each chunk's table is sized to it, so a unit's shorter last
+    chunk has a narrower table than the others (here 20 columns and 19 at 3 rows): the device
+    writes and reads each chunk at its own width, as the CPU does."""
+    for world, n in ((4, 1917), (3, 1438), (2, 959)):  # chunks of 480, the last 477, 478, 479
+        for rank in range(world):
+            check_encode(BACKEND, "sketch", cfg, torch.float32, world, rank, n, gen)
+            check_decode(BACKEND, "sketch", cfg, torch.float32, world, rank, n, gen)
 
 
 @pytest.mark.parametrize("method,cfg", CASES, ids=IDS)

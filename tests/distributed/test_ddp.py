@@ -7,6 +7,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import fsdpcomp
+from helpers.ckpt import own
 from helpers.dist_utils import run_ranks
 
 STEPS = 4
@@ -61,7 +62,7 @@ def _bad_input(rank, world):
 def _scenarios(rank, world):
     base, _, _ = _train(rank, STEPS)
     mine, _, state = _train(rank, STEPS, "none")
-    res = {"none": (base, mine, dict(state.counters()), state.state_dict()["unit_keys"])}
+    res = {"none": (base, mine, dict(state.counters()), own(state.state_dict()).unit_keys)}
     lossy = {"int8": {"block_size": 64}}
     if "topk" in fsdpcomp.methods():
         lossy["topk"] = {"ratio": 0.25, "error_feedback": True}

@@ -17,7 +17,7 @@ import fsdpcomp
 from helpers.dist_utils import run_ranks
 
 STEPS = 5
-# large enough that no method's payload reaches none's (a sketch's default table is 3 x 4096
+# large enough that no method's payload reaches none's (a sketch's table at most 3 x 4096
 # words): a unit sent as none by the fallback has nothing to test here
 CHUNK = 16384
 

@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 import fsdpcomp
+from helpers.ckpt import own
 from helpers.dist_utils import run_ranks
 
 fully_shard = pytest.importorskip("torch.distributed.fsdp").fully_shard
@@ -88,7 +89,7 @@ def _bad_inputs(rank, world):
     rs(out, inp, dist.group.WORLD, dist.ReduceOp.AVG)
     work = rs(out, inp, dist.group.WORLD, dist.ReduceOp.AVG, async_op=True)
     work.wait()
-    return errors, dict(state.counters()), state.state_dict()["unit_keys"]
+    return errors, dict(state.counters()), own(state.state_dict()).unit_keys
 
 
 def _scenarios(rank, world):
@@ -97,7 +98,7 @@ def _scenarios(rank, world):
         # gloo has no PREMUL_SUM: torch's reference for a divide factor is then SUM + post-divide
         base, _, _ = _train(rank, STEPS, force_sum="divide_factor" in kw, **kw)
         mine, _, state = _train(rank, STEPS, "none", **kw)
-        res[name] = (base, mine, dict(state.counters()), state.state_dict()["unit_keys"])
+        res[name] = (base, mine, dict(state.counters()), own(state.state_dict()).unit_keys)
     lossy = {"int8": {"block_size": 64}}
     if "topk" in fsdpcomp.methods():
         lossy["topk"] = {"ratio": 0.25, "error_feedback": True}
@@ -165,7 +166,7 @@ def test_units_follow_their_keys_whatever_the_order(gen):
             fsdpcomp.ReduceScatter(alone[key])(ref, g)
             alone[key].end_step()
             assert torch.equal(out, ref), (step, key)
-    assert state.step == 2 and state.state_dict()["unit_keys"] == ["a", "b"]
+    assert state.step == 2 and own(state.state_dict()).unit_keys == ["a", "b"]
 
 
 def test_register_refuses_unknown_models():

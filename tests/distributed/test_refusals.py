@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 import fsdpcomp
+from helpers.ckpt import own, with_own
 from helpers.dist_utils import run_ranks
 
 N = 256
@@ -23,8 +24,8 @@ def _state():
 def _same(a, b):
     """Two states that saw the same good calls hold the same step, units and residual bits."""
     sa, sb = a.state_dict(), b.state_dict()
-    assert (sa["step"], sa["units"], sa.get("unit_keys")) == (sb["step"], sb["units"], sb.get("unit_keys"))
-    assert all(torch.equal(x, y) for x, y in zip(sa["residuals"], sb["residuals"]))
+    assert (sa["step"], own(sa).units, own(sa).unit_keys) == (sb["step"], own(sb).units, own(sb).unit_keys)
+    assert all(torch.equal(x, y) for x, y in zip(own(sa).residuals, own(sb).residuals))
     ca, cb = a.counters(), b.counters()
     assert (ca["calls"], ca["units"], ca["step"]) == (cb["calls"], cb["units"], cb["step"])
 
@@ -103,10 +104,10 @@ def test_refused_load_state_dict_changes_nothing(gen):
                               ("gather_residuals", {0: [1.0, 2.0]}, "gather_residuals"),
                               ("unit_keys", ["a", "b"], "unit_keys")]:
         with pytest.raises((ValueError, TypeError), match=names):
-            target.load_state_dict(dict(good, **{key: value}))
+            target.load_state_dict(with_own(good, **{key: value}))
         now = target.state_dict()
-        assert (now["step"], now["units"]) == (before["step"], before["units"])
-        assert all(torch.equal(a, b) for a, b in zip(now["residuals"], before["residuals"]))
+        assert (now["step"], own(now).units) == (before["step"], own(before).units)
+        assert all(torch.equal(a, b) for a, b in zip(own(now).residuals, own(before).residuals))
 
 
 def _distributed(rank, world):
@@ -144,8 +145,8 @@ def _distributed(rank, world):
         errors["ddp float64"] = None
     except Exception as e:  # DDP re-raises the hook's error from backward
         errors["ddp float64"] = (type(e).__name__, str(e))
-    summary = lambda s: (s.step, s.state_dict()["units"], s.counters()["calls"],  # noqa: E731
-                         [r.clone() for r in s.state_dict()["residuals"]])
+    summary = lambda s: (s.step, own(s.state_dict()).units, s.counters()["calls"],  # noqa: E731
+                         [r.clone() for r in own(s.state_dict()).residuals])
     return errors, summary(states["refused"]), summary(states["clean"]), ddp_state.counters()["calls"]
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import fsdpcomp
+from helpers.ckpt import own
 from helpers.dist_utils import run_ranks
 from helpers.step_models import Blocks, fsdp1, fsdp2, full_params, per_unit_states, train
 
@@ -36,7 +37,7 @@ def _run(rank, world, kind):
     wrapped = wrap(model)
     states = per_unit_states(wrapped, kind, METHOD, CONFIG)
     train(rank, model, wrapped, STEPS, BRANCH)
-    return mine, bare, full_params(wrapped), [s.state_dict()["residuals"] for s in states]
+    return mine, bare, full_params(wrapped), [own(s.state_dict()).residuals for s in states]
 
 
 @pytest.mark.parametrize("kind", ["fsdp1", "fsdp2"])
@@ -46,9 +47,9 @@ def test_skipped_unit_keeps_residuals_apart(kind):
         assert c["calls"] == STEPS * 4 - 2  # the branch sat out two steps
         assert torch.equal(params, ref), f"{kind} rank {rank}: residuals were mixed between units"
         # each unit's residual is the one its own state holds in the reference
-        mine = sorted(bytes(r.numpy()) for r in sd["residuals"])
+        mine = sorted(bytes(r.numpy()) for r in sd[f"rank{rank}"].residuals)
         theirs = sorted(bytes(r[0].numpy()) for r in ref_residuals if r)
         assert mine == theirs
-        assert sorted(sd["unit_keys"]) == ["blocks.0", "blocks.1", "blocks.2", "branch"]
+        assert sorted(sd[f"rank{rank}"].unit_keys) == ["blocks.0", "blocks.1", "blocks.2", "branch"]
         if bare is not None:  # a bare CommState keys FSDP1 units by their flat parameter
             assert torch.equal(bare[0], ref) and bare[1]["units"] == 4, f"rank {rank}: bare state"

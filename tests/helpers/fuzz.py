@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import faulthandler
 import json
 import math
@@ -368,25 +369,32 @@ def fuzz_restore(tally, rng, method, cfg, count):
         state.reduce_scatter(torch.randn(300), torch.empty(300))
         state.end_step()
     good = state.state_dict()
+    own = good["rank0"]
     for _ in range(count):
         sd = dict(good)
-        sd["residuals"] = [None if r is None else r.clone() for r in good["residuals"]]
-        kind = rng.randrange(7)
-        if kind == 0 and sd["residuals"] and sd["residuals"][0] is not None:
-            sd["residuals"][0][rng.randrange(300)] = rng.choice([float("nan"), float("inf"), -float("inf")])
+        mine = dataclasses.replace(own, residuals=[None if r is None else r.clone() for r in own.residuals])
+        kind = rng.randrange(9)
+        if kind == 0 and mine.residuals and mine.residuals[0] is not None:
+            mine.residuals[0][rng.randrange(300)] = rng.choice([float("nan"), float("inf"), -float("inf")])
         elif kind == 1:
             sd["step"] = rng.choice([-1, 2**32, 2**32 + 3, 2**70, 1.5, "3", None, True, 2**32 - 1, 0])
         elif kind == 2:
-            sd["units"] = rng.choice([[-1], [2**60], ["a"], [300, 300], [], [300.0]])
+            mine.units = rng.choice([[-1], [2**60], ["a"], [300, 300], [], [300.0], "x"])
         elif kind == 3:
-            sd["residuals"] = rng.choice([[torch.zeros(5)], [torch.zeros(300, dtype=torch.float64)],
-                                          [torch.zeros(300)] * 3, [None], "x"])
+            mine.residuals = rng.choice([[torch.zeros(5)], [torch.zeros(300, dtype=torch.float64)],
+                                         [torch.zeros(300)] * 3, [None], "x"])
         elif kind == 4:
-            sd["config"] = dict(good["config"], seed=good["config"]["seed"] + 1)
+            sd["config"] = rng.choice([good["config"].replace('"seed": ', '"seed": 1'), "{", "[]", 3])
         elif kind == 5:
-            sd["unit_states"] = rng.choice([[torch.full((4,), float("nan"))], [torch.zeros(3)], "x", [1]])
+            mine.unit_states = rng.choice([[torch.full((4,), float("nan"))], [torch.zeros(3)], "x", [1]])
+        elif kind == 6:
+            sd["world_size"] = rng.choice([2, 0, None, "1"])
+        elif kind == 7:
+            sd["format"] = rng.choice([1, 3, "2", None])
         else:
             sd.pop(rng.choice(list(sd)))
+        if "rank0" in sd:
+            sd["rank0"] = mine
         snap = _snapshot(state)
         ok, _ = _call(tally, "load_state_dict", lambda: state.load_state_dict(sd))
         if not ok and not _same(_snapshot(state), snap):

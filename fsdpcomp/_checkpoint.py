@@ -1,0 +1,179 @@
+"""The checkpoint format of a CommState (format 2): what is the same on every rank at the top,
+each rank's own state (residuals, unit states) under a key naming the rank, so that
+torch.distributed.checkpoint (DCP) and a plain torch.save per rank both give every rank its own
+back, and a load that does not fit is refused by name before anything changes.
+
+    {"format": 2, "method": "int8", "config": '{"block_size": 256, ...}' (JSON),
+     "world_size": 2, "step": 10, "rank1": RankState(...)}
+
+Why this shape (docs/decisions.md has the longer story): DCP writes a value whose key is the
+same on every rank once (one rank's), and reads it into every rank; it needs the shape of every
+tensor it loads before it reads, which a fresh CommState cannot know (its units come with the
+first backward). A key naming the rank makes each rank write its own; a RankState, which is not
+a dict or a list, is one opaque object to DCP (pickled whole), so no shapes are needed at load.
+The config is a JSON string for the same reason: a dict would be split key by key and a
+checkpoint of another method would fail in DCP, not here with its name."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+
+FORMAT = 2  # 1: the flat dict of fsdpcomp 0.1 (no "format" key, no rank, no world size)
+DROP_HINT = ("to resume at another world size, or from another rank's state, drop the "
+             "residuals on purpose: state.load_state_dict(sd, residuals=\"drop\"), or "
+             "dcp.load({..., \"fsdpcomp\": state.without_residuals()})")
+
+
+@dataclass
+class RankState:
+    """One rank's part of a CommState checkpoint: its unit table (each unit's size and key, the
+    keys claimed in the open step), its residuals and the units' method state (gradiveq's
+    basis), the all-gather residuals (allgather_compress), and method_state: a method's own
+    extra state keyed by the method's name, each a dict with its own "version" (room for
+    methods that keep more than a residual, e.g. PowerSGD's Q and error)."""
+    units: list
+    unit_keys: list
+    open_keys: list
+    residuals: list
+    unit_states: list | None
+    gather_residuals: dict
+    method_state: dict = field(default_factory=dict)
+
+
+# torch.load's default (weights_only=True) reads a checkpoint holding a RankState
+if hasattr(torch.serialization, "add_safe_globals"):
+    torch.serialization.add_safe_globals([RankState])
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A checked checkpoint: its step, and this rank's part (None: residuals dropped)."""
+    step: int
+    rank_state: RankState | None
+
+
+def process_rank() -> tuple[int, int]:
+    """(rank, world size) of this process in the default group: the keys DCP's writers share."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def rank_key(rank: int) -> str:
+    return f"rank{rank}"
+
+
+def shared(method: str, config: Mapping[str, Any], step: int) -> dict[str, Any]:
+    """The part every rank saves alike."""
+    return {"format": FORMAT, "method": method, "config": json.dumps(dict(config), sort_keys=True),
+            "world_size": process_rank()[1], "step": step}
+
+
+def pack(method: str, config: Mapping[str, Any], step: int, mine: RankState) -> dict[str, Any]:
+    return {**shared(method, config, step), rank_key(process_rank()[0]): mine}
+
+
+def unpack(sd: Any, method: str, config: Mapping[str, Any], residuals: str) -> Saved:
+    """The checks of the top level, in the order a user fixes them: the format, the method and
+    config, then (residuals "keep") the world size and this rank's part."""
+    if residuals not in ("keep", "drop"):
+        raise ValueError(f"residuals must be \"keep\" or \"drop\", got {residuals!r}")
+    if not isinstance(sd, Mapping):
+        raise TypeError(f"a CommState state_dict must be a dict, got {type(sd).__name__}")
+    for key in ("method", "config", "step"):
+        if key not in sd:
+            raise ValueError(f"fsdpcomp state_dict is missing '{key}'")
+    fmt = sd.get("format", 1)
+    if fmt not in (1, FORMAT):
+        raise ValueError(f"fsdpcomp state_dict has format {fmt!r}; this fsdpcomp reads format {FORMAT}")
+    if sd["method"] != method:
+        raise ValueError(f"state_dict is for method '{sd['method']}', this state is '{method}'")
+    saved_config = _config_of(sd["config"])
+    if saved_config != dict(config):
+        diff = {k: (saved_config.get(k), config.get(k)) for k in sorted(set(saved_config) | set(config))
+                if saved_config.get(k) != config.get(k)}
+        raise ValueError(f"state_dict config differs from this state's in {diff} (saved, this)")
+    step = sd["step"]
+    step = int(step) if isinstance(step, (int, torch.Tensor)) else step  # the core names a bad one
+    if residuals == "drop":
+        return Saved(step, None)
+    if fmt == 1:
+        raise ValueError("this fsdpcomp state_dict has no 'format' key: it was written by fsdpcomp "
+                         "0.1, which did not record which rank saved it, so its residuals cannot be "
+                         f"checked against this rank; {DROP_HINT}")
+    rank, world = process_rank()
+    if sd.get("world_size") != world:
+        raise ValueError(f"state_dict was saved at world size {sd.get('world_size')!r}, this run has "
+                         f"{world} ranks: residuals are per rank; {DROP_HINT}")
+    mine = sd.get(rank_key(rank))
+    if mine is None:
+        held = sorted(k for k in sd if isinstance(k, str) and k.startswith("rank") and k[4:].isdigit())
+        raise ValueError(f"state_dict holds the state of {', '.join(held) or 'no rank'}, this is rank {rank}: "
+                         "each rank loads its own (save one file per rank, or use "
+                         f"torch.distributed.checkpoint); {DROP_HINT}")
+    if not isinstance(mine, RankState):
+        raise TypeError(f"state_dict '{rank_key(rank)}' must be a fsdpcomp RankState, got {type(mine).__name__}")
+    return Saved(step, mine)
+
+
+def _config_of(saved: Any) -> dict[str, Any]:
+    if isinstance(saved, Mapping):  # format 1
+        return dict(saved)
+    if isinstance(saved, str):
+        try:
+            out = json.loads(saved)
+        except json.JSONDecodeError:
+            out = None
+        if isinstance(out, dict):
+            return out
+    raise ValueError(f"state_dict 'config' must be the config as a JSON object, got {saved!r:.200}")
+
+
+def unit_fields(mine: RankState, step: int) -> dict[str, Any]:
+    """This rank's unit table as UnitTable.check reads it."""
+    names = ("units", "unit_keys", "open_keys", "residuals", "unit_states")
+    return {"step": step, **{n: getattr(mine, n) for n in names}}
+
+
+def check_same_units(keys: tuple, sizes: list, mine: RankState) -> None:
+    """A state that has run already knows its units: a checkpoint of other units (another
+    model, another sharding) is refused by name. Units by key where they have one, else by
+    place; a unit on only one side is fine (units that sat out, or come later)."""
+    saved = {(k if k is not None else ("#", u)): n for u, (k, n) in enumerate(zip(mine.unit_keys, mine.units))}
+    for u, (k, n) in enumerate(zip(keys, sizes)):
+        name = k if k is not None else ("#", u)
+        if name in saved and saved[name] != n:
+            what = f"unit {k!r}" if k is not None else f"unit {u} (call order)"
+            raise ValueError(f"state_dict {what} has {saved[name]} elements, this state's has {n}: "
+                             "a checkpoint of other units (another model or sharding)")
+
+
+def check_rank_state(mine: RankState) -> None:
+    """Fields of the right kinds; the values are checked by UnitTable.check and the core."""
+    kinds = {"gather_residuals": (dict,), "method_state": (dict,), "unit_states": (list, type(None))}
+    for f in fields(RankState):
+        value, want = getattr(mine, f.name, None), kinds.get(f.name, (list,))
+        if not isinstance(value, want):
+            raise TypeError(f"state_dict RankState.{f.name} must be a {' or '.join(k.__name__ for k in want)}, "
+                            f"got {type(value).__name__}")
+    if mine.method_state:
+        raise ValueError(f"state_dict holds method state for {sorted(mine.method_state)}, which this "
+                         "fsdpcomp does not know")
+
+
+class WithoutResiduals:
+    """A DCP Stateful view of a CommState that reads a checkpoint's method, config and step
+    and starts the residuals afresh (CommState.without_residuals)."""
+
+    def __init__(self, state):
+        self._state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        return shared(self._state.method, self._state.config, self._state.step)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        self._state.load_state_dict(state_dict, residuals="drop")

@@ -1,0 +1,104 @@
+"""CommState checkpoints (format 2): a load that does not fit this rank (another world size,
+another rank's state, other units, a format this fsdpcomp does not read) is refused with a
+ValueError naming the difference and changes nothing; residuals="drop" resumes on purpose; the
+dict goes through torch.save and torch.load's default (weights_only) unchanged."""
+import io
+
+import pytest
+import torch
+
+import fsdpcomp
+from helpers.ckpt import own
+
+CFG = {"error_feedback": True, "compress_own_chunk": True, "block_size": 16}
+
+
+def _ran(n=256, key="a", steps=2, seed=0):
+    s = fsdpcomp.CommState("int8", CFG)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        s.reduce_scatter(torch.randn(n, generator=g), torch.empty(n), key)
+        s.end_step()
+    return s
+
+
+def _summary(s):
+    sd = s.state_dict()
+    return sd["step"], own(sd).units, own(sd).unit_keys, [r.clone() for r in own(sd).residuals]
+
+
+def _same(a, b):
+    return a[:3] == b[:3] and all(torch.equal(x, y) for x, y in zip(a[3], b[3]))
+
+
+def test_round_trip_through_torch_save_with_weights_only():
+    s = _ran()
+    buf = io.BytesIO()
+    torch.save({"fsdpcomp": s.state_dict()}, buf)
+    buf.seek(0)
+    sd = torch.load(buf)["fsdpcomp"]  # torch.load's default: weights_only=True
+    t = fsdpcomp.CommState("int8", CFG)
+    t.load_state_dict(sd)
+    assert _same(_summary(t), _summary(s)) and t.step == 2
+    assert sd["format"] == 2 and sd["world_size"] == 1 and own(sd).unit_keys == ["a"]
+
+
+@pytest.mark.parametrize("change,pattern", [
+    (lambda sd: dict(sd, world_size=4), r"saved at world size 4, this run has 1 ranks.*residuals=\"drop\""),
+    (lambda sd: {("rank3" if k == "rank0" else k): v for k, v in sd.items()},
+     r"holds the state of rank3, this is rank 0.*each rank loads its own"),
+    (lambda sd: _ran(512).state_dict(), r"unit 'a' has 512 elements, this state's has 256: a checkpoint of other units"),
+    (lambda sd: _ran(key=None).state_dict(), r"unit 0 \(call order\) has 256 elements, this state's has 128"),
+    (lambda sd: dict(sd, format=3), r"format 3; this fsdpcomp reads format 2"),
+    (lambda sd: {k: v for k, v in sd.items() if k not in ("format", "world_size")}, r"no 'format' key.*fsdpcomp 0.1"),
+    (lambda sd: dict(sd, config=sd["config"].replace('"block_size": 16', '"block_size": 32')),
+     r"config differs from this state's in \{'block_size': \(32, 16\)\}"),
+    (lambda sd: dict(sd, method="int4"), r"for method 'int4', this state is 'int8'"),
+])
+def test_a_load_that_does_not_fit_is_refused_by_name_and_changes_nothing(change, pattern):
+    s = _ran(n=128, key=None, seed=1) if "call order" in pattern else _ran(seed=1)
+    before = _summary(s)
+    with pytest.raises(ValueError, match=pattern):
+        s.load_state_dict(change(_ran(seed=2).state_dict()))
+    assert _same(_summary(s), before)
+
+
+def test_a_fresh_state_meets_other_units_at_its_first_call():
+    s = fsdpcomp.CommState("int8", CFG)
+    s.load_state_dict(_ran(256).state_dict())
+    with pytest.raises(ValueError, match="unit key 'a'"):
+        s.reduce_scatter(torch.randn(512), torch.empty(512), "a")
+    assert s.step == 2
+
+
+def test_drop_keeps_method_config_and_step_and_starts_the_residuals_afresh():
+    sd = dict(_ran().state_dict(), world_size=2)  # as saved by a run of 2 ranks
+    sd["rank1"] = sd.pop("rank0")
+    s = _ran(seed=3)
+    s.load_state_dict(sd, residuals="drop")
+    assert s.step == 2 and s.unit_keys == () and own(s.state_dict()).residuals == []
+    out = torch.empty(256)
+    s.reduce_scatter(torch.randn(256), out, "a")  # the first call claims the unit afresh
+    assert s.unit_keys == ("a",) and torch.isfinite(out).all()
+    with pytest.raises(ValueError, match="for method 'int8', this state is 'none'"):
+        fsdpcomp.CommState("none").load_state_dict(sd, residuals="drop")  # the config still must fit
+    with pytest.raises(ValueError, match=r"residuals must be \"keep\" or \"drop\", got 'all'"):
+        s.load_state_dict(sd, residuals="all")
+
+
+def test_drop_reads_a_format_1_checkpoint():
+    old = {"method": "int8", "config": fsdpcomp.CommState("int8", CFG).config, "step": 7, "units": [256],
+           "residuals": [torch.zeros(256)]}
+    s = fsdpcomp.CommState("int8", CFG)
+    s.load_state_dict(old, residuals="drop")
+    assert s.step == 7 and s.unit_keys == ()
+
+
+def test_without_residuals_is_the_dcp_view_that_drops():
+    s = _ran()
+    view = s.without_residuals()
+    sd = view.state_dict()
+    assert not any(k.startswith("rank") for k in sd) and sd["step"] == 2
+    t = fsdpcomp.CommState("int8", CFG)
+    t.without_residuals().load_state_dict(dict(sd, world_size=8))
+    assert t.step == 2 and t.unit_keys == ()
