@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from . import _nccl
-from ._dist import Ranks, all_gather_single, fresh_views, settled, wait_released
+from ._dist import Handoff, Ranks, all_gather_single, settled
 from ._shard_gather import all_gather_shards
 
 ELEMENT_SIZE = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
@@ -92,14 +92,6 @@ class _PartSlots(NamedTuple):
     recv: torch.Tensor
     send_slots: list[list[torch.Tensor]]
     recv_slots: list[list[torch.Tensor]]
-
-
-def _posted(op: Callable[..., Any], slot: torch.Tensor, handed: list, **kw) -> Any:
-    """op(view of slot, **kw): a point-to-point message posted on a fresh view, whose weak
-    reference goes to `handed` (wait_released once the message is over: _dist.settled)."""
-    (view,), refs = fresh_views(slot)
-    handed += refs
-    return op(view, **kw)
 
 
 def _slots(buf: torch.Tensor, parts) -> list[list[torch.Tensor]]:
@@ -283,19 +275,19 @@ class Exchange:
         peers = self._global_ranks(group)
         parts = self._part_slots(grad, world, rank)
         send, send_slots, recv_slots = parts.send, parts.send_slots, parts.recv_slots
-        arriving, leaving, handed = {}, [], []  # handed: weak references to what gloo holds
+        arriving, leaving = {}, []
+        handoff = Handoff([t for side in (recv_slots, send_slots) for part in side for t in part])
         try:
             for k in range(1, world):
                 src = (rank + k) % world
                 for piece, slot in enumerate(recv_slots[src]):
                     if slot.numel():  # the tag tells a sender's pieces apart
-                        arriving[src, piece] = _posted(dist.irecv, slot, handed, src=peers[src], group=group,
-                                                       tag=piece)
+                        arriving[src, piece] = dist.irecv(slot, src=peers[src], group=group, tag=piece)
             for k in range(1, world):
                 dst = (rank - k) % world
                 for piece, slot in enumerate(send_slots[dst]):
                     if self.core.encode_part(grad, send, world, rank, unit, dst, piece):
-                        leaving.append(_posted(dist.isend, slot, handed, dst=peers[dst], group=group, tag=piece))
+                        leaving.append(dist.isend(slot, dst=peers[dst], group=group, tag=piece))
             for piece, slot in enumerate(send_slots[rank]):  # empty unless compress_own_chunk
                 self.core.encode_part(grad, send, world, rank, unit, rank, piece)
             waited = 0.0
@@ -325,11 +317,14 @@ class Exchange:
                     work.wait(timedelta(seconds=left))
                 except Exception:  # noqa: BLE001 - the first error is the one to report
                     pass
-            raise
-        finally:
             arriving.clear()
             leaving.clear()
-            wait_released(handed)
+            work = None  # noqa: F841
+            handoff.abandon()
+            raise
+        work = None  # noqa: F841 - nor may a Work object of ours hold them
+        leaving.clear()
+        handoff.wait()  # the works are over: their tensors must be let go of too (_dist.py)
 
     def _part_slots(self, grad: torch.Tensor, world: int, rank: int) -> _PartSlots:
         """Made once per (size, dtype, world, rank), again only after a buffer was regrown: W x
