@@ -163,19 +163,17 @@ int fc_core_check_recv(const fc_core *s, int64_t numel, int dtype, int world, in
     return FC_OK;
 }
 
-int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *out, int world,
-                   int rank, uint32_t unit, fc_err *err)
+int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf *grad,
+                  fc_buf *out, int world, int rank, uint32_t unit, const int64_t *recvs,
+                  fc_err *err)
 {
     int rc = FC_OK;
-    const double t0 = fc_core_now_s();
     const int64_t N = grad->numel;
     const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
-    s->dec_call.open = 0; /* acc is reused: a decode_part sequence cannot go on after this */
     int64_t start, n;
+    (void)x;
     fc_chunk_span(N, world, rank, &start, &n);
     FC_TRY(decode_scratch(s, m, n, out, err));
-    int64_t recvs[FC_MAX_WORLD];
-    FC_TRY(fc_core_check_recv(s, N, grad->dtype, world, rank, recv->numel, recvs, err));
     const int varsize = (m->flags & FC_VARSIZE) != 0;
     float *acc = s->acc;
     memset(acc, 0, (size_t)n * 4);
@@ -224,14 +222,12 @@ int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *o
          * exact own chunk, or zeros when it was compressed too. */
         FC_TRY(pick_coordinates(s, m, &c0, acc, unit, err));
         s->ctr.nonfinite_in += own_bad;
-        s->ctr.decompress_s += fc_core_now_s() - t0;
         return FC_OK;
     }
     if (senders > 0) /* one decode of the summed compressed payloads */
         FC_TRY(m->decode_agg(&c0, (const uint8_t *)s->agg, senders, 1.0f, acc, err));
     s->ctr.nonfinite_in += own_bad;
     fc_core_write_out(s, acc, n, world, out, passed);
-    s->ctr.decompress_s += fc_core_now_s() - t0;
     return FC_OK;
 error:
     return rc;
@@ -384,19 +380,20 @@ void fc_core_write_out(fc_core *s, const float *acc, int64_t n, int world, fc_bu
                (size_t)((out->numel - n) * fc_dtype_size(out->dtype)));
 }
 
-int fc_core_decompress(fc_core *s, const uint8_t *payload, int64_t bytes, int64_t n, float alpha,
-                       float *acc, uint32_t unit, uint32_t chunk, int world, fc_err *err)
+int fc_cpu_decompress(fc_core *s, const fc_exec *x, const fc_buf *payload, fc_buf *acc,
+                      float alpha, uint32_t unit, uint32_t chunk, int world, fc_err *err)
 {
     int rc = FC_OK;
     const fc_method *m = s->method;
+    const int64_t n = acc->numel;
+    (void)x;
     if (m->scratch_bytes != NULL)
         FC_TRY(fc_core_grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err));
     fc_chunk c = fc_core_make_chunk(s, m, n, world, FC_F32, unit, chunk, 0);
     FC_TRY(fc_core_ustate(s, m, unit, &c.ustate, err));
-    const double t0 = fc_core_now_s();
     int passed = 0; /* the caller sees NaN/Inf in acc itself */
-    FC_TRY(decode_one(s, m, &c, payload, bytes, 0, alpha, acc, &passed, err));
-    s->ctr.decompress_s += fc_core_now_s() - t0;
+    FC_TRY(decode_one(s, m, &c, (const uint8_t *)payload->data, payload->numel, 0, alpha,
+                      (float *)acc->data, &passed, err));
     return FC_OK;
 error:
     return rc;

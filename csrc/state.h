@@ -103,6 +103,10 @@ PyObject *fc_state_residual(StateObject *self, uint32_t unit, PyObject *grad, in
 /* The CUDA library, the State's context and workspace, the current stream of grad's device. */
 int fc_state_cuda_prepare(StateObject *self, PyObject *grad, const fc_view *g, fc_cuda_call *k,
                           fc_err *err);
+/* The backend of a call on the tensor `like` (its view v), picked once by its device: the
+ * CPU's, or the CUDA library's with the call prepared into *k (x->k = k). */
+int fc_state_exec(StateObject *self, PyObject *like, const fc_view *v, fc_cuda_call *k,
+                  fc_exec *x, fc_err *err);
 /* The call's scratch, the unit's device state and the fetch buffer, as its method needs
  * (decode: recv and out of the decode; encode: NULL). */
 int fc_state_cuda_extras(StateObject *self, PyObject *like, fc_cuda_call *k, const fc_buf *grad,

@@ -70,6 +70,7 @@ typedef struct {
     int world, rank;
     fc_view tv, pv;
     fc_cuda_call k;
+    fc_exec x; /* the tensors' backend */
     fc_err err;
 } single_call;
 
@@ -86,11 +87,10 @@ static int single_views(StateObject *self, single_call *a, const char *name, int
     FC_TRY(fc_check_world(a->world, a->rank, &a->err));
     if (a->tv.buf.numel == 0)
         return fc_fail(&a->err, FC_ERR_VALUE, "%s must have at least one element", name);
-    if (fc_state_on_cuda(self, &a->tv)) {
-        FC_TRY(fc_state_cuda_prepare(self, a->t, &a->tv, &a->k, &a->err));
+    FC_TRY(fc_state_exec(self, a->t, &a->tv, &a->k, &a->x, &a->err));
+    if (a->x.k != NULL)
         FC_TRY(fc_state_cuda_single_extras(self, a->t, &a->k, a->tv.buf.numel, a->world, a->rank, a->unit,
                                            a->chunk, decode, &a->err));
-    }
 error:
     return rc;
 }
@@ -115,13 +115,8 @@ PyObject *fc_state_compress(StateObject *self, PyObject *args, PyObject *kwds)
     if (single_views(self, &a, "x", 0) != FC_OK)
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    if (fc_state_on_cuda(self, &a.tv))
-        rc = fc_cuda_compress(&self->core, &a.k, &a.tv.buf, &a.pv.buf, a.unit, a.chunk, a.world, a.rank,
-                              &written, &a.err);
-    else
-        rc = fc_core_compress(&self->core, (const float *)a.tv.buf.data, a.tv.buf.numel,
-                              (uint8_t *)a.pv.buf.data, a.pv.buf.numel, a.unit, a.chunk, a.world, a.rank,
-                              &written, &a.err);
+    rc = fc_drive_compress(&self->core, &a.x, &a.tv.buf, &a.pv.buf, a.unit, a.chunk, a.world, a.rank,
+                           &written, &a.err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
     fc_view_release(&a.tv);
@@ -149,12 +144,8 @@ PyObject *fc_state_decompress(StateObject *self, PyObject *args, PyObject *kwds)
     if (single_views(self, &a, "acc", 1) != FC_OK)
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    if (fc_state_on_cuda(self, &a.tv))
-        rc = fc_cuda_decompress(&self->core, &a.k, &a.pv.buf, &a.tv.buf, (float)alpha, a.unit, a.chunk, a.world,
-                                &a.err);
-    else
-        rc = fc_core_decompress(&self->core, (const uint8_t *)a.pv.buf.data, a.pv.buf.numel, a.tv.buf.numel,
-                                (float)alpha, (float *)a.tv.buf.data, a.unit, a.chunk, a.world, &a.err);
+    rc = fc_drive_decompress(&self->core, &a.x, &a.pv.buf, &a.tv.buf, (float)alpha, a.unit, a.chunk,
+                             a.world, &a.err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
     return fc_state_views_done(self, rc, &a.err, &a.pv, &a.tv, NULL);

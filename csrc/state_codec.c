@@ -1,5 +1,6 @@
 /* state_codec.c: the State's compressed reduce-scatter calls: plan, begin/end_step, encode/decode
- * (CPU or CUDA), the per-peer parts, and the unit-state sync. */
+ * (through the driver, fc_drive_*, on the tensors' backend), the per-peer parts, and the
+ * unit-state sync. */
 #include "state.h" /* first: it includes Python.h */
 #include <string.h>
 
@@ -42,6 +43,21 @@ int fc_state_cuda_prepare(StateObject *self, PyObject *grad, const fc_view *g, f
     k->ctx = self->cuda_ctx;
     k->device = g->device_id;
     return fc_view_stream(grad, g, &k->stream, err);
+}
+
+int fc_state_exec(StateObject *self, PyObject *like, const fc_view *v, fc_cuda_call *k,
+                  fc_exec *x, fc_err *err)
+{
+    x->b = &fc_backend_cpu;
+    x->k = NULL;
+    if (!fc_state_on_cuda(self, v))
+        return FC_OK;
+    int rc = fc_state_cuda_prepare(self, like, v, k, err);
+    if (rc == FC_OK) {
+        x->b = &fc_backend_cuda;
+        x->k = k;
+    }
+    return rc;
 }
 
 static int64_t plan_total(const int64_t *splits, int world)
@@ -203,21 +219,16 @@ PyObject *fc_state_encode(StateObject *self, PyObject *args)
         !PyArg_ParseTuple(args, "OOiiL:encode", &grad, &send, &world, &rank, &unit))
         return NULL;
     fc_cuda_call k;
-    if (encode_views(self, grad, send, world, rank, unit, 1, &e, &err) != FC_OK)
+    fc_exec x;
+    if (encode_views(self, grad, send, world, rank, unit, 1, &e, &err) != FC_OK ||
+        fc_state_exec(self, grad, &e.g, &k, &x, &err) != FC_OK)
         goto error;
-    if (fc_state_on_cuda(self, &e.g) &&
-        (fc_state_cuda_prepare(self, grad, &e.g, &k, &err) != FC_OK ||
-         fc_state_cuda_extras(self, grad, &k, &e.g.buf, NULL, NULL, world, rank, (uint32_t)unit, 0,
-                              &err) != FC_OK))
+    if (x.k != NULL && fc_state_cuda_extras(self, grad, &k, &e.g.buf, NULL, NULL, world, rank,
+                                            (uint32_t)unit, 0, &err) != FC_OK)
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    if (fc_state_on_cuda(self, &e.g)) {
-        rc = fc_cuda_encode(&self->core, &k, &e.g.buf, &e.s.buf, e.use_ef ? &e.r.buf : NULL, world,
-                            rank, (uint32_t)unit, sizes, &err);
-    } else {
-        rc = fc_core_encode(&self->core, &e.g.buf, &e.s.buf, e.use_ef ? &e.r.buf : NULL, world,
-                            rank, (uint32_t)unit, sizes, &err);
-    }
+    rc = fc_drive_encode(&self->core, &x, &e.g.buf, &e.s.buf, e.use_ef ? &e.r.buf : NULL, world,
+                         rank, (uint32_t)unit, sizes, &err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
     encode_release(&e);
@@ -245,16 +256,13 @@ PyObject *fc_state_decode(StateObject *self, PyObject *args)
         fc_check_same_device(&o, &g, "output", &err) || fc_check_aligned(&v, "recv", &err))
         goto error;
     fc_cuda_call k;
-    if (fc_state_on_cuda(self, &g) &&
-        (fc_state_cuda_prepare(self, grad, &g, &k, &err) != FC_OK ||
-         fc_state_cuda_extras(self, grad, &k, &g.buf, &v.buf, &o.buf, world, rank, (uint32_t)unit,
-                              1, &err) != FC_OK))
+    fc_exec x;
+    if (fc_state_exec(self, grad, &g, &k, &x, &err) != FC_OK ||
+        (x.k != NULL && fc_state_cuda_extras(self, grad, &k, &g.buf, &v.buf, &o.buf, world, rank,
+                                             (uint32_t)unit, 1, &err) != FC_OK))
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    if (fc_state_on_cuda(self, &g))
-        rc = fc_cuda_decode(&self->core, &k, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
-    else
-        rc = fc_core_decode(&self->core, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
+    rc = fc_drive_decode(&self->core, &x, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
     return fc_state_views_done(self, rc, &err, &v, &g, &o);
