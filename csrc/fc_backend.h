@@ -41,9 +41,10 @@ struct fc_backend {
     int (*decode)(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf *grad,
                   fc_buf *out, int world, int rank, uint32_t unit, const int64_t *recvs,
                   fc_err *err);
-    /* one payload of x (fp32) outside the collective; *written its padded size */
+    /* one payload of x (fp32) outside the collective, of x + e with a residual (which it
+     * replaces: fc_drive_compress); *written its padded size */
     int (*compress)(fc_core *s, const fc_exec *x, const fc_buf *in, fc_buf *payload,
-                    uint32_t unit, uint32_t chunk, int world, int rank, int64_t *written,
+                    fc_buf *residual, uint32_t unit, uint32_t chunk, int world, int rank, int64_t *written,
                     fc_err *err);
     /* acc (fp32) += alpha * D(payload) */
     int (*decompress)(fc_core *s, const fc_exec *x, const fc_buf *payload, fc_buf *acc,
@@ -69,10 +70,12 @@ int fc_drive_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *se
 int fc_drive_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf *grad,
                     fc_buf *out, int world, int rank, uint32_t unit, fc_err *err);
 /* One chunk outside any collective (tests, benchmarks, the all-gather half): in (fp32) to one
- * payload, and acc (fp32) += alpha * its decode. */
+ * payload, and acc (fp32) += alpha * its decode. With a residual (fp32, in's length; the
+ * all-gather half of an all-reduce) the payload is that of g' = in + e under the collective's
+ * range and NaN rules, and e is replaced by g' - D(C(g')); its NaN/Inf are not counted. */
 int fc_drive_compress(fc_core *s, const fc_exec *x, const fc_buf *in, fc_buf *payload,
-                      uint32_t unit, uint32_t chunk, int world, int rank, int64_t *written,
-                      fc_err *err);
+                      fc_buf *residual, uint32_t unit, uint32_t chunk, int world, int rank,
+                      int64_t *written, fc_err *err);
 int fc_drive_decompress(fc_core *s, const fc_exec *x, const fc_buf *payload, fc_buf *acc,
                         float alpha, uint32_t unit, uint32_t chunk, int world, fc_err *err);
 

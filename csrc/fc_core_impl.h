@@ -6,6 +6,7 @@
 
 #include "fc_backend.h"
 #include "fc_core.h"
+#include "fc_wire.h"
 
 double fc_core_now_s(void);
 float fc_core_elem_f32(const void *src, int dt, int64_t i);
@@ -14,6 +15,8 @@ int fc_core_grow_f32(float **p, int64_t *cap, int64_t n, fc_err *err);
 int fc_core_ustate(fc_core *s, const fc_method *m, uint32_t unit, float **out, fc_err *err);
 fc_chunk fc_core_make_chunk(const fc_core *s, const fc_method *m, int64_t n, int world, int dtype,
                             uint32_t unit, uint32_t chunk, int rank);
+/* The header fields of chunk c's payloads written with m (fc_header_make, fc_header_verdict). */
+fc_header_key fc_core_header_key(const fc_core *s, const fc_method *m, const fc_chunk *c);
 fc_call_key fc_core_call_key(const fc_core *s, uint32_t unit, int world, int rank, int64_t numel);
 int fc_core_same_call(const fc_call_key *a, const fc_call_key *b);
 int fc_core_chunk_parts(const fc_core *s, const fc_method *m, int64_t N, int world, int rank, int c,
@@ -31,7 +34,7 @@ int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf
                   fc_buf *out, int world, int rank, uint32_t unit, const int64_t *recvs,
                   fc_err *err);
 int fc_cpu_compress(fc_core *s, const fc_exec *x, const fc_buf *in, fc_buf *payload,
-                    uint32_t unit, uint32_t chunk, int world, int rank, int64_t *written,
+                    fc_buf *residual, uint32_t unit, uint32_t chunk, int world, int rank, int64_t *written,
                     fc_err *err);
 int fc_cpu_decompress(fc_core *s, const fc_exec *x, const fc_buf *payload, fc_buf *acc,
                       float alpha, uint32_t unit, uint32_t chunk, int world, fc_err *err);

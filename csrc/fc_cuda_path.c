@@ -363,8 +363,8 @@ int fc_cuda_single_needs(const fc_core *s, const fc_cuda_call *k, int64_t n, int
 }
 
 static int cuda_compress(fc_core *s, const fc_exec *x, const fc_buf *in, fc_buf *payload,
-                         uint32_t unit, uint32_t chunk, int world, int rank, int64_t *written,
-                         fc_err *err)
+                         fc_buf *residual, uint32_t unit, uint32_t chunk, int world, int rank,
+                         int64_t *written, fc_err *err)
 {
     const fc_cuda_call *k = x->k;
     int rc = check_method(k, s->method, err);
@@ -372,6 +372,11 @@ static int cuda_compress(fc_core *s, const fc_exec *x, const fc_buf *in, fc_buf 
         return rc;
     fc_cuda_encode_args a;
     single_encode_args(s, k, in, payload, unit, chunk, world, rank, &a);
+    if (residual != NULL) { /* g' = x + e by the collective's rules, e replaced */
+        a.residual = residual->data;
+        a.res_dtype = FC_F32;
+        a.h.nonfinite_zero = s->common.nonfinite == FC_NONFINITE_ZERO;
+    }
     return k->api->compress(k->ctx, &a, written, err);
 }
 

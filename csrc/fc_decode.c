@@ -29,47 +29,52 @@ static const fc_method *payload_method(const fc_method *m, const uint8_t *p, int
 
 /* ---- decode ---- */
 
-static int check_header(const fc_core *s, const fc_header *h, const fc_method *m,
-                        const fc_chunk *c, int64_t slot, int src, fc_err *err)
+/* The PayloadError of a header fc_header_verdict refused (code): which field, what it held. */
+static int header_error(const fc_core *s, const fc_header *h, const fc_method *m, const fc_chunk *c,
+                        int64_t slot, int64_t layout, int src, unsigned code, fc_err *err)
 {
-    if (h->magic != FC_MAGIC)
+    switch (code) {
+    case FC_PAYLOAD_MAGIC:
+    case FC_PAYLOAD_ABORTED:
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: bad magic 0x%04x (not a "
                        "fsdpcomp payload, or corrupted)", src, h->magic);
-    if (h->version != FC_WIRE_VERSION)
+    case FC_PAYLOAD_VERSION:
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: wire version %d, expected %d",
                        src, h->version, FC_WIRE_VERSION);
-    if (h->method != m->id)
+    case FC_PAYLOAD_METHOD:
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: method id %d, expected %d (%s): "
                        "ranks use different methods", src, h->method, m->id, m->name);
-    /* before unit and step: a rank that rebuilt its state with another config also restarted
-     * its step count, and the config is what differs */
-    if (fc_wire_fingerprint(h->fingerprint, h->method) != s->fingerprint)
+    case FC_PAYLOAD_CONFIG:
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d was encoded under another "
                        "config (fingerprint %08x, this rank's %08x): every rank must run the same "
                        "method and config keys", src, fc_wire_fingerprint(h->fingerprint, h->method),
                        s->fingerprint);
-    if (h->world != (uint32_t)c->world)
+    case FC_PAYLOAD_WORLD:
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d was encoded for world %u, this "
                        "rank runs world %d", src, h->world, c->world);
-    if (h->dtype != c->wire_dtype || (h->flags & ~FC_HDR_FLAGS_KNOWN) != 0)
+    case FC_PAYLOAD_DTYPE:
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: dtype code %d (flags 0x%02x), "
                        "expected %d", src, h->dtype, h->flags, c->wire_dtype);
-    if (h->unit != c->rng_shared.unit || h->step != c->rng_shared.step)
+    case FC_PAYLOAD_ORDER:
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d is for unit %u of step %u, this "
                        "rank is at unit %u of step %u: ranks called the hook in different orders",
                        src, h->unit, h->step, c->rng_shared.unit, c->rng_shared.step);
-    if (fc_header_numel(h) != (uint64_t)c->n)
+    case FC_PAYLOAD_NUMEL:
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: %llu elements, expected %lld",
                        src, (unsigned long long)fc_header_numel(h), (long long)c->n);
-    if (fc_header_body(h) > (uint64_t)(slot - FC_HEADER_BYTES))
-        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: body of %llu bytes does not fit "
-                       "its %lld-byte slot (truncated?)", src,
-                       (unsigned long long)fc_header_body(h), (long long)slot);
-    return FC_OK;
+    default: /* FC_PAYLOAD_BODY */
+        if (fc_header_body(h) > (uint64_t)(slot - FC_HEADER_BYTES))
+            return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: body of %llu bytes does not "
+                           "fit its %lld-byte slot (truncated?)", src,
+                           (unsigned long long)fc_header_body(h), (long long)slot);
+        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: body of %lld bytes, the "
+                       "method's layout has %lld", src, (long long)fc_header_body(h), (long long)layout);
+    }
 }
 
-/* Validates the payload at p (at most `slot` bytes) for chunk c: its body size in *body and
- * whether it carries NaN/Inf of its sender's input in *passed. */
+/* Validates the payload at p (at most `slot` bytes) for chunk c by the receiver's rule
+ * (fc_header_verdict, the CUDA decode's too): its body size in *body and whether it carries
+ * NaN/Inf of its sender's input in *passed. */
 static int check_payload(const fc_core *s, const fc_method *m, const fc_chunk *c, const uint8_t *p,
                          int64_t slot, int src, int64_t *body, int *passed, fc_err *err)
 {
@@ -78,16 +83,14 @@ static int check_payload(const fc_core *s, const fc_method *m, const fc_chunk *c
                        "%d-byte header", src, (long long)slot, FC_HEADER_BYTES);
     fc_header h;
     memcpy(&h, p, sizeof(h));
-    int rc = check_header(s, &h, m, c, slot, src, err);
-    if (rc != FC_OK)
-        return rc;
     fc_layout l;
     m->layout(c, &l);
-    const int64_t b = (int64_t)fc_header_body(&h);
-    if ((m->flags & FC_VARSIZE) ? b > fc_layout_bytes(&l) : b != fc_layout_bytes(&l))
-        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: body of %lld bytes, the "
-                       "method's layout has %lld", src, (long long)b, (long long)fc_layout_bytes(&l));
-    *body = b;
+    const fc_header_key k = fc_core_header_key(s, m, c);
+    const unsigned code = fc_header_verdict(&h, &k, (uint64_t)c->n, (uint64_t)fc_layout_bytes(&l),
+                                            (m->flags & FC_VARSIZE) != 0, slot);
+    if (code != 0)
+        return header_error(s, &h, m, c, slot, fc_layout_bytes(&l), src, code, err);
+    *body = (int64_t)fc_header_body(&h);
     *passed |= (h.flags & FC_HDR_NONFINITE) != 0;
     return FC_OK;
 }

@@ -106,8 +106,8 @@ error:
 }
 
 int fc_drive_compress(fc_core *s, const fc_exec *x, const fc_buf *in, fc_buf *payload,
-                      uint32_t unit, uint32_t chunk, int world, int rank, int64_t *written,
-                      fc_err *err)
+                      fc_buf *residual, uint32_t unit, uint32_t chunk, int world, int rank,
+                      int64_t *written, fc_err *err)
 {
     /* the method as configured, whatever the size: a caller of one chunk decides for itself */
     const int64_t need = fc_payload_bytes(s, s->method, in->numel, FC_F32);
@@ -115,8 +115,11 @@ int fc_drive_compress(fc_core *s, const fc_exec *x, const fc_buf *in, fc_buf *pa
     if (payload->numel < need)
         return fc_fail(err, FC_ERR_VALUE, "payload buffer holds %lld bytes, need %lld",
                        (long long)payload->numel, (long long)need);
+    if (residual != NULL && (residual->numel != in->numel || residual->dtype != FC_F32))
+        return fc_fail(err, FC_ERR_VALUE, "residual must be fp32 with x's %lld elements, got %lld",
+                       (long long)in->numel, (long long)residual->numel);
     const double t0 = fc_core_now_s(); /* the all-gather stage's encodes count as the collective's */
-    int rc = x->b->compress(s, x, in, payload, unit, chunk, world, rank, written, err);
+    int rc = x->b->compress(s, x, in, payload, residual, unit, chunk, world, rank, written, err);
     if (rc == FC_OK && x->b->on_host)
         s->ctr.compress_s += fc_core_now_s() - t0;
     return rc;

@@ -114,18 +114,9 @@ static const float *load_chunk(fc_core *s, const fc_buf *grad, const fc_buf *res
 static void write_header(uint8_t *p, const fc_core *s, const fc_method *m, const fc_chunk *c,
                          int64_t body, unsigned flags)
 {
+    const fc_header_key k = fc_core_header_key(s, m, c);
     fc_header h;
-    memset(&h, 0, sizeof(h));
-    h.magic = FC_MAGIC;
-    h.version = FC_WIRE_VERSION;
-    h.method = m->id;
-    h.dtype = (uint8_t)c->wire_dtype;
-    h.flags = (uint8_t)flags;
-    h.unit = c->rng_shared.unit;
-    h.step = c->rng_shared.step;
-    fc_header_set_sizes(&h, (uint64_t)c->n, (uint64_t)body);
-    h.fingerprint = fc_wire_fingerprint(s->fingerprint, m->id);
-    h.world = (uint16_t)c->world;
+    fc_header_make(&h, &k, (uint64_t)c->n, (uint64_t)body, flags);
     memcpy(p, &h, sizeof(h));
 }
 
@@ -353,7 +344,7 @@ static int sample_error(fc_core *s, const fc_method *m, const fc_chunk *c, const
     if (isfinite(xx) && isfinite(ee)) {
         s->ctr.err_sq += ee;
         s->ctr.ref_sq += xx;
-        s->ctr.cos_sum += (xx > 0 && dd > 0) ? xd / sqrt(xx * dd) : (xx == 0 && dd == 0);
+        s->ctr.cos_sum += fc_sample_cos(xx, dd, xd);
         s->ctr.stats_samples++;
     }
     return FC_OK;
@@ -429,7 +420,7 @@ static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci
             double xd = xx - xe, dd = xx - 2 * xe + ee;
             s->ctr.err_sq += ee;
             s->ctr.ref_sq += xx;
-            s->ctr.cos_sum += (xx > 0 && dd > 0) ? xd / sqrt(xx * dd) : (xx == 0 && dd == 0);
+            s->ctr.cos_sum += fc_sample_cos(xx, dd, xd);
             s->ctr.stats_samples++;
             e->sampled = 1;
         }
@@ -540,8 +531,8 @@ error:
 /* ---- single chunk, for tests and benchmarks ---- */
 
 int fc_cpu_compress(fc_core *s, const fc_exec *ex, const fc_buf *in, fc_buf *payload,
-                    uint32_t unit, uint32_t chunk, int world, int rank, int64_t *written,
-                    fc_err *err)
+                    fc_buf *residual, uint32_t unit, uint32_t chunk, int world, int rank,
+                    int64_t *written, fc_err *err)
 {
     int rc = FC_OK;
     const fc_method *m = s->method;
@@ -550,24 +541,37 @@ int fc_cpu_compress(fc_core *s, const fc_exec *ex, const fc_buf *in, fc_buf *pay
     (void)ex;
     if (m->scratch_bytes != NULL)
         FC_TRY(fc_core_grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err));
+    FC_TRY(fc_core_grow_f32(&s->x, &s->x_cap, n, err));
     fc_chunk c = fc_core_make_chunk(s, m, n, world, FC_F32, unit, chunk, rank);
     FC_TRY(fc_core_ustate(s, m, unit, &c.ustate, err));
     fc_layout used;
     const fc_method *wm;
     unsigned flags = 0;
-    int64_t bad = 0;
-    for (int64_t i = 0; i < n; i++)
-        bad += !(fc_abs_bits(x[i]) < FC_INF_BITS);
-    if (bad) { /* x is read in place, unless a NaN must become the canonical one first */
-        FC_TRY(fc_core_grow_f32(&s->x, &s->x_cap, n, err));
+    int64_t bad = 0, sat = 0;
+    if (residual != NULL) { /* g' = x + e by the collective's rules; NaN/Inf not counted */
+        FC_TRY(fc_core_grow_f32(&s->dec, &s->dec_cap, n, err));
+        x = load_chunk(s, in, residual, 0, n, &bad, &sat);
+        s->ctr.saturated += sat;
+        bad = bad != 0 && s->common.nonfinite == FC_NONFINITE_PASS; /* went on the wire */
+    } else {
         for (int64_t i = 0; i < n; i++)
-            s->x[i] = fc_canon_nan(x[i]);
-        x = s->x;
-        flags = FC_HDR_NONFINITE;
+            bad += !(fc_abs_bits(x[i]) < FC_INF_BITS);
+        if (bad) { /* x is read in place, unless a NaN must become the canonical one first */
+            for (int64_t i = 0; i < n; i++)
+                s->x[i] = fc_canon_nan(x[i]);
+            x = s->x;
+        }
     }
+    if (bad)
+        flags = FC_HDR_NONFINITE;
     FC_TRY(encode_one(s, m, &c, x, (uint8_t *)payload->data, payload->numel, 0, flags, written,
                       &used, &wm, err));
     s->ctr.saturated += used.saturated;
+    if (residual != NULL) { /* e = g' - D(C(g')), always finite (s->x holds g') */
+        double ee, xx, xe;
+        FC_TRY(update_residual(s, wm, &c, (const uint8_t *)payload->data, in, residual, 0, bad != 0,
+                               0, &ee, &xx, &xe, err));
+    }
     return FC_OK;
 error:
     return rc;

@@ -96,31 +96,39 @@ error:
 }
 
 FC_DOCSTRING(fc_state_compress_doc,
-"compress(x, payload, unit=0, chunk=0, world=1, rank=0) -> int\n\n"
+"compress(x, payload, unit=0, chunk=0, world=1, rank=0, residual=None) -> int\n\n"
 "Encodes the fp32 tensor x as one payload into the uint8 tensor `payload` on the same device;\n"
 "returns its size. The RNG stream is keyed by (seed, rank, step, unit, chunk) as in the\n"
-"collective. On CUDA the bytes are the CPU's, queued on the current stream (a method whose size\n"
-"is data-dependent waits for it to read the size back).");
+"collective. With `residual` (fp32, x's length and device: an error-feedback residual e) the\n"
+"payload is that of g' = x + e under the collective's range and NaN rules, and e becomes\n"
+"g' - D(payload), always finite. On CUDA the bytes are the CPU's, queued on the current stream\n"
+"(a method whose size is data-dependent waits for it to read the size back).");
 
 PyObject *fc_state_compress(StateObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"x", "payload", "unit", "chunk", "world", "rank", NULL};
+    static char *kwlist[] = {"x", "payload", "unit", "chunk", "world", "rank", "residual", NULL};
     single_call a = {.world = 1};
+    PyObject *res = Py_None; /* borrowed */
+    fc_view rv = {0};
     int rc = FC_ERR_VALUE; /* until the encode has run */
     int64_t written = 0;
     if (!fc_state_ready(self) ||
-        !PyArg_ParseTupleAndKeywords(args, kwds, "OO|IIii:compress", kwlist, &a.t, &a.payload, &a.unit,
-                                     &a.chunk, &a.world, &a.rank))
+        !PyArg_ParseTupleAndKeywords(args, kwds, "OO|IIiiO:compress", kwlist, &a.t, &a.payload, &a.unit,
+                                     &a.chunk, &a.world, &a.rank, &res))
         return NULL;
     if (single_views(self, &a, "x", 0) != FC_OK)
         goto error;
+    if (res != Py_None && (fc_view_get(res, "residual", FC_DT_F32, &rv, &a.err) != FC_OK ||
+                           fc_check_same_device(&rv, &a.tv, "residual", &a.err) != FC_OK))
+        goto error;
     Py_BEGIN_ALLOW_THREADS
-    rc = fc_drive_compress(&self->core, &a.x, &a.tv.buf, &a.pv.buf, a.unit, a.chunk, a.world, a.rank,
-                           &written, &a.err);
+    rc = fc_drive_compress(&self->core, &a.x, &a.tv.buf, &a.pv.buf, res != Py_None ? &rv.buf : NULL,
+                           a.unit, a.chunk, a.world, a.rank, &written, &a.err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
     fc_view_release(&a.tv);
     fc_view_release(&a.pv);
+    fc_view_release(&rv);
     return rc == FC_OK ? PyLong_FromLongLong(written) : STATE_ERR(self, &a.err);
 }
 
