@@ -341,6 +341,18 @@ int fc_core_has_payload(const fc_core *s, int64_t N, int world, int rank, int ci
     return n > 0 && (ci != rank || s->common.compress_own_chunk);
 }
 
+fc_header_key fc_core_header_key(const fc_core *s, const fc_method *m, const fc_chunk *c)
+{
+    fc_header_key k;
+    k.method = m->id;
+    k.dtype = c->wire_dtype;
+    k.world = c->world;
+    k.unit = c->rng_shared.unit;
+    k.step = c->rng_shared.step;
+    k.fingerprint = s->fingerprint;
+    return k;
+}
+
 fc_call_key fc_core_call_key(const fc_core *s, uint32_t unit, int world, int rank, int64_t numel)
 {
     fc_call_key k = {unit, s->step, world, rank, numel};

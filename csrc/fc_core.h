@@ -150,6 +150,9 @@ const fc_method *fc_core_unit_method(const fc_core *s, int64_t numel);
 const fc_method *fc_core_wire_method(const fc_core *s, int64_t numel, int world, int dtype);
 /* Chunk c of W over n elements: ceil(n / W) each, the last ones shorter or empty. */
 void fc_chunk_span(int64_t n, int world, int c, int64_t *start, int64_t *len);
+/* Whether chunk ci of a unit of N elements has a payload: not empty, and not the own chunk
+ * kept exact. */
+int fc_core_has_payload(const fc_core *s, int64_t N, int world, int rank, int ci);
 /* Header + body, padded: 0 for an empty chunk. */
 int64_t fc_payload_bytes(const fc_core *s, const fc_method *m, int64_t n, int dtype);
 /* Bytes this rank sends to / receives from each rank for a unit of `numel` elements. */

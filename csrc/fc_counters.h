@@ -3,7 +3,16 @@
 #ifndef FC_COUNTERS_H
 #define FC_COUNTERS_H
 
+#include <math.h>
 #include <stdint.h>
+#include "fc_hostdev.h"
+
+/* One error sample's cosine between g' and its decode D from ||g'||^2, ||D||^2 and g' . D: 1 for
+ * two zero vectors, 0 where one of them is: the CPU encode's and the CUDA driver's one rule. */
+FC_HOSTDEV double fc_sample_cos(double xx, double dd, double xd)
+{
+    return (xx > 0 && dd > 0) ? xd / sqrt(xx * dd) : (double)(xx == 0 && dd == 0);
+}
 
 typedef struct {
     int64_t calls;            /* reduce-scatter calls */

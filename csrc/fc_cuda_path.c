@@ -1,6 +1,7 @@
-/* fc_cuda_path.c: the CUDA backend of the driver: builds the library's call header and
- * arguments from a fc_core (geometry, the method's config struct as parsed, RNG keys) and counts
- * through the driver's own bookkeeping (fc_core_count_*). */
+/* fc_cuda_path.c: the CUDA backend of the driver (fc_backend_cuda): builds the library's call
+ * header and arguments from a fc_core (geometry, the method's config struct as parsed, RNG keys,
+ * the driver's decisions for the call) and queues the kernels; the driver (fc_drive.c) checks
+ * and counts around it as it does for the CPU backend. */
 #include "fc_cuda_path.h"
 
 #include <stdlib.h>
@@ -101,18 +102,19 @@ static const fc_method *unit_head(const fc_core *s, const fc_cuda_call *k, const
     return m;
 }
 
+/* residual: NULL without error feedback; sample: the call samples the error statistics (the
+ * driver's decisions, fc_drive_encode_open). */
 static void encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf *send,
-                        fc_buf *residual, int world, int rank, uint32_t unit,
+                        fc_buf *residual, int sample, int world, int rank, uint32_t unit,
                         fc_cuda_encode_args *a)
 {
     memset(a, 0, sizeof(*a));
     const fc_method *m = unit_head(s, k, grad, world, rank, unit, &a->h);
-    const int use_ef = m == s->method && s->common.error_feedback && residual != NULL;
     a->h.x.learn = learns(s, m);
-    a->residual = use_ef ? residual->data : NULL;
-    a->res_dtype = use_ef ? residual->dtype : FC_F32;
+    a->residual = residual != NULL ? residual->data : NULL;
+    a->res_dtype = residual != NULL ? residual->dtype : FC_F32;
     a->send = send != NULL ? (uint8_t *)send->data : NULL;
-    a->sample = fc_core_stats_due(s, m, grad->numel, world);
+    a->sample = sample;
 }
 
 int64_t fc_cuda_fetch_bytes(int64_t kmax)
@@ -120,61 +122,51 @@ int64_t fc_cuda_fetch_bytes(int64_t kmax)
     return FC_CUDA_FETCH_PICKS + 4 * kmax;
 }
 
-int fc_cuda_encode(fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf *send,
-                   fc_buf *residual, int world, int rank, uint32_t unit, int64_t *sizes,
-                   fc_err *err)
+/* The open call s->enc (the driver's decisions) on the device; sent[c]: the geometry's payloads,
+ * or for a data-dependent method what the device says it wrote (read back: the one wait on the
+ * GPU of a hook call). */
+static int cuda_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *send,
+                       fc_buf *residual, fc_sent *sent, fc_err *err)
 {
     int rc = FC_OK;
+    const fc_cuda_call *k = x->k;
+    const fc_encode_call *e = &s->enc;
     const int64_t N = grad->numel;
-    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype); /* as the CPU plan says */
+    const int world = e->key.world, rank = e->key.rank;
+    const fc_method *m = e->method;
     const int varsize = (m->flags & FC_VARSIZE) != 0;
-    fc_cuda_sent *sent = NULL;
-    int64_t recvs[FC_MAX_WORLD];
+    fc_cuda_sent *dev = NULL;
     fc_cuda_encode_args a;
     FC_TRY(check_method(k, m, err));
-    encode_args(s, k, grad, send, residual, world, rank, unit, &a);
-    fc_core_plan(s, N, grad->dtype, world, rank, sizes, recvs);
+    encode_args(s, k, grad, send, e->use_ef ? residual : NULL, e->stats, world, rank, e->key.unit,
+                &a);
     if (varsize) {
-        sent = (fc_cuda_sent *)calloc((size_t)world, sizeof(fc_cuda_sent));
-        if (sent == NULL)
+        dev = (fc_cuda_sent *)calloc((size_t)world, sizeof(fc_cuda_sent));
+        if (dev == NULL)
             FC_TRY(fc_fail(err, FC_ERR_NOMEM, "could not allocate %d payload records", world));
-        a.h.x.sent = sent;
+        a.h.x.sent = dev;
     }
     FC_TRY(k->api->encode(k->ctx, &a, err));
-
-    /* what went on the wire: the geometry's payloads, or what the device says it wrote */
-    int64_t raw = 0;
-    int fell_back = 0; /* a data-dependent payload went as `none` */
     for (int c = 0; c < world; c++) {
         int64_t start, n;
         fc_chunk_span(N, world, c, &start, &n);
-        if ((c == rank && !s->common.compress_own_chunk) || n == 0) {
-            sizes[c] = 0;
+        if (!fc_core_has_payload(s, N, world, rank, c))
             continue;
-        }
-        fc_layout l;
-        int64_t size;
+        memset(&sent[c], 0, sizeof(sent[c]));
         if (varsize) {
-            memset(&l, 0, sizeof(l));
-            l.value_bytes = sent[c].value_bytes;
-            l.meta_bytes = sent[c].meta_bytes;
-            l.index_bytes = sent[c].index_bytes;
-            l.kept = sent[c].kept;
-            fell_back |= sent[c].none != 0;
-            size = sizes[c] = sent[c].size;
+            sent[c].l.value_bytes = dev[c].value_bytes;
+            sent[c].l.meta_bytes = dev[c].meta_bytes;
+            sent[c].l.index_bytes = dev[c].index_bytes;
+            sent[c].l.kept = dev[c].kept;
+            sent[c].none = dev[c].none != 0;
+            sent[c].size = dev[c].size;
         } else {
-            body_bytes(s, m, n, world, grad->dtype, &l);
-            size = fc_payload_bytes(s, m, n, grad->dtype);
+            body_bytes(s, m, n, world, grad->dtype, &sent[c].l);
+            sent[c].size = fc_payload_bytes(s, m, n, grad->dtype);
         }
-        fc_core_count_payload(s, &l, size, n);
-        raw += n * fc_dtype_size(grad->dtype);
     }
-    if (a.residual != NULL)
-        s->units[unit].residual_elems = residual->numel;
-    s->bad_unit = unit; /* the second round reads this encode's chunk flags (on the device) */
-    fc_core_count_call(s, m, N, fell_back, raw);
 error:
-    free(sent);
+    free(dev);
     return rc;
 }
 
@@ -213,34 +205,25 @@ int fc_cuda_unit_needs(const fc_core *s, const fc_cuda_call *k, int decode, cons
         return k->api->scratch_bytes(NULL, &a, scratch, err);
     }
     fc_cuda_encode_args a;
-    encode_args(s, k, grad, NULL, NULL, world, rank, unit, &a);
+    encode_args(s, k, grad, NULL, NULL, fc_core_stats_due(s, m, grad->numel, world), world, rank,
+                unit, &a);
     return k->api->scratch_bytes(&a, NULL, scratch, err);
 }
 
-int fc_cuda_decode(fc_core *s, const fc_cuda_call *k, const fc_buf *recv, const fc_buf *grad,
-                   fc_buf *out, int world, int rank, uint32_t unit, fc_err *err)
+static int cuda_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf *grad,
+                       fc_buf *out, int world, int rank, uint32_t unit, const int64_t *recvs,
+                       fc_err *err)
 {
     int rc = FC_OK;
-    const int64_t N = grad->numel;
-    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
-    int64_t start, n;
-    int64_t recvs[FC_MAX_WORLD];
-    fc_chunk_span(N, world, rank, &start, &n);
-    if (out->numel < n)
-        return fc_fail(err, FC_ERR_VALUE, "output has %lld elements, the shard needs %lld",
-                       (long long)out->numel, (long long)n);
+    const fc_cuda_call *k = x->k;
+    const fc_method *m = fc_core_wire_method(s, grad->numel, world, grad->dtype);
+    (void)recvs;
     FC_TRY(check_method(k, m, err));
-    FC_TRY(fc_core_check_recv(s, N, grad->dtype, world, rank, recv->numel, recvs, err));
     fc_cuda_decode_args a;
     decode_args(s, k, recv, grad, out, world, rank, unit, &a);
-    if (fc_core_fetch_kmax(s, N, world) > 0 && a.h.x.fetch == NULL)
+    if (fc_core_fetch_kmax(s, grad->numel, world) > 0 && a.h.x.fetch == NULL)
         FC_TRY(fc_fail(err, FC_ERR_STATE, "internal: a second round without its fetch buffer"));
-    s->picks_unit = -1;
-    FC_TRY(k->api->decode(k->ctx, &a, err));
-    if (fc_core_fetch_kmax(s, N, world) > 0) { /* the picks stay on the device */
-        s->n_picks = a.h.x.fetch_k;
-        s->picks_unit = unit;
-    }
+    FC_TRY(k->api->decode(k->ctx, &a, err)); /* a second round's picks stay on the device */
 error:
     return rc;
 }
@@ -257,9 +240,10 @@ static void fetch_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *gr
     a->n_picks = s->n_picks;
 }
 
-int fc_cuda_fetch_picks(const fc_core *s, const fc_cuda_call *k, uint32_t unit, uint32_t *picks,
-                        int64_t kmax, fc_err *err)
+static int cuda_fetch_picks(const fc_core *s, const fc_exec *x, uint32_t unit, uint32_t *picks,
+                            int64_t kmax, fc_err *err)
 {
+    const fc_cuda_call *k = x->k;
     fc_cuda_fetch_args a;
     memset(&a, 0, sizeof(a));
     call_head(s, k, s->method, NULL, unit, 0, &a.h);
@@ -270,11 +254,14 @@ int fc_cuda_fetch_picks(const fc_core *s, const fc_cuda_call *k, uint32_t unit, 
     return k->api->fetch_picks(k->ctx, &a, err);
 }
 
-int fc_cuda_fetch_values(fc_core *s, const fc_cuda_call *k, const uint32_t *all_picks, int64_t kmax,
-                         const fc_buf *grad, fc_buf *residual, int world, int rank, uint32_t unit,
-                         float *send, fc_err *err)
+static int cuda_fetch_values(fc_core *s, const fc_exec *x, const uint32_t *all_picks,
+                             int64_t kmax, const fc_buf *grad, fc_buf *residual, int world,
+                             int rank, uint32_t unit, float *send, const int64_t *send_splits,
+                             fc_err *err)
 {
+    const fc_cuda_call *k = x->k;
     fc_cuda_fetch_args a;
+    (void)send_splits; /* the device splits by the same rule */
     fetch_args(s, k, grad, world, rank, unit, &a);
     a.kmax = kmax;
     a.residual = residual != NULL ? residual->data : NULL;
@@ -284,9 +271,10 @@ int fc_cuda_fetch_values(fc_core *s, const fc_cuda_call *k, const uint32_t *all_
     return k->api->fetch_values(k->ctx, &a, err);
 }
 
-int fc_cuda_fetch_finish(fc_core *s, const fc_cuda_call *k, const float *recv, const fc_buf *grad,
-                         fc_buf *out, int world, int rank, uint32_t unit, fc_err *err)
+static int cuda_fetch_finish(fc_core *s, const fc_exec *x, const float *recv, const fc_buf *grad,
+                             fc_buf *out, int world, int rank, uint32_t unit, fc_err *err)
 {
+    const fc_cuda_call *k = x->k;
     fc_cuda_fetch_args a;
     fetch_args(s, k, grad, world, rank, unit, &a);
     a.values = (float *)recv;
@@ -374,38 +362,47 @@ int fc_cuda_single_needs(const fc_core *s, const fc_cuda_call *k, int64_t n, int
     return rc;
 }
 
-int fc_cuda_compress(fc_core *s, const fc_cuda_call *k, const fc_buf *x, fc_buf *payload,
-                     uint32_t unit, uint32_t chunk, int world, int rank, int64_t *written,
-                     fc_err *err)
+static int cuda_compress(fc_core *s, const fc_exec *x, const fc_buf *in, fc_buf *payload,
+                         fc_buf *residual, uint32_t unit, uint32_t chunk, int world, int rank,
+                         int64_t *written, fc_err *err)
 {
-    const fc_method *m = s->method;
-    const int64_t need = fc_payload_bytes(s, m, x->numel, FC_F32);
-    int rc = check_method(k, m, err);
+    const fc_cuda_call *k = x->k;
+    int rc = check_method(k, s->method, err);
     if (rc != FC_OK)
         return rc;
-    if (payload->numel < need)
-        return fc_fail(err, FC_ERR_VALUE, "payload buffer holds %lld bytes, need %lld",
-                       (long long)payload->numel, (long long)need);
     fc_cuda_encode_args a;
-    single_encode_args(s, k, x, payload, unit, chunk, world, rank, &a);
+    single_encode_args(s, k, in, payload, unit, chunk, world, rank, &a);
+    if (residual != NULL) { /* g' = x + e by the collective's rules, e replaced */
+        a.residual = residual->data;
+        a.res_dtype = FC_F32;
+        a.h.nonfinite_zero = s->common.nonfinite == FC_NONFINITE_ZERO;
+    }
     return k->api->compress(k->ctx, &a, written, err);
 }
 
-int fc_cuda_decompress(fc_core *s, const fc_cuda_call *k, const fc_buf *payload, fc_buf *acc,
-                       float alpha, uint32_t unit, uint32_t chunk, int world, fc_err *err)
+static int cuda_decompress(fc_core *s, const fc_exec *x, const fc_buf *payload, fc_buf *acc,
+                           float alpha, uint32_t unit, uint32_t chunk, int world, fc_err *err)
 {
-    const fc_method *m = s->method;
-    int rc = check_method(k, m, err);
+    const fc_cuda_call *k = x->k;
+    int rc = check_method(k, s->method, err);
     if (rc != FC_OK)
         return rc;
-    /* the CPU's first check, here on the host: the header itself must be readable */
-    if (payload->numel < FC_HEADER_BYTES)
-        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank 0: %lld bytes, shorter than the "
-                       "%d-byte header", (long long)payload->numel, FC_HEADER_BYTES);
     fc_cuda_decode_args a;
     single_decode_args(s, k, payload, acc, alpha, unit, chunk, world, &a);
     return k->api->decompress(k->ctx, &a, err);
 }
+
+const fc_backend fc_backend_cuda = {
+    "cuda",
+    0,
+    cuda_encode,
+    cuda_decode,
+    cuda_compress,
+    cuda_decompress,
+    cuda_fetch_picks,
+    cuda_fetch_values,
+    cuda_fetch_finish,
+};
 
 void fc_cuda_probe(const fc_core *s, const fc_cuda_api *api, int64_t numel, int dtype, int world,
                    int rank, int64_t *rows)

@@ -29,47 +29,52 @@ static const fc_method *payload_method(const fc_method *m, const uint8_t *p, int
 
 /* ---- decode ---- */
 
-static int check_header(const fc_core *s, const fc_header *h, const fc_method *m,
-                        const fc_chunk *c, int64_t slot, int src, fc_err *err)
+/* The PayloadError of a header fc_header_verdict refused (code): which field, what it held. */
+static int header_error(const fc_core *s, const fc_header *h, const fc_method *m, const fc_chunk *c,
+                        int64_t slot, int64_t layout, int src, unsigned code, fc_err *err)
 {
-    if (h->magic != FC_MAGIC)
+    switch (code) {
+    case FC_PAYLOAD_MAGIC:
+    case FC_PAYLOAD_ABORTED:
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: bad magic 0x%04x (not a "
                        "fsdpcomp payload, or corrupted)", src, h->magic);
-    if (h->version != FC_WIRE_VERSION)
+    case FC_PAYLOAD_VERSION:
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: wire version %d, expected %d",
                        src, h->version, FC_WIRE_VERSION);
-    if (h->method != m->id)
+    case FC_PAYLOAD_METHOD:
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: method id %d, expected %d (%s): "
                        "ranks use different methods", src, h->method, m->id, m->name);
-    /* before unit and step: a rank that rebuilt its state with another config also restarted
-     * its step count, and the config is what differs */
-    if (fc_wire_fingerprint(h->fingerprint, h->method) != s->fingerprint)
+    case FC_PAYLOAD_CONFIG:
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d was encoded under another "
                        "config (fingerprint %08x, this rank's %08x): every rank must run the same "
                        "method and config keys", src, fc_wire_fingerprint(h->fingerprint, h->method),
                        s->fingerprint);
-    if (h->world != (uint32_t)c->world)
+    case FC_PAYLOAD_WORLD:
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d was encoded for world %u, this "
                        "rank runs world %d", src, h->world, c->world);
-    if (h->dtype != c->wire_dtype || (h->flags & ~FC_HDR_FLAGS_KNOWN) != 0)
+    case FC_PAYLOAD_DTYPE:
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: dtype code %d (flags 0x%02x), "
                        "expected %d", src, h->dtype, h->flags, c->wire_dtype);
-    if (h->unit != c->rng_shared.unit || h->step != c->rng_shared.step)
+    case FC_PAYLOAD_ORDER:
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d is for unit %u of step %u, this "
                        "rank is at unit %u of step %u: ranks called the hook in different orders",
                        src, h->unit, h->step, c->rng_shared.unit, c->rng_shared.step);
-    if (fc_header_numel(h) != (uint64_t)c->n)
+    case FC_PAYLOAD_NUMEL:
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: %llu elements, expected %lld",
                        src, (unsigned long long)fc_header_numel(h), (long long)c->n);
-    if (fc_header_body(h) > (uint64_t)(slot - FC_HEADER_BYTES))
-        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: body of %llu bytes does not fit "
-                       "its %lld-byte slot (truncated?)", src,
-                       (unsigned long long)fc_header_body(h), (long long)slot);
-    return FC_OK;
+    default: /* FC_PAYLOAD_BODY */
+        if (fc_header_body(h) > (uint64_t)(slot - FC_HEADER_BYTES))
+            return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: body of %llu bytes does not "
+                           "fit its %lld-byte slot (truncated?)", src,
+                           (unsigned long long)fc_header_body(h), (long long)slot);
+        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: body of %lld bytes, the "
+                       "method's layout has %lld", src, (long long)fc_header_body(h), (long long)layout);
+    }
 }
 
-/* Validates the payload at p (at most `slot` bytes) for chunk c: its body size in *body and
- * whether it carries NaN/Inf of its sender's input in *passed. */
+/* Validates the payload at p (at most `slot` bytes) for chunk c by the receiver's rule
+ * (fc_header_verdict, the CUDA decode's too): its body size in *body and whether it carries
+ * NaN/Inf of its sender's input in *passed. */
 static int check_payload(const fc_core *s, const fc_method *m, const fc_chunk *c, const uint8_t *p,
                          int64_t slot, int src, int64_t *body, int *passed, fc_err *err)
 {
@@ -78,16 +83,14 @@ static int check_payload(const fc_core *s, const fc_method *m, const fc_chunk *c
                        "%d-byte header", src, (long long)slot, FC_HEADER_BYTES);
     fc_header h;
     memcpy(&h, p, sizeof(h));
-    int rc = check_header(s, &h, m, c, slot, src, err);
-    if (rc != FC_OK)
-        return rc;
     fc_layout l;
     m->layout(c, &l);
-    const int64_t b = (int64_t)fc_header_body(&h);
-    if ((m->flags & FC_VARSIZE) ? b > fc_layout_bytes(&l) : b != fc_layout_bytes(&l))
-        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: body of %lld bytes, the "
-                       "method's layout has %lld", src, (long long)b, (long long)fc_layout_bytes(&l));
-    *body = b;
+    const fc_header_key k = fc_core_header_key(s, m, c);
+    const unsigned code = fc_header_verdict(&h, &k, (uint64_t)c->n, (uint64_t)fc_layout_bytes(&l),
+                                            (m->flags & FC_VARSIZE) != 0, slot);
+    if (code != 0)
+        return header_error(s, &h, m, c, slot, fc_layout_bytes(&l), src, code, err);
+    *body = (int64_t)fc_header_body(&h);
     *passed |= (h.flags & FC_HDR_NONFINITE) != 0;
     return FC_OK;
 }
@@ -163,19 +166,17 @@ int fc_core_check_recv(const fc_core *s, int64_t numel, int dtype, int world, in
     return FC_OK;
 }
 
-int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *out, int world,
-                   int rank, uint32_t unit, fc_err *err)
+int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf *grad,
+                  fc_buf *out, int world, int rank, uint32_t unit, const int64_t *recvs,
+                  fc_err *err)
 {
     int rc = FC_OK;
-    const double t0 = fc_core_now_s();
     const int64_t N = grad->numel;
     const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
-    s->dec_call.open = 0; /* acc is reused: a decode_part sequence cannot go on after this */
     int64_t start, n;
+    (void)x;
     fc_chunk_span(N, world, rank, &start, &n);
     FC_TRY(decode_scratch(s, m, n, out, err));
-    int64_t recvs[FC_MAX_WORLD];
-    FC_TRY(fc_core_check_recv(s, N, grad->dtype, world, rank, recv->numel, recvs, err));
     const int varsize = (m->flags & FC_VARSIZE) != 0;
     float *acc = s->acc;
     memset(acc, 0, (size_t)n * 4);
@@ -224,14 +225,12 @@ int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *o
          * exact own chunk, or zeros when it was compressed too. */
         FC_TRY(pick_coordinates(s, m, &c0, acc, unit, err));
         s->ctr.nonfinite_in += own_bad;
-        s->ctr.decompress_s += fc_core_now_s() - t0;
         return FC_OK;
     }
     if (senders > 0) /* one decode of the summed compressed payloads */
         FC_TRY(m->decode_agg(&c0, (const uint8_t *)s->agg, senders, 1.0f, acc, err));
     s->ctr.nonfinite_in += own_bad;
     fc_core_write_out(s, acc, n, world, out, passed);
-    s->ctr.decompress_s += fc_core_now_s() - t0;
     return FC_OK;
 error:
     return rc;
@@ -384,19 +383,20 @@ void fc_core_write_out(fc_core *s, const float *acc, int64_t n, int world, fc_bu
                (size_t)((out->numel - n) * fc_dtype_size(out->dtype)));
 }
 
-int fc_core_decompress(fc_core *s, const uint8_t *payload, int64_t bytes, int64_t n, float alpha,
-                       float *acc, uint32_t unit, uint32_t chunk, int world, fc_err *err)
+int fc_cpu_decompress(fc_core *s, const fc_exec *x, const fc_buf *payload, fc_buf *acc,
+                      float alpha, uint32_t unit, uint32_t chunk, int world, fc_err *err)
 {
     int rc = FC_OK;
     const fc_method *m = s->method;
+    const int64_t n = acc->numel;
+    (void)x;
     if (m->scratch_bytes != NULL)
         FC_TRY(fc_core_grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err));
     fc_chunk c = fc_core_make_chunk(s, m, n, world, FC_F32, unit, chunk, 0);
     FC_TRY(fc_core_ustate(s, m, unit, &c.ustate, err));
-    const double t0 = fc_core_now_s();
     int passed = 0; /* the caller sees NaN/Inf in acc itself */
-    FC_TRY(decode_one(s, m, &c, payload, bytes, 0, alpha, acc, &passed, err));
-    s->ctr.decompress_s += fc_core_now_s() - t0;
+    FC_TRY(decode_one(s, m, &c, (const uint8_t *)payload->data, payload->numel, 0, alpha,
+                      (float *)acc->data, &passed, err));
     return FC_OK;
 error:
     return rc;

@@ -1,6 +1,6 @@
-/* fc_encode.c: the driver's encode on the CPU: g' = g + e, payloads and headers, the residual
- * update, the error statistics and the send-side counters (fc_core_encode, its per-peer parts,
- * compress()); decisions shared with the CUDA path live in fc_core.c. */
+/* fc_encode.c: the CPU backend's encode: g' = g + e, payloads and headers, the residual update
+ * and the error statistics (fc_cpu_encode, the per-peer parts, compress()); the driver
+ * (fc_drive.c) decides and counts around it for CPU and CUDA tensors alike. */
 #include "fc_core_impl.h"
 
 #include <math.h>
@@ -114,18 +114,9 @@ static const float *load_chunk(fc_core *s, const fc_buf *grad, const fc_buf *res
 static void write_header(uint8_t *p, const fc_core *s, const fc_method *m, const fc_chunk *c,
                          int64_t body, unsigned flags)
 {
+    const fc_header_key k = fc_core_header_key(s, m, c);
     fc_header h;
-    memset(&h, 0, sizeof(h));
-    h.magic = FC_MAGIC;
-    h.version = FC_WIRE_VERSION;
-    h.method = m->id;
-    h.dtype = (uint8_t)c->wire_dtype;
-    h.flags = (uint8_t)flags;
-    h.unit = c->rng_shared.unit;
-    h.step = c->rng_shared.step;
-    fc_header_set_sizes(&h, (uint64_t)c->n, (uint64_t)body);
-    h.fingerprint = fc_wire_fingerprint(s->fingerprint, m->id);
-    h.world = (uint16_t)c->world;
+    fc_header_make(&h, &k, (uint64_t)c->n, (uint64_t)body, flags);
     memcpy(p, &h, sizeof(h));
 }
 
@@ -353,40 +344,27 @@ static int sample_error(fc_core *s, const fc_method *m, const fc_chunk *c, const
     if (isfinite(xx) && isfinite(ee)) {
         s->ctr.err_sq += ee;
         s->ctr.ref_sq += xx;
-        s->ctr.cos_sum += (xx > 0 && dd > 0) ? xd / sqrt(xx * dd) : (xx == 0 && dd == 0);
+        s->ctr.cos_sum += fc_sample_cos(xx, dd, xd);
         s->ctr.stats_samples++;
     }
     return FC_OK;
 }
 
-/* Opens an encode call (s->enc): what every chunk of it shares, scratch grown for its largest
- * chunk. fc_core_encode runs one in full; fc_core_encode_part one chunk per call. */
-static int encode_begin(fc_core *s, const fc_buf *grad, const fc_buf *residual, int world, int rank,
-                        uint32_t unit, int pieces, fc_err *err)
+/* The CPU's scratch for the open call s->enc, grown for its largest chunk, the unit's method
+ * state and, for the per-peer parts (`pieces`), the call's layout. */
+static int encode_scratch(fc_core *s, const fc_buf *grad, int world, int rank, int pieces,
+                          fc_err *err)
 {
     int rc = FC_OK;
     fc_encode_call *e = &s->enc;
     const int64_t N = grad->numel;
-    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
-    e->open = 0;
-    e->method = m;
-    e->fell_back = 0;
-    e->use_ef = m == s->method && s->common.error_feedback && residual != NULL;
-    /* a second round decides what is sent after this call: no error sample from round 1 */
-    e->stats = fc_core_stats_due(s, m, N, world);
-    e->sample = !e->use_ef && e->stats;
-    e->sampled = 0;
-    e->raw = 0;
-    e->e_sq = 0;
-    e->key = fc_core_call_key(s, unit, world, rank, N);
-    memset(e->next_piece, 0, (size_t)world);
-    s->bad_unit = unit;
+    const fc_method *m = e->method;
     const int64_t per = (N + world - 1) / world;
     FC_TRY(fc_core_grow_f32(&s->x, &s->x_cap, per, err));
     FC_TRY(fc_core_grow_f32(&s->dec, &s->dec_cap, per, err));
     if (m->scratch_bytes != NULL)
         FC_TRY(fc_core_grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, per), err));
-    FC_TRY(fc_core_ustate(s, m, unit, &e->ust, err));
+    FC_TRY(fc_core_ustate(s, m, e->key.unit, &e->ust, err));
     e->todo = world;
     if (pieces) { /* the per-peer layout, once per call: every part then finds its slot in O(1) */
         e->todo = 0;
@@ -407,7 +385,7 @@ error:
  * g' = g (+ e), the payload, the residual update and, on a sampled call, the error statistics
  * of the first piece encoded. A whole chunk is piece 0 of its own length. */
 static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci, int piece,
-                        int64_t len, uint8_t *p, int64_t cap, int64_t *size, fc_err *err)
+                        int64_t len, uint8_t *p, int64_t cap, fc_sent *out, fc_err *err)
 {
     int rc = FC_OK;
     fc_encode_call *e = &s->enc;
@@ -427,14 +405,10 @@ static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci
     s->ctr.saturated += sat;
     /* "pass": NaN/Inf went on the wire, and the receivers are told so (write_out) */
     const int passed = bad != 0 && s->common.nonfinite == FC_NONFINITE_PASS;
-    fc_layout used;
     const fc_method *wm; /* m, or `none` for a data-dependent payload that fell back */
-    FC_TRY(encode_one(s, m, &c, x, p, cap, 1, passed ? FC_HDR_NONFINITE : 0u, size, &used, &wm,
-                      err));
-    e->fell_back |= wm != m;
-    fc_core_count_payload(s, &used, *size, n);
-    s->ctr.saturated += used.saturated;
-    e->raw += n * fc_dtype_size(grad->dtype);
+    FC_TRY(encode_one(s, m, &c, x, p, cap, 1, passed ? FC_HDR_NONFINITE : 0u, &out->size, &out->l,
+                      &wm, err));
+    out->none = wm != m; /* the driver counts the payload */
     if (e->use_ef) { /* a residual is always replaced: the old one went out inside g' */
         const int dots = !passed && !e->sampled && e->stats;
         double ee, xx, xe;
@@ -446,7 +420,7 @@ static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci
             double xd = xx - xe, dd = xx - 2 * xe + ee;
             s->ctr.err_sq += ee;
             s->ctr.ref_sq += xx;
-            s->ctr.cos_sum += (xx > 0 && dd > 0) ? xd / sqrt(xx * dd) : (xx == 0 && dd == 0);
+            s->ctr.cos_sum += fc_sample_cos(xx, dd, xd);
             s->ctr.stats_samples++;
             e->sampled = 1;
         }
@@ -457,18 +431,6 @@ static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci
     return FC_OK;
 error:
     return rc;
-}
-
-/* Closes the open call: the per-call counters, counted once however its chunks were encoded. */
-static void encode_end(fc_core *s, const fc_buf *residual)
-{
-    fc_encode_call *e = &s->enc;
-    if (e->use_ef) {
-        s->units[e->key.unit].residual_sq = e->e_sq;
-        s->units[e->key.unit].residual_elems = residual->numel;
-    }
-    fc_core_count_call(s, e->method, e->key.numel, e->fell_back, e->raw);
-    e->open = 0;
 }
 
 void fc_core_count_call(fc_core *s, const fc_method *m, int64_t numel, int fell_back, int64_t raw)
@@ -489,29 +451,25 @@ int fc_core_stats_due(const fc_core *s, const fc_method *m, int64_t numel, int w
            s->ctr.calls % s->common.error_stats_every == 0;
 }
 
-int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual, int world,
-                   int rank, uint32_t unit, int64_t *sizes, fc_err *err)
+int fc_cpu_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *send,
+                  fc_buf *residual, fc_sent *sent, fc_err *err)
 {
     int rc = FC_OK;
-    const double t0 = fc_core_now_s();
-    FC_TRY(encode_begin(s, grad, residual, world, rank, unit, 0, err));
+    const fc_call_key k = s->enc.key;
+    (void)x;
+    FC_TRY(encode_scratch(s, grad, k.world, k.rank, 0, err));
     uint8_t *out = (uint8_t *)send->data;
     int64_t off = 0;
-    for (int ci = 0; ci < world; ci++) {
-        sizes[ci] = 0;
-        if (!fc_core_has_payload(s, grad->numel, world, rank, ci))
+    for (int ci = 0; ci < k.world; ci++) {
+        if (!fc_core_has_payload(s, grad->numel, k.world, k.rank, ci))
             continue;
         int64_t start, n;
-        fc_chunk_span(grad->numel, world, ci, &start, &n);
-        FC_TRY(encode_chunk(s, grad, residual, ci, 0, n, out + off, send->numel - off, &sizes[ci],
+        fc_chunk_span(grad->numel, k.world, ci, &start, &n);
+        FC_TRY(encode_chunk(s, grad, residual, ci, 0, n, out + off, send->numel - off, &sent[ci],
                             err));
-        off += sizes[ci];
+        off += sent[ci].size;
     }
-    encode_end(s, residual);
-    s->ctr.compress_s += fc_core_now_s() - t0;
-    return FC_OK;
 error:
-    s->enc.open = 0;
     return rc;
 }
 
@@ -539,7 +497,8 @@ int fc_core_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *re
         if (why != NULL)
             return fc_fail(err, FC_ERR_VALUE, "method '%s' %s: encode all chunks at once with "
                            "encode()", m->name, why);
-        FC_TRY(encode_begin(s, grad, residual, world, rank, unit, 1, err));
+        fc_drive_encode_open(s, grad, residual, world, rank, unit);
+        FC_TRY(encode_scratch(s, grad, world, rank, 1, err));
     }
     if (send->numel != e->at[world])
         return fc_fail(err, FC_ERR_VALUE, "send has %lld bytes, the parts of this call need %lld "
@@ -550,12 +509,18 @@ int fc_core_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *re
                        e->next_piece[chunk]);
     if (fc_core_has_payload(s, N, world, rank, chunk)) {
         const int64_t off = e->at[chunk] + piece * fc_core_piece_bytes(s, m, n, len, 0, grad->dtype);
+        fc_sent p;
         FC_TRY(encode_chunk(s, grad, residual, chunk, piece, len, (uint8_t *)send->data + off,
-                            send->numel - off, size, err));
+                            send->numel - off, &p, err));
+        const int64_t np = n - piece * len < len ? n - piece * len : len;
+        fc_drive_count_sent(s, &p, np, grad->dtype);
+        *size = p.size;
     }
     e->next_piece[chunk]++;
-    if (--e->todo == 0)
-        encode_end(s, residual);
+    if (--e->todo == 0) {
+        const fc_exec cpu = {&fc_backend_cpu, NULL};
+        fc_drive_encode_close(s, &cpu, residual);
+    }
     s->ctr.compress_s += fc_core_now_s() - t0;
     return FC_OK;
 error:
@@ -565,33 +530,48 @@ error:
 
 /* ---- single chunk, for tests and benchmarks ---- */
 
-int fc_core_compress(fc_core *s, const float *x, int64_t n, uint8_t *payload, int64_t cap,
-                     uint32_t unit, uint32_t chunk, int world, int rank, int64_t *written, fc_err *err)
+int fc_cpu_compress(fc_core *s, const fc_exec *ex, const fc_buf *in, fc_buf *payload,
+                    fc_buf *residual, uint32_t unit, uint32_t chunk, int world, int rank,
+                    int64_t *written, fc_err *err)
 {
     int rc = FC_OK;
     const fc_method *m = s->method;
+    const float *x = (const float *)in->data;
+    const int64_t n = in->numel;
+    (void)ex;
     if (m->scratch_bytes != NULL)
         FC_TRY(fc_core_grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err));
+    FC_TRY(fc_core_grow_f32(&s->x, &s->x_cap, n, err));
     fc_chunk c = fc_core_make_chunk(s, m, n, world, FC_F32, unit, chunk, rank);
     FC_TRY(fc_core_ustate(s, m, unit, &c.ustate, err));
     fc_layout used;
     const fc_method *wm;
-    const double t0 = fc_core_now_s(); /* timed like the collective's encodes: the all-gather stage uses this */
     unsigned flags = 0;
-    int64_t bad = 0;
-    for (int64_t i = 0; i < n; i++)
-        bad += !(fc_abs_bits(x[i]) < FC_INF_BITS);
-    if (bad) { /* x is read in place, unless a NaN must become the canonical one first */
-        FC_TRY(fc_core_grow_f32(&s->x, &s->x_cap, n, err));
+    int64_t bad = 0, sat = 0;
+    if (residual != NULL) { /* g' = x + e by the collective's rules; NaN/Inf not counted */
+        FC_TRY(fc_core_grow_f32(&s->dec, &s->dec_cap, n, err));
+        x = load_chunk(s, in, residual, 0, n, &bad, &sat);
+        s->ctr.saturated += sat;
+        bad = bad != 0 && s->common.nonfinite == FC_NONFINITE_PASS; /* went on the wire */
+    } else {
         for (int64_t i = 0; i < n; i++)
-            s->x[i] = fc_canon_nan(x[i]);
-        x = s->x;
-        flags = FC_HDR_NONFINITE;
+            bad += !(fc_abs_bits(x[i]) < FC_INF_BITS);
+        if (bad) { /* x is read in place, unless a NaN must become the canonical one first */
+            for (int64_t i = 0; i < n; i++)
+                s->x[i] = fc_canon_nan(x[i]);
+            x = s->x;
+        }
     }
-    /* the method as configured, whatever the size: a caller of one chunk decides for itself */
-    FC_TRY(encode_one(s, m, &c, x, payload, cap, 0, flags, written, &used, &wm, err));
+    if (bad)
+        flags = FC_HDR_NONFINITE;
+    FC_TRY(encode_one(s, m, &c, x, (uint8_t *)payload->data, payload->numel, 0, flags, written,
+                      &used, &wm, err));
     s->ctr.saturated += used.saturated;
-    s->ctr.compress_s += fc_core_now_s() - t0;
+    if (residual != NULL) { /* e = g' - D(C(g')), always finite (s->x holds g') */
+        double ee, xx, xe;
+        FC_TRY(update_residual(s, wm, &c, (const uint8_t *)payload->data, in, residual, 0, bad != 0,
+                               0, &ee, &xx, &xe, err));
+    }
     return FC_OK;
 error:
     return rc;

@@ -1,32 +1,15 @@
 /* fc_fetch.c: the second round of two-round methods (see fc_fetch.h): the checks, splits and
- * counters once, for CPU and CUDA tensors; the element work by the CPU loops here or by the CUDA
- * library (fc_cuda_path.c). */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+ * counters once, for CPU and CUDA tensors; the element work by the call's backend (the CPU
+ * loops here, fc_cpu_fetch_*, or the CUDA library through fc_cuda_path.c). */
 #include "fc_fetch.h"
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "fc_half.h"
+#include "fc_core_impl.h"
 #include "fc_quant.h"
 
 #define NO_PICK 0xFFFFFFFFu
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static float elem(const void *p, int dt, int64_t i)
-{
-    if (dt == FC_F32)
-        return ((const float *)p)[i];
-    uint16_t h = ((const uint16_t *)p)[i];
-    return dt == FC_BF16 ? fc_bf16_to_f32(h) : fc_f16_to_f32(h);
-}
 
 /* Whether rank `from` sends chunk `to` a payload (and so values in round 2). */
 static int sends(const fc_core *s, int from, int to)
@@ -42,7 +25,19 @@ static int check_unit(int64_t have, uint32_t unit, const char *what, fc_err *err
     return FC_OK;
 }
 
-int fc_fetch_picks(const fc_core *s, const fc_cuda_call *k, uint32_t unit, uint32_t *out,
+int fc_cpu_fetch_picks(const fc_core *s, const fc_exec *x, uint32_t unit, uint32_t *out,
+                       int64_t kmax, fc_err *err)
+{
+    (void)x;
+    (void)unit;
+    (void)err;
+    memcpy(out, s->picks, (size_t)s->n_picks * 4);
+    for (int64_t j = s->n_picks; j < kmax; j++)
+        out[j] = NO_PICK;
+    return FC_OK;
+}
+
+int fc_fetch_picks(const fc_core *s, const fc_exec *x, uint32_t unit, uint32_t *out,
                    int64_t kmax, fc_err *err)
 {
     int rc = check_unit(s->picks_unit, unit, "decode() has not picked its coordinates", err);
@@ -51,12 +46,7 @@ int fc_fetch_picks(const fc_core *s, const fc_cuda_call *k, uint32_t unit, uint3
     if (kmax < s->n_picks)
         return fc_fail(err, FC_ERR_VALUE, "picks buffer holds %lld, need %lld", (long long)kmax,
                        (long long)s->n_picks);
-    if (k != NULL) /* the picks of a CUDA decode stay on its device */
-        return fc_cuda_fetch_picks(s, k, unit, out, kmax, err);
-    memcpy(out, s->picks, (size_t)s->n_picks * 4);
-    for (int64_t j = s->n_picks; j < kmax; j++)
-        out[j] = NO_PICK;
-    return FC_OK;
+    return x->b->fetch_picks(s, x, unit, out, kmax, err); /* CUDA: the picks stay on the device */
 }
 
 /* An owner's picks came over the wire: in range and strictly ascending, or a PayloadError. */
@@ -72,10 +62,12 @@ static int check_picks(const uint32_t *p, int64_t k, int64_t len, int owner, fc_
 
 /* The CPU's work of fc_fetch_values: the picks checked first (on CUDA the device checks them),
  * then the values taken out of the residual. */
-static int values_cpu(fc_core *s, const uint32_t *all_picks, int64_t kmax, const fc_buf *grad,
-                      fc_buf *residual, int world, uint32_t unit, float *send,
-                      const int64_t *send_splits, fc_err *err)
+int fc_cpu_fetch_values(fc_core *s, const fc_exec *x, const uint32_t *all_picks, int64_t kmax,
+                        const fc_buf *grad, fc_buf *residual, int world, int rank, uint32_t unit,
+                        float *send, const int64_t *send_splits, fc_err *err)
 {
+    (void)x;
+    (void)rank;
     const int64_t N = grad->numel;
     int64_t start, len;
     for (int c = 0; c < world; c++) { /* everything checked before anything changes */
@@ -92,10 +84,10 @@ static int values_cpu(fc_core *s, const uint32_t *all_picks, int64_t kmax, const
         const uint32_t *p = all_picks + c * kmax;
         for (int64_t j = 0; j < send_splits[c]; j++) {
             const int64_t i = start + p[j];
-            const float g = elem(grad->data, grad->dtype, i);
+            const float g = fc_core_elem_f32(grad->data, grad->dtype, i);
             float v;
             if (residual != NULL) { /* round 1 left e = g' where g' is finite, 0 elsewhere */
-                v = elem(residual->data, residual->dtype, i);
+                v = fc_core_elem_f32(residual->data, residual->dtype, i);
                 if (residual->dtype == FC_F32)
                     ((float *)residual->data)[i] = 0.0f;
                 else
@@ -119,13 +111,13 @@ static int values_cpu(fc_core *s, const uint32_t *all_picks, int64_t kmax, const
     return FC_OK;
 }
 
-int fc_fetch_values(fc_core *s, const fc_cuda_call *k, const uint32_t *all_picks, int64_t kmax,
+int fc_fetch_values(fc_core *s, const fc_exec *x, const uint32_t *all_picks, int64_t kmax,
                     const fc_buf *grad, fc_buf *residual, int world, int rank, uint32_t unit,
                     float *send, int64_t send_cap, int64_t *send_splits, int64_t *recv_splits,
                     fc_err *err)
 {
     int rc = FC_OK;
-    const double t0 = now_s();
+    const double t0 = fc_core_now_s();
     const int64_t N = grad->numel;
     const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
     if (kmax != fc_core_fetch_kmax(s, N, world) || kmax == 0)
@@ -146,29 +138,25 @@ int fc_fetch_values(fc_core *s, const fc_cuda_call *k, const uint32_t *all_picks
                        (long long)send_cap, (long long)need));
     /* on CUDA the owners' picks are checked on the device: a malformed list is reported when
      * counters are read, and its owner gets NaN values (fc_cu_fetch.cu) */
-    if (k != NULL)
-        FC_TRY(fc_cuda_fetch_values(s, k, all_picks, kmax, grad, residual, world, rank, unit,
-                                    send, err));
-    else
-        FC_TRY(values_cpu(s, all_picks, kmax, grad, residual, world, unit, send, send_splits,
-                          err));
+    FC_TRY(x->b->fetch_values(s, x, all_picks, kmax, grad, residual, world, rank, unit, send,
+                              send_splits, err));
     const int64_t index_bytes = 4 * kmax * (world > 1 ? world - 1 : 1);
     s->ctr.index_bytes += index_bytes;
     s->ctr.value_bytes += 4 * need;
     s->ctr.bytes_sent += index_bytes + 4 * need;
-    if (k == NULL) /* CUDA times its work with events */
-        s->ctr.compress_s += now_s() - t0;
+    if (x->b->on_host) /* CUDA times its work with events */
+        s->ctr.compress_s += fc_core_now_s() - t0;
     return FC_OK;
 error:
     return rc;
 }
 
-int fc_fetch_finish(fc_core *s, const fc_cuda_call *k, const float *recv, int64_t recv_n,
+int fc_fetch_finish(fc_core *s, const fc_exec *x, const float *recv, int64_t recv_n,
                     const fc_buf *grad, fc_buf *out, int world, int rank, uint32_t unit,
                     fc_err *err)
 {
     int rc = FC_OK;
-    const double t0 = now_s();
+    const double t0 = fc_core_now_s();
     const int64_t N = grad->numel;
     int64_t start, n, want = 0;
     fc_chunk_span(N, world, rank, &start, &n);
@@ -181,11 +169,23 @@ int fc_fetch_finish(fc_core *s, const fc_cuda_call *k, const float *recv, int64_
     if (recv_n != want)
         FC_TRY(fc_fail(err, FC_ERR_VALUE, "second-round receive buffer has %lld values, the "
                        "senders send %lld", (long long)recv_n, (long long)want));
-    if (k != NULL) {
-        FC_TRY(fc_cuda_fetch_finish(s, k, recv, grad, out, world, rank, unit, err));
-        s->picks_unit = -1; /* used once */
-        return FC_OK;
-    }
+    FC_TRY(x->b->fetch_finish(s, x, recv, grad, out, world, rank, unit, err));
+    s->picks_unit = -1; /* used once */
+    if (x->b->on_host)
+        s->ctr.decompress_s += fc_core_now_s() - t0;
+    return FC_OK;
+error:
+    return rc;
+}
+
+int fc_cpu_fetch_finish(fc_core *s, const fc_exec *x, const float *recv, const fc_buf *grad,
+                        fc_buf *out, int world, int rank, uint32_t unit, fc_err *err)
+{
+    int64_t start, n;
+    (void)x;
+    (void)unit;
+    (void)err;
+    fc_chunk_span(grad->numel, world, rank, &start, &n);
     float *acc = s->acc; /* grown to n by the decode that picked */
     memset(acc, 0, (size_t)n * 4);
     int passed = 0; /* NaN/Inf among the summands (the own chunk's were counted by decode) */
@@ -203,9 +203,5 @@ int fc_fetch_finish(fc_core *s, const fc_cuda_call *k, const float *recv, int64_
         recv += s->n_picks;
     }
     fc_core_write_out(s, acc, n, world, out, passed);
-    s->picks_unit = -1; /* used once */
-    s->ctr.decompress_s += now_s() - t0;
     return FC_OK;
-error:
-    return rc;
 }

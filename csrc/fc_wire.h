@@ -80,6 +80,85 @@ FC_HOSTDEV uint32_t fc_wire_fingerprint(uint32_t fingerprint, unsigned method_id
     return fingerprint ^ 0x9E3779B1u * (method_id + 1u); /* odd multiplier: distinct per id */
 }
 
+/* Why a receiver refuses a payload (0: accepted); the CUDA decode records the code in its
+ * workspace (fc_cuda_ws.payload_error), the CPU names it in a PayloadError. */
+enum {
+    FC_PAYLOAD_MAGIC = 1,
+    FC_PAYLOAD_VERSION = 2,
+    FC_PAYLOAD_METHOD = 3,
+    FC_PAYLOAD_DTYPE = 4,
+    FC_PAYLOAD_ORDER = 5, /* unit or step differ */
+    FC_PAYLOAD_NUMEL = 6,
+    FC_PAYLOAD_BODY = 7,
+    FC_PAYLOAD_CODES = 8, /* a code no encoder writes (the dense kernels' decoders; the CPU's
+                           * PayloadError) */
+    FC_PAYLOAD_ABORTED = 9, /* the NCCL communicator was aborted: the payload never arrived */
+    FC_PAYLOAD_CONFIG = 10, /* another config fingerprint */
+    FC_PAYLOAD_WORLD = 11
+};
+
+/* What the NCCL transport writes over a receive buffer whose all-to-all was aborted (a 4-byte
+ * pattern, so every slot's 16-bit magic reads its low half): the decode rejects every payload as
+ * FC_PAYLOAD_ABORTED and poisons its outputs instead of summing whatever the buffer held. */
+#define FC_MAGIC_ABORTED 0xAB0A7ED0u
+
+/* What a payload of the call says about itself: every header field from the call, one
+ * definition for the CPU encode and the CUDA kernels; the flags (FC_HDR_*) from its data. */
+typedef struct {
+    unsigned method;
+    int dtype, world;
+    uint32_t unit, step;
+    uint32_t fingerprint; /* the config's (fc_config_fingerprint), before fc_wire_fingerprint */
+} fc_header_key;
+
+FC_HOSTDEV void fc_header_make(fc_header *h, const fc_header_key *k, uint64_t numel, uint64_t body,
+                               unsigned flags)
+{
+    memset(h, 0, sizeof(*h));
+    h->magic = FC_MAGIC;
+    h->version = FC_WIRE_VERSION;
+    h->method = (uint8_t)k->method;
+    h->dtype = (uint8_t)k->dtype;
+    h->flags = (uint8_t)flags;
+    h->unit = k->unit;
+    h->step = k->step;
+    fc_header_set_sizes(h, numel, body);
+    h->fingerprint = fc_wire_fingerprint(k->fingerprint, k->method);
+    h->world = (uint16_t)k->world;
+}
+
+/* The receiver's verdict on a header, in the order the fields are checked (the first that
+ * differs from the key names the fault): a chunk of `numel` elements whose body must be `body`
+ * bytes (at most that with `varsize`) and fit a slot of `slot` bytes. */
+FC_HOSTDEV unsigned fc_header_verdict(const fc_header *h, const fc_header_key *k, uint64_t numel,
+                                      uint64_t body, int varsize, int64_t slot)
+{
+    if (h->magic == (uint16_t)FC_MAGIC_ABORTED)
+        return FC_PAYLOAD_ABORTED;
+    if (h->magic != FC_MAGIC)
+        return FC_PAYLOAD_MAGIC;
+    if (h->version != FC_WIRE_VERSION)
+        return FC_PAYLOAD_VERSION;
+    if (h->method != k->method)
+        return FC_PAYLOAD_METHOD;
+    /* before unit and step: a rank that rebuilt its state with another config also restarted
+     * its step count, and the config is what differs */
+    if (fc_wire_fingerprint(h->fingerprint, h->method) != k->fingerprint)
+        return FC_PAYLOAD_CONFIG;
+    if (h->world != (uint32_t)k->world)
+        return FC_PAYLOAD_WORLD;
+    if (h->dtype != k->dtype || (h->flags & ~FC_HDR_FLAGS_KNOWN) != 0)
+        return FC_PAYLOAD_DTYPE;
+    if (h->unit != k->unit || h->step != k->step)
+        return FC_PAYLOAD_ORDER;
+    if (fc_header_numel(h) != numel)
+        return FC_PAYLOAD_NUMEL;
+    if (fc_header_body(h) > (uint64_t)(slot - FC_HEADER_BYTES) ||
+        (varsize ? fc_header_body(h) > body : fc_header_body(h) != body))
+        return FC_PAYLOAD_BODY;
+    return 0;
+}
+
 static inline int64_t fc_align_up(int64_t v)
 {
     return (v + FC_ALIGN - 1) / FC_ALIGN * FC_ALIGN;

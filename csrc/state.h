@@ -86,12 +86,6 @@ PyObject *fc_state_views_done(StateObject *self, int rc, const fc_err *err, fc_v
 /* A tuple of `world` ints. New ref. */
 PyObject *fc_sizes_tuple(const int64_t *sizes, int world);
 
-/* state_codec.c: the CUDA library's table, the state's context and device workspace, and the
- * current stream of grad's device, for a call on CUDA tensors (fc_cuda_path.h's fc_cuda_call). */
-struct fc_cuda_call_s;
-int fc_state_cuda_prepare(StateObject *self, PyObject *grad, const fc_view *g,
-                          struct fc_cuda_call_s *k, fc_err *err);
-
 /* ---- state_type.c: lifecycle, attributes, the method table and the residuals it owns */
 
 extern PyType_Spec fc_state_spec;
@@ -99,11 +93,15 @@ extern PyType_Spec fc_state_spec;
 PyObject *fc_state_residual(StateObject *self, uint32_t unit, PyObject *grad, int64_t numel,
                             fc_view *rv, fc_err *err);
 
-/* ---- state_codec.c, state_cuda.c: what a call on CUDA tensors prepares */
+/* ---- state_exec.c, state_cuda.c: a call's backend, and what a call on CUDA tensors prepares */
 
 /* The CUDA library, the State's context and workspace, the current stream of grad's device. */
 int fc_state_cuda_prepare(StateObject *self, PyObject *grad, const fc_view *g, fc_cuda_call *k,
                           fc_err *err);
+/* The backend of a call on the tensor `like` (its view v), picked once by its device: the
+ * CPU's, or the CUDA library's with the call prepared into *k (x->k = k). */
+int fc_state_exec(StateObject *self, PyObject *like, const fc_view *v, fc_cuda_call *k,
+                  fc_exec *x, fc_err *err);
 /* The call's scratch, the unit's device state and the fetch buffer, as its method needs
  * (decode: recv and out of the decode; encode: NULL). */
 int fc_state_cuda_extras(StateObject *self, PyObject *like, fc_cuda_call *k, const fc_buf *grad,
@@ -127,22 +125,25 @@ extern const char fc_state_emulate_cuda_doc[];
 
 /* ---- the methods, each defined (with its docstring) in the file of its job */
 
-/* state_codec.c: the collective, one peer at a time, and the unit-state sync */
-PyObject *fc_state_plan(StateObject *self, PyObject *args);
+/* state_units.c: units and steps, the unit-state sync */
 PyObject *fc_state_begin(StateObject *self, PyObject *args, PyObject *kwargs);
 PyObject *fc_state_end_step(StateObject *self, PyObject *ignored);
+PyObject *fc_state_sync_vector(StateObject *self, PyObject *arg);
+PyObject *fc_state_sync_apply(StateObject *self, PyObject *args);
+extern const char fc_state_begin_doc[], fc_state_end_step_doc[], fc_state_sync_vector_doc[],
+    fc_state_sync_apply_doc[];
+
+/* state_codec.c: the collective, one peer at a time */
+PyObject *fc_state_plan(StateObject *self, PyObject *args);
 PyObject *fc_state_encode(StateObject *self, PyObject *args);
 PyObject *fc_state_decode(StateObject *self, PyObject *args);
 PyObject *fc_state_per_peer_ok(StateObject *self, PyObject *args);
 PyObject *fc_state_pieces(StateObject *self, PyObject *args);
 PyObject *fc_state_encode_part(StateObject *self, PyObject *args);
 PyObject *fc_state_decode_part(StateObject *self, PyObject *args);
-PyObject *fc_state_sync_vector(StateObject *self, PyObject *arg);
-PyObject *fc_state_sync_apply(StateObject *self, PyObject *args);
-extern const char fc_state_plan_doc[], fc_state_begin_doc[], fc_state_end_step_doc[],
-    fc_state_encode_doc[], fc_state_decode_doc[], fc_state_per_peer_ok_doc[],
-    fc_state_pieces_doc[], fc_state_encode_part_doc[], fc_state_decode_part_doc[],
-    fc_state_sync_vector_doc[], fc_state_sync_apply_doc[];
+extern const char fc_state_plan_doc[], fc_state_encode_doc[], fc_state_decode_doc[],
+    fc_state_per_peer_ok_doc[], fc_state_pieces_doc[], fc_state_encode_part_doc[],
+    fc_state_decode_part_doc[];
 
 /* state_chunk.c: one chunk outside the collective */
 PyObject *fc_state_payload_bytes(StateObject *self, PyObject *arg);

@@ -70,6 +70,7 @@ typedef struct {
     int world, rank;
     fc_view tv, pv;
     fc_cuda_call k;
+    fc_exec x; /* the tensors' backend */
     fc_err err;
 } single_call;
 
@@ -86,46 +87,48 @@ static int single_views(StateObject *self, single_call *a, const char *name, int
     FC_TRY(fc_check_world(a->world, a->rank, &a->err));
     if (a->tv.buf.numel == 0)
         return fc_fail(&a->err, FC_ERR_VALUE, "%s must have at least one element", name);
-    if (fc_state_on_cuda(self, &a->tv)) {
-        FC_TRY(fc_state_cuda_prepare(self, a->t, &a->tv, &a->k, &a->err));
+    FC_TRY(fc_state_exec(self, a->t, &a->tv, &a->k, &a->x, &a->err));
+    if (a->x.k != NULL)
         FC_TRY(fc_state_cuda_single_extras(self, a->t, &a->k, a->tv.buf.numel, a->world, a->rank, a->unit,
                                            a->chunk, decode, &a->err));
-    }
 error:
     return rc;
 }
 
 FC_DOCSTRING(fc_state_compress_doc,
-"compress(x, payload, unit=0, chunk=0, world=1, rank=0) -> int\n\n"
+"compress(x, payload, unit=0, chunk=0, world=1, rank=0, residual=None) -> int\n\n"
 "Encodes the fp32 tensor x as one payload into the uint8 tensor `payload` on the same device;\n"
 "returns its size. The RNG stream is keyed by (seed, rank, step, unit, chunk) as in the\n"
-"collective. On CUDA the bytes are the CPU's, queued on the current stream (a method whose size\n"
-"is data-dependent waits for it to read the size back).");
+"collective. With `residual` (fp32, x's length and device: an error-feedback residual e) the\n"
+"payload is that of g' = x + e under the collective's range and NaN rules, and e becomes\n"
+"g' - D(payload), always finite. On CUDA the bytes are the CPU's, queued on the current stream\n"
+"(a method whose size is data-dependent waits for it to read the size back).");
 
 PyObject *fc_state_compress(StateObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"x", "payload", "unit", "chunk", "world", "rank", NULL};
+    static char *kwlist[] = {"x", "payload", "unit", "chunk", "world", "rank", "residual", NULL};
     single_call a = {.world = 1};
+    PyObject *res = Py_None; /* borrowed */
+    fc_view rv = {0};
     int rc = FC_ERR_VALUE; /* until the encode has run */
     int64_t written = 0;
     if (!fc_state_ready(self) ||
-        !PyArg_ParseTupleAndKeywords(args, kwds, "OO|IIii:compress", kwlist, &a.t, &a.payload, &a.unit,
-                                     &a.chunk, &a.world, &a.rank))
+        !PyArg_ParseTupleAndKeywords(args, kwds, "OO|IIiiO:compress", kwlist, &a.t, &a.payload, &a.unit,
+                                     &a.chunk, &a.world, &a.rank, &res))
         return NULL;
     if (single_views(self, &a, "x", 0) != FC_OK)
         goto error;
+    if (res != Py_None && (fc_view_get(res, "residual", FC_DT_F32, &rv, &a.err) != FC_OK ||
+                           fc_check_same_device(&rv, &a.tv, "residual", &a.err) != FC_OK))
+        goto error;
     Py_BEGIN_ALLOW_THREADS
-    if (fc_state_on_cuda(self, &a.tv))
-        rc = fc_cuda_compress(&self->core, &a.k, &a.tv.buf, &a.pv.buf, a.unit, a.chunk, a.world, a.rank,
-                              &written, &a.err);
-    else
-        rc = fc_core_compress(&self->core, (const float *)a.tv.buf.data, a.tv.buf.numel,
-                              (uint8_t *)a.pv.buf.data, a.pv.buf.numel, a.unit, a.chunk, a.world, a.rank,
-                              &written, &a.err);
+    rc = fc_drive_compress(&self->core, &a.x, &a.tv.buf, &a.pv.buf, res != Py_None ? &rv.buf : NULL,
+                           a.unit, a.chunk, a.world, a.rank, &written, &a.err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
     fc_view_release(&a.tv);
     fc_view_release(&a.pv);
+    fc_view_release(&rv);
     return rc == FC_OK ? PyLong_FromLongLong(written) : STATE_ERR(self, &a.err);
 }
 
@@ -149,12 +152,8 @@ PyObject *fc_state_decompress(StateObject *self, PyObject *args, PyObject *kwds)
     if (single_views(self, &a, "acc", 1) != FC_OK)
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    if (fc_state_on_cuda(self, &a.tv))
-        rc = fc_cuda_decompress(&self->core, &a.k, &a.pv.buf, &a.tv.buf, (float)alpha, a.unit, a.chunk, a.world,
-                                &a.err);
-    else
-        rc = fc_core_decompress(&self->core, (const uint8_t *)a.pv.buf.data, a.pv.buf.numel, a.tv.buf.numel,
-                                (float)alpha, (float *)a.tv.buf.data, a.unit, a.chunk, a.world, &a.err);
+    rc = fc_drive_decompress(&self->core, &a.x, &a.pv.buf, &a.tv.buf, (float)alpha, a.unit, a.chunk,
+                             a.world, &a.err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
     return fc_state_views_done(self, rc, &a.err, &a.pv, &a.tv, NULL);

@@ -1,48 +1,9 @@
-/* state_codec.c: the State's compressed reduce-scatter calls: plan, begin/end_step, encode/decode
- * (CPU or CUDA), the per-peer parts, and the unit-state sync. */
+/* state_codec.c: the State's compressed reduce-scatter calls: plan, encode/decode (through the
+ * driver, fc_drive_*, on the tensors' backend) and the per-peer parts. */
 #include "state.h" /* first: it includes Python.h */
 #include <string.h>
 
 #include "fc_cuda_path.h"
-
-/* Loads the CUDA library, the state's context and device workspace, and the current stream
- * of grad's device. The workspace comes from the allocator (torch's), never cudaMalloc. */
-int fc_state_cuda_prepare(StateObject *self, PyObject *grad, const fc_view *g, fc_cuda_call *k,
-                          fc_err *err)
-{
-    fc_view wv = {0};
-    memset(k, 0, sizeof(*k));
-    k->api = fc_cuda_api_get(err);
-    if (k->api == NULL)
-        return err->code;
-    if (self->cuda_ctx == NULL) {
-        self->cuda_ctx = k->api->ctx_new();
-        if (self->cuda_ctx == NULL)
-            return fc_fail(err, FC_ERR_NOMEM, "could not allocate the CUDA context");
-    }
-    if (self->cuda_ws == NULL) {
-        if (self->allocator == Py_None)
-            return fc_fail(err, FC_ERR_STATE, "the CUDA path needs an allocator (State(..., "
-                           "allocator=...)) for its device workspace; fsdpcomp.CommState provides one");
-        PyObject *ws = PyObject_CallFunction(self->allocator, "LsO",
-                                             (long long)(FC_CUDA_WS_BYTES / 4), "float32", grad);
-        if (ws == NULL)
-            return fc_fail(err, FC_ERR_PYTHON, "");
-        self->cuda_ws = ws;
-    }
-    if (fc_view_get(self->cuda_ws, "workspace", FC_DT_F32, &wv, err) != FC_OK)
-        return err->code;
-    int ok = fc_state_on_cuda(self, &wv) && wv.device_id == g->device_id &&
-             wv.buf.numel * 4 >= FC_CUDA_WS_BYTES;
-    k->ws = (fc_cuda_ws *)wv.buf.data;
-    fc_view_release(&wv); /* the State keeps the tensor alive */
-    if (!ok)
-        return fc_fail(err, FC_ERR_STATE, "this State's CUDA workspace is not on cuda:%d: one "
-                       "State serves one device", g->device_id);
-    k->ctx = self->cuda_ctx;
-    k->device = g->device_id;
-    return fc_view_stream(grad, g, &k->stream, err);
-}
 
 static int64_t plan_total(const int64_t *splits, int world)
 {
@@ -91,41 +52,6 @@ error:
     Py_XDECREF(send);
     Py_XDECREF(recv);
     return NULL;
-}
-
-FC_DOCSTRING(fc_state_begin_doc,
-"begin(numel, unit=-1, new_step=False) -> unit\n\n"
-"Claims the unit of a call of `numel` elements: `unit` (one seen before, or the next new index)\n"
-"or, with unit=-1, the next one in call order within this step. new_step ends the step first\n"
-"(as end_step() would). A unit seen before must have the same number of elements; a refused\n"
-"claim changes nothing.");
-
-PyObject *fc_state_begin(StateObject *self, PyObject *args, PyObject *kwargs)
-{
-    static char *kwlist[] = {"numel", "unit", "new_step", NULL};
-    long long numel, want = -1;
-    int new_step = 0;
-    fc_err err = {0};
-    uint32_t unit;
-    if (!fc_state_ready(self) ||
-        !PyArg_ParseTupleAndKeywords(args, kwargs, "L|Lp:begin", kwlist, &numel, &want, &new_step))
-        return NULL;
-    if (fc_check_numel(numel, 0, "numel", &err) != FC_OK)
-        return STATE_ERR(self, &err);
-    if (fc_core_begin(&self->core, (int64_t)numel, want < 0 ? -1 : (int64_t)want, new_step, &unit,
-                      &err) != FC_OK)
-        return STATE_ERR(self, &err);
-    return PyLong_FromUnsignedLong(unit);
-}
-
-FC_DOCSTRING(fc_state_end_step_doc, "end_step()\n\nMarks the end of a backward pass: the next begin() is unit 0 of the next step.");
-
-PyObject *fc_state_end_step(StateObject *self, PyObject *Py_UNUSED(ignored))
-{
-    if (!fc_state_ready(self))
-        return NULL;
-    fc_core_end_step(&self->core);
-    Py_RETURN_NONE;
 }
 
 FC_DOCSTRING(fc_state_encode_doc,
@@ -203,21 +129,16 @@ PyObject *fc_state_encode(StateObject *self, PyObject *args)
         !PyArg_ParseTuple(args, "OOiiL:encode", &grad, &send, &world, &rank, &unit))
         return NULL;
     fc_cuda_call k;
-    if (encode_views(self, grad, send, world, rank, unit, 1, &e, &err) != FC_OK)
+    fc_exec x;
+    if (encode_views(self, grad, send, world, rank, unit, 1, &e, &err) != FC_OK ||
+        fc_state_exec(self, grad, &e.g, &k, &x, &err) != FC_OK)
         goto error;
-    if (fc_state_on_cuda(self, &e.g) &&
-        (fc_state_cuda_prepare(self, grad, &e.g, &k, &err) != FC_OK ||
-         fc_state_cuda_extras(self, grad, &k, &e.g.buf, NULL, NULL, world, rank, (uint32_t)unit, 0,
-                              &err) != FC_OK))
+    if (x.k != NULL && fc_state_cuda_extras(self, grad, &k, &e.g.buf, NULL, NULL, world, rank,
+                                            (uint32_t)unit, 0, &err) != FC_OK)
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    if (fc_state_on_cuda(self, &e.g)) {
-        rc = fc_cuda_encode(&self->core, &k, &e.g.buf, &e.s.buf, e.use_ef ? &e.r.buf : NULL, world,
-                            rank, (uint32_t)unit, sizes, &err);
-    } else {
-        rc = fc_core_encode(&self->core, &e.g.buf, &e.s.buf, e.use_ef ? &e.r.buf : NULL, world,
-                            rank, (uint32_t)unit, sizes, &err);
-    }
+    rc = fc_drive_encode(&self->core, &x, &e.g.buf, &e.s.buf, e.use_ef ? &e.r.buf : NULL, world,
+                         rank, (uint32_t)unit, sizes, &err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
     encode_release(&e);
@@ -245,16 +166,13 @@ PyObject *fc_state_decode(StateObject *self, PyObject *args)
         fc_check_same_device(&o, &g, "output", &err) || fc_check_aligned(&v, "recv", &err))
         goto error;
     fc_cuda_call k;
-    if (fc_state_on_cuda(self, &g) &&
-        (fc_state_cuda_prepare(self, grad, &g, &k, &err) != FC_OK ||
-         fc_state_cuda_extras(self, grad, &k, &g.buf, &v.buf, &o.buf, world, rank, (uint32_t)unit,
-                              1, &err) != FC_OK))
+    fc_exec x;
+    if (fc_state_exec(self, grad, &g, &k, &x, &err) != FC_OK ||
+        (x.k != NULL && fc_state_cuda_extras(self, grad, &k, &g.buf, &v.buf, &o.buf, world, rank,
+                                             (uint32_t)unit, 1, &err) != FC_OK))
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    if (fc_state_on_cuda(self, &g))
-        rc = fc_cuda_decode(&self->core, &k, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
-    else
-        rc = fc_core_decode(&self->core, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
+    rc = fc_drive_decode(&self->core, &x, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
     return fc_state_views_done(self, rc, &err, &v, &g, &o);
@@ -390,59 +308,4 @@ PyObject *fc_state_decode_part(StateObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
     return fc_state_views_done(self, rc, &err, &v, &g, &o);
-}
-
-/* ---------------------------------------------------------------- State: unit-state sync */
-
-FC_DOCSTRING(fc_state_sync_vector_doc,
-"sync_vector(unit) -> bytes | None\n\n"
-"After this step's decode of `unit`: the fp32 values the ranks must sum (all-reduce) and hand\n"
-"to sync_apply(), or None when the method has nothing to sync this step (gradiveq's basis).");
-
-PyObject *fc_state_sync_vector(StateObject *self, PyObject *arg)
-{
-    if (!fc_state_ready(self))
-        return NULL;
-    long long unit = PyLong_AsLongLong(arg);
-    if (unit == -1 && PyErr_Occurred())
-        return NULL;
-    if (unit < 0 || unit >= self->core.n_units) {
-        PyErr_Format(PyExc_ValueError, "unit must be in [0, %d), got %lld", self->core.n_units, unit);
-        return NULL;
-    }
-    float *data;
-    int64_t len;
-    fc_err err = {0};
-    if (fc_state_cuda_sync_pull(self, (uint32_t)unit, &err) != FC_OK) /* summed on a GPU */
-        return STATE_ERR(self, &err);
-    fc_core_sync_span(&self->core, (uint32_t)unit, &data, &len);
-    if (len == 0)
-        Py_RETURN_NONE;
-    return PyBytes_FromStringAndSize((const char *)data, (Py_ssize_t)(len * 4));
-}
-
-FC_DOCSTRING(fc_state_sync_apply_doc,
-"sync_apply(unit, summed)\n\nHands the sum over ranks of sync_vector(unit) (an fp32 CPU tensor) back.");
-
-PyObject *fc_state_sync_apply(StateObject *self, PyObject *args)
-{
-    PyObject *t;
-    long long unit;
-    fc_err err = {0};
-    fc_view v = {0};
-    if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "LO:sync_apply", &unit, &t))
-        return NULL;
-    if (unit < 0 || unit >= self->core.n_units) {
-        PyErr_Format(PyExc_ValueError, "unit must be in [0, %d), got %lld", self->core.n_units, unit);
-        return NULL;
-    }
-    if (fc_view_get(t, "summed", FC_DT_F32, &v, &err) != FC_OK ||
-        fc_check_cpu(&v, "summed", &err) ||
-        fc_core_sync_apply(&self->core, (uint32_t)unit, (const float *)v.buf.data, v.buf.numel, &err)) {
-        fc_view_release(&v);
-        return STATE_ERR(self, &err);
-    }
-    fc_view_release(&v);
-    fc_state_cuda_sync_done(self, (uint32_t)unit);
-    Py_RETURN_NONE;
 }

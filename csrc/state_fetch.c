@@ -36,18 +36,13 @@ static int words_view(PyObject *t, const char *arg, const fc_view *like, fc_view
     return FC_OK;
 }
 
-/* The round's backend: NULL for CPU tensors; for CUDA ones *k, prepared with the fetch buffer. */
+/* The round's backend, by the tensors' device; on CUDA prepared with the fetch buffer. */
 static int round_backend(StateObject *self, PyObject *like, const fc_view *v, fc_cuda_call *k,
-                         fc_cuda_call **be, fc_err *err)
+                         fc_exec *x, fc_err *err)
 {
-    *be = NULL;
-    if (!fc_state_on_cuda(self, v))
-        return FC_OK;
-    int rc = fc_state_cuda_prepare(self, like, v, k, err);
-    if (rc == FC_OK)
+    int rc = fc_state_exec(self, like, v, k, x, err);
+    if (rc == FC_OK && x->k != NULL)
         rc = fc_state_cuda_fetch(self, like, k, self->core.n_picks, err);
-    if (rc == FC_OK)
-        *be = k;
     return rc;
 }
 
@@ -63,7 +58,8 @@ PyObject *fc_state_fetch_picks(StateObject *self, PyObject *args)
     int rc = FC_ERR_VALUE; /* until the picks are written */
     fc_err err = {0};
     fc_view v = {0};
-    fc_cuda_call k, *be = NULL;
+    fc_cuda_call k;
+    fc_exec x;
     if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "LO:fetch_picks", &unit, &picks))
         return NULL;
     if (words_view(picks, "picks", NULL, &v, &err) != FC_OK)
@@ -73,10 +69,10 @@ PyObject *fc_state_fetch_picks(StateObject *self, PyObject *args)
         goto error;
     }
     /* a CUDA decode's picks stay on its device */
-    if (round_backend(self, picks, &v, &k, &be, &err) != FC_OK)
+    if (round_backend(self, picks, &v, &k, &x, &err) != FC_OK)
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    rc = fc_fetch_picks(&self->core, be, (uint32_t)unit, (uint32_t *)v.buf.data,
+    rc = fc_fetch_picks(&self->core, &x, (uint32_t)unit, (uint32_t *)v.buf.data,
                         v.buf.numel / 4, &err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
@@ -103,7 +99,8 @@ PyObject *fc_state_fetch(StateObject *self, PyObject *args)
     if (!fc_state_ready(self) ||
         !PyArg_ParseTuple(args, "OOOiiL:fetch", &picks, &grad, &send, &world, &rank, &unit))
         return NULL;
-    fc_cuda_call k, *be = NULL;
+    fc_cuda_call k;
+    fc_exec x;
     if (fc_view_get(grad, "grad", FC_DT_FLOATS, &g, &err) != FC_OK ||
         words_view(picks, "all_picks", &g, &pv, &err) != FC_OK ||
         words_view(send, "send", &g, &sv, &err) != FC_OK || fc_check_world(world, rank, &err) ||
@@ -121,10 +118,10 @@ PyObject *fc_state_fetch(StateObject *self, PyObject *args)
         ((res = fc_state_residual(self, (uint32_t)unit, grad, g.buf.numel, &r, &err)) == NULL ||
          fc_check_same_device(&r, &g, "residual", &err) != FC_OK))
         goto error;
-    if (round_backend(self, grad, &g, &k, &be, &err) != FC_OK)
+    if (round_backend(self, grad, &g, &k, &x, &err) != FC_OK)
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    rc = fc_fetch_values(&self->core, be, (const uint32_t *)pv.buf.data, kmax,
+    rc = fc_fetch_values(&self->core, &x, (const uint32_t *)pv.buf.data, kmax,
                          &g.buf, use_ef ? &r.buf : NULL, world, rank, (uint32_t)unit,
                          (float *)sv.buf.data, sv.buf.numel / 4, ss, rs, &err);
     Py_END_ALLOW_THREADS
@@ -158,15 +155,16 @@ PyObject *fc_state_finish(StateObject *self, PyObject *args)
     if (!fc_state_ready(self) ||
         !PyArg_ParseTuple(args, "OOOiiL:finish", &recv, &grad, &out, &world, &rank, &unit))
         return NULL;
-    fc_cuda_call k, *be = NULL;
+    fc_cuda_call k;
+    fc_exec x;
     if (fc_state_grad_out_views(self, grad, out, world, rank, unit, &g, &o, &err) != FC_OK ||
         words_view(recv, "recv", &g, &v, &err) != FC_OK ||
         fc_check_same_device(&o, &g, "output", &err))
         goto error;
-    if (round_backend(self, grad, &g, &k, &be, &err) != FC_OK)
+    if (round_backend(self, grad, &g, &k, &x, &err) != FC_OK)
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    rc = fc_fetch_finish(&self->core, be, (const float *)v.buf.data,
+    rc = fc_fetch_finish(&self->core, &x, (const float *)v.buf.data,
                          v.buf.numel / 4, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */

@@ -243,6 +243,20 @@ __host__ __device__ __forceinline__ fc_rng fc_cu_call_rng(const fc_cuda_head &h)
     return r;
 }
 
+// The header fields of a call's payloads written with method id `method` (fc_header_make,
+// fc_header_verdict: the CPU's one definition); the CPU's fc_core_header_key.
+__host__ __device__ __forceinline__ fc_header_key fc_cu_header_key(const fc_cuda_head &h, int method)
+{
+    fc_header_key k;
+    k.method = (unsigned)method;
+    k.dtype = h.grad_dtype;
+    k.world = h.geo.world;
+    k.unit = h.unit;
+    k.step = h.step;
+    k.fingerprint = h.fingerprint;
+    return k;
+}
+
 // The sender's stream for chunk c, exactly as the CPU's make_chunk builds it. base.chunk is
 // the id of chunk 0: 0 in the collective, compress()'s `chunk` for its single payload.
 __host__ __device__ __forceinline__ fc_rng fc_cu_chunk_rng(fc_rng base, int chunk, int rank)

@@ -2,12 +2,15 @@
 // non-finite counts, headers, the method's fused kernels, sampled statistics, header checks on
 // the receiving side, and the exported function table. Mirrors fc_core.c step for step.
 #include <stddef.h>
+#include "fc_counters.h"
 #include "fc_cu_ctx.cuh"
 
 // What fc_gprime_fix finds in g' of each sent chunk, before the encode: the NaN/Inf of the
 // gradient per chunk (ws->bad: a chunk with any passes them, flagged in its header, or sends e
-// there in "zero" mode) and, with `count`, into nonfinite_in and (sums of two finite values
-// beyond fp32) saturated. compress() does not count, as the CPU's does not.
+// there in "zero" mode) and, by `count` (COUNT_*), into nonfinite_in and (sums of two finite
+// values beyond fp32) saturated. compress() counts only the saturated sums of x + e, as the
+// CPU's does.
+enum { COUNT_BAD = 1, COUNT_SAT = 2 };
 __global__ void count_nonfinite(fc_cuda_geom geo, fc_cu_src src, int count, fc_cuda_ws *ws)
 {
     const int c = blockIdx.y;
@@ -25,11 +28,10 @@ __global__ void count_nonfinite(fc_cuda_geom geo, fc_cu_src src, int count, fc_c
     const unsigned long long b = fc_cu_warp_sum((unsigned long long)bad);
     if ((threadIdx.x & 31) == 0 && b)
         atomicAdd(&ws->bad[c], (unsigned int)b);
-    if (count) {
-        if ((threadIdx.x & 31) == 0 && b)
-            atomicAdd(&ws->nonfinite_in, b);
+    if ((count & COUNT_BAD) && (threadIdx.x & 31) == 0 && b)
+        atomicAdd(&ws->nonfinite_in, b);
+    if (count & COUNT_SAT)
         fc_cu_count(&ws->saturated, sat);
-    }
 }
 
 // The own chunk kept exact (not sent): its NaN/Inf counted in nonfinite_in as the CPU's decode
@@ -51,9 +53,9 @@ __global__ void own_nonfinite(fc_cuda_geom geo, const void *grad, int gdt, int z
 }
 
 // Header and zero padding of every sent chunk; the body is the method's. A chunk whose count
-// (count_nonfinite, earlier on the stream) found NaN/Inf that pass is flagged, as fc_core.c does.
-__global__ void write_headers(fc_cuda_geom geo, uint8_t *send, int method, int dtype,
-                              uint32_t unit, uint32_t step, uint32_t fingerprint, int nonfinite_zero,
+// (count_nonfinite, earlier on the stream) found NaN/Inf that pass is flagged, as the CPU's
+// encode does; the fields are fc_header_make's, the CPU's one definition.
+__global__ void write_headers(fc_cuda_geom geo, uint8_t *send, fc_header_key key, int nonfinite_zero,
                               const fc_cuda_ws *ws)
 {
     const int c = blockIdx.x;
@@ -66,17 +68,8 @@ __global__ void write_headers(fc_cuda_geom geo, uint8_t *send, int method, int d
     const int64_t size = n == geo.per ? geo.pay_full : geo.pay_last;
     if (threadIdx.x == 0) {
         fc_header h;
-        memset(&h, 0, sizeof(h));
-        h.magic = FC_MAGIC;
-        h.version = FC_WIRE_VERSION;
-        h.method = (uint8_t)method;
-        h.dtype = (uint8_t)dtype;
-        h.unit = unit;
-        h.step = step;
-        fc_header_set_sizes(&h, (uint64_t)n, (uint64_t)body);
-        h.fingerprint = fc_wire_fingerprint(fingerprint, h.method);
-        h.world = (uint16_t)geo.world;
-        h.flags = !nonfinite_zero && ws->bad[c] != 0 ? FC_HDR_NONFINITE : 0u;
+        fc_header_make(&h, &key, (uint64_t)n, (uint64_t)body,
+                       !nonfinite_zero && ws->bad[c] != 0 ? FC_HDR_NONFINITE : 0u);
         memcpy(p, &h, sizeof(h));
     }
     for (int64_t i = FC_HEADER_BYTES + body + threadIdx.x; i < size; i += blockDim.x)
@@ -110,19 +103,17 @@ __global__ void finish_sample(fc_cuda_ws *ws, int ef)
     const double xd = xx - xe, dd = xx - 2 * xe + ee; // D = x - e
     ws->err_sq += ee;
     ws->ref_sq += xx;
-    ws->cos_sum += (xx > 0 && dd > 0) ? xd / sqrt(xx * dd) : (double)(xx == 0 && dd == 0);
+    ws->cos_sum += fc_sample_cos(xx, dd, xd);
     ws->samples++;
 }
 
-// Rejects payloads whose header does not match what this rank expects (fc_core.c's
-// check_header); a rejected slot is never read and makes its outputs NaN, and the first
+// Rejects payloads whose header does not match what this rank expects (fc_header_verdict, the
+// CPU decode's rule); a rejected slot is never read and makes its outputs NaN, and the first
 // rejection is kept in the workspace for the host to raise when it next reads counters. An
 // accepted header flagged NONFINITE lets NaN/Inf through the sum (ws->passed).
 // `senders`: the ranks whose slots are checked (the world; 1 for decompress()).
 __global__ void check_headers(fc_cuda_geom geo, const uint8_t *recv, int64_t slot, int senders,
-                              int method, int dtype, int varsize, uint32_t unit, uint32_t step,
-                              uint32_t fingerprint,
-                              fc_cuda_ws *ws)
+                              fc_header_key key, int varsize, fc_cuda_ws *ws)
 {
     int64_t start, n;
     fc_cu_span(geo, geo.rank, &start, &n);
@@ -132,28 +123,7 @@ __global__ void check_headers(fc_cuda_geom geo, const uint8_t *recv, int64_t slo
             continue;
         fc_header h;
         memcpy(&h, recv + fc_cu_recv_off(geo, r, slot), sizeof(h));
-        unsigned int code = 0;
-        if (h.magic == FC_MAGIC_ABORTED)
-            code = FC_PAYLOAD_ABORTED;
-        else if (h.magic != FC_MAGIC)
-            code = FC_PAYLOAD_MAGIC;
-        else if (h.version != FC_WIRE_VERSION)
-            code = FC_PAYLOAD_VERSION;
-        else if (h.method != method)
-            code = FC_PAYLOAD_METHOD;
-        else if (fc_wire_fingerprint(h.fingerprint, h.method) != fingerprint)
-            code = FC_PAYLOAD_CONFIG;
-        else if (h.world != (uint32_t)geo.world)
-            code = FC_PAYLOAD_WORLD;
-        else if (h.dtype != dtype || (h.flags & ~FC_HDR_FLAGS_KNOWN) != 0)
-            code = FC_PAYLOAD_DTYPE;
-        else if (h.unit != unit || h.step != step)
-            code = FC_PAYLOAD_ORDER;
-        else if (fc_header_numel(&h) != (uint64_t)n)
-            code = FC_PAYLOAD_NUMEL;
-        else if ((varsize ? fc_header_body(&h) > body_expect : fc_header_body(&h) != body_expect) ||
-                 fc_header_body(&h) > (uint64_t)(slot - FC_HEADER_BYTES))
-            code = FC_PAYLOAD_BODY;
+        const unsigned int code = fc_header_verdict(&h, &key, (uint64_t)n, body_expect, varsize, slot);
         ws->bad[r] = code;
         if (code == 0 && (h.flags & FC_HDR_NONFINITE))
             ws->passed = 1; // the sender's NaN/Inf are on the wire: they go through the sum
@@ -164,6 +134,8 @@ __global__ void check_headers(fc_cuda_geom geo, const uint8_t *recv, int64_t slo
         }
     }
 }
+
+enum { SKETCH_ID = 11 }; // m_sketch.c's wire id
 
 static int check_call(const fc_cu_method *m, int id, const fc_cuda_geom *geo, fc_err *err)
 {
@@ -267,14 +239,14 @@ static int encode(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, fc_err *err)
             FC_CHECK_CUDA(cudaMemsetAsync(&a->h.ws->unit_sq[e.unit_slot], 0, sizeof(double), s), err, error);
         e.src.zero_nonfinite = a->h.nonfinite_zero;
         count_nonfinite<<<fc_cu_grid(a->h.geo.per, FC_CU_THREADS * 8, a->h.geo.world), FC_CU_THREADS, 0, s>>>(
-            a->h.geo, e.src, 1, a->h.ws);
+            a->h.geo, e.src, COUNT_BAD | COUNT_SAT, a->h.ws);
         FC_CHECK_LAUNCH(err, error);
         if (a->sample) {
             pick_sample<<<1, 1, 0, s>>>(a->h.geo, a->h.nonfinite_zero, a->h.ws);
             FC_CHECK_LAUNCH(err, error);
         }
-        write_headers<<<a->h.geo.world, 32, 0, s>>>(a->h.geo, a->send, a->h.m.id, a->h.grad_dtype, a->h.unit,
-                                                  a->h.step, a->h.fingerprint, a->h.nonfinite_zero, a->h.ws);
+        write_headers<<<a->h.geo.world, 32, 0, s>>>(a->h.geo, a->send, fc_cu_header_key(a->h, a->h.m.id), a->h.nonfinite_zero,
+                                                    a->h.ws);
         FC_CHECK_LAUNCH(err, error);
         FC_TRY(m->encode(a, &e, s, err));
         if (a->sample) {
@@ -308,9 +280,8 @@ static int decode(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *err)
         }
         if (n > 0 && a->slot > 0) {
             int threads = a->h.geo.world < 256 ? 32 * ((a->h.geo.world + 31) / 32) : 256;
-            check_headers<<<1, threads, 0, s>>>(a->h.geo, a->recv, a->slot, a->h.geo.world, a->h.m.id,
-                                                a->h.grad_dtype, a->h.varsize, a->h.unit, a->h.step,
-                                                a->h.fingerprint, a->h.ws);
+            check_headers<<<1, threads, 0, s>>>(a->h.geo, a->recv, a->slot, a->h.geo.world, fc_cu_header_key(a->h, a->h.m.id),
+                                                a->h.varsize, a->h.ws);
             FC_CHECK_LAUNCH(err, error);
         }
         FC_TRY(m->decode(a, &d, s, err));
@@ -321,9 +292,10 @@ error:
 }
 
 // compress(): chunk 0 of a.geo (numel = per = n, skip_own 0: the other chunks are empty) as one
-// payload, with the CPU's fc_core_compress semantics: NaN/Inf of the input passed (a NaN as the
-// canonical one, the header flagged) and not counted, no residual, no sample, the RNG keyed by
-// a.chunk_base and a.geo.rank.
+// payload, with the CPU's fc_cpu_compress semantics: without a residual, NaN/Inf of the input
+// passed (a NaN as the canonical one, the header flagged) and not counted; with one, the payload
+// of g' = x + e under the collective's rules (a.h.nonfinite_zero) and e replaced, only the
+// saturated sums counted. No sample; the RNG keyed by a.chunk_base and a.geo.rank.
 static int compress(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *written, fc_err *err)
 {
     const fc_cu_method *m = fc_cu_method_by_id(a->h.m.id);
@@ -332,21 +304,25 @@ static int compress(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *wri
     int rc = frame_check(m, &f, a->h, err);
     if (rc != FC_OK)
         return rc;
-    if (a->h.geo.numel < 1 || a->h.geo.per != a->h.geo.numel || a->h.geo.skip_own || a->residual != NULL ||
-        a->sample)
+    if (a->h.geo.numel < 1 || a->h.geo.per != a->h.geo.numel || a->h.geo.skip_own || a->sample)
         return fc_fail(err, FC_ERR_STATE, "internal: compress() takes a one-chunk geometry without "
-                       "residual or sample");
+                       "sample");
+    if (a->residual != NULL && a->h.m.id == SKETCH_ID) // its single payload is the table alone
+        return fc_fail(err, FC_ERR_TYPE, "sketch: compress() with a residual has no CUDA kernels "
+                       "in this build");
     const cudaStream_t s = f.s;
     FC_TRY(frame_start(ctx, m, &f, a->h, FC_TIME_COMPRESS, a, NULL, a->h.geo.world, err));
     {
         fc_cu_enc e = enc_of(a);
         e.single = 1;
-        // NaN/Inf of x go on the wire (canonical, flagged in the header) and are not counted
+        e.src.zero_nonfinite = a->h.nonfinite_zero;
+        // NaN/Inf of x go on the wire (canonical, flagged in the header) and are not counted;
+        // with a residual, "zero" mode sends e in their place
         count_nonfinite<<<fc_cu_grid(a->h.geo.per, FC_CU_THREADS * 8, a->h.geo.world), FC_CU_THREADS, 0, s>>>(
-            a->h.geo, e.src, 0, a->h.ws);
+            a->h.geo, e.src, a->residual != NULL ? COUNT_SAT : 0, a->h.ws);
         FC_CHECK_LAUNCH(err, error);
-        write_headers<<<a->h.geo.world, 32, 0, s>>>(a->h.geo, a->send, a->h.m.id, a->h.grad_dtype, a->h.unit,
-                                                  a->h.step, a->h.fingerprint, 0, a->h.ws);
+        write_headers<<<a->h.geo.world, 32, 0, s>>>(a->h.geo, a->send, fc_cu_header_key(a->h, a->h.m.id),
+                                                    a->h.nonfinite_zero, a->h.ws);
         FC_CHECK_LAUNCH(err, error);
         FC_TRY(m->encode(a, &e, s, err));
     }
@@ -392,8 +368,7 @@ static int decompress(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *er
         // a data-dependent method walks its headers itself (its payload may be `none`'s, as the
         // CPU's payload_method allows), as in the collective's decode
         if (!a->h.varsize) {
-            check_headers<<<1, 32, 0, s>>>(a->h.geo, a->recv, a->slot, 1, a->h.m.id, a->h.grad_dtype,
-                                           a->h.varsize, a->h.unit, a->h.step, a->h.fingerprint, a->h.ws);
+            check_headers<<<1, 32, 0, s>>>(a->h.geo, a->recv, a->slot, 1, fc_cu_header_key(a->h, a->h.m.id), a->h.varsize, a->h.ws);
             FC_CHECK_LAUNCH(err, error);
         }
         FC_TRY(m->decode(a, &d, s, err));

@@ -83,8 +83,7 @@ __global__ void thrv_plan(fc_cu_selection sel, fc_cu_sp_values va, int dsize, in
 // Header (wire version 3, as the driver's write_headers), count and padding of every sent chunk
 // at its packed offset (a `none` one: its header and padding; its values come with thrv_none).
 __global__ void thrv_headers(fc_cu_selection sel, const fc_cuda_sent *sent, const int64_t *offs, uint8_t *send,
-                             int method, int dtype, uint32_t unit, uint32_t step, uint32_t fingerprint,
-                             int nonfinite_zero, const unsigned int *bad)
+                             fc_header_key key, int nonfinite_zero, const unsigned int *bad)
 {
     const int c = blockIdx.x;
     const fc_cu_sel_chunk h = sel.ch[c];
@@ -94,17 +93,11 @@ __global__ void thrv_headers(fc_cu_selection sel, const fc_cuda_sent *sent, cons
     const int64_t body = thrv_body(sent[c]), size = sent[c].size;
     if (threadIdx.x == 0) {
         fc_header hd;
-        memset(&hd, 0, sizeof(hd));
-        hd.magic = FC_MAGIC;
-        hd.version = FC_WIRE_VERSION;
-        hd.method = sent[c].none ? (uint8_t)FC_CU_NONE_ID : (uint8_t)method;
-        hd.dtype = (uint8_t)dtype;
-        hd.unit = unit;
-        hd.step = step;
-        fc_header_set_sizes(&hd, (uint64_t)h.n, (uint64_t)body);
-        hd.fingerprint = fc_wire_fingerprint(fingerprint, hd.method);
-        hd.world = (uint16_t)sel.sp.chunks;
-        hd.flags = !nonfinite_zero && bad[c] != 0 ? FC_HDR_NONFINITE : 0u; // as write_headers
+        if (sent[c].none)
+            key.method = FC_CU_NONE_ID;
+        key.world = sel.sp.chunks;
+        fc_header_make(&hd, &key, (uint64_t)h.n, (uint64_t)body,
+                       !nonfinite_zero && bad[c] != 0 ? FC_HDR_NONFINITE : 0u); // as write_headers
         memcpy(p, &hd, sizeof(hd));
         if (!sent[c].none)
             *(uint32_t *)(p + FC_HEADER_BYTES) = (uint32_t)h.k;
@@ -230,8 +223,8 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
                                           cudaMemcpyDeviceToHost, s), err, error);
             FC_CHECK_CUDA(cudaStreamSynchronize(s), err, error);
         }
-        thrv_headers<<<a->h.geo.world, 64, 0, s>>>(p.sel, p.sent, p.offs, a->send, a->h.m.id, a->h.grad_dtype, a->h.unit,
-                                                 a->h.step, a->h.fingerprint, a->h.nonfinite_zero, e->bad);
+        thrv_headers<<<a->h.geo.world, 64, 0, s>>>(p.sel, p.sent, p.offs, a->send,
+                                                   fc_cu_header_key(a->h, a->h.m.id), a->h.nonfinite_zero, e->bad);
         FC_CHECK_LAUNCH(err, error);
         for (int ch = 0; ch < a->h.geo.world && !e->single; ch++)
             fell_back |= a->h.x.sent[ch].none != 0;
@@ -257,8 +250,8 @@ error:
 // check_payload, thrv_decode_add's count checks). A payload that fails is rejected, and so are
 // those after it, whose places are then unknown. decompress() (d.add): one payload, rank 0's,
 // in a buffer of `packed` bytes that may run past it, as the CPU's decode_one allows.
-__global__ void thrv_walk(fc_cu_dec d, fc_cu_sp_values va, int64_t packed, int method, uint32_t unit,
-                          uint32_t step, uint32_t fingerprint, fc_cu_sp_desc *desc)
+__global__ void thrv_walk(fc_cu_dec d, fc_cu_sp_values va, int64_t packed, fc_header_key key,
+                          fc_cu_sp_desc *desc)
 {
     const int senders = d.add ? 1 : d.geo.world;
     int64_t start, n;
@@ -283,31 +276,19 @@ __global__ void thrv_walk(fc_cu_dec d, fc_cu_sp_values va, int64_t packed, int m
             code = FC_PAYLOAD_BODY;
         } else {
             memcpy(&h, d.recv + at, sizeof(h));
-            if (h.magic != FC_MAGIC)
-                code = FC_PAYLOAD_MAGIC;
-            else if (h.version != FC_WIRE_VERSION)
-                code = FC_PAYLOAD_VERSION;
-            else if (h.method != method && h.method != FC_CU_NONE_ID)
-                code = FC_PAYLOAD_METHOD;
-            else if (fc_wire_fingerprint(h.fingerprint, h.method) != fingerprint)
-                code = FC_PAYLOAD_CONFIG;
-            else if (h.world != (uint32_t)d.geo.world)
-                code = FC_PAYLOAD_WORLD;
-            else if (h.dtype != d.gdt || (h.flags & ~FC_HDR_FLAGS_KNOWN) != 0)
-                code = FC_PAYLOAD_DTYPE;
-            else if (h.unit != unit || h.step != step)
-                code = FC_PAYLOAD_ORDER;
-            else if (fc_header_numel(&h) != (uint64_t)n)
-                code = FC_PAYLOAD_NUMEL;
-            else if (fc_header_body(&h) > (uint64_t)(packed - at - FC_HEADER_BYTES) ||
-                     (h.method == method && (fc_header_body(&h) > (uint64_t)thrv_body(bound) ||
-                                             fc_header_body(&h) < 4)) ||
-                     (h.method != method && fc_header_body(&h) != (uint64_t)thrv_body(plain)))
+            // the receiver's rule (fc_header_verdict) against thresholdv's payload, or `none`'s
+            // in its place (the CPU's payload_method)
+            const int none = h.method == FC_CU_NONE_ID;
+            fc_header_key k = key;
+            k.method = none ? FC_CU_NONE_ID : key.method;
+            code = fc_header_verdict(&h, &k, (uint64_t)n, (uint64_t)thrv_body(none ? plain : bound), !none,
+                                     packed - at);
+            if (code == 0 && !none && fc_header_body(&h) < 4)
                 code = FC_PAYLOAD_BODY;
         }
         if (code == 0 && (h.flags & FC_HDR_NONFINITE))
             d.ws->passed = 1; // the sender's NaN/Inf are on the wire: they go through the sum
-        if (code == 0 && h.method != method) { // `none` in thresholdv's place
+        if (code == 0 && h.method != key.method) { // `none` in thresholdv's place
             p.off = at;
             p.k = n;
             p.width = FC_CU_SP_NONE;
@@ -327,7 +308,7 @@ __global__ void thrv_walk(fc_cu_dec d, fc_cu_sp_values va, int64_t packed, int m
             }
         }
         if (code != 0) {
-            fc_cu_reject(d.ws, d.ws->bad, r, code, unit, step);
+            fc_cu_reject(d.ws, d.ws->bad, r, code, key.unit, key.step);
             lost = 1;
         } else {
             p.off = at;
@@ -340,7 +321,7 @@ __global__ void thrv_walk(fc_cu_dec d, fc_cu_sp_values va, int64_t packed, int m
         desc[r] = p;
     }
     if (!d.add && !lost && last >= 0 && at != packed) // bytes the payloads do not account for
-        fc_cu_reject(d.ws, d.ws->bad, last, FC_PAYLOAD_BODY, unit, step);
+        fc_cu_reject(d.ws, d.ws->bad, last, FC_PAYLOAD_BODY, key.unit, key.step);
 }
 
 static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
@@ -353,7 +334,7 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
     FC_TRY(config(&a->h.m, a->h.geo.world, &c, err));
     FC_TRY(fc_cu_sp_carve(ar, a->h.geo, &dec, &n, err));
     FC_TRY(fc_cu_arena_check(ar, err));
-    thrv_walk<<<1, 1, 0, s>>>(*d, c.va, a->h.x.packed_bytes, a->h.m.id, a->h.unit, a->h.step, a->h.fingerprint, dec.desc);
+    thrv_walk<<<1, 1, 0, s>>>(*d, c.va, a->h.x.packed_bytes, fc_cu_header_key(a->h, a->h.m.id), dec.desc);
     FC_CHECK_LAUNCH(err, error);
     FC_TRY(fc_cu_sp_decode(dec, *d, c.va, a->h.unit, a->h.step, s, err));
 error:

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include "fc_cfg.h"
 #include "fc_status.h"
+#include "fc_wire.h" /* FC_PAYLOAD_*: why a payload is refused, FC_MAGIC_ABORTED */
 
 #ifdef __cplusplus
 extern "C" {
@@ -16,8 +17,10 @@ extern "C" {
  * aggregate and stateful methods' scratch, second round and copies (and their argument fields);
  * 4: the config fingerprint in the args (wire version 3), the decode's nonfinite mode, the
  * workspace's saturated count; 5: the method's config as its fc_cfg.h struct, not by key name, and
- * every argument struct opens with one call header (fc_cuda_head) */
-#define FC_CUDA_ABI 5
+ * every argument struct opens with one call header (fc_cuda_head); 6: compress() takes a residual
+ * (the all-gather half of an all-reduce: g' = x + e, e replaced), the header rules are
+ * fc_wire.h's fc_header_make/fc_header_verdict */
+#define FC_CUDA_ABI 6
 #define FC_CUDA_MAX_WORLD 1024 /* equals FC_MAX_WORLD of the CPU driver */
 #define FC_CUDA_MAX_UNITS 4096 /* units whose residual norm the device keeps */
 
@@ -62,21 +65,6 @@ typedef struct {
 
 #define FC_CUDA_WS_BYTES ((int64_t)((sizeof(fc_cuda_ws) + 255) / 256 * 256))
 
-enum {
-    FC_PAYLOAD_MAGIC = 1,
-    FC_PAYLOAD_VERSION = 2,
-    FC_PAYLOAD_METHOD = 3,
-    FC_PAYLOAD_DTYPE = 4,
-    FC_PAYLOAD_ORDER = 5, /* unit or step differ */
-    FC_PAYLOAD_NUMEL = 6,
-    FC_PAYLOAD_BODY = 7,
-    FC_PAYLOAD_CODES = 8, /* a code no encoder writes (the dense kernels' decoders; the CPU's
-                           * PayloadError) */
-    FC_PAYLOAD_ABORTED = 9, /* the NCCL communicator was aborted: the payload never arrived */
-    FC_PAYLOAD_CONFIG = 10, /* another config fingerprint */
-    FC_PAYLOAD_WORLD = 11
-};
-
 /* The sparse methods' own rejections (the CPU decoders' PayloadErrors), kept apart from the
  * codes above: indices out of range, not ascending, or a bitmap with another count; a count or
  * size that does not fit the chunk (thresholdv), or sign bits set past the count; second-round
@@ -104,11 +92,6 @@ typedef struct {
     fc_cuda_sent *sent;
     int64_t packed_bytes;
 } fc_cuda_extra;
-
-/* What the NCCL transport writes over a receive buffer whose all-to-all was aborted (a 4-byte
- * pattern, so every slot's magic reads it): the decode rejects every payload as FC_PAYLOAD_ABORTED
- * and poisons its outputs instead of summing whatever the buffer held. */
-#define FC_MAGIC_ABORTED 0xAB0A7ED0u
 
 /* The call header: what every call from the driver carries, filled in one place
  * (csrc/fc_cuda_path.c's call_head) and first in every argument struct below. */
@@ -236,8 +219,9 @@ typedef struct {
                            const int64_t *recv_splits, fc_err *err);
 
     /* ---- ABI 2: the driver's additions (kept together) */
-    /* one payload of a.geo's chunk 0 (compress()): NaN/Inf passed and flagged, not counted; no
-     * residual, no sample; *written is the payload's padded size (read back from its header for a method
+    /* one payload of a.geo's chunk 0 (compress()): NaN/Inf passed and flagged, not counted; with
+     * a.residual (ABI 6) that of g' = x + e by the collective's rules, e replaced, the saturated
+     * sums counted; no sample; *written is the payload's padded size (read back from its header for a method
      * whose size is data-dependent: that waits for the stream) */
     int (*compress)(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *written, fc_err *err);
     /* out (fp32, a.out_numel elements) += a.alpha * D(the one payload in a.recv) */

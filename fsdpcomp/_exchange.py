@@ -114,9 +114,6 @@ class Exchange:
         self.wire = wire
         self.buffers = Buffers()
         self.gather_residuals: dict[int, torch.Tensor] = {}  # the all-gather half's, per unit
-        # what the all-gather half's torch ops saturated (_range.py), per device: summed only
-        # when the counters are read, so CUDA calls never wait for the count
-        self._saturated: dict[torch.device, torch.Tensor] = {}
         # the C core's answers per shape, asked once
         self._splits: dict[_Shape, Splits] = {}
         self._pipelined_ok: dict[tuple[int, int], bool] = {}  # (numel, world)
@@ -149,17 +146,6 @@ class Exchange:
             seconds = time.perf_counter() - t0
         self.core.add_comm(seconds, bytes_sent=bytes_sent, bytes_raw=bytes_raw, extra=extra,
                            fallback=fallback)
-
-    def count_saturated(self, count: torch.Tensor) -> None:
-        """Adds a count of the all-gather half's saturations (a 0-dim tensor on any device)."""
-        total = self._saturated.get(count.device)
-        self._saturated[count.device] = count if total is None else total + count
-
-    def saturated(self) -> int:
-        return sum(int(t) for t in self._saturated.values())
-
-    def reset_counts(self) -> None:
-        self._saturated.clear()
 
     # ---- the reduce-scatter
 

@@ -18,7 +18,6 @@ import weakref
 
 import torch
 
-from . import _range
 from ._dist import all_gather_single as _all_gather_single
 
 
@@ -57,15 +56,18 @@ def _plain(ex, reduced, grad, ranks, *, fallback: bool) -> None:
     grad.copy_(gathered[:n].view_as(grad))
 
 
-def _encode(ex, x: torch.Tensor, send: torch.Tensor, unit: int, world: int, rank: int) -> int | None:
-    """compress() of this rank's shard into send; None where the device has no codec yet."""
+def _encode(ex, x: torch.Tensor, send: torch.Tensor, e: torch.Tensor | None, unit: int, world: int,
+            rank: int) -> int | None:
+    """compress() of this rank's shard (plus its residual e, which it replaces) into send; None
+    where the device has no codec yet (nothing changed)."""
     known = _DEVICE_OK.setdefault(ex, {})
     dev = x.device.type
     if known.get(dev) is False:
         return None
     try:
         # chunk index world + r: a random stream apart from the reduce-scatter's chunks 0..world-1
-        written = ex.core.compress(x, send, unit=unit, chunk=world + rank, world=world, rank=rank)
+        written = ex.core.compress(x, send, unit=unit, chunk=world + rank, world=world, rank=rank,
+                                   residual=e)
     except TypeError as err:
         if dev == "cpu":
             raise
@@ -87,23 +89,29 @@ def _compressed(ex, reduced, grad, unit, ranks, residuals) -> str:
     core, shard, n = ex.core, reduced.numel(), grad.numel()
     world, rank, dev = ranks.world, ranks.rank, reduced.device
     x = ex.buffers.typed("gather_x", shard, torch.float32, dev)
-    x.copy_(reduced)  # the encode input, and the residual's reference
-    e = residuals.get(unit) if ex.wire.error_feedback else None
-    if e is not None and e.numel() != shard:
-        e = None
-    if e is not None:
-        x += e
-    # g' as the C driver makes it (csrc/fc_range.h): saturated sums, "zero" mode's NaN/Inf
-    ex.count_saturated(_range.gprime(x, reduced, e, ex.wire.zero_nonfinite))
+    x.copy_(reduced)  # the encode input
+    e, kept = None, None
+    if ex.wire.error_feedback:  # the unit's residual, kept once the payloads went out
+        e = residuals.get(unit)
+        if e is None or e.numel() != shard:
+            e = torch.zeros(shard, dtype=torch.float32, device=dev)
+        elif ex.wire.varsize:
+            kept = e.clone()  # restored if the payloads do not pay
+    elif ex.wire.zero_nonfinite:  # "zero" mode's NaN/Inf of the shard become e = 0
+        e = ex.buffers.typed("gather_e0", shard, torch.float32, dev)
+        e.zero_()
     bound = core.payload_bytes(shard)
     send = ex.buffers.bytes("gather_send", bound, dev)
-    written = _encode(ex, x, send, unit, world, rank)
+    # g' = x + e and e = g' - D(C(g')) as the C driver's reduce-scatter makes them (csrc/fc_range.h)
+    written = _encode(ex, x, send, e, unit, world, rank)
     if written is None:
         return _NO_CODEC
     slot = bound
     if ex.wire.varsize:  # data-dependent size: the largest payload sets the slot
         slot = _largest_payload(ex, written, ranks, dev)
         if slot >= shard * grad.element_size():
+            if kept is not None:
+                e.copy_(kept)  # the raw shard goes out: the residual waits, as it was
             return _NO_GAIN  # most values passed on some rank: the raw shards cost less
         send[written:slot].zero_()  # no stale bytes on the wire past a shorter payload
     recv = ex.buffers.bytes("gather_recv", slot * world, dev)
@@ -115,10 +123,7 @@ def _compressed(ex, reduced, grad, unit, ranks, residuals) -> str:
         core.decompress(recv[r * slot:r * slot + slot], full[r * shard:(r + 1) * shard],
                         unit=unit, chunk=world + r, world=world)
     if ex.wire.error_feedback:
-        if e is None:
-            e = residuals[unit] = torch.zeros(shard, dtype=torch.float32, device=dev)
-        # e = g' - D, always finite (a shard that held NaN/Inf: fc_residual_passed's rule)
-        ex.count_saturated(_range.residual(x, full[rank * shard:(rank + 1) * shard], e))
+        residuals[unit] = e
     grad.copy_(full[:n].view_as(grad))
     return _SENT
 

@@ -105,13 +105,10 @@ class CommState:
         return self._param_gather.codec
 
     def counters(self) -> Counters:
-        c = self._core.counters()
-        c["saturated"] += self._exchange.saturated()
-        return Counters(c)
+        return Counters(self._core.counters())
 
     def reset_counters(self) -> None:
         self._core.reset_counters()
-        self._exchange.reset_counts()
 
     def end_step(self) -> None:
         """Marks the end of a backward pass. Called automatically at the end of every backward

@@ -153,3 +153,46 @@ def test_corrupted_header_is_refused_as_on_the_cpu(method, cfg, field, gen):
     assert torch.isnan(acc_d.cpu()).all(), f"{method}: a refused payload poisons every element"
     with pytest.raises(fsdpcomp.PayloadError):
         dev.counters()
+
+
+# compress(residual=e), the all-gather half of an all-reduce: dense codecs and the sparse ones
+RESIDUAL_CASES = [("fp16", {}), ("int8", {}), ("intN", {"bits": 4}), ("fp8", {}), ("qsgd", {}), ("onebit", {}),
+                  ("nc", {}), CASES[0], CASES[3], CASES[11], CASES[16], CASES[23]]
+
+
+@pytest.mark.parametrize("mode", ["pass", "zero"])
+@pytest.mark.parametrize("method,cfg", RESIDUAL_CASES, ids=lambda v: str(v))
+def test_single_payloads_with_a_residual_match_cpu(method, cfg, mode, gen):
+    """g' = x + e by the collective's range and NaN rules, its payload, and e replaced by
+    g' - D(payload): the CPU's bytes and residual bits, over steps near fp32's largest value
+    and one with NaN/Inf; the residual stays finite."""
+    cpu, dev = states(method, dict(cfg, nonfinite=mode))
+    n = 1031
+    ea, eb = torch.zeros(n), torch.zeros(n, device=DEV)
+    for step, bad in enumerate((False, True, False)):
+        x = make_grad(n, torch.float32, gen, nonfinite=bad, huge=True)
+        size = cpu._core.payload_bytes(n)
+        pa = torch.zeros(size, dtype=torch.uint8)
+        pb = torch.full((size,), 0xA5, dtype=torch.uint8, device=DEV)
+        wa = cpu._core.compress(x, pa, unit=2, chunk=4, world=3, rank=1, residual=ea)
+        wb = dev._core.compress(x.to(DEV, copy=True), pb, unit=2, chunk=4, world=3, rank=1, residual=eb)
+        assert wa == wb, f"{method} step {step}: payload sizes {wa} (CPU) and {wb}"
+        diff = (pa[:wa] != pb[:wb].cpu()).nonzero().flatten()[:8].tolist()
+        assert not diff, f"{method} step {step}: payload bytes differ at {diff}"
+        assert same_bits(ea, eb.cpu()), f"{method} step {step}: residuals differ"
+        assert torch.isfinite(ea).all(), f"{method} step {step}: a NaN/Inf in the residual"
+    # the sums x + e near fp32's largest value saturate on both, or (thresholdv: the huge values
+    # go exactly, e = 0 there) on neither; the CUDA count leaves out the block codecs' own
+    # (docs/design.md "The CUDA path")
+    assert (cpu.counters()["saturated"] > 0) == (dev.counters()["saturated"] > 0)
+
+
+def test_sketch_single_payload_with_a_residual_is_refused_on_cuda(gen):
+    """sketch's single payload is its table alone: no residual kernels, a TypeError (the all-gather
+    half then goes uncompressed) and the residual untouched."""
+    _, dev = states("sketch", {"rows": 3, "cols": 64, "k": 8})
+    x = make_grad(500, torch.float32, gen).to(DEV)
+    e = torch.ones(500, device=DEV)
+    with pytest.raises(TypeError, match="residual"):
+        dev._core.compress(x, torch.zeros(dev._core.payload_bytes(500), dtype=torch.uint8, device=DEV), residual=e)
+    assert bool((e == 1).all())

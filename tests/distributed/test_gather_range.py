@@ -1,13 +1,13 @@
 """The all-gather half of an all-reduce keeps the range and NaN rules of the reduce-scatter
-(saturation, no NaN/Inf kept in a residual): its g' = shard + e and its residual e = g' - D are
-torch ops (fsdpcomp/_range.py), which must give the C driver's values (csrc/fc_range.h), and on
-real ranks a shard near fp32's largest value or holding a NaN never leaves a NaN/Inf in a
-residual or an output that the input did not have."""
+(saturation, no NaN/Inf kept in a residual): its g' = shard + e and its residual e = g' - D come
+from compress(x, payload, residual=e) (the C driver, csrc/fc_range.h), which must give the
+reduce-scatter's residuals, and on real ranks a shard near fp32's largest value or holding a NaN
+never leaves a NaN/Inf in a residual or an output that the input did not have."""
 import pytest
 import torch
 
 import fsdpcomp
-from fsdpcomp import _C, _range
+from fsdpcomp import _C
 from helpers.ckpt import own
 from helpers.dist_utils import run_ranks
 
@@ -28,37 +28,34 @@ def huge(gen, n=4096, nan=False):
     return x
 
 
-def python_half(method, cfg, g, e, zero):
-    """What fsdpcomp/_shard_gather.py does with one shard: g' (gprime), one payload, its decode, the residual."""
-    x = g.clone()
-    if e is not None:
-        x += e
-    sat = _range.gprime(x, g, e, zero)
-    st = _C.State(method, cfg)
-    p = torch.zeros(st.payload_bytes(x.numel()), dtype=torch.uint8)
-    w = st.compress(x, p)
-    d = torch.zeros_like(x)
-    st.decompress(p[:w], d)
-    r = torch.empty_like(x)
-    sat = sat + _range.residual(x, d, r)
-    return p[:w], r, int(sat)
+def gather_half(st, g, e):
+    """What fsdpcomp/_shard_gather.py does with one shard: one payload of g + e by compress(), which
+    replaces e (None: a fresh zero residual); the payload and the residual."""
+    e = torch.zeros_like(g) if e is None else e
+    p = torch.zeros(st.payload_bytes(g.numel()), dtype=torch.uint8)
+    w = st.compress(g.clone(), p, residual=e)
+    return p[:w], e
 
 
 @pytest.mark.parametrize("method,cfg", DETERMINISTIC, ids=lambda v: str(v))
 @pytest.mark.parametrize("mode", ["pass", "zero"])
-def test_the_torch_rules_give_the_c_drivers_residuals(method, cfg, mode, gen):
-    """Two steps of one rank compressing its own chunk with error feedback (the C driver) against
-    the same two steps through _range.py: the same payload bytes and the same residuals."""
+def test_compress_with_a_residual_gives_the_reduce_scatters_residuals(method, cfg, mode, gen):
+    """Three steps of one rank compressing its own chunk with error feedback (the reduce-scatter)
+    against the same steps through compress(residual=e): the same residuals, finite, and the
+    saturated sums counted."""
     c = fsdpcomp.CommState(method, dict(cfg, error_feedback=True, compress_own_chunk=True, nonfinite=mode))
+    st = _C.State(method, dict(cfg, nonfinite=mode))
     e = None
     for step, nan in enumerate((False, True, False)):
         g = huge(gen, nan=nan)
         c.reduce_scatter(g, torch.empty(g.numel()))
         c.end_step()
-        payload, e, _ = python_half(method, cfg, g, e, mode == "zero")
+        payload, e = gather_half(st, g, e)
+        assert payload.numel() > 0
         r = c._core.residuals()[0]
         assert torch.isfinite(e).all() and torch.isfinite(r).all()
         assert torch.equal(e, r), (step, (e != r).nonzero()[:5].flatten().tolist())
+    assert (st.counters()["saturated"] > 0) == (method != "none")  # none: e = 0, x + 0 is finite
 
 
 def _all_reduce(rank, world, method, mode):
