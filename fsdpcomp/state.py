@@ -16,6 +16,8 @@ from ._config import gather_default, normalize_config
 from ._dist import Ranks
 from ._exchange import ELEMENT_SIZE, Exchange, Wire
 from ._param_gather import ParamGather
+from ._powersgd import Layout, PowerSGD
+from ._powersgd import Config as PowerConfig
 from ._units import UnitTable, refuse_nonfinite
 from .counters import Counters
 
@@ -66,12 +68,23 @@ class CommState:
         if not isinstance(method, str):
             raise TypeError(f"method must be a str, got {type(method).__name__}")
         config = normalize_config(config)
-        self._core = _C.State(method, gather_default(config), _allocate_residual)
+        # powersgd drives a `none` core: its units, step, counters and wire keys (_powersgd.py)
+        self._power: PowerSGD | None = None
+        power_keys = None
+        if method == "powersgd":
+            cfg, config, power_keys = PowerConfig.split(config, _C.method_info(""))
+        try:
+            self._core = _C.State("none" if power_keys else method, gather_default(config), _allocate_residual)
+        except ValueError as e:  # the common keys, checked by the `none` core: named for powersgd
+            raise ValueError(str(e).replace("none config key", "powersgd config key")) from None
+        if power_keys:
+            self._power = PowerSGD(cfg, self._core.config["seed"], self._core.config["error_stats_every"])
+        self._power_keys = power_keys or {}
         self.process_group = process_group
         self._units = UnitTable(self._core)  # which unit a call is, where a step ends
         self._exchange = Exchange(self._core, Wire.of(self._core, config))
         self._param_gather = ParamGather(self._core, self._exchange.buffers)
-        self._handshake = _agree.Handshake(self._core)
+        self._handshake = _agree.Handshake(self._core, "powersgd" if power_keys else None, power_keys)
         self._device: torch.device | None = None  # where the units live: one state, one device
         if self._exchange.wire.gather_compressed and self._core.config.get("second_round"):
             # a single payload (the all-gather stage) has no second round to fetch values with
@@ -82,12 +95,12 @@ class CommState:
 
     @property
     def method(self) -> str:
-        return self._core.method
+        return "powersgd" if self._power else self._core.method
 
     @property
     def config(self) -> dict[str, Any]:
         """The resolved config, defaults included."""
-        return self._core.config
+        return {**self._core.config, **self._power_keys}
 
     @property
     def step(self) -> int:
@@ -107,11 +120,16 @@ class CommState:
     def counters(self) -> Counters:
         c = self._core.counters()
         c["saturated"] += self._exchange.saturated()
+        if self._power:
+            c["method"] = "powersgd"
+            self._power.merge_counters(c)
         return Counters(c)
 
     def reset_counters(self) -> None:
         self._core.reset_counters()
         self._exchange.reset_counts()
+        if self._power:
+            self._power.reset_counts()
 
     def end_step(self) -> None:
         """Marks the end of a backward pass. Called automatically at the end of every backward
@@ -127,7 +145,13 @@ class CommState:
             "config": self.config,
             **self._units.state_dict(),
             "gather_residuals": {u: r.clone() for u, r in self._exchange.gather_residuals.items()},
+            **self._powersgd_state(),
         }
+
+    def _powersgd_state(self) -> dict[str, Any]:
+        """powersgd's part of state_dict(): {"powersgd": {"q": unit -> [Q per matrix], "e": unit ->
+        residual}}; nothing for the other methods."""
+        return {"powersgd": self._power.state_dict()} if self._power else {}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restores a state_dict() of a state with the same method and config. Everything is
@@ -145,8 +169,12 @@ class CommState:
         gather = _gather_residuals(state_dict.get("gather_residuals") or {}, len(saved.units))
         for u, r in gather.items():
             refuse_nonfinite(f"gather_residuals[{u}]", r)
+        power = PowerSGD.check(state_dict.get("powersgd", {"q": {}, "e": {}}), len(saved.units)) \
+            if self._power else None
         self._units.restore(saved)
         self._exchange.gather_residuals = gather
+        if power:
+            self._power.restore(*power)
 
     def __repr__(self) -> str:
         return f"CommState(method={self.method!r}, config={self.config!r})"
@@ -172,21 +200,25 @@ class CommState:
                              f"(grad has {grad.numel()} elements over {world} ranks)")
 
     def reduce_scatter(self, grad: torch.Tensor, output: torch.Tensor, key: Hashable | None = None, *,
-                       scale: float = 1.0) -> int:
+                       scale: float = 1.0, matrices: Layout | None = None) -> int:
         """output = scale * (sum over ranks of rank r's chunk of grad) / world, compressed on the
         wire; a scale other than 1 is applied to the fp32 mean, rounded once to output's dtype.
 
         grad: flat, contiguous, len = world * shard (FSDP pads it); output: the shard.
         key: the unit's name (its residual and method state); None: the next unit in call order.
+        matrices: where each parameter's gradient lies in grad (powersgd compresses those
+        matrices; without it everything is summed exactly; the codecs ignore it).
         Returns the unit index. A refused call (TypeError/ValueError) changes nothing.
         """
         ranks = Ranks.of(self.process_group)
         self._check_call(grad, output, ranks.world)
-        # the first call of a shape: the ranks compare configs
-        self._handshake.before_reduce(ranks.group, grad, ranks.world,
-                                      lambda: self._exchange.signature(grad, ranks.world, ranks.rank))
-        unit = self._units.claim(grad.numel(), key)
-        self._device = grad.device
+        unit = self._claim(grad, key, ranks, matrices)
+        if self._power:
+            target = output if scale == 1.0 else torch.empty(output.numel(), dtype=torch.float32, device=grad.device)
+            self._power.reduce(grad, target, unit, ranks, matrices, self.step, True, self._exchange.timed)
+            if target is not output:
+                output.copy_(target.mul_(scale))
+            return unit
         target = output
         if scale != 1.0:
             target = self._exchange.buffers.typed("scaled_mean", output.numel(), torch.float32, grad.device)
@@ -199,12 +231,31 @@ class CommState:
             output.copy_(target.mul_(scale))
         return unit
 
-    def all_reduce(self, grad: torch.Tensor, key: Hashable | None = None) -> None:
+    def _claim(self, grad: torch.Tensor, key: Hashable | None, ranks: Ranks, matrices: Layout | None) -> int:
+        """The handshake (the first call of a shape: the ranks compare configs), then the unit."""
+        if self._power:
+            power = self._power
+            self._handshake.before_reduce(ranks.group, grad, ranks.world,
+                                          lambda: power.signature(matrices, grad.numel()),
+                                          lambda: {"matrices": repr(power.signature(matrices, grad.numel())[-2:])})
+        else:
+            self._handshake.before_reduce(ranks.group, grad, ranks.world,
+                                          lambda: self._exchange.signature(grad, ranks.world, ranks.rank))
+        unit = self._units.claim(grad.numel(), key)
+        self._device = grad.device
+        return unit
+
+    def all_reduce(self, grad: torch.Tensor, key: Hashable | None = None, *,
+                   matrices: Layout | None = None) -> None:
         """grad = mean over ranks of grad, in place: compressed reduce-scatter, then an
-        all-gather of the reduced shards, compressed too (allgather_compress) where that pays.
-        key as for reduce_scatter."""
+        all-gather of the reduced shards, compressed too (allgather_compress) where that pays
+        (powersgd: its two all-reduces). key, matrices as for reduce_scatter."""
         ranks = Ranks.of(self.process_group)
         self._check_call(grad, None, ranks.world)
+        if self._power:
+            unit = self._claim(grad, key, ranks, matrices)
+            self._power.reduce(grad, grad, unit, ranks, matrices, self.step, False, self._exchange.timed)
+            return
         n = grad.numel()
         reduced = self._exchange.buffers.like("shard", -(-n // ranks.world), grad)
         unit = self.reduce_scatter(grad, reduced, key)
