@@ -45,7 +45,7 @@ def info() -> dict[str, Any]:
     """method_info('powersgd'), in the codecs' format."""
     return {"name": NAME, "id": None, "summary": "rank-r factors P, Q of each matrix, two all-reduces "
             "per unit, warm-started Q and error feedback; vectors exact", "unbiased": False,
-            "linear": True, "random": False, "varsize": False, "error_feedback_default": True,
+            "linear": False, "random": False, "varsize": False, "error_feedback_default": True,
             "keys": [dict(k) for k in KEYS]}
 
 

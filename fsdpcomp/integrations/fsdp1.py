@@ -62,9 +62,9 @@ def _matrices(flat: torch.Tensor | None) -> Layout | None:
     per-parameter shapes, with the alignment padding between them (use_orig_params)."""
     if flat is None:
         return None
-    shapes = iter(flat._shapes)  # FSDP1's FlatParameter keeps the layout in these members
-    laid = [(n,) if pad else next(shapes) for n, pad in zip(flat._numels_with_padding, flat._is_padding_mask)]
-    return Layout.of_shapes(laid)
+    # FSDP1's FlatParameter keeps its per-parameter layout only in these members
+    numels, padding, shapes = flat._numels_with_padding, flat._is_padding_mask, iter(flat._shapes)
+    return Layout.of_shapes([(n,) if pad else next(shapes) for n, pad in zip(numels, padding)])
 
 
 def _flat_param_key(state: CommState, flat: torch.Tensor | None) -> str | None:
