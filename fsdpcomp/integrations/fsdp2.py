@@ -27,12 +27,12 @@ def _param_groups(module: torch.nn.Module) -> list:
     return module._get_fsdp_state()._fsdp_param_groups
 
 
-def _matrices(module: torch.nn.Module | None, blocks: int, numel: int) -> Layout | None:
+def _matrices(state: CommState, module: torch.nn.Module | None, blocks: int, numel: int) -> Layout | None:
     """Where each parameter's gradient lies in a flat tensor of one FSDPModule (powersgd's
     matrices): ``blocks`` blocks (the reduce-scatter input, one per rank; 1 for the replica
     all-reduce of a shard), each holding every parameter's padded dim-0 shard in FSDP2's order.
     A parameter sharded on another dim is summed exactly. None: the sizes do not fit."""
-    if module is None:
+    if module is None or state.method != "powersgd":  # the codecs take no layout
         return None
     groups = _param_groups(module)
     if len(groups) != 1:
@@ -100,7 +100,7 @@ class ReduceScatter(_TorchReduceScatter):
         scale = _op_scale(op, world)
         _bind_group(state, group)
         state.reduce_scatter(input_tensor, output_tensor, self.key, scale=scale,
-                             matrices=_matrices(self.module, world, input_tensor.numel()))
+                             matrices=_matrices(state, self.module, world, input_tensor.numel()))
         return completed(output_tensor, async_op)
 
     def __repr__(self) -> str:
@@ -140,7 +140,7 @@ class AllReduceHook:
     def __call__(self, reduce_output: torch.Tensor) -> None:
         check_flat(reduce_output, "reduce_output")
         self.state.all_reduce(reduce_output, self.key,
-                              matrices=_matrices(self.module, 1, reduce_output.numel()))
+                              matrices=_matrices(self.state, self.module, 1, reduce_output.numel()))
 
     def __repr__(self) -> str:
         return f"fsdpcomp.AllReduceHook({self.state!r}, key={self.key!r})"

@@ -222,6 +222,60 @@ def _fsdp1(rank, world):
     return losses, dict(state.counters()), state.state_dict()["powersgd"]["q"]
 
 
+class _CaptureReplica(fsdpcomp.AllReduceHook):
+    """The replica all-reduce register_replicate sets, recording each call's input and output."""
+    log: list
+
+    def __call__(self, reduce_output):
+        before = reduce_output.detach().clone()
+        super().__call__(reduce_output)
+        self.log.append((self.key, before, reduce_output.detach().clone()))
+
+
+def _replicate(rank, world):
+    """Hybrid sharding by hand (a 1-rank shard mesh, the replica all-reduce over all ranks):
+    each replica all-reduce's output against the reference on every rank's input."""
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard"))
+    model = _model()
+    for i in (0, 2, 4):
+        fully_shard(model[i], mesh=mesh["shard"])
+    fully_shard(model, mesh=mesh["shard"])
+    state = fsdpcomp.CommState("powersgd", {"rank": 1, "start_iter": 0, "min_compression_rate": 1},
+                               process_group=mesh["replicate"].get_group())
+    fsdpcomp.register_replicate(model, state)
+    log = []
+    for name, m in fsdp2_modules(model):
+        hook = _CaptureReplica(state, key=name or "<root>", module=m)
+        hook.log = log
+        m.set_all_reduce_hook(hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in _data(rank, STEPS):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    mods = dict(fsdp2_modules(model))
+    worst, carried = 0.0, {}
+    for key, inp, out in log:
+        every = [torch.empty_like(inp) for _ in range(world)]
+        dist.all_gather(every, inp)
+        params = mods["" if key == "<root>" else key]._get_fsdp_state()._fsdp_param_groups[0].fsdp_params
+        shapes = [tuple(p.padded_sharded_param_size) for p in params]
+        grads = [[t.view(s) for t, s in zip(g.split([torch.Size(s).numel() for s in shapes]), shapes)] for g in every]
+        if key not in carried:
+            layout = Layout.of_shapes(shapes)
+            qs = iter(state._power._initial_q(state._units._index[key], state._power._plan_of(layout, inp.numel()),
+                                              inp.device))
+            carried[key] = {"q": [next(qs) if len(s) >= 2 else None for s in shapes],
+                            "e": [[torch.zeros(s) if len(s) >= 2 else None for _ in range(world)] for s in shapes]}
+        want = torch.cat([m.reshape(-1) for m in reference(grads, shapes, 1, carried[key])])
+        worst = max(worst, float((want - out).abs().max()))
+    params = torch.cat([p.to_local().detach().reshape(-1) for p in model.parameters()])
+    every = [torch.empty_like(params) for _ in range(world)]
+    dist.all_gather(every, params)
+    return worst, len(log), all(torch.equal(every[0], e) for e in every)
+
+
 def _disagree(rank, world):
     # a unit size no earlier scenario used: a shape settled by an equal config is not handshaken
     # again (_agree.py), so rank 1, whose config _direct settled, would go on alone
@@ -236,7 +290,7 @@ def _disagree(rank, world):
 def _scenarios(rank, world):
     return {"fsdp2": _fsdp2_vs_reference(rank, world), "resume": _fsdp2_resume(rank, world),
             "ddp": _ddp(rank, world), "direct": _direct(rank, world), "fsdp1": _fsdp1(rank, world),
-            "disagree": _disagree(rank, world)}
+            "replicate": _replicate(rank, world), "disagree": _disagree(rank, world)}
 
 
 @pytest.fixture(scope="module", params=[2, 3])
@@ -310,3 +364,10 @@ def test_ranks_disagreeing_on_rank_are_refused(ranks):
     world, results = ranks
     for res in results:
         assert res["disagree"] is not None and "'rank'" in res["disagree"], res["disagree"]
+
+
+def test_replica_all_reduce_of_hybrid_sharding(ranks):
+    world, results = ranks
+    for res in results:
+        worst, calls, identical = res["replicate"]
+        assert calls == STEPS * 3 and worst < TOL and identical
