@@ -159,11 +159,29 @@ def _fsdp2_resume(rank, world):
             all(torch.equal(a, b) for a, b in zip(straight, cold)))
 
 
+class _DDPCapture(fsdpcomp.DDPHookState):
+    """The hook state fsdpcomp.register sets on DDP, recording each compressed bucket's input
+    and output (DDP's first, not yet final, bucket layout goes uncompressed: not recorded)."""
+    log: list
+
+    def reduce(self, bucket, buf):
+        compressed = self.final() or self.key(bucket) in self.state.unit_keys
+        before = buf.detach().clone()
+        super().reduce(bucket, buf)
+        if compressed:
+            self.log.append((self.key(bucket), before, buf.detach().clone(),
+                             [tuple(g.shape) for g in bucket.gradients()]))
+
+
 def _ddp(rank, world):
-    """DDP: the bucket outputs against the reference, replicas bit-identical."""
+    """DDP: every compressed bucket's output against the reference, replicas bit-identical."""
     torch.manual_seed(0)
     model = DDP(_model(), bucket_cap_mb=0.0005)
-    state = fsdpcomp.register(model, "powersgd", {"rank": 1, "start_iter": 0, "min_compression_rate": 1})
+    state = fsdpcomp.CommState("powersgd", {"rank": 1, "start_iter": 0, "min_compression_rate": 1},
+                               process_group=model.process_group)
+    hook = _DDPCapture(state, model)
+    hook.log = []
+    model.register_comm_hook(hook, fsdpcomp.ddp_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     for x, y in _data(rank, 8):
@@ -176,7 +194,21 @@ def _ddp(rank, world):
     every = [torch.empty_like(params) for _ in range(world)]
     dist.all_gather(every, params)
     identical = all(torch.equal(every[0], e) for e in every)
-    return identical, losses, dict(state.counters())
+    worst, carried = 0.0, {}
+    for key, inp, out, shapes in hook.log:
+        gathered = [torch.empty_like(inp) for _ in range(world)]
+        dist.all_gather(gathered, inp)
+        grads = [[t.view(sh) for t, sh in zip(g.split([torch.Size(sh).numel() for sh in shapes]), shapes)]
+                 for g in gathered]
+        if key not in carried:
+            layout = Layout.of_shapes(shapes)
+            qs = iter(state._power._initial_q(state._units._index[key], state._power._plan_of(layout, inp.numel()),
+                                              inp.device))
+            carried[key] = {"q": [next(qs) if len(sh) >= 2 else None for sh in shapes],
+                            "e": [[torch.zeros(sh) if len(sh) >= 2 else None for _ in range(world)] for sh in shapes]}
+        want = torch.cat([m.reshape(-1) for m in reference(grads, shapes, 1, carried[key])])
+        worst = max(worst, float((want - out).abs().max()))
+    return identical, losses, dict(state.counters()), worst, len(hook.log)
 
 
 def _direct(rank, world):
@@ -334,11 +366,12 @@ def test_all_reduce_matches_reference_and_counts_by_hand(ranks):
         assert 0 < first["grad_rel_error"] < 1 and 0 < first["grad_cos_sim"] <= 1
 
 
-def test_ddp_replicas_bit_identical(ranks):
+def test_ddp_output_is_the_reference_and_replicas_bit_identical(ranks):
     world, results = ranks
     for res in results:
-        identical, losses, ctr = res["ddp"]
+        identical, losses, ctr, worst, calls = res["ddp"]
         assert identical
+        assert calls == ctr["calls"] > 0 and worst < TOL  # each compressed bucket = the reference
         assert ctr["bytes_sent"] < ctr["bytes_raw"] and ctr["calls"] > 0
 
 
