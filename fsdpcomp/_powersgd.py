@@ -193,6 +193,14 @@ class PowerSGD:
             plan = self._plans[key] = _plan(layout, numel, self.cfg.rank, self.cfg.min_compression_rate)
         return plan
 
+    def warming(self, step: int) -> bool:
+        """A reduce-scatter of this step goes exactly, through the core's `none` exchange."""
+        return step < self.cfg.start_iter
+
+    def count_exact(self) -> None:
+        """A call the core's `none` exchange made (warm-up): calls and elements are the core's."""
+        self.counts["calls_uncompressed"] += 1
+
     def _initial_q(self, unit: int, plan: _Plan, device: torch.device) -> list[torch.Tensor]:
         """Q of each matrix at a unit's first compressed step: seeded by (seed, unit, matrix), the
         same on every rank, drawn on the CPU so every device gets the same numbers."""

@@ -213,12 +213,16 @@ class CommState:
         ranks = Ranks.of(self.process_group)
         self._check_call(grad, output, ranks.world)
         unit = self._claim(grad, key, ranks, matrices)
-        if self._power:
+        # powersgd's exact warm-up steps go through the `none` core's reduce-scatter below: half
+        # the bytes of the all-reduce its factors need
+        if self._power and not self._power.warming(self.step):
             target = output if scale == 1.0 else torch.empty(output.numel(), dtype=torch.float32, device=grad.device)
             self._power.reduce(grad, target, unit, ranks, matrices, self.step, True, self._exchange.timed)
             if target is not output:
                 output.copy_(target.mul_(scale))
             return unit
+        if self._power:
+            self._power.count_exact()
         target = output
         if scale != 1.0:
             target = self._exchange.buffers.typed("scaled_mean", output.numel(), torch.float32, grad.device)
