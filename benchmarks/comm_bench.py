@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="flat gradient sizes in elements (1M..64M)")
     p.add_argument("--links", type=parse_link, nargs="+", default=[1.0, 10.0, None],
                    help="link rates in Gbit/s, or 'unshaped' (loopback)")
-    p.add_argument("--methods", nargs="+", default=None, help="fsdpcomp methods (default: all of fsdpcomp.methods())")
+    p.add_argument("--methods", nargs="+", default=None, help="fsdpcomp codecs (default: all of fsdpcomp.codecs(); powersgd needs a model's matrices, not a flat tensor)")
     p.add_argument("--config_json", type=json.loads, default=None,
                    help="common config keys for every fsdpcomp method, e.g. '{\"pipeline\": false}'")
     p.add_argument("--reps", type=int, default=5, help="timed calls per method and size")

@@ -166,7 +166,7 @@ def main(config_path: str) -> None:
     torch.set_num_threads(1)  # W ranks share the cores
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    methods = [m for m in fsdpcomp.methods() if m != "none"]
+    methods = [m for m in fsdpcomp.codecs() if m != "none"]
     if cfg.get("methods"):
         methods = [m for m in methods if m in cfg["methods"]]
     names = [TORCH_RS, "none", BF16_HOOK] + methods

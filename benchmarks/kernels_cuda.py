@@ -66,7 +66,7 @@ def cuda_methods() -> list[tuple[str, dict]]:
     """Every method this build runs on CUDA tensors: method_info's "cuda" flag, else a probe;
     each at its defaults and in VARIANTS."""
     have = []
-    for m in fsdpcomp.methods():
+    for m in fsdpcomp.codecs():
         info = fsdpcomp.method_info(m)
         if "cuda" in info:
             has = info["cuda"]
@@ -139,7 +139,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def list_cases() -> int:
     """Every case this script measures, its target, and whether this build runs it on CUDA."""
     print(f"{'case':<22}{'target':>8}  cuda")
-    for method, cfg in cases_of(fsdpcomp.methods()):
+    for method, cfg in cases_of(fsdpcomp.codecs()):
         target = target_of(method)
         has = fsdpcomp.method_info(method).get("cuda")
         print(f"{label(method, cfg):<22}{'-' if target is None else f'{target:.0%}':>8}  {has}")

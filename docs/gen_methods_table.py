@@ -32,9 +32,11 @@ def fmt_default(key):
 def row(name):
     info = fsdpcomp.method_info(name)
     keys = ", ".join(f"`{k['name']}`={fmt_default(k)}" for k in info["keys"]) or "-"
-    lay = _C.State(name, {"error_feedback": False}).layout(CHUNK)
-    body = lay["value_bytes"] + lay["meta_bytes"] + lay["index_bytes"]
-    bits = 8 * body / CHUNK
+    if name == "powersgd":  # no chunk codec: its factors' size is per matrix (n x m)
+        bits = "32 r (n+m) / (n m)"
+    else:
+        lay = _C.State(name, {"error_feedback": False}).layout(CHUNK)
+        bits = f"{8 * (lay['value_bytes'] + lay['meta_bytes'] + lay['index_bytes']) / CHUNK:.3g}"
     props = [
         "unbiased" if info["unbiased"] else "biased",
         "linear" if info["linear"] else "not linear",
@@ -43,7 +45,7 @@ def row(name):
         props.append("data-dependent size")
     if info["error_feedback_default"]:
         props.append("EF on by default")
-    return (f"| `{name}` | {info['id']} | {keys} | {bits:.3g} | {info['summary'].replace('|', chr(92) + '|')} | "
+    return (f"| `{name}` | {'-' if info['id'] is None else info['id']} | {keys} | {bits} | {info['summary'].replace('|', chr(92) + '|')} | "
             f"{', '.join(props)} |")
 
 

@@ -46,6 +46,7 @@ except ImportError as _err:
         raise _no_extension(_err) from _err
     raise  # _C is there but does not load (another Python, a missing library): Python's message says why
 from ._C import CudaError, NcclError, PayloadError
+from . import _powersgd
 from ._cuda_check import library_path
 from ._nccl import release_nccl
 from .cli import add_argparse_args, from_args
@@ -58,7 +59,13 @@ from ._version import __version__
 
 
 def methods() -> list[str]:
-    """The registered compressor names, as ``--comm_compress`` accepts them."""
+    """The registered compressor names, as ``--comm_compress`` accepts them: the chunk codecs
+    (codecs()) and powersgd, whose factors go through two all-reduces (_powersgd.py)."""
+    return list(_C.methods()) + [_powersgd.NAME]
+
+
+def codecs() -> list[str]:
+    """The chunk codecs of the C method table: every method but powersgd."""
     return list(_C.methods())
 
 
@@ -76,15 +83,16 @@ def _cuda_built() -> bool:
 def method_info(name: str) -> dict[str, Any]:
     """A method's summary, properties and config keys (with defaults, ranges and docs); "cuda":
     whether it takes CUDA tensors in this build."""
-    info = _C.method_info(name)
+    info = _powersgd.info() if name == _powersgd.NAME else _C.method_info(name)
     info["common_keys"] = _C.method_info("")
-    info["cuda"] = info["name"] in _CUDA_METHODS and _cuda_built()
+    # powersgd is torch ops only, on any device CommState takes
+    info["cuda"] = (info["name"] in _CUDA_METHODS or name == _powersgd.NAME) and _cuda_built()
     return info
 
 
 __all__ = [
     "AllGather", "AllReduceHook", "CommState", "Counters", "CudaError", "DDPHookState", "NcclError",
     "PayloadError", "ReduceScatter", "UnitHookState", "__version__", "add_argparse_args", "append_result", "build_record",
-    "combine_counters", "ddp_hook", "from_args", "fsdp_hook", "method_info", "methods",
+    "codecs", "combine_counters", "ddp_hook", "from_args", "fsdp_hook", "method_info", "methods",
     "read_results", "register", "register_replicate", "release_nccl",
 ]

@@ -40,26 +40,33 @@ _known: dict[int, dict[str, Any]] = {}
 class Handshake:
     """The agreements of one CommState: what it has settled, per (process group, shape)."""
 
-    def __init__(self, core):
+    def __init__(self, core, method: str | None = None, keys: dict[str, Any] | None = None):
+        """method, keys: a method that is not the core's codec (powersgd drives a `none` core)
+        and its own keys, described beside the core's wire config."""
         self._core = core  # wire_config, fingerprint; add_comm counts the handshakes
+        self._method = method or core.method
+        self._keys = dict(keys or {})
         self._settled: set = set()  # (group, key): the steady state's one lookup
-        # the fingerprint names this config in a PayloadError another rank's state raises
-        _known[core.fingerprint] = {"method": core.method, **core.wire_config}
+        if method is None:
+            # the fingerprint names this config in a PayloadError another rank's state raises
+            _known[core.fingerprint] = {"method": core.method, **core.wire_config}
 
     def _description(self, what: dict[str, Any], dtype: torch.dtype, world: int) -> dict[str, Any]:
-        return {**what, "method": self._core.method, **self._core.wire_config,
+        return {**what, "method": self._method, **self._core.wire_config, **self._keys,
                 "wire_version": _C.WIRE_VERSION, "dtype": str(dtype).replace("torch.", ""), "world": world}
 
-    def before_reduce(self, group, grad: torch.Tensor, world: int, signature: Callable[[], tuple]) -> None:
+    def before_reduce(self, group, grad: torch.Tensor, world: int, signature: Callable[[], tuple],
+                      detail: Callable[[], dict] | None = None) -> None:
         """Before the first exchange of this shape by this state: the handshake, when needed.
-        signature(): what the exchange looks like from this rank (Exchange.signature)."""
+        signature(): what the exchange looks like from this rank (Exchange.signature); detail():
+        more of the description (powersgd: which matrices it compresses)."""
         if world == 1:
             return
         group = _group_of(group)
         key = (grad.numel(), grad.dtype, world)
         if (group, key) in self._settled:
             return
-        desc = self._description({"unit_numel": grad.numel()}, grad.dtype, world)
+        desc = self._description({"unit_numel": grad.numel(), **(detail() if detail else {})}, grad.dtype, world)
         self._settle(group, key, desc, signature(), grad.device)
 
     def before_param_gather(self, group, shard: torch.Tensor, world: int) -> None:

@@ -152,15 +152,16 @@ def check_same_units(keys: tuple, sizes: list, mine: RankState) -> None:
                              "a checkpoint of other units (another model or sharding)")
 
 
-def check_rank_state(mine: RankState) -> None:
-    """Fields of the right kinds; the values are checked by UnitTable.check and the core."""
+def check_rank_state(mine: RankState, own_method: str | None = None) -> None:
+    """Fields of the right kinds; the values are checked by UnitTable.check and the core (and
+    own_method's entry of method_state by that method)."""
     kinds = {"gather_residuals": (dict,), "method_state": (dict,), "unit_states": (list, type(None))}
     for f in fields(RankState):
         value, want = getattr(mine, f.name, None), kinds.get(f.name, (list,))
         if not isinstance(value, want):
             raise TypeError(f"state_dict RankState.{f.name} must be a {' or '.join(k.__name__ for k in want)}, "
                             f"got {type(value).__name__}")
-    if mine.method_state:
+    if set(mine.method_state) - {own_method}:
         raise ValueError(f"state_dict holds method state for {sorted(mine.method_state)}, which this "
                          "fsdpcomp does not know")
 

@@ -16,8 +16,12 @@ from ._config import gather_default, normalize_config
 from ._dist import Ranks
 from ._exchange import ELEMENT_SIZE, Exchange, Wire
 from ._param_gather import ParamGather
+from ._powersgd import Layout, PowerSGD
+from ._powersgd import Config as PowerConfig
 from ._units import UnitTable, refuse_nonfinite
 from .counters import Counters
+
+POWERSGD_STATE_VERSION = 1  # RankState.method_state["powersgd"]'s layout
 
 _RESIDUAL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -66,12 +70,23 @@ class CommState:
         if not isinstance(method, str):
             raise TypeError(f"method must be a str, got {type(method).__name__}")
         config = normalize_config(config)
-        self._core = _C.State(method, gather_default(config), _allocate_residual)
+        # powersgd drives a `none` core: its units, step, counters and wire keys (_powersgd.py)
+        self._power: PowerSGD | None = None
+        power_keys = None
+        if method == "powersgd":
+            cfg, config, power_keys = PowerConfig.split(config, _C.method_info(""))
+        try:
+            self._core = _C.State("none" if power_keys else method, gather_default(config), _allocate_residual)
+        except ValueError as e:  # the common keys, checked by the `none` core: named for powersgd
+            raise ValueError(str(e).replace("none config key", "powersgd config key")) from None
+        if power_keys:
+            self._power = PowerSGD(cfg, self._core.config["seed"], self._core.config["error_stats_every"])
+        self._power_keys = power_keys or {}
         self.process_group = process_group
         self._units = UnitTable(self._core)  # which unit a call is, where a step ends
         self._exchange = Exchange(self._core, Wire.of(self._core, config))
         self._param_gather = ParamGather(self._core, self._exchange.buffers)
-        self._handshake = _agree.Handshake(self._core)
+        self._handshake = _agree.Handshake(self._core, "powersgd" if power_keys else None, power_keys)
         self._device: torch.device | None = None  # where the units live: one state, one device
         if self._exchange.wire.gather_compressed and self._core.config.get("second_round"):
             # a single payload (the all-gather stage) has no second round to fetch values with
@@ -82,12 +97,12 @@ class CommState:
 
     @property
     def method(self) -> str:
-        return self._core.method
+        return "powersgd" if self._power else self._core.method
 
     @property
     def config(self) -> dict[str, Any]:
         """The resolved config, defaults included."""
-        return self._core.config
+        return {**self._core.config, **self._power_keys}
 
     @property
     def step(self) -> int:
@@ -105,10 +120,16 @@ class CommState:
         return self._param_gather.codec
 
     def counters(self) -> Counters:
-        return Counters(self._core.counters())
+        c = self._core.counters()
+        if self._power:
+            c["method"] = "powersgd"
+            self._power.merge_counters(c)
+        return Counters(c)
 
     def reset_counters(self) -> None:
         self._core.reset_counters()
+        if self._power:
+            self._power.reset_counts()
 
     def end_step(self) -> None:
         """Marks the end of a backward pass. Called automatically at the end of every backward
@@ -125,8 +146,14 @@ class CommState:
         units = self._units.state_dict()
         step = units.pop("step")
         mine = _checkpoint.RankState(
-            **units, gather_residuals={u: r.clone() for u, r in self._exchange.gather_residuals.items()})
+            **units, gather_residuals={u: r.clone() for u, r in self._exchange.gather_residuals.items()},
+            method_state=self._method_state())
         return _checkpoint.pack(self.method, self.config, step, mine)
+
+    def _method_state(self) -> dict[str, Any]:
+        """RankState.method_state: powersgd's {"version": 1, "q": unit -> [Q per matrix], "e": unit
+        -> residual}; nothing for the other methods."""
+        return {"powersgd": {"version": POWERSGD_STATE_VERSION, **self._power.state_dict()}} if self._power else {}
 
     def load_state_dict(self, state_dict: Mapping[str, Any], *, residuals: str = "keep") -> None:
         """Restores a state_dict() of a state with the same method and config, saved by this
@@ -138,20 +165,25 @@ class CommState:
         residual and method state afresh, on purpose: to resume at another world size (with
         DCP: ``state.without_residuals()``)."""
         saved = _checkpoint.unpack(state_dict, self.method, self.config, residuals)
+        power = None
         if saved.rank_state is None:
             units = self._units.check({"step": saved.step, "units": [], "residuals": []})
             gather = {}
         else:
             mine = saved.rank_state
-            _checkpoint.check_rank_state(mine)
+            _checkpoint.check_rank_state(mine, "powersgd" if self._power else None)
             if self._units.keys:
                 _checkpoint.check_same_units(self._units.keys, self._core.units(), mine)
             units = self._units.check(_checkpoint.unit_fields(mine, saved.step))
             gather = _gather_residuals(mine.gather_residuals, len(units.units))
             for u, r in gather.items():
                 refuse_nonfinite(f"gather_residuals[{u}]", r)
+            if self._power:
+                power = PowerSGD.check(_powersgd_part(mine.method_state), len(units.units))
         self._units.restore(units)
         self._exchange.gather_residuals = gather
+        if self._power:
+            self._power.restore(*(power or ({}, {})))  # residuals="drop": Q and e afresh too
 
     def without_residuals(self) -> "_checkpoint.WithoutResiduals":
         """For ``torch.distributed.checkpoint.load``: a view of this state that reads a
@@ -184,21 +216,29 @@ class CommState:
                              f"(grad has {grad.numel()} elements over {world} ranks)")
 
     def reduce_scatter(self, grad: torch.Tensor, output: torch.Tensor, key: Hashable | None = None, *,
-                       scale: float = 1.0) -> int:
+                       scale: float = 1.0, matrices: Layout | None = None) -> int:
         """output = scale * (sum over ranks of rank r's chunk of grad) / world, compressed on the
         wire; a scale other than 1 is applied to the fp32 mean, rounded once to output's dtype.
 
         grad: flat, contiguous, len = world * shard (FSDP pads it); output: the shard.
         key: the unit's name (its residual and method state); None: the next unit in call order.
+        matrices: where each parameter's gradient lies in grad (powersgd compresses those
+        matrices; without it everything is summed exactly; the codecs ignore it).
         Returns the unit index. A refused call (TypeError/ValueError) changes nothing.
         """
         ranks = Ranks.of(self.process_group)
         self._check_call(grad, output, ranks.world)
-        # the first call of a shape: the ranks compare configs
-        self._handshake.before_reduce(ranks.group, grad, ranks.world,
-                                      lambda: self._exchange.signature(grad, ranks.world, ranks.rank))
-        unit = self._units.claim(grad.numel(), key)
-        self._device = grad.device
+        unit = self._claim(grad, key, ranks, matrices)
+        # powersgd's exact warm-up steps go through the `none` core's reduce-scatter below: half
+        # the bytes of the all-reduce its factors need
+        if self._power and not self._power.warming(self.step):
+            target = output if scale == 1.0 else torch.empty(output.numel(), dtype=torch.float32, device=grad.device)
+            self._power.reduce(grad, target, unit, ranks, matrices, self.step, True, self._exchange.timed)
+            if target is not output:
+                output.copy_(target.mul_(scale))
+            return unit
+        if self._power:
+            self._power.count_exact()
         target = output
         if scale != 1.0:
             target = self._exchange.buffers.typed("scaled_mean", output.numel(), torch.float32, grad.device)
@@ -211,12 +251,31 @@ class CommState:
             output.copy_(target.mul_(scale))
         return unit
 
-    def all_reduce(self, grad: torch.Tensor, key: Hashable | None = None) -> None:
+    def _claim(self, grad: torch.Tensor, key: Hashable | None, ranks: Ranks, matrices: Layout | None) -> int:
+        """The handshake (the first call of a shape: the ranks compare configs), then the unit."""
+        if self._power:
+            power = self._power
+            self._handshake.before_reduce(ranks.group, grad, ranks.world,
+                                          lambda: power.signature(matrices, grad.numel()),
+                                          lambda: {"matrices": repr(power.signature(matrices, grad.numel())[-2:])})
+        else:
+            self._handshake.before_reduce(ranks.group, grad, ranks.world,
+                                          lambda: self._exchange.signature(grad, ranks.world, ranks.rank))
+        unit = self._units.claim(grad.numel(), key)
+        self._device = grad.device
+        return unit
+
+    def all_reduce(self, grad: torch.Tensor, key: Hashable | None = None, *,
+                   matrices: Layout | None = None) -> None:
         """grad = mean over ranks of grad, in place: compressed reduce-scatter, then an
-        all-gather of the reduced shards, compressed too (allgather_compress) where that pays.
-        key as for reduce_scatter."""
+        all-gather of the reduced shards, compressed too (allgather_compress) where that pays
+        (powersgd: its two all-reduces). key, matrices as for reduce_scatter."""
         ranks = Ranks.of(self.process_group)
         self._check_call(grad, None, ranks.world)
+        if self._power:
+            unit = self._claim(grad, key, ranks, matrices)
+            self._power.reduce(grad, grad, unit, ranks, matrices, self.step, False, self._exchange.timed)
+            return
         n = grad.numel()
         reduced = self._exchange.buffers.like("shard", -(-n // ranks.world), grad)
         unit = self.reduce_scatter(grad, reduced, key)
@@ -255,3 +314,16 @@ def _gather_residuals(saved: Any, n_units: int) -> dict[int, torch.Tensor]:
                             f"{type(r).__name__}")
         out[unit] = r.detach().clone().float()
     return out
+
+
+def _powersgd_part(method_state: Mapping[str, Any]) -> Any:
+    """RankState.method_state's powersgd entry for PowerSGD.check: a checkpoint of this state
+    without one (saved before its first call) restores none; another version is refused."""
+    part = method_state.get("powersgd")
+    if part is None:
+        return {"q": {}, "e": {}}
+    version = part.get("version") if isinstance(part, Mapping) else None
+    if version != POWERSGD_STATE_VERSION:
+        raise ValueError(f"state_dict powersgd state has version {version!r}, this fsdpcomp reads "
+                         f"version {POWERSGD_STATE_VERSION}")
+    return {k: v for k, v in part.items() if k != "version"}

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from .._dist import Ranks, settled
+from .._powersgd import Layout
 from ..state import CommState
 from ._checks import FLOATS, check_state, refuse_param_gather
 
@@ -55,7 +56,7 @@ class DDPHookState:
     def reduce(self, bucket: dist.GradBucket, buf: torch.Tensor) -> None:
         state, key = self.state, self.key(bucket)
         if self.final() or key in state.unit_keys:
-            state.all_reduce(buf, key)
+            state.all_reduce(buf, key, matrices=_matrices(state, bucket.gradients()))
             return
         # A first layout: the final buckets the state knows that lie inside this one go as
         # themselves (their parameters' gradients laid out in their order, their unit), so a
@@ -67,7 +68,7 @@ class DDPHookState:
             if isinstance(known, tuple) and known[0] == "ddp" and all(name in where for name in known[1]):
                 parts = [grads[where[name]] for name in known[1]]
                 flat = torch.cat([g.reshape(-1) for g in parts])
-                state.all_reduce(flat, known)
+                state.all_reduce(flat, known, matrices=_matrices(state, parts))
                 for g, piece in zip(parts, flat.split([g.numel() for g in parts])):
                     g.copy_(piece.view_as(g))
                 done.update(known[1])
@@ -106,12 +107,18 @@ def ddp_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tenso
         if iteration < _WARMUP_ITERATIONS:
             _plain_mean(state, buf)
         else:
-            state.all_reduce(buf, ("ddp_bucket", bucket.index()))
+            state.all_reduce(buf, ("ddp_bucket", bucket.index()), matrices=_matrices(state, bucket.gradients()))
         if bucket.is_last():
             _ITERATIONS[state] = iteration + 1
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(buf)
     return fut
+
+
+def _matrices(state: CommState, grads: list[torch.Tensor]) -> Layout | None:
+    """The bucket's parameters, back to back in its flat buffer (powersgd's matrices; the
+    codecs take no layout)."""
+    return Layout.of_shapes(g.shape for g in grads) if state.method == "powersgd" else None
 
 
 def _plain_mean(state: CommState, buf: torch.Tensor) -> None:

@@ -8,6 +8,7 @@ from typing import Hashable
 
 import torch
 
+from .._powersgd import Layout
 from ..state import CommState
 from ._checks import check_state, refuse_param_gather
 
@@ -48,12 +49,28 @@ class _FlatNames:
 _FLAT_NAMES: "weakref.WeakKeyDictionary[CommState, _FlatNames]" = weakref.WeakKeyDictionary()
 
 
-def _flat_param_key(state: CommState) -> str | None:
-    """The key of the unit calling the hook: FSDP1 runs it in a hook on the AccumulateGrad node
-    of the unit's flat parameter, so autograd's current node names it. None outside autograd
-    (a caller driving the hook by hand): call order."""
+def _current_flat_param() -> torch.Tensor | None:
+    """The flat parameter whose gradient the hook reduces: FSDP1 runs it in a hook on the
+    AccumulateGrad node of the unit's flat parameter, so autograd's current node names it.
+    None outside autograd (a caller driving the hook by hand)."""
     flat = getattr(torch._C._current_autograd_node(), "variable", None)
-    if not getattr(flat, "_is_flat_param", False):  # FSDP1 marks its flat parameters so
+    return flat if getattr(flat, "_is_flat_param", False) else None  # FSDP1 marks them so
+
+
+def _matrices(flat: torch.Tensor | None) -> Layout | None:
+    """Where each original parameter lies in the flat parameter (powersgd's matrices): its
+    per-parameter shapes, with the alignment padding between them (use_orig_params)."""
+    if flat is None:
+        return None
+    # FSDP1's FlatParameter keeps its per-parameter layout only in these members
+    numels, padding, shapes = flat._numels_with_padding, flat._is_padding_mask, iter(flat._shapes)
+    return Layout.of_shapes([(n,) if pad else next(shapes) for n, pad in zip(numels, padding)])
+
+
+def _flat_param_key(state: CommState, flat: torch.Tensor | None) -> str | None:
+    """The key of the unit calling the hook: its flat parameter's name. None outside autograd
+    (a caller driving the hook by hand): call order."""
+    if flat is None:
         return None
     names = _FLAT_NAMES.get(state)
     if names is None:
@@ -70,15 +87,17 @@ def fsdp_hook(state: CommState | UnitHookState, grad: torch.Tensor, output: torc
     ``fsdpcomp.register``) or, with a bare CommState, by its flat parameter, so a unit that gets
     no gradient in a step (FSDP1 then skips its hook) never shifts the others. Errors as
     CommState's."""
+    flat = _current_flat_param()
     if isinstance(state, UnitHookState):
         state, key = state.state, state.key
     else:
         check_state(state, "fsdp_hook")
-        key = _flat_param_key(state)
+        key = _flat_param_key(state, flat)
+    matrices = _matrices(flat) if state.method == "powersgd" else None
     if output is None:
-        state.all_reduce(grad, key)
+        state.all_reduce(grad, key, matrices=matrices)
     else:
-        state.reduce_scatter(grad, output, key)
+        state.reduce_scatter(grad, output, key, matrices=matrices)
 
 
 def register_fsdp1(root: torch.nn.Module, state: CommState) -> None:

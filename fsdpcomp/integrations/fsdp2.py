@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from .._dist import Ranks
+from .._powersgd import Layout
 from ..state import CommState
 from ._checks import check_alike, check_cuda_model, check_flat, check_state, completed, refuse_param_gather
 
@@ -24,6 +25,26 @@ def _param_groups(module: torch.nn.Module) -> list:
     """An FSDPModule's parameter groups (each parameter's padded shard, HSDP or not)."""
     # torch has no public accessor for them
     return module._get_fsdp_state()._fsdp_param_groups
+
+
+def _matrices(state: CommState, module: torch.nn.Module | None, blocks: int, numel: int) -> Layout | None:
+    """Where each parameter's gradient lies in a flat tensor of one FSDPModule (powersgd's
+    matrices): ``blocks`` blocks (the reduce-scatter input, one per rank; 1 for the replica
+    all-reduce of a shard), each holding every parameter's padded dim-0 shard in FSDP2's order.
+    A parameter sharded on another dim is summed exactly. None: the sizes do not fit."""
+    if module is None or state.method != "powersgd":  # the codecs take no layout
+        return None
+    groups = _param_groups(module)
+    if len(groups) != 1:
+        return None
+    shapes = []
+    for p in groups[0].fsdp_params:
+        size = tuple(p.padded_sharded_param_size)
+        dim = getattr(getattr(p, "fsdp_placement", None), "dim", 0)
+        shapes.append(size if dim == 0 else (p.padded_sharded_param_size.numel(),))
+    if blocks * sum(torch.Size(s).numel() for s in shapes) != numel:
+        return None
+    return Layout.of_shapes(shapes, blocks)
 
 
 def _op_scale(op, world: int) -> float:
@@ -53,10 +74,11 @@ class ReduceScatter(_TorchReduceScatter):
     CommState's; ValueError for an op other than AVG, SUM or PREMUL_SUM(f).
     """
 
-    def __init__(self, state: CommState, key: Hashable | None = None):
+    def __init__(self, state: CommState, key: Hashable | None = None, module: torch.nn.Module | None = None):
         check_state(state, "ReduceScatter")
         self.state = state
         self.key = key
+        self.module = module  # the FSDPModule: its parameters' shapes (powersgd's matrices)
 
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         # Fresh memory each call: FSDP2 keeps the input alive across groups and the output
@@ -77,7 +99,8 @@ class ReduceScatter(_TorchReduceScatter):
                              f"ranks into output_tensor of {output_tensor.numel()} needs {world * output_tensor.numel()}")
         scale = _op_scale(op, world)
         _bind_group(state, group)
-        state.reduce_scatter(input_tensor, output_tensor, self.key, scale=scale)
+        state.reduce_scatter(input_tensor, output_tensor, self.key, scale=scale,
+                             matrices=_matrices(state, self.module, world, input_tensor.numel()))
         return completed(output_tensor, async_op)
 
     def __repr__(self) -> str:
@@ -106,16 +129,18 @@ class AllReduceHook:
     after it), so it cannot be compressed.
     """
 
-    def __init__(self, state: CommState, key: Hashable | None = None):
+    def __init__(self, state: CommState, key: Hashable | None = None, module: torch.nn.Module | None = None):
         check_state(state, "AllReduceHook")
         if state.process_group is None:
             raise ValueError("AllReduceHook's state needs its process_group: the replicate group")
         self.state = state
         self.key = key
+        self.module = module  # the FSDPModule: its parameters' shapes (powersgd's matrices)
 
     def __call__(self, reduce_output: torch.Tensor) -> None:
         check_flat(reduce_output, "reduce_output")
-        self.state.all_reduce(reduce_output, self.key)
+        self.state.all_reduce(reduce_output, self.key,
+                              matrices=_matrices(self.state, self.module, 1, reduce_output.numel()))
 
     def __repr__(self) -> str:
         return f"fsdpcomp.AllReduceHook({self.state!r}, key={self.key!r})"
@@ -223,7 +248,7 @@ def register_fsdp2(model: torch.nn.Module, state: CommState) -> None:
                              "(shard_placement_fn with several meshes): torch allows one custom "
                              "reduce-scatter per module only with a single group")
     for unit, (name, module) in enumerate(modules):
-        module.set_custom_reduce_scatter(ReduceScatter(state, key=name or "<root>"))
+        module.set_custom_reduce_scatter(ReduceScatter(state, key=name or "<root>", module=module))
         module.set_custom_all_gather(AllGather(state, key=name or "<root>", unit=unit, module=module))
 
 
@@ -251,4 +276,4 @@ def register_replicate(model: torch.nn.Module, state: CommState) -> None:
                              "its own replica all-reduce there and calls the hook after it; shard on "
                              "the 1-D shard mesh instead")
     for name, module in modules:
-        module.set_all_reduce_hook(AllReduceHook(state, key=name or "<root>"))
+        module.set_all_reduce_hook(AllReduceHook(state, key=name or "<root>", module=module))

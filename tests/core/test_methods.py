@@ -313,7 +313,7 @@ def test_the_unbiasedness_check_rejects_biased_variants(case, gen):
 
 
 def test_flags_say_which_methods_are_unbiased_and_linear():
-    info = {m: fsdpcomp.method_info(m) for m in fsdpcomp.methods()}
+    info = {m: fsdpcomp.method_info(m) for m in fsdpcomp.codecs()}
     assert {m for m, i in info.items() if i["unbiased"]} == {"none", "qsgd", "nc", "randomk"}
     assert {m for m, i in info.items() if i["linear"]} == {"none", "randomk", "sketch", "gradiveq"}
     assert {m for m, i in info.items() if i["varsize"]} == {"thresholdv"}
@@ -322,7 +322,7 @@ def test_flags_say_which_methods_are_unbiased_and_linear():
 
 
 def test_wire_ids_are_stable():
-    got = {m: fsdpcomp.method_info(m)["id"] for m in fsdpcomp.methods()}
+    got = {m: fsdpcomp.method_info(m)["id"] for m in fsdpcomp.codecs()}
     assert got == WIRE_IDS
 
 

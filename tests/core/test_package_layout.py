@@ -78,7 +78,8 @@ def test_no_import_cycle():
 
 def test_integrations_do_not_import_each_other():
     graph = _graph()
-    allowed = {"fsdpcomp.state", "fsdpcomp._dist", "fsdpcomp.integrations._checks"}
+    # _powersgd: each integration describes its parameters' layout with its Layout type
+    allowed = {"fsdpcomp.state", "fsdpcomp._dist", "fsdpcomp.integrations._checks", "fsdpcomp._powersgd"}
     for name in ("fsdp1", "fsdp2", "ddp"):
         mod = f"fsdpcomp.integrations.{name}"
         assert graph[mod] <= allowed, f"{mod} imports {sorted(graph[mod] - allowed)}"
@@ -101,5 +102,6 @@ def test_private_reaches_are_few_and_commented():
                 continue
             commented = "#" in line or (i > 0 and lines[i - 1].lstrip().startswith("#"))
             reaches.append((os.path.relpath(path, PKG), i + 1, line.strip(), commented))
-    assert len(reaches) <= 5, reaches
+    # 6: FSDP1's per-parameter layout (powersgd's matrices) is only in FlatParameter's members
+    assert len(reaches) <= 6, reaches
     assert all(r[3] for r in reaches), [r for r in reaches if not r[3]]

@@ -113,7 +113,7 @@ def test_layout_formula_matches_the_payload(method, config):
 
 
 def test_methods_lists_the_foundation():
-    names = fsdpcomp.methods()
+    names = fsdpcomp.codecs()
     for m in ("none", "fp16", "bf16", "int8"):
         assert m in names
     info = fsdpcomp.method_info("int8")

@@ -58,14 +58,14 @@ SIZES = [1, 255, 257, (1 << 20) + 3]
 
 
 def test_cuda_flag_says_which_methods_have_kernels():
-    have = {m for m in fsdpcomp.methods() if _C_has_method(fsdpcomp.method_info(m)["id"])}
+    have = {m for m in fsdpcomp.codecs() if _C_has_method(fsdpcomp.method_info(m)["id"])}
     assert set(cuda_methods()) == have
 
 
 def _C_has_method(method_id: int) -> bool:
     """Whether the loaded library's table has the method: a CUDA tensor either encodes or says
     it has no kernels."""
-    st = fsdpcomp.CommState(next(m for m in fsdpcomp.methods() if fsdpcomp.method_info(m)["id"] == method_id),
+    st = fsdpcomp.CommState(next(m for m in fsdpcomp.codecs() if fsdpcomp.method_info(m)["id"] == method_id),
                             {"compress_own_chunk": True})
     g = torch.randn(64, device="cuda")
     s, _ = st._core.plan(g, 1, 0)

@@ -115,13 +115,13 @@ def test_cuda_flag_matches_the_library_table():
     """method_info(m)["cuda"] is what the built library's has_method answers (fc_cuda_api's third
     field, read through ctypes in a subprocess: no GPU needed), and False for all without it."""
     import fsdpcomp
-    flags = {m: fsdpcomp.method_info(m)["cuda"] for m in fsdpcomp.methods()}
+    flags = {m: fsdpcomp.method_info(m)["cuda"] for m in fsdpcomp.codecs()}
     if not os.path.exists(LIB):
         if HAVE_NVCC and not CPU_ONLY_BUILD:
             need_lib()
         assert not any(flags.values()), flags
         return
-    ids = {m: fsdpcomp.method_info(m)["id"] for m in fsdpcomp.methods()}
+    ids = {m: fsdpcomp.method_info(m)["id"] for m in fsdpcomp.codecs()}
     r = run_py(
         "import ctypes\n"
         f"lib = ctypes.CDLL({LIB!r})\n"
@@ -137,7 +137,7 @@ def test_cuda_flag_matches_the_library_table():
 
 
 def test_cuda_flag_is_false_without_the_library():
-    r = run_py("import fsdpcomp\nprint(any(fsdpcomp.method_info(m)['cuda'] for m in fsdpcomp.methods()))",
+    r = run_py("import fsdpcomp\nprint(any(fsdpcomp.method_info(m)['cuda'] for m in fsdpcomp.codecs()))",
                FSDPCOMP_CUDA_LIB=os.path.join(tempfile.gettempdir(), "no", "_fsdpcomp_cuda.so"))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False"

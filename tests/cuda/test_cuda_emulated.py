@@ -184,7 +184,7 @@ IDS = [m + "".join(f"-{k}={v}" for k, v in c.items()) for m, c in CASES]
 def test_emulated_table_is_the_source_list(emu):
     r = subprocess.run([emu.exe, "methods", "-"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    ids = {fsdpcomp.method_info(m)["id"]: m for m in fsdpcomp.methods()}
+    ids = {fsdpcomp.method_info(m)["id"]: m for m in fsdpcomp.codecs()}
     assert {ids[int(i)] for i in r.stdout.split()} == set(fsdpcomp._CUDA_METHODS)
 
 

@@ -25,7 +25,7 @@ def test_lists_every_method_and_the_sparse_variants():
     proc = _run(["--list"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()[1:]}
-    for m in fsdpcomp.methods():
+    for m in fsdpcomp.codecs():
         assert m in rows or any(r.startswith(m) for r in rows), m
     for case, target in [("topk", "25%"), ("topk-int8", "25%"), ("topk-ra0.3", "25%"), ("randomk-int8", "25%"),
                          ("thresholdv-th2.5", "25%"), ("thresholdv-th2.5-sign", "25%"),

@@ -143,7 +143,7 @@ def _every_method(rank, world):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     out = {}
-    for method in fsdpcomp.methods():
+    for method in fsdpcomp.codecs():
         model = DDP(_model())
         state = fsdpcomp.register(model, method)
         c = _train(model, rank, lambda: state, steps=3, lr=0.01)
@@ -154,7 +154,7 @@ def _every_method(rank, world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_every_method_keeps_replicas_identical(world):
     results = run_ranks(_every_method, world)
-    for method in fsdpcomp.methods():
+    for method in fsdpcomp.codecs():
         params, c = results[0][method]
         assert all(torch.isfinite(p).all() for p in params), method
         for other in results[1:]:

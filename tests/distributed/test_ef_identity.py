@@ -22,7 +22,7 @@ STEPS = 5
 CHUNK = 16384
 
 # every method's defaults, and the non-default modes the docs discuss
-CONFIGS = [(m, {}) for m in fsdpcomp.methods()] + [
+CONFIGS = [(m, {}) for m in fsdpcomp.codecs()] + [
     ("signsgd", {"mode": "majority"}), ("sketch", {"second_round": True}),
     ("sketch", {"k": 64}), ("topk", {"ratio": 0.1, "quantize": "int8"}),
     ("thresholdv", {"threshold": 2.5})]  # the default passes most of these values: sent as none

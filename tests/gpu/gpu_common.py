@@ -80,7 +80,7 @@ def cuda_methods() -> list[str]:
     """Methods whose method_info says "cuda" (probed where this build's method_info has no
     such key yet)."""
     out = []
-    for m in fsdpcomp.methods():
+    for m in fsdpcomp.codecs():
         info = fsdpcomp.method_info(m)
         has = info["cuda"] if "cuda" in info else _probe(m)
         if has:

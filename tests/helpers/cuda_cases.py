@@ -30,7 +30,7 @@ NEEDS_HOST = frozenset({"topk", "randomk", "thresholdv", "sketch", "gradiveq"})
 
 
 def cuda_methods() -> list[str]:
-    return [m for m in fsdpcomp.methods() if fsdpcomp.method_info(m)["cuda"]]
+    return [m for m in fsdpcomp.codecs() if fsdpcomp.method_info(m)["cuda"]]
 
 
 def cuda_cases(methods: list[str] | None = None) -> list[tuple[str, dict]]:

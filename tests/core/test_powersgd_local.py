@@ -1,0 +1,94 @@
+"""powersgd in one process: config validation naming the key, method_info and the method lists,
+the math of one rank (the mean of one rank is its own rank-r approximation, error feedback
+carries the rest), checkpoints (Q and e round-trip; a bad one is refused, changing nothing)."""
+import pytest
+import torch
+
+import fsdpcomp
+from fsdpcomp._powersgd import Layout
+from helpers.ckpt import own, with_own
+
+
+@pytest.mark.parametrize("config, key", [
+    ({"rank": 0}, "rank"), ({"rank": 2.5}, "rank"), ({"rank": True}, "rank"),
+    ({"start_iter": -1}, "start_iter"), ({"min_compression_rate": 0.5}, "min_compression_rate"),
+    ({"min_compression_rate": float("nan")}, "min_compression_rate"),
+    ({"factor_dtype": "fp16"}, "factor_dtype"), ({"error_feedback": 1}, "error_feedback"),
+    ({"transport": "nccl"}, "transport"), ({"bogus": 1}, "bogus"), ({"seed": "x"}, "seed"),
+    ({"block_size": 256}, "block_size"),  # another method's key
+])
+def test_bad_config_names_the_key(config, key):
+    with pytest.raises(ValueError, match=f"'{key}'"):
+        fsdpcomp.CommState("powersgd", config)
+
+
+def test_method_lists_and_info():
+    assert "powersgd" in fsdpcomp.methods() and "powersgd" not in fsdpcomp.codecs()
+    info = fsdpcomp.method_info("powersgd")
+    assert {k["name"] for k in info["keys"]} == {"rank", "start_iter", "min_compression_rate", "factor_dtype"}
+    assert info["error_feedback_default"] and not info["linear"]
+    state = fsdpcomp.CommState("powersgd", '{"rank": 3}')
+    assert state.method == "powersgd" and state.config["rank"] == 3 and state.config["error_feedback"]
+    assert fsdpcomp.CommState("powersgd", {"error_feedback": False}).config["error_feedback"] is False
+
+
+def _call(state, g, layout):
+    out = g.clone()
+    state.all_reduce(out, "u", matrices=layout)
+    state.end_step()
+    return out
+
+
+def test_one_rank_is_its_own_low_rank_approximation_with_error_feedback():
+    state = fsdpcomp.CommState("powersgd", {"rank": 2, "start_iter": 1})
+    layout = Layout.of_shapes([(24, 10), (10,)])
+    g = torch.randn(250, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(_call(state, g, layout), g)  # start_iter 1: the first step is exact
+    out = _call(state, g, layout)
+    m = g[:240].view(24, 10)
+    assert torch.equal(out[240:], g[240:])  # the vector is summed exactly
+    assert torch.linalg.matrix_rank(out[:240].view(24, 10)) == 2
+    # P orthonormal: P P^T M is the projection of M on P's span, and e = M - that
+    p = torch.linalg.qr(out[:240].view(24, 10))[0][:, :2]
+    assert torch.allclose(out[:240].view(24, 10), p @ p.t() @ m, atol=1e-5)
+    e = own(state.state_dict()).method_state["powersgd"]["e"][0]
+    assert torch.allclose(e[:240], g[:240] - out[:240], atol=1e-6) and not e[240:].any()
+    c = state.counters()
+    assert c["calls"] == 2 and c["calls_uncompressed"] == 1 and c["elements"] == 500
+    assert c["bytes_sent"] == 0  # one rank: nothing on the wire
+    assert c["residual_bytes"] == 250 * 4 and c["residual_norm"] == pytest.approx(float(e.norm()), rel=1e-5)
+
+
+def test_small_matrices_and_no_layout_go_exactly():
+    state = fsdpcomp.CommState("powersgd", {"rank": 4, "start_iter": 0})
+    g = torch.randn(36 + 100)
+    # 6x6 at rank 4: 48 factor elements for 36 values; 10x10: 80 for 100 < 2x
+    assert torch.equal(_call(state, g, Layout.of_shapes([(6, 6), (10, 10)])), g)
+    assert torch.equal(_call(state, g, None), g)
+    assert state.counters()["calls_uncompressed"] == 2
+
+
+def test_checkpoint_round_trip_and_refusal():
+    layout = Layout.of_shapes([(24, 10)])
+    a = fsdpcomp.CommState("powersgd", {"rank": 1, "start_iter": 0})
+    gs = [torch.randn(240, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    for g in gs[:2]:
+        _call(a, g, layout)
+    saved = a.state_dict()
+    part = own(saved).method_state["powersgd"]
+    assert set(part) == {"version", "q", "e"} and part["q"][0][0].shape == (10, 1)
+    b = fsdpcomp.CommState("powersgd", {"rank": 1, "start_iter": 0})
+    b.load_state_dict(saved)
+    for g in gs[2:]:
+        assert torch.equal(_call(a, g, layout), _call(b, g, layout))
+    bad = with_own(saved, method_state={"powersgd": {"version": 1, "q": {0: [torch.full((10, 1), float("nan"))]}, "e": {}}})
+    c = fsdpcomp.CommState("powersgd", {"rank": 1, "start_iter": 0})
+    with pytest.raises(ValueError, match="NaN"):
+        c.load_state_dict(bad)
+    with pytest.raises(ValueError, match="unit"):
+        c.load_state_dict(with_own(saved, method_state={"powersgd": {"version": 1, "q": {7: []}, "e": {}}}))
+    with pytest.raises(ValueError, match="version"):
+        c.load_state_dict(with_own(saved, method_state={"powersgd": {"version": 2, "q": {}, "e": {}}}))
+    with pytest.raises(ValueError, match="int8"):  # another method's state is not powersgd's
+        c.load_state_dict(with_own(saved, method_state={"int8": {}}))
+    assert c.step == 0 and own(c.state_dict()).method_state["powersgd"] == {"version": 1, "q": {}, "e": {}}
