@@ -61,12 +61,12 @@ class Handoff:
         watch: dict[int, torch.Tensor] = {}
         for t in tensors:
             if _settling and t is not None and t.device.type == "cpu":
-                for x in (t, t._base):
+                for x in (t, t._base):  # a view's base: gloo's own views of t hold it
                     if x is not None:
                         watch.setdefault(id(x), x)
         self.watch = list(watch.values())
         self._held = [t.__dlpack__() for t in self.watch]
-        self.before = [t._use_count() for t in self.watch]
+        self.before = [_cxx_refs(t) for t in self.watch]
 
     def wait(self) -> None:
         """Returns once every C++ count is back; gives up after _RELEASE_TIMEOUT_S, and then stops
@@ -87,7 +87,7 @@ class Handoff:
 
     def _released(self, patience_s: float) -> bool:
         deadline = None
-        while any(t._use_count() > was for t, was in zip(self.watch, self.before)):
+        while any(_cxx_refs(t) > was for t, was in zip(self.watch, self.before)):
             if deadline is None:
                 deadline = time.monotonic() + patience_s
             elif time.monotonic() > deadline:
@@ -98,6 +98,11 @@ class Handoff:
         self._held.clear()  # the last C++ references drop here, under the GIL
         self.watch.clear()
         return True
+
+
+def _cxx_refs(t: torch.Tensor) -> int:
+    # torch's count of C++ references to t: nothing public tells what the backend still holds
+    return t._use_count()
 
 
 _parked: list = []  # capsules of tensors a failed collective may still hold

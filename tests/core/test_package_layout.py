@@ -102,6 +102,7 @@ def test_private_reaches_are_few_and_commented():
                 continue
             commented = "#" in line or (i > 0 and lines[i - 1].lstrip().startswith("#"))
             reaches.append((os.path.relpath(path, PKG), i + 1, line.strip(), commented))
-    # 6: FSDP1's per-parameter layout (powersgd's matrices) is only in FlatParameter's members
-    assert len(reaches) <= 6, reaches
+    # 6: FSDP1's per-parameter layout (powersgd's matrices) is only in FlatParameter's members;
+    # 8: what C++ still holds of a collective's tensors (_dist.py's settled collectives)
+    assert len(reaches) <= 8, reaches
     assert all(r[3] for r in reaches), [r for r in reaches if not r[3]]
