@@ -198,3 +198,8 @@ def main(config_path: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    # As step_worker.py: the result is written, so skip interpreter finalization, where a torch
+    # C++ thread still alive can abort a rank ("terminate called without an active exception").
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -37,13 +37,14 @@ def wordnet_subset(out_dir: str, n_train: int, n_val: int) -> tuple[str, str]:
     return paths[0], paths[1]
 
 
-def run_train(args: list[str], world: int = 2, timeout: float = 240.0) -> subprocess.CompletedProcess:
-    """examples/fsdp_train.py on `world` CPU ranks (torchrun), importing the fsdpcomp the tests use."""
+def run_train(args: list[str], world: int = 2, timeout: float = 240.0,
+              script: str = os.path.join(EXAMPLES, "fsdp_train.py")) -> subprocess.CompletedProcess:
+    """examples/fsdp_train.py (or `script`, which runs it) on `world` CPU ranks (torchrun),
+    importing the fsdpcomp the tests use."""
     env = dict(os.environ, PYTHONPATH=pythonpath(),
                OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
-           "--standalone", os.path.join(EXAMPLES, "fsdp_train.py"), *args] if world > 1 else \
-          [sys.executable, os.path.join(EXAMPLES, "fsdp_train.py"), *args]
+           "--standalone", script, *args] if world > 1 else [sys.executable, script, *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
