@@ -56,6 +56,20 @@ def reference(grads_per_rank, shapes, rank_r, steps_state):
     return out
 
 
+def _flat_error(state, key, gathered, shapes, out, carried):
+    """Largest difference between `out` (a whole unit's mean, tensors back to back) and the
+    reference over every rank's flat input `gathered`; `carried` keeps each unit's Q and e."""
+    grads = [[t.view(s) for t, s in zip(g.split([torch.Size(s).numel() for s in shapes]), shapes)] for g in gathered]
+    if key not in carried:
+        layout = Layout.of_shapes(shapes)
+        qs = iter(state._power._initial_q(state._units._index[key], state._power._plan_of(layout, gathered[0].numel()),
+                                          gathered[0].device))
+        carried[key] = {"q": [next(qs) if len(s) >= 2 else None for s in shapes],
+                        "e": [[torch.zeros(s) if len(s) >= 2 else None for _ in gathered] for s in shapes]}
+    want = torch.cat([m.reshape(-1) for m in reference(grads, shapes, 1, carried[key])])
+    return float((want - out).abs().max())
+
+
 class _Capture(fsdpcomp.ReduceScatter):
     """The reduce-scatter fsdpcomp.register sets, recording each call's input and output."""
     log: list
@@ -199,16 +213,7 @@ def _ddp(rank, world):
     for key, inp, out, shapes in hook.log:
         gathered = [torch.empty_like(inp) for _ in range(world)]
         dist.all_gather(gathered, inp)
-        grads = [[t.view(sh) for t, sh in zip(g.split([torch.Size(sh).numel() for sh in shapes]), shapes)]
-                 for g in gathered]
-        if key not in carried:
-            layout = Layout.of_shapes(shapes)
-            qs = iter(state._power._initial_q(state._units._index[key], state._power._plan_of(layout, inp.numel()),
-                                              inp.device))
-            carried[key] = {"q": [next(qs) if len(sh) >= 2 else None for sh in shapes],
-                            "e": [[torch.zeros(sh) if len(sh) >= 2 else None for _ in range(world)] for sh in shapes]}
-        want = torch.cat([m.reshape(-1) for m in reference(grads, shapes, 1, carried[key])])
-        worst = max(worst, float((want - out).abs().max()))
+        worst = max(worst, _flat_error(state, key, gathered, shapes, out, carried))
     return identical, losses, dict(state.counters()), worst, len(hook.log)
 
 
@@ -294,15 +299,7 @@ def _replicate(rank, world):
         dist.all_gather(every, inp)
         params = mods["" if key == "<root>" else key]._get_fsdp_state()._fsdp_param_groups[0].fsdp_params
         shapes = [tuple(p.padded_sharded_param_size) for p in params]
-        grads = [[t.view(s) for t, s in zip(g.split([torch.Size(s).numel() for s in shapes]), shapes)] for g in every]
-        if key not in carried:
-            layout = Layout.of_shapes(shapes)
-            qs = iter(state._power._initial_q(state._units._index[key], state._power._plan_of(layout, inp.numel()),
-                                              inp.device))
-            carried[key] = {"q": [next(qs) if len(s) >= 2 else None for s in shapes],
-                            "e": [[torch.zeros(s) if len(s) >= 2 else None for _ in range(world)] for s in shapes]}
-        want = torch.cat([m.reshape(-1) for m in reference(grads, shapes, 1, carried[key])])
-        worst = max(worst, float((want - out).abs().max()))
+        worst = max(worst, _flat_error(state, key, every, shapes, out, carried))
     params = torch.cat([p.to_local().detach().reshape(-1) for p in model.parameters()])
     every = [torch.empty_like(params) for _ in range(world)]
     dist.all_gather(every, params)
