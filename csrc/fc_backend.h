@@ -17,20 +17,10 @@ typedef struct {
     const struct fc_cuda_call_s *k;
 } fc_exec;
 
-/* What went on the wire for one chunk of an encode call, for the driver to count: its padded
- * size (0: no payload), the layout its body holds and whether a data-dependent method wrote
- * it as `none` (fell back). */
-typedef struct {
-    int64_t size;
-    fc_layout l;
-    int none;
-} fc_sent;
-
 /* The element work over the driver's plan and decisions. Every entry gets the call's decisions
  * from the driver (the open encode call s->enc: wire method, error feedback, sampling; the
  * plan's receive sizes) and returns what it did; none of them counts a call or a payload. */
 struct fc_backend {
-    const char *name;
     int on_host; /* its time and element statistics are the host's (CUDA keeps them on the
                   * device: events, the workspace's counts and residual norms) */
     /* every chunk of the open call s->enc into send, back to back; sent[c] per chunk */
@@ -64,6 +54,8 @@ extern const fc_backend fc_backend_cuda; /* fc_cuda_path.c */
 
 /* The driver's entries, one for CPU and CUDA tensors: sizes[c] the bytes of the payload for
  * rank c (0 for none), back to back in send; below the plan's bounds for FC_VARSIZE methods. */
+/* sizes[c]: bytes of the payload for rank c (0 for none); they lie back to back in send. For
+ * FC_VARSIZE methods they are smaller than the plan's bounds. */
 int fc_drive_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *send,
                     fc_buf *residual, int world, int rank, uint32_t unit, int64_t *sizes,
                     fc_err *err);
@@ -87,6 +79,6 @@ void fc_drive_encode_open(fc_core *s, const fc_buf *grad, const fc_buf *residual
  * backend: its layout and size, a `none` fallback, the input's raw bytes. */
 void fc_drive_count_sent(fc_core *s, const fc_sent *p, int64_t n, int dtype);
 /* Closes the open call: the unit's residual bookkeeping and the per-call counters. */
-void fc_drive_encode_close(fc_core *s, const fc_exec *x, const fc_buf *residual);
+void fc_drive_encode_close(fc_core *s, int on_host, const fc_buf *residual);
 
 #endif

@@ -114,18 +114,17 @@ static int choices_text(const fc_key *k, char *buf, size_t cap)
 static int parse_value(const char *method, const fc_key *k, PyObject *v, void *dst, fc_err *err)
 {
     char *p = (char *)dst + k->offset;
-    const char *tname = FC_TYPE_NAME(v);
     switch (k->kind) {
     case FC_KEY_BOOL:
         if (!PyBool_Check(v))
             return fc_fail(err, FC_ERR_VALUE, "%s config key '%s' must be true or false, got %s",
-                           method, k->name, tname);
+                           method, k->name, FC_TYPE_NAME(v));
         *(int *)p = v == Py_True;
         return FC_OK;
     case FC_KEY_INT: {
         if (!PyLong_Check(v) || PyBool_Check(v))
             return fc_fail(err, FC_ERR_VALUE, "%s config key '%s' must be an integer, got %s",
-                           method, k->name, tname);
+                           method, k->name, FC_TYPE_NAME(v));
         int overflow = 0;
         long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
         if (x == -1 && PyErr_Occurred()) {
@@ -147,7 +146,7 @@ static int parse_value(const char *method, const fc_key *k, PyObject *v, void *d
     case FC_KEY_FLOAT: {
         if ((!PyFloat_Check(v) && !PyLong_Check(v)) || PyBool_Check(v))
             return fc_fail(err, FC_ERR_VALUE, "%s config key '%s' must be a number, got %s",
-                           method, k->name, tname);
+                           method, k->name, FC_TYPE_NAME(v));
         double x = PyFloat_AsDouble(v);
         if (x == -1.0 && PyErr_Occurred()) {
             PyErr_Clear();
@@ -165,7 +164,7 @@ static int parse_value(const char *method, const fc_key *k, PyObject *v, void *d
         choices_text(k, opts, sizeof(opts));
         if (!PyUnicode_Check(v))
             return fc_fail(err, FC_ERR_VALUE, "%s config key '%s' must be one of %s, got %s",
-                           method, k->name, opts, tname);
+                           method, k->name, opts, FC_TYPE_NAME(v));
         char what[96];
         snprintf(what, sizeof(what), "config key '%s' value", k->name);
         const char *s = text_of(v, method, what, err);

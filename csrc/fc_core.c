@@ -454,7 +454,7 @@ int fc_core_per_peer_ok(const fc_core *s, int64_t numel, int world)
 
 /* ---- the second round's first step ----
  * A method with a second round (fc_method.fetch_k, Sketched-SGD) has its owner pick coordinates
- * from the summed payloads inside fc_core_decode. The core does that through the method table's
+ * from the summed payloads inside fc_drive_decode. The core does that through the method table's
  * fetch_k/pick entries, never naming the method or fc_fetch.c: the rest of the round
  * (fc_fetch.c) builds on this file, not the other way round, so there is no include cycle. */
 

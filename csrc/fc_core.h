@@ -59,7 +59,16 @@ typedef struct {
     int64_t numel;
 } fc_call_key;
 
-/* One encode call in progress: fc_core_encode runs one whole, fc_core_encode_part a chunk at a
+/* What went on the wire for one chunk of an encode call, for the driver to count: its padded
+ * size (0: no payload), the layout its body holds and whether a data-dependent method wrote
+ * it as `none` (fell back). */
+typedef struct {
+    int64_t size;
+    fc_layout l;
+    int none;
+} fc_sent;
+
+/* One encode call in progress: fc_drive_encode runs one whole, fc_core_encode_part a chunk at a
  * time (the pipelined exchange sends each payload as soon as it is encoded). What is counted per
  * call, not per chunk, lives here until the last chunk closes the call. */
 typedef struct {
@@ -74,6 +83,7 @@ typedef struct {
     double e_sq;
     uint8_t next_piece[FC_MAX_WORLD];
     int64_t at[FC_MAX_WORLD + 1]; /* per-peer layout: where chunk c's parts start; [world]: total */
+    fc_sent sent[FC_MAX_WORLD]; /* a whole encode's payloads, as its backend wrote them */
 } fc_encode_call;
 
 /* One decode_part call sequence in progress: the own chunk opens it, the other ranks' payloads
@@ -112,7 +122,7 @@ typedef struct {
     int64_t loose_unit;
     int64_t x_cap, acc_cap, dec_cap;
     size_t mscr_cap;
-    /* the second round: the owner's picks from the latest decode (fc_core_decode writes them,
+    /* the second round: the owner's picks from the latest decode (fc_drive_decode writes them,
      * fc_fetch.c reads them), and the unit of the latest encode (whose residuals hold g') */
     uint32_t *picks;
     int64_t picks_cap, n_picks;
@@ -167,17 +177,10 @@ int fc_core_begin(fc_core *s, int64_t numel, int64_t want, int new_step, uint32_
                   fc_err *err);
 void fc_core_end_step(fc_core *s);
 
-/* sizes[c]: bytes of the payload for rank c (0 for none); they lie back to back in send. For
- * FC_VARSIZE methods they are smaller than the plan's bounds. */
-int fc_core_encode(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual, int world,
-                   int rank, uint32_t unit, int64_t *sizes, fc_err *err);
-int fc_core_decode(fc_core *s, const fc_buf *recv, const fc_buf *grad, fc_buf *out, int world,
-                   int rank, uint32_t unit, fc_err *err);
-
 /* A second round (fc_method.fetch_k, driven by fc_fetch.c): picks per rank in the all-gather
  * (the largest chunk's k) for a unit of N elements, 0 when the unit has none (its method, its
  * config, or a world of one rank that sends nothing); and k for one chunk of `len` elements.
- * fc_core_decode of such a unit only picks (fc_method.pick), into s->picks. */
+ * fc_drive_decode of such a unit only picks (fc_method.pick), into s->picks. */
 int64_t fc_core_fetch_kmax(const fc_core *s, int64_t N, int world);
 int64_t fc_core_fetch_k(const fc_core *s, const fc_method *m, int64_t len);
 
@@ -191,13 +194,13 @@ void fc_core_piece_plan(const fc_core *s, int64_t numel, int dtype, int world, i
                         int64_t *sizes, int *count);
 /* Encodes piece `piece` of chunk `chunk` into its slot of the send buffer (*size 0: no
  * payload). Every part comes once: chunks in any order, a chunk's pieces in order. With one
- * piece per chunk the bytes are those fc_core_encode writes; the call is counted when its last
+ * piece per chunk the bytes are those fc_drive_encode writes; the call is counted when its last
  * part is done. */
 int fc_core_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual, int world,
                         int rank, uint32_t unit, int chunk, int piece, int64_t *size, fc_err *err);
 /* Adds piece `piece` of the payload from rank `src` (empty for an own chunk kept exact). src =
  * rank opens the call, then rank+1, rank+2, ... (mod world), each sender's pieces in order: a
- * fixed order, so every run sums the same way; it differs from fc_core_decode's rank order
+ * fixed order, so every run sums the same way; it differs from fc_drive_decode's rank order
  * (0, 1, ...) for world > 2 in rounding only. The last part writes `out`. */
 int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, fc_buf *out,
                         int world, int rank, uint32_t unit, int src, int piece, fc_err *err);
@@ -231,11 +234,5 @@ int64_t fc_core_unit_floats(const fc_core *s, int64_t numel);
 /* Validates a saved unit state of `len` floats for a unit of `numel` elements (checkpoints). */
 int fc_core_check_unit_state(const fc_core *s, int64_t numel, const float *v, int64_t len,
                              fc_err *err);
-
-/* One chunk, outside any collective (tests, benchmarks): x fp32 in, payload out. */
-int fc_core_compress(fc_core *s, const float *x, int64_t n, uint8_t *payload, int64_t cap,
-                     uint32_t unit, uint32_t chunk, int world, int rank, int64_t *written, fc_err *err);
-int fc_core_decompress(fc_core *s, const uint8_t *payload, int64_t bytes, int64_t n, float alpha,
-                       float *acc, uint32_t unit, uint32_t chunk, int world, fc_err *err);
 
 #endif

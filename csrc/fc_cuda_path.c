@@ -152,7 +152,6 @@ static int cuda_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf 
         fc_chunk_span(N, world, c, &start, &n);
         if (!fc_core_has_payload(s, N, world, rank, c))
             continue;
-        memset(&sent[c], 0, sizeof(sent[c]));
         if (varsize) {
             sent[c].l.value_bytes = dev[c].value_bytes;
             sent[c].l.meta_bytes = dev[c].meta_bytes;
@@ -393,7 +392,6 @@ static int cuda_decompress(fc_core *s, const fc_exec *x, const fc_buf *payload, 
 }
 
 const fc_backend fc_backend_cuda = {
-    "cuda",
     0,
     cuda_encode,
     cuda_decode,

@@ -1,6 +1,6 @@
 /* fc_decode.c: the driver's decode on the CPU: header checks, rank-order accumulation (or the
  * compressed-domain sum), the owner's picks of a second round, the output's cast and range rules
- * (fc_core_decode, its per-peer parts, decompress()). */
+ * (fc_drive_decode, its per-peer parts, decompress()). */
 #include "fc_core_impl.h"
 
 #include <math.h>

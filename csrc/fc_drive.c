@@ -39,11 +39,11 @@ void fc_drive_count_sent(fc_core *s, const fc_sent *p, int64_t n, int dtype)
     s->enc.raw += n * fc_dtype_size(dtype);
 }
 
-void fc_drive_encode_close(fc_core *s, const fc_exec *x, const fc_buf *residual)
+void fc_drive_encode_close(fc_core *s, int on_host, const fc_buf *residual)
 {
     fc_encode_call *e = &s->enc;
     if (e->use_ef) {
-        if (x->b->on_host) /* a CUDA unit's norm stays in the device workspace */
+        if (on_host) /* a CUDA unit's norm stays in the device workspace */
             s->units[e->key.unit].residual_sq = e->e_sq;
         s->units[e->key.unit].residual_elems = residual->numel;
     }
@@ -58,9 +58,8 @@ int fc_drive_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *se
     int rc = FC_OK;
     const double t0 = fc_core_now_s();
     const int64_t N = grad->numel;
-    fc_sent *sent = (fc_sent *)calloc((size_t)world, sizeof(fc_sent));
-    if (sent == NULL)
-        return fc_fail(err, FC_ERR_NOMEM, "could not allocate %d payload records", world);
+    fc_sent *sent = s->enc.sent; /* kept in the State: no allocation per call */
+    memset(sent, 0, (size_t)world * sizeof(fc_sent));
     fc_drive_encode_open(s, grad, residual, world, rank, unit);
     FC_TRY(x->b->encode(s, x, grad, send, residual, sent, err));
     for (int c = 0; c < world; c++) {
@@ -70,12 +69,11 @@ int fc_drive_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *se
         if (sizes[c] > 0)
             fc_drive_count_sent(s, &sent[c], n, grad->dtype);
     }
-    fc_drive_encode_close(s, x, residual);
+    fc_drive_encode_close(s, x->b->on_host, residual);
     if (x->b->on_host)
         s->ctr.compress_s += fc_core_now_s() - t0;
 error:
     s->enc.open = 0;
-    free(sent);
     return rc;
 }
 
@@ -115,8 +113,9 @@ int fc_drive_compress(fc_core *s, const fc_exec *x, const fc_buf *in, fc_buf *pa
     if (payload->numel < need)
         return fc_fail(err, FC_ERR_VALUE, "payload buffer holds %lld bytes, need %lld",
                        (long long)payload->numel, (long long)need);
-    if (residual != NULL && (residual->numel != in->numel || residual->dtype != FC_F32))
-        return fc_fail(err, FC_ERR_VALUE, "residual must be fp32 with x's %lld elements, got %lld",
+    /* fp32: the caller's view (state_chunk.c) */
+    if (residual != NULL && residual->numel != in->numel)
+        return fc_fail(err, FC_ERR_VALUE, "residual must have x's %lld elements, got %lld",
                        (long long)in->numel, (long long)residual->numel);
     const double t0 = fc_core_now_s(); /* the all-gather stage's encodes count as the collective's */
     int rc = x->b->compress(s, x, in, payload, residual, unit, chunk, world, rank, written, err);
@@ -141,7 +140,6 @@ int fc_drive_decompress(fc_core *s, const fc_exec *x, const fc_buf *payload, fc_
 
 /* The CPU backend: the loops of fc_encode.c, fc_decode.c and fc_fetch.c. */
 const fc_backend fc_backend_cpu = {
-    "cpu",
     1,
     fc_cpu_encode,
     fc_cpu_decode,

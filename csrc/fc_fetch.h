@@ -3,7 +3,7 @@
  * payloads, every sender answers with its exact (error-fed) values there, and the owner sums
  * them with its exact own chunk. The collectives themselves are the caller's (an all-gather of
  * the picks, an all-to-all of the values); their bytes are counted here. The round's first
- * step, the owner's picks, runs inside fc_core_decode through the method table (fc_core.h:
+ * step, the owner's picks, runs inside fc_drive_decode through the method table (fc_core.h:
  * fc_core_fetch_kmax); this file builds on fc_core.h and the core never includes it. Each step
  * checks and counts here for CPU and CUDA tensors alike; x's backend does the element work. */
 #ifndef FC_FETCH_H

@@ -36,7 +36,7 @@ FC_HOSTDEV int64_t fc_sketch_cols(int64_t rows, int64_t cols, int64_t n)
 {
     if (cols > 0)
         return cols;
-    const int64_t c = n / (FC_SKETCH_AUTO_DIV * (rows > 0 ? rows : 1));
+    const int64_t c = n / (FC_SKETCH_AUTO_DIV * rows); /* rows >= 1: the key table's range */
     return c < 1 ? 1 : c > FC_SKETCH_AUTO_MAX ? FC_SKETCH_AUTO_MAX : c;
 }
 

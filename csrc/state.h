@@ -95,9 +95,6 @@ PyObject *fc_state_residual(StateObject *self, uint32_t unit, PyObject *grad, in
 
 /* ---- state_exec.c, state_cuda.c: a call's backend, and what a call on CUDA tensors prepares */
 
-/* The CUDA library, the State's context and workspace, the current stream of grad's device. */
-int fc_state_cuda_prepare(StateObject *self, PyObject *grad, const fc_view *g, fc_cuda_call *k,
-                          fc_err *err);
 /* The backend of a call on the tensor `like` (its view v), picked once by its device: the
  * CPU's, or the CUDA library's with the call prepared into *k (x->k = k). */
 int fc_state_exec(StateObject *self, PyObject *like, const fc_view *v, fc_cuda_call *k,

@@ -7,8 +7,8 @@
 
 /* Loads the CUDA library, the state's context and device workspace, and the current stream
  * of grad's device. The workspace comes from the allocator (torch's), never cudaMalloc. */
-int fc_state_cuda_prepare(StateObject *self, PyObject *grad, const fc_view *g, fc_cuda_call *k,
-                          fc_err *err)
+static int fc_state_cuda_prepare(StateObject *self, PyObject *grad, const fc_view *g,
+                                 fc_cuda_call *k, fc_err *err)
 {
     fc_view wv = {0};
     memset(k, 0, sizeof(*k));

@@ -297,6 +297,8 @@ typedef struct {
     // none.
     int (*scratch)(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, int64_t *bytes,
                    fc_err *err);
+    // 1: compress() cannot take a residual (the single payload carries no residual update)
+    int single_without_residual;
 } fc_cu_method;
 
 // The method's parsed config as its fc_cfg.h struct (the C side's bytes as they are).

@@ -135,8 +135,6 @@ __global__ void check_headers(fc_cuda_geom geo, const uint8_t *recv, int64_t slo
     }
 }
 
-enum { SKETCH_ID = 11 }; // m_sketch.c's wire id
-
 static int check_call(const fc_cu_method *m, int id, const fc_cuda_geom *geo, fc_err *err)
 {
     if (m == NULL)
@@ -307,9 +305,9 @@ static int compress(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *wri
     if (a->h.geo.numel < 1 || a->h.geo.per != a->h.geo.numel || a->h.geo.skip_own || a->sample)
         return fc_fail(err, FC_ERR_STATE, "internal: compress() takes a one-chunk geometry without "
                        "sample");
-    if (a->residual != NULL && a->h.m.id == SKETCH_ID) // its single payload is the table alone
-        return fc_fail(err, FC_ERR_TYPE, "sketch: compress() with a residual has no CUDA kernels "
-                       "in this build");
+    if (a->residual != NULL && m->single_without_residual) // m: checked by frame_check
+        return fc_fail(err, FC_ERR_TYPE, "method id %d: compress() with a residual has no CUDA kernels "
+                       "in this build", a->h.m.id);
     const cudaStream_t s = f.s;
     FC_TRY(frame_start(ctx, m, &f, a->h, FC_TIME_COMPRESS, a, NULL, a->h.geo.world, err));
     {

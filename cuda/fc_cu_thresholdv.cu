@@ -95,7 +95,6 @@ __global__ void thrv_headers(fc_cu_selection sel, const fc_cuda_sent *sent, cons
         fc_header hd;
         if (sent[c].none)
             key.method = FC_CU_NONE_ID;
-        key.world = sel.sp.chunks;
         fc_header_make(&hd, &key, (uint64_t)h.n, (uint64_t)body,
                        !nonfinite_zero && bad[c] != 0 ? FC_HDR_NONFINITE : 0u); // as write_headers
         memcpy(p, &hd, sizeof(hd));
@@ -214,7 +213,7 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t
         const int dsize = a->h.grad_dtype == FC_CU_F32 ? 4 : 2;
         int fell_back = 0;
         FC_TRY(fc_cu_select_threshold(p.sel, e->src, c.v, s, err));
-        // compress(): the method as configured whatever its size (fc_core_compress), and the
+        // compress(): the method as configured whatever its size (fc_drive_compress), and the
         // size read back from the header by the driver afterwards
         thrv_plan<<<1, 1, 0, s>>>(p.sel, c.va, dsize, !e->single, p.sent, p.offs);
         FC_CHECK_LAUNCH(err, error);
