@@ -19,6 +19,7 @@ import resource
 import socket
 import sys
 import time
+import traceback
 import warnings
 from datetime import timedelta
 
@@ -461,7 +462,11 @@ def save_final(state_dict: dict, config, tok, out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    status = main()
+    try:
+        status = main()
+    except Exception:  # an unexpected error leaves the same way, with its traceback
+        traceback.print_exc()
+        status = 1
     # Leave without finalizing the interpreter. torch's process group can outlive
     # destroy_process_group (FSDP2's hooks hold it until exit), and a gloo thread that takes the
     # GIL while Python finalizes aborts the job (SIGABRT, "terminate called without an active

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 import torch
-import torch.distributed as dist
+
+from ._dist import Ranks
 
 FORMAT = 2  # 1: the flat dict of fsdpcomp 0.1 (no "format" key, no rank, no world size)
 DROP_HINT = ("to resume at another world size, or from another rank's state, drop the "
@@ -58,9 +59,8 @@ class Saved:
 
 def process_rank() -> tuple[int, int]:
     """(rank, world size) of this process in the default group: the keys DCP's writers share."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    ranks = Ranks.of(None)
+    return ranks.rank, ranks.world
 
 
 def rank_key(rank: int) -> str:

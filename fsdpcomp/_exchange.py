@@ -7,8 +7,7 @@ The interface CommState uses: ``reduce_scatter`` (the all-to-all exchange, or th
 per-peer one, with the size exchange and the second round where the method has them), ``sync``
 (method state kept equal on all ranks), ``all_gather`` (the all-gather half of an all-reduce,
 _shard_gather.py), ``signature`` (what an exchange looks like, for the handshake in _agree.py),
-``timed`` (one counted collective), ``buffers``, the all-gather half's ``gather_residuals`` and
-``saturated`` count."""
+``timed`` (one counted collective), ``buffers`` and the all-gather half's ``gather_residuals``."""
 from __future__ import annotations
 
 import time
@@ -262,7 +261,9 @@ class Exchange:
         parts = self._part_slots(grad, world, rank)
         send, send_slots, recv_slots = parts.send, parts.send_slots, parts.recv_slots
         arriving, leaving = {}, []
-        handoff = Handoff([t for side in (recv_slots, send_slots) for part in side for t in part])
+        # what can go on the wire: the peers' non-empty slots (the own chunk never leaves)
+        handoff = Handoff([t for side in (recv_slots, send_slots) for peer, part in enumerate(side)
+                           if peer != rank for t in part if t.numel()])
         try:
             for k in range(1, world):
                 src = (rank + k) % world

@@ -96,7 +96,8 @@ def _compressed(ex, reduced, grad, unit, ranks, residuals) -> str:
         if e is None or e.numel() != shard:
             e = torch.zeros(shard, dtype=torch.float32, device=dev)
         elif ex.wire.varsize:
-            kept = e.clone()  # restored if the payloads do not pay
+            kept = ex.buffers.typed("gather_e_kept", shard, torch.float32, dev)
+            kept.copy_(e)  # restored if the payloads do not pay
     elif ex.wire.zero_nonfinite:  # "zero" mode's NaN/Inf of the shard become e = 0
         e = ex.buffers.typed("gather_e0", shard, torch.float32, dev)
         e.zero_()
