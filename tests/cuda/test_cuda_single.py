@@ -185,6 +185,7 @@ def test_single_payloads_with_a_residual_match_cpu(method, cfg, mode, gen):
     # go exactly, e = 0 there) on neither; the CUDA count leaves out the block codecs' own
     # (docs/design.md "The CUDA path")
     assert (cpu.counters()["saturated"] > 0) == (dev.counters()["saturated"] > 0)
+    assert (cpu.counters()["saturated"] > 0) == (method != "thresholdv"), cpu.counters()["saturated"]
 
 
 def test_sketch_single_payload_with_a_residual_is_refused_on_cuda(gen):

@@ -13,6 +13,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import fsdpcomp
+from helpers.ckpt import own
 from helpers.dist_utils import run_ranks
 from helpers.step_models import Blocks, fsdp2
 
@@ -41,7 +42,7 @@ def _step(rank, t, model, wrapped, opt):
 
 def _outcome(wrapped, state, losses):
     params = [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for p in wrapped.parameters()]
-    mine = state.state_dict()[f"rank{dist.get_rank()}"]
+    mine = own(state.state_dict())
     return params, losses, mine.unit_keys, mine.residuals, state.step
 
 
@@ -60,13 +61,13 @@ def _first_half(rank, world, kind, path):
     torch.save(state.state_dict(), buf)
     blobs = [None] * world
     dist.all_gather_object(blobs, buf.getvalue())
-    before = state.state_dict()[f"rank{rank}"].residuals
+    before = own(state.state_dict()).residuals
     try:
         state.load_state_dict(torch.load(io.BytesIO(blobs[0])))  # torch.load's default: weights_only
         refused = None
     except ValueError as e:
         refused = str(e)
-    after = state.state_dict()[f"rank{rank}"].residuals
+    after = own(state.state_dict()).residuals
     unchanged = all(torch.equal(a, b) for a, b in zip(before, after))
     return losses, refused, unchanged
 

@@ -51,7 +51,6 @@ def test_compress_with_a_residual_gives_the_reduce_scatters_residuals(method, cf
         c.reduce_scatter(g, torch.empty(g.numel()))
         c.end_step()
         payload, e = gather_half(st, g, e)
-        assert payload.numel() > 0
         r = c._core.residuals()[0]
         assert torch.isfinite(e).all() and torch.isfinite(r).all()
         assert torch.equal(e, r), (step, (e != r).nonzero()[:5].flatten().tolist())
