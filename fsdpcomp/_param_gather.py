@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import torch
 
 from . import _C
+from ._alloc import allocate
 from ._dist import Ranks, all_gather_single, settled
 from ._exchange import Buffers
 
@@ -25,7 +26,8 @@ def make_param_codec(config: Mapping[str, Any]) -> "_C.State | None":
     name = config["param_gather"]
     if name == "none":
         return None
-    return _C.State(name, {} if name == "bf16" else {"block_size": config["param_gather_block_size"]})
+    # the allocator: on CUDA the codec's workspace is a torch tensor (the GPU run found it missing)
+    return _C.State(name, {} if name == "bf16" else {"block_size": config["param_gather_block_size"]}, allocate)
 
 
 class ParamGather:

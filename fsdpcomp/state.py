@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C, _agree, _checkpoint
+from ._alloc import allocate
 from ._cuda_check import require_cuda
 from ._config import gather_default, normalize_config
 from ._dist import Ranks
@@ -22,14 +23,6 @@ from ._units import UnitTable, refuse_nonfinite
 from .counters import Counters
 
 POWERSGD_STATE_VERSION = 1  # RankState.method_state["powersgd"]'s layout
-
-_RESIDUAL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def _allocate_residual(numel: int, dtype_name: str, like: torch.Tensor) -> torch.Tensor:
-    """Residual memory comes from torch's allocator, on the gradient's device."""
-    return torch.zeros(numel, dtype=_RESIDUAL_DTYPES[dtype_name], device=like.device)
-
 
 def _check_tensor(t: Any, name: str) -> None:
     """What every gradient tensor a hook call reduces must be, checked before the call claims
@@ -76,7 +69,7 @@ class CommState:
         if method == "powersgd":
             cfg, config, power_keys = PowerConfig.split(config, _C.method_info(""))
         try:
-            self._core = _C.State("none" if power_keys else method, gather_default(config), _allocate_residual)
+            self._core = _C.State("none" if power_keys else method, gather_default(config), allocate)
         except ValueError as e:  # the common keys, checked by the `none` core: named for powersgd
             raise ValueError(str(e).replace("none config key", "powersgd config key")) from None
         if power_keys:

@@ -24,7 +24,13 @@ except ImportError:  # older torch: the classes still work, register() says what
 def _param_groups(module: torch.nn.Module) -> list:
     """An FSDPModule's parameter groups (each parameter's padded shard, HSDP or not)."""
     # torch has no public accessor for them
-    return module._get_fsdp_state()._fsdp_param_groups
+    state = module._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return groups
+    # torch <= 2.11 (the GPU image's): one optional group, _fsdp_param_group
+    group = getattr(state, "_fsdp_param_group", None)
+    return [] if group is None else [group]
 
 
 def _matrices(state: CommState, module: torch.nn.Module | None, blocks: int, numel: int) -> Layout | None:
