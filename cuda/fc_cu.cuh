@@ -400,6 +400,15 @@ template <class F> __device__ __forceinline__ void fc_cu_decode_out(const fc_cu_
     fc_cu_count(&d.ws->saturated, sat);
 }
 
+// *p += t as the CPU's decode_add leaves it: a NaN sum is the canonical NaN. The CPU's add of
+// the canonical NaN it decoded keeps that NaN; the GPU's arithmetic writes any NaN it makes as
+// 0x7fffffff, so decompress() of NaN/Inf inputs differed in the NaN's bits on the first H200
+// run. Every add of decompress() and of the sparse decoders goes through here.
+__device__ __forceinline__ void fc_cu_add_canon(float *p, float t)
+{
+    *p = fc_canon_nan(*p + t);
+}
+
 template <class V> __global__ void fc_cu_decode_dense(fc_cu_dec d, V v)
 {
     int64_t start, n;
@@ -412,7 +421,7 @@ template <class V> __global__ void fc_cu_decode_dense(fc_cu_dec d, V v)
         for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
             int poison = d.bad[0] != 0;
             const float t = poison ? 0.0f : v.term(body, i, d.alpha, &poison);
-            ((float *)d.out)[i] += poison ? __int_as_float(0x7fc00000) : t;
+            fc_cu_add_canon((float *)d.out + i, poison ? fc_bits_f32(FC_NAN_BITS) : t);
         }
         return;
     }

@@ -145,7 +145,7 @@ __global__ void gvq_add(fc_cu_dec d, gvq_cfg g, const float *u)
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
         if (d.bad[0] != 0) {
-            out[i] += fc_bits_f32(FC_NAN_BITS);
+            fc_cu_add_canon(out + i, fc_bits_f32(FC_NAN_BITS));
             continue;
         }
         const int64_t s = i / g.m;
@@ -153,7 +153,7 @@ __global__ void gvq_add(fc_cu_dec d, gvq_cfg g, const float *u)
         float dd = 0.0f;
         for (int j = 0; j < g.k; j++)
             dd += u[j * g.m + t] * coef[s * g.k + j];
-        out[i] += d.alpha * dd;
+        fc_cu_add_canon(out + i, d.alpha * dd);
     }
 }
 

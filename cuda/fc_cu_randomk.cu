@@ -331,12 +331,12 @@ __global__ void rk_add(fc_cu_dec d, fc_cu_vc vc, const int64_t *idx, int64_t n, 
     const int64_t stride = (int64_t)gridDim.x * blockDim.x, t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (d.bad[0] != 0) {
         for (int64_t i = t0; i < n; i += stride)
-            out[i] += fc_cu_poison();
+            fc_cu_add_canon(out + i, fc_cu_poison());
         return;
     }
     for (int64_t j = t0; j < k; j += stride) {
         int bad = 0;
-        out[idx[j]] += a * (0.0f + vc.term(rk_values(d, 0), k, j, 1.0f, &bad));
+        fc_cu_add_canon(out + idx[j], a * (0.0f + vc.term(rk_values(d, 0), k, j, 1.0f, &bad)));
     }
 }
 

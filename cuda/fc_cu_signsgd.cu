@@ -133,7 +133,7 @@ __global__ void sign_vote_add(fc_cu_dec d, float s)
     const uint8_t *bits = d.recv + FC_HEADER_BYTES;
     float *out = (float *)d.out;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride)
-        out[i] += d.bad[0] != 0 ? fc_bits_f32(FC_NAN_BITS) : (bits[i >> 3] >> (i & 7)) & 1u ? -s : s;
+        fc_cu_add_canon(out + i, d.bad[0] != 0 ? fc_bits_f32(FC_NAN_BITS) : (bits[i >> 3] >> (i & 7)) & 1u ? -s : s);
 }
 
 struct sign_cfg {

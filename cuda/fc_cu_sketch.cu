@@ -329,7 +329,7 @@ __global__ void sk_add_poison(fc_cu_dec d, int64_t n)
     if (d.bad[0] == 0)
         return;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        ((float *)d.out)[i] += fc_cu_poison();
+        fc_cu_add_canon((float *)d.out + i, fc_cu_poison());
 }
 
 __global__ void sk_add_heavy(fc_cu_dec d, const float *est, const int64_t *idx, const int64_t *num)
@@ -338,7 +338,7 @@ __global__ void sk_add_heavy(fc_cu_dec d, const float *est, const int64_t *idx, 
         return;
     const int64_t total = *num, stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < total; j += stride)
-        ((float *)d.out)[idx[j]] += d.alpha * est[idx[j]];
+        fc_cu_add_canon((float *)d.out + idx[j], d.alpha * est[idx[j]]);
 }
 
 struct sk_dec_parts {

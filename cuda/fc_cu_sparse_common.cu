@@ -492,13 +492,13 @@ __global__ void sp_scatter(fc_cu_dec d, const fc_cu_sp_desc *desc, int r, fc_cu_
     const int64_t stride = (int64_t)gridDim.x * blockDim.x, t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (d.bad[r] != 0) {
         for (int64_t i = t0; i < n; i += stride)
-            acc[i] += fc_cu_poison();
+            fc_cu_add_canon(acc + i, fc_cu_poison());
         return;
     }
     const uint8_t *v = sp_body(d, p) + p.at_vals;
     if (p.width == FC_CU_SP_NONE) { // none's decode_add: acc[i] += alpha * value i
         for (int64_t i = t0; i < n; i += stride)
-            acc[i] += alpha * fc_cu_load(v, d.gdt, i);
+            fc_cu_add_canon(acc + i, alpha * fc_cu_load(v, d.gdt, i));
         return;
     }
     const float pos = alpha * va.sign_v, neg = alpha * -va.sign_v;
@@ -506,9 +506,9 @@ __global__ void sp_scatter(fc_cu_dec d, const fc_cu_sp_desc *desc, int r, fc_cu_
         int bad = 0;
         const int64_t i = sp_index(d, p, sel.idx, j);
         if (va.sign)
-            acc[i] += (v[j >> 3] >> (j & 7)) & 1u ? neg : pos;
+            fc_cu_add_canon(acc + i, (v[j >> 3] >> (j & 7)) & 1u ? neg : pos);
         else
-            acc[i] += 0.0f + va.vc.term(v, p.k, j, alpha, &bad);
+            fc_cu_add_canon(acc + i, 0.0f + va.vc.term(v, p.k, j, alpha, &bad));
     }
 }
 

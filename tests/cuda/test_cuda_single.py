@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import fsdpcomp
-from helpers.cuda_cases import make_grad, same_bits
+from helpers.cuda_cases import bits_report, make_grad, same_bits
 from fsdpcomp import _C
 
 EMULATED = os.environ.get("FSDPCOMP_TEST_EMULATED") == "1"
@@ -73,13 +73,15 @@ def check_single(cpu, dev, x: torch.Tensor, gen, unit: int = 3, chunk: int = 5, 
         acc_d = acc.to(DEV, copy=True)
         cpu._core.decompress(pa[:wa], acc, alpha=alpha, unit=unit, chunk=chunk, world=world)
         dev._core.decompress(pb[:wb], acc_d, alpha=alpha, unit=unit, chunk=chunk, world=world)
-        assert same_bits(acc, acc_d.cpu()), f"{what} n={n} alpha={alpha}: decompressed sums"
+        assert same_bits(acc, acc_d.cpu()), \
+            f"{what} n={n} alpha={alpha}: decompressed sums (cpu/device bits) {bits_report(acc, acc_d.cpu())}"
     # a payload buffer longer than the payload (the all-gather's slot): the same sum
     acc = torch.zeros(n)
     acc_d = acc.to(DEV, copy=True)
     cpu._core.decompress(pa, acc, unit=unit, chunk=chunk, world=world)
     dev._core.decompress(pb, acc_d, unit=unit, chunk=chunk, world=world)
-    assert same_bits(acc, acc_d.cpu()), f"{what} n={n}: decompress of the whole buffer"
+    assert same_bits(acc, acc_d.cpu()), \
+        f"{what} n={n}: decompress of the whole buffer (cpu/device bits) {bits_report(acc, acc_d.cpu())}"
 
 
 @pytest.mark.parametrize("method,cfg", CASES, ids=IDS)

@@ -77,6 +77,16 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a.view(view), b.view(view)))
 
 
+def bits_report(a: torch.Tensor, b: torch.Tensor, k: int = 4) -> str:
+    """The first k differing elements as index: a's bits / b's bits (hex), for an assertion's
+    message: a NaN's bit pattern tells which path wrote it."""
+    view = torch.int32 if a.element_size() == 4 else torch.int16
+    x, y = a.view(view).flatten(), b.view(view).flatten()
+    at = (x != y).nonzero().flatten()[:k].tolist()
+    mask = 0xFFFFFFFF if view is torch.int32 else 0xFFFF
+    return ", ".join(f"[{i}] {int(x[i]) & mask:#x}/{int(y[i]) & mask:#x}" for i in at)
+
+
 def differ_at(a: torch.Tensor, b: torch.Tensor) -> list[int]:
     view = torch.int32 if a.element_size() == 4 else torch.int16
     return (a.view(view) != b.view(view)).nonzero().flatten()[:8].tolist()
