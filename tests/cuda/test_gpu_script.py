@@ -1,12 +1,14 @@
-"""tests/gpu/run.sh before a GPU ever runs it: the whole script under the emulated CUDA library
-(run.sh --emulated: prerequisites, the emulated build, the pytest group's collection, the bytes
-checks at small sizes, sanitize_run.py's calls, what needs the hardware recorded as skipped),
-and its pieces on their own: bit comparison that tells NaN payloads apart, the harness's group
-budget and per-check records, the example's data large enough for its validation split."""
+"""tests/gpu/run.sh before a GPU ever runs it: `prepare`'s folder restored into a clean tree and
+both profiles run there on the emulated CUDA library (run.sh --emulated quick rest: the carried
+libraries verified, every check recorded, the byte checks passing, what needs the hardware
+recorded as skipped), carried libraries of other sources or another ABI refused, and the pieces
+on their own: bit comparison that tells NaN payloads apart, the harness's group budget and
+per-check records, the example's data large enough for its validation split."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,38 +29,132 @@ needs_cxx = pytest.mark.skipif(not (os.environ.get("CXX") or shutil.which("g++")
                                reason="no C++ compiler for the CUDA emulation")
 
 
-@needs_cxx
-def test_run_sh_emulated(tmp_path):
-    """Every group run.sh has, emulated: each check recorded, the byte checks passing, nothing
-    that needs a GPU claiming to have passed."""
-    from helpers.pkg_path import pythonpath
+needs_nvcc = pytest.mark.skipif(not (os.environ.get("NVCC") or shutil.which("nvcc") or
+                                     os.path.exists("/usr/local/cuda/bin/nvcc")),
+                                 reason="no nvcc: prepare builds the CUDA library")
+PREPARE = os.path.join(ROOT, "tests", "gpu", "prepare.py")
+# every check the two profiles record, by name: a profile that loses one fails here
+QUICK_REST_CHECKS = {
+    "env.prereq", "env.carried", "build.build",
+    "pytest.cuda_tests_quick", "pytest.cuda_tests_rest",
+    "bytes.encode_bytes_and_residuals", "bytes.encode_nonfinite_bytes", "bytes.loopback_decode_of_w_payloads",
+    "bytes.compress_decompress_single_payloads", "bytes.encode_above_2_31_bytes",
+    "driver.300_calls_without_counters", "driver.comm_time_is_device_time", "driver.counters_wait_without_the_gil",
+    "driver.sampled_statistics_follow_the_cpu_rule", "driver.nccl_release_and_reuse",
+    "driver.nccl_dropped_and_exit_are_local", "driver.nccl_peer_that_never_joins_times_out",
+    "train.fsdp1_every_method", "train.fsdp2_every_method", "train.ddp_every_method", "train.examples_fsdp_train",
+    "bench.kernels_cuda_quick", "bench.kernels_cuda_rest",
+    "sanitize.entry_points_emulated", "sanitize.memcheck", "sanitize.initcheck", "sanitize.racecheck",
+    "sanitize.synccheck",
+}
 
-    out = tmp_path / "gpu"
-    env = dict(os.environ, FSDPCOMP_GPU_OUT=str(out), FSDPCOMP_GPU_GROUP_TIMEOUT="900", PYTHONPATH=pythonpath(),
-               # the emulated library the *_emulated.py tests build (pytest_emulated.py's default)
+
+def _clean_tree(dst) -> None:
+    """The checkout as a fresh clone has it (tracked and untracked-not-ignored files): no build
+    output, no in-place libraries."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        src = os.path.join(ROOT, rel)
+        if os.path.isfile(src):
+            os.makedirs(os.path.join(dst, os.path.dirname(rel)), exist_ok=True)
+            shutil.copy2(src, os.path.join(dst, rel))
+
+
+def _run_sh(tree, out, *args):
+    env = dict(os.environ, FSDPCOMP_GPU_OUT=str(out),
                FSDPCOMP_EMU_DIR=os.environ.get("FSDPCOMP_EMU_DIR") or
                os.path.join(tempfile.gettempdir(), f"fsdpcomp_cuda_emu_{os.getuid()}"))
-    r = subprocess.run(["bash", os.path.join(ROOT, "tests", "gpu", "run.sh"), "--emulated", "all"],
-                       capture_output=True, text=True, env=env, timeout=1800)
+    env.pop("PYTHONPATH", None)  # the tree's own fsdpcomp, with the carried _C
+    return subprocess.run(["bash", os.path.join(tree, "tests", "gpu", "run.sh"), *args], capture_output=True,
+                          text=True, env=env, timeout=1800)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """`prepare` (no wheels: no network needed) and its folder restored into a clean tree."""
+    if shutil.which("git") is None or not os.path.isdir(os.path.join(ROOT, ".git")):
+        pytest.skip("not a git checkout: the clean tree is what git tracks")
+    tmp = tmp_path_factory.mktemp("prepared")
+    built = tmp / "built" / ".gpu"
+    r = subprocess.run([sys.executable, PREPARE, "build", "--dir", str(built), "--scratch", str(tmp / "scratch"),
+                        "--no-wheels"], capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    manifest = json.loads((built / "manifest.json").read_text())
+    assert manifest["archs"] == ["90"] and manifest["ptx"] == "90" and "csrc/fc_drive.c" in manifest["sources"]
+    tree = tmp / "tree"
+    _clean_tree(tree)
+    shutil.copytree(built, tree / ".gpu")
+    return tree
+
+
+@needs_cxx
+@needs_nvcc
+def test_prepared_folder_runs_quick_and_rest_emulated(prepared, tmp_path):
+    """The GPU plan as the device will run it, emulated: the carried libraries verified and
+    used (nothing compiled but the emulation), every check of both profiles recorded, the byte
+    checks passing, nothing that needs a GPU claiming to have passed."""
+    out = tmp_path / "gpu"
+    r = _run_sh(prepared, out, "--emulated", "quick", "rest")
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-6000:]
     checks = json.loads((out / "summary.json").read_text())["checks"]
+    assert set(checks) == QUICK_REST_CHECKS, (set(checks) ^ QUICK_REST_CHECKS, log[-3000:])
     status = {k: v["status"] for k, v in checks.items()}
-    for name in ("env.prereq", "build.build", "pytest.cuda_tests", "bytes.encode_bytes_and_residuals",
-                 "bytes.encode_nonfinite_bytes", "bytes.loopback_decode_of_w_payloads",
-                 "bytes.compress_decompress_single_payloads", "sanitize.entry_points_emulated"):
-        assert status.get(name) == "passed", (name, checks.get(name), log[-3000:])
+    for name in ("env.prereq", "env.carried", "build.build", "pytest.cuda_tests_quick", "pytest.cuda_tests_rest",
+                 "bytes.encode_bytes_and_residuals", "bytes.encode_nonfinite_bytes",
+                 "bytes.loopback_decode_of_w_payloads", "bytes.compress_decompress_single_payloads",
+                 "sanitize.entry_points_emulated"):
+        assert status[name] == "passed", (name, checks[name], log[-3000:])
+    assert checks["env.carried"]["detail"]["sm"] == ["90"]
     assert status["bytes.encode_above_2_31_bytes"] == "skipped"
     hardware = [k for k in status if k.split(".")[0] in ("driver", "train", "bench")] + \
         [f"sanitize.{t}" for t in ("memcheck", "initcheck", "racecheck", "synccheck")]
-    assert len(hardware) >= 14, status
     for name in hardware:
         assert status[name] == "skipped" and "GPU" in checks[name]["reason"], (name, checks[name])
-    # the pytest group: every CUDA test file but the emulator's wrappers
-    line = next(ln for ln in log.splitlines() if ln.startswith("---- pytest "))
-    for f in ("test_cuda.py", "test_cuda_single.py", "test_cuda_sparse.py", "test_cuda_param_gather.py"):
-        assert f"tests/cuda/{f}" in line, line
-    assert "_emulated.py" not in line and "test_cuda_emu_" not in line
+    # the benchmark's rows are listed per profile: the quick 12, the rest of the full table
+    assert "(12 rows listed)" in checks["bench.kernels_cuda_quick"]["reason"]
+    # the pytest sets: quick the device-equals-CPU files, rest the build file
+    lines = [ln for ln in log.splitlines() if ln.startswith("---- pytest ")]
+    assert "tests/cuda/test_cuda_sparse.py" in lines[0] and "test_cuda_build.py" not in lines[0], lines
+    assert "test_cuda_driver.py" not in " ".join(lines) and "tests/cuda/test_cuda_build.py" in lines[1], lines
+    assert "---- build (archs" not in log, "the CUDA library was compiled, not carried"
+
+
+@needs_nvcc
+def test_carried_libraries_of_other_sources_or_abi_are_refused(prepared, tmp_path):
+    """Refused by name before any check runs: the sources changed since prepare, or the
+    checkout's FC_CUDA_ABI is not the one the library answers, or the manifest's archs are not
+    the library's."""
+    csrc = prepared / "csrc" / "fc_drive.c"
+    header = prepared / "cuda" / "fc_cuda.h"
+    manifest = prepared / ".gpu" / "manifest.json"
+    saved = {p: p.read_text() for p in (csrc, header, manifest)}
+    try:
+        csrc.write_text(saved[csrc] + "\n/* changed after prepare */\n")
+        out = tmp_path / "sources"
+        r = _run_sh(prepared, out, "--emulated", "quick")
+        assert r.returncode == 1, r.stdout[-3000:]
+        checks = json.loads((out / "summary.json").read_text())["checks"]
+        assert set(checks) == {"env.prereq", "env.carried"}, checks  # nothing else ran
+        assert "built from other sources: csrc/fc_drive.c" in checks["env.carried"]["error"]
+        csrc.write_text(saved[csrc])
+
+        abi = int(re.search(r"#define FC_CUDA_ABI (\d+)", saved[header]).group(1))
+        header.write_text(saved[header].replace(f"#define FC_CUDA_ABI {abi}", f"#define FC_CUDA_ABI {abi + 1}"))
+        r = subprocess.run([sys.executable, str(prepared / "tests" / "gpu" / "prepare.py"), "verify", "--emulated"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 3 and f"answers no FC_CUDA_ABI {abi + 1}" in r.stdout, r.stdout + r.stderr
+        header.write_text(saved[header])
+
+        m = json.loads(saved[manifest])
+        manifest.write_text(json.dumps(dict(m, archs=["80"], ptx="80")))
+        r = subprocess.run([sys.executable, str(prepared / "tests" / "gpu" / "prepare.py"), "verify", "--emulated"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 3 and "holds code for sm ['90'] and PTX ['90']" in r.stdout, r.stdout + r.stderr
+    finally:
+        for p, text in saved.items():
+            p.write_text(text)
 
 
 def test_same_bits_tells_nan_payloads_and_signed_zeros_apart():

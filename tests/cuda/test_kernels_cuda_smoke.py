@@ -24,7 +24,7 @@ def _run(args):
 def test_lists_every_method_and_the_sparse_variants():
     proc = _run(["--list"])
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()[1:]}
+    rows = {line.split()[0]: line.split()[2:] for line in proc.stdout.splitlines()[1:]}  # case n target cuda
     for m in fsdpcomp.codecs():
         assert m in rows or any(r.startswith(m) for r in rows), m
     for case, target in [("topk", "25%"), ("topk-int8", "25%"), ("topk-ra0.3", "25%"), ("randomk-int8", "25%"),
@@ -32,6 +32,22 @@ def test_lists_every_method_and_the_sparse_variants():
                          ("signsgd-majority", "80%"), ("sketch", "-"), ("gradiveq", "-"), ("int8", "80%")]:
         assert rows[case][0] == target, (case, rows.get(case))
         assert rows[case][1] == str(bool(fsdpcomp.method_info(case.split("-")[0]).get("cuda"))), case
+
+
+def _rows(profile):
+    proc = _run(["--list", "--profile", profile])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return [tuple(line.split()[:2]) for line in proc.stdout.splitlines()[1:]]
+
+
+def test_quick_and_rest_split_the_full_table():
+    """tests/gpu/run.sh's two GPU commands time the full table between them, no row twice;
+    quick is the six first codecs at 2^24 and 2^26 elements."""
+    full, quick, rest = _rows("all"), _rows("quick"), _rows("rest")
+    assert len(full) == len(set(full)) and sorted(quick + rest) == sorted(full)
+    assert sorted(quick) == sorted((m, str(n)) for m in ("int8", "fp8", "intN", "topk", "sketch", "onebit")
+                                   for n in (1 << 24, 1 << 26))
+    assert {n for _, n in full} == {str(1 << 24), str(1 << 26), str(1 << 28)}
 
 
 def test_bad_flags_are_refused():

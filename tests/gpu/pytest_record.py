@@ -11,14 +11,19 @@ import sys
 
 def pytest_runtest_logreport(report):
     path = os.environ.get("FSDPCOMP_PYTEST_RECORD")
-    if not path:
+    # under pytest-xdist the controller sees every worker's report: a worker recording too
+    # wrote each test twice (the first H200 run's -n 8)
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
         return
     # one line per test: its call, or the setup/teardown that failed or skipped it
     if report.when == "call" or report.outcome != "passed":
         row = {"test": report.nodeid, "when": report.when, "outcome": report.outcome,
                "seconds": round(report.duration, 3)}
         if report.outcome == "failed":
-            row["error"] = str(report.longrepr)[-1500:]
+            # the assertion's own message first (its line of `E ...`), then the traceback's end:
+            # the end alone lost the message that says what differed
+            crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", "")
+            row["error"] = (crash[:1000] + "\n...\n" if crash else "") + str(report.longrepr)[-1500:]
         elif report.outcome == "skipped" and isinstance(report.longrepr, tuple):
             row["reason"] = str(report.longrepr[2])[:300]
         with open(path, "a") as f:
@@ -35,7 +40,7 @@ def summarize(path: str) -> dict:
                 r = json.loads(line)
                 counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
                 if r["outcome"] == "failed":
-                    failures.append({"test": r["test"], "error": r.get("error", "")[-400:]})
+                    failures.append({"test": r["test"], "error": r.get("error", "")[:1400]})
                 elif r["outcome"] == "skipped":
                     skips[r.get("reason", "")] = skips.get(r.get("reason", ""), 0) + 1
     return {"counts": counts, "failures": failures[:50], "skip_reasons": skips, "last": _last(path)}

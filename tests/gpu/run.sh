@@ -1,44 +1,47 @@
 #!/usr/bin/env bash
-# tests/gpu/run.sh: everything of fsdpcomp that needs a GPU, in one command, written to one log
-# and one JSON summary. Run from anywhere on a machine with a GPU, nvcc and a CUDA build of torch
-# (no network needed: nothing is installed from outside):
+# tests/gpu/run.sh: everything of fsdpcomp that needs a GPU, written to one log and one JSON
+# summary, sized to a GPU window of about 15 minutes (its start included). Build where nvcc is,
+# run where the GPU is (tests/gpu/README.md has the exact device command):
 #
-#   bash tests/gpu/run.sh                 # all groups, in the order below
-#   bash tests/gpu/run.sh GROUP...        # some of them
-#   bash tests/gpu/run.sh --emulated GROUP...   # no GPU: the emulated CUDA library (CI)
+#   bash tests/gpu/run.sh prepare [--archs 90]   # here, no GPU: builds .gpu/ (prepare.py)
+#   bash tests/gpu/run.sh quick                  # there, first:  <= 8 min, the most telling
+#   bash tests/gpu/run.sh rest                   # there, second: <= 8 min, the sanitizers and the rest
+#   bash tests/gpu/run.sh GROUP...               # single groups, full size (reruns)
+#   bash tests/gpu/run.sh --emulated quick rest  # no GPU: the emulated CUDA library (CI)
 #
-# Every group runs under an outer timeout of FSDPCOMP_GPU_GROUP_TIMEOUT seconds (default 600)
-# and records each check's result the moment it ends, so a group cut off by the timeout keeps
-# what it finished. Order and estimated time on one H100 (estimates: no GPU has run this script
-# yet; the first run's summary.json has the real seconds). `all` runs the groups in this order,
-# the most telling first, so that in a 40-minute GPU session the ones left out are the last
-# sanitizers; over two sessions:
-#   session 1 (12-24 min):  build pytest bytes driver
-#   session 2 (12-30 min):  train memcheck initcheck bench
-#   then, with time left:   racecheck synccheck (3-9 min each)
-# (prereq always runs first, in seconds.)
+# When .gpu/manifest.json is there (FSDPCOMP_GPU_PREPARED names another folder) the run uses the
+# carried libraries and compiles nothing: prepare.py verify refuses, before any check, a CUDA
+# library of another FC_CUDA_ABI, one without code for this GPU's arch, or one built from other
+# sources than the checkout's. Without it the `build` group builds in place (3-5 min of nvcc).
 #
-#   prereq     ~10 s     python, torch with CUDA and a GPU, nvcc, the host compiler, pytest,
-#                        compute-sanitizer: a missing one is said first (always runs)
-#   build      ~3-5 min  build in place (FSDPCOMP_CUDA=1, this GPU's arch unless
-#                        FSDPCOMP_CUDA_ARCHS is set; FSDPCOMP_WERROR=0 unless set: the
-#                        machine's own gcc may warn where CI's does not), skipped when the build
-#                        is newer than the sources; every other group builds first if needed
-#   pytest     ~4-8 min  tests/cuda/test_cuda*.py (not the *_emulated.py runners) under pytest, every
-#                        test's outcome recorded as it ends (pytest_results.jsonl)
-#   bytes      ~4-8 min  payload bytes, residuals and decodes = the CPU's for every config of
-#                        tests/helpers/method_cases.py of every method with CUDA kernels, at n = 1, 255,
-#                        257, 2^20+3 and one case above 2^31 bytes; loopback decode of W payloads;
-#                        single-payload compress/decompress (tests/gpu/checks_bytes.py)
-#   driver     ~1-3 min  300 calls on one State without counters(), event-timed collectives,
-#                        counters() without the GIL, the sampling rule, NCCL release / drop /
-#                        exit / init timeout (tests/gpu/checks_driver.py)
-#   train      ~4-8 min  one-GPU FSDP1, FSDP2 and DDP through an NCCL process group with
-#                        compress_own_chunk, every CUDA method, transports torch and nccl; the
-#                        real examples/fsdp_train.py (tests/gpu/checks_train.py)
-#   memcheck, initcheck, racecheck, synccheck   ~3-9 min each: compute-sanitizer's tools on
-#                        tests/gpu/sanitize_run.py (`sanitize`: all four)
-#   bench      ~2-4 min  benchmarks/kernels_cuda.py: the kernel table
+# The profiles, in order; seconds measured on one H200 on 2026-11-27 (the first GPU run; an H100
+# should take about as long: most of it is the CPU reference and Python), [cap] each item's
+# outer timeout. Each check's result is written the moment it ends, so a cut run keeps them.
+#   quick (~7 min, caps 8 min):
+#     prereq + carried    ~20 s     python, torch with a GPU, compute-sanitizer; the carried libs
+#     pytest     ~160 s [175]  tests/cuda/test_cuda{,_single,_sparse,_param_gather,_geometry}.py:
+#                              device payloads and residuals = the CPU's, bit for bit
+#     bytes       ~67 s  [75]  payload bytes at n = 1, 255, 257, 2^20+3, every method and config
+#     driver      ~76 s  [85]  300 calls, event-timed collectives, counters without the GIL, the
+#                              sampling rule, NCCL release / drop / exit / init timeout
+#     train       ~71 s  [80]  one-GPU FSDP1, FSDP2 (int8 + param_gather int8 among them) and DDP
+#                              through NCCL, every method; the real examples/fsdp_train.py
+#     bench       ~20 s  [35]  kernel table: int8, fp8, intN, topk, sketch, onebit at 2^24, 2^26
+#                              against a device-to-device copy of the same run
+#     memcheck    ~11 s  [30]  compute-sanitizer memcheck over tests/gpu/sanitize_run.py
+#   rest (caps 8 min; not yet run on a GPU: estimates):
+#     pytest      ~25 s  [40]  tests/cuda/test_cuda_build.py (the library as CI sees it)
+#     initcheck, racecheck, synccheck  ~15-60 s each [60, 90, 60]
+#     bytes     ~60-120 s [120] the 2^29+17 element (> 2^31 bytes) encode and decode
+#     bench      ~60 s [100]  the remaining kernel-table rows (other methods; every one at 2^28)
+#   (tests/cuda/test_cuda_driver.py runs the driver group's checks again under pytest: in no
+#   profile; `bash tests/gpu/run.sh pytest` runs every file.)
+#
+# Single groups, full size, default timeout FSDPCOMP_GPU_GROUP_TIMEOUT (600 s):
+#   build, pytest, bytes, driver, train, bench, memcheck, initcheck, racecheck, synccheck,
+#   sanitize (the four), all (every group). FSDPCOMP_GPU_TIMEOUT_<GROUP> sets one group's timeout,
+#   FSDPCOMP_GPU_ONLY / FSDPCOMP_GPU_EXCLUDE (comma-separated check names) pick checks,
+#   FSDPCOMP_GPU_PYTEST_ARGS adds pytest arguments.
 #
 # --emulated (FSDPCOMP_GPU_EMULATED=1): no GPU. `build` builds tests/cuda_emu's host emulation
 # of the CUDA library, which _C loads (FSDPCOMP_CUDA_LIB) for CPU tensors
@@ -46,16 +49,23 @@
 # *_emulated.py wrappers), bytes runs at small sizes, the sanitizer groups run
 # sanitize_run.py's calls without a sanitizer, and what needs the hardware (NCCL, timing, GPU
 # memory, compute-sanitizer, the benchmark) is recorded as skipped. tests/cuda/test_gpu_script.py
-# runs it so in CI: the script's own logic is tested before a GPU ever sees it.
+# runs `prepare`, restores its folder into a clean copy of the tree and runs `--emulated quick
+# rest` there in CI: the script's logic and the carried layout are tested before a GPU sees them.
 #
 # Output: $FSDPCOMP_GPU_OUT, else $OUT/gpu when $OUT is set, else build/gpu: run.log (everything
-# printed, appended) and summary.json (per check: passed / failed / skipped with the reason and
-# seconds and details; the kernel table; the training rows), merged across invocations. A
-# failing check never stops the others; the exit status is non-zero if any check of this
-# invocation failed.
+# printed, appended), summary.json (per check: passed / failed / skipped with the reason and
+# seconds and details; merged across invocations), env.json, carried.json, pytest_*.json*,
+# kernels_<profile>.json, sanitize_<tool>.log. A failing check never stops the others; the
+# exit status is non-zero if any check of this invocation failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT="$PWD"
+PY="${PYTHON:-python3}"
+# prepare: the build machine's step, before any GPU run (no log, no summary: prepare.py says it)
+if [ "${1:-}" = prepare ]; then
+    shift
+    exec "$PY" "$ROOT/tests/gpu/prepare.py" build "$@"
+fi
 EMULATED="${FSDPCOMP_GPU_EMULATED:-0}"
 if [ "${1:-}" = --emulated ]; then EMULATED=1; shift; fi
 OUT_DIR="${FSDPCOMP_GPU_OUT:-}"
@@ -65,32 +75,58 @@ fi
 mkdir -p "$OUT_DIR"
 LOG="$OUT_DIR/run.log"
 exec > >(tee -a "$LOG") 2>&1
-PY="${PYTHON:-python3}"
-# the checkout's fsdpcomp (built in place by the build group); emulated without an in-place build
-# (CI: fsdpcomp installed), the installed one: the bare source tree has no _C and would shadow it
-NO_CWD=()
-if [ "$EMULATED" = 1 ] && ! ls "$ROOT"/fsdpcomp/_C*.so >/dev/null 2>&1; then
-    NO_CWD=(-P)
-else
-    export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-fi
+PREPARED="${FSDPCOMP_GPU_PREPARED:-$ROOT/.gpu}"
+CARRIED=0
+[ -f "$PREPARED/manifest.json" ] && CARRIED=1
+export FSDPCOMP_GPU_CARRIED=$CARRIED
 HARNESS="$ROOT/tests/gpu/harness.py"
 GROUP_TIMEOUT="${FSDPCOMP_GPU_GROUP_TIMEOUT:-600}"
 export FSDPCOMP_WERROR="${FSDPCOMP_WERROR:-0}"
 FAILED=0
 
-groups=("$@")
-[ ${#groups[@]} -eq 0 ] && groups=(all)
-expanded=()
-for g in "${groups[@]}"; do
+# The work list: items PROFILE:GROUP (PROFILE empty for a single group at full size). A profile
+# sizes each of its items (timeout, files, checks, benchmark rows) in item_settings below.
+QUICK_ITEMS=(quick:pytest quick:bytes quick:driver quick:train quick:bench quick:memcheck)
+REST_ITEMS=(rest:pytest rest:initcheck rest:racecheck rest:synccheck rest:bytes rest:bench)
+items=()
+[ $# -eq 0 ] && set -- quick
+for g in "$@"; do
     case "$g" in
-        all) expanded+=(build pytest bytes driver train memcheck initcheck bench racecheck synccheck) ;;
-        sanitize) expanded+=(memcheck initcheck racecheck synccheck) ;;
-        build|pytest|bytes|driver|memcheck|initcheck|racecheck|synccheck|train|bench) expanded+=("$g") ;;
+        quick) items+=("${QUICK_ITEMS[@]}") ;;
+        rest) items+=("${REST_ITEMS[@]}") ;;
+        all) items+=(:build :pytest :bytes :driver :train :memcheck :initcheck :bench :racecheck :synccheck) ;;
+        sanitize) items+=(:memcheck :initcheck :racecheck :synccheck) ;;
+        build|pytest|bytes|driver|memcheck|initcheck|racecheck|synccheck|train|bench) items+=(":$g") ;;
         prereq) ;;  # always runs first
-        *) echo "unknown group '$g' (all, prereq, build, pytest, bytes, driver, train, sanitize, memcheck, initcheck, racecheck, synccheck, bench)"; exit 2 ;;
+        *) echo "unknown group '$g' (prepare, quick, rest, all, prereq, build, pytest, bytes, driver, train, bench, sanitize, memcheck, initcheck, racecheck, synccheck)"; exit 2 ;;
     esac
 done
+
+# item_settings PROFILE GROUP: CUR_TIMEOUT, PYTEST_SET (quick | rest | all), CHECK_ONLY and
+# CHECK_EXCLUDE (the harness's check names), BENCH_PROFILE, and the suffix of what it records.
+item_settings() {
+    local profile="$1" group="$2" v="FSDPCOMP_GPU_TIMEOUT_${2^^}"
+    CUR_TIMEOUT="${!v:-$GROUP_TIMEOUT}"
+    PYTEST_SET=all
+    CHECK_ONLY="${FSDPCOMP_GPU_ONLY:-}"
+    CHECK_EXCLUDE="${FSDPCOMP_GPU_EXCLUDE:-}"
+    BENCH_PROFILE=all
+    SUFFIX="${profile:+_$profile}"
+    case "$profile:$group" in
+        quick:pytest) CUR_TIMEOUT=175; PYTEST_SET=quick ;;
+        quick:bytes) CUR_TIMEOUT=75; CHECK_EXCLUDE=encode_above_2_31_bytes ;;
+        quick:driver) CUR_TIMEOUT=85 ;;
+        quick:train) CUR_TIMEOUT=80 ;;
+        quick:bench) CUR_TIMEOUT=35; BENCH_PROFILE=quick ;;
+        quick:memcheck) CUR_TIMEOUT=30 ;;
+        rest:pytest) CUR_TIMEOUT=40; PYTEST_SET=rest ;;
+        rest:initcheck|rest:synccheck) CUR_TIMEOUT=60 ;;
+        rest:racecheck) CUR_TIMEOUT=90 ;;
+        rest:bytes) CUR_TIMEOUT=120; CHECK_ONLY=encode_above_2_31_bytes ;;
+        rest:bench) CUR_TIMEOUT=100; BENCH_PROFILE=rest ;;
+    esac
+}
+CUR_TIMEOUT="$GROUP_TIMEOUT"
 
 # record GROUP NAME STATUS REASON SECONDS [DETAIL_JSON_FILE]: one result into summary.json
 record() {
@@ -113,12 +149,13 @@ PYEOF
     echo "== $1.$2: $3 ${4:+($4)}"
 }
 
-# bounded CMD...: runs CMD under the group's outer timeout (124: it ran past it)
+# bounded CMD...: runs CMD under the current item's outer timeout (124: it ran past it)
 bounded() {
-    timeout -k 15 "$GROUP_TIMEOUT" "$@"
+    timeout -k 15 "$CUR_TIMEOUT" "$@"
 }
 
-echo "==== tests/gpu/run.sh $(date -u +%FT%TZ): groups ${expanded[*]}; output $OUT_DIR; emulated $EMULATED"
+echo "==== tests/gpu/run.sh $(date -u +%FT%TZ): ${items[*]}; output $OUT_DIR; emulated $EMULATED; carried $CARRIED"
+
 
 # What the build and the checks need, each said by name before anything runs: python 3.10+,
 # torch (with CUDA and a visible GPU, unless emulated), nvcc and the host compiler, pytest,
@@ -158,11 +195,12 @@ info["cxx"] = cxx and f"{cxx} {version([cxx, '-dumpfullversion'])}"
 if not cxx:
     missing.append("a C/C++ compiler (g++)")
 if not emulated:
+    carried = os.environ.get("FSDPCOMP_GPU_CARRIED") == "1"
     home_nvcc = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
     nvcc = os.environ.get("NVCC") or shutil.which("nvcc") or (home_nvcc if os.path.exists(home_nvcc) else None)
     info["nvcc"] = nvcc and version([nvcc, "--version"])
-    if not nvcc:
-        missing.append("nvcc (NVCC, CUDA_HOME/bin or PATH)")
+    if not nvcc and not carried:  # carried libraries: nothing is compiled here
+        missing.append("nvcc (NVCC, CUDA_HOME/bin or PATH), or a prepared folder (run.sh prepare)")
     cs = shutil.which("compute-sanitizer") or ("/usr/local/cuda/bin/compute-sanitizer"
                                                if os.path.exists("/usr/local/cuda/bin/compute-sanitizer") else None)
     info["compute_sanitizer"] = cs
@@ -198,6 +236,23 @@ PYEOF
     return $rc
 }
 
+# The carried folder (prepare.py verify): refused libraries stop the run before any check; else
+# they are in fsdpcomp/ and the carried wheels on PYTHONPATH.
+carried() {
+    local t0=$SECONDS extra=()
+    [ "$EMULATED" = 1 ] && extra=(--emulated)
+    echo "---- carried libraries ($PREPARED)"
+    "$PY" "$ROOT/tests/gpu/prepare.py" verify --dir "$PREPARED" --json "$OUT_DIR/carried.json" "${extra[@]}"
+    local rc=$?
+    if [ $rc -ne 0 ]; then
+        record env carried failed "$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("refused", "verify crashed"))' "$OUT_DIR/carried.json" 2>/dev/null || echo "verify crashed (run.log)")" \
+            $((SECONDS - t0)) "$OUT_DIR/carried.json"
+        return 1
+    fi
+    [ -d "$PREPARED/site" ] && export PYTHONPATH="$PREPARED/site${PYTHONPATH:+:$PYTHONPATH}"
+    record env carried passed "" $((SECONDS - t0)) "$OUT_DIR/carried.json"
+}
+
 build_needed() {
     local lib="$ROOT/fsdpcomp/_fsdpcomp_cuda.so" c
     c=$(ls "$ROOT"/fsdpcomp/_C*.so 2>/dev/null | head -1)
@@ -230,6 +285,11 @@ do_build() {
     [ -n "$BUILD_FAILED" ] && return 1  # tried once in this invocation: not again per group
     [ "$EMULATED" = 1 ] && { build_emulated; return; }
     local t0=$SECONDS
+    if [ "$CARRIED" = 1 ]; then  # verified before any item ran
+        BUILD_OK=1
+        [ "$1" = explicit ] && record build build skipped "the carried libraries ($PREPARED) are used" 0
+        return 0
+    fi
     if ! build_needed; then
         BUILD_OK=1
         [ "$1" = explicit ] && record build build skipped "the in-place build is newer than every source" 0
@@ -247,45 +307,55 @@ do_build() {
     else
         BUILD_FAILED=1
         local why="setup.py build_ext --inplace failed (see run.log)"
-        [ $rc -eq 124 ] && why="the build ran past ${GROUP_TIMEOUT} s"
+        [ $rc -eq 124 ] && why="the build ran past ${CUR_TIMEOUT} s"
         record build build failed "$why" $((SECONDS - t0))
         return 1
     fi
 }
 
-# the pytest files of the group: every tests/cuda/test_cuda*.py but the emulator's own tests
+# the pytest files of a set: every tests/cuda/test_cuda*.py but the emulator's own tests (all);
+# quick: the device-equals-CPU files; rest: the library as CI sees it. test_cuda_driver.py
+# repeats the driver group's checks under pytest: in `all` only.
 pytest_files() {
     local f
-    for f in tests/cuda/test_cuda*.py; do
-        case "$f" in *_emulated.py|*/test_cuda_emu_*) ;; *) echo "$f" ;; esac
-    done
+    case "$1" in
+        quick) printf '%s\n' tests/cuda/test_cuda.py tests/cuda/test_cuda_single.py tests/cuda/test_cuda_sparse.py \
+                   tests/cuda/test_cuda_param_gather.py tests/cuda/test_cuda_geometry.py ;;
+        rest) echo tests/cuda/test_cuda_build.py ;;
+        *) for f in tests/cuda/test_cuda*.py; do
+               case "$f" in *_emulated.py|*/test_cuda_emu_*) ;; *) echo "$f" ;; esac
+           done ;;
+    esac
 }
 
 run_pytest() {
-    local t0=$SECONDS
+    local t0=$SECONDS name="cuda_tests$SUFFIX"
     if ! "$PY" -c "import pytest" 2>/dev/null; then
-        record pytest cuda_tests skipped "pytest is not installed here" 0
+        record pytest "$name" skipped "pytest is not installed here" 0
         return
     fi
     local files
-    mapfile -t files < <(pytest_files)
-    local rec="$OUT_DIR/pytest_results.jsonl" extra=()
+    mapfile -t files < <(pytest_files "$PYTEST_SET")
+    local rec="$OUT_DIR/pytest_results$SUFFIX.jsonl" extra=()
     rm -f "$rec"
     # emulated: collected only (CI runs these files on the emulation through the wrappers)
     [ "$EMULATED" = 1 ] && extra=(--collect-only -qq)
+    # FSDPCOMP_GPU_PYTEST_ARGS: more pytest arguments (not -n: pytest-xdist's workers share one
+    # GPU by time-slicing, and ran each test ~10x slower on the first H200 run)
+    [ "$EMULATED" != 1 ] && [ -n "${FSDPCOMP_GPU_PYTEST_ARGS:-}" ] && read -ra extra <<< "$FSDPCOMP_GPU_PYTEST_ARGS"
     echo "---- pytest ${files[*]} ${extra[*]}"
     FSDPCOMP_PYTEST_RECORD="$rec" PYTHONPATH="$ROOT/tests/gpu${PYTHONPATH:+:$PYTHONPATH}" bounded "$PY" "${NO_CWD[@]}" -m pytest "${files[@]}" \
-        -q -rs -p no:cacheprovider -p pytest_record --junitxml="$OUT_DIR/pytest.xml" "${extra[@]}"
+        -q -rs -p no:cacheprovider -p pytest_record "${extra[@]}"
     local rc=$?
-    "$PY" "$ROOT/tests/gpu/pytest_record.py" "$rec" "$OUT_DIR/pytest_summary.json"
+    "$PY" "$ROOT/tests/gpu/pytest_record.py" "$rec" "$OUT_DIR/pytest_summary$SUFFIX.json"
     if [ $rc -eq 0 ]; then
-        record pytest cuda_tests passed "" $((SECONDS - t0)) "$OUT_DIR/pytest_summary.json"
+        record pytest "$name" passed "" $((SECONDS - t0)) "$OUT_DIR/pytest_summary$SUFFIX.json"
     elif [ $rc -eq 124 ]; then
-        record pytest cuda_tests failed "ran past ${GROUP_TIMEOUT} s (pytest_summary.json: last)" $((SECONDS - t0)) \
-            "$OUT_DIR/pytest_summary.json"
+        record pytest "$name" failed "ran past ${CUR_TIMEOUT} s (pytest_summary$SUFFIX.json: last)" $((SECONDS - t0)) \
+            "$OUT_DIR/pytest_summary$SUFFIX.json"
     else
-        record pytest cuda_tests failed "pytest exit $rc (see run.log, pytest_summary.json)" $((SECONDS - t0)) \
-            "$OUT_DIR/pytest_summary.json"
+        record pytest "$name" failed "pytest exit $rc (see run.log, pytest_summary$SUFFIX.json)" $((SECONDS - t0)) \
+            "$OUT_DIR/pytest_summary$SUFFIX.json"
     fi
 }
 
@@ -326,26 +396,31 @@ run_sanitizer() {
     if [ $rc -eq 0 ]; then
         record sanitize "$tool" passed "" $((SECONDS - t0))
     elif [ $rc -eq 124 ]; then
-        record sanitize "$tool" failed "timed out after ${GROUP_TIMEOUT} s" $((SECONDS - t0))
+        record sanitize "$tool" failed "timed out after ${CUR_TIMEOUT} s" $((SECONDS - t0))
     else
         record sanitize "$tool" failed "exit $rc${errors:+, $errors}s (sanitize_$tool.log)" $((SECONDS - t0))
     fi
 }
 
 run_bench() {
-    local t0=$SECONDS
+    local t0=$SECONDS name="kernels_cuda$SUFFIX"
     if [ "$EMULATED" = 1 ]; then
-        record bench kernels_cuda skipped "emulated run: timing needs a GPU" 0
+        # the rows the profile times, listed (no GPU needed): a profile that lost its rows fails
+        if bounded "$PY" "${NO_CWD[@]}" benchmarks/kernels_cuda.py --list --profile "$BENCH_PROFILE" > "$OUT_DIR/bench_rows$SUFFIX.txt"; then
+            record bench "$name" skipped "emulated run: timing needs a GPU ($(($(wc -l < "$OUT_DIR/bench_rows$SUFFIX.txt") - 1)) rows listed)" 0
+        else
+            record bench "$name" failed "kernels_cuda.py --list --profile $BENCH_PROFILE failed (run.log)" $((SECONDS - t0))
+        fi
         return
     fi
-    echo "---- benchmarks/kernels_cuda.py"
-    bounded "$PY" benchmarks/kernels_cuda.py --sizes 16M,64M,256M --json "$OUT_DIR/kernels.json"
+    echo "---- benchmarks/kernels_cuda.py --profile $BENCH_PROFILE"
+    bounded "$PY" benchmarks/kernels_cuda.py --profile "$BENCH_PROFILE" --json "$OUT_DIR/kernels$SUFFIX.json"
     local rc=$?
     if [ $rc -eq 0 ]; then
-        record bench kernels_cuda passed "" $((SECONDS - t0)) "$OUT_DIR/kernels.json"
+        record bench "$name" passed "" $((SECONDS - t0)) "$OUT_DIR/kernels$SUFFIX.json"
     else
-        record bench kernels_cuda failed "exit $rc (1: a result differs from the CPU; 2: no CUDA device; 124: past ${GROUP_TIMEOUT} s; else a crash)" \
-            $((SECONDS - t0)) "$OUT_DIR/kernels.json"
+        record bench "$name" failed "exit $rc (1: a result differs from the CPU; 2: no CUDA device; 124: past ${CUR_TIMEOUT} s; else a crash)" \
+            $((SECONDS - t0)) "$OUT_DIR/kernels$SUFFIX.json"
     fi
 }
 
@@ -353,7 +428,21 @@ if ! prereq; then
     echo "prerequisites missing (above): nothing else runs"
     exit 1
 fi
-for g in "${expanded[@]}"; do
+if [ "$CARRIED" = 1 ] && ! carried; then
+    echo "the carried libraries are refused (above): nothing else runs"
+    exit 1
+fi
+# the checkout's fsdpcomp (carried or built in place); emulated without an in-place build (CI:
+# fsdpcomp installed), the installed one: the bare source tree has no _C and would shadow it
+NO_CWD=()
+if [ "$EMULATED" = 1 ] && ! ls "$ROOT"/fsdpcomp/_C*.so >/dev/null 2>&1; then
+    NO_CWD=(-P)
+else
+    export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+fi
+for item in "${items[@]}"; do
+    profile="${item%%:*}" g="${item#*:}"
+    item_settings "$profile" "$g"
     if [ "$g" = build ]; then
         do_build explicit
         continue
@@ -365,11 +454,12 @@ for g in "${expanded[@]}"; do
     case "$g" in
         pytest) run_pytest ;;
         bytes|driver|train)
-            echo "---- $g"
-            skip=()
-            [ "$EMULATED" = 1 ] && [ "$g" != bytes ] && skip=(--skip "emulated run: $g needs a GPU (NCCL, streams, timing)")
+            echo "---- $g${profile:+ ($profile)}"
+            args=(--out "$OUT_DIR" --budget $((CUR_TIMEOUT - 10)))
+            [ -n "$CHECK_ONLY" ] && args+=(--only ${CHECK_ONLY//,/ })
+            [ "$EMULATED" = 1 ] && [ "$g" != bytes ] && args+=(--skip "emulated run: $g needs a GPU (NCCL, streams, timing)")
             # the harness's budget ends before the outer timeout, so it records what it did not run
-            bounded "$PY" "$HARNESS" "$g" --out "$OUT_DIR" --budget $((GROUP_TIMEOUT - 30)) "${skip[@]}" || FAILED=1 ;;
+            FSDPCOMP_GPU_EXCLUDE="$CHECK_EXCLUDE" bounded "$PY" "$HARNESS" "$g" "${args[@]}" || FAILED=1 ;;
         memcheck|initcheck|racecheck|synccheck) run_sanitizer "$g" ;;
         bench) run_bench ;;
     esac

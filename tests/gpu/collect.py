@@ -1,0 +1,91 @@
+"""The GPU run's results, from the folders the device tool brought back, into the two files the
+repository keeps: benchmarks/results/gpu/summary.json (every check's latest status and seconds,
+which run gave it, the device) and benchmarks/results/gpu/kernels_cuda.json (the kernel table's
+rows, each against the device-to-device copy of its own run). docs/results.md is then made from
+them by benchmarks/make_results_md.py.
+
+    python tests/gpu/collect.py DIR [DIR ...] [--note "what this run was"] [--out benchmarks/results/gpu]
+
+DIRs in the order they ran: a check run again later replaces its earlier result; `--note` (once
+per DIR, in order) says what each run was (the commit, what changed since the last).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KEEP_TRACEBACK = 2000  # characters of a failed check's traceback kept in the repository
+KEEP_FAILURES, KEEP_FAILURE = 20, 400  # a pytest group's failures kept, and characters of each
+
+
+def _load(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def collect(dirs: list[str], notes: list[str]) -> tuple[dict, dict]:
+    summary = {"device": None, "runs": [], "checks": {}}
+    kernels = {"device": None, "torch": None, "rows": {}}
+    for i, d in enumerate(dirs):
+        s = _load(os.path.join(d, "summary.json"))
+        env_path = os.path.join(d, "env.json")
+        env = _load(env_path) if os.path.exists(env_path) else {}
+        run = {"run": i, "dir": os.path.basename(os.path.abspath(d)), "updated": s.get("updated"),
+               "device": env.get("device"), "torch": env.get("torch"), "nccl": env.get("nccl"),
+               "emulated": env.get("emulated"), "note": notes[i] if i < len(notes) else ""}
+        summary["runs"].append(run)
+        summary["device"] = env.get("device") or summary["device"]
+        for name, r in s.get("checks", {}).items():
+            earlier = summary["checks"].get(name)
+            if r["status"] == "skipped" and earlier and earlier["status"] != "skipped":
+                continue  # not run this time (a profile left it out): the result that ran stands
+            r = dict(r, run=i)
+            if "traceback" in r:
+                r["traceback"] = r["traceback"][-KEEP_TRACEBACK:]
+            if name.startswith("bench.") and "detail" in r:  # its rows go to kernels_cuda.json
+                r["detail"] = "kernels_cuda.json"
+            detail = r.get("detail")
+            if isinstance(detail, dict) and "failures" in detail:  # pytest's: the first few, short
+                detail["failures"] = [dict(f, error=f.get("error", "")[:KEEP_FAILURE])
+                                      for f in detail["failures"][:KEEP_FAILURES]]
+            summary["checks"][name] = r
+        for path in sorted(glob.glob(os.path.join(d, "kernels*.json"))):
+            k = _load(path)
+            kernels["device"], kernels["torch"] = k.get("device"), k.get("torch")
+            for row in k.get("rows", []):
+                kernels["rows"][(row["method"], row["n"])] = dict(row, run=i)
+    counts: dict[str, int] = {}
+    for r in summary["checks"].values():
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    summary["counts"] = counts
+    rows = sorted(kernels["rows"].values(), key=lambda r: (r["n"], r["method"] != "d2d copy"))
+    kernels["rows"] = rows
+    return summary, kernels
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dirs", nargs="+", help="folders holding summary.json (the device tool's files_at/gpu)")
+    ap.add_argument("--note", action="append", default=[], help="what each run was, in the order of DIRs")
+    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "gpu"))
+    args = ap.parse_args(argv)
+    missing = [d for d in args.dirs if not os.path.exists(os.path.join(d, "summary.json"))]
+    if missing:
+        ap.error(f"no summary.json in {', '.join(missing)}")
+    summary, kernels = collect(args.dirs, args.note)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1, default=str)
+    if kernels["rows"]:
+        with open(os.path.join(args.out, "kernels_cuda.json"), "w") as f:
+            json.dump(kernels, f, indent=1)
+    print(f"{args.out}: {summary['counts']} on {summary['device']}; {len(kernels['rows'])} kernel rows")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
