@@ -14,3 +14,9 @@ def fmt_bytes(n: float | None) -> str:
 def fmt(x: float | None, spec: str) -> str:
     """x formatted with spec, or '-' when it was not measured."""
     return "-" if x is None else format(x, spec)
+
+
+def md_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table: the first column left-aligned, the others right-aligned (numbers)."""
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|"]
+    return out + ["| " + " | ".join(r) + " |" for r in rows]

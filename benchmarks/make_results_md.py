@@ -13,20 +13,15 @@ import shlex
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # beside this file: fmt, projection
-from fmt import fmt, fmt_bytes  # noqa: E402
+from fmt import fmt, fmt_bytes, md_table  # noqa: E402
 import projection  # noqa: E402
+import results_gpu  # noqa: E402
 import results_step  # noqa: E402
 
 COMM_CMD = "sudo python benchmarks/comm_bench.py --world 2 3 4 --sizes 16M 64M --links 1 10 unshaped"
 KERNELS_JSON = os.path.join("benchmarks", "results", "kernels.json")  # comm_bench's default
 TRAIN_CMD = {"cpu": "sudo python benchmarks/train_bench.py --setting cpu --seeds 0 1 2",
              "gpu": "python benchmarks/train_bench.py --setting gpu"}
-
-
-def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out
 
 
 def comm_section(data: dict, rel: str, brief: bool = False) -> list[str]:
@@ -75,7 +70,7 @@ def comm_section(data: dict, rel: str, brief: bool = False) -> list[str]:
                              fmt(r["speedup_vs_torch_reduce_scatter"], ".2f"), fmt(r["speedup_vs_none"], ".2f"),
                              fmt(r["speedup_vs_torch_bf16_hook"], ".2f"), fmt(r["fraction_of_ideal"], ".0%"),
                              fmt(r.get("cpu_bound"), ".0%"), f"{r['rel_err']:.1e}"])
-            out += _md_table(["method", "payload/rank", "wire/rank", "ratio", "median ms", "p90 ms", "codec ms",
+            out += md_table(["method", "payload/rank", "wire/rank", "ratio", "median ms", "p90 ms", "codec ms",
                               "vs torch rs", "vs none", "vs bf16 hook", "of ideal", "CPU bound", "rel err"], rows)
             out.append("")
     for proj in ([] if brief else data.get("projected", [])):
@@ -84,7 +79,7 @@ def comm_section(data: dict, rel: str, brief: bool = False) -> list[str]:
         rows = [[str(s["numel"]), r["method"], f"{r['ratio']:.2f}", f"{r['time_s'] * 1e3:.2f}",
                  f"{r['speedup_vs_none']:.2f}", fmt(r["fraction_of_ideal"], ".0%")]
                 for s in proj["sizes"] for r in s["rows"]]
-        out += _md_table(["elements", "method", "ratio", "projected ms", "vs none", "of ideal"], rows) + [""]
+        out += md_table(["elements", "method", "ratio", "projected ms", "vs none", "of ideal"], rows) + [""]
     out += ["### Targets (1 Gbit/s, >= 16M elements)", ""]
     if data["targets"]:
         out += [f"- {'MET' if t['met'] else 'MISSED'}: {t['target']} ({t['how']}, W={t['world']}, "
@@ -104,7 +99,7 @@ def comm_section(data: dict, rel: str, brief: bool = False) -> list[str]:
                 " Codec time is taken as 0, so these speedups are upper bounds."), ""]
         rows = [[f"{r['gbit']:.0f}", str(r["world"]), r["method"], f"{r['ratio']:.2f}", f"{r['time_s'] * 1e3:.2f}",
                  f"{r['speedup_vs_nccl_rs']:.2f}", f"{r['speedup_vs_none']:.2f}"] for r in c["rows"]]
-        out += _md_table(["Gbit/s", "GPUs", "method", "ratio", "projected ms", "vs NCCL rs", "vs none"], rows)
+        out += md_table(["Gbit/s", "GPUs", "method", "ratio", "projected ms", "vs NCCL rs", "vs none"], rows)
         # the step projection follows from the rows above and projection.py's stated assumptions
         compute_s = projection.compute_time(c["numel"])
         # the int8 parameter codec is the int8 gradient codec (block 256): the same measured ratio
@@ -122,7 +117,7 @@ def comm_section(data: dict, rel: str, brief: bool = False) -> list[str]:
                  f"{r['speedup_no_overlap']:.2f}", f"{r['speedup_full_overlap']:.2f}",
                  fmt(r.get("speedup_no_overlap_gathers"), ".2f"), fmt(r.get("speedup_full_overlap_gathers"), ".2f")]
                 for r in steps]
-        out += _md_table(["Gbit/s", "GPUs", "method", "ratio", "step ms", "speedup, no overlap",
+        out += md_table(["Gbit/s", "GPUs", "method", "ratio", "step ms", "speedup, no overlap",
                           "speedup, overlap", "+ gathers, no overlap", "+ gathers, overlap"], rows)
     if os.path.exists(os.path.join(os.path.dirname(data["_path"]), "comm_bench.png")):
         out += ["", f"![reduce-scatter time per call]({rel}/comm_bench.png)"]
@@ -146,7 +141,7 @@ def train_section(data: dict, rel: str) -> list[str]:
                      pm("tokens_per_s", ".0f"), pm("step_ms_p50", ".1f"), fmt(r["comm_share"], ".0%"),
                      pm("time_to_baseline_ppl_s", ".1f") + ("" if r["reached_baseline_ppl"] == r["runs"]
                                                              else f" ({r['reached_baseline_ppl']}/{r['runs']})")])
-    out += _md_table(["method", "ratio", "val_ppl", "Δppl vs none %", "tokens/s", "step p50 ms", "comm share",
+    out += md_table(["method", "ratio", "val_ppl", "Δppl vs none %", "tokens/s", "step p50 ms", "comm share",
                       "time to baseline ppl s"], rows)
     out += ["", "Targets:", ""]
     for t in data["targets"]:
@@ -206,6 +201,8 @@ def sections(results_dir: str, rel: str, brief: bool = False) -> list[str]:
     if not trains:
         lines += ["## Training", "", f"No train_bench JSON yet: run `{TRAIN_CMD['cpu']}` "
                   f"(and `{TRAIN_CMD['gpu']}` on a GPU machine).", ""]
+    if not brief:
+        lines += results_gpu.gpu_section(results_dir)
     return lines
 
 
@@ -236,7 +233,7 @@ def headline(results_dir: str, rel: str, doc_link: str) -> list[str]:
         rows = [[r["method"], f"{r['ratio']:.2f}", f"{r['median_s'] * 1e3:.0f}",
                  fmt(r["speedup_vs_torch_reduce_scatter"], ".2f"), fmt(r["speedup_vs_none"], ".2f"),
                  fmt(r["fraction_of_ideal"], ".0%")] for r in size["rows"]]
-        out += _md_table(["method", "ratio", "ms", "vs torch rs", "vs none", "of ideal"], rows) + [""]
+        out += md_table(["method", "ratio", "ms", "vs torch rs", "vs none", "of ideal"], rows) + [""]
         if os.path.exists(os.path.join(results_dir, "comm_bench.png")):
             out += [f"![reduce-scatter time per call]({rel}/comm_bench.png)", ""]
     out += ["Targets (the reduce-scatter at 1 Gbit/s, 2-4 ranks, 16M and 64M elements; training: the tiny "

@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import os
 
-from fmt import fmt, fmt_bytes
+from fmt import fmt, fmt_bytes, md_table
 
 STEP_CMD = "sudo python benchmarks/step_bench.py --model gpt2-62m --world 2 3 --links 1 0.1"
-
-
-def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|"]
-    return out + ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def _pm(value, std, spec: str) -> str:
@@ -67,7 +62,7 @@ def step_section(data: dict, rel: str, reproduce: str, brief: bool = False) -> l
             rows = [r for r in timing if r["world"] == world and r["link"] == link]
             out += [f"### W={world}, {link} (point-to-point check {fmt(rows[0]['link_check_gbit'], '.2f')} Gbit/s), "
                     f"{rows[0]['timed_steps']} timed steps", ""]
-            out += _md_table(["config", "step ms", "compute ms", "all-gather ms", "reduce-scatter ms", "codec ms",
+            out += md_table(["config", "step ms", "compute ms", "all-gather ms", "reduce-scatter ms", "codec ms",
                               "comm share", "grad/step", "param/step", "wire/step", "bytes vs none", "speedup",
                               "bound", "of bound", "no-comm bound"],
                              [[r["config"], f"{r['step_s'] * 1e3:.0f}", f"{r['compute_s'] * 1e3:.0f}",
@@ -81,7 +76,7 @@ def step_section(data: dict, rel: str, reproduce: str, brief: bool = False) -> l
         rows = [r for r in quality if r["world"] == world]
         out += [f"### Quality at equal steps, W={world}, unshaped ({rows[0]['steps']} steps, seeds "
                 f"{rows[0]['seeds']})", ""]
-        out += _md_table(["config", "val ppl", "Δppl vs none %", "train loss (last 10)"],
+        out += md_table(["config", "val ppl", "Δppl vs none %", "train loss (last 10)"],
                          [[r["config"], _pm(r["val_ppl"], r["val_ppl_std"], ".3f"),
                            _pm(r["delta_ppl_pct"], r["delta_ppl_pct_std"], "+.2f"), fmt(r["train_loss"], ".4f")]
                           for r in rows])

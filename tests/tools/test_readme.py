@@ -64,11 +64,18 @@ def test_docs_results_is_generated_from_the_committed_summaries(tmp_path, monkey
 
 
 def test_results_in_git_are_summaries_and_plots():
-    """benchmarks/results holds summaries and plots, <= 1.5 MB: per-step curves go to runs/curves."""
+    """benchmarks/results holds summaries and plots, <= 1.5 MB (and gpu/, the GPU plan's two summaries,
+    <= 200 kB): per-step curves go to runs/curves."""
     total = 0
-    for name in os.listdir(RESULTS):
+    gpu = os.path.join(RESULTS, "gpu")  # the GPU plan's summary and kernel table (tests/gpu/collect.py)
+    gpu_files = os.listdir(gpu) if os.path.isdir(gpu) else []
+    assert set(gpu_files) <= {"summary.json", "kernels_cuda.json"}, gpu_files
+    names = [n for n in os.listdir(RESULTS) if n != "gpu"] + [os.path.join("gpu", n) for n in gpu_files]
+    gpu_total = sum(os.path.getsize(os.path.join(gpu, n)) for n in gpu_files)
+    assert gpu_total <= 2e5, gpu_total  # summaries: tests/gpu/collect.py trims the details
+    for name in names:
         path = os.path.join(RESULTS, name)
-        total += os.path.getsize(path)
+        total += os.path.getsize(path) if not name.startswith("gpu") else 0
         assert name.endswith((".json", ".png")), name
         if name.startswith(("train_bench_", "step_bench_")) and name.endswith(".json"):
             with open(path, encoding="utf-8") as f:
