@@ -195,6 +195,26 @@ static const struct {
     int64_t bits;
 } fixed_bits[] = {{"int8", 8}};
 
+/* What `num_bits` names in method m: its one fixed width (int8: *fixed, *bits NULL) or its
+ * `bits` key (intN: *bits); 0 where m has no code width to set. The one place that says which
+ * methods take the alias: the parser, the unknown-key message and method_info's "aliases"
+ * (fc_aliases_info) all ask it, so no list of valid keys can leave it out. */
+static int num_bits_target(const fc_method *m, int64_t *fixed, const fc_key **bits)
+{
+    *fixed = 0;
+    *bits = NULL;
+    for (size_t i = 0; i < sizeof(fixed_bits) / sizeof(fixed_bits[0]); i++)
+        if (strcmp(m->name, fixed_bits[i].method) == 0) {
+            *fixed = fixed_bits[i].bits;
+            return 1;
+        }
+    const fc_key *k = find_key(m->keys, "bits");
+    if (k == NULL || k->kind != FC_KEY_INT)
+        return 0;
+    *bits = k;
+    return 1;
+}
+
 /* "2, 3 or 4" for an integer key's range. */
 static void range_text(const fc_key *k, char *buf, size_t cap)
 {
@@ -217,22 +237,22 @@ static int parse_num_bits(const fc_method *m, PyObject *config, PyObject *v, voi
         PyErr_Clear();
         overflow = 1;
     }
-    for (size_t i = 0; i < sizeof(fixed_bits) / sizeof(fixed_bits[0]); i++)
-        if (strcmp(m->name, fixed_bits[i].method) == 0) {
-            if (overflow)
-                return fc_fail(err, FC_ERR_VALUE, "%s config key '" NUM_BITS "' must be %lld, got "
-                               "an integer beyond 64 bits", m->name, (long long)fixed_bits[i].bits);
-            if (x != fixed_bits[i].bits)
-                return fc_fail(err, FC_ERR_VALUE, "%s config key '" NUM_BITS "' must be %lld (its "
-                               "codes have that width; for 2, 3 or 4 bits use intN), got %lld",
-                               m->name, (long long)fixed_bits[i].bits, x);
-            return FC_OK;
-        }
-    const fc_key *bits = find_key(m->keys, "bits");
-    if (bits == NULL || bits->kind != FC_KEY_INT)
+    int64_t fixed;
+    const fc_key *bits;
+    if (!num_bits_target(m, &fixed, &bits))
         return fc_fail(err, FC_ERR_VALUE, "config key '" NUM_BITS "' sets the code width of int8 "
                        "(8) or intN (2, 3 or 4, as its key 'bits'); method '%s' has no code width "
                        "to set", m->name);
+    if (bits == NULL) {
+        if (overflow)
+            return fc_fail(err, FC_ERR_VALUE, "%s config key '" NUM_BITS "' must be %lld, got "
+                           "an integer beyond 64 bits", m->name, (long long)fixed);
+        if (x != fixed)
+            return fc_fail(err, FC_ERR_VALUE, "%s config key '" NUM_BITS "' must be %lld (its "
+                           "codes have that width; for 2, 3 or 4 bits use intN), got %lld",
+                           m->name, (long long)fixed, x);
+        return FC_OK;
+    }
     char valid[64];
     range_text(bits, valid, sizeof(valid));
     if (overflow)
@@ -253,6 +273,37 @@ static int parse_num_bits(const fc_method *m, PyObject *config, PyObject *v, voi
     }
     *(int64_t *)((char *)cfg + bits->offset) = (int64_t)x;
     return FC_OK;
+}
+
+/* "block_size, stochastic, num_bits, error_feedback, ...": what method m takes, in method_info's
+ * order (its keys, its aliases, the common keys), for the unknown-key message. */
+static void valid_keys_text(const fc_method *m, char *buf, size_t cap)
+{
+    int64_t fixed;
+    const fc_key *bits;
+    size_t used = 0;
+    buf[0] = '\0';
+    for (const fc_key *q = m->keys; q->name != NULL; q++)
+        used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "%s%s", used ? ", " : "", q->name);
+    if (num_bits_target(m, &fixed, &bits))
+        used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "%s" NUM_BITS, used ? ", " : "");
+    for (const fc_key *q = fc_common_keys; q->name != NULL; q++)
+        used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "%s%s", used ? ", " : "", q->name);
+}
+
+PyObject *fc_aliases_info(const fc_method *m)
+{
+    int64_t fixed;
+    const fc_key *bits;
+    if (!num_bits_target(m, &fixed, &bits))
+        return PyList_New(0);
+    const char *doc = bits ? "the same as 'bits', as the study this library grew from spells a quantiser's "
+                             "width (the resolved config shows 'bits')"
+                           : "the width of the codes, as the study this library grew from spells it: "
+                             "accepted as their one width, min = max (the resolved config does not show it)";
+    return Py_BuildValue("[{s:s,s:s,s:z,s:d,s:d,s:s}]", "name", NUM_BITS, "type", "int", "same_as",
+                         bits ? bits->name : NULL, "min", bits ? bits->lo : (double)fixed, "max",
+                         bits ? bits->hi : (double)fixed, "doc", doc);
 }
 
 int fc_config_parse(const fc_method *m, PyObject *config, fc_common *common, void *cfg, fc_err *err)
@@ -293,13 +344,7 @@ int fc_config_parse(const fc_method *m, PyObject *config, fc_common *common, voi
         }
         if (k == NULL) {
             char known[768];
-            size_t used = 0;
-            known[0] = '\0';
-            const fc_key *tables[2] = {m->keys, fc_common_keys};
-            for (int t = 0; t < 2; t++)
-                for (const fc_key *q = tables[t]; q->name != NULL; q++)
-                    used += (size_t)snprintf(known + used, used < sizeof(known) ? sizeof(known) - used : 0,
-                                             "%s%s", used ? ", " : "", q->name);
+            valid_keys_text(m, known, sizeof(known));
             return fc_fail(err, FC_ERR_VALUE, "unknown config key '%s' for method '%s'; valid keys: %s",
                            name, m->name, known);
         }

@@ -23,5 +23,8 @@ int fc_config_wire_dict(const fc_method *m, const fc_common *common, const void 
 int fc_config_to_dict(const fc_key *keys, const void *src, PyObject *into);
 /* [{name, type, default, min, max, choices, doc}] describing a key table. */
 PyObject *fc_keys_info(const fc_key *keys);
+/* [{name, type, same_as, min, max, doc}]: the other names method m takes for a value (num_bits),
+ * which every list of its valid keys shows; same_as is the key it sets (None: a fixed value). */
+PyObject *fc_aliases_info(const fc_method *m);
 
 #endif

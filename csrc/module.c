@@ -62,7 +62,8 @@ static PyObject *mod_methods(PyObject *mod, PyObject *Py_UNUSED(ignored))
 
 PyDoc_STRVAR(method_info_doc,
 "method_info(name) -> dict\n\nid, summary, properties and config keys (name, type, default,\n"
-"range, choices, doc) of one method; method_info('') describes the common keys.");
+"range, choices, doc) of one method, and its aliases (other names it takes for a value:\n"
+"num_bits); method_info('') describes the common keys.");
 
 static PyObject *mod_method_info(PyObject *mod, PyObject *arg)
 {
@@ -85,12 +86,13 @@ static PyObject *mod_method_info(PyObject *mod, PyObject *arg)
     int ef = (f & FC_EF_DEFAULT) != 0;
     if (fc_config_parse(m, NULL, &common, cfg, &err) == FC_OK)
         ef = common.error_feedback;
-    return Py_BuildValue("{s:s,s:i,s:s,s:O,s:O,s:O,s:O,s:O,s:N}", "name", m->name, "id", m->id,
+    return Py_BuildValue("{s:s,s:i,s:s,s:O,s:O,s:O,s:O,s:O,s:N,s:N}", "name", m->name, "id", m->id,
                          "summary", m->summary, "unbiased", (f & FC_UNBIASED) ? Py_True : Py_False,
                          "linear", (f & FC_LINEAR) ? Py_True : Py_False, "random",
                          (f & FC_RANDOM) ? Py_True : Py_False, "varsize",
                          (f & FC_VARSIZE) ? Py_True : Py_False, "error_feedback_default",
-                         ef ? Py_True : Py_False, "keys", fc_keys_info(m->keys));
+                         ef ? Py_True : Py_False, "keys", fc_keys_info(m->keys), "aliases",
+                         fc_aliases_info(m));
 }
 
 PyDoc_STRVAR(cuda_info_doc,

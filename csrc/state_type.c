@@ -32,8 +32,9 @@ static int State_init(StateObject *self, PyObject *args, PyObject *kwds)
             names = joined;
         }
         if (names != NULL)
-            PyErr_Format(PyExc_ValueError, "unknown compression method '%s'; valid methods: %U",
-                         name, names);
+            /* fsdpcomp.CommState names every method first (fsdpcomp/_methods.py); a State
+             * is one chunk codec, so this lists fsdpcomp.codecs() */
+            PyErr_Format(PyExc_ValueError, "unknown chunk codec '%s'; valid codecs: %U", name, names);
         Py_XDECREF(names);
         return -1;
     }

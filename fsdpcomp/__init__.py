@@ -10,6 +10,8 @@ import os
 import sys
 from typing import Any
 
+from ._version import TORCH_SUPPORTED as _TORCH_SUPPORTED
+
 
 def _no_extension(err: ImportError) -> ImportError:
     """What to tell a user whose fsdpcomp has no compiled _C: most often a source checkout on
@@ -39,6 +41,19 @@ def _no_extension(err: ImportError) -> ImportError:
     return ImportError(f"{what}. {fix}", name="fsdpcomp._C", path=here)
 
 
+def _no_torch() -> ModuleNotFoundError:
+    """What to tell a user whose Python has no torch. Python's own message ("No module named
+    'torch'", from whichever fsdpcomp module imports it first) names neither the range this
+    fsdpcomp supports nor the build to pick: a bare `pip install torch` on Linux pulls the CUDA
+    build, several GB, onto a CPU machine."""
+    want = f"torch{_TORCH_SUPPORTED}"
+    return ModuleNotFoundError(
+        f"fsdpcomp needs PyTorch ({want}), which this Python ({sys.executable}) cannot import. "
+        f"Install a CPU build with `pip install \"{want}\" --index-url https://download.pytorch.org/whl/cpu`, "
+        "or the CUDA build for your machine with the command https://pytorch.org/get-started/locally/ "
+        "gives.", name="torch")
+
+
 try:
     from . import _C
 except ImportError as _err:
@@ -46,7 +61,13 @@ except ImportError as _err:
         raise _no_extension(_err) from _err
     raise  # _C is there but does not load (another Python, a missing library): Python's message says why
 from ._C import CudaError, NcclError, PayloadError
-from . import _powersgd
+try:
+    import torch as _torch  # noqa: F401  (here, before any module that needs it: see _no_torch)
+except ModuleNotFoundError as _err:
+    if _err.name != "torch":
+        raise  # torch is there, one of its own imports is not: Python's message names it
+    raise _no_torch() from _err
+from . import _methods, _powersgd
 from ._cuda_check import library_path
 from ._nccl import release_nccl
 from .cli import add_argparse_args, from_args
@@ -61,7 +82,7 @@ from ._version import __version__
 def methods() -> list[str]:
     """The registered compressor names, as ``--comm_compress`` accepts them: the chunk codecs
     (codecs()) and powersgd, whose factors go through two all-reduces (_powersgd.py)."""
-    return list(_C.methods()) + [_powersgd.NAME]
+    return _methods.names()
 
 
 def codecs() -> list[str]:
@@ -81,8 +102,10 @@ def _cuda_built() -> bool:
 
 
 def method_info(name: str) -> dict[str, Any]:
-    """A method's summary, properties and config keys (with defaults, ranges and docs); "cuda":
-    whether it takes CUDA tensors in this build."""
+    """A method's summary, properties and config keys (with defaults, ranges and docs), its
+    aliases (other names it takes for a value: num_bits for int8 and intN); "cuda": whether it
+    takes CUDA tensors in this build. ValueError listing methods() for any other name."""
+    _methods.check(name)
     info = _powersgd.info() if name == _powersgd.NAME else _C.method_info(name)
     info["common_keys"] = _C.method_info("")
     # powersgd is torch ops only, on any device CommState takes

@@ -6,13 +6,13 @@ import argparse
 
 import torch.distributed as dist
 
-from . import _C, _powersgd
+from . import _methods
 from .state import CommState
 
 
 def add_argparse_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group = parser.add_argument_group("fsdpcomp gradient compression")
-    group.add_argument("--comm_compress", default="none", choices=list(_C.methods()) + [_powersgd.NAME],
+    group.add_argument("--comm_compress", default="none", choices=_methods.names(),
                        help="gradient compressor for the reduce-scatter (default: none)")
     group.add_argument("--comm_config_json", default="{}",
                        help="JSON object of the compressor's config keys, e.g. "

@@ -10,10 +10,14 @@ import torch
 import torch.distributed as dist
 
 from ..state import CommState
-from ._checks import check_cuda_model
+from ._checks import check_cuda_model, check_model
 from .ddp import DDPHookState, ddp_hook, register_ddp
 from .fsdp1 import UnitHookState, fsdp_hook, register_fsdp1
 from .fsdp2 import AllGather, AllReduceHook, ReduceScatter, fsdp2_modules, register_fsdp2, register_replicate
+
+# What register attaches to, in both of its TypeErrors (not a module; a module of none of these kinds).
+MODELS = ("a torch.nn.Module wrapped by FSDP1 (a FullyShardedDataParallel root module), FSDP2 (a model "
+          "with fully_shard (FSDPModule) modules) or DDP (a DistributedDataParallel module)")
 
 
 def register(model: torch.nn.Module, method: str | CommState = "none",
@@ -33,11 +37,12 @@ def register(model: torch.nn.Module, method: str | CommState = "none",
 
     Errors, raised before anything is registered: fsdpcomp.CudaError for a model on CUDA that
     this fsdpcomp cannot run (built without CUDA, or a driver too old for its CUDA library: the
-    message says which and what to do); TypeError for a model of none of these kinds, or a
-    CommState passed together with a config; ValueError for a bad method or config, and for a
+    message says which and what to do); TypeError for a model of none of these kinds (or no
+    torch.nn.Module at all), or a CommState passed together with a config; ValueError for a bad method or config, and for a
     ``param_gather`` other than "none" on FSDP1 or DDP (they have no parameter all-gather hook);
     RuntimeError for a torch without FSDP2's custom collectives.
     """
+    check_model(model, "fsdpcomp.register", MODELS)
     check_cuda_model(model)
     if isinstance(method, CommState):
         if config is not None:
@@ -54,10 +59,8 @@ def register(model: torch.nn.Module, method: str | CommState = "none",
     elif fsdp2_modules(model):
         register_fsdp2(model, state)
     else:
-        raise TypeError(
-            f"fsdpcomp.register does not know how to attach to {type(model).__name__}: expected a "
-            "FullyShardedDataParallel root module, a model with fully_shard (FSDPModule) modules, or "
-            "a DistributedDataParallel module")
+        raise TypeError(f"fsdpcomp.register does not know how to attach to {type(model).__name__}: "
+                        f"expected {MODELS}")
     return state
 
 

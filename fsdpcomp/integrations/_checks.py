@@ -18,6 +18,13 @@ def check_state(state: Any, who: str) -> None:
         raise TypeError(f"{who}'s state must be a fsdpcomp.CommState, got {type(state).__name__}")
 
 
+def check_model(model: Any, who: str, expected: str) -> None:
+    """TypeError naming what ``model`` is, before anything reads its modules or parameters (an
+    object without them would end in an AttributeError from deep inside)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"{who}'s model must be {expected}, got {type(model).__name__}")
+
+
 def check_cuda_model(model: torch.nn.Module) -> None:
     """fsdpcomp.CudaError, before any hook is set, when the model's parameters are on CUDA and
     this fsdpcomp cannot run there (built without CUDA, or a driver too old for its library)."""

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from .._dist import Ranks
 from .._powersgd import Layout
 from ..state import CommState
-from ._checks import check_alike, check_cuda_model, check_flat, check_state, completed, refuse_param_gather
+from ._checks import check_alike, check_cuda_model, check_flat, check_model, check_state, completed, refuse_param_gather
 
 try:  # torch >= 2.9 defines the protocols; subclassing them keeps torch's isinstance checks true
     from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _TorchAllGather
@@ -268,6 +268,7 @@ def register_replicate(model: torch.nn.Module, state: CommState) -> None:
     module sharded on a 2-D (HSDP) mesh, TypeError for a model without FSDPModules,
     RuntimeError on a torch without ``set_all_reduce_hook``."""
     check_state(state, "register_replicate")
+    check_model(model, "register_replicate", "a torch.nn.Module sharded with fully_shard (FSDPModule modules)")
     check_cuda_model(model)
     refuse_param_gather(state, "register_replicate (the replica all-reduce)")
     modules = fsdp2_modules(model)

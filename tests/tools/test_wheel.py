@@ -3,6 +3,7 @@ manylinux wheel holding _C.abi3.so, every module of the package and, when nvcc b
 library for every listed arch plus PTX, and nothing it must not vendor (the driver, NCCL, torch,
 cudart); it installs and works in a fresh virtual environment with no compiler on PATH."""
 import glob
+import json
 import os
 import re
 import shutil
@@ -38,8 +39,13 @@ def wheel() -> str:
 
 
 def expected_archs() -> list[str]:
-    """FSDPCOMP_CUDA_ARCHS as the build read it, else setup.py's DEFAULT_ARCHS."""
+    """FSDPCOMP_CUDA_ARCHS as the build read it (.ci/wheel's stamp beside the wheel, else this
+    environment's), else setup.py's DEFAULT_ARCHS."""
+    stamp = os.path.join(ROOT, "dist", "fsdpcomp-build.json")
     env = os.environ.get("FSDPCOMP_CUDA_ARCHS")
+    if os.path.exists(stamp):
+        with open(stamp) as f:
+            env = json.load(f)["env"].get("FSDPCOMP_CUDA_ARCHS")
     if not env:
         with open(os.path.join(ROOT, "setup.py")) as f:
             env = re.search(r'^DEFAULT_ARCHS = "([^"]+)"', f.read(), re.M).group(1)
@@ -54,6 +60,21 @@ def test_tags(wheel):
         meta = z.read(f"fsdpcomp-{m.group(1)}.dist-info/WHEEL").decode()
     assert "Root-Is-Purelib: false" in meta, meta
     assert re.findall(r"^Tag: (\S+)$", meta, re.M) == [m.group(2)], meta
+
+
+def test_requires_torch(wheel):
+    """The wheel's metadata requires the torch range pyproject.toml names (what pip checks and
+    `pip show` prints); .ci/setup installs the pinned torch first and the wheel with --no-deps."""
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    from packaging.requirements import Requirement
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        declared = [Requirement(d) for d in tomllib.load(f)["project"]["dependencies"]]
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(z.read(n).decode() for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+    required = [Requirement(r) for r in re.findall(r"^Requires-Dist: (.+)$", meta, re.M) if "extra ==" not in r]
+    assert [(r.name, r.specifier) for r in required] == [(r.name, r.specifier) for r in declared], meta
+    assert [r.name for r in required] == ["torch"], meta
 
 
 def test_contents(wheel):
