@@ -5,7 +5,9 @@ measurements per run to results.jsonl.
         --comm_compress int8 --comm_config_json '{"block_size": 256, "error_feedback": true}'
 
 NCCL on GPUs, gloo on CPU; plain `python examples/fsdp_train.py` runs one rank. With no
---data_path it uses the built-in WordNet dataset (built on first use from wordnet-base).
+--data_path it uses the built-in WordNet dataset (built on first use from wordnet-base). A run
+writes <output_dir>/logs/<run_name>/, checkpoints/<run_name>/ and final_model/<run_name>/; the
+default run_name is <model>-<method>-<parallel>-w<world>-<hash of the settings> (examples/runs.py).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ import checkpoint  # noqa: E402
 import comm_timing  # noqa: E402
 import gpt  # noqa: E402
 import profiling  # noqa: E402
+import runs  # noqa: E402
 import textdata  # noqa: E402
 from parallel import SHARDING, WRAPPERS  # noqa: E402
 
@@ -56,7 +59,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "0: no validation)"),
     p.add_argument("--cache_dir", default=None, help="tokenizer and token cache (default: <data dir>/cache)")
     p.add_argument("--output_dir", default="outputs")
-    p.add_argument("--run_name", default=None, help="default: <model>-<method>-w<world>")
+    p.add_argument("--run_name", default=None,
+                   help="its folders under --output_dir (default: <model>-<method>-<parallel>-w<world>-<hash of "
+                        "the settings>, -2, -3, ... when taken); a name another run holds is refused")
     p.add_argument("--results_file", default=None, help="default: <output_dir>/results.jsonl")
     p.add_argument("--model", default="tiny", choices=list(gpt.PRESETS))
     p.add_argument("--n_layer", type=int), p.add_argument("--n_embd", type=int)
@@ -73,7 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--grad_clip", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval_every", type=int, default=0, help="evaluate every N steps (0: at the end only)")
-    p.add_argument("--eval_batches", type=int, default=8, help="validation batches per rank")
+    p.add_argument("--eval_batches", type=int, default=None,
+                   help="validation batches per rank (default, or 0: the whole validation split)")
     p.add_argument("--warmup_steps_discard", type=int, default=3, help="steps left out of timing statistics")
     p.add_argument("--target_ppl", type=float, default=None, help="records time_to_target_ppl_s")
     p.add_argument("--fixed_time_s", type=float, default=None, help="records ppl_at_fixed_time")
@@ -87,6 +93,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("max_steps", "batch_size", "max_length"):
         if getattr(args, name) <= 0:
             p.error(f"--{name} must be positive, got {getattr(args, name)}")
+    if args.eval_batches is not None and args.eval_batches < 0:
+        p.error(f"--eval_batches must be 0 (the whole split) or positive, got {args.eval_batches}")
     if args.warmup_steps_discard < 0 or args.warmup_steps_discard >= args.max_steps:
         p.error(f"--warmup_steps_discard must be in [0, max_steps), got {args.warmup_steps_discard}")
     if args.val_fraction is not None:
@@ -198,21 +206,32 @@ def batch_of(ds, indices, device) -> torch.Tensor:
     return torch.stack([ds[i] for i in indices]).to(device, non_blocking=True)
 
 
+def eval_extent(n_blocks: int, args, world: int) -> tuple[int, int]:
+    """(blocks, batches per rank) an evaluation covers: the whole split, or with --eval_batches N
+    the first N batches per rank. Batch b of rank r holds blocks (b * world + r) * batch_size on."""
+    per_round = args.batch_size * world
+    blocks = min(n_blocks, args.eval_batches * per_round) if args.eval_batches else n_blocks
+    return blocks, -(-blocks // per_round)
+
+
 @torch.no_grad()
 def evaluate(module, val_ds, args, rank, world, device) -> tuple[float, float]:
-    """Mean token loss over the same val blocks every time (every rank runs the same number
-    of forwards: FSDP's gathers are collectives)."""
-    n_batches = min(args.eval_batches, len(val_ds) // (args.batch_size * world))
-    if n_batches == 0:
+    """Mean token loss over the same val blocks every time: all of them by default (what
+    validate_model.py computes on the file), so val_ppl is the split's. Every rank runs the
+    same number of forwards (FSDP's gathers are collectives): in the last batch a rank left
+    without blocks runs block 0 and counts none of its tokens."""
+    if len(val_ds) < args.batch_size * world:
         raise textdata.DataError(f"the validation data has {len(val_ds)} blocks, fewer than one "
                                  f"batch per rank ({args.batch_size} x {world})")
+    blocks, n_batches = eval_extent(len(val_ds), args, world)
     module.eval()
     tot = torch.zeros(2, dtype=torch.float64, device=device)
     for b in range(n_batches):
         start = (b * world + rank) * args.batch_size
-        x = batch_of(val_ds, range(start, start + args.batch_size), device)
+        stop = min(start + args.batch_size, blocks)
+        x = batch_of(val_ds, range(start, stop) if start < stop else range(1), device)
         loss = module(input_ids=x, labels=x).loss
-        n = x.numel() - x.shape[0]  # predicted tokens: the first of each row has no target
+        n = x.numel() - x.shape[0] if start < stop else 0  # predicted tokens: a row's first has no target
         tot += torch.tensor([loss.double().item() * n, n], dtype=torch.float64, device=device)
     dist.all_reduce(tot)
     module.train()
@@ -278,7 +297,9 @@ def train(args, rank: int, world: int, device: torch.device) -> int:
     gathers = comm_timing.attach(module, args.parallel)  # FSDP's parameter all-gathers, timed steps only
     opt = torch.optim.AdamW(module.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95))
 
-    run_name = args.run_name or f"{args.model}-{args.comm_compress}-w{world}"
+    settings = runs.settings(args, world, comm.config)
+    digest = runs.settings_hash(settings)
+    run_name = name_run(args, rank, world, settings)
     log_dir = os.path.join(args.output_dir, "logs", run_name)
     ckpt_root = os.path.join(args.output_dir, "checkpoints", run_name)
     start_step, train_time_s, nonfinite_steps = 0, 0.0, 0
@@ -289,6 +310,8 @@ def train(args, rank: int, world: int, device: torch.device) -> int:
     if start_step >= args.max_steps:
         raise ValueError(f"the checkpoint is at step {start_step}, not before --max_steps {args.max_steps}")
 
+    if rank == 0:  # this run holds the name now, and run.json says what the hash stands for
+        runs.claim(args.output_dir, run_name, digest, settings, start_step, args.resume_from)
     os.makedirs(log_dir, exist_ok=True)
     writer = SummaryWriter(log_dir) if rank == 0 else None
     metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", encoding="utf-8") if rank == 0 else None
@@ -296,6 +319,10 @@ def train(args, rank: int, world: int, device: torch.device) -> int:
         log.info("%s: %s (%.2fM params), %d ranks on %s, %s %s, %d train blocks of %d tokens", run_name,
                  args.model, n_params / 1e6, world, device.type, comm.method, json.dumps(comm.config),
                  len(train_ds), args.max_length)
+        if val_ds is not None:
+            blocks, batches = eval_extent(len(val_ds), args, world)
+            log.info("val_loss over %d of the %d validation blocks (%d tokens), %d batches per rank", blocks,
+                     len(val_ds), blocks * (args.max_length - 1), batches)
 
     timed_from = start_step + args.warmup_steps_discard
     prof, prof_range = None, None
@@ -353,7 +380,9 @@ def train(args, rank: int, world: int, device: torch.device) -> int:
         bar.update(1)
         last = step + 1 == args.max_steps
         if val_ds is not None and (last or (args.eval_every and (step + 1) % args.eval_every == 0)):
+            t_eval = time.perf_counter()
             val_loss, val_ppl = evaluate(module, val_ds, args, rank, world, device)
+            t_eval = time.perf_counter() - t_eval
             evals.append((step + 1, train_time_s, val_loss, val_ppl))
             if args.target_ppl is not None and target_time is None and val_ppl <= args.target_ppl:
                 target_time = train_time_s
@@ -361,7 +390,7 @@ def train(args, rank: int, world: int, device: torch.device) -> int:
                 writer.add_scalar("val/loss", val_loss, step + 1)
                 writer.add_scalar("val/ppl", val_ppl, step + 1)
                 metrics.write(json.dumps({"step": step + 1, "val_loss": val_loss, "val_ppl": val_ppl,
-                                          "train_time_s": train_time_s}) + "\n")
+                                          "train_time_s": train_time_s, "eval_time_s": t_eval}) + "\n")
         if rank == 0 and (step + 1) % args.log_every == 0:
             c = comm.counters()
             writer.add_scalar("comm/ratio", c["ratio"], step + 1)
@@ -426,18 +455,59 @@ def train(args, rank: int, world: int, device: torch.device) -> int:
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)",
             "parallel": args.parallel, "sharding_strategy": args.sharding_strategy, "bf16": args.bf16,
             "max_steps": args.max_steps, "start_step": start_step, "steps_timed": len(step_times),
-            "lr": args.lr, "comm_time_source": "profiler" if by_op else "counters",
+            "lr": args.lr, "comm_time_source": "profiler" if by_op else "counters", "run_hash": digest,
+            **val_extent(val_ds, args, world),
         }
         rec = fsdpcomp.build_record(run=run, step_times_s=step_times, tokens_per_step=tokens_per_step,
                                     counters=combined, comm_time_ms_by_op=by_op,
                                     measured_ms=None if by_op else {"all_gather": gather_ms})
         path = args.results_file or os.path.join(args.output_dir, "results.jsonl")
         fsdpcomp.append_result(path, rec)
-        log.info("appended to %s: loss %.4f, val_ppl %s, %.1f ms/step, ratio %s", path, rec["train_loss"],
-                 rec["val_ppl"], rec["step_time_ms_mean"] or float("nan"), rec["compression_ratio"])
+        runs.finish(args.output_dir, run_name, args.max_steps)
+        log.info("appended to %s: loss %.4f, val_ppl %s, %.1f ms/step, ratio %s%s", path, rec["train_loss"],
+                 rec["val_ppl"], rec["step_time_ms_mean"] or float("nan"), rec["compression_ratio"],
+                 warmup_note(rec, comm, args.max_steps - start_step))
         metrics.close()
         writer.close()
     return 0
+
+
+def name_run(args, rank: int, world: int, settings: dict) -> str:
+    """The run's folder name (runs.choose): rank 0 picks it and says so when it is not the name
+    asked for; every rank gets it, or the refusal as a ValueError."""
+    answer: dict = {}
+    if rank == 0:
+        base = args.run_name or runs.default_name(args, world, runs.settings_hash(settings))
+        try:
+            answer = {"name": runs.choose(args.output_dir, base, args.run_name is not None, settings,
+                                          args.resume_from)}
+        except ValueError as e:
+            answer = {"error": str(e)}
+        if answer.get("name", base) != base:
+            why = "resuming its own checkpoint" if args.resume_from else f"{base} holds another run"
+            log.info("this run is %s (%s)", answer["name"], why)
+    box = [answer]
+    dist.broadcast_object_list(box, src=0)
+    if "error" in box[0]:
+        raise ValueError(box[0]["error"])
+    return box[0]["name"]
+
+
+def val_extent(val_ds, args, world: int) -> dict:
+    """results.jsonl's record of what val_loss covers: predicted tokens and batches per rank."""
+    if val_ds is None:
+        return {"val_tokens": None, "val_batches": None}
+    blocks, batches = eval_extent(len(val_ds), args, world)
+    return {"val_tokens": blocks * (args.max_length - 1), "val_batches": batches}
+
+
+def warmup_note(rec: dict, comm, steps: int) -> str:
+    """The last log line's word on steps a warm-up sent exact (powersgd's start_iter), which
+    otherwise show only as a ratio near 1."""
+    exact = rec.get("warmup_steps_exact") or 0
+    if not exact:
+        return ""
+    return f"; {exact} of {steps} steps sent exact (powersgd's warm-up, start_iter {comm.config.get('start_iter')})"
 
 
 def val_dataset_name(args, info: dict) -> str | None:

@@ -1,11 +1,18 @@
-"""Prompt in, continuation out, from a saved model (a final_model/ directory).
+"""Prompt in, continuation out, from a saved model (a run's final_model/<run_name>/ folder).
 
     python examples/generate.py outputs/final_model/<run_name> "gradient: "
+
+Given final_model/ itself, it takes the one run folder there, or lists them to choose from.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import runs  # noqa: E402
 
 
 def generate(model_dir: str, prompt: str, max_new_tokens: int, temperature: float, top_k: int, seed: int) -> str:
@@ -35,7 +42,10 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     try:
-        text = generate(args.model_dir, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed)
+        model_dir, note = runs.find_model(args.model_dir)
+        if note:
+            print(f"generate.py: {note}", file=sys.stderr)
+        text = generate(model_dir, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed)
     except (ValueError, OSError) as e:
         print(f"generate.py: error: {e}", file=sys.stderr)
         return 1

@@ -1,6 +1,8 @@
-"""Validation loss and perplexity of a saved model (a final_model/ directory) on a data file.
+"""Validation loss and perplexity of a saved model (a run's final_model/<run_name>/ folder) on a data file.
 
     python examples/validate_model.py outputs/final_model/<run_name> data/wordnet/val.json
+
+Given final_model/ itself, it takes the one run folder there, or lists them to choose from.
 """
 from __future__ import annotations
 
@@ -13,7 +15,31 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import runs  # noqa: E402
 import textdata  # noqa: E402
+
+
+def blocks_of(data_path: str, tok, max_length: int) -> torch.Tensor:
+    """The file's documents joined by EOS and cut into max_length-token blocks as the training's
+    token cache cuts them (textdata.build_cache: the tail of every SHARD_DOCS documents dropped),
+    so that this val_ppl and results.jsonl's, over the whole split, cover the same blocks."""
+    rows: list[list[int]] = []
+    tokens: list[int] = []
+
+    def cut() -> None:
+        n = len(tokens) // max_length
+        rows.extend(tokens[i * max_length:(i + 1) * max_length] for i in range(n))
+        tokens.clear()
+
+    for n_docs, text in enumerate(textdata.iter_documents(data_path), 1):
+        tokens.extend(tok(text)["input_ids"])
+        tokens.append(tok.eos_token_id)
+        if n_docs % textdata.SHARD_DOCS == 0:
+            cut()
+    cut()
+    if not rows:
+        raise textdata.DataError(f"{data_path}: too little text for one block of {max_length} tokens")
+    return torch.tensor(rows)
 
 
 def evaluate(model_dir: str, data_path: str, max_length: int, batch_size: int, max_batches: int | None) -> dict:
@@ -24,14 +50,8 @@ def evaluate(model_dir: str, data_path: str, max_length: int, batch_size: int, m
     model.loss_type = "ForCausalLM"  # as gpt.make_model: the loss transformers uses anyway, unwarned
     if max_length > model.config.n_positions:
         raise ValueError(f"--max_length {max_length} exceeds the model's n_positions {model.config.n_positions}")
-    tokens: list[int] = []
-    for text in textdata.iter_documents(data_path):
-        tokens.extend(tok(text)["input_ids"])
-        tokens.append(tok.eos_token_id)
-    n_blocks = len(tokens) // max_length
-    if n_blocks == 0:
-        raise textdata.DataError(f"{data_path}: too little text for one block of {max_length} tokens")
-    blocks = torch.tensor(tokens[: n_blocks * max_length]).view(n_blocks, max_length)
+    blocks = blocks_of(data_path, tok, max_length)
+    n_blocks = len(blocks)
     total, count = 0.0, 0
     with torch.no_grad():
         for b, start in enumerate(range(0, n_blocks, batch_size)):
@@ -54,7 +74,10 @@ def main(argv=None) -> int:
     p.add_argument("--max_batches", type=int, default=None)
     args = p.parse_args(argv)
     try:
-        r = evaluate(args.model_dir, args.data_path, args.max_length, args.batch_size, args.max_batches)
+        model_dir, note = runs.find_model(args.model_dir)
+        if note:
+            print(f"validate_model.py: {note}", file=sys.stderr)
+        r = evaluate(model_dir, args.data_path, args.max_length, args.batch_size, args.max_batches)
     except (textdata.DataError, ValueError, OSError) as e:
         print(f"validate_model.py: error: {e}", file=sys.stderr)
         return 1

@@ -44,9 +44,10 @@ _EPS = 1e-8  # Gram-Schmidt: a zero column (a matrix whose gradient is zero) sta
 def info() -> dict[str, Any]:
     """method_info('powersgd'), in the codecs' format."""
     return {"name": NAME, "id": None, "summary": "rank-r factors P, Q of each matrix, two all-reduces "
-            "per unit, warm-started Q and error feedback; vectors exact", "unbiased": False,
+            "per unit, warm-started Q and error feedback; vectors exact; the first start_iter steps exact "
+            "(warm-up: counters' warmup_steps_exact)", "unbiased": False,
             "linear": False, "random": False, "varsize": False, "error_feedback_default": True,
-            "keys": [dict(k) for k in KEYS]}
+            "keys": [dict(k) for k in KEYS], "aliases": []}  # num_bits names no width here
 
 
 def _int_key(name: str, v: Any, lo: float, hi: float) -> int:
@@ -178,8 +179,9 @@ class PowerSGD:
         self.reset_counts()
 
     def reset_counts(self) -> None:
-        self.counts = {"calls": 0, "calls_uncompressed": 0, "elements": 0,
-                       "err_sq": 0.0, "ref_sq": 0.0, "cos_sum": 0.0, "samples": 0}
+        self.counts = {"calls": 0, "calls_uncompressed": 0, "elements": 0, "warmup_calls_exact": 0,
+                       "warmup_steps_exact": 0, "err_sq": 0.0, "ref_sq": 0.0, "cos_sum": 0.0, "samples": 0}
+        self._warm_step: int | None = None  # the step warmup_steps_exact counted last
 
     def signature(self, layout: Layout | None, numel: int) -> tuple:
         plan = self._plan_of(layout, numel)
@@ -197,9 +199,18 @@ class PowerSGD:
         """A reduce-scatter of this step goes exactly, through the core's `none` exchange."""
         return step < self.cfg.start_iter
 
-    def count_exact(self) -> None:
+    def count_exact(self, step: int) -> None:
         """A call the core's `none` exchange made (warm-up): calls and elements are the core's."""
         self.counts["calls_uncompressed"] += 1
+        self._count_warmup(step)
+
+    def _count_warmup(self, step: int) -> None:
+        """A call sent exact because of the warm-up, and its step once: a short run can go exact
+        throughout (5 steps of the default start_iter 10 read as ratio 1.0) without this."""
+        self.counts["warmup_calls_exact"] += 1
+        if step != self._warm_step:
+            self._warm_step = step
+            self.counts["warmup_steps_exact"] += 1
 
     def _initial_q(self, unit: int, plan: _Plan, device: torch.device) -> list[torch.Tensor]:
         """Q of each matrix at a unit's first compressed step: seeded by (seed, unit, matrix), the
@@ -227,6 +238,8 @@ class PowerSGD:
         x = grad.detach().to(torch.float32, copy=True)
         if step < self.cfg.start_iter or not plan.mats:
             self.counts["calls_uncompressed"] += 1
+            if step < self.cfg.start_iter:
+                self._count_warmup(step)
             if world > 1:
                 timed(lambda v: dist.all_reduce(v, group=ranks.group), x, bytes_sent=ring_bytes(n, world),
                       bytes_raw=raw, fallback=not plan.mats and step >= self.cfg.start_iter)
@@ -325,6 +338,7 @@ class PowerSGD:
         k = self.counts
         for key in ("calls", "calls_uncompressed", "elements"):
             c[key] += k[key]
+        c["warmup_calls_exact"], c["warmup_steps_exact"] = k["warmup_calls_exact"], k["warmup_steps_exact"]
         if k["samples"]:
             c["grad_rel_error"] = math.sqrt(k["err_sq"] / k["ref_sq"]) if k["ref_sq"] > 0 else 0.0
             c["grad_cos_sim"] = k["cos_sum"] / k["samples"]

@@ -12,7 +12,7 @@ _ORDER = [
     ("comm_time_s", "s"), ("extra_collectives", ""), ("extra_collective_time_s", "s"),
     ("grad_rel_error", ""), ("grad_cos_sim", ""), ("residual_norm", ""), ("residual_bytes", "B"),
     ("nonfinite_in", ""), ("nonfinite_out", ""), ("saturated", ""), ("calls_uncompressed", ""),
-    ("fallback_units", ""), ("step", ""), ("units", ""),
+    ("warmup_calls_exact", ""), ("warmup_steps_exact", ""), ("fallback_units", ""), ("step", ""), ("units", ""),
 ]
 
 
@@ -34,7 +34,14 @@ def _fmt(value: Any, unit: str) -> str:
 
 
 class Counters(dict):
-    """A snapshot of one state's counters (a plain dict underneath)."""
+    """A snapshot of one state's counters (a plain dict underneath). README lists every key,
+    docs/design.md ("Counters") what each counts.
+
+    ``header_bytes`` is not only the payloads' headers and padding: it includes the ranks'
+    handshakes (fsdpcomp/_agree.py: an 8-byte digest to every other rank the first time a unit
+    shape, or a parameter-gather shard shape, meets a process group), which ``bytes_sent``
+    counts too. So a short run's header_bytes is larger than its payloads' headers, and
+    ``ratio`` pays for the handshakes; they are also in ``extra_collectives``."""
 
     def _rows(self) -> list[tuple[str, str]]:
         known = [(k, _fmt(self[k], u)) for k, u in _ORDER if k in self]

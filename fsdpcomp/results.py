@@ -24,19 +24,22 @@ OPTIONAL_FIELDS = (
     "nonfinite_steps", "saturated", "torch_version", "fsdpcomp_version", "device",
     "param_gather_calls", "param_gather_bytes_raw_total", "param_gather_bytes_sent_total",
     "param_gather_ratio", "param_gather_time_ms", "param_gather_codec_time_ms",
+    "warmup_steps_exact", "warmup_calls_exact",
 )
 COMM_OPS = ("reduce_scatter", "all_gather", "all_to_all", "all_reduce")
 
 # How counters from several ranks combine: byte and event counts add up, times and
-# per-rank statistics are averaged over the ranks that have a value.
-_SUMMED = ("calls", "calls_uncompressed", "fallback_units", "elements", "chunks_sent", "bytes_raw", "bytes_sent",
-           "bytes_compressed", "header_bytes", "meta_bytes", "index_bytes", "value_bytes",
-           "nonfinite_in", "nonfinite_out", "saturated", "extra_collectives", "error_samples",
+# per-rank statistics are averaged over the ranks that have a value; steps every rank counts
+# alike (powersgd's exact warm-up steps) are the largest count, not a sum.
+_SUMMED = ("calls", "calls_uncompressed", "warmup_calls_exact", "fallback_units", "elements", "chunks_sent",
+           "bytes_raw", "bytes_sent", "bytes_compressed", "header_bytes", "meta_bytes", "index_bytes",
+           "value_bytes", "nonfinite_in", "nonfinite_out", "saturated", "extra_collectives", "error_samples",
            "residual_bytes", "param_gather_calls", "param_gather_bytes_raw",
            "param_gather_bytes_sent")
 _AVERAGED = ("compress_time_s", "decompress_time_s", "comm_time_s", "extra_collective_time_s",
              "grad_rel_error", "grad_cos_sim", "residual_norm", "density", "param_gather_time_s",
              "param_gather_codec_time_s")
+_MAXED = ("warmup_steps_exact",)
 _TIMES = ("compress_time_s", "decompress_time_s", "comm_time_s", "extra_collective_time_s",
           "param_gather_time_s", "param_gather_codec_time_s")
 
@@ -53,6 +56,9 @@ def combine_counters(per_rank: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     for key in _AVERAGED:
         vals = [float(c[key]) for c in per_rank if c.get(key) is not None]
         out[key] = sum(vals) / len(vals) if vals else None
+    for key in _MAXED:
+        vals = [c[key] for c in per_rank if c.get(key) is not None]
+        out[key] = max(vals) if vals else None
     raw, sent = out.get("bytes_raw"), out.get("bytes_compressed")
     out["ratio"] = (raw / sent) if raw and sent else None
     return out
@@ -153,6 +159,8 @@ def build_record(*, run: Mapping[str, Any], step_times_s: Iterable[float], token
         grad_rel_error=counters.get("grad_rel_error"),
         grad_cos_sim=counters.get("grad_cos_sim"),
         saturated=counters.get("saturated"),
+        warmup_steps_exact=counters.get("warmup_steps_exact"),
+        warmup_calls_exact=counters.get("warmup_calls_exact"),
     )
     if gathers:
         ag_raw, ag_sent = counters.get("param_gather_bytes_raw"), counters.get("param_gather_bytes_sent")

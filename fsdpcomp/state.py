@@ -10,7 +10,7 @@ from typing import Any, Hashable, Mapping
 import torch
 import torch.distributed as dist
 
-from . import _C, _agree, _checkpoint
+from . import _C, _agree, _checkpoint, _methods
 from ._alloc import allocate
 from ._cuda_check import require_cuda
 from ._config import gather_default, normalize_config
@@ -62,6 +62,7 @@ class CommState:
                  process_group: dist.ProcessGroup | None = None):
         if not isinstance(method, str):
             raise TypeError(f"method must be a str, got {type(method).__name__}")
+        _methods.check(method)  # here, not in C: the C table has no powersgd to list
         config = normalize_config(config)
         # powersgd drives a `none` core: its units, step, counters and wire keys (_powersgd.py)
         self._power: PowerSGD | None = None
@@ -117,6 +118,8 @@ class CommState:
         if self._power:
             c["method"] = "powersgd"
             self._power.merge_counters(c)
+        else:  # the codecs compress from the first call: only powersgd has an exact warm-up
+            c.update(warmup_calls_exact=0, warmup_steps_exact=0)
         return Counters(c)
 
     def reset_counters(self) -> None:
@@ -231,7 +234,7 @@ class CommState:
                 output.copy_(target.mul_(scale))
             return unit
         if self._power:
-            self._power.count_exact()
+            self._power.count_exact(self.step)
         target = output
         if scale != 1.0:
             target = self._exchange.buffers.typed("scaled_mean", output.numel(), torch.float32, grad.device)

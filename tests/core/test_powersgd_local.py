@@ -59,6 +59,25 @@ def test_one_rank_is_its_own_low_rank_approximation_with_error_feedback():
     assert c["residual_bytes"] == 250 * 4 and c["residual_norm"] == pytest.approx(float(e.norm()), rel=1e-5)
 
 
+def test_warmup_steps_are_counted():
+    """The exact warm-up (start_iter) is in the counters: per call, and per step once (two units
+    a step here); the codecs have none; over ranks the steps are the same steps, not a sum."""
+    state = fsdpcomp.CommState("powersgd", {"rank": 1, "start_iter": 2})
+    layout = Layout.of_shapes([(24, 10)])
+    for _ in range(3):
+        for key in ("a", "b"):
+            state.all_reduce(torch.randn(240), key, matrices=layout)
+        state.end_step()
+    c = state.counters()
+    assert (c["warmup_steps_exact"], c["warmup_calls_exact"], c["calls_uncompressed"], c["calls"]) == (2, 4, 4, 6)
+    both = fsdpcomp.combine_counters([c, c])
+    assert both["warmup_steps_exact"] == 2 and both["warmup_calls_exact"] == 8
+    state.reset_counters()
+    assert state.counters()["warmup_steps_exact"] == 0
+    c = fsdpcomp.CommState("int8").counters()
+    assert c["warmup_steps_exact"] == 0 and c["warmup_calls_exact"] == 0
+
+
 def test_small_matrices_and_no_layout_go_exactly():
     state = fsdpcomp.CommState("powersgd", {"rank": 4, "start_iter": 0})
     g = torch.randn(36 + 100)
