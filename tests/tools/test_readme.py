@@ -1,10 +1,16 @@
 """README.md reads in minutes: at most 300 lines, its Results the short headline that
 benchmarks/make_results_md.py generates (up to date with benchmarks/results), the long tables
-in docs/results.md; and README's main command is the one the tests know."""
+in docs/results.md; README's main command is the one the tests know; its training script runs
+as written on CPU ranks, and with the FSDP1 and DDP lines its comment gives."""
 import importlib.util
 import json
 import os
 import re
+import subprocess
+
+import pytest
+
+from helpers.train_utils import run_train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(ROOT, "README.md")
@@ -82,3 +88,40 @@ def test_results_in_git_are_summaries_and_plots():
                 keys = set(json.load(f))
             assert not keys & {"runs", "quality_runs"}, (name, keys)  # the curves' old homes
     assert total <= 1.5e6, total
+
+
+def _python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", _readme(), re.S)
+
+
+def _torchrun(tmp_path, code: str, name: str) -> subprocess.CompletedProcess:
+    path = tmp_path / name
+    path.write_text(code)
+    return run_train([], world=2, timeout=300, script=str(path))
+
+
+def test_readme_script_runs_as_written(tmp_path):
+    """README's first snippet is a whole script: on 2 CPU ranks it trains and prints int8's ratio."""
+    script = _python_blocks()[0]
+    assert "fsdpcomp.register(model" in script and "torchrun" in script
+    r = _torchrun(tmp_path, script, "train.py")
+    assert r.returncode == 0, r.stderr[-3000:]
+    ratios = [float(line) for line in r.stdout.split() if re.fullmatch(r"\d+\.\d+", line)]
+    assert len(ratios) == 2 and all(3.5 < x < 4.0 for x in ratios), r.stdout
+
+
+@pytest.mark.parametrize("parallel", ["fsdp1", "ddp"])
+def test_readme_script_with_the_line_its_comment_gives(tmp_path, parallel):
+    """The FSDP1 and DDP lines the script's comment names, in place of fully_shard, run on CPU
+    ranks as written (FSDP1 needs its device_id there)."""
+    script = _python_blocks()[0]
+    comment = script.split("\nfully_shard(model)", 1)[1].split("\n", 2)[:2]  # its line and the next
+    line = {"fsdp1": re.search(r"(model = FSDP\(model, device_id=torch\.device\(\"cpu\"\)\))", comment[0]),
+            "ddp": re.search(r"(model = DDP\(model\))", comment[1])}[parallel]
+    assert line, comment
+    imports = {"fsdp1": "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n",
+               "ddp": "from torch.nn.parallel import DistributedDataParallel as DDP\n"}[parallel]
+    code = imports + script.replace("\nfully_shard(model)", "\n" + line.group(1) + "  #", 1)
+    r = _torchrun(tmp_path, code, f"train_{parallel}.py")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert len([w for w in r.stdout.split() if re.fullmatch(r"\d+\.\d+", w)]) == 2, r.stdout
