@@ -77,8 +77,10 @@ def prepared(tmp_path_factory):
         pytest.skip("not a git checkout: the clean tree is what git tracks")
     tmp = tmp_path_factory.mktemp("prepared")
     built = tmp / "built" / ".gpu"
+    # FSDPCOMP_CUDA_ARCHS as CI sets it (the release wheel's list) must not reach prepare's build
+    env = dict(os.environ, FSDPCOMP_CUDA_ARCHS="75;80;86;90;100;120")
     r = subprocess.run([sys.executable, PREPARE, "build", "--dir", str(built), "--scratch", str(tmp / "scratch"),
-                        "--no-wheels"], capture_output=True, text=True, timeout=1800)
+                        "--no-wheels"], capture_output=True, text=True, timeout=1800, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     manifest = json.loads((built / "manifest.json").read_text())
     assert manifest["archs"] == ["90"] and manifest["ptx"] == "90" and "csrc/fc_drive.c" in manifest["sources"]
