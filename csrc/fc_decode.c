@@ -397,12 +397,15 @@ int fc_cpu_decompress(fc_core *s, const fc_exec *x, const fc_buf *payload, fc_bu
     int passed = 0; /* the caller sees NaN/Inf in acc itself */
     FC_TRY(decode_one(s, m, &c, (const uint8_t *)payload->data, payload->numel, 0, alpha,
                       (float *)acc->data, &passed, err));
-    /* Every NaN of acc as the canonical one, as the device's adds write it: a method's add may
-     * make another (signsgd's -s of a NaN scale is 0xffc00000), and the GPU's arithmetic makes
-     * 0x7fffffff of any NaN. A NaN acc already held is made canonical here too. */
-    float *a = (float *)acc->data;
-    for (int64_t i = 0; i < n; i++)
-        a[i] = fc_canon_nan(a[i]);
+    /* A payload that brought NaN/Inf (its header flagged): every NaN of acc as the canonical
+     * one, as the device's adds write it. A method's add may make another (signsgd's -s of a NaN
+     * scale is 0xffc00000), and the GPU's arithmetic makes 0x7fffffff of any NaN. A finite
+     * payload adds no NaN to a finite acc, so the common case makes no second pass over acc. */
+    if (passed) {
+        float *a = (float *)acc->data;
+        for (int64_t i = 0; i < n; i++)
+            a[i] = fc_canon_nan(a[i]);
+    }
     return FC_OK;
 error:
     return rc;
