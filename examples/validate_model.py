@@ -10,6 +10,7 @@ import argparse
 import math
 import os
 import sys
+import tempfile
 
 import torch
 
@@ -20,26 +21,14 @@ import textdata  # noqa: E402
 
 
 def blocks_of(data_path: str, tok, max_length: int) -> torch.Tensor:
-    """The file's documents joined by EOS and cut into max_length-token blocks as the training's
-    token cache cuts them (textdata.build_cache: the tail of every SHARD_DOCS documents dropped),
-    so that this val_ppl and results.jsonl's, over the whole split, cover the same blocks."""
-    rows: list[list[int]] = []
-    tokens: list[int] = []
-
-    def cut() -> None:
-        n = len(tokens) // max_length
-        rows.extend(tokens[i * max_length:(i + 1) * max_length] for i in range(n))
-        tokens.clear()
-
-    for n_docs, text in enumerate(textdata.iter_documents(data_path), 1):
-        tokens.extend(tok(text)["input_ids"])
-        tokens.append(tok.eos_token_id)
-        if n_docs % textdata.SHARD_DOCS == 0:
-            cut()
-    cut()
-    if not rows:
-        raise textdata.DataError(f"{data_path}: too little text for one block of {max_length} tokens")
-    return torch.tensor(rows)
+    """The file's blocks as training's token cache cuts them (textdata.build_cache, into a
+    scratch folder), so that this val_ppl and results.jsonl's, over the whole split, cover the
+    same blocks."""
+    with tempfile.TemporaryDirectory() as cache:
+        textdata.build_cache(data_path, cache, lambda texts: tok(texts)["input_ids"],
+                             tok.eos_token_id, max_length)
+        ds = textdata.TokenBlocks(cache)
+        return torch.stack([ds[i] for i in range(len(ds))])
 
 
 def evaluate(model_dir: str, data_path: str, max_length: int, batch_size: int, max_batches: int | None) -> dict:
