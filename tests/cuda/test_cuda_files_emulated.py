@@ -20,8 +20,9 @@ if not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")):
     pytest.skip("no C++ compiler for the CUDA emulation", allow_module_level=True)
 
 # The CUDA test files that take the emulated library: the sparse, aggregate and stateful methods
-# through the reduce-scatter, and every method's single payloads (State.compress/decompress).
-FILES = ["cuda/test_cuda_sparse.py", "cuda/test_cuda_single.py"]
+# through the reduce-scatter, every method's single payloads (State.compress/decompress), and
+# FSDP2's compressed parameter all-gathers.
+FILES = ["cuda/test_cuda_sparse.py", "cuda/test_cuda_single.py", "cuda/test_cuda_param_gather.py"]
 
 
 @pytest.mark.parametrize("test_file", FILES)
