@@ -23,6 +23,7 @@ ROOT = os.path.dirname(TESTS)
 sys.path[:0] = [os.path.join(TESTS, "gpu"), os.path.join(ROOT, "examples")]
 
 import gpu_common  # noqa: E402
+from helpers.clean_tree import copy_clean_tree  # noqa: E402
 import harness  # noqa: E402
 
 needs_cxx = pytest.mark.skipif(not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")),
@@ -49,18 +50,6 @@ QUICK_REST_CHECKS = {
 }
 
 
-def _clean_tree(dst) -> None:
-    """The checkout as a fresh clone has it (tracked and untracked-not-ignored files): no build
-    output, no in-place libraries."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
-                           check=True).stdout.decode().split("\0")
-    for rel in filter(None, files):
-        src = os.path.join(ROOT, rel)
-        if os.path.isfile(src):
-            os.makedirs(os.path.join(dst, os.path.dirname(rel)), exist_ok=True)
-            shutil.copy2(src, os.path.join(dst, rel))
-
-
 def _run_sh(tree, out, *args):
     env = dict(os.environ, FSDPCOMP_GPU_OUT=str(out),
                FSDPCOMP_EMU_DIR=os.environ.get("FSDPCOMP_EMU_DIR") or
@@ -73,8 +62,6 @@ def _run_sh(tree, out, *args):
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     """`prepare` (no wheels: no network needed) and its folder restored into a clean tree."""
-    if shutil.which("git") is None or not os.path.isdir(os.path.join(ROOT, ".git")):
-        pytest.skip("not a git checkout: the clean tree is what git tracks")
     tmp = tmp_path_factory.mktemp("prepared")
     built = tmp / "built" / ".gpu"
     # FSDPCOMP_CUDA_ARCHS as CI sets it (the release wheel's list) must not reach prepare's build
@@ -85,7 +72,7 @@ def prepared(tmp_path_factory):
     manifest = json.loads((built / "manifest.json").read_text())
     assert manifest["archs"] == ["90"] and manifest["ptx"] == "90" and "csrc/fc_drive.c" in manifest["sources"]
     tree = tmp / "tree"
-    _clean_tree(tree)
+    copy_clean_tree(tree)
     shutil.copytree(built, tree / ".gpu")
     return tree
 
@@ -224,3 +211,34 @@ def test_werror_switch(monkeypatch):
     assert "-Werror" not in ns["c_flags"]()
     text = open(path).read()  # nvcc's flags follow the same switch
     assert '["-Werror", "all-warnings"] if env_flag("FSDPCOMP_WERROR", "1")' in text
+
+
+def test_collect_keeps_each_checks_latest_run(tmp_path):
+    """tests/gpu/collect.py over two runs: a later result replaces an earlier one, except a
+    skip (a profile that left the check out); kernel rows of both runs, the later per row."""
+    import collect
+
+    def run(name, checks, rows):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "summary.json").write_text(json.dumps({"checks": checks, "updated": name}))
+        (d / "env.json").write_text(json.dumps({"device": "NVIDIA H200", "torch": "2.11"}))
+        (d / "kernels_quick.json").write_text(json.dumps({"device": "NVIDIA H200", "rows": rows}))
+        return str(d)
+
+    fails = [{"test": f"t{i}", "error": "x" * 5000} for i in range(50)]
+    a = run("a", {"bytes.x": {"status": "passed", "seconds": 1}, "driver.y": {"status": "passed", "seconds": 2},
+                  "pytest.z": {"status": "failed", "seconds": 3, "detail": {"failures": fails}}},
+            [{"method": "int8", "n": 16, "enc_ms": 1.0}, {"method": "fp8", "n": 16, "enc_ms": 2.0}])
+    b = run("b", {"bytes.x": {"status": "skipped", "seconds": 0, "reason": "excluded"},
+                  "driver.y": {"status": "failed", "seconds": 2, "error": "broke"}},
+            [{"method": "int8", "n": 16, "enc_ms": 0.5}])
+    summary, kernels = collect.collect([a, b], ["first", "second"])
+    checks = summary["checks"]
+    assert checks["bytes.x"]["status"] == "passed" and checks["bytes.x"]["run"] == 0
+    assert checks["driver.y"]["status"] == "failed" and checks["driver.y"]["run"] == 1
+    kept = checks["pytest.z"]["detail"]["failures"]
+    assert len(kept) == collect.KEEP_FAILURES and len(kept[0]["error"]) == collect.KEEP_FAILURE
+    assert summary["counts"] == {"passed": 1, "failed": 2} and summary["device"] == "NVIDIA H200"
+    assert [r["note"] for r in summary["runs"]] == ["first", "second"]
+    assert {(r["method"], r["enc_ms"]) for r in kernels["rows"]} == {("int8", 0.5), ("fp8", 2.0)}

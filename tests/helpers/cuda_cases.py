@@ -82,9 +82,8 @@ def bits_report(a: torch.Tensor, b: torch.Tensor, k: int = 4) -> str:
     message: a NaN's bit pattern tells which path wrote it."""
     view = torch.int32 if a.element_size() == 4 else torch.int16
     x, y = a.view(view).flatten(), b.view(view).flatten()
-    at = (x != y).nonzero().flatten()[:k].tolist()
     mask = 0xFFFFFFFF if view is torch.int32 else 0xFFFF
-    return ", ".join(f"[{i}] {int(x[i]) & mask:#x}/{int(y[i]) & mask:#x}" for i in at)
+    return ", ".join(f"[{i}] {int(x[i]) & mask:#x}/{int(y[i]) & mask:#x}" for i in differ_at(a, b)[:k])
 
 
 def differ_at(a: torch.Tensor, b: torch.Tensor) -> list[int]:

@@ -5,25 +5,19 @@ wheel: a real build takes minutes (tests/tools/test_wheel.py checks the real one
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from helpers.clean_tree import copy_clean_tree
+
 
 
 @pytest.fixture()
 def tree(tmp_path):
-    if shutil.which("git") is None or not os.path.isdir(os.path.join(ROOT, ".git")):
-        pytest.skip("not a git checkout")
-    files = subprocess.run(["git", "ls-files", "-z", "setup.py", "pyproject.toml", "MANIFEST.in", "README.md",
-                            "csrc", "cuda", "fsdpcomp", ".ci"], cwd=ROOT, capture_output=True,
-                           check=True).stdout.decode().split("\0")
-    for rel in filter(None, files):
-        os.makedirs(tmp_path / os.path.dirname(rel), exist_ok=True)
-        shutil.copy2(os.path.join(ROOT, rel), tmp_path / rel)
+    copy_clean_tree(tmp_path, "setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "csrc", "cuda",
+                    "fsdpcomp", ".ci")
     return tmp_path
 
 

@@ -40,16 +40,22 @@ def _val_blocks(base) -> int:
     return json.loads((caches[0] / "meta.json").read_text())["num_blocks"]
 
 
+def _run(data, name: str, *args: str) -> dict:
+    """A 4-step run into <base>/<name>: its folder, process, results line and last log line."""
+    base, train, val = data
+    out = base / name
+    proc = run_train(["--data_path", train, "--val_path", val, "--output_dir", str(out), "--run_name", name,
+                      *args, *COMMON])
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    last = [line for line in proc.stderr.replace("\r", "\n").splitlines() if line.strip()][-1]
+    return {"out": out, "row": read_jsonl(str(out / "results.jsonl"))[-1], "last": last, "val": val}
+
+
 @pytest.fixture(scope="module")
 def powersgd(data):
     """powersgd with start_iter 2 over 4 steps, evaluated on the whole validation split."""
-    base, train, val = data
-    out = base / "psgd"
-    proc = run_train(["--data_path", train, "--val_path", val, "--output_dir", str(out), "--run_name", "psgd",
-                      "--comm_compress", "powersgd", "--comm_config_json", '{"start_iter": 2}', *COMMON])
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    return {"out": out, "proc": proc, "row": read_jsonl(str(out / "results.jsonl"))[-1], "val": val,
-            "blocks": _val_blocks(base)}
+    run = _run(data, "psgd", "--comm_compress", "powersgd", "--comm_config_json", '{"start_iter": 2}')
+    return dict(run, blocks=_val_blocks(data[0]))
 
 
 def test_val_ppl_covers_the_whole_split(powersgd):
@@ -76,20 +82,15 @@ def test_powersgd_warmup_is_reported(powersgd):
     for rank in range(WORLD):
         c = json.loads((out / "logs" / "psgd" / f"counters_rank{rank}.json").read_text())
         assert c["warmup_steps_exact"] == 2
-    last = [line for line in powersgd["proc"].stderr.replace("\r", "\n").splitlines() if line.strip()][-1]
+    last = powersgd["last"]
     assert "appended to" in last and "2 of 4 steps sent exact" in last and "start_iter" in last, last
 
 
 def test_no_warmup_and_eval_batches_override(data):
-    base, train, val = data
-    out = base / "int8"
-    proc = run_train(["--data_path", train, "--val_path", val, "--output_dir", str(out), "--run_name", "int8",
-                      "--comm_compress", "int8", "--eval_batches", "1", *COMMON])
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    r = read_jsonl(str(out / "results.jsonl"))[-1]
+    run = _run(data, "int8", "--comm_compress", "int8", "--eval_batches", "1")
+    r = run["row"]
     assert r["warmup_steps_exact"] == 0 and r["warmup_calls_exact"] == 0
     assert r["val_batches"] == 1 and r["val_tokens"] == BATCH * WORLD * (MAX_LENGTH - 1)
-    c = json.loads((out / "logs" / "int8" / "counters_rank0.json").read_text())
+    c = json.loads((run["out"] / "logs" / "int8" / "counters_rank0.json").read_text())
     assert c["warmup_steps_exact"] == 0
-    last = [line for line in proc.stderr.replace("\r", "\n").splitlines() if line.strip()][-1]
-    assert "appended to" in last and "sent exact" not in last, last
+    assert "appended to" in run["last"] and "sent exact" not in run["last"], run["last"]
