@@ -1,4 +1,4 @@
-# Writes docs/results.md from the benchmarks' JSON files (comm_bench.json, train_bench_*.json): machine, date, versions, tables, plots, commands; and README's short Results (--readme).
+# Writes docs/results.md from the benchmarks' JSON files (comm_bench.json, step_bench_*.json, mem_bench_*.json, train_bench_*.json): machine, date, versions, tables, plots, commands; and README's short Results (--readme).
 """    python benchmarks/make_results_md.py [--results_dir benchmarks/results] [--out docs/results.md]
 
 Only numbers found in the JSON files are written; a benchmark whose JSON is missing gets a line
@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # beside this fi
 from fmt import fmt, fmt_bytes, md_table  # noqa: E402
 import projection  # noqa: E402
 import results_gpu  # noqa: E402
+import results_mem  # noqa: E402
 import results_step  # noqa: E402
 
 COMM_CMD = "sudo python benchmarks/comm_bench.py --world 2 3 4 --sizes 16M 64M --links 1 10 unshaped"
@@ -195,6 +196,10 @@ def sections(results_dir: str, rel: str, brief: bool = False) -> list[str]:
         shaped = any(r["link"] != "unshaped (loopback)" for r in data["timing"])
         lines += results_step.step_section(data, rel, reproduce_cmd(data["meta"], results_step.STEP_CMD, root=shaped),
                                            brief)
+    if not brief:  # the memory per rank: docs/results.md only
+        for path in sorted(glob.glob(os.path.join(results_dir, "mem_bench_*.json"))):
+            data = load(path)
+            lines += results_mem.mem_section(data, reproduce_cmd(data["meta"], results_mem.MEM_CMD))
     trains = sorted(glob.glob(os.path.join(results_dir, "train_bench_*.json")))
     for path in trains:
         lines += train_section(load(path), rel)

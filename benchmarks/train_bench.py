@@ -220,6 +220,41 @@ def plot(runs: list[dict], rows: list[dict], path: str, title: str) -> str | Non
     return None
 
 
+def train_all(args, methods: list[str], link, link_note: str) -> list[dict]:
+    """Every method for every seed (seeds outer), each run's record and curve."""
+    runs = []
+    with tempfile.TemporaryDirectory() as work:
+        for seed in args.seeds:
+            for method in methods:
+                print(f"== {args.setting}: {method}, seed {seed}, W={args.world}, {link_note}", flush=True)
+                if link is None:
+                    runs.append(run_training(args, method, seed, None, work))
+                else:
+                    with Topology(args.world, link) as topo:
+                        runs.append(run_training(args, method, seed, topo, work))
+    return runs
+
+
+def merged_runs(args, argv) -> tuple[list[dict], list[str], list[int]]:
+    """--merge: the runs of earlier invocations (their curves files), their seeds, and the first
+    one's command line with every seed, which reproduces them in one invocation."""
+    runs, metas = [], []
+    for stem in args.merge:
+        runs += results_io.read_curves(os.path.join(args.curves_dir, f"{stem}.json.gz"))
+        with open(os.path.join(args.out_dir, f"{stem}.json"), encoding="utf-8") as f:
+            metas.append(json.load(f)["meta"])
+    seeds = sorted({r["seed"] for r in runs})
+    first = list(metas[0]["argv"])
+    i = first.index("--seeds") + 1 if "--seeds" in first else len(first)
+    j = i
+    while j < len(first) and not first[j].startswith("--"):
+        j += 1
+    first[i:j] = [str(x) for x in seeds]
+    for key in ("setting", "model", "world", "max_steps", "batch_size", "max_length"):
+        setattr(args, key, metas[0][key])
+    return runs, first, seeds
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--setting", choices=list(SETTINGS), default="cpu")
@@ -242,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="each run's results.jsonl line and metrics.jsonl curve, as <stem>.json.gz (not in git)")
     p.add_argument("--tag", default="", help="suffix of the output files, for a second set of runs")
     p.add_argument("--timeout_s", type=float, default=3600.0, help="per training run")
+    p.add_argument("--merge", nargs="+", default=None, metavar="STEM",
+                   help="train nothing: summarise the runs of earlier invocations' curves (e.g. one per seed, "
+                        "run one after another) as if they were one")
     p.add_argument("train_args", nargs=argparse.REMAINDER, help="after --: passed to fsdp_train.py unchanged")
     args = p.parse_args(argv)
     exit_on_sigterm()
@@ -276,16 +314,10 @@ def main(argv: list[str] | None = None) -> int:
         link, link_note = None, "one process: no link"
 
     os.makedirs(args.out_dir, exist_ok=True)
-    runs = []
-    with tempfile.TemporaryDirectory() as work:
-        for seed in args.seeds:
-            for method in methods:
-                print(f"== {args.setting}: {method}, seed {seed}, W={args.world}, {link_note}", flush=True)
-                if link is None:
-                    runs.append(run_training(args, method, seed, None, work))
-                else:
-                    with Topology(args.world, link) as topo:
-                        runs.append(run_training(args, method, seed, topo, work))
+    if args.merge:
+        runs, argv, args.seeds = merged_runs(args, argv)
+    else:
+        runs = train_all(args, methods, link, link_note)
     rows = summarise(runs)
     title = (f"train_bench {args.setting}: {args.model}, W={args.world}, {link_note}, {args.max_steps} steps, "
              f"batch {args.batch_size}x{args.max_length}, seeds {args.seeds}")

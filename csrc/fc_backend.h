@@ -47,6 +47,10 @@ struct fc_backend {
                         float *send, const int64_t *send_splits, fc_err *err);
     int (*fetch_finish)(fc_core *s, const fc_exec *x, const float *recv, const fc_buf *grad,
                         fc_buf *out, int world, int rank, uint32_t unit, fc_err *err);
+    /* an 8-bit residual (fc_res8.h): e (fp32) into packed, and back */
+    int (*res8_pack)(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *packed, uint32_t key,
+                     fc_err *err);
+    int (*res8_unpack)(fc_core *s, const fc_exec *x, const fc_buf *packed, fc_buf *e, fc_err *err);
 };
 
 extern const fc_backend fc_backend_cpu;
@@ -70,6 +74,14 @@ int fc_drive_compress(fc_core *s, const fc_exec *x, const fc_buf *in, fc_buf *pa
                       int64_t *written, fc_err *err);
 int fc_drive_decompress(fc_core *s, const fc_exec *x, const fc_buf *payload, fc_buf *acc,
                         float alpha, uint32_t unit, uint32_t chunk, int world, fc_err *err);
+
+/* An 8-bit residual (residual_dtype "int8") is unpacked into an fp32 workspace e before a call
+ * that reads or replaces it, and packed again after: packed holds fc_res8_bytes(e's numel)
+ * bytes. The pack's rounding draws from (seed, step, unit, salt: FC_RES8_SALT_*). */
+int fc_drive_res8_unpack(fc_core *s, const fc_exec *x, const fc_buf *packed, fc_buf *e,
+                         fc_err *err);
+int fc_drive_res8_pack(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *packed,
+                       uint32_t unit, uint32_t salt, fc_err *err);
 
 /* Opens the encode call s->enc with the driver's decisions for it (wire method, error
  * feedback, sampling, the call's key); the per-peer parts (fc_encode.c) open theirs here too. */

@@ -25,7 +25,7 @@ static const char *text_of(PyObject *v, const char *method, const char *what, fc
     return s;
 }
 
-static const char *const residual_dtypes[] = {"fp32", "bf16", NULL};
+static const char *const residual_dtypes[] = {"fp32", "bf16", "int8", NULL};
 static const char *const nonfinite_modes[] = {"pass", "zero", NULL};
 static const char *const transports[] = {"auto", "torch", "nccl", NULL};
 /* The parameter codecs: each is the method of the same name (fsdpcomp/param_gather.py). */

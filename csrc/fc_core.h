@@ -23,7 +23,7 @@ typedef enum { FC_TRANSPORT_AUTO = 0, FC_TRANSPORT_TORCH = 1, FC_TRANSPORT_NCCL 
 /* The keys every method accepts (fc_config.c parses them like a method's own). */
 typedef struct {
     int error_feedback;
-    int residual_dtype; /* 0: fp32, 1: bf16 */
+    int residual_dtype; /* 0: fp32, 1: bf16, 2: int8 (packed, fc_res8.h) */
     int64_t seed;
     int64_t min_numel;
     int compress_own_chunk;
@@ -196,6 +196,8 @@ void fc_core_piece_plan(const fc_core *s, int64_t numel, int dtype, int world, i
  * payload). Every part comes once: chunks in any order, a chunk's pieces in order. With one
  * piece per chunk the bytes are those fc_drive_encode writes; the call is counted when its last
  * part is done. */
+/* Whether encode_part() of this call opens a new one (none is open, or another one is). */
+int fc_core_part_opens(const fc_core *s, uint32_t unit, int world, int rank, int64_t numel);
 int fc_core_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual, int world,
                         int rank, uint32_t unit, int chunk, int piece, int64_t *size, fc_err *err);
 /* Adds piece `piece` of the payload from rank `src` (empty for an own chunk kept exact). src =

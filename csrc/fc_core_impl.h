@@ -27,7 +27,11 @@ int64_t fc_core_chunk_part_bytes(const fc_core *s, const fc_method *m, int64_t N
                                  int world, int rank, int c);
 const char *fc_core_not_per_peer(const fc_core *s, const fc_method *m, int64_t N, int world);
 
-/* The CPU backend's entries (fc_backend.h), in fc_encode.c, fc_decode.c and fc_fetch.c. */
+/* The CPU backend's entries (fc_backend.h), in fc_encode.c, fc_decode.c, fc_fetch.c and
+ * fc_res8.c. */
+int fc_cpu_res8_pack(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *packed, uint32_t key,
+                     fc_err *err);
+int fc_cpu_res8_unpack(fc_core *s, const fc_exec *x, const fc_buf *packed, fc_buf *e, fc_err *err);
 int fc_cpu_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *send,
                   fc_buf *residual, fc_sent *sent, fc_err *err);
 int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf *grad,

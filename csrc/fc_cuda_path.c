@@ -391,6 +391,22 @@ static int cuda_decompress(fc_core *s, const fc_exec *x, const fc_buf *payload, 
     return k->api->decompress(k->ctx, &a, err);
 }
 
+static int cuda_res8_pack(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *packed,
+                          uint32_t key, fc_err *err)
+{
+    (void)s;
+    return x->k->api->res8(x->k->ctx, x->k->device, x->k->stream, 1, (float *)e->data, e->numel,
+                           (uint8_t *)packed->data, key, err);
+}
+
+static int cuda_res8_unpack(fc_core *s, const fc_exec *x, const fc_buf *packed, fc_buf *e,
+                            fc_err *err)
+{
+    (void)s;
+    return x->k->api->res8(x->k->ctx, x->k->device, x->k->stream, 0, (float *)e->data, e->numel,
+                           (uint8_t *)packed->data, 0, err);
+}
+
 const fc_backend fc_backend_cuda = {
     0,
     cuda_encode,
@@ -400,6 +416,8 @@ const fc_backend fc_backend_cuda = {
     cuda_fetch_picks,
     cuda_fetch_values,
     cuda_fetch_finish,
+    cuda_res8_pack,
+    cuda_res8_unpack,
 };
 
 void fc_cuda_probe(const fc_core *s, const fc_cuda_api *api, int64_t numel, int dtype, int world,

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "fc_backend.h"
+#include "fc_res8.h"
 #include "fc_wire.h"
 
 void fc_drive_encode_open(fc_core *s, const fc_buf *grad, const fc_buf *residual, int world,
@@ -138,7 +139,33 @@ int fc_drive_decompress(fc_core *s, const fc_exec *x, const fc_buf *payload, fc_
     return rc;
 }
 
-/* The CPU backend: the loops of fc_encode.c, fc_decode.c and fc_fetch.c. */
+static int res8_sizes(const fc_buf *packed, const fc_buf *e, fc_err *err)
+{
+    if (e->dtype != FC_F32 || packed->dtype != FC_U8)
+        return fc_fail(err, FC_ERR_TYPE, "an 8-bit residual is a uint8 tensor unpacked into fp32");
+    if (packed->numel != fc_res8_bytes(e->numel))
+        return fc_fail(err, FC_ERR_VALUE, "an 8-bit residual of %lld elements has %lld bytes, got "
+                       "%lld", (long long)e->numel, (long long)fc_res8_bytes(e->numel),
+                       (long long)packed->numel);
+    return FC_OK;
+}
+
+int fc_drive_res8_unpack(fc_core *s, const fc_exec *x, const fc_buf *packed, fc_buf *e,
+                         fc_err *err)
+{
+    int rc = res8_sizes(packed, e, err);
+    return rc != FC_OK ? rc : x->b->res8_unpack(s, x, packed, e, err);
+}
+
+int fc_drive_res8_pack(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *packed,
+                       uint32_t unit, uint32_t salt, fc_err *err)
+{
+    int rc = res8_sizes(packed, e, err);
+    const uint32_t key = fc_res8_key((uint64_t)s->common.seed, s->step, unit, salt);
+    return rc != FC_OK ? rc : x->b->res8_pack(s, x, e, packed, key, err);
+}
+
+/* The CPU backend: the loops of fc_encode.c, fc_decode.c, fc_fetch.c and fc_res8.c. */
 const fc_backend fc_backend_cpu = {
     1,
     fc_cpu_encode,
@@ -148,4 +175,6 @@ const fc_backend fc_backend_cpu = {
     fc_cpu_fetch_picks,
     fc_cpu_fetch_values,
     fc_cpu_fetch_finish,
+    fc_cpu_res8_pack,
+    fc_cpu_res8_unpack,
 };

@@ -473,6 +473,12 @@ error:
     return rc;
 }
 
+int fc_core_part_opens(const fc_core *s, uint32_t unit, int world, int rank, int64_t numel)
+{
+    const fc_call_key key = fc_core_call_key(s, unit, world, rank, numel);
+    return !s->enc.open || !fc_core_same_call(&s->enc.key, &key);
+}
+
 int fc_core_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual, int world,
                         int rank, uint32_t unit, int chunk, int piece, int64_t *size, fc_err *err)
 {

@@ -30,6 +30,8 @@ typedef struct {
     fc_cuda_ctx *cuda_ctx;
     PyObject *cuda_extra; /* dict of device tensors for the sparse/stateful methods (state_cuda.c) */
     int emulate_cuda;     /* tests only: CPU tensors take the CUDA path (tests/cuda_emu's library) */
+    PyObject *part_ws;    /* the open per-peer call's unpacked 8-bit residual (state_residual.c) */
+    int64_t res_ws_peak;  /* bytes of the largest such workspace: counted in scratch_bytes */
 } StateObject;
 
 /* Whether a tensor of a call goes through the CUDA library: a CUDA tensor, or (tests) a CPU one
@@ -86,12 +88,45 @@ PyObject *fc_state_views_done(StateObject *self, int rc, const fc_err *err, fc_v
 /* A tuple of `world` ints. New ref. */
 PyObject *fc_sizes_tuple(const int64_t *sizes, int world);
 
-/* ---- state_type.c: lifecycle, attributes, the method table and the residuals it owns */
+/* ---- state_type.c: lifecycle, attributes, the method table */
 
 extern PyType_Spec fc_state_spec;
-/* The residual tensor of a unit, allocated through the allocator on first use. New ref. */
-PyObject *fc_state_residual(StateObject *self, uint32_t unit, PyObject *grad, int64_t numel,
-                            fc_view *rv, fc_err *err);
+
+/* ---- state_residual.c: the residuals the State owns, and an 8-bit one's unpacked workspace */
+
+/* A unit's residual for the length of one call: the tensor kept (res, view r) and what the
+ * backend reads and replaces (buf): r's buffer, or for an 8-bit residual an fp32 workspace
+ * (ws, view w) unpacked from it before the work and packed back after it. */
+typedef struct {
+    PyObject *res, *ws;
+    fc_view r, w;
+    fc_buf *buf;
+    int packed;
+} fc_res_hold;
+
+/* The dtype a State keeps residuals in (FC_F32, FC_BF16, or FC_U8: packed, fc_res8.h). */
+int fc_state_residual_dtype(const StateObject *self);
+/* The residual tensor of a unit, allocated through the allocator on first use, checked against
+ * grad's device: h->res and h->r (and h->buf = &h->r.buf). 0, or a status with err set. */
+int fc_state_residual(StateObject *self, uint32_t unit, PyObject *grad, const fc_view *g,
+                      fc_res_hold *h, fc_err *err);
+/* A caller's residual (compress()): fp32 of x's numel, or packed uint8 of fc_res8_bytes(numel). */
+int fc_res_adopt(PyObject *res, const fc_view *x, fc_res_hold *h, fc_err *err);
+/* For an 8-bit residual, the fp32 workspace of its numel (through the allocator, on its
+ * device): h->buf then points at it. Holds the GIL; fc_res_unpack fills it. */
+int fc_res_workspace(StateObject *self, PyObject *grad, int64_t numel, fc_res_hold *h,
+                     fc_err *err);
+/* Without the GIL: unpack before the work, pack after it; no-ops for an fp32/bf16 residual. */
+int fc_res_unpack(StateObject *self, const fc_exec *x, fc_res_hold *h, fc_err *err);
+int fc_res_pack(StateObject *self, const fc_exec *x, fc_res_hold *h, uint32_t unit, uint32_t salt,
+                fc_err *err);
+void fc_res_release(fc_res_hold *h);
+/* The calls for the residuals Python keeps (PowerSGD's error): sizes, pack, unpack. */
+PyObject *fc_state_residual_numel(StateObject *self, PyObject *arg);
+PyObject *fc_state_pack_residual(StateObject *self, PyObject *args, PyObject *kwds);
+PyObject *fc_state_unpack_residual(StateObject *self, PyObject *args);
+extern const char fc_state_residual_numel_doc[], fc_state_pack_residual_doc[],
+    fc_state_unpack_residual_doc[];
 
 /* ---- state_exec.c, state_cuda.c: a call's backend, and what a call on CUDA tensors prepares */
 

@@ -6,6 +6,7 @@
 
 #include "fc_half.h"
 #include "fc_quant.h"
+#include "fc_res8.h"
 
 FC_DOCSTRING(fc_state_units_doc, "units() -> list[int]\n\nElements of each unit, in call order.");
 
@@ -98,12 +99,14 @@ static int load_unit_states(StateObject *self, PyObject *states, fc_unit *table,
 
 /* A residual the driver could have written: every element finite (CPU tensors; the Python
  * side checks device ones with torch). 0, or -1 with ValueError naming residuals[u]. */
-static int check_residual_values(const fc_view *v, Py_ssize_t u)
+static int check_residual_values(const fc_view *v, Py_ssize_t u, int64_t numel)
 {
     if (v->device_type != kDLCPU)
         return 0;
-    for (int64_t i = 0; i < v->buf.numel; i++) {
-        const float x = v->buf.dtype == FC_F32 ? ((const float *)v->buf.data)[i]
+    /* an 8-bit residual's scales (fc_res8.h) are fp32 and finite; any code is a valid one */
+    const int64_t count = v->buf.dtype == FC_U8 ? fc_res8_blocks(numel) : v->buf.numel;
+    for (int64_t i = 0; i < count; i++) {
+        const float x = v->buf.dtype != FC_BF16 ? ((const float *)v->buf.data)[i]
                                                : fc_bf16_to_f32(((const uint16_t *)v->buf.data)[i]);
         if (!(fc_abs_bits(x) < FC_INF_BITS)) {
             PyErr_Format(PyExc_ValueError, "restore: residuals[%zd] element %lld is %s: a residual "
@@ -152,7 +155,7 @@ PyObject *fc_state_restore(StateObject *self, PyObject *args)
         return NULL;
     }
     n = PyList_Size(units);
-    const int rdt = self->core.common.residual_dtype == 0 ? FC_F32 : FC_BF16;
+    const int rdt = fc_state_residual_dtype(self);
     if (PyList_Size(residuals) > n) {
         PyErr_Format(PyExc_ValueError, "restore: %zd residuals for %zd units", PyList_Size(residuals), n);
         return NULL;
@@ -179,14 +182,15 @@ PyObject *fc_state_restore(StateObject *self, PyObject *args)
                 STATE_ERR(self, &err);
                 goto error;
             }
-            int64_t got = v.buf.numel;
-            const int bad = check_residual_values(&v, u);
+            const int64_t got = v.buf.numel, want = rdt == FC_U8 ? fc_res8_bytes(numel) : numel;
+            const int bad = got == want && check_residual_values(&v, u, numel);
             fc_view_release(&v);
             if (bad)
                 goto error;
-            if (got != numel) {
-                PyErr_Format(PyExc_ValueError, "restore: residual %zd has %lld elements, unit has %lld",
-                             u, (long long)got, numel);
+            if (got != want) {
+                PyErr_Format(PyExc_ValueError, "restore: residual %zd has %lld elements, unit has "
+                             "%lld%s", u, (long long)got, numel,
+                             rdt == FC_U8 ? " (an 8-bit residual holds fc_res8_bytes of them)" : "");
                 goto error;
             }
         }

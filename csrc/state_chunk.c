@@ -1,10 +1,12 @@
 /* state_chunk.c: the State's calls on one chunk outside the collective (tests, benchmarks):
  * payload_bytes, layout, compress, decompress. */
 #include "state.h" /* first: it includes Python.h */
+
 #include <limits.h>
 #include <string.h>
 
 #include "fc_cuda_path.h"
+#include "fc_res8.h"
 
 /* payload_bytes' and layout's n, at least lo; an int past int64 is refused as too large. */
 static int chunk_numel(StateObject *self, PyObject *arg, long long lo, long long *n)
@@ -99,7 +101,8 @@ FC_DOCSTRING(fc_state_compress_doc,
 "compress(x, payload, unit=0, chunk=0, world=1, rank=0, residual=None) -> int\n\n"
 "Encodes the fp32 tensor x as one payload into the uint8 tensor `payload` on the same device;\n"
 "returns its size. The RNG stream is keyed by (seed, rank, step, unit, chunk) as in the\n"
-"collective. With `residual` (fp32, x's length and device: an error-feedback residual e) the\n"
+"collective. With `residual` (fp32, x's length and device: an error-feedback residual e; or\n"
+"an 8-bit one, uint8 of residual_bytes(x.numel()) as residual_dtype \"int8\" keeps it) the\n"
 "payload is that of g' = x + e under the collective's range and NaN rules, and e becomes\n"
 "g' - D(payload), always finite. On CUDA the bytes are the CPU's, queued on the current stream\n"
 "(a method whose size is data-dependent waits for it to read the size back).");
@@ -109,7 +112,7 @@ PyObject *fc_state_compress(StateObject *self, PyObject *args, PyObject *kwds)
     static char *kwlist[] = {"x", "payload", "unit", "chunk", "world", "rank", "residual", NULL};
     single_call a = {.world = 1};
     PyObject *res = Py_None; /* borrowed */
-    fc_view rv = {0};
+    fc_res_hold r = {0};
     int rc = FC_ERR_VALUE; /* until the encode has run */
     int64_t written = 0;
     if (!fc_state_ready(self) ||
@@ -118,17 +121,21 @@ PyObject *fc_state_compress(StateObject *self, PyObject *args, PyObject *kwds)
         return NULL;
     if (single_views(self, &a, "x", 0) != FC_OK)
         goto error;
-    if (res != Py_None && (fc_view_get(res, "residual", FC_DT_F32, &rv, &a.err) != FC_OK ||
-                           fc_check_same_device(&rv, &a.tv, "residual", &a.err) != FC_OK))
+    if (res != Py_None && (fc_res_adopt(res, &a.tv, &r, &a.err) != FC_OK ||
+                           fc_res_workspace(self, a.t, a.tv.buf.numel, &r, &a.err) != FC_OK))
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    rc = fc_drive_compress(&self->core, &a.x, &a.tv.buf, &a.pv.buf, res != Py_None ? &rv.buf : NULL,
-                           a.unit, a.chunk, a.world, a.rank, &written, &a.err);
+    rc = r.buf != NULL ? fc_res_unpack(self, &a.x, &r, &a.err) : FC_OK;
+    if (rc == FC_OK)
+        rc = fc_drive_compress(&self->core, &a.x, &a.tv.buf, &a.pv.buf, r.buf, a.unit, a.chunk,
+                               a.world, a.rank, &written, &a.err);
+    if (rc == FC_OK && r.buf != NULL)
+        rc = fc_res_pack(self, &a.x, &r, a.unit, FC_RES8_SALT_GATHER, &a.err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
     fc_view_release(&a.tv);
     fc_view_release(&a.pv);
-    fc_view_release(&rv);
+    fc_res_release(&r);
     return rc == FC_OK ? PyLong_FromLongLong(written) : STATE_ERR(self, &a.err);
 }
 

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "fc_cuda_path.h"
+#include "fc_res8.h"
 
 static int64_t plan_total(const int64_t *splits, int world)
 {
@@ -69,21 +70,11 @@ static int uses_residual(StateObject *self, int64_t numel, int world, int dtype)
            fc_core_wire_method(&self->core, numel, world, dtype) == self->core.method;
 }
 
-/* The unit's residual (new ref, its view in *r) on grad's device; NULL with err set. */
-static PyObject *ef_residual(StateObject *self, uint32_t unit, PyObject *grad, const fc_view *g,
-                             fc_view *r, fc_err *err)
-{
-    PyObject *res = fc_state_residual(self, unit, grad, g->buf.numel, r, err);
-    if (res != NULL && fc_check_same_device(r, g, "residual", err) != FC_OK)
-        Py_CLEAR(res); /* r is released by the caller's exit */
-    return res;
-}
-
-/* What encode() and encode_part() hold: the views of grad, send and the unit's residual, the
- * residual itself (new ref, NULL without error feedback) and whether it applies. */
+/* What encode() and encode_part() hold: the views of grad and send, and the unit's residual
+ * when error feedback applies to it (use_ef). */
 typedef struct {
-    fc_view g, s, r;
-    PyObject *res;
+    fc_view g, s;
+    fc_res_hold r;
     int use_ef;
 } encode_call;
 
@@ -104,7 +95,7 @@ static int encode_views(StateObject *self, PyObject *grad, PyObject *send, int w
         return fc_fail(err, FC_ERR_VALUE, "send has %lld bytes, plan() needs %lld",
                        (long long)e->s.buf.numel, (long long)plan_total(ss, world));
     e->use_ef = uses_residual(self, e->g.buf.numel, world, e->g.buf.dtype);
-    if (e->use_ef && (e->res = ef_residual(self, (uint32_t)unit, grad, &e->g, &e->r, err)) == NULL)
+    if (e->use_ef && fc_state_residual(self, (uint32_t)unit, grad, &e->g, &e->r, err) != FC_OK)
         return err->code != FC_OK ? err->code : FC_ERR_PYTHON;
     return FC_OK;
 }
@@ -113,8 +104,7 @@ static void encode_release(encode_call *e)
 {
     fc_view_release(&e->g);
     fc_view_release(&e->s);
-    fc_view_release(&e->r);
-    Py_XDECREF(e->res);
+    fc_res_release(&e->r);
 }
 
 PyObject *fc_state_encode(StateObject *self, PyObject *args)
@@ -136,9 +126,16 @@ PyObject *fc_state_encode(StateObject *self, PyObject *args)
     if (x.k != NULL && fc_state_cuda_extras(self, grad, &k, &e.g.buf, NULL, NULL, world, rank,
                                             (uint32_t)unit, 0, &err) != FC_OK)
         goto error;
+    if (e.use_ef && fc_res_workspace(self, grad, e.g.buf.numel, &e.r, &err) != FC_OK)
+        goto error;
+    Py_CLEAR(self->part_ws); /* an open per-peer call is dropped, as the core drops it */
     Py_BEGIN_ALLOW_THREADS
-    rc = fc_drive_encode(&self->core, &x, &e.g.buf, &e.s.buf, e.use_ef ? &e.r.buf : NULL, world,
-                         rank, (uint32_t)unit, sizes, &err);
+    rc = e.use_ef ? fc_res_unpack(self, &x, &e.r, &err) : FC_OK;
+    if (rc == FC_OK)
+        rc = fc_drive_encode(&self->core, &x, &e.g.buf, &e.s.buf, e.use_ef ? e.r.buf : NULL, world,
+                             rank, (uint32_t)unit, sizes, &err);
+    if (rc == FC_OK && e.use_ef)
+        rc = fc_res_pack(self, &x, &e.r, (uint32_t)unit, FC_RES8_SALT_SCATTER, &err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
     encode_release(&e);
@@ -269,10 +266,37 @@ PyObject *fc_state_encode_part(StateObject *self, PyObject *args)
     if (encode_views(self, grad, send, world, rank, unit, 0, &e, &err) != FC_OK ||
         fc_check_cpu(&e.g, "grad", &err))
         goto error;
+    const fc_exec x = {&fc_backend_cpu, NULL};
+    const int packed = e.use_ef && e.r.packed;
+    /* an 8-bit residual stays unpacked in part_ws from the call's first part to its last */
+    const int opens = fc_core_part_opens(&self->core, (uint32_t)unit, world, rank, e.g.buf.numel);
+    if (packed && opens && fc_res_workspace(self, grad, e.g.buf.numel, &e.r, &err) != FC_OK)
+        goto error;
+    if (packed && !opens) {
+        if (self->part_ws == NULL ||
+            fc_view_get(self->part_ws, "residual workspace", FC_DT_F32, &e.r.w, &err) != FC_OK) {
+            if (err.code == FC_OK)
+                fc_fail(&err, FC_ERR_STATE, "the open per-peer call lost its residual workspace");
+            goto error;
+        }
+        e.r.ws = Py_NewRef(self->part_ws);
+        e.r.buf = &e.r.w.buf;
+    }
     Py_BEGIN_ALLOW_THREADS
-    rc = fc_core_encode_part(&self->core, &e.g.buf, &e.s.buf, e.use_ef ? &e.r.buf : NULL, world,
-                             rank, (uint32_t)unit, chunk, piece, &size, &err);
+    rc = packed && opens ? fc_res_unpack(self, &x, &e.r, &err) : FC_OK;
+    if (rc == FC_OK)
+        rc = fc_core_encode_part(&self->core, &e.g.buf, &e.s.buf, e.use_ef ? e.r.buf : NULL, world,
+                                 rank, (uint32_t)unit, chunk, piece, &size, &err);
+    if (rc == FC_OK && packed && !self->core.enc.open) /* its last part: packed back */
+        rc = fc_res_pack(self, &x, &e.r, (uint32_t)unit, FC_RES8_SALT_SCATTER, &err);
     Py_END_ALLOW_THREADS
+    if (packed && self->core.enc.open && rc == FC_OK && self->part_ws != e.r.ws) {
+        PyObject *old = self->part_ws; /* Py_XSETREF's order, outside the limited API */
+        self->part_ws = Py_NewRef(e.r.ws);
+        Py_XDECREF(old);
+    }
+    else if (packed && !self->core.enc.open)
+        Py_CLEAR(self->part_ws); /* closed, or dropped by a failed part */
 error: /* and success: rc says which */
     encode_release(&e);
     return rc == FC_OK ? PyLong_FromLongLong(size) : STATE_ERR(self, &err);

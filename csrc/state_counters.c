@@ -1,11 +1,23 @@
 /* state_counters.c: the State's counters: read (harvesting the CUDA workspace's), reset, and
  * the caller's collectives added. */
 #include "state.h" /* first: it includes Python.h */
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fc_cuda_path.h"
+#include "fc_res8.h"
+
+/* The C core's own host memory: its grow-only scratch (g', the accumulator, the sampled
+ * decode, the method's scratch, the compressed-domain sum, the second round's picks), and the
+ * largest fp32 workspace an 8-bit residual was unpacked into (held only during a call). */
+static long long scratch_bytes(const StateObject *self)
+{
+    const fc_core *c = &self->core;
+    return (long long)(4 * (c->x_cap + c->acc_cap + c->dec_cap + c->picks_cap) +
+                       (int64_t)c->mscr_cap + (int64_t)c->agg_cap) + (long long)self->res_ws_peak;
+}
 
 FC_DOCSTRING(fc_state_counters_doc, "counters() -> dict\n\nEverything counted since the last reset_counters().");
 
@@ -116,9 +128,11 @@ PyObject *fc_state_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
     dws = NULL;
     for (Py_ssize_t i = 0; i < PyList_Size(self->residuals); i++) {
         PyObject *t = PyList_GetItem(self->residuals, i); /* borrowed */
-        if (t != Py_None)
-            res_bytes += (long long)self->core.units[i].numel *
-                         (self->core.common.residual_dtype == 0 ? 4 : 2);
+        if (t != Py_None) { /* the bytes kept: an 8-bit residual's scales included */
+            const int64_t n = self->core.units[i].numel;
+            const int rdt = fc_state_residual_dtype(self);
+            res_bytes += rdt == FC_U8 ? fc_res8_bytes(n) : n * fc_dtype_size(rdt);
+        }
     }
     double ratio = k->bytes_sent > 0 ? (double)k->bytes_raw / (double)k->bytes_sent : 1.0;
     double rel = k->ref_sq > 0 ? sqrt(k->err_sq / k->ref_sq) : 0.0;
@@ -132,7 +146,7 @@ PyObject *fc_state_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
     }
     result = Py_BuildValue(
         "{s:s,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d,s:d,s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:L,"
-        "s:N,s:N,s:L,s:d,s:L,s:I,s:i,s:L,s:L,s:L,s:L,s:d,s:d}",
+        "s:N,s:N,s:L,s:d,s:L,s:L,s:I,s:i,s:L,s:L,s:L,s:L,s:d,s:d}",
         "method", self->core.method->name,
         "calls", (long long)k->calls,
         "calls_uncompressed", (long long)k->calls_uncompressed,
@@ -160,6 +174,7 @@ PyObject *fc_state_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
         "error_samples", (long long)k->stats_samples,
         "residual_norm", sqrt(res_sq),
         "residual_bytes", res_bytes,
+        "scratch_bytes", scratch_bytes(self),
         "step", self->core.step,
         "units", self->core.n_units,
         "saturated", (long long)k->saturated,

@@ -3,6 +3,7 @@
 #include "state.h" /* first: it includes Python.h */
 
 #include "fc_fetch.h"
+#include "fc_res8.h"
 
 FC_DOCSTRING(fc_state_fetch_kmax_doc,
 "fetch_kmax(numel, world) -> int\n\n"
@@ -90,11 +91,12 @@ FC_DOCSTRING(fc_state_fetch_doc,
 
 PyObject *fc_state_fetch(StateObject *self, PyObject *args)
 {
-    PyObject *picks, *grad, *send, *res = NULL, *result = NULL;
+    PyObject *picks, *grad, *send, *result = NULL;
     int world, rank, rc = FC_ERR_VALUE; /* until the values are gathered */
     long long unit;
     fc_err err = {0};
-    fc_view pv = {0}, g = {0}, sv = {0}, r = {0};
+    fc_view pv = {0}, g = {0}, sv = {0};
+    fc_res_hold r = {0};
     int64_t ss[FC_MAX_WORLD], rs[FC_MAX_WORLD];
     if (!fc_state_ready(self) ||
         !PyArg_ParseTuple(args, "OOOiiL:fetch", &picks, &grad, &send, &world, &rank, &unit))
@@ -114,16 +116,19 @@ PyObject *fc_state_fetch(StateObject *self, PyObject *args)
     }
     const int use_ef = self->core.common.error_feedback &&
                        fc_core_unit_method(&self->core, g.buf.numel) == self->core.method;
-    if (use_ef &&
-        ((res = fc_state_residual(self, (uint32_t)unit, grad, g.buf.numel, &r, &err)) == NULL ||
-         fc_check_same_device(&r, &g, "residual", &err) != FC_OK))
+    if (use_ef && fc_state_residual(self, (uint32_t)unit, grad, &g, &r, &err) != FC_OK)
         goto error;
-    if (round_backend(self, grad, &g, &k, &x, &err) != FC_OK)
+    if (round_backend(self, grad, &g, &k, &x, &err) != FC_OK ||
+        (use_ef && fc_res_workspace(self, grad, g.buf.numel, &r, &err) != FC_OK))
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    rc = fc_fetch_values(&self->core, &x, (const uint32_t *)pv.buf.data, kmax,
-                         &g.buf, use_ef ? &r.buf : NULL, world, rank, (uint32_t)unit,
-                         (float *)sv.buf.data, sv.buf.numel / 4, ss, rs, &err);
+    rc = use_ef ? fc_res_unpack(self, &x, &r, &err) : FC_OK;
+    if (rc == FC_OK)
+        rc = fc_fetch_values(&self->core, &x, (const uint32_t *)pv.buf.data, kmax,
+                             &g.buf, use_ef ? r.buf : NULL, world, rank, (uint32_t)unit,
+                             (float *)sv.buf.data, sv.buf.numel / 4, ss, rs, &err);
+    if (rc == FC_OK && use_ef)
+        rc = fc_res_pack(self, &x, &r, (uint32_t)unit, FC_RES8_SALT_FETCH, &err);
     Py_END_ALLOW_THREADS
     if (rc == FC_OK) {
         PyObject *st = fc_sizes_tuple(ss, world), *rt = fc_sizes_tuple(rs, world);
@@ -135,8 +140,7 @@ error: /* and success: rc says which */
     fc_view_release(&pv);
     fc_view_release(&g);
     fc_view_release(&sv);
-    fc_view_release(&r);
-    Py_XDECREF(res);
+    fc_res_release(&r);
     return rc == FC_OK ? result : STATE_ERR(self, &err);
 }
 

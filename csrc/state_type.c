@@ -72,6 +72,7 @@ static int State_traverse(StateObject *self, visitproc visit, void *arg)
     Py_VISIT(self->config);
     Py_VISIT(self->cuda_ws);
     Py_VISIT(self->cuda_extra);
+    Py_VISIT(self->part_ws);
     return 0;
 }
 
@@ -82,6 +83,7 @@ static int State_clear(StateObject *self)
     Py_CLEAR(self->config);
     Py_CLEAR(self->cuda_ws);
     Py_CLEAR(self->cuda_extra);
+    Py_CLEAR(self->part_ws);
     return 0;
 }
 
@@ -97,48 +99,6 @@ static void State_dealloc(StateObject *self)
     freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
     tp_free(self);
     Py_DECREF(tp); /* a heap type: each instance holds a reference to it */
-}
-
-/* ---------------------------------------------------------------- State: residuals */
-
-/* The residual tensor of a unit, allocated through the allocator on first use. New ref. */
-PyObject *fc_state_residual(StateObject *self, uint32_t unit, PyObject *grad, int64_t numel,
-                            fc_view *rv, fc_err *err)
-{
-    PyObject *res = NULL;
-    const int rdt = self->core.common.residual_dtype == 0 ? FC_F32 : FC_BF16;
-    while (PyList_Size(self->residuals) <= (Py_ssize_t)unit)
-        if (PyList_Append(self->residuals, Py_None) < 0) {
-            fc_fail(err, FC_ERR_PYTHON, "");
-            return NULL;
-        }
-    res = PyList_GetItem(self->residuals, unit); /* borrowed */
-    if (res == Py_None) {
-        if (self->allocator == Py_None) {
-            fc_fail(err, FC_ERR_STATE, "error feedback needs a residual allocator (State(..., "
-                    "allocator=...)); fsdpcomp.CommState provides one");
-            return NULL;
-        }
-        res = PyObject_CallFunction(self->allocator, "LsO", (long long)numel, fc_dtype_name(rdt), grad);
-        if (res == NULL) {
-            fc_fail(err, FC_ERR_PYTHON, "");
-            return NULL;
-        }
-        if (PyList_SetItem(self->residuals, unit, res) < 0) { /* steals res */
-            fc_fail(err, FC_ERR_PYTHON, "");
-            return NULL;
-        }
-    }
-    Py_INCREF(res);
-    if (fc_view_get(res, "residual", 1u << rdt, rv, err) != FC_OK || rv->buf.numel != numel) {
-        if (err->code == FC_OK)
-            fc_fail(err, FC_ERR_VALUE, "residual of unit %u has %lld elements, expected %lld",
-                    unit, (long long)rv->buf.numel, (long long)numel);
-        fc_view_release(rv);
-        Py_DECREF(res);
-        return NULL;
-    }
-    return res;
 }
 
 /* ---------------------------------------------------------------- State: attributes */
@@ -274,6 +234,9 @@ GUARD2(fc_state_fetch)
 GUARD2(fc_state_finish)
 GUARD2(fc_state_nccl_all_to_all)
 GUARD2(fc_state_emulate_cuda)
+GUARD2(fc_state_residual_numel)
+GUARD3(fc_state_pack_residual)
+GUARD2(fc_state_unpack_residual)
 
 static PyMethodDef State_methods[] = {
     {"plan", (PyCFunction)fc_state_plan_guarded, METH_VARARGS, fc_state_plan_doc},
@@ -308,6 +271,10 @@ static PyMethodDef State_methods[] = {
     {"finish", (PyCFunction)fc_state_finish_guarded, METH_VARARGS, fc_state_finish_doc},
     {"nccl_all_to_all", (PyCFunction)fc_state_nccl_all_to_all_guarded, METH_VARARGS, fc_state_nccl_all_to_all_doc},
     {"_emulate_cuda", (PyCFunction)fc_state_emulate_cuda_guarded, METH_O, fc_state_emulate_cuda_doc},
+    {"residual_numel", (PyCFunction)fc_state_residual_numel_guarded, METH_O, fc_state_residual_numel_doc},
+    {"pack_residual", (PyCFunction)(void (*)(void))fc_state_pack_residual_guarded, METH_VARARGS | METH_KEYWORDS,
+     fc_state_pack_residual_doc},
+    {"unpack_residual", (PyCFunction)fc_state_unpack_residual_guarded, METH_VARARGS, fc_state_unpack_residual_doc},
     {NULL},
 };
 

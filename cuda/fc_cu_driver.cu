@@ -458,6 +458,8 @@ int fc_cu_fetch_values(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_err *er
 int fc_cu_fetch_finish(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_err *err);
 int fc_cu_copy(fc_cuda_ctx *ctx, int device, void *stream, void *dst, const void *src, int64_t bytes,
                int to_host, fc_err *err);
+int fc_cu_res8(fc_cuda_ctx *ctx, int device, void *stream, int pack, float *e, int64_t n,
+               uint8_t *packed, uint32_t key, fc_err *err);
 
 #ifndef FC_CUDA_BUILD_INFO
 #define FC_CUDA_BUILD_INFO "unknown"
@@ -489,6 +491,8 @@ static const fc_cuda_api api = {
     fc_cu_fetch_values,
     fc_cu_fetch_finish,
     fc_cu_copy,
+    // ABI 7: the 8-bit residual
+    fc_cu_res8,
 };
 
 // The library's only exported symbol.

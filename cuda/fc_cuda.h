@@ -19,8 +19,8 @@ extern "C" {
  * workspace's saturated count; 5: the method's config as its fc_cfg.h struct, not by key name, and
  * every argument struct opens with one call header (fc_cuda_head); 6: compress() takes a residual
  * (the all-gather half of an all-reduce: g' = x + e, e replaced), the header rules are
- * fc_wire.h's fc_header_make/fc_header_verdict */
-#define FC_CUDA_ABI 6
+ * fc_wire.h's fc_header_make/fc_header_verdict; 7: res8, the 8-bit residual's pack and unpack */
+#define FC_CUDA_ABI 7
 #define FC_CUDA_MAX_WORLD 1024 /* equals FC_MAX_WORLD of the CPU driver */
 #define FC_CUDA_MAX_UNITS 4096 /* units whose residual norm the device keeps */
 
@@ -253,6 +253,11 @@ typedef struct {
      * device, queued (the host memory may be reused on return); 2 copies device -> device. */
     int (*copy)(fc_cuda_ctx *ctx, int device, void *stream, void *dst, const void *src,
                 int64_t bytes, int to_host, fc_err *err);
+
+    /* ---- ABI 7: the 8-bit residual (csrc/fc_res8.h), queued on `stream` of `device`: pack 1
+     * rounds e (n fp32 values) into packed with the draws of `key`; pack 0 unpacks packed into e */
+    int (*res8)(fc_cuda_ctx *ctx, int device, void *stream, int pack, float *e, int64_t n,
+                uint8_t *packed, uint32_t key, fc_err *err);
 } fc_cuda_api;
 
 typedef const fc_cuda_api *(*fc_cuda_get_api_fn)(int abi);

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "uint8": torch.uint8}  # uint8: packed int8 residuals
 
 
 def allocate(numel: int, dtype_name: str, like: torch.Tensor) -> torch.Tensor:

@@ -19,10 +19,9 @@ import torch
 import torch.distributed as dist
 
 from . import _nccl
+from ._buffers import Buffers
 from ._dist import Handoff, Ranks, all_gather_single, settled
 from ._shard_gather import all_gather_shards
-
-ELEMENT_SIZE = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
 
 _ABANDON_WAIT_S = 30  # the messages an error left posted: how long, in all, they may take to end
 
@@ -48,33 +47,6 @@ class Wire:
         return Wire(cfg["transport"], bool(core.flags["varsize"]), cfg["pipeline"], cfg["timeout_s"],
                     cfg["error_feedback"], cfg["nonfinite"] == "zero", cfg["allgather_compress"],
                     "allgather_compress" in given, cfg["min_numel"])
-
-
-class Buffers:
-    """Reusable working memory: one uint8 buffer per (kind, device), grown and never shrunk, so
-    no call allocates in steady state; typed buffers are views of it."""
-
-    def __init__(self):
-        self._bufs: dict[tuple[str, str], torch.Tensor] = {}
-
-    def bytes(self, kind: str, nbytes: int, device: torch.device) -> torch.Tensor:
-        key = (kind, str(device))
-        buf = self._bufs.get(key)
-        if buf is None or buf.numel() < nbytes:
-            buf = torch.empty(max(nbytes, 1024), dtype=torch.uint8, device=device)
-            self._bufs[key] = buf
-        return buf[:nbytes]
-
-    def typed(self, kind: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        size = ELEMENT_SIZE.get(dtype) or torch.empty((), dtype=dtype).element_size()
-        return self.bytes(kind + str(dtype), numel * size, device).view(dtype)
-
-    def like(self, kind: str, numel: int, like: torch.Tensor) -> torch.Tensor:
-        return self.typed(kind, numel, like.dtype, like.device)
-
-    def base(self, kind: str, device: torch.device) -> torch.Tensor | None:
-        """The buffer itself: views cached beside it are stale once it is regrown."""
-        return self._bufs.get((kind, str(device)))
 
 
 class _Shape(NamedTuple):
@@ -326,6 +298,10 @@ class Exchange:
         recv = self.buffers.bytes("recv", sum(map(sum, recv_parts)), dev)
         parts = _PartSlots((self.buffers.base("send", dev), self.buffers.base("recv", dev)), send, recv,
                            _slots(send, send_parts), _slots(recv, recv_parts))
+        # the other shapes' views of a regrown buffer would keep the old one alive, unseen by
+        # buffer_bytes, until their shape came again: dropped, they are rebuilt when it does
+        self._slots = {s: p for s, p in self._slots.items()
+                       if all(a is b for a, b in zip(p.bases, parts.bases))}
         self._slots[shape] = parts
         return parts
 

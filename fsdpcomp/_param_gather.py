@@ -15,8 +15,8 @@ import torch
 
 from . import _C
 from ._alloc import allocate
+from ._buffers import Buffers
 from ._dist import Ranks, all_gather_single, settled
-from ._exchange import Buffers
 
 
 def make_param_codec(config: Mapping[str, Any]) -> "_C.State | None":

@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 import torch
 import torch.distributed as dist
 
+from . import _residual_store
 from ._dist import Ranks
 
 NAME = "powersgd"
@@ -64,7 +65,7 @@ class Config:
     start_iter: int
     min_compression_rate: float
     error_feedback: bool
-    residual_bf16: bool
+    residual_dtype: str  # "fp32", "bf16" or "int8" (packed by the core: csrc/fc_res8.h)
     wire_bf16: bool
 
     @staticmethod
@@ -94,7 +95,7 @@ class Config:
         # the core keeps the units, the step, the counters: a `none` state without residuals
         core = {k: v for k, v in config.items() if k not in own and k != "error_feedback"}
         cfg = Config(vals["rank"], vals["start_iter"], vals["min_compression_rate"], ef,
-                     config.get("residual_dtype", "fp32") == "bf16", vals["factor_dtype"] == "bf16")
+                     config.get("residual_dtype", "fp32"), vals["factor_dtype"] == "bf16")
         return cfg, core, dict(vals, error_feedback=ef)
 
 
@@ -169,8 +170,9 @@ def ring_bytes(numel: int, world: int, elem: int = 4) -> int:
 class PowerSGD:
     """The method state of one CommState: per unit, Q per matrix and the residual e."""
 
-    def __init__(self, cfg: Config, seed: int, stats_every: int):
+    def __init__(self, cfg: Config, seed: int, stats_every: int, core=None):
         self.cfg = cfg
+        self._core = core  # the `none` _C.State: it packs an int8 residual
         self._seed = seed
         self._stats_every = stats_every
         self.q: dict[int, list[torch.Tensor]] = {}
@@ -249,7 +251,7 @@ class PowerSGD:
         blocks = layout.blocks
         xv = x.view(blocks, n // blocks)
         if self.cfg.error_feedback and unit in self.e:
-            x.add_(self.e[unit].to(x.device, torch.float32).view_as(x))
+            x.add_(_residual_store.as_float(self._core, self.e[unit]).to(x.device).view_as(x))
         r = self.cfg.rank
         mats = [xv[:, off:off + rows * cols].reshape(blocks * rows, cols) for off, rows, cols in plan.mats]
         qs = self.q.get(unit)
@@ -294,7 +296,7 @@ class PowerSGD:
             e = xv.sub_(mean)  # x is this call's own copy: it becomes e
             if plan.exact is not None:
                 e[:, exact_mask] = 0
-            self.e[unit] = x.to(torch.bfloat16) if self.cfg.residual_bf16 else x
+            self.e[unit] = _residual_store.keep(self._core, self.e.get(unit), x, self.cfg.residual_dtype, unit)
         self._write(mean.view(-1), target, ranks, scatter)
 
     def _all_reduce(self, buf: torch.Tensor, ranks: Ranks, timed, **count) -> None:
@@ -343,7 +345,8 @@ class PowerSGD:
             c["grad_rel_error"] = math.sqrt(k["err_sq"] / k["ref_sq"]) if k["ref_sq"] > 0 else 0.0
             c["grad_cos_sim"] = k["cos_sum"] / k["samples"]
             c["error_samples"] = k["samples"]
-        c["residual_norm"] = math.sqrt(sum(float(e.float().pow(2).sum()) for e in self.e.values()))
+        c["residual_norm"] = math.sqrt(sum(float(_residual_store.as_float(self._core, e).pow(2).sum())
+                                           for e in self.e.values()))
         c["residual_bytes"] = sum(e.numel() * e.element_size() for e in self.e.values())
 
     # ---- checkpoints
@@ -368,11 +371,13 @@ class PowerSGD:
                 if isinstance(u, bool) or not isinstance(u, int) or not 0 <= u < n_units:
                     raise ValueError(f"state_dict 'powersgd'['{name}'] is keyed by unit (0 to {n_units - 1}), got {u!r}")
                 items = v if name == "q" else [v]
-                if not isinstance(items, (list, tuple)) or not all(isinstance(t, torch.Tensor) and t.is_floating_point()
-                                                                    for t in items):
+                packed_ok = name == "e"  # an int8 residual is kept packed, as uint8
+                if not isinstance(items, (list, tuple)) or not all(
+                        isinstance(t, torch.Tensor) and (t.is_floating_point() or packed_ok and t.dtype == torch.uint8)
+                        for t in items):
                     raise TypeError(f"state_dict 'powersgd'['{name}'][{u}] must hold float tensors")
                 for t in items:
-                    if not bool(torch.isfinite(t.float()).all()):
+                    if t.is_floating_point() and not bool(torch.isfinite(t.float()).all()):
                         raise ValueError(f"state_dict 'powersgd'['{name}'][{u}] holds NaN/Inf (a corrupted checkpoint?)")
                 copied[u] = [t.detach().clone() for t in v] if name == "q" else v.detach().clone()
             out.append(copied)

@@ -92,11 +92,14 @@ def _compressed(ex, reduced, grad, unit, ranks, residuals) -> str:
     x.copy_(reduced)  # the encode input
     e, kept = None, None
     if ex.wire.error_feedback:  # the unit's residual, kept once the payloads went out
+        # fp32, or with residual_dtype "int8" packed as compress() takes it (csrc/fc_res8.h)
+        packed = core.config["residual_dtype"] == "int8"
+        numel, dtype = (core.residual_numel(shard), torch.uint8) if packed else (shard, torch.float32)
         e = residuals.get(unit)
-        if e is None or e.numel() != shard:
-            e = torch.zeros(shard, dtype=torch.float32, device=dev)
+        if e is None or e.numel() != numel or e.dtype != dtype:
+            e = torch.zeros(numel, dtype=dtype, device=dev)
         elif ex.wire.varsize:
-            kept = ex.buffers.typed("gather_e_kept", shard, torch.float32, dev)
+            kept = ex.buffers.typed("gather_e_kept", numel, dtype, dev)
             kept.copy_(e)  # restored if the payloads do not pay
     elif ex.wire.zero_nonfinite:  # "zero" mode's NaN/Inf of the shard become e = 0
         e = ex.buffers.typed("gather_e0", shard, torch.float32, dev)

@@ -11,6 +11,7 @@ _ORDER = [
     ("value_bytes", "B"), ("density", ""), ("compress_time_s", "s"), ("decompress_time_s", "s"),
     ("comm_time_s", "s"), ("extra_collectives", ""), ("extra_collective_time_s", "s"),
     ("grad_rel_error", ""), ("grad_cos_sim", ""), ("residual_norm", ""), ("residual_bytes", "B"),
+    ("buffer_bytes", "B"), ("buffer_peak_bytes", "B"), ("scratch_bytes", "B"),
     ("nonfinite_in", ""), ("nonfinite_out", ""), ("saturated", ""), ("calls_uncompressed", ""),
     ("warmup_calls_exact", ""), ("warmup_steps_exact", ""), ("fallback_units", ""), ("step", ""), ("units", ""),
 ]

@@ -24,7 +24,8 @@ OPTIONAL_FIELDS = (
     "nonfinite_steps", "saturated", "torch_version", "fsdpcomp_version", "device",
     "param_gather_calls", "param_gather_bytes_raw_total", "param_gather_bytes_sent_total",
     "param_gather_ratio", "param_gather_time_ms", "param_gather_codec_time_ms",
-    "warmup_steps_exact", "warmup_calls_exact",
+    "warmup_steps_exact", "warmup_calls_exact", "residual_bytes_by_rank", "buffer_bytes_by_rank",
+    "buffer_peak_bytes_by_rank", "scratch_bytes_by_rank",
 )
 COMM_OPS = ("reduce_scatter", "all_gather", "all_to_all", "all_reduce")
 
@@ -34,19 +35,23 @@ COMM_OPS = ("reduce_scatter", "all_gather", "all_to_all", "all_reduce")
 _SUMMED = ("calls", "calls_uncompressed", "warmup_calls_exact", "fallback_units", "elements", "chunks_sent",
            "bytes_raw", "bytes_sent", "bytes_compressed", "header_bytes", "meta_bytes", "index_bytes",
            "value_bytes", "nonfinite_in", "nonfinite_out", "saturated", "extra_collectives", "error_samples",
-           "residual_bytes", "param_gather_calls", "param_gather_bytes_raw",
+           "residual_bytes", "buffer_bytes", "scratch_bytes", "param_gather_calls", "param_gather_bytes_raw",
            "param_gather_bytes_sent")
 _AVERAGED = ("compress_time_s", "decompress_time_s", "comm_time_s", "extra_collective_time_s",
              "grad_rel_error", "grad_cos_sim", "residual_norm", "density", "param_gather_time_s",
              "param_gather_codec_time_s")
 _MAXED = ("warmup_steps_exact",)
+# What a rank holds: its own memory, so also kept per rank (a list in rank order), since the
+# sum over ranks hides the rank that runs out first.
+_BY_RANK = ("residual_bytes", "buffer_bytes", "buffer_peak_bytes", "scratch_bytes")
 _TIMES = ("compress_time_s", "decompress_time_s", "comm_time_s", "extra_collective_time_s",
           "param_gather_time_s", "param_gather_codec_time_s")
 
 
 def combine_counters(per_rank: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """One dict from each rank's counters (``CommState.counters()``): sums and means as above.
-    ``ratio`` is recomputed from the summed bytes; ``density`` is the elementwise mean."""
+    """One dict from each rank's counters (``CommState.counters()``, in rank order): sums and
+    means as above, and ``<key>_by_rank`` lists of the memory held. ``ratio`` is recomputed
+    from the summed bytes; ``density`` is the elementwise mean."""
     if not per_rank:
         raise ValueError("combine_counters needs the counters of at least one rank")
     out: dict[str, Any] = {"method": per_rank[0].get("method"), "ranks": len(per_rank)}
@@ -59,6 +64,8 @@ def combine_counters(per_rank: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     for key in _MAXED:
         vals = [c[key] for c in per_rank if c.get(key) is not None]
         out[key] = max(vals) if vals else None
+    for key in _BY_RANK:
+        out[key + "_by_rank"] = [c.get(key) for c in per_rank]
     raw, sent = out.get("bytes_raw"), out.get("bytes_compressed")
     out["ratio"] = (raw / sent) if raw and sent else None
     return out
@@ -161,6 +168,7 @@ def build_record(*, run: Mapping[str, Any], step_times_s: Iterable[float], token
         saturated=counters.get("saturated"),
         warmup_steps_exact=counters.get("warmup_steps_exact"),
         warmup_calls_exact=counters.get("warmup_calls_exact"),
+        **{k + "_by_rank": counters.get(k + "_by_rank") for k in _BY_RANK},
     )
     if gathers:
         ag_raw, ag_sent = counters.get("param_gather_bytes_raw"), counters.get("param_gather_bytes_sent")

@@ -15,7 +15,8 @@ from ._alloc import allocate
 from ._cuda_check import require_cuda
 from ._config import gather_default, normalize_config
 from ._dist import Ranks
-from ._exchange import ELEMENT_SIZE, Exchange, Wire
+from ._buffers import ELEMENT_SIZE
+from ._exchange import Exchange, Wire
 from ._param_gather import ParamGather
 from ._powersgd import Layout, PowerSGD
 from ._powersgd import Config as PowerConfig
@@ -74,7 +75,8 @@ class CommState:
         except ValueError as e:  # the common keys, checked by the `none` core: named for powersgd
             raise ValueError(str(e).replace("none config key", "powersgd config key")) from None
         if power_keys:
-            self._power = PowerSGD(cfg, self._core.config["seed"], self._core.config["error_stats_every"])
+            self._power = PowerSGD(cfg, self._core.config["seed"], self._core.config["error_stats_every"],
+                                   self._core)
         self._power_keys = power_keys or {}
         self.process_group = process_group
         self._units = UnitTable(self._core)  # which unit a call is, where a step ends
@@ -117,13 +119,21 @@ class CommState:
         c = self._core.counters()
         if self._power:
             c["method"] = "powersgd"
-            self._power.merge_counters(c)
+            self._power.merge_counters(c)  # residual_bytes: its e's (its `none` core keeps none)
         else:  # the codecs compress from the first call: only powersgd has an exact warm-up
             c.update(warmup_calls_exact=0, warmup_steps_exact=0)
+        # a rank's memory, every part of it this state holds: the residuals in all their homes
+        # (the C core's, powersgd's e, the all-gather half's) and the collectives' buffers
+        c["residual_bytes"] += sum(t.numel() * t.element_size() for t in self._exchange.gather_residuals.values())
+        buffers = self._exchange.buffers
+        c.update(buffer_bytes=buffers.held_bytes, buffer_peak_bytes=buffers.peak_bytes)
         return Counters(c)
 
     def reset_counters(self) -> None:
+        """Zeroes the counters; buffer_peak_bytes starts again from the buffers held now (the
+        bytes held, residual_bytes and buffer_bytes, are not counts and stay)."""
         self._core.reset_counters()
+        self._exchange.buffers.reset_peak()
         if self._power:
             self._power.reset_counts()
 
@@ -305,10 +315,10 @@ def _gather_residuals(saved: Any, n_units: int) -> dict[int, torch.Tensor]:
         if isinstance(unit, bool) or not isinstance(unit, int) or not 0 <= unit < n_units:
             raise ValueError(f"state_dict 'gather_residuals' is keyed by unit (0 to {n_units - 1}), "
                              f"got {unit!r}")
-        if not isinstance(r, torch.Tensor) or not r.is_floating_point():
-            raise TypeError(f"state_dict 'gather_residuals'[{unit}] must be a float tensor, got "
-                            f"{type(r).__name__}")
-        out[unit] = r.detach().clone().float()
+        if not isinstance(r, torch.Tensor) or not (r.is_floating_point() or r.dtype == torch.uint8):
+            raise TypeError(f"state_dict 'gather_residuals'[{unit}] must be a float tensor (uint8: "
+                            f"an int8 residual, packed), got {type(r).__name__}")
+        out[unit] = r.detach().clone() if r.dtype == torch.uint8 else r.detach().clone().float()
     return out
 
 

@@ -22,7 +22,7 @@ def test_unknown_method_lists_the_valid_names():
     ({"block_size": 256.0}, r"'block_size' must be an integer, got float"),
     ({"stochastic": 1}, r"'stochastic' must be true or false, got int"),
     ({"error_feedback": "yes"}, r"'error_feedback' must be true or false"),
-    ({"residual_dtype": "fp64"}, r"'residual_dtype' must be one of 'fp32', 'bf16', got 'fp64'"),
+    ({"residual_dtype": "fp64"}, r"'residual_dtype' must be one of 'fp32', 'bf16', 'int8', got 'fp64'"),
     ({"seed": -1}, r"'seed' must be in"),
     ({"seed": 2**70}, r"'seed' must be in .* beyond 64 bits"),
     ({1: 2}, r"config keys must be strings"),

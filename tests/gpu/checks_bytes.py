@@ -66,14 +66,16 @@ def _encode_case(method, cfg, dtype, world, rank, n, gen, extra, bad, steps=2):
 
 
 def check_encode_bytes_and_residuals():
-    """The collective's encode: payload bytes and residuals (fp32 and bf16) equal the CPU's."""
+    """The collective's encode: payload bytes and residuals (fp32, bf16, int8) equal the CPU's."""
     need_gpu()
     gen, bad, total = torch.Generator().manual_seed(1), [], 0
     for method, cfg in cuda_configs():
         for dname, dtype in DTYPES.items():
             for world, rank in ((1, 0), (3, 1), (4, 3)):
                 for n in SIZES:
-                    res = "bf16" if (world == 3 and dname == "f32") else "fp32"
+                    # fp32, bf16 and the packed int8 residual (csrc/fc_res8.h) each in some cases
+                    res = ("bf16" if (world == 3 and dname == "f32") else
+                           "int8" if (world == 4 and dname == "f32") else "fp32")
                     _encode_case(method, cfg, dtype, world, rank, max(n, world), gen,
                                  {"error_feedback": True, "residual_dtype": res}, bad)
                     total += 2

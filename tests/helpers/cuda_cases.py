@@ -73,7 +73,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal bit patterns (NaNs included: every path writes the canonical one)."""
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
-    view = torch.int32 if a.element_size() == 4 else torch.int16
+    view = {4: torch.int32, 2: torch.int16, 1: torch.uint8}[a.element_size()]  # 1: a packed int8 residual
     return bool(torch.equal(a.view(view), b.view(view)))
 
 
@@ -87,7 +87,7 @@ def bits_report(a: torch.Tensor, b: torch.Tensor, k: int = 4) -> str:
 
 
 def differ_at(a: torch.Tensor, b: torch.Tensor) -> list[int]:
-    view = torch.int32 if a.element_size() == 4 else torch.int16
+    view = {4: torch.int32, 2: torch.int16, 1: torch.uint8}[a.element_size()]
     return (a.view(view) != b.view(view)).nonzero().flatten()[:8].tolist()
 
 
