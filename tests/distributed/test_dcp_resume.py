@@ -1,7 +1,7 @@
 """Checkpoints the way FSDP2 users write them: dcp.save({"model", "optim", "fsdpcomp": state})
 with torch.distributed.checkpoint, then dcp.load in FRESH processes (a separate spawn), trains
 on bit-identically to the uninterrupted run: parameters, losses and every rank's own residuals,
-under FSDP2 and DDP on 2 gloo ranks. A checkpoint of another world size is refused by name;
+under FSDP2 and DDP (its residuals packed in 8 bits) on 2 gloo ranks. A checkpoint of another world size is refused by name;
 state.without_residuals() resumes it on purpose. A rank 0 file loaded on every rank is refused."""
 import io
 
@@ -20,12 +20,14 @@ from helpers.step_models import Blocks, fsdp2
 STEPS, SPLIT = 6, 3
 # error feedback (a residual per rank and unit) and stochastic rounding (streams of the step)
 METHOD, CONFIG = "intN", {"bits": 2, "stochastic": True, "error_feedback": True, "block_size": 16}
+# DDP keeps its residuals (the C core's and the all-gather halves') packed in 8 bits: DCP carries both
+CONFIGS = {"fsdp2": CONFIG, "ddp": dict(CONFIG, residual_dtype="int8")}
 
 
 def _build(kind):
     model = Blocks()
     wrapped = fsdp2(model) if kind == "fsdp2" else DDP(model, bucket_cap_mb=0.0002)
-    state = fsdpcomp.register(wrapped, METHOD, CONFIG)
+    state = fsdpcomp.register(wrapped, METHOD, CONFIGS[kind])
     opt = torch.optim.Adam(wrapped.parameters(), lr=0.01)
     return model, wrapped, state, opt
 
