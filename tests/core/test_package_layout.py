@@ -106,3 +106,12 @@ def test_private_reaches_are_few_and_commented():
     # 8: what C++ still holds of a collective's tensors (_dist.py's settled collectives)
     assert len(reaches) <= 8, reaches
     assert all(r[3] for r in reaches), [r for r in reaches if not r[3]]
+
+
+def test_test_files_have_unique_basenames():
+    """pytest imports test files by basename (no __init__.py in tests/): two files of one name in
+    different folders stop the whole run at collection."""
+    import collections
+    import pathlib
+    names = collections.Counter(p.name for p in pathlib.Path(__file__).parents[1].rglob("test_*.py"))
+    assert not [n for n, c in names.items() if c > 1], names.most_common(3)
