@@ -250,6 +250,11 @@ def merged_runs(args, argv) -> tuple[list[dict], list[str], list[int]]:
     while j < len(first) and not first[j].startswith("--"):
         j += 1
     first[i:j] = [str(x) for x in seeds]
+    if "--tag" in first:  # the merged summary's own name
+        first[first.index("--tag") + 1] = args.tag
+    if "--curves_dir" in first:  # a scratch folder of the machine that ran it
+        k = first.index("--curves_dir")
+        del first[k:k + 2]
     for key in ("setting", "model", "world", "max_steps", "batch_size", "max_length"):
         setattr(args, key, metas[0][key])
     return runs, first, seeds
