@@ -7,21 +7,9 @@
 #include "fc_core_impl.h"
 #include "fc_simd.h"
 
-/* One block's codes: the AVX2 clone rounds with vroundss where the baseline x86-64 calls libm's
- * floorf. (GCC does not vectorise this loop under -ftrapping-math; measured at about 5 ns per
- * element on this machine, against 1 for an fp32 residual's store: docs/decisions.md.) */
-FC_CLONES static void pack_block(const float *e, int64_t lo, int64_t hi, float scale, uint32_t high,
-                                 int8_t *codes)
-{
-    if (!(scale > 0.0f)) { /* fc_res8_code's zero-scale rule, for the whole block */
-        memset(codes + lo, 0, (size_t)(hi - lo));
-        return;
-    }
-    for (int64_t i = lo; i < hi; i++)
-        codes[i] = (int8_t)(int32_t)fc_res8_level(e[i], scale, fc_res8_u_low(high, i));
-}
-
-void fc_res8_pack_host(const float *e, int64_t n, uint8_t *dst, uint32_t key)
+/* An AVX2 clone where the CPU has it: floorf is one vroundss there, a libm call in baseline
+ * x86-64. GCC does not vectorise the loop under -ftrapping-math (about 5 ns per element here). */
+FC_CLONES static void pack_host(const float *e, int64_t n, uint8_t *dst, uint32_t key)
 {
     float *scales = (float *)dst; /* the tensor's data: 4-byte aligned by the allocator */
     int8_t *codes = (int8_t *)(dst + 4 * fc_res8_blocks(n));
@@ -36,11 +24,13 @@ void fc_res8_pack_host(const float *e, int64_t n, uint8_t *dst, uint32_t key)
         const float scale = fc_res8_scale(amax);
         scales[b] = scale;
         /* a block never straddles 2^32 (64 divides it): one high-word hash per block */
-        pack_block(e, lo, hi, scale, fc_res8_u_high(key, lo), codes);
+        const uint32_t high = fc_res8_u_high(key, lo);
+        for (int64_t i = lo; i < hi; i++)
+            codes[i] = fc_res8_code(e[i], scale, fc_res8_u_low(high, i));
     }
 }
 
-void fc_res8_unpack_host(const uint8_t *src, int64_t n, float *e)
+static void unpack_host(const uint8_t *src, int64_t n, float *e)
 {
     const float *scales = (const float *)src;
     const int8_t *codes = (const int8_t *)(src + 4 * fc_res8_blocks(n));
@@ -59,7 +49,7 @@ int fc_cpu_res8_pack(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *pack
     (void)s;
     (void)x;
     (void)err;
-    fc_res8_pack_host((const float *)e->data, e->numel, (uint8_t *)packed->data, key);
+    pack_host((const float *)e->data, e->numel, (uint8_t *)packed->data, key);
     return FC_OK;
 }
 
@@ -68,6 +58,6 @@ int fc_cpu_res8_unpack(fc_core *s, const fc_exec *x, const fc_buf *packed, fc_bu
     (void)s;
     (void)x;
     (void)err;
-    fc_res8_unpack_host((const uint8_t *)packed->data, e->numel, (float *)e->data);
+    unpack_host((const uint8_t *)packed->data, e->numel, (float *)e->data);
     return FC_OK;
 }

@@ -55,7 +55,7 @@ FC_HOSTDEV uint32_t fc_res8_u_high(uint32_t key, int64_t i)
 FC_HOSTDEV float fc_res8_u_low(uint32_t high, int64_t i)
 {
     const uint32_t h = fc_fmix32((uint32_t)i * 0x9E3779B1u ^ high);
-    return (float)(int32_t)(h >> 8) * 5.9604644775390625e-08f; /* 24 bits: as int, it vectorises */
+    return (float)(h >> 8) * 5.9604644775390625e-08f;
 }
 
 FC_HOSTDEV float fc_res8_u(uint32_t key, int64_t i)
@@ -69,21 +69,18 @@ FC_HOSTDEV float fc_res8_scale(float amax)
     return amax / (float)FC_RES8_CODE_MAX;
 }
 
-/* floor(e / scale + u), clamped (fc_res8_level, as a float for a vector loop) (e / scale can round a hair past 127, + u past it too). A
+/* floor(e / scale + u), clamped (e / scale can round a hair past 127, + u past it too). A
  * scale of 0 (an all-zero block, or one whose amax / 127 underflows) codes 0. A division and an
  * add, never a multiply-add: nothing for a compiler to contract, the same bits on both sides. */
-FC_HOSTDEV float fc_res8_level(float e, float scale, float u)
+FC_HOSTDEV int8_t fc_res8_code(float e, float scale, float u)
 {
+    if (!(scale > 0.0f))
+        return 0;
     float y = e / scale;
     y = y + u;
     y = y < -(float)FC_RES8_CODE_MAX ? -(float)FC_RES8_CODE_MAX
         : y > (float)FC_RES8_CODE_MAX ? (float)FC_RES8_CODE_MAX : y;
-    return floorf(y); /* y is in [-127, 127]: floor stays there */
-}
-
-FC_HOSTDEV int8_t fc_res8_code(float e, float scale, float u)
-{
-    return scale > 0.0f ? (int8_t)(int32_t)fc_res8_level(e, scale, u) : (int8_t)0;
+    return (int8_t)floorf(y); /* y is in [-127, 127]: floor stays there */
 }
 
 FC_HOSTDEV float fc_res8_value(int8_t code, float scale)

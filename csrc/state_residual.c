@@ -18,12 +18,14 @@ static int64_t stored_numel(int dtype, int64_t numel)
     return dtype == FC_U8 ? fc_res8_bytes(numel) : numel;
 }
 
-/* h->r viewed from h->res as `dtype`, of stored_numel(numel) elements, on g's device. */
-static int view_residual(fc_res_hold *h, int dtype, const fc_view *g, int64_t numel,
+/* h->r viewed from h->res as one of `dtypes` (the stored dtype must be one), checked against
+ * numel values on g's device. */
+static int view_residual(fc_res_hold *h, unsigned dtypes, const fc_view *g, int64_t numel,
                          const char *what, fc_err *err)
 {
-    if (fc_view_get(h->res, what, 1u << dtype, &h->r, err) != FC_OK)
+    if (fc_view_get(h->res, what, dtypes, &h->r, err) != FC_OK)
         return err->code;
+    const int dtype = h->r.buf.dtype;
     if (h->r.buf.numel != stored_numel(dtype, numel))
         return fc_fail(err, FC_ERR_VALUE, "%s has %lld elements, expected %lld%s", what,
                        (long long)h->r.buf.numel, (long long)stored_numel(dtype, numel),
@@ -59,19 +61,14 @@ int fc_state_residual(StateObject *self, uint32_t unit, PyObject *grad, const fc
     h->res = res;
     char what[48];
     snprintf(what, sizeof(what), "residual of unit %u", unit);
-    return view_residual(h, rdt, g, numel, what, err);
+    return view_residual(h, 1u << rdt, g, numel, what, err);
 }
 
 int fc_res_adopt(PyObject *res, const fc_view *x, fc_res_hold *h, fc_err *err)
 {
-    fc_view probe;
-    if (fc_view_get(res, "residual", FC_DT_F32 | FC_DT_U8, &probe, err) != FC_OK)
-        return err->code;
-    const int dtype = probe.buf.dtype;
-    fc_view_release(&probe);
     Py_INCREF(res);
     h->res = res;
-    return view_residual(h, dtype, x, x->buf.numel, "residual", err);
+    return view_residual(h, FC_DT_F32 | FC_DT_U8, x, x->buf.numel, "residual", err);
 }
 
 int fc_res_workspace(StateObject *self, PyObject *grad, int64_t numel, fc_res_hold *h,
