@@ -93,8 +93,7 @@ def _compressed(ex, reduced, grad, unit, ranks, residuals) -> str:
     e, kept = None, None
     if ex.wire.error_feedback:  # the unit's residual, kept once the payloads went out
         # fp32, or with residual_dtype "int8" packed as compress() takes it (csrc/fc_res8.h)
-        packed = core.config["residual_dtype"] == "int8"
-        numel, dtype = (core.residual_numel(shard), torch.uint8) if packed else (shard, torch.float32)
+        numel, dtype = (core.residual_numel(shard), torch.uint8) if ex.wire.residual_int8 else (shard, torch.float32)
         e = residuals.get(unit)
         if e is None or e.numel() != numel or e.dtype != dtype:
             e = torch.zeros(numel, dtype=dtype, device=dev)
