@@ -9,49 +9,12 @@ import pytest
 import torch
 
 import fsdpcomp
-from helpers.cuda_cases import check_decode, check_encode, check_sum_order, cpu_encode, cuda_cases, cuda_methods, residual_of
-from fsdpcomp import _C
+from helpers.cuda_cases import check_decode, check_encode, check_sum_order, cpu_encode, cuda_cases, cuda_methods
+from helpers.cuda_device import OnDevice, skip_without_device
 
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device: the CUDA tests run on a GPU machine (tests/gpu/run.sh)",
-                allow_module_level=True)
-if not _C.cuda_info()["available"]:
-    pytest.skip("CUDA library not usable: " + str(_C.cuda_info()["error"]), allow_module_level=True)
+skip_without_device(emulation=False)
 
-
-class OnGpu:
-    """The backend of tests/helpers/cuda_cases.py: State._core on CUDA tensors."""
-
-    def state(self, method: str, cfg: dict):
-        return fsdpcomp.CommState(method, cfg)
-
-    def encode(self, st, grad: torch.Tensor, world: int, rank: int) -> torch.Tensor:
-        g = grad.cuda()
-        self.unit = st._core.begin(g.numel())
-        s, _ = st._core.plan(g, world, rank)
-        send = torch.full((sum(s),), 0xA5, dtype=torch.uint8, device="cuda")  # unwritten bytes show
-        sizes = st._core.encode(g, send, world, rank, self.unit)
-        return send[:sum(sizes)].cpu()  # data-dependent sizes: the payloads, not the plan
-
-    def residual(self, st):
-        r = residual_of(st, self.unit)
-        return None if r is None else r.cpu()
-
-    def saturated(self, st) -> int:
-        return st.counters()["saturated"]
-
-    def end_step(self, st) -> None:
-        st.end_step()
-
-    def decode(self, method: str, cfg: dict, recv: torch.Tensor, grad: torch.Tensor, out_numel: int,
-               world: int, rank: int):
-        st = fsdpcomp.CommState(method, cfg)
-        out = torch.full((out_numel,), 7.0, dtype=grad.dtype, device="cuda")
-        st._core.decode(recv.cuda(), grad.cuda(), out, world, rank, st._core.begin(grad.numel()))
-        return out.cpu(), dict(st.counters())
-
-
-GPU = OnGpu()
+GPU = OnDevice()  # on a GPU: CUDA tensors
 CASES = cuda_cases()
 IDS = [m + "".join(f"-{k}={v}" for k, v in c.items()) for m, c in CASES]
 SIZES = [1, 255, 257, (1 << 20) + 3]

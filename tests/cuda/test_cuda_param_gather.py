@@ -4,22 +4,14 @@ group), so the payload loops back; every codec, fp32 and bf16 parameters. On a G
 host emulation of cuda/ (FSDPCOMP_TEST_EMULATED=1: the codec's CPU tensors take the CUDA path,
 its workspace from the allocator included: the first H200 run found that allocator missing).
 Skips (with the reason) where there is neither."""
-import os
-
 import pytest
 import torch
 
 import fsdpcomp
-from fsdpcomp import _C
+from helpers.cuda_device import DEV, EMULATED, skip_without_device
 
-EMULATED = os.environ.get("FSDPCOMP_TEST_EMULATED") == "1"
-if not EMULATED:
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device: the CUDA tests run on a GPU machine (tests/gpu/run.sh), or emulated "
-                    "(tests/cuda/test_cuda_files_emulated.py)", allow_module_level=True)
-    if not _C.cuda_info()["available"]:
-        pytest.skip("CUDA library not usable: " + str(_C.cuda_info()["error"]), allow_module_level=True)
-DEV = "cpu" if EMULATED else "cuda"
+skip_without_device()
+
 
 
 @pytest.mark.parametrize("codec", ["bf16", "fp8", "int8"])

@@ -7,58 +7,17 @@ Runs on a GPU (tests/gpu/run.sh), or here under the host emulation of the CUDA l
 (tests/cuda/test_cuda_files_emulated.py runs it with FSDPCOMP_TEST_EMULATED=1)."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 import fsdpcomp
-from fsdpcomp import _C
-from helpers.cuda_cases import check_encode, make_grad, residual_of, same_bits
+from helpers.cuda_cases import check_encode, make_grad, same_bits
 from helpers.method_cases import CASES, case_id
+from helpers.cuda_device import DEV, OnDevice, on_device, skip_without_device
 
-EMULATED = os.environ.get("FSDPCOMP_TEST_EMULATED") == "1"
-if not EMULATED:
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device: runs on a GPU machine (tests/gpu/run.sh), or emulated "
-                    "(tests/cuda/test_cuda_files_emulated.py)", allow_module_level=True)
-    if not _C.cuda_info()["available"]:
-        pytest.skip("CUDA library not usable: " + str(_C.cuda_info()["error"]), allow_module_level=True)
+skip_without_device()
 
-DEV = "cpu" if EMULATED else "cuda"
 INT8 = {"residual_dtype": "int8", "seed": 7}
-
-
-def on_device(method: str, cfg: dict) -> fsdpcomp.CommState:
-    st = fsdpcomp.CommState(method, cfg)
-    if EMULATED:
-        st._core._emulate_cuda(True)
-    return st
-
-
-class OnDevice:
-    """tests/helpers/cuda_cases.py's backend: State._core through the CUDA library."""
-
-    def state(self, method: str, cfg: dict):
-        return on_device(method, cfg)
-
-    def encode(self, st, grad: torch.Tensor, world: int, rank: int) -> torch.Tensor:
-        g = grad.to(DEV, copy=True)
-        self.unit = st._core.begin(g.numel())
-        s, _ = st._core.plan(g, world, rank)
-        send = torch.full((sum(s),), 0xA5, dtype=torch.uint8, device=DEV)
-        sizes = st._core.encode(g, send, world, rank, self.unit)
-        return send[:sum(sizes)].cpu()
-
-    def residual(self, st):
-        r = residual_of(st, self.unit)
-        return None if r is None else r.cpu()
-
-    def saturated(self, st) -> int:
-        return st.counters()["saturated"]
-
-    def end_step(self, st) -> None:
-        st.end_step()
 
 
 def residuals_to_pack(gen) -> list[torch.Tensor]:

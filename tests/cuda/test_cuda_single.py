@@ -7,23 +7,15 @@ tests/cuda/test_cuda_files_emulated.py runs it on the host emulation of cuda/ (F
 CPU tensors take the CUDA path)."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 import fsdpcomp
 from helpers.cuda_cases import bits_report, make_grad, same_bits
-from fsdpcomp import _C
+from helpers.cuda_device import DEV, EMULATED, on_device, skip_without_device
 
-EMULATED = os.environ.get("FSDPCOMP_TEST_EMULATED") == "1"
-if not EMULATED:
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device: runs on a GPU machine (tests/gpu/run.sh), or emulated "
-                    "(tests/cuda/test_cuda_files_emulated.py)", allow_module_level=True)
-    if not _C.cuda_info()["available"]:
-        pytest.skip("CUDA library not usable: " + str(_C.cuda_info()["error"]), allow_module_level=True)
-DEV = "cpu" if EMULATED else "cuda"
+skip_without_device()
+
 SIZES = [1, 255, 257, 3001] if EMULATED else [1, 255, 257, 3001, (1 << 20) + 3]
 
 # each method's main variants: signsgd's modes, the sparsifiers' value codecs (hybrids), both
@@ -49,10 +41,7 @@ IDS = [m + "".join(f"-{k}={v}" for k, v in c.items()) for m, c in CASES]
 def states(method: str, cfg: dict):
     """The CPU reference and a State whose tensors go through the CUDA library, one config."""
     c = dict(cfg, seed=99)
-    cpu, dev = fsdpcomp.CommState(method, c), fsdpcomp.CommState(method, c)
-    if EMULATED:
-        dev._core._emulate_cuda(True)
-    return cpu, dev
+    return fsdpcomp.CommState(method, c), on_device(method, c)
 
 
 def check_single(cpu, dev, x: torch.Tensor, gen, unit: int = 3, chunk: int = 5, world: int = 3,

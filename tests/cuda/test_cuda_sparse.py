@@ -8,24 +8,15 @@ library (tests/cuda/test_cuda_files_emulated.py runs this file with FSDPCOMP_TES
 _C drives tests/cuda_emu's library, CPU tensors standing for CUDA ones, at smaller sizes)."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 import fsdpcomp
 from helpers.cuda_cases import check_decode, check_encode, cpu_encode, cuda_cases, make_grad, residual_of, same_bits
-from fsdpcomp import _C
+from helpers.cuda_device import DEV, EMULATED, OnDevice, on_device, skip_without_device
 
-EMULATED = os.environ.get("FSDPCOMP_TEST_EMULATED") == "1"
-if not EMULATED:
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device: runs on a GPU machine (tests/gpu/run.sh), or emulated "
-                    "(tests/cuda/test_cuda_files_emulated.py)", allow_module_level=True)
-    if not _C.cuda_info()["available"]:
-        pytest.skip("CUDA library not usable: " + str(_C.cuda_info()["error"]), allow_module_level=True)
+skip_without_device()
 
-DEV = "cpu" if EMULATED else "cuda"
 SPARSE = ("signsgd", "topk", "randomk", "thresholdv", "sketch", "gradiveq")
 # geometries and options the kernels treat apart, beyond tests/helpers/method_cases.py's
 EXTRA = [
@@ -38,46 +29,6 @@ EXTRA = [
     ("sketch", {}), ("sketch", {"k": 8, "second_round": True}),
 ]
 SIZES = [1, 255, 257, 2053] if EMULATED else [1, 255, 257, (1 << 20) + 3]
-
-
-def new_state(method: str, cfg: dict) -> fsdpcomp.CommState:
-    """A State whose tensors go through the CUDA library (emulated: CPU tensors do)."""
-    st = fsdpcomp.CommState(method, cfg)  # the CPU reference's config: the same header fingerprint
-    if EMULATED:
-        st._core._emulate_cuda(True)
-    return st
-
-
-class OnDevice:
-    """The backend of tests/helpers/cuda_cases.py's checks: State._core through the CUDA library."""
-
-    def state(self, method: str, cfg: dict):
-        return new_state(method, cfg)
-
-    def encode(self, st, grad: torch.Tensor, world: int, rank: int) -> torch.Tensor:
-        g = grad.to(DEV, copy=True)
-        self.unit = st._core.begin(g.numel())
-        s, _ = st._core.plan(g, world, rank)
-        send = torch.full((sum(s),), 0xA5, dtype=torch.uint8, device=DEV)  # unwritten bytes show
-        sizes = st._core.encode(g, send, world, rank, self.unit)
-        return send[:sum(sizes)].cpu()
-
-    def residual(self, st):
-        r = residual_of(st, self.unit)
-        return None if r is None else r.cpu()
-
-    def saturated(self, st) -> int:
-        return st.counters()["saturated"]
-
-    def end_step(self, st) -> None:
-        st.end_step()
-
-    def decode(self, method: str, cfg: dict, recv: torch.Tensor, grad: torch.Tensor, out_numel: int,
-               world: int, rank: int):
-        st = new_state(method, cfg)
-        out = torch.full((out_numel,), 7.0, dtype=grad.dtype, device=DEV)
-        st._core.decode(recv.to(DEV, copy=True), grad.to(DEV, copy=True), out, world, rank, st._core.begin(grad.numel()))
-        return out.cpu(), dict(st.counters())
 
 
 BACKEND = OnDevice()
@@ -179,7 +130,7 @@ def test_single_payloads_match_cpu(method, cfg, gen):
     c = dict(cfg, seed=99)
     n = 257
     x = make_grad(n, torch.float32, gen)
-    cpu, dev = fsdpcomp.CommState(method, c), new_state(method, c)
+    cpu, dev = fsdpcomp.CommState(method, c), on_device(method, c)
     size = cpu._core.payload_bytes(n)
     pa = torch.zeros(size, dtype=torch.uint8)
     pb = torch.full((size,), 0xA5, dtype=torch.uint8, device=DEV)
@@ -208,7 +159,7 @@ def test_decode_of_w_payloads_matches_cpu(method, cfg, dtype, gen):
 
 def test_many_calls_on_one_state_without_reading_counters(gen):
     """More calls than the context has timing events (64), counters read once at the end."""
-    st = new_state("signsgd", {"compress_own_chunk": True, "error_feedback": True})
+    st = on_device("signsgd", {"compress_own_chunk": True, "error_feedback": True})
     g = make_grad(1000, torch.float32, gen).to(DEV, copy=True)
     s, _ = st._core.plan(g, 1, 0)
     send = torch.empty(sum(s), dtype=torch.uint8, device=DEV)
@@ -224,12 +175,12 @@ def test_many_calls_on_one_state_without_reading_counters(gen):
 
 # ---- exchanges by hand: W States standing in for W ranks, the collectives done here
 
-def exchange(states, grads, world, on_device):
+def exchange(states, grads, world, via_cuda):
     """One reduce-scatter of a unit over `world` ranks without a process group: every rank
     encodes, each receiver gets the payloads meant for it back to back (sizes as encode()
     returns them), decodes, and a unit state due for a sync is summed over the ranks (rank order)
     and handed back. Returns the outputs (CPU tensors) and the summed sync vector (or None)."""
-    dev = DEV if on_device else "cpu"
+    dev = DEV if via_cuda else "cpu"
     n = grads[0].numel()
     shard = -(-n // world)
     sends, sizes, units = [], [], []
@@ -290,7 +241,7 @@ def test_gradiveq_basis_sync_across_ranks_matches_cpu(cfg, world, gen):
     rank the same new basis as the CPU's, and the next steps' payloads and outputs agree."""
     full = dict(cfg, seed=11, error_feedback=True)
     cpus = [fsdpcomp.CommState("gradiveq", full) for _ in range(world)]
-    devs = [new_state("gradiveq", full) for _ in range(world)]
+    devs = [on_device("gradiveq", full) for _ in range(world)]
     n = 2 * 1031
     for step in range(4):
         grads = [make_grad(n, torch.float32, gen) for _ in range(world)]
@@ -313,10 +264,10 @@ def test_gradiveq_resumes_from_a_checkpoint_on_the_device(gen):
     full = {"dim": 16, "k": 4, "warmup": 1, "seed": 5, "error_feedback": True, "compress_own_chunk": True,
             "pipeline": False}
     n = 999
-    a = [new_state("gradiveq", full)]
+    a = [on_device("gradiveq", full)]
     exchange(a, [make_grad(n, torch.float32, gen)], 1, True)  # step 0 learns: a new basis
     sd = a[0].state_dict()
-    b = new_state("gradiveq", full)
+    b = on_device("gradiveq", full)
     b.load_state_dict(sd)
     cpu = fsdpcomp.CommState("gradiveq", full)
     cpu.load_state_dict(sd)
@@ -329,7 +280,7 @@ def test_gradiveq_resumes_from_a_checkpoint_on_the_device(gen):
 def encode_both(method: str, cfg: dict, g: torch.Tensor, world: int, rank: int, steps: int = 2):
     """`steps` encodes of g on the CPU and on the device (error feedback): bytes and residuals."""
     full = dict(cfg, seed=3, error_feedback=True, compress_own_chunk=world == 1, pipeline=False)
-    cpu, dev = fsdpcomp.CommState(method, full), new_state(method, full)
+    cpu, dev = fsdpcomp.CommState(method, full), on_device(method, full)
     for step in range(steps):
         a = cpu_encode(cpu, g, world, rank, cpu._core.begin(g.numel()))
         b = BACKEND.encode(dev, g, world, rank)
@@ -368,7 +319,7 @@ def test_exchange_over_ranks_matches_cpu(method, cfg, gen):
     for world in (2, 3):
         full = dict(cfg, seed=21, error_feedback=True)
         cpus = [fsdpcomp.CommState(method, full) for _ in range(world)]
-        devs = [new_state(method, full) for _ in range(world)]
+        devs = [on_device(method, full) for _ in range(world)]
         n = 3 * 677 + 1
         for step in range(4):  # step 1: NaN/Inf on rank 0; step 3: values near fp32's largest
             grads = [make_grad(n, torch.float32, gen, nonfinite=step == 1 and r == 0, huge=step == 3)
@@ -401,7 +352,7 @@ def test_thresholdv_sizes_are_the_cpus(threshold, values, gen):
     cfg = {"threshold": threshold, "values": values}
     for world, rank in ((1, 0), (4, 2)):
         full = dict(cfg, seed=3, error_feedback=True, compress_own_chunk=world == 1, pipeline=False)
-        cpu, dev = fsdpcomp.CommState("thresholdv", full), new_state("thresholdv", full)
+        cpu, dev = fsdpcomp.CommState("thresholdv", full), on_device("thresholdv", full)
         g = make_grad(4099, torch.float32, gen)
         g[:700] = 0.0  # a chunk with nothing above any threshold
         s, _ = cpu._core.plan(g, world, rank)
@@ -413,7 +364,7 @@ def test_thresholdv_sizes_are_the_cpus(threshold, values, gen):
         assert torch.equal(a[:sum(sa)], b[:sum(sb)].cpu())
         assert dev.counters()["value_bytes"] == cpu.counters()["value_bytes"]
     states_c = [fsdpcomp.CommState("thresholdv", dict(cfg, seed=4)) for _ in range(3)]
-    states_d = [new_state("thresholdv", dict(cfg, seed=4)) for _ in range(3)]
+    states_d = [on_device("thresholdv", dict(cfg, seed=4)) for _ in range(3)]
     grads = [make_grad(2001, torch.float32, gen) for _ in range(3)]
     oc, _ = exchange(states_c, grads, 3, False)
     od, _ = exchange(states_d, grads, 3, True)
@@ -430,7 +381,7 @@ def corrupt_decode(method, cfg, n, edit):
     edit(send)
     with pytest.raises(fsdpcomp.PayloadError):
         st._core.decode(send, g, torch.empty(n), 1, 0, 0)
-    dev = new_state(method, full)
+    dev = on_device(method, full)
     out = torch.zeros(n, device=DEV)
     dev._core.decode(send.to(DEV, copy=True), g.to(DEV, copy=True), out, 1, 0, dev._core.begin(n))
     with pytest.raises(fsdpcomp.PayloadError, match="rank 0"):
@@ -459,9 +410,9 @@ def test_second_round_picks_that_the_cpu_rejects_are_reported(gen):
     next counters() and sends NaN to that owner instead of values."""
     cfg = {"rows": 3, "cols": 64, "k": 8, "second_round": True, "seed": 2, "error_feedback": True}
     n, world = 4000, 2  # chunks whose `none` payload is larger than the table (else no second round)
-    for on_device in (False, True):
-        states = [new_state("sketch", cfg) if on_device else fsdpcomp.CommState("sketch", cfg) for _ in range(world)]
-        dev = DEV if on_device else "cpu"
+    for via_cuda in (False, True):
+        states = [on_device("sketch", cfg) if via_cuda else fsdpcomp.CommState("sketch", cfg) for _ in range(world)]
+        dev = DEV if via_cuda else "cpu"
         grads = [make_grad(n, torch.float32, gen) for _ in range(world)]
         units = []
         sizes, sends = [], []
@@ -482,7 +433,7 @@ def test_second_round_picks_that_the_cpu_rejects_are_reported(gen):
             st._core.fetch_picks(units[r], everyone[r * kmax:(r + 1) * kmax].view(torch.uint8))
         everyone[1], everyone[2] = everyone[2].clone(), everyone[1].clone()  # owner 0's out of order
         send = torch.zeros(world * kmax, dtype=torch.float32, device=dev)
-        if not on_device:
+        if not via_cuda:
             with pytest.raises(fsdpcomp.PayloadError):
                 states[1]._core.fetch(everyone.view(torch.uint8), grads[1], send.view(torch.uint8), world, 1, units[1])
         else:
