@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -17,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 import fsdpcomp
+import worker_end
 
 # Torch baselines; everything else in the table is an fsdpcomp method name.
 TORCH_RS = "torch_reduce_scatter"
@@ -189,17 +189,9 @@ def main(config_path: str) -> None:
                       f"  rel_err {row['rel_err']:.2e}", flush=True)
         result["sizes"].append({"numel": numel, "reps": reps, "rows": rows})
         del base, ref
-    if rank == 0:
-        with open(cfg["out"], "w") as f:
-            json.dump(result, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    worker_end.finish(rank, result, cfg["out"])
 
 
 if __name__ == "__main__":
     main(sys.argv[1])
-    # As step_worker.py: the result is written, so skip interpreter finalization, where a torch
-    # C++ thread still alive can abort a rank ("terminate called without an active exception").
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    worker_end.exit_now()

@@ -1,8 +1,9 @@
-# Starts W rank processes (in their network namespaces when a Topology is given) with torchrun's environment, and waits for them.
+# Starts W rank processes (in their network namespaces when a Topology is given) with torchrun's environment, and waits for them; reads a --methods spec.
 """The ranks get the environment torchrun would give them (RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR, MASTER_PORT), so a script launched here runs unchanged under torchrun."""
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -13,6 +14,18 @@ import repo_path
 from netns import Topology
 
 REPO = repo_path.REPO
+
+
+def method_spec(spec: str) -> tuple[str, dict]:
+    """'int8' or 'intN:{"bits": 2}' (a benchmark's --methods): a method and its own config keys."""
+    name, _, extra = spec.partition(":")
+    try:
+        config = json.loads(extra) if extra else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"method spec {spec!r}: the part after ':' is not JSON ({e.msg})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"method spec {spec!r}: the part after ':' must be a JSON object")
+    return name, config
 
 
 def free_port() -> int:

@@ -42,18 +42,6 @@ WORLDS = [2 ** k for k in range(1, 11)]  # computed: 2 ... 1024
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
-def parse_method(spec: str) -> tuple[str, dict]:
-    """'topk', or 'int8:{"error_feedback": true}': a method and its config."""
-    name, _, extra = spec.partition(":")
-    try:
-        config = json.loads(extra) if extra else {}
-    except json.JSONDecodeError as e:
-        raise ValueError(f"method {spec!r}: the part after ':' is not JSON ({e.msg})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"method {spec!r}: the part after ':' must be a JSON object")
-    return name, config
-
-
 def refusal(name: str, config: dict) -> str | None:
     """Why fsdpcomp refuses this config here (None: it takes it), asked before any run."""
     import fsdpcomp
@@ -158,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout_s", type=float, default=1800.0, help="per run")
     args = p.parse_args(argv)
     try:
-        specs = {spec: parse_method(spec) for spec in args.methods}
+        specs = {spec: launch.method_spec(spec) for spec in args.methods}
     except ValueError as e:
         p.error(str(e))
     import torch

@@ -25,6 +25,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_HERE, os.path.join(os.path.dirname(_HERE), "examples")]
 
 import fsdpcomp  # noqa: E402
+import worker_end  # noqa: E402
 import gpt  # noqa: E402
 import mem_count  # noqa: E402
 
@@ -82,20 +83,13 @@ def main(config_path: str) -> None:
     mine["buffers"] = sum(mine["buffers_by_kind"].values())
     every = [None] * world
     dist.all_gather_object(every, mine)
+    result = None
     if rank == 0:
         result = {"config": cfg, "world": world, "model_params": n_params, "losses": losses, "ranks": every,
                   "resolved_config": state.config, "torch": torch.__version__, "fsdpcomp": fsdpcomp.__version__}
-        tmp = cfg["out"] + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(result, f)
-        os.replace(tmp, cfg["out"])
-    dist.barrier()
-    dist.destroy_process_group()
+    worker_end.finish(rank, result, cfg["out"])
 
 
 if __name__ == "__main__":
     main(sys.argv[1])
-    # the result is written: skip interpreter finalization (step_worker.py says why)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    worker_end.exit_now()

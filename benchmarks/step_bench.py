@@ -66,13 +66,7 @@ def parse_config(spec: str) -> dict:
     """A name from CONFIGS, or an fsdpcomp method with config keys: 'int8:{"param_gather": "fp8"}'."""
     if spec in CONFIGS:
         return dict(CONFIGS[spec])
-    name, _, extra = spec.partition(":")
-    try:
-        config = json.loads(extra) if extra else {}
-    except json.JSONDecodeError as e:
-        raise ValueError(f"config {spec!r}: the part after ':' is not JSON ({e.msg})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"config {spec!r}: the part after ':' must be a JSON object")
+    name, config = launch.method_spec(spec)
     import fsdpcomp
     fsdpcomp.CommState(name, config)  # an unknown method or key fails here, before any run
     return {"fsdpcomp": True, "method": name, "config": config}

@@ -22,6 +22,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_HERE, os.path.join(os.path.dirname(_HERE), "examples")]
 
 import fsdpcomp  # noqa: E402
+import worker_end  # noqa: E402
 import fsdp_train  # noqa: E402  (examples/: data, schedule, evaluation)
 import gpt  # noqa: E402
 from comm_worker import link_check  # noqa: E402
@@ -159,23 +160,14 @@ def main(config_path: str) -> None:
             "wire_tx_bytes": None if snap is None or snap[2] is None else tx1 - snap[2]}
     every = [None] * world
     dist.all_gather_object(every, mine)
+    result = None
     if rank == 0:
         result = {"config": cfg, "world": world, "model_params": n_params, "link_check_gbit": link,
                   "timed_steps": timed, "losses": losses, "evals": evals, "ranks": every,
                   "torch": torch.__version__, "fsdpcomp": fsdpcomp.__version__}
-        tmp = cfg["out"] + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(result, f)
-        os.replace(tmp, cfg["out"])  # a run that died leaves no result: it is run again
-    dist.barrier()
-    dist.destroy_process_group()
+    worker_end.finish(rank, result, cfg["out"])
 
 
 if __name__ == "__main__":
     main(sys.argv[1])
-    # The result is written; skip interpreter finalization, where a torch C++ thread still
-    # joinable now and then aborted a rank ("terminate called without an active exception"),
-    # failing a run whose numbers were already saved (tests/helpers/dist_utils.py does the same).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    worker_end.exit_now()

@@ -77,20 +77,8 @@ def time_to_ppl(curve: list[dict], target: float | None) -> float | None:
     return None
 
 
-def parse_spec(spec: str) -> tuple[str, dict]:
-    """'int8' or 'intN:{"bits": 2}': a method and config keys of its own (added last)."""
-    name, _, extra = spec.partition(":")
-    try:
-        config = json.loads(extra) if extra else {}
-    except json.JSONDecodeError as e:
-        raise ValueError(f"method spec {spec!r}: the part after ':' is not JSON ({e.msg})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"method spec {spec!r}: the part after ':' must be a JSON object")
-    return name, config
-
-
 def run_training(args, spec: str, seed: int, topo: Topology | None, work: str) -> dict:
-    method, own = parse_spec(spec)
+    method, own = launch.method_spec(spec)
     label = "".join(c if c.isalnum() else "_" for c in spec).strip("_")
     run_name = f"{args.setting}-{label}-s{seed}"
     out_dir = os.path.join(work, "runs")
@@ -302,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     import fsdpcomp
     methods = args.methods or (["none"] + [m for m in fsdpcomp.methods() if m != "none"])
     try:
-        unknown = [m for m in methods if parse_spec(m)[0] not in fsdpcomp.methods()]
+        unknown = [m for m in methods if launch.method_spec(m)[0] not in fsdpcomp.methods()]
     except ValueError as e:
         p.error(str(e))
     if unknown:
