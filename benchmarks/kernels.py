@@ -34,7 +34,7 @@ CONFIGS = {
     "topk": {"ratio": 0.01}, "topk-int8": ("topk", {"ratio": 0.01, "quantize": "int8"}),
     "randomk": {"ratio": 0.01}, "thresholdv": {"threshold": 2.5},
     "sketch": {"rows": 3, "cols": 65536, "k": 4096}, "gradiveq": {"dim": 32, "k": 4},
-    "signsgd": {}, "onebit": {},
+    "signsgd": {}, "onebit": {}, "dct": {}, "dct-int4": ("dct", {"k": 4, "quantize": "intN"}),
 }
 # the quantisers held to >= 50% of memcpy on one core
 QUANTISERS = {"fp16", "bf16", "fp8", "int8", "int8-stoch", "intN", "intN-2", "intN-3", "intN-3mm", "nc", "signsgd",
@@ -110,7 +110,8 @@ def validate(method, cfg, x, backend):
     rel = float((ds - xs).norm() / xs.norm())
     n = xs.numel()
     limits = {"none": 0.0, "fp16": 1e-3, "bf16": 5e-3, "int8": 2e-2, "fp8": 6e-2, "intN": 0.9,
-              "qsgd": 1.0, "nc": 0.4, "signsgd": 0.7, "onebit": 0.7}
+              "qsgd": 1.0, "nc": 0.4, "signsgd": 0.7, "onebit": 0.7,
+              "dct": 1.0}  # dct: a projection on a few coefficients per block (noise keeps ~k/64)
     if method in limits:
         wrong += int(not rel <= limits[method])
     elif method == "topk":
@@ -127,6 +128,8 @@ def validate(method, cfg, x, backend):
         wrong += int((ds != 0).sum() > cfg["k"])
     elif method == "gradiveq":
         wrong += int(not ds.norm() <= xs.norm() * (1 + 1e-5))
+    if method == "dct":  # the kept coefficients never hold more than the block's energy
+        wrong += int(not ds.norm() <= xs.norm() * (1 + 1e-3))
     return wrong, w
 
 

@@ -106,4 +106,12 @@ typedef struct {
     fc_vcodec vc;
 } fc_thresholdv_cfg;
 
+typedef struct {
+    int64_t block;      /* coefficients per transform: a power of two, 8 .. FC_DCT_MAX_BLOCK */
+    int64_t k;          /* coefficients kept per block */
+    int quantize;       /* FC_VC_*: the codec of the kept coefficients */
+    int64_t value_bits; /* quantize intN: its bits (0: intN's default) */
+    fc_vcodec vc;
+} fc_dct_cfg;
+
 #endif

@@ -36,6 +36,9 @@ const fc_key fc_common_keys[] = {
      * rank's own (FC_KEY_LOCAL): payloads mean the same whatever they are */
     FC_BOOL_LOCAL(fc_common, error_feedback, 0,
                   "keep e = g' - D(C(g')) per unit and add it to the next gradient"),
+    FC_FLOAT(fc_common, ef_decay, 1.0, 0.0, 1.0, FC_KEY_LOCAL,
+             "error feedback: g' = g + ef_decay * e, a decaying residual (DeMo's momentum "
+             "accumulator below 1; 1: plain error feedback)"),
     FC_CHOICE_LOCAL(fc_common, residual_dtype, 0, residual_dtypes, "dtype the residuals are kept in"),
     FC_INT(fc_common, seed, 0, 0, 9007199254740991.0, 0,
            "seed of the counter-based generator (stochastic rounding, random choices)"),

@@ -23,6 +23,7 @@ typedef enum { FC_TRANSPORT_AUTO = 0, FC_TRANSPORT_TORCH = 1, FC_TRANSPORT_NCCL 
 /* The keys every method accepts (fc_config.c parses them like a method's own). */
 typedef struct {
     int error_feedback;
+    double ef_decay;    /* g' = g + ef_decay * e (1: plain error feedback; < 1: DeMo's decay) */
     int residual_dtype; /* 0: fp32, 1: bf16, 2: int8 (packed, fc_res8.h) */
     int64_t seed;
     int64_t min_numel;

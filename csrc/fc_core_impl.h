@@ -31,6 +31,12 @@ const char *fc_core_not_per_peer(const fc_core *s, const fc_method *m, int64_t N
  * fc_res8.c. */
 int fc_cpu_res8_pack(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *packed, uint32_t key,
                      fc_err *err);
+/* g' = g + d e: the residual's decay (`ef_decay`; 1 is plain error feedback). */
+static inline float fc_core_ef_decay(const fc_core *s)
+{
+    return (float)s->common.ef_decay;
+}
+
 int fc_cpu_res8_unpack(fc_core *s, const fc_exec *x, const fc_buf *packed, fc_buf *e, fc_err *err);
 int fc_cpu_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *send,
                   fc_buf *residual, fc_sent *sent, fc_err *err);

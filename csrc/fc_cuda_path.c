@@ -113,6 +113,7 @@ static void encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *g
     a->h.x.learn = learns(s, m);
     a->residual = residual != NULL ? residual->data : NULL;
     a->res_dtype = residual != NULL ? residual->dtype : FC_F32;
+    a->ef_decay = (float)s->common.ef_decay; /* fc_core_ef_decay's float: the CPU's product */
     a->send = send != NULL ? (uint8_t *)send->data : NULL;
     a->sample = sample;
 }
@@ -314,6 +315,7 @@ static void single_encode_args(const fc_core *s, const fc_cuda_call *k, const fc
     a->h.x.fetch = NULL;
     a->h.x.sent = NULL; /* the driver reads a data-dependent size from the header */
     a->res_dtype = FC_F32;
+    a->ef_decay = (float)s->common.ef_decay; /* read only when compress() takes a residual */
     a->send = payload != NULL ? (uint8_t *)payload->data : NULL;
 }
 

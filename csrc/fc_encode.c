@@ -33,28 +33,29 @@ static void load_f32(const void *src, int dt, int64_t off, int64_t n, float *dst
     }
 }
 
-static void add_f32(const void *src, int dt, int64_t off, int64_t n, float *dst)
+/* dst += d * src: a residual's decay d (`ef_decay`) times it; d = 1 is exact (x * 1 = x). */
+static void add_f32(const void *src, int dt, int64_t off, int64_t n, float d, float *dst)
 {
     if (dt == FC_F32) {
         const float *s = (const float *)src + off;
         for (int64_t i = 0; i < n; i++)
-            dst[i] += s[i];
+            dst[i] += d * s[i];
     } else {
         const uint16_t *s = (const uint16_t *)src + off;
         for (int64_t i = 0; i < n; i++)
-            dst[i] += dt == FC_BF16 ? fc_bf16_to_f32(s[i]) : fc_f16_to_f32(s[i]);
+            dst[i] += d * (dt == FC_BF16 ? fc_bf16_to_f32(s[i]) : fc_f16_to_f32(s[i]));
     }
 }
 
 /* ---- encode ---- */
 
-/* x = g + r, counting the non-finite results: error feedback's load in one pass (the same
- * float additions as load_f32 then add_f32). */
-FC_CLONES static int64_t load_sum_f32(const float *g, const float *r, int64_t n, float *x)
+/* x = g + d r, counting the non-finite results: error feedback's load in one pass (the same
+ * float operations as load_f32 then add_f32). */
+FC_CLONES static int64_t load_sum_f32(const float *g, const float *r, int64_t n, float d, float *x)
 {
     int64_t bad = 0;
     for (int64_t i = 0; i < n; i++) {
-        x[i] = g[i] + r[i];
+        x[i] = g[i] + d * r[i];
         bad += !(fc_abs_bits(x[i]) < 0x7f800000u);
     }
     return bad;
@@ -73,7 +74,8 @@ static int64_t fix_nonfinite(const fc_core *s, const fc_buf *grad, const fc_buf 
         if (fc_abs_bits(x[i]) < FC_INF_BITS)
             continue;
         const float g = fc_core_elem_f32(grad->data, grad->dtype, start + i);
-        const float e = res != NULL ? fc_core_elem_f32(res->data, res->dtype, start + i) : 0.0f;
+        const float e = res == NULL ? 0.0f
+                        : fc_core_ef_decay(s) * fc_core_elem_f32(res->data, res->dtype, start + i);
         x[i] = fc_gprime_fix(x[i], g, e, zero, &bad, sat);
     }
     return bad;
@@ -97,11 +99,12 @@ static const float *load_chunk(fc_core *s, const fc_buf *grad, const fc_buf *res
     }
     float *x = s->x;
     if (res != NULL && grad->dtype == FC_F32 && res->dtype == FC_F32) {
-        nf = load_sum_f32((const float *)grad->data + start, (const float *)res->data + start, n, x);
+        nf = load_sum_f32((const float *)grad->data + start, (const float *)res->data + start, n,
+                          fc_core_ef_decay(s), x);
     } else {
         load_f32(grad->data, grad->dtype, start, n, x);
         if (res != NULL)
-            add_f32(res->data, res->dtype, start, n, x);
+            add_f32(res->data, res->dtype, start, n, fc_core_ef_decay(s), x);
         nf = 0;
         for (int64_t i = 0; i < n; i++)
             nf += !(fc_abs_bits(x[i]) < FC_INF_BITS);
@@ -302,7 +305,7 @@ static int update_residual(fc_core *s, const fc_method *m, const fc_chunk *c, co
     if (dots) {
         float *g = s->dec; /* g' again, into the decode scratch, to pair it with e */
         load_f32(grad->data, grad->dtype, start, n, g);
-        add_f32(res->data, res->dtype, start, n, g);
+        add_f32(res->data, res->dtype, start, n, fc_core_ef_decay(s), g);
         dots3_f32(s->x, g, n, e_sq, x_sq, x_dot_e);
     } else if (res->dtype == FC_F32) {
         *e_sq = store_sum_sq_f32((float *)res->data + start, s->x, n);

@@ -96,16 +96,22 @@ __device__ __forceinline__ float fc_cu_load(const void *p, int dt, int64_t i)
     return dt == FC_CU_BF16 ? fc_bf16_to_f32(h) : fc_f16_to_f32(h);
 }
 
-// What the encode kernels see of one element: g' = g + e, as the CPU's load_chunk makes it (a
-// sum beyond fp32 saturated, NaN/Inf of the gradient zeroed to e or passed as the canonical
-// NaN: fc_gprime_fix). count_nonfinite counts what fix() found, before the encode.
+// What the encode kernels see of one element: g' = g + d e, as the CPU's load_chunk makes it (d:
+// `ef_decay`; a sum beyond fp32 saturated, NaN/Inf of the gradient zeroed to d e or passed as
+// the canonical NaN: fc_gprime_fix). count_nonfinite counts what fix() found, before the encode.
 struct fc_cu_src {
     const void *grad;
     const void *res; // NULL: no error feedback
     int gdt, rdt;
     int zero_nonfinite;
+    float decay; // ef_decay (fc_cuda_encode_args): read only with res
 
-    // g' from g and e (0 without a residual); *bad / *sat as fc_gprime_fix counts them.
+    // The residual element r as g' takes it: d * r, one float multiply as the CPU's add_f32 and
+    // load_sum_f32 make it (d = 1 leaves r as it is), so the bytes match for any d.
+    __device__ __forceinline__ float decayed(float r) const { return decay * r; }
+
+    // g' from g and the decayed residual e (decayed(), 0 without a residual); *bad / *sat as
+    // fc_gprime_fix counts them.
     __device__ __forceinline__ float fix(float g, float e, int64_t *bad, int64_t *sat) const
     {
         const float v = res != NULL ? g + e : g;
@@ -115,7 +121,7 @@ struct fc_cu_src {
     __device__ __forceinline__ float x(int64_t i) const
     {
         int64_t bad = 0, sat = 0;
-        return fix(fc_cu_load(grad, gdt, i), res != NULL ? fc_cu_load(res, rdt, i) : 0.0f, &bad, &sat);
+        return fix(fc_cu_load(grad, gdt, i), res != NULL ? decayed(fc_cu_load(res, rdt, i)) : 0.0f, &bad, &sat);
     }
 };
 

@@ -22,8 +22,8 @@ __global__ void count_nonfinite(fc_cuda_geom geo, fc_cu_src src, int count, fc_c
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const int64_t k = start + i;
-        (void)src.fix(fc_cu_load(src.grad, src.gdt, k), src.res != NULL ? fc_cu_load(src.res, src.rdt, k) : 0.0f,
-                      &bad, &sat);
+        (void)src.fix(fc_cu_load(src.grad, src.gdt, k),
+                      src.res != NULL ? src.decayed(fc_cu_load(src.res, src.rdt, k)) : 0.0f, &bad, &sat);
     }
     const unsigned long long b = fc_cu_warp_sum((unsigned long long)bad);
     if ((threadIdx.x & 31) == 0 && b)
@@ -169,6 +169,7 @@ static fc_cu_enc enc_of(const fc_cuda_encode_args *a)
     e.src.res = a->residual;
     e.src.gdt = a->h.grad_dtype;
     e.src.rdt = a->res_dtype;
+    e.src.decay = a->ef_decay;
     e.res = a->residual;
     e.rdt = a->res_dtype;
     e.send = a->send;

@@ -6,7 +6,7 @@ extern const fc_cu_method fc_cu_none, fc_cu_fp16, fc_cu_bf16, fc_cu_int8, fc_cu_
     fc_cu_qsgd, fc_cu_nc, fc_cu_onebit;
 // the sparse, aggregate and stateful methods (their shared parts: fc_cu_sparse.cuh)
 extern const fc_cu_method fc_cu_signsgd, fc_cu_gradiveq, fc_cu_topk, fc_cu_thresholdv,
-    fc_cu_randomk, fc_cu_sketch;
+    fc_cu_randomk, fc_cu_sketch, fc_cu_dct;
 
 static const fc_cu_method *const table[] = {
     &fc_cu_none,
@@ -24,6 +24,7 @@ static const fc_cu_method *const table[] = {
     &fc_cu_thresholdv,
     &fc_cu_randomk,
     &fc_cu_sketch,
+    &fc_cu_dct,
 };
 
 const fc_cu_method *fc_cu_method_by_id(int id)

@@ -144,7 +144,7 @@ struct fc_cu_chunk_x {
         }
         int64_t bad = 0, sat = 0; // counted once, by count_nonfinite
         for (int k = 0; k < 8; k++)
-            v[k] = s.fix(v[k], r[k], &bad, &sat);
+            v[k] = s.fix(v[k], s.res != NULL ? s.decayed(r[k]) : 0.0f, &bad, &sat);
     }
 };
 

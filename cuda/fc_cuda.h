@@ -19,8 +19,9 @@ extern "C" {
  * workspace's saturated count; 5: the method's config as its fc_cfg.h struct, not by key name, and
  * every argument struct opens with one call header (fc_cuda_head); 6: compress() takes a residual
  * (the all-gather half of an all-reduce: g' = x + e, e replaced), the header rules are
- * fc_wire.h's fc_header_make/fc_header_verdict; 7: res8, the 8-bit residual's pack and unpack */
-#define FC_CUDA_ABI 7
+ * fc_wire.h's fc_header_make/fc_header_verdict; 7: res8, the 8-bit residual's pack and unpack;
+ * 8: the encode arguments' ef_decay (g' = g + ef_decay * e), and the `dct` method's kernels */
+#define FC_CUDA_ABI 8
 #define FC_CUDA_MAX_WORLD 1024 /* equals FC_MAX_WORLD of the CPU driver */
 #define FC_CUDA_MAX_UNITS 4096 /* units whose residual norm the device keeps */
 
@@ -121,6 +122,9 @@ typedef struct {
     int res_dtype;
     uint8_t *send;
     int sample; /* accumulate error statistics from the first sent chunk without NaN/Inf */
+    float ef_decay; /* ABI 8: g' = g + ef_decay * e, the float product of the CPU's load_chunk
+                     * (the `ef_decay` key as a float; 1: plain error feedback). Read only with a
+                     * residual: compress()'s too */
 } fc_cuda_encode_args;
 
 typedef struct {
@@ -220,9 +224,10 @@ typedef struct {
 
     /* ---- ABI 2: the driver's additions (kept together) */
     /* one payload of a.geo's chunk 0 (compress()): NaN/Inf passed and flagged, not counted; with
-     * a.residual (ABI 6) that of g' = x + e by the collective's rules, e replaced, the saturated
-     * sums counted; no sample; *written is the payload's padded size (read back from its header for a method
-     * whose size is data-dependent: that waits for the stream) */
+     * a.residual (ABI 6) that of g' = x + ef_decay * e (ABI 8: a.ef_decay) by the collective's
+     * rules, e replaced, the saturated sums counted; no sample; *written is the payload's padded
+     * size (read back from its header for a method whose size is data-dependent: that waits for
+     * the stream) */
     int (*compress)(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *written, fc_err *err);
     /* out (fp32, a.out_numel elements) += a.alpha * D(the one payload in a.recv) */
     int (*decompress)(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *err);

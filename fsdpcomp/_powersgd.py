@@ -59,12 +59,19 @@ def _int_key(name: str, v: Any, lo: float, hi: float) -> int:
     return v
 
 
+def _decay(v: Any) -> float:
+    """ef_decay as a float; a value of the wrong type is left for the core's check (1.0 here),
+    which names the key."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 1.0
+
+
 @dataclass(frozen=True)
 class Config:
     rank: int
     start_iter: int
     min_compression_rate: float
     error_feedback: bool
+    ef_decay: float  # g' = g + ef_decay * e (the core validated it: a common key)
     residual_dtype: str  # "fp32", "bf16" or "int8" (packed by the core: csrc/fc_res8.h)
     wire_bf16: bool
 
@@ -95,7 +102,8 @@ class Config:
         # the core keeps the units, the step, the counters: a `none` state without residuals
         core = {k: v for k, v in config.items() if k not in own and k != "error_feedback"}
         cfg = Config(vals["rank"], vals["start_iter"], vals["min_compression_rate"], ef,
-                     config.get("residual_dtype", "fp32"), vals["factor_dtype"] == "bf16")
+                     _decay(config.get("ef_decay", 1.0)), config.get("residual_dtype", "fp32"),
+                     vals["factor_dtype"] == "bf16")
         return cfg, core, dict(vals, error_feedback=ef)
 
 
@@ -251,7 +259,8 @@ class PowerSGD:
         blocks = layout.blocks
         xv = x.view(blocks, n // blocks)
         if self.cfg.error_feedback and unit in self.e:
-            x.add_(_residual_store.as_float(self._core, self.e[unit]).to(x.device).view_as(x))
+            x.add_(_residual_store.as_float(self._core, self.e[unit]).to(x.device).view_as(x),
+                   alpha=self.cfg.ef_decay)
         r = self.cfg.rank
         mats = [xv[:, off:off + rows * cols].reshape(blocks * rows, cols) for off, rows, cols in plan.mats]
         qs = self.q.get(unit)

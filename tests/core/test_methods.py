@@ -8,6 +8,7 @@ import torch
 
 import fsdpcomp
 from fsdpcomp import _C
+from helpers.dct_ref import dct_reconstruct, dct_topk
 from helpers.method_cases import CASES, WIRE_IDS, case_id
 
 HEADER, ALIGN = _C.HEADER_BYTES, _C.ALIGN
@@ -90,6 +91,12 @@ def expected_body(method, cfg, n, x=None):
         return cdiv(n, 8) + (4 * cdiv(n, c["block_size"]) if c["mode"] == "scaled" else 0)
     if method == "onebit":
         return cdiv(n, 8) + 8 * cdiv(n, c["block_size"])
+    if method == "dct":  # log2(block)-bit indices in groups of 8, padded to 4; then the values
+        K = cdiv(n, c["block"]) * c["k"]
+        idx = cdiv(cdiv(K, 8) * int(math.log2(c["block"])), 4) * 4
+        if c["quantize"] == "intN" and c["value_bits"]:
+            return idx + c["value_bits"] * cdiv(K, 8) + 4 * cdiv(K, 256)
+        return idx + value_bytes(c["quantize"], K)
     raise AssertionError(method)
 
 
@@ -191,6 +198,20 @@ def check_bound(method, cfg, x, d):
                 torch.testing.assert_close(ds[pos], xs[pos].mean().expand(int(pos.sum())))
             if (~pos).any():
                 torch.testing.assert_close(ds[~pos], xs[~pos].mean().expand(int((~pos).sum())))
+    elif method == "dct":
+        ref = dct_reconstruct(x, c["block"], c["k"])
+        err = (d.double() - ref).norm()
+        if c["quantize"] == "none":  # only the fast transform's fp32 rounding
+            assert err <= 1e-5 * x.norm() + 1e-6
+        else:  # orthonormal: the decode's error is the kept values' quantisation error
+            Y, mask = dct_topk(x, c["block"], c["k"])
+            kept = Y[mask]
+            bits = c["value_bits"] or 4
+            per_value = kept.abs().max() / (2 ** (bits - 1) - 1) / 2 if c["quantize"] == "intN" \
+                else kept.abs() * 2.0 ** -11
+            bound = (per_value * torch.ones_like(kept)).norm() * (1 + 1e-4) + 1e-5 * x.norm()
+            assert err <= bound
+        assert d.norm() <= x.norm() * 1.01  # a projection onto kept coefficients never grows x much
     else:
         raise AssertionError(method)
 
@@ -318,7 +339,7 @@ def test_flags_say_which_methods_are_unbiased_and_linear():
     assert {m for m, i in info.items() if i["linear"]} == {"none", "randomk", "sketch", "gradiveq"}
     assert {m for m, i in info.items() if i["varsize"]} == {"thresholdv"}
     # sketch only with second_round, signsgd only in its default (scaled) mode: test_ef_identity.py
-    assert {m for m, i in info.items() if i["error_feedback_default"]} == {"onebit", "topk", "thresholdv", "signsgd"}
+    assert {m for m, i in info.items() if i["error_feedback_default"]} == {"onebit", "topk", "thresholdv", "signsgd", "dct"}
 
 
 def test_wire_ids_are_stable():

@@ -16,6 +16,7 @@ from helpers.ckpt import own, with_own
     ({"factor_dtype": "fp16"}, "factor_dtype"), ({"error_feedback": 1}, "error_feedback"),
     ({"transport": "nccl"}, "transport"), ({"bogus": 1}, "bogus"), ({"seed": "x"}, "seed"),
     ({"block_size": 256}, "block_size"),  # another method's key
+    ({"ef_decay": 1.5}, "ef_decay"), ({"ef_decay": "x"}, "ef_decay"),
 ])
 def test_bad_config_names_the_key(config, key):
     with pytest.raises(ValueError, match=f"'{key}'"):
@@ -57,6 +58,21 @@ def test_one_rank_is_its_own_low_rank_approximation_with_error_feedback():
     assert c["calls"] == 2 and c["calls_uncompressed"] == 1 and c["elements"] == 500
     assert c["bytes_sent"] == 0  # one rank: nothing on the wire
     assert c["residual_bytes"] == 250 * 4 and c["residual_norm"] == pytest.approx(float(e.norm()), rel=1e-5)
+
+
+def test_decayed_residual_is_what_the_next_step_gets():
+    # g' = g + ef_decay * e, as the chunk codecs' driver does it
+    d = 0.5
+    state = fsdpcomp.CommState("powersgd", {"rank": 1, "ef_decay": d, "start_iter": 0})
+    layout = Layout.of_shapes([(24, 10)])
+    gen = torch.Generator().manual_seed(1)
+    e = torch.zeros(240)
+    for _ in range(3):
+        g = torch.randn(240, generator=gen)
+        out = _call(state, g, layout)
+        e_new = own(state.state_dict()).method_state["powersgd"]["e"][0]
+        torch.testing.assert_close(out + e_new, g + d * e, atol=1e-5, rtol=0)
+        e = e_new
 
 
 def test_warmup_steps_are_counted():

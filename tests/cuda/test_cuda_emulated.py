@@ -138,6 +138,7 @@ class Emulated:
         args = dict(self.geometry(w, n, world, rank, grad.dtype), gdt=DTYPES[grad.dtype], rdt=-1,
                     send_bytes=sum(sends), unit=0, step=st.step, seed=conf["seed"],
                     nonfinite_zero=int(conf["nonfinite"] == "zero"), fingerprint=st.core.fingerprint,
+                    ef_decay=conf["ef_decay"],  # the driver's fc_cuda_encode_args.ef_decay
                     sample=int(w is st and conf["error_stats_every"] > 0 and st.calls % conf["error_stats_every"] == 0))
         files = {"grad.bin": grad}
         if ef:

@@ -20,7 +20,7 @@ CONFIGS = [("none", {}), ("fp16", {}), ("bf16", {}), ("int8", {"block_size": 64}
            ("fp8", {}), ("intN", {"bits": 3}), ("qsgd", {}), ("nc", {}), ("onebit", {}),
            ("signsgd", {}), ("topk", {"ratio": 0.1}), ("randomk", {"ratio": 0.1}),
            ("sketch", {"rows": 3, "cols": 64, "k": 8}), ("gradiveq", {"dim": 16, "k": 4}),
-           ("thresholdv", {"threshold": 1.0})]
+           ("thresholdv", {"threshold": 1.0}), ("dct", {"block": 16, "k": 3})]
 START, LEN, SENT, SEND_OFF, BODY, RECV_OFF = range(6)
 
 

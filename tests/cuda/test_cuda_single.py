@@ -19,7 +19,7 @@ skip_without_device()
 SIZES = [1, 255, 257, 3001] if EMULATED else [1, 255, 257, 3001, (1 << 20) + 3]
 
 # each method's main variants: signsgd's modes, the sparsifiers' value codecs (hybrids), both
-# thresholdv value modes, sketch with and without the second round, gradiveq's shapes
+# thresholdv value modes, sketch with and without the second round, gradiveq's shapes, dct's blocks
 CASES = [
     ("signsgd", {}), ("signsgd", {"block_size": 8}), ("signsgd", {"mode": "majority", "scale": 3.0}),
     ("topk", {"ratio": 0.1}), ("topk", {"k": 7}), ("topk", {"ratio": 0.6}),  # 0.6: a bitmap
@@ -34,6 +34,7 @@ CASES = [
     ("sketch", {"rows": 3, "cols": 64, "k": 8}), ("sketch", {"rows": 4, "cols": 32, "k": 0}),
     ("sketch", {"rows": 3, "cols": 64, "k": 8, "second_round": True}),
     ("gradiveq", {}), ("gradiveq", {"dim": 16, "k": 3}),
+    ("dct", {}), ("dct", {"block": 16, "k": 3, "quantize": "int8"}), ("dct", {"block": 256, "k": 4, "quantize": "none"}),
 ]
 IDS = [m + "".join(f"-{k}={v}" for k, v in c.items()) for m, c in CASES]
 
@@ -148,7 +149,7 @@ def test_corrupted_header_is_refused_as_on_the_cpu(method, cfg, field, gen):
 
 # compress(residual=e), the all-gather half of an all-reduce: dense codecs and the sparse ones
 RESIDUAL_CASES = [("fp16", {}), ("int8", {}), ("intN", {"bits": 4}), ("fp8", {}), ("qsgd", {}), ("onebit", {}),
-                  ("nc", {}), CASES[0], CASES[3], CASES[11], CASES[16], CASES[23]]
+                  ("nc", {}), CASES[0], CASES[3], CASES[11], CASES[16], CASES[23], CASES[25]]
 
 
 @pytest.mark.parametrize("mode", ["pass", "zero"])

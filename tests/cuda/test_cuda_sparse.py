@@ -1,5 +1,5 @@
 """The sparse, aggregate and stateful methods on CUDA (signsgd, topk, randomk, thresholdv, sketch,
-gradiveq) against the CPU reference: payload bytes and residuals (tests/helpers/cuda_cases.py's checks),
+gradiveq, dct) against the CPU reference: payload bytes and residuals (tests/helpers/cuda_cases.py's checks),
 and what is special to them: compressed-domain decodes of W payloads, data-dependent sizes, the
 second round, gradiveq's unit state and its sync across ranks.
 
@@ -17,7 +17,7 @@ from helpers.cuda_device import DEV, EMULATED, OnDevice, on_device, skip_without
 
 skip_without_device()
 
-SPARSE = ("signsgd", "topk", "randomk", "thresholdv", "sketch", "gradiveq")
+SPARSE = ("signsgd", "topk", "randomk", "thresholdv", "sketch", "gradiveq", "dct")
 # geometries and options the kernels treat apart, beyond tests/helpers/method_cases.py's
 EXTRA = [
     ("signsgd", {"block_size": 8}), ("signsgd", {"block_size": 1024}),

@@ -200,6 +200,7 @@ int main(int argc, char **argv)
     memset(&e, 0, sizeof e);
     memset(&d, 0, sizeof d);
     e.h = d.h = head(m, g, a, grad, ws);
+    e.ef_decay = a.count("ef_decay") ? (float)a["ef_decay"] : 1.0f; // the driver's: the key as a float
     if (mode == "compress") { // State.compress: geometry of one chunk, chunk_base = `chunk`
         std::vector<uint8_t> send((size_t)a["send_bytes"], 0xA5);
         e.send = send.data();

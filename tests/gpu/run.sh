@@ -19,7 +19,7 @@
 # outer timeout. Each check's result is written the moment it ends, so a cut run keeps them.
 #   quick (~7 min; the caps sum to 8.7 min, so a slow check is cut, not the command):
 #     prereq + carried    ~20 s     python, torch with a GPU, compute-sanitizer; the carried libs
-#     pytest     ~165 s [180]  tests/cuda/test_cuda{,_single,_sparse,_param_gather,_geometry,_res8}.py:
+#     pytest     ~165 s [180]  tests/cuda/test_cuda{,_single,_sparse,_param_gather,_geometry,_res8,_dct}.py:
 #                              device payloads and residuals = the CPU's, bit for bit
 #     bytes       ~67 s  [85]  payload bytes at n = 1, 255, 257, 2^20+3, every method and config
 #     driver      ~76 s  [90]  300 calls, event-timed collectives, counters without the GIL, the
@@ -320,7 +320,8 @@ pytest_files() {
     local f
     case "$1" in
         quick) printf '%s\n' tests/cuda/test_cuda.py tests/cuda/test_cuda_single.py tests/cuda/test_cuda_sparse.py \
-                   tests/cuda/test_cuda_param_gather.py tests/cuda/test_cuda_geometry.py tests/cuda/test_cuda_res8.py ;;
+                   tests/cuda/test_cuda_param_gather.py tests/cuda/test_cuda_geometry.py tests/cuda/test_cuda_res8.py \
+                   tests/cuda/test_cuda_dct.py ;;
         rest) echo tests/cuda/test_cuda_build.py ;;
         *) for f in tests/cuda/test_cuda*.py; do
                case "$f" in *_emulated.py|*/test_cuda_emu_*) ;; *) echo "$f" ;; esac

@@ -26,7 +26,7 @@ EXTRA = [
 # scratch, a unit state, a second round, data-dependent sizes): tests/cuda/test_cuda_emulated.py's
 # executable leaves them to tests/cuda/test_cuda_sparse.py, which the real _C drives (on a GPU, or
 # under the emulation built as a library: tests/cuda/test_cuda_files_emulated.py).
-NEEDS_HOST = frozenset({"topk", "randomk", "thresholdv", "sketch", "gradiveq"})
+NEEDS_HOST = frozenset({"topk", "randomk", "thresholdv", "sketch", "gradiveq", "dct"})
 
 
 def cuda_methods() -> list[str]:

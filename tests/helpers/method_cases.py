@@ -27,12 +27,15 @@ CASES = [
     ("signsgd", {}),
     ("signsgd", {"mode": "majority", "scale": 0.5}),
     ("onebit", {}),
+    ("dct", {}),
+    ("dct", {"block": 32, "k": 3, "quantize": "intN", "value_bits": 3}),
+    ("dct", {"k": 4, "quantize": "none"}),
 ]
 
 # the wire ids: stable across versions (a payload's header names its method by them)
 WIRE_IDS = {"none": 0, "fp16": 1, "bf16": 2, "int8": 3, "fp8": 4, "intN": 5, "qsgd": 6, "nc": 7,
             "topk": 8, "randomk": 9, "thresholdv": 10, "sketch": 11, "gradiveq": 12,
-            "signsgd": 13, "onebit": 14}
+            "signsgd": 13, "onebit": 14, "dct": 15}
 
 
 def case_id(case):
