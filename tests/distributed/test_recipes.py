@@ -13,10 +13,10 @@ RECIPES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "
 STEPS = 8
 
 
-def _torchrun(name: str, steps: int):
+def _torchrun(name: str, steps: int, nproc: int = 2):
     """The script as a user launches it; returns rank 0's printed losses and counters table."""
     env = dict(os.environ, PYTHONPATH=pythonpath())
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                            os.path.join(RECIPES, name + ".py"), "--steps", str(steps)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -63,3 +63,12 @@ def test_accelerate_fsdp2_wrapping():
     # root, 2 blocks, [ln_f, wte, lm_head]: one unit (the group shares one reduce-scatter)
     assert table["units"] == "4" and table["step"] == str(STEPS)
     assert int(table["param_gather_bytes_sent"]) < 0.3 * int(table["param_gather_bytes_raw"])
+
+
+def test_hybrid_dct_across_nodes():
+    # 4 ranks as 2 nodes of 2: exact reduce-scatter inside a node, dct on the replica all-reduce
+    losses, table = _torchrun("hybrid_dct", 12, nproc=4)
+    assert len(losses) == 12 and sum(losses[-2:]) < 0.85 * sum(losses[:2]), losses
+    assert table["method"] == "dct" and float(table["ratio"]) > 30
+    assert table["fallback_units"] == "0" and table["nonfinite_in"] == "0"
+    assert table["units"] == "3" and table["step"] == "12"  # 2 blocks + the root
