@@ -111,6 +111,7 @@ typedef struct {
     int64_t k;          /* coefficients kept per block */
     int quantize;       /* FC_VC_*: the codec of the kept coefficients */
     int64_t value_bits; /* quantize intN: its bits (0: intN's default) */
+    int value_stochastic; /* quantize int8 or intN: stochastic rounding */
     fc_vcodec vc;
 } fc_dct_cfg;
 

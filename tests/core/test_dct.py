@@ -40,7 +40,7 @@ def test_smooth_blocks_compress_far_better_than_topk_of_the_same_bytes(gen):
     # the point of the transform: a slowly varying signal puts its energy in few coefficients
     t = torch.linspace(0, 40, 64 * 200)
     x = torch.sin(t) + 0.3 * torch.cos(3.1 * t)
-    p, d = roundtrip(x, {"k": 2})
+    p, d = roundtrip(x, {"k": 2, "block": 64, "quantize": "fp16"})
     s = _C.State("topk", {"ratio": 2 / 64, "quantize": "fp16"})
     q = torch.zeros(s.payload_bytes(x.numel()), dtype=torch.uint8)
     w = s.compress(x, q)
@@ -74,8 +74,9 @@ def test_default_ratio_is_over_32x():
     n = 1 << 20
     s = _C.State("dct", {})
     ratio = 4 * n / s.payload_bytes(n)
-    # 2 fp16 values and 2 six-bit indices per 64 elements: 44 bits, 46.5x before the header
-    assert 46 < ratio < 46.6
+    # 12 of 128 coefficients: 7-bit indices, 3-bit values, a scale per 256 values: 121.5 bits,
+    # 33.7x before the header
+    assert 33.6 < ratio < 33.75
 
 
 @pytest.mark.parametrize("quantize", ["fp16", "none", "intN"])
@@ -129,7 +130,7 @@ def test_decay_of_one_is_plain_error_feedback(gen):
     g = [torch.randn(2000, generator=gen) for _ in range(3)]
     runs = []
     for extra in ({}, {"ef_decay": 1.0}):
-        state = fsdpcomp.CommState("dct", dict(extra, compress_own_chunk=True))
+        state = fsdpcomp.CommState("dct", dict(extra, compress_own_chunk=True, error_feedback=True))
         outs = []
         for x in g:
             out = torch.empty_like(x)
@@ -141,12 +142,13 @@ def test_decay_of_one_is_plain_error_feedback(gen):
 
 
 @pytest.mark.parametrize("cfg,words", [
-    ({"k": 65}, "exceeds block"),
+    ({"k": 129}, "exceeds block"),
     ({"block": 48}, "power of two"),
     ({"block": 512}, "block"),
-    ({"value_bits": 3}, "intN"),
+    ({"quantize": "fp16", "value_bits": 3}, "intN"),
     ({"quantize": "intN", "value_bits": 1}, "value_bits"),
     ({"ef_decay": 1.5}, "ef_decay"),
+    ({"quantize": "fp16", "value_stochastic": True}, "value_stochastic"),
 ])
 def test_bad_configs_name_the_key(cfg, words):
     with pytest.raises(ValueError, match=words):
@@ -155,7 +157,7 @@ def test_bad_configs_name_the_key(cfg, words):
 
 def test_a_corrupted_index_order_is_refused(gen):
     x = torch.randn(640, generator=gen)
-    s = _C.State("dct", {"k": 2, "quantize": "none"})
+    s = _C.State("dct", {"k": 2, "block": 64, "quantize": "none"})
     p = torch.zeros(s.payload_bytes(640), dtype=torch.uint8)
     w = s.compress(x, p)
     body = p[_C.HEADER_BYTES:w].clone()
