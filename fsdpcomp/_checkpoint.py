@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 import torch
 
+from . import _C
 from ._dist import Ranks
 
 FORMAT = 2  # 1: the flat dict of fsdpcomp 0.1 (no "format" key, no rank, no world size)
@@ -93,6 +94,13 @@ def unpack(sd: Any, method: str, config: Mapping[str, Any], residuals: str) -> S
     if sd["method"] != method:
         raise ValueError(f"state_dict is for method '{sd['method']}', this state is '{method}'")
     saved_config = _config_of(sd["config"])
+    if isinstance(saved_config, dict):
+        # a common key added since the checkpoint was saved (ef_decay, 2026-11-28) is absent
+        # from it; at its default it is what the saving run did
+        for key in _C.method_info(""):
+            name = key["name"]
+            if name not in saved_config and name in config and config[name] == key["default"]:
+                saved_config[name] = config[name]
     if saved_config != dict(config):
         diff = {k: (saved_config.get(k), config.get(k)) for k in sorted(set(saved_config) | set(config))
                 if saved_config.get(k) != config.get(k)}

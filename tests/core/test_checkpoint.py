@@ -3,6 +3,7 @@ another rank's state, other units, a format this fsdpcomp does not read) is refu
 ValueError naming the difference and changes nothing; residuals="drop" resumes on purpose; the
 dict goes through torch.save and torch.load's default (weights_only) unchanged."""
 import io
+import json
 
 import pytest
 import torch
@@ -102,3 +103,19 @@ def test_without_residuals_is_the_dcp_view_that_drops():
     t = fsdpcomp.CommState("int8", CFG)
     t.without_residuals().load_state_dict(dict(sd, world_size=8))
     assert t.step == 2 and t.unit_keys == ()
+
+
+def test_a_checkpoint_from_before_a_common_key_existed_loads_at_its_default():
+    # checkpoints written before ef_decay (2026-11-28) do not list it: at its default (1.0) the
+    # run is the one that saved them; at another value it is not, and is refused by name
+    state = fsdpcomp.CommState("int8", {"error_feedback": True, "compress_own_chunk": True})
+    state.reduce_scatter(torch.randn(300), torch.empty(300))
+    state.end_step()
+    sd = state.state_dict()
+    old = dict(sd, config=json.dumps({k: v for k, v in json.loads(sd["config"]).items() if k != "ef_decay"}))
+    fresh = fsdpcomp.CommState("int8", {"error_feedback": True, "compress_own_chunk": True})
+    fresh.load_state_dict(old)
+    assert torch.equal(fresh._core.residuals()[0], state._core.residuals()[0])
+    decayed = fsdpcomp.CommState("int8", {"error_feedback": True, "compress_own_chunk": True, "ef_decay": 0.5})
+    with pytest.raises(ValueError, match="ef_decay"):
+        decayed.load_state_dict(old)
