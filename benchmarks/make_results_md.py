@@ -269,9 +269,13 @@ def _comm_target_lines(targets: list[dict]) -> list[str]:
     return out
 
 
+MET_SEEDS = 3  # a training target counts as met only from a run of this many seeds or more
+
+
 def _train_target_lines(trains: list[dict]) -> list[str]:
     """Per training target, what met it (or came closest), and in which run: the run with the
-    most seeds first."""
+    most seeds first. A run of fewer than MET_SEEDS seeds (a tuning sweep) never meets one: a
+    seed picked for its luck would."""
     found: dict[str, list[tuple[dict, dict]]] = {}
     for data in trains:
         for t in data["targets"]:
@@ -280,7 +284,7 @@ def _train_target_lines(trains: list[dict]) -> list[str]:
     out = []
     for target, entries in found.items():
         entries.sort(key=lambda e: (-len(e[1].get("seeds") or [0]), e[0]["miss_by_pct"]))
-        met = [e for e in entries if e[0]["met"]]
+        met = [e for e in entries if e[0]["met"] and len(e[1].get("seeds") or [0]) >= MET_SEEDS]
         shown = met if met else entries[:1]
         best_run = shown[0][1]
         cells = []

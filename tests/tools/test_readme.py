@@ -126,3 +126,20 @@ def test_readme_script_with_the_line_its_comment_gives(tmp_path, parallel):
     assert r.returncode == 0, r.stderr[-3000:]
     ratios = [float(x) for x in re.findall(r"\d+\.\d+", r.stdout)]
     assert len(ratios) == 1 and 3.5 < ratios[0] < 4.0, r.stdout
+
+
+def test_a_target_is_met_only_from_three_seeds():
+    """A one-seed sweep under the limit does not make a target MET; three seeds do."""
+    spec = importlib.util.spec_from_file_location("make_results_md", os.path.join(ROOT, "benchmarks", "make_results_md.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    target = "a method with >= 32x compression within 3%"
+
+    def run(stem, seeds, delta):
+        return {"meta": {"stem": stem, "seeds": seeds, "max_steps": 1000},
+                "targets": [{"target": target, "method": "dct", "delta_ppl_pct": delta,
+                             "met": delta <= 3.0, "miss_by_pct": max(0.0, delta - 3.0)}]}
+    lines = mod._train_target_lines([run("sweep", [0], 2.1), run("three", [0, 1, 2], 3.5)])
+    assert lines == ["- MISSED: " + target + ": closest `dct` +3.50%, by 0.50 points (three: 3 seed(s), 1000 steps)"]
+    lines = mod._train_target_lines([run("sweep", [0], 2.1), run("three", [0, 1, 2], 2.5)])
+    assert lines == ["- MET: " + target + ": `dct` +2.50% (three: 3 seed(s), 1000 steps)"]
