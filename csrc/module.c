@@ -171,7 +171,10 @@ static int module_exec(PyObject *mod)
         PyModule_AddIntConstant(mod, "WIRE_VERSION", FC_WIRE_VERSION) < 0 ||
         PyModule_AddIntConstant(mod, "MAX_WORLD", FC_MAX_WORLD) < 0)
         return -1;
-    return 0;
+    PyObject *removed = fc_removed_keys();
+    const int rc = removed == NULL ? -1 : PyModule_AddObjectRef(mod, "REMOVED_KEYS", removed);
+    Py_XDECREF(removed);
+    return rc;
 }
 
 static int module_traverse(PyObject *mod, visitproc visit, void *arg)

@@ -69,7 +69,6 @@ except ModuleNotFoundError as _err:
     raise _no_torch() from _err
 from . import _methods, _powersgd
 from ._cuda_check import library_path
-from ._nccl import release_nccl
 from .cli import add_argparse_args, from_args
 from .counters import Counters
 from .integrations import (AllGather, AllReduceHook, DDPHookState, ReduceScatter, UnitHookState, ddp_hook,
@@ -117,5 +116,5 @@ __all__ = [
     "AllGather", "AllReduceHook", "CommState", "Counters", "CudaError", "DDPHookState", "NcclError",
     "PayloadError", "ReduceScatter", "UnitHookState", "__version__", "add_argparse_args", "append_result", "build_record",
     "codecs", "combine_counters", "ddp_hook", "from_args", "fsdp_hook", "method_info", "methods",
-    "read_results", "register", "register_replicate", "release_nccl",
+    "read_results", "register", "register_replicate",
 ]

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 import torch
 
+from . import _C
 from ._dist import Ranks
 
 FORMAT = 2  # 1: the flat dict of fsdpcomp 0.1 (no "format" key, no rank, no world size)
@@ -92,7 +93,9 @@ def unpack(sd: Any, method: str, config: Mapping[str, Any], residuals: str) -> S
         raise ValueError(f"fsdpcomp state_dict has format {fmt!r}; this fsdpcomp reads format {FORMAT}")
     if sd["method"] != method:
         raise ValueError(f"state_dict is for method '{sd['method']}', this state is '{method}'")
-    saved_config = _config_of(sd["config"])
+    # a key removed since it was saved (transport, timeout_s) never changed what the residuals
+    # mean: a checkpoint that still lists it loads as before
+    saved_config = {k: v for k, v in _config_of(sd["config"]).items() if k not in _C.REMOVED_KEYS}
     if saved_config != dict(config):
         diff = {k: (saved_config.get(k), config.get(k)) for k in sorted(set(saved_config) | set(config))
                 if saved_config.get(k) != config.get(k)}
