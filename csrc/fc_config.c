@@ -444,10 +444,10 @@ int fc_config_wire_dict(const fc_method *m, const fc_common *common, const void 
 int fc_config_to_dict(const fc_key *keys, const void *src, PyObject *into)
 {
     for (const fc_key *k = keys; k->name != NULL; k++) {
-        const char *p = (const char *)src + k->offset;
-        PyObject *v = NULL;
         if (k->kind == FC_KEY_REMOVED)
             continue;
+        const char *p = (const char *)src + k->offset;
+        PyObject *v = NULL;
         switch (k->kind) {
         case FC_KEY_BOOL:
             v = PyBool_FromLong(*(const int *)p);
