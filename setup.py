@@ -8,7 +8,6 @@ Environment:
   FSDPCOMP_CUDA       auto (default): build CUDA if nvcc is found; 0: never; 1: required
   FSDPCOMP_CUDA_ARCHS e.g. "80;90;100" (default below), PTX is added for the newest
   NVCC, CUDA_HOME     where nvcc is looked for, before PATH
-  NCCL_HOME           NCCL headers/library, before the nvidia-nccl-cu* package and the toolkit
   FSDPCOMP_DEBUG=1    -O0 -g;  FSDPCOMP_SANITIZE=1  ASan + UBSan on the C code
   FSDPCOMP_NATIVE=1   -march=native for the CPU kernels (not for wheels you ship)
   FSDPCOMP_WERROR=0   warnings stay warnings (another compiler than CI's, e.g. a GPU machine's)
@@ -17,8 +16,6 @@ import glob
 import os
 import shutil
 import subprocess
-import sys
-import sysconfig
 from concurrent.futures import ThreadPoolExecutor
 
 from setuptools import Extension, setup
@@ -62,33 +59,6 @@ def find_nvcc():
         if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
             return cand
     return None
-
-
-def cuda_home(nvcc):
-    if os.environ.get("CUDA_HOME"):
-        return os.environ["CUDA_HOME"]
-    real = os.path.realpath(nvcc)
-    home = os.path.dirname(os.path.dirname(real))
-    if os.path.isdir(os.path.join(home, "include")):
-        return home
-    return "/usr/local/cuda"
-
-
-def find_nccl(cuda):
-    """(include_dir, lib_dir) holding nccl.h and libnccl.so*, or (None, None)."""
-    cands = []
-    if os.environ.get("NCCL_HOME"):
-        h = os.environ["NCCL_HOME"]
-        cands.append((os.path.join(h, "include"), os.path.join(h, "lib")))
-    for sp in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]} | set(sys.path):
-        nv = os.path.join(sp, "nvidia", "nccl")
-        cands.append((os.path.join(nv, "include"), os.path.join(nv, "lib")))
-    cands.append((os.path.join(cuda, "include"), os.path.join(cuda, "lib64")))
-    cands.append(("/usr/include", "/usr/lib/x86_64-linux-gnu"))
-    for inc, lib in cands:
-        if os.path.isfile(os.path.join(inc, "nccl.h")):
-            return inc, lib
-    return None, None
 
 
 class BuildExt(build_ext):
@@ -137,8 +107,6 @@ class BuildExt(build_ext):
                 raise RuntimeError("FSDPCOMP_CUDA=1 but " + why)
             BuildExt.summary.append("CUDA: skipped, " + why + "; the CPU path is complete without it")
             return
-        cuda = cuda_home(nvcc)
-        nccl_inc, nccl_lib = find_nccl(cuda)
         archs = [a.strip() for a in (os.environ.get("FSDPCOMP_CUDA_ARCHS") or DEFAULT_ARCHS).replace(",", ";").split(";")
                  if a.strip()] or DEFAULT_ARCHS.split(";")
         gencode = []
@@ -152,14 +120,7 @@ class BuildExt(build_ext):
         obj_dir = os.path.join(self.build_temp, "cuda")
         os.makedirs(obj_dir, exist_ok=True)
         incs = ["-I" + os.path.join(HERE, "csrc"), "-I" + os.path.join(HERE, "cuda")]
-        defs = []
-        if nccl_inc:
-            incs.append("-I" + nccl_inc)
-            defs.append("-DFC_HAVE_NCCL=1")
-        # Without nccl.h the transport still builds from its own ABI declarations; either way
-        # the library is torch's, resolved at run time.
-        info = "archs %s, nccl.h %s" % (",".join(archs), nccl_inc or "absent (built-in declarations)")
-        defs.append('-DFC_CUDA_BUILD_INFO="%s"' % info)
+        defs = ['-DFC_CUDA_BUILD_INFO="archs %s"' % ",".join(archs)]
         # --fmad=false: no FMA contraction, so decoded values match the CPU reference bit for bit.
         flags = ["-O3", "-std=c++17", "--fmad=false", "-Xcompiler", "-fPIC,-Wall,-fvisibility=hidden"]
         flags += (["-Werror", "all-warnings"] if env_flag("FSDPCOMP_WERROR", "1") else []) + gencode + incs + defs
@@ -182,15 +143,14 @@ class BuildExt(build_ext):
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             list(pool.map(compile_one, zip(sources, objs)))
         lib = os.path.join(out_dir, "_fsdpcomp_cuda.so")
-        # cudart static: no libcudart.so to find at load time; NCCL is resolved at run time
-        # from the copy torch already loaded (dlopen RTLD_NOLOAD first), never linked here.
+        # cudart static: no libcudart.so to find at load time
         cmd = [nvcc, "-shared", "-o", lib] + objs + gencode + ["-cudart", "static", "-ldl", "-lpthread"]
         print(" ".join(cmd))
         subprocess.check_call(cmd)
         BuildExt.summary.append(
-            "CUDA: built %s (nvcc %s, archs %s + PTX %s, %d files on %d jobs, NCCL headers %s)"
+            "CUDA: built %s (nvcc %s, archs %s + PTX %s, %d files on %d jobs)"
             % (os.path.relpath(lib, HERE) if lib.startswith(HERE) else lib, nvcc, ",".join(archs), archs[-1],
-               len(sources), jobs, nccl_inc or "not found: built-in NCCL declarations"))
+               len(sources), jobs))
 
 
 ext = Extension(

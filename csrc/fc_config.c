@@ -27,7 +27,6 @@ static const char *text_of(PyObject *v, const char *method, const char *what, fc
 
 static const char *const residual_dtypes[] = {"fp32", "bf16", "int8", NULL};
 static const char *const nonfinite_modes[] = {"pass", "zero", NULL};
-static const char *const transports[] = {"auto", "torch", "nccl", NULL};
 /* The parameter codecs: each is the method of the same name (fsdpcomp/param_gather.py). */
 static const char *const param_codecs[] = {"none", "bf16", "fp8", "int8", NULL};
 
@@ -50,8 +49,10 @@ const fc_key fc_common_keys[] = {
            "sample the compression error every this many calls (0: never)"),
     FC_CHOICE_LOCAL(fc_common, nonfinite, 0, nonfinite_modes,
                     "NaN/Inf in a gradient: pass them through, or zero them (both counted)"),
-    FC_CHOICE(fc_common, transport, 0, transports,
-              "collective backend: torch.distributed, or the C-side NCCL path for CUDA tensors"),
+    /* removed 2026-11-28 (docs/decisions.md): it was a choice between torch.distributed and an
+     * own NCCL path, and part of the fingerprint, where it keeps "auto" (0), its default */
+    FC_REMOVED("transport", 0, 0, "every collective goes through torch.distributed (NCCL process "
+               "groups on GPUs)"),
     FC_BOOL(fc_common, pipeline, 1,
             "CPU process groups: send each payload as soon as it is encoded and decode each as it "
             "arrives (methods with fixed-size payloads and no compressed-domain sum)"),
@@ -63,10 +64,9 @@ const fc_key fc_common_keys[] = {
             "shards too, where the payload is smaller than the shard; every rank, the owner included, "
             "uses the decoded shards (a method without a single-payload codec on the device goes "
             "uncompressed unless the key is set by name)"),
-    FC_FLOAT(fc_common, timeout_s, 0, 0, 1e9, FC_KEY_LOCAL, /* a rank's own deadline */
-             "transport nccl: seconds after which a communicator whose peer never joins or whose "
-             "all-to-all never completes is aborted and NcclError raised (0: the process group's "
-             "timeout)"),
+    /* removed with transport, whose NCCL path alone read it */
+    FC_REMOVED("timeout_s", 0, FC_KEY_LOCAL, "it bounded the removed transport's waits, and the "
+               "process group's timeout (init_process_group's) bounds every collective"),
     FC_CHOICE(fc_common, param_gather, 0, param_codecs,
               "FSDP2: codec of the parameter all-gathers (nearest rounding; every rank, the owner "
               "included, computes with the decoded weights; the sharded weights stay exact)"),
@@ -114,10 +114,14 @@ static int choices_text(const fc_key *k, char *buf, size_t cap)
     return FC_OK;
 }
 
+#define REMOVED_TEXT "config key '%s' was removed: %s; drop the key"
+
 static int parse_value(const char *method, const fc_key *k, PyObject *v, void *dst, fc_err *err)
 {
     char *p = (char *)dst + k->offset;
     switch (k->kind) {
+    case FC_KEY_REMOVED:
+        return fc_fail(err, FC_ERR_VALUE, REMOVED_TEXT, k->name, k->doc);
     case FC_KEY_BOOL:
         if (!PyBool_Check(v))
             return fc_fail(err, FC_ERR_VALUE, "%s config key '%s' must be true or false, got %s",
@@ -291,7 +295,22 @@ static void valid_keys_text(const fc_method *m, char *buf, size_t cap)
     if (num_bits_target(m, &fixed, &bits))
         used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "%s" NUM_BITS, used ? ", " : "");
     for (const fc_key *q = fc_common_keys; q->name != NULL; q++)
-        used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "%s%s", used ? ", " : "", q->name);
+        if (q->kind != FC_KEY_REMOVED)
+            used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "%s%s", used ? ", " : "", q->name);
+}
+
+PyObject *fc_removed_keys(void)
+{
+    PyObject *out = PyDict_New();
+    for (const fc_key *k = fc_common_keys; out != NULL && k->name != NULL; k++) {
+        if (k->kind != FC_KEY_REMOVED)
+            continue;
+        PyObject *why = PyUnicode_FromFormat(REMOVED_TEXT, k->name, k->doc);
+        if (why == NULL || PyDict_SetItemString(out, k->name, why) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(why);
+    }
+    return out;
 }
 
 PyObject *fc_aliases_info(const fc_method *m)
@@ -379,7 +398,9 @@ static uint64_t fingerprint_keys(uint64_t h, const fc_key *keys, const void *src
             continue;
         const char *p = (const char *)src + k->offset;
         int64_t v = 0; /* every kind as 8 bytes: ints widened, doubles by their bits */
-        if (k->kind == FC_KEY_BOOL || k->kind == FC_KEY_CHOICE) {
+        if (k->kind == FC_KEY_REMOVED) {
+            v = (int64_t)k->def;
+        } else if (k->kind == FC_KEY_BOOL || k->kind == FC_KEY_CHOICE) {
             int i;
             memcpy(&i, p, sizeof(i));
             v = i;
@@ -410,7 +431,7 @@ int fc_config_wire_dict(const fc_method *m, const fc_common *common, const void 
     for (int t = 0; rc == 0 && t < 2; t++) {
         rc = fc_config_to_dict(tables[t], srcs[t], all);
         for (const fc_key *k = tables[t]; rc == 0 && k->name != NULL; k++) {
-            if (k->flags & FC_KEY_LOCAL)
+            if ((k->flags & FC_KEY_LOCAL) || k->kind == FC_KEY_REMOVED)
                 continue;
             PyObject *v = PyDict_GetItemString(all, k->name); /* borrowed */
             rc = v == NULL ? -1 : PyDict_SetItemString(into, k->name, v);
@@ -423,6 +444,8 @@ int fc_config_wire_dict(const fc_method *m, const fc_common *common, const void 
 int fc_config_to_dict(const fc_key *keys, const void *src, PyObject *into)
 {
     for (const fc_key *k = keys; k->name != NULL; k++) {
+        if (k->kind == FC_KEY_REMOVED)
+            continue;
         const char *p = (const char *)src + k->offset;
         PyObject *v = NULL;
         switch (k->kind) {
@@ -458,6 +481,8 @@ PyObject *fc_keys_info(const fc_key *keys)
         return NULL;
     for (const fc_key *k = keys; k->name != NULL; k++) {
         PyObject *choices = Py_None, *def = NULL, *item = NULL;
+        if (k->kind == FC_KEY_REMOVED)
+            continue;
         Py_INCREF(Py_None);
         if (k->kind == FC_KEY_CHOICE) {
             Py_DECREF(choices);

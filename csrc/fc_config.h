@@ -7,7 +7,7 @@
 #include "fc_core.h"
 #include "fc_method.h"
 
-/* The keys every method takes, stored in fc_common. */
+/* The keys every method takes, stored in fc_common, and the removed ones (FC_REMOVED). */
 extern const fc_key fc_common_keys[];
 
 /* Fills common + method cfg from `config` (a dict or None). Every key of the dict must be a
@@ -21,6 +21,9 @@ int fc_config_wire_dict(const fc_method *m, const fc_common *common, const void 
                         PyObject *into);
 /* {key: value} of everything resolved, defaults included, into `into`. */
 int fc_config_to_dict(const fc_key *keys, const void *src, PyObject *into);
+/* {name: the ValueError's message} of the removed common keys (FC_REMOVED), for the checks
+ * outside the C parser (powersgd's keys) and the checkpoints written before they went. */
+PyObject *fc_removed_keys(void);
 /* [{name, type, default, min, max, choices, doc}] describing a key table. */
 PyObject *fc_keys_info(const fc_key *keys);
 /* [{name, type, same_as, min, max, doc}]: the other names method m takes for a value (num_bits),

@@ -18,7 +18,6 @@
 #define FC_MAX_PIECES 64  /* pieces per payload in the per-peer exchange */
 
 typedef enum { FC_NONFINITE_PASS = 0, FC_NONFINITE_ZERO = 1 } fc_nonfinite_mode;
-typedef enum { FC_TRANSPORT_AUTO = 0, FC_TRANSPORT_TORCH = 1, FC_TRANSPORT_NCCL = 2 } fc_transport;
 
 /* The keys every method accepts (fc_config.c parses them like a method's own). */
 typedef struct {
@@ -30,11 +29,9 @@ typedef struct {
     int compress_own_chunk;
     int64_t error_stats_every;
     int nonfinite;
-    int transport;
     int allgather_compress; /* all-reduce meaning: compress the all-gather of reduced shards too */
     int pipeline;           /* the Python side's per-peer exchange (fc_core_encode_part) */
     int64_t pipeline_piece; /* elements per piece of a payload in that exchange (0: whole) */
-    double timeout_s;       /* transport nccl: a stalled peer aborts after this (0: the group's) */
     int param_gather;       /* FSDP2 parameter all-gather codec: 0 none, 1 bf16, 2 fp8, 3 int8 */
     int64_t param_gather_block_size; /* elements per scale of the fp8/int8 parameter codec */
 } fc_common;

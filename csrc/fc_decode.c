@@ -35,7 +35,6 @@ static int header_error(const fc_core *s, const fc_header *h, const fc_method *m
 {
     switch (code) {
     case FC_PAYLOAD_MAGIC:
-    case FC_PAYLOAD_ABORTED:
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: bad magic 0x%04x (not a "
                        "fsdpcomp payload, or corrupted)", src, h->magic);
     case FC_PAYLOAD_VERSION:

@@ -12,7 +12,7 @@
 
 /* ---- config keys: one table per method, parsed and validated by fc_config.c ---- */
 
-typedef enum { FC_KEY_END = 0, FC_KEY_BOOL, FC_KEY_INT, FC_KEY_FLOAT, FC_KEY_CHOICE } fc_key_kind;
+typedef enum { FC_KEY_END = 0, FC_KEY_BOOL, FC_KEY_INT, FC_KEY_FLOAT, FC_KEY_CHOICE, FC_KEY_REMOVED } fc_key_kind;
 
 #define FC_KEY_POW2 1u     /* INT: must be a power of two */
 #define FC_KEY_OPEN_LO 2u  /* FLOAT: lower bound excluded */
@@ -21,12 +21,12 @@ typedef enum { FC_KEY_END = 0, FC_KEY_BOOL, FC_KEY_INT, FC_KEY_FLOAT, FC_KEY_CHO
 typedef struct {
     const char *name;
     fc_key_kind kind;
-    size_t offset; /* BOOL and CHOICE: int; INT: int64_t; FLOAT: double */
-    double def;    /* CHOICE: index into choices */
+    size_t offset; /* BOOL and CHOICE: int; INT: int64_t; FLOAT: double; REMOVED: none */
+    double def;    /* CHOICE: index into choices; REMOVED: its value in the fingerprint */
     double lo, hi; /* inclusive range for INT and FLOAT */
     unsigned flags;
     const char *const *choices; /* NULL-terminated, CHOICE only */
-    const char *doc;
+    const char *doc; /* REMOVED: why it went */
 } fc_key;
 
 #define FC_BOOL(T, f, def, doc) {#f, FC_KEY_BOOL, offsetof(T, f), (def), 0, 1, 0, NULL, doc}
@@ -36,6 +36,11 @@ typedef struct {
 /* A key each rank may set alone (FC_KEY_LOCAL): it never changes what goes on the wire. */
 #define FC_BOOL_LOCAL(T, f, def, doc) {#f, FC_KEY_BOOL, offsetof(T, f), (def), 0, 1, FC_KEY_LOCAL, NULL, doc}
 #define FC_CHOICE_LOCAL(T, f, def, ch, doc) {#f, FC_KEY_CHOICE, offsetof(T, f), (def), 0, 0, FC_KEY_LOCAL, (ch), doc}
+/* A key that was removed: a config naming it is refused, saying why. One that was part of the
+ * fingerprint keeps its place there with the value every config had (`def`: a bool, an int or a
+ * choice's index), so payload headers stay byte for byte what they were; nothing else (the
+ * resolved config, method_info, the list of valid keys) shows it. */
+#define FC_REMOVED(name, def, fl, why) {name, FC_KEY_REMOVED, 0, (def), 0, 0, (fl), NULL, why}
 #define FC_KEYS_END {NULL, FC_KEY_END, 0, 0, 0, 0, 0, NULL, NULL}
 
 /* ---- element types of gradients and residuals ---- */

@@ -13,9 +13,8 @@ typedef enum {
     FC_ERR_NOMEM = 3,   /* MemoryError */
     FC_ERR_PAYLOAD = 4, /* fsdpcomp.PayloadError (a ValueError): malformed wire data */
     FC_ERR_CUDA = 5,    /* fsdpcomp.CudaError (a RuntimeError) */
-    FC_ERR_NCCL = 6,    /* fsdpcomp.NcclError (a RuntimeError) */
-    FC_ERR_STATE = 7,   /* RuntimeError: the call does not fit the state (desync, reentry) */
-    FC_ERR_PYTHON = 8   /* a Python exception is already set */
+    FC_ERR_STATE = 6,   /* RuntimeError: the call does not fit the state (desync, reentry) */
+    FC_ERR_PYTHON = 7   /* a Python exception is already set */
 } fc_code;
 
 typedef struct {

@@ -92,15 +92,9 @@ enum {
     FC_PAYLOAD_BODY = 7,
     FC_PAYLOAD_CODES = 8, /* a code no encoder writes (the dense kernels' decoders; the CPU's
                            * PayloadError) */
-    FC_PAYLOAD_ABORTED = 9, /* the NCCL communicator was aborted: the payload never arrived */
-    FC_PAYLOAD_CONFIG = 10, /* another config fingerprint */
-    FC_PAYLOAD_WORLD = 11
+    FC_PAYLOAD_CONFIG = 9, /* another config fingerprint */
+    FC_PAYLOAD_WORLD = 10
 };
-
-/* What the NCCL transport writes over a receive buffer whose all-to-all was aborted (a 4-byte
- * pattern, so every slot's 16-bit magic reads its low half): the decode rejects every payload as
- * FC_PAYLOAD_ABORTED and poisons its outputs instead of summing whatever the buffer held. */
-#define FC_MAGIC_ABORTED 0xAB0A7ED0u
 
 /* What a payload of the call says about itself: every header field from the call, one
  * definition for the CPU encode and the CUDA kernels; the flags (FC_HDR_*) from its data. */
@@ -133,8 +127,6 @@ FC_HOSTDEV void fc_header_make(fc_header *h, const fc_header_key *k, uint64_t nu
 FC_HOSTDEV unsigned fc_header_verdict(const fc_header *h, const fc_header_key *k, uint64_t numel,
                                       uint64_t body, int varsize, int64_t slot)
 {
-    if (h->magic == (uint16_t)FC_MAGIC_ABORTED)
-        return FC_PAYLOAD_ABORTED;
     if (h->magic != FC_MAGIC)
         return FC_PAYLOAD_MAGIC;
     if (h->version != FC_WIRE_VERSION)

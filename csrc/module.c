@@ -25,9 +25,6 @@ PyObject *fc_raise_err(module_state *st, const fc_err *err)
     case FC_ERR_CUDA:
         exc = st->cuda_error;
         break;
-    case FC_ERR_NCCL:
-        exc = st->nccl_error;
-        break;
     case FC_ERR_STATE:
         exc = PyExc_RuntimeError;
         break;
@@ -139,9 +136,6 @@ static PyMethodDef module_functions[] = {
     {"cuda_info", mod_cuda_info, METH_NOARGS, cuda_info_doc},
     {"cuda_loaded", mod_cuda_loaded, METH_NOARGS, cuda_loaded_doc},
     {"_reference_kernels", mod_reference_kernels, METH_O, reference_kernels_doc},
-    {"nccl_unique_id", fc_mod_nccl_unique_id, METH_NOARGS, fc_mod_nccl_unique_id_doc},
-    {"nccl_comm_init", fc_mod_nccl_comm_init, METH_VARARGS, fc_mod_nccl_comm_init_doc},
-    {"nccl_comm_release", fc_mod_nccl_comm_release, METH_O, fc_mod_nccl_comm_release_doc},
     {NULL},
 };
 
@@ -158,20 +152,20 @@ static int module_exec(PyObject *mod)
         "that is out of step.", PyExc_ValueError, NULL);
     st->cuda_error = PyErr_NewExceptionWithDoc("fsdpcomp._C.CudaError", "A CUDA call failed.",
                                                PyExc_RuntimeError, NULL);
-    st->nccl_error = PyErr_NewExceptionWithDoc("fsdpcomp._C.NcclError", "An NCCL call failed.",
-                                               PyExc_RuntimeError, NULL);
-    if (st->payload_error == NULL || st->cuda_error == NULL || st->nccl_error == NULL)
+    if (st->payload_error == NULL || st->cuda_error == NULL)
         return -1;
     if (PyModule_AddObjectRef(mod, "PayloadError", st->payload_error) < 0 ||
-        PyModule_AddObjectRef(mod, "CudaError", st->cuda_error) < 0 ||
-        PyModule_AddObjectRef(mod, "NcclError", st->nccl_error) < 0)
+        PyModule_AddObjectRef(mod, "CudaError", st->cuda_error) < 0)
         return -1;
     if (PyModule_AddIntConstant(mod, "HEADER_BYTES", FC_HEADER_BYTES) < 0 ||
         PyModule_AddIntConstant(mod, "ALIGN", FC_ALIGN) < 0 ||
         PyModule_AddIntConstant(mod, "WIRE_VERSION", FC_WIRE_VERSION) < 0 ||
         PyModule_AddIntConstant(mod, "MAX_WORLD", FC_MAX_WORLD) < 0)
         return -1;
-    return 0;
+    PyObject *removed = fc_removed_keys();
+    const int rc = removed == NULL ? -1 : PyModule_AddObjectRef(mod, "REMOVED_KEYS", removed);
+    Py_XDECREF(removed);
+    return rc;
 }
 
 static int module_traverse(PyObject *mod, visitproc visit, void *arg)
@@ -180,7 +174,6 @@ static int module_traverse(PyObject *mod, visitproc visit, void *arg)
     Py_VISIT(st->state_type);
     Py_VISIT(st->payload_error);
     Py_VISIT(st->cuda_error);
-    Py_VISIT(st->nccl_error);
     return 0;
 }
 
@@ -190,7 +183,6 @@ static int module_clear(PyObject *mod)
     Py_CLEAR(st->state_type);
     Py_CLEAR(st->payload_error);
     Py_CLEAR(st->cuda_error);
-    Py_CLEAR(st->nccl_error);
     return 0;
 }
 

@@ -16,7 +16,6 @@ typedef struct {
     PyTypeObject *state_type;
     PyObject *payload_error; /* ValueError subclass: malformed wire data */
     PyObject *cuda_error;    /* RuntimeError subclass */
-    PyObject *nccl_error;    /* RuntimeError subclass */
 } module_state;
 
 typedef struct {
@@ -210,13 +209,5 @@ PyObject *fc_state_unit_states(StateObject *self, PyObject *ignored);
 PyObject *fc_state_restore(StateObject *self, PyObject *args);
 extern const char fc_state_units_doc[], fc_state_residuals_doc[], fc_state_unit_states_doc[],
     fc_state_restore_doc[];
-
-/* state_nccl.c: the State's all-to-all and the module functions that make its communicator */
-PyObject *fc_state_nccl_all_to_all(StateObject *self, PyObject *args);
-PyObject *fc_mod_nccl_unique_id(PyObject *mod, PyObject *ignored);
-PyObject *fc_mod_nccl_comm_init(PyObject *mod, PyObject *args);
-PyObject *fc_mod_nccl_comm_release(PyObject *mod, PyObject *arg);
-extern const char fc_state_nccl_all_to_all_doc[], fc_mod_nccl_unique_id_doc[],
-    fc_mod_nccl_comm_init_doc[], fc_mod_nccl_comm_release_doc[];
 
 #endif

@@ -30,8 +30,6 @@ static const char *payload_problem(unsigned code)
                                        "orders)", "another element count",
                                        "a body that does not fit its slot",
                                        "a code no encoder writes",
-                                       "nothing: the NCCL communicator was aborted before it "
-                                       "arrived (a peer stalled, left or failed)",
                                        "another config (its fingerprint differs: every rank must "
                                        "run the same method and config)",
                                        "another world size"};
@@ -107,7 +105,7 @@ PyObject *fc_state_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
         tot.stats_samples += (int64_t)dws->samples;
         if (dws->payload_error != 0) {
             fc_err err = {0};
-            fc_fail(&err, dws->payload_error == FC_PAYLOAD_ABORTED ? FC_ERR_NCCL : FC_ERR_PAYLOAD,
+            fc_fail(&err, FC_ERR_PAYLOAD,
                     "a CUDA decode rejected the payload from rank %d (header says unit %u, step "
                     "%u): %s; its output was set to NaN (reset_counters() clears this)",
                     dws->payload_error_rank, dws->payload_error_unit, dws->payload_error_step,

@@ -232,7 +232,6 @@ GUARD2(fc_state_fetch_kmax)
 GUARD2(fc_state_fetch_picks)
 GUARD2(fc_state_fetch)
 GUARD2(fc_state_finish)
-GUARD2(fc_state_nccl_all_to_all)
 GUARD2(fc_state_emulate_cuda)
 GUARD2(fc_state_residual_numel)
 GUARD3(fc_state_pack_residual)
@@ -269,7 +268,6 @@ static PyMethodDef State_methods[] = {
     {"fetch_picks", (PyCFunction)fc_state_fetch_picks_guarded, METH_VARARGS, fc_state_fetch_picks_doc},
     {"fetch", (PyCFunction)fc_state_fetch_guarded, METH_VARARGS, fc_state_fetch_doc},
     {"finish", (PyCFunction)fc_state_finish_guarded, METH_VARARGS, fc_state_finish_doc},
-    {"nccl_all_to_all", (PyCFunction)fc_state_nccl_all_to_all_guarded, METH_VARARGS, fc_state_nccl_all_to_all_doc},
     {"_emulate_cuda", (PyCFunction)fc_state_emulate_cuda_guarded, METH_O, fc_state_emulate_cuda_doc},
     {"residual_numel", (PyCFunction)fc_state_residual_numel_guarded, METH_O, fc_state_residual_numel_doc},
     {"pack_residual", (PyCFunction)(void (*)(void))fc_state_pack_residual_guarded, METH_VARARGS | METH_KEYWORDS,

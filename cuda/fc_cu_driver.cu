@@ -442,15 +442,6 @@ static int has_method(int id)
     return fc_cu_method_by_id(id) != NULL;
 }
 
-int fc_cu_nccl_unique_id(uint8_t id[128], fc_err *err);
-int fc_cu_nccl_comm_init(const uint8_t id[128], int world, int rank, int device, double timeout_s,
-                         fc_cuda_comm **out, fc_err *err);
-void fc_cu_nccl_comm_free(fc_cuda_comm *comm, int leak);
-int fc_cu_nccl_all_to_all(fc_cuda_ctx *ctx, fc_cuda_comm *comm, int device, void *stream,
-                          const uint8_t *send, const int64_t *send_splits, uint8_t *recv,
-                          const int64_t *recv_splits, fc_err *err);
-int fc_cu_nccl_comm_release(fc_cuda_comm *comm, fc_err *err);
-
 // the sparse, aggregate and stateful methods' entries (fc_cu_sparse_api.cu, fc_cu_fetch.cu)
 int fc_cu_scratch_bytes(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, int64_t *bytes,
                         fc_err *err);
@@ -476,15 +467,10 @@ static const fc_cuda_api api = {
     decode,
     read_counters,
     reset_counters,
-    fc_cu_nccl_unique_id,
-    fc_cu_nccl_comm_init,
-    fc_cu_nccl_comm_free,
-    fc_cu_nccl_all_to_all,
     // ABI 2: the driver's additions
     compress,
     decompress,
     fc_cu_comm_mark,
-    fc_cu_nccl_comm_release,
     probe_geometry,
     // ABI 3: the sparse, aggregate and stateful methods
     fc_cu_scratch_bytes,

@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include "fc_cfg.h"
 #include "fc_status.h"
-#include "fc_wire.h" /* FC_PAYLOAD_*: why a payload is refused, FC_MAGIC_ABORTED */
+#include "fc_wire.h" /* FC_PAYLOAD_*: why a payload is refused */
 
 #ifdef __cplusplus
 extern "C" {
@@ -20,8 +20,10 @@ extern "C" {
  * every argument struct opens with one call header (fc_cuda_head); 6: compress() takes a residual
  * (the all-gather half of an all-reduce: g' = x + e, e replaced), the header rules are
  * fc_wire.h's fc_header_make/fc_header_verdict; 7: res8, the 8-bit residual's pack and unpack;
- * 8: the encode arguments' ef_decay (g' = g + ef_decay * e), and the `dct` method's kernels */
-#define FC_CUDA_ABI 8
+ * 8: the encode arguments' ef_decay (g' = g + ef_decay * e), and the `dct` method's kernels;
+ * 9: the NCCL transport's entries gone (nccl_*: every collective is torch.distributed's), with
+ * FC_ERR_NCCL and FC_PAYLOAD_ABORTED (the fc_status.h and fc_wire.h codes after them renumbered) */
+#define FC_CUDA_ABI 9
 #define FC_CUDA_MAX_WORLD 1024 /* equals FC_MAX_WORLD of the CPU driver */
 #define FC_CUDA_MAX_UNITS 4096 /* units whose residual norm the device keeps */
 
@@ -190,11 +192,10 @@ enum {
 };
 
 typedef struct fc_cuda_ctx fc_cuda_ctx; /* per State: events, last stream */
-typedef struct fc_cuda_comm fc_cuda_comm; /* one NCCL communicator */
 
 typedef struct {
     int abi;
-    const char *build; /* archs and NCCL header origin, for error messages */
+    const char *build; /* archs, for error messages */
     /* 1 if the method id has kernels */
     int (*has_method)(int id);
     fc_cuda_ctx *(*ctx_new)(void);
@@ -209,18 +210,6 @@ typedef struct {
                          double seconds[FC_TIME_KINDS], fc_err *err);
     /* zeroes the cumulative part of the workspace on the last stream */
     int (*reset_counters)(fc_cuda_ctx *ctx, fc_cuda_ws *dev_ws, fc_err *err);
-    /* NCCL: 128-byte unique id, communicator, grouped send/recv on the given stream */
-    int (*nccl_unique_id)(uint8_t id[128], fc_err *err);
-    /* a non-blocking communicator, joined within timeout_s (else aborted, FC_ERR_NCCL); its
-     * operations are watched by a thread that aborts it when one runs past timeout_s */
-    int (*nccl_comm_init)(const uint8_t id[128], int world, int rank, int device,
-                          double timeout_s, fc_cuda_comm **out, fc_err *err);
-    /* local teardown for a destructor, never collective: ncclCommAbort, or with `leak` (the
-     * interpreter is exiting) nothing but our own record */
-    void (*nccl_comm_free)(fc_cuda_comm *comm, int leak);
-    int (*nccl_all_to_all)(fc_cuda_ctx *ctx, fc_cuda_comm *comm, int device, void *stream,
-                           const uint8_t *send, const int64_t *send_splits, uint8_t *recv,
-                           const int64_t *recv_splits, fc_err *err);
 
     /* ---- ABI 2: the driver's additions (kept together) */
     /* one payload of a.geo's chunk 0 (compress()): NaN/Inf passed and flagged, not counted; with
@@ -234,10 +223,6 @@ typedef struct {
     /* an event on `stream` before (end 0) or after (end 1) a collective issued elsewhere
      * (torch.distributed), timed as `kind` (FC_TIME_COMM or FC_TIME_EXTRA) */
     int (*comm_mark)(fc_cuda_ctx *ctx, int device, void *stream, int end, int kind, fc_err *err);
-    /* the collective release all ranks call together: waits for the communicator's queued
-     * work (at most timeout_s), ncclCommFinalize + ncclCommDestroy; aborts on a timeout. The
-     * record stays valid (released) until nccl_comm_free. */
-    int (*nccl_comm_release)(fc_cuda_comm *comm, fc_err *err);
     /* host only, no CUDA call (tests): rows[c * FC_GEO_COLS + FC_GEO_*] for every chunk c as
      * the kernels compute it, `slot` the receive slot size */
     void (*probe_geometry)(const fc_cuda_geom *geo, int64_t slot, int64_t *rows);

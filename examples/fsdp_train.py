@@ -254,7 +254,6 @@ def main(argv=None) -> int:
     try:
         rc = train(args, rank, world, device)
         dist.barrier()  # leave together: rank 0 hosts the TCPStore the others still talk to
-        fsdpcomp.release_nccl()  # "transport": "nccl": its communicators end on every rank at once
         return rc
     except (textdata.DataError, FileNotFoundError, ValueError) as e:
         # Bad input: one clear line per rank instead of a traceback.

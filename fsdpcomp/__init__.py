@@ -60,7 +60,7 @@ except ImportError as _err:
     if not any(name.startswith("_C.") for name in os.listdir(os.path.dirname(os.path.abspath(__file__)))):
         raise _no_extension(_err) from _err
     raise  # _C is there but does not load (another Python, a missing library): Python's message says why
-from ._C import CudaError, NcclError, PayloadError
+from ._C import CudaError, PayloadError
 try:
     import torch as _torch  # noqa: F401  (here, before any module that needs it: see _no_torch)
 except ModuleNotFoundError as _err:
@@ -69,7 +69,6 @@ except ModuleNotFoundError as _err:
     raise _no_torch() from _err
 from . import _methods, _powersgd
 from ._cuda_check import library_path
-from ._nccl import release_nccl
 from .cli import add_argparse_args, from_args
 from .counters import Counters
 from .integrations import (AllGather, AllReduceHook, DDPHookState, ReduceScatter, UnitHookState, ddp_hook,
@@ -114,8 +113,8 @@ def method_info(name: str) -> dict[str, Any]:
 
 
 __all__ = [
-    "AllGather", "AllReduceHook", "CommState", "Counters", "CudaError", "DDPHookState", "NcclError",
-    "PayloadError", "ReduceScatter", "UnitHookState", "__version__", "add_argparse_args", "append_result", "build_record",
+    "AllGather", "AllReduceHook", "CommState", "Counters", "CudaError", "DDPHookState", "PayloadError",
+    "ReduceScatter", "UnitHookState", "__version__", "add_argparse_args", "append_result", "build_record",
     "codecs", "combine_counters", "ddp_hook", "from_args", "fsdp_hook", "method_info", "methods",
-    "read_results", "register", "register_replicate", "release_nccl",
+    "read_results", "register", "register_replicate",
 ]

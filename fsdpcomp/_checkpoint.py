@@ -93,14 +93,14 @@ def unpack(sd: Any, method: str, config: Mapping[str, Any], residuals: str) -> S
         raise ValueError(f"fsdpcomp state_dict has format {fmt!r}; this fsdpcomp reads format {FORMAT}")
     if sd["method"] != method:
         raise ValueError(f"state_dict is for method '{sd['method']}', this state is '{method}'")
-    saved_config = _config_of(sd["config"])
-    if isinstance(saved_config, dict):
-        # a common key added since the checkpoint was saved (ef_decay, 2026-11-28) is absent
-        # from it; at its default it is what the saving run did
-        for key in _C.method_info(""):
-            name = key["name"]
-            if name not in saved_config and name in config and config[name] == key["default"]:
-                saved_config[name] = config[name]
+    # a key removed since it was saved (transport, timeout_s) never changed what the residuals
+    # mean: a checkpoint that still lists it loads as before; a common key added since
+    # (ef_decay, 2026-11-28) is absent from it, and at its default it is what the saving run did
+    saved_config = {k: v for k, v in _config_of(sd["config"]).items() if k not in _C.REMOVED_KEYS}
+    for key in _C.method_info(""):
+        name = key["name"]
+        if name not in saved_config and name in config and config[name] == key["default"]:
+            saved_config[name] = config[name]
     if saved_config != dict(config):
         diff = {k: (saved_config.get(k), config.get(k)) for k in sorted(set(saved_config) | set(config))
                 if saved_config.get(k) != config.get(k)}

@@ -1,7 +1,7 @@
 """The collectives of one CommState: what goes on the wire and in which order, apart from the
 state (config, units, counters, checkpoint) they serve, as torch FSDP2 keeps its collectives in
 ``_fsdp_collectives.py``. CommState claims the unit; the C core plans, encodes, decodes and
-counts; this moves the payloads through torch.distributed (or the C-side NCCL transport).
+counts; this moves the payloads through torch.distributed, the one way onto the wire.
 
 The interface CommState uses: ``reduce_scatter`` (the all-to-all exchange, or the pipelined
 per-peer one, with the size exchange and the second round where the method has them), ``sync``
@@ -18,7 +18,6 @@ from typing import Any, Callable, Mapping, NamedTuple
 import torch
 import torch.distributed as dist
 
-from . import _nccl
 from ._buffers import Buffers
 from ._dist import Handoff, Ranks, all_gather_single, settled
 from ._shard_gather import all_gather_shards
@@ -31,10 +30,8 @@ Splits = tuple[tuple[int, ...], tuple[int, ...]]  # bytes sent to, received from
 @dataclass(frozen=True)
 class Wire:
     """The config keys the exchange reads, read once (the core's config property copies a dict)."""
-    transport: str
     varsize: bool  # payload sizes depend on the data: a size exchange first
     pipeline: bool
-    timeout_s: float
     error_feedback: bool
     zero_nonfinite: bool
     gather_compressed: bool  # allgather_compress
@@ -45,9 +42,9 @@ class Wire:
     @staticmethod
     def of(core, given: Mapping[str, Any]) -> "Wire":
         cfg = core.config
-        return Wire(cfg["transport"], bool(core.flags["varsize"]), cfg["pipeline"], cfg["timeout_s"],
-                    cfg["error_feedback"], cfg["nonfinite"] == "zero", cfg["allgather_compress"],
-                    "allgather_compress" in given, cfg["min_numel"], cfg["residual_dtype"] == "int8")
+        return Wire(bool(core.flags["varsize"]), cfg["pipeline"], cfg["error_feedback"], cfg["nonfinite"] == "zero",
+                    cfg["allgather_compress"], "allgather_compress" in given, cfg["min_numel"],
+                    cfg["residual_dtype"] == "int8")
 
 
 class _Shape(NamedTuple):
@@ -123,15 +120,15 @@ class Exchange:
 
     def signature(self, grad: torch.Tensor, world: int, rank: int) -> tuple:
         """What the exchange of this shape looks like from this rank, up to the payloads: per-peer
-        or all-to-all, the split sizes, the pieces, the size exchange, the transport."""
+        or all-to-all, the split sizes, the pieces, the size exchange."""
         per_peer = self._pipelined(grad, world)
         pieces = self.core.pieces(grad, world, rank) if per_peer else None
-        return (per_peer, self.core.plan(grad, world, rank), pieces, self.wire.varsize, self.wire.transport)
+        return (per_peer, self.core.plan(grad, world, rank), pieces, self.wire.varsize)
 
     def _pipelined(self, grad: torch.Tensor, world: int) -> bool:
-        """The pipelined exchange applies to CPU tensors on torch.distributed, over >= 2 ranks,
-        for units whose payloads have fixed sizes and are decoded one by one."""
-        if not self.wire.pipeline or world < 2 or grad.device.type != "cpu" or self.wire.transport == "nccl":
+        """The pipelined exchange applies to CPU tensors, over >= 2 ranks, for units whose
+        payloads have fixed sizes and are decoded one by one."""
+        if not self.wire.pipeline or world < 2 or grad.device.type != "cpu":
             return False
         key = (grad.numel(), world)
         ok = self._pipelined_ok.get(key)
@@ -148,7 +145,7 @@ class Exchange:
             self._all_to_all_exchange(grad, output, unit, ranks)
 
     def _all_to_all_exchange(self, grad, output, unit: int, ranks: Ranks) -> None:
-        """Encode every payload, one all-to-all, decode them all: any method, any transport."""
+        """Encode every payload, one all-to-all, decode them all: any method, any device."""
         world, rank = ranks.world, ranks.rank
         shape = _Shape(grad.numel(), grad.dtype, world, rank)
         splits = self._splits.get(shape)
@@ -160,11 +157,7 @@ class Exchange:
         sizes = self.core.encode(grad, send, world, rank, unit)
         if self.wire.varsize:
             send, recv, send_splits, recv_splits = self._exchange_sizes(sizes, send, recv, ranks)
-        if self.wire.transport == "nccl":
-            # the C-side collective: grouped send/recv on the current stream, timed by events
-            comm = _nccl.comm_for(ranks.group, grad.device, self.wire.timeout_s)
-            self.core.nccl_all_to_all(comm, send, recv, send_splits, recv_splits)
-        elif world > 1:
+        if world > 1:
             self.timed(lambda r, s: dist.all_to_all_single(
                 r, s, list(recv_splits), list(send_splits), group=ranks.group), recv, send)
         elif recv.numel():

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 import torch
 import torch.distributed as dist
 
-from . import _residual_store
+from . import _C, _residual_store
 from ._dist import Ranks
 
 NAME = "powersgd"
@@ -38,7 +38,7 @@ KEYS = [
             "elements then carry bf16 rounding too); the arithmetic stays fp32"},
 ]
 # Common keys that mean nothing to two all-reduces of factors are accepted and ignored (a config
-# shared with other methods stays valid), except a transport PowerSGD does not use.
+# shared with other methods stays valid); a removed one is refused, as the codecs refuse it.
 _EPS = 1e-8  # Gram-Schmidt: a zero column (a matrix whose gradient is zero) stays finite
 
 
@@ -82,6 +82,8 @@ class Config:
         own = {k["name"]: k for k in KEYS}
         valid = list(own) + [k["name"] for k in common]
         for key in config:
+            if key in _C.REMOVED_KEYS:
+                raise ValueError(_C.REMOVED_KEYS[key])
             if key not in valid:
                 raise ValueError(f"unknown config key {key!r} for method 'powersgd'; valid keys: {', '.join(valid)}")
         vals = {k: config.get(k, spec["default"]) for k, spec in own.items()}
@@ -96,9 +98,6 @@ class Config:
         ef = config.get("error_feedback", True)
         if not isinstance(ef, bool):
             raise ValueError(f"powersgd config key 'error_feedback' must be true or false, got {type(ef).__name__}")
-        if config.get("transport", "auto") == "nccl":
-            raise ValueError("powersgd config key 'transport' cannot be 'nccl': its all-reduces go "
-                             "through torch.distributed (on NCCL for CUDA groups); use 'auto' or 'torch'")
         # the core keeps the units, the step, the counters: a `none` state without residuals
         core = {k: v for k, v in config.items() if k not in own and k != "error_feedback"}
         cfg = Config(vals["rank"], vals["start_iter"], vals["min_compression_rate"], ef,

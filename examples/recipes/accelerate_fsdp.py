@@ -67,8 +67,6 @@ def main() -> None:
     if accelerator.is_main_process:
         print("loss", " ".join(f"{x:.3f}" for x in losses))
         print(counters.table())
-    if torch.cuda.is_available():
-        fsdpcomp.release_nccl()  # only does something with "transport": "nccl"; harmless otherwise
     accelerator.end_training()  # destroys the process group
 
 

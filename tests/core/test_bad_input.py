@@ -32,6 +32,26 @@ def test_bad_config_names_the_key(config, pattern):
         fsdpcomp.CommState("int8", config)
 
 
+@pytest.mark.parametrize("key,value", [("transport", "nccl"), ("transport", "auto"), ("timeout_s", 30)])
+def test_a_removed_key_is_refused_saying_why(key, value):
+    """The C parser refuses a removed key for the C State and CommState alike, in one sentence
+    that says it was removed, why, and to drop it; no resolved config or key list shows it."""
+    for make in (lambda c: _C.State("int8", c), lambda c: fsdpcomp.CommState("int8", c)):
+        with pytest.raises(ValueError, match=rf"^config key '{key}' was removed: [^;]+; drop the key$"):
+            make({key: value})
+    assert _C.REMOVED_KEYS[key].startswith(f"config key '{key}' was removed: ")
+    assert key not in fsdpcomp.CommState("int8").config
+    assert key not in [k["name"] for k in fsdpcomp.method_info("int8")["common_keys"]]
+
+
+def test_removing_transport_left_the_header_fingerprint_alone():
+    """transport was part of the fingerprint every payload header carries; it keeps its place
+    there as "auto", so these are the values of the build that still had it (every rank of one
+    build agrees with itself whatever they are: only pinned values catch a change)."""
+    assert _C.State("int8", {}).fingerprint == 2811170126
+    assert _C.State("int8", {"seed": 3}).fingerprint == 3598975547
+
+
 def test_bad_config_json():
     with pytest.raises(ValueError, match="not valid JSON"):
         fsdpcomp.CommState("int8", "{block_size: 4}")

@@ -87,6 +87,17 @@ def test_drop_keeps_method_config_and_step_and_starts_the_residuals_afresh():
         s.load_state_dict(sd, residuals="all")
 
 
+def test_a_checkpoint_that_lists_a_removed_key_loads():
+    """Checkpoints hold the resolved config; those written while transport and timeout_s were
+    common keys list them, and they never changed what a residual means."""
+    s = _ran()
+    sd = s.state_dict()
+    sd["config"] = json.dumps(dict(json.loads(sd["config"]), transport="auto", timeout_s=0), sort_keys=True)
+    t = fsdpcomp.CommState("int8", CFG)
+    t.load_state_dict(sd)
+    assert _same(_summary(t), _summary(s))
+
+
 def test_drop_reads_a_format_1_checkpoint():
     old = {"method": "int8", "config": fsdpcomp.CommState("int8", CFG).config, "step": 7, "units": [256],
            "residuals": [torch.zeros(256)]}

@@ -14,13 +14,19 @@ from helpers.ckpt import own, with_own
     ({"start_iter": -1}, "start_iter"), ({"min_compression_rate": 0.5}, "min_compression_rate"),
     ({"min_compression_rate": float("nan")}, "min_compression_rate"),
     ({"factor_dtype": "fp16"}, "factor_dtype"), ({"error_feedback": 1}, "error_feedback"),
-    ({"transport": "nccl"}, "transport"), ({"bogus": 1}, "bogus"), ({"seed": "x"}, "seed"),
+    ({"bogus": 1}, "bogus"), ({"seed": "x"}, "seed"),
     ({"block_size": 256}, "block_size"),  # another method's key
     ({"ef_decay": 1.5}, "ef_decay"), ({"ef_decay": "x"}, "ef_decay"),
 ])
 def test_bad_config_names_the_key(config, key):
     with pytest.raises(ValueError, match=f"'{key}'"):
         fsdpcomp.CommState("powersgd", config)
+
+
+@pytest.mark.parametrize("key", ["transport", "timeout_s"])
+def test_a_removed_key_is_refused_saying_why(key):
+    with pytest.raises(ValueError, match=rf"^config key '{key}' was removed: [^;]+; drop the key$"):
+        fsdpcomp.CommState("powersgd", {key: 1})
 
 
 def test_method_lists_and_info():

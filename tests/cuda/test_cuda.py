@@ -1,7 +1,7 @@
 """CUDA kernels against the CPU reference, byte for byte (the cases and checks of
 tests/helpers/cuda_cases.py: every method with CUDA kernels, at odd sizes, W = 1, 3, 4, fp32/bf16/fp16
 gradients, error feedback with fp32 and bf16 residuals over two steps, NaN/Inf in both
-`nonfinite` modes), and the NCCL transport at world size 1 through a real FSDP1 run. Skips
+`nonfinite` modes), and a real FSDP1 run on one GPU (an NCCL process group of one rank). Skips
 (with the reason) where there is no GPU or no CUDA library."""
 import os
 
@@ -148,18 +148,17 @@ def _fsdp_one_gpu(method, cfg, port):
             losses.append(loss.item())
         return losses, (dict(state.counters()) if state else None)
     finally:
-        fsdpcomp.release_nccl()  # collective: before the group goes
         dist.destroy_process_group()
 
 
-def test_fsdp1_one_gpu_through_nccl_transport():
+def test_fsdp1_one_gpu():
     from helpers.dist_utils import free_port
     ref, _ = _fsdp_one_gpu(None, None, free_port())
-    losses, ctr = _fsdp_one_gpu("int8", {"compress_own_chunk": True, "transport": "nccl",
-                                         "error_feedback": True}, free_port())
+    losses, ctr = _fsdp_one_gpu("int8", {"compress_own_chunk": True, "error_feedback": True}, free_port())
     assert all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < losses[0]
     assert abs(losses[-1] - ref[-1]) < 0.05 * abs(ref[0])  # int8 + EF trains like fp32
     assert ctr["bytes_sent"] > 0 and ctr["chunks_sent"] > 0
-    assert ctr["comm_time_s"] > 0 and ctr["compress_time_s"] > 0 and ctr["decompress_time_s"] > 0
+    # one rank: its own payload loops back without a collective, so no comm time to see
+    assert ctr["compress_time_s"] > 0 and ctr["decompress_time_s"] > 0
     assert ctr["ratio"] > 3.0

@@ -1,6 +1,6 @@
 """The CUDA driver's GPU checks (tests/gpu/checks_driver.py: 300 calls without counters(), event
-timing, counters() without the GIL, the sampling rule, the NCCL communicator's life) under
-pytest; tests/gpu/run.sh runs the same functions one subprocess each. Skips without a GPU."""
+timing, counters() without the GIL, the sampling rule) under pytest; tests/gpu/run.sh runs the
+same functions one subprocess each. Skips without a GPU."""
 import os
 import sys
 

@@ -294,7 +294,7 @@ def test_emulated_decode_reports_impossible_codes(emu, method, gen):
     assert torch.isnan(out).any()
 
 
-FC_PAYLOAD_CONFIG, FC_PAYLOAD_WORLD = 10, 11
+FC_PAYLOAD_CONFIG, FC_PAYLOAD_WORLD = 9, 10
 
 
 @pytest.mark.parametrize("field,offset,code", [("fingerprint", 28, FC_PAYLOAD_CONFIG), ("world", 6, FC_PAYLOAD_WORLD)])

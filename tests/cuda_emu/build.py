@@ -20,8 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 CUDA = os.environ.get("FSDPCOMP_EMU_CUDA_SRC") or os.path.join(ROOT, "cuda")
 CSRC = os.path.join(ROOT, "csrc")
 LAUNCH = re.compile(r"([A-Za-z_]\w*(?:<[^<>;]*>)?)<<<(.*?)>>>\(")
-SKIP = {"fc_cu_cub.cu"}  # CUB: emu_stubs.cpp stands in (the NCCL transport compiles too: it loads
-# libnccl when used, never here)
+SKIP = {"fc_cu_cub.cu"}  # CUB: emu_stubs.cpp stands in
 FLAGS = ["-std=c++20", "-O1", "-pthread", "-ffp-contract=off", "-w", "-fPIC"]
 # the driver's exported table comes through emu_stubs.cpp's wrapper (poisoned scratch per call)
 RENAME = ["-Dfc_cuda_get_api=fc_emu_real_get_api"]

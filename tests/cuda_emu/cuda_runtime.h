@@ -79,8 +79,6 @@ typedef struct fc_emu_event {
     uint64_t seq;
 } *cudaEvent_t;
 #define cudaEventDefault 0
-#define cudaEventDisableTiming 2
-#define cudaHostAllocMapped 2
 
 // the last launch error, as the runtime keeps it per host thread (not sticky: a bad configuration)
 inline thread_local cudaError_t fc_emu_last_error = cudaSuccess;
@@ -191,7 +189,6 @@ static inline cudaError_t cudaDeviceSynchronize(void)
     return cudaSuccess;
 }
 static inline cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = new fc_emu_event{0, nullptr, 0}; return cudaSuccess; }
-static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { return cudaEventCreate(e); }
 static inline cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
 static inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st = 0)
 {
@@ -210,9 +207,6 @@ static inline cudaError_t cudaEventQuery(cudaEvent_t e)
 }
 static inline cudaError_t cudaEventSynchronize(cudaEvent_t e) { return cudaEventQuery(e); }
 static inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t, cudaEvent_t) { *ms = 0.0f; return cudaSuccess; }
-static inline cudaError_t cudaHostAlloc(void **p, size_t n, unsigned) { *p = calloc(1, n); return cudaSuccess; }
-static inline cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
-static inline cudaError_t cudaHostGetDevicePointer(void **d, void *h, unsigned) { *d = h; return cudaSuccess; }
 
 // ---- threads, warps, blocks: every CUDA thread is a fiber (its own stack) of the launching host
 // thread, run cooperatively: a barrier (a warp's, for shuffles and __syncwarp; the block's) is a

@@ -1,9 +1,8 @@
 """GPU checks, group `train` (tests/gpu/run.sh train, ~3-6 min): one-GPU training through an NCCL
 process group (world 1) with `compress_own_chunk`, so that every rank's payload is really encoded,
 exchanged and decoded: FSDP1 (fsdp_hook), FSDP2 (ReduceScatter) and DDP (ddp_hook), each with
-every method that has CUDA kernels, on both transports (`torch`: torch.distributed, `nccl`: the
-C-side communicator); then a short run of the real examples/fsdp_train.py. Each run's losses and
-counters go into the summary (its `training` rows).
+every method that has CUDA kernels; then a short run of the real examples/fsdp_train.py. Each
+run's losses and counters go into the summary (its `training` rows).
 
 At world 1 torch's FSDP2 copies instead of calling a custom reduce-scatter (foreach_reduce in
 torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py), so the FSDP2 check also calls the
@@ -27,7 +26,6 @@ from gpu_common import CheckFailed, Skip, cuda_methods, need_real_gpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 8
-TRANSPORTS = ("torch", "nccl")
 
 
 @contextlib.contextmanager
@@ -42,7 +40,6 @@ def one_rank_nccl():
     try:
         yield
     finally:
-        fsdpcomp.release_nccl()  # every rank, before the group goes
         dist.destroy_process_group()
 
 
@@ -98,39 +95,35 @@ def _every_method(parallel: str) -> dict:
     with one_rank_nccl():
         base = _train(parallel, None, None)["losses"]
         for method in cuda_methods():
-            for transport in TRANSPORTS:
-                cfg = {"compress_own_chunk": True, "transport": transport}
-                where = f"{parallel} {method} transport={transport}"
-                row = {"parallel": parallel, "method": method, "transport": transport}
-                try:
-                    r = _train(parallel, method, cfg)
-                except Exception as e:  # noqa: BLE001 - one run's failure is one row
-                    row.update(status="failed", error=f"{type(e).__name__}: {e}")
-                    rows.append(row)
-                    bad.append(f"{where}: {row['error']}")
-                    continue
-                state = r.pop("state")
-                row.update(r)
-                losses, c = r["losses"], r["counters"]
-                problems = []
-                if not all(v == v and abs(v) != float("inf") for v in losses):
-                    problems.append("non-finite loss")
-                elif losses[-1] >= losses[0]:
-                    problems.append(f"loss did not fall ({losses[0]} -> {losses[-1]})")
-                if method == "none" and parallel != "fsdp2" and max(
-                        abs(a - b) for a, b in zip(losses, base)) > 1e-5 * abs(base[0]):
-                    problems.append("`none` does not train as the uncompressed baseline")
-                if parallel != "fsdp2" and c["calls"] == 0:
-                    problems.append("the hook was never called")
-                if c["calls"] and transport == "nccl" and not c["comm_time_s"] > 0:
-                    problems.append("no NCCL all-to-all time")
-                if parallel == "fsdp2":
-                    row["direct_reduce_scatter"] = _direct_reduce_scatter(state, problems)
-                row["status"] = "failed" if problems else "passed"
-                if problems:
-                    row["problems"] = problems
-                    bad.extend(f"{where}: {p}" for p in problems)
+            where = f"{parallel} {method}"
+            row = {"parallel": parallel, "method": method}
+            try:
+                r = _train(parallel, method, {"compress_own_chunk": True})
+            except Exception as e:  # noqa: BLE001 - one run's failure is one row
+                row.update(status="failed", error=f"{type(e).__name__}: {e}")
                 rows.append(row)
+                bad.append(f"{where}: {row['error']}")
+                continue
+            state = r.pop("state")
+            row.update(r)
+            losses, c = r["losses"], r["counters"]
+            problems = []
+            if not all(v == v and abs(v) != float("inf") for v in losses):
+                problems.append("non-finite loss")
+            elif losses[-1] >= losses[0]:
+                problems.append(f"loss did not fall ({losses[0]} -> {losses[-1]})")
+            if method == "none" and parallel != "fsdp2" and max(
+                    abs(a - b) for a, b in zip(losses, base)) > 1e-5 * abs(base[0]):
+                problems.append("`none` does not train as the uncompressed baseline")
+            if parallel != "fsdp2" and c["calls"] == 0:
+                problems.append("the hook was never called")
+            if parallel == "fsdp2":
+                row["direct_reduce_scatter"] = _direct_reduce_scatter(state, problems)
+            row["status"] = "failed" if problems else "passed"
+            if problems:
+                row["problems"] = problems
+                bad.extend(f"{where}: {p}" for p in problems)
+            rows.append(row)
     detail = {"baseline_losses": [round(v, 6) for v in base], "runs": rows}
     if bad:
         raise CheckFailed(f"{len(bad)} problem(s): " + "; ".join(bad[:10]), detail)
@@ -153,17 +146,17 @@ def _direct_reduce_scatter(state, problems) -> dict:
 
 
 def check_fsdp1_every_method():
-    """FSDP1 (one GPU: NO_SHARD, the hook's all-reduce meaning) with every CUDA method, both transports."""
+    """FSDP1 (one GPU: NO_SHARD, the hook's all-reduce meaning) with every CUDA method."""
     return _every_method("fsdp1")
 
 
 def check_fsdp2_every_method():
-    """FSDP2 (fully_shard) with every CUDA method, both transports, plus ReduceScatter called directly."""
+    """FSDP2 (fully_shard) with every CUDA method, plus ReduceScatter called directly."""
     return _every_method("fsdp2")
 
 
 def check_ddp_every_method():
-    """DDP (ddp_hook; the first iteration is the uncompressed warm-up) with every CUDA method, both transports."""
+    """DDP (ddp_hook; the first iteration is the uncompressed warm-up) with every CUDA method."""
     return _every_method("ddp")
 
 
@@ -182,8 +175,8 @@ def write_text_data(path: str, docs: int = 3000) -> None:
 
 
 def check_examples_fsdp_train():
-    """The real examples/fsdp_train.py (GPT-2 `tiny`, 6 steps, FSDP1 and FSDP2, int8 through the
-    nccl transport with compress_own_chunk) on a small text file; its results.jsonl rows."""
+    """The real examples/fsdp_train.py (GPT-2 `tiny`, 6 steps, FSDP1 and FSDP2, int8 with
+    compress_own_chunk) on a small text file; its results.jsonl rows."""
     need_real_gpu("training through NCCL on a GPU")
     try:
         import transformers  # noqa: F401 - the example's GPT-2 comes from it
@@ -198,7 +191,7 @@ def check_examples_fsdp_train():
             cmd = [sys.executable, os.path.join(ROOT, "examples", "fsdp_train.py"), "--model", "tiny",
                    "--max_steps", "6", "--parallel", parallel, "--data_path", data, "--output_dir", out,
                    "--eval_batches", "2", "--comm_compress", "int8", "--comm_config_json",
-                   json.dumps({"compress_own_chunk": True, "transport": "nccl", "error_feedback": True})]
+                   json.dumps({"compress_own_chunk": True, "error_feedback": True})]
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p))
             for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
                 env.pop(k, None)

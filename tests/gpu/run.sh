@@ -22,10 +22,10 @@
 #     pytest     ~165 s [180]  tests/cuda/test_cuda{,_single,_sparse,_param_gather,_geometry,_res8,_dct}.py:
 #                              device payloads and residuals = the CPU's, bit for bit
 #     bytes       ~67 s  [85]  payload bytes at n = 1, 255, 257, 2^20+3, every method and config
-#     driver      ~76 s  [90]  300 calls, event-timed collectives, counters without the GIL, the
-#                              sampling rule, NCCL release / drop / exit / init timeout
+#     driver      ~30 s  [90]  300 calls, event-timed collectives, counters without the GIL, the
+#                              sampling rule
 #     train       ~71 s  [85]  one-GPU FSDP1, FSDP2 (int8 + param_gather int8 among them) and DDP
-#                              through NCCL, every method; the real examples/fsdp_train.py
+#                              on an NCCL process group, every method; the real examples/fsdp_train.py
 #     bench       ~20 s  [35]  kernel table: int8, fp8, intN, topk, sketch, onebit at 2^24, 2^26
 #                              against a device-to-device copy of the same run
 #     memcheck    ~11 s  [25]  compute-sanitizer memcheck over tests/gpu/sanitize_run.py

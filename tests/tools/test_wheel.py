@@ -99,7 +99,7 @@ def test_cuda_library_archs(wheel, tmp_path):
     assert sorted(sm for kind, sm in entries if kind == "elf") == sorted(archs), entries
     assert [sm for kind, sm in entries if kind == "ptx"] == [archs[-1]], entries  # PTX for newer GPUs
     readelf = shutil.which("readelf")
-    if readelf:  # cudart is static; the driver and NCCL are found at run time, never linked
+    if readelf:  # cudart is static, the driver found at run time; NCCL is torch's alone
         needed = subprocess.run([readelf, "-d", lib], capture_output=True, text=True, check=True).stdout
         assert "(NEEDED)" in needed and not NOT_VENDORED.search(" ".join(re.findall(r"\[(.*?)\]", needed))), needed
 
