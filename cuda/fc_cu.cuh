@@ -8,11 +8,11 @@
 #include <string.h>
 
 #include "fc_cuda.h"
-#include "fc_half.h"
-#include "fc_quant.h"
-#include "fc_range.h"
-#include "fc_rng.h"
-#include "fc_wire.h"
+#include "common/fc_half.h"
+#include "common/fc_quant.h"
+#include "common/fc_range.h"
+#include "common/fc_rng.h"
+#include "common/fc_wire.h"
 
 /* dtype codes of fc_method.h (not included: it is C-only by its table's designated inits) */
 #define FC_CU_F32 0

@@ -20,12 +20,12 @@
 #define FC_CU_CODECS_CUH
 
 #include "fc_cu_tile.cuh"
-#include "fc_fp8.h"
-#include "fc_intn.h"
-#include "fc_nc.h"
-#include "fc_onebit.h"
-#include "fc_pack.h"
-#include "fc_qsgd.h"
+#include "common/fc_fp8.h"
+#include "common/fc_intn.h"
+#include "common/fc_nc.h"
+#include "common/fc_onebit.h"
+#include "common/fc_pack.h"
+#include "common/fc_qsgd.h"
 
 __host__ __device__ __forceinline__ int64_t fc_cu_nblocks(int64_t n, int64_t bs)
 {

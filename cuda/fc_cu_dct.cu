@@ -6,7 +6,7 @@
 // order (the coefficient domain: m_dct.c's aggregate) and invert each block once (decode_agg),
 // all in one thread per block: the sum never leaves the thread, so no aggregate buffer.
 #include "fc_cu_sparse.cuh"
-#include "fc_dct.h"
+#include "common/fc_dct.h"
 
 // A thread holds two blocks of floats in local memory (the transform's in-place pair).
 #define DCT_THREADS 128

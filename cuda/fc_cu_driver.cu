@@ -2,7 +2,7 @@
 // non-finite counts, headers, the method's fused kernels, sampled statistics, header checks on
 // the receiving side, and the exported function table. Mirrors fc_core.c step for step.
 #include <stddef.h>
-#include "fc_counters.h"
+#include "common/fc_counters.h"
 #include "fc_cu_ctx.cuh"
 
 // What fc_gprime_fix finds in g' of each sent chunk, before the encode: the NaN/Inf of the

@@ -1,5 +1,5 @@
 // fc_cu_gradiveq.cu: kernels of `gradiveq` (m_gradiveq.c): slices of dim elements projected on
-// the unit's basis U (dim x k, the device copy of the host's unit state, csrc/state_cuda.c),
+// the unit's basis U (dim x k, the device copy of the host's unit state, csrc/python/state_cuda.c),
 // k coefficients per slice, each a thread's dot product in the CPU's order; on learn steps the
 // covariance of the slices, one thread per entry adding slice after slice in the CPU's order (the
 // host sums it over ranks and solves the k x k eigenproblem, as on the CPU). Receivers sum the

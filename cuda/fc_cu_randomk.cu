@@ -1,10 +1,10 @@
 // fc_cu_randomk.cu: kernels of `randomk` (m_randomk.c): the k coordinates of a chunk from the
 // stream every rank shares, by the CPU's selection sampling cut into segments that run side by
-// side (csrc/fc_randk_par.h: the same picks, in five steps), the values through the value codec;
+// side (csrc/common/fc_randk_par.h: the same picks, in five steps), the values through the value codec;
 // receivers sum the senders' decoded values per coordinate in rank order (the compressed domain)
 // and scatter the sum once, scaled by n / k, onto the own chunk.
 #include "fc_cu_sparse.cuh"
-#include "fc_randk_par.h"
+#include "common/fc_randk_par.h"
 
 #define RK_THREADS 128
 #define RK_SPREAD 6.0 // windows of 6 standard deviations: fallbacks are rare, never wrong

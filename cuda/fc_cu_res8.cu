@@ -1,8 +1,8 @@
 // fc_cu_res8.cu: pack and unpack of 8-bit residuals (residual_dtype "int8"), the rule and the
-// layout of csrc/fc_res8.h. One warp per block of 64 elements: two per lane, the block's amax
+// layout of csrc/common/fc_res8.h. One warp per block of 64 elements: two per lane, the block's amax
 // by a warp reduction (a max is exact in any order), so the bytes are the CPU's.
 #include "fc_cu_ctx.cuh"
-#include "fc_res8.h"
+#include "common/fc_res8.h"
 
 #define RES8_WARPS 8 // warps per thread block: 8 residual blocks per CUDA block
 

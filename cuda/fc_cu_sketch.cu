@@ -6,7 +6,7 @@
 // (the compressed domain) and decode once; with second_round the owner only picks (fc_cu_fetch.cu
 // does the rest).
 #include "fc_cu_sparse.cuh"
-#include "fc_hash.h"
+#include "common/fc_hash.h"
 
 #define SK_THREADS 256
 #define SK_MAX_ROWS 15

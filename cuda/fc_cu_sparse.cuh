@@ -5,9 +5,9 @@
 #define FC_CU_SPARSE_CUH
 
 #include "fc_cu_dense.cuh"
-#include "fc_sparse_rules.h"
+#include "common/fc_sparse_rules.h"
 
-// ---- scratch: one torch tensor per State (csrc/state_cuda.c), carved per call. Every method
+// ---- scratch: one torch tensor per State (csrc/python/state_cuda.c), carved per call. Every method
 // carves the same way twice: once with base NULL to size it (scratch_bytes), once to use it.
 
 struct fc_cu_arena {

@@ -5,9 +5,9 @@
 #define FC_CUDA_H
 
 #include <stdint.h>
-#include "fc_cfg.h"
-#include "fc_status.h"
-#include "fc_wire.h" /* FC_PAYLOAD_*: why a payload is refused */
+#include "methods/fc_cfg.h"
+#include "common/fc_status.h"
+#include "common/fc_wire.h" /* FC_PAYLOAD_*: why a payload is refused */
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,7 +27,7 @@ extern "C" {
 #define FC_CUDA_MAX_WORLD 1024 /* equals FC_MAX_WORLD of the CPU driver */
 #define FC_CUDA_MAX_UNITS 4096 /* units whose residual norm the device keeps */
 
-/* A method's parsed config: its struct of csrc/fc_cfg.h (fc_int8_cfg, ...) as the C side parsed
+/* A method's parsed config: its struct of csrc/methods/fc_cfg.h (fc_int8_cfg, ...) as the C side parsed
  * it, zeros for `none` below min_numel; the kernels read it as that struct. */
 typedef struct {
     int id; /* wire id of the method (fc_method.id) */
@@ -76,7 +76,7 @@ enum { FC_PAYLOAD_INDEX = 16, FC_PAYLOAD_COUNT = 17, FC_PAYLOAD_PICKS = 18 };
 
 /* What the sparse, aggregate and stateful methods (cuda/fc_cu_sparse*.cu and their method files)
  * get beyond a dense method's arguments. Device memory here comes from torch tensors the State
- * holds (csrc/state_cuda.c), never from cudaMalloc. */
+ * holds (csrc/python/state_cuda.c), never from cudaMalloc. */
 typedef struct fc_cuda_sent fc_cuda_sent;
 
 typedef struct {
@@ -97,7 +97,7 @@ typedef struct {
 } fc_cuda_extra;
 
 /* The call header: what every call from the driver carries, filled in one place
- * (csrc/fc_cuda_path.c's call_head) and first in every argument struct below. */
+ * (csrc/backend_cuda/fc_cuda_path.c's call_head) and first in every argument struct below. */
 typedef struct {
     fc_cuda_method_cfg m;
     int varsize;  /* the method's body size is data-dependent (FC_VARSIZE): the geometry's are
@@ -244,7 +244,7 @@ typedef struct {
     int (*copy)(fc_cuda_ctx *ctx, int device, void *stream, void *dst, const void *src,
                 int64_t bytes, int to_host, fc_err *err);
 
-    /* ---- ABI 7: the 8-bit residual (csrc/fc_res8.h), queued on `stream` of `device`: pack 1
+    /* ---- ABI 7: the 8-bit residual (csrc/common/fc_res8.h), queued on `stream` of `device`: pack 1
      * rounds e (n fp32 values) into packed with the draws of `key`; pack 0 unpacks packed into e */
     int (*res8)(fc_cuda_ctx *ctx, int device, void *stream, int pack, float *e, int64_t n,
                 uint8_t *packed, uint32_t key, fc_err *err);

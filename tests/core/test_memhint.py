@@ -1,4 +1,4 @@
-"""The decode's huge-page hint for fresh outputs (csrc/fc_memhint.c): a large output that was
+"""The decode's huge-page hint for fresh outputs (csrc/backend_cpu/fc_memhint.c): a large output that was
 never touched gets transparent huge pages over its 2 MiB-aligned interior, a reused one is left
 alone, and neither changes a byte of the result."""
 import re

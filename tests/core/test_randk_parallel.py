@@ -1,4 +1,4 @@
-"""random-k's selection sampling as the CUDA kernels run it (csrc/fc_randk_par.h: segments from
+"""random-k's selection sampling as the CUDA kernels run it (csrc/common/fc_randk_par.h: segments from
 windows of entry values, composed in two levels, with an exact fallback) equals m_randomk.c's
 sequential loop pick for pick: the header's steps run in order by a C harness
 (tests/core/host_rules/randk_parallel.c) over sizes, densities, seeds, and windows too narrow to hold

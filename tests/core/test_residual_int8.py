@@ -1,4 +1,4 @@
-"""residual_dtype "int8" (csrc/fc_res8.h): about one byte per element whatever the method, a pack
+"""residual_dtype "int8" (csrc/common/fc_res8.h): about one byte per element whatever the method, a pack
 that is unbiased and deterministic, the same payloads from encode() and the per-peer parts,
 checkpoints that keep the packed bytes, and clear errors for a residual of the wrong shape.
 The CUDA kernels' equality with these is tests/cuda/test_cuda_res8.py's."""

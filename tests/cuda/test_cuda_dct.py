@@ -1,4 +1,4 @@
-"""`dct` (csrc/m_dct.c, cuda/fc_cu_dct.cu) and the `ef_decay` key through the CUDA library against
+"""`dct` (csrc/methods/m_dct.c, cuda/fc_cu_dct.cu) and the `ef_decay` key through the CUDA library against
 the CPU reference, bit for bit: dct's block sizes, k and value codecs beyond
 tests/helpers/method_cases.py's (which tests/cuda/test_cuda_sparse.py and test_cuda_single.py run),
 the payloads the CPU refuses, and error feedback with a decaying residual (g' = g + ef_decay * e,

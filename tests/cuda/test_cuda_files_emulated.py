@@ -1,7 +1,7 @@
 """CUDA test files without a GPU: each runs on cuda/ compiled for the host against the emulation of
 the CUDA runtime in tests/cuda_emu, built as a shared library that the real fsdpcomp._C loads in
 place of _fsdpcomp_cuda.so (FSDPCOMP_CUDA_LIB), in a pytest subprocess whose States send their CPU
-tensors down the CUDA path (FSDPCOMP_TEST_EMULATED). The host glue (csrc/fc_cuda_path.c,
+tensors down the CUDA path (FSDPCOMP_TEST_EMULATED). The host glue (csrc/backend_cuda/fc_cuda_path.c,
 state_cuda.c), the driver and the kernels all run; every test of the file must pass (a skip there
 means the emulation was not picked up). What only a GPU shows (timing, the memory model, the
 hardware's own NaN bits) is left to tests/gpu/run.sh."""

@@ -1,4 +1,4 @@
-"""8-bit residuals (residual_dtype "int8", csrc/fc_res8.h) through the CUDA library against the CPU
+"""8-bit residuals (residual_dtype "int8", csrc/common/fc_res8.h) through the CUDA library against the CPU
 reference: the pack and unpack kernels alone, every method's encode with error feedback over
 steps (payload bytes and the packed residual's bytes), and compress() with a packed residual
 (the all-gather half).

@@ -133,7 +133,7 @@ def test_corrupted_header_is_refused_as_on_the_cpu(method, cfg, field, gen):
     pa = torch.zeros(cpu._core.payload_bytes(n), dtype=torch.uint8)
     w = cpu._core.compress(x, pa, unit=3, chunk=5, world=3, rank=1)
     bad = pa[:w].clone()
-    at = {"magic": 0, "unit": 8, "numel": 16}[field]  # fc_header's fields (csrc/fc_wire.h)
+    at = {"magic": 0, "unit": 8, "numel": 16}[field]  # fc_header's fields (csrc/common/fc_wire.h)
     bad[at] ^= 0x5A
     acc = make_grad(n, torch.float32, gen)
     before = acc.clone()

@@ -69,7 +69,7 @@ def prepared(tmp_path_factory):
                         "--no-wheels"], capture_output=True, text=True, timeout=1800, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     manifest = json.loads((built / "manifest.json").read_text())
-    assert manifest["archs"] == ["90"] and manifest["ptx"] == "90" and "csrc/fc_drive.c" in manifest["sources"]
+    assert manifest["archs"] == ["90"] and manifest["ptx"] == "90" and "csrc/driver/fc_drive.c" in manifest["sources"]
     tree = tmp / "tree"
     copy_clean_tree(tree)
     shutil.copytree(built, tree / ".gpu")
@@ -114,7 +114,7 @@ def test_carried_libraries_of_other_sources_or_abi_are_refused(prepared, tmp_pat
     """Refused by name before any check runs: the sources changed since prepare, or the
     checkout's FC_CUDA_ABI is not the one the library answers, or the manifest's archs are not
     the library's."""
-    csrc = prepared / "csrc" / "fc_drive.c"
+    csrc = prepared / "csrc" / "driver" / "fc_drive.c"
     header = prepared / "cuda" / "fc_cuda.h"
     manifest = prepared / ".gpu" / "manifest.json"
     saved = {p: p.read_text() for p in (csrc, header, manifest)}
@@ -125,7 +125,7 @@ def test_carried_libraries_of_other_sources_or_abi_are_refused(prepared, tmp_pat
         assert r.returncode == 1, r.stdout[-3000:]
         checks = json.loads((out / "summary.json").read_text())["checks"]
         assert set(checks) == {"env.prereq", "env.carried"}, checks  # nothing else ran
-        assert "built from other sources: csrc/fc_drive.c" in checks["env.carried"]["error"]
+        assert "built from other sources: csrc/driver/fc_drive.c" in checks["env.carried"]["error"]
         csrc.write_text(saved[csrc])
 
         abi = int(re.search(r"#define FC_CUDA_ABI (\d+)", saved[header]).group(1))

@@ -50,7 +50,7 @@ def _build(out_dir: str, shared: bool) -> str:
     if cxx is None:
         raise RuntimeError("no C++ compiler (g++) for the CUDA emulation")
     h = hashlib.sha256()
-    for d, names in ((CUDA, sources()), (CSRC, sorted(os.listdir(CSRC))), (HERE, sorted(os.listdir(HERE)))):
+    for d, names in ((CUDA, sources()), (CSRC, sorted(os.path.relpath(os.path.join(dp, f), CSRC) for dp, _, fs in os.walk(CSRC) for f in fs)), (HERE, sorted(os.listdir(HERE)))):
         for f in names:
             p = os.path.join(d, f)
             if os.path.isfile(p):

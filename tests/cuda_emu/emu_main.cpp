@@ -117,7 +117,7 @@ static void array_mode(const fc_cuda_method_cfg &m, std::map<std::string, double
 }
 
 // The call header every mode's arguments start with (fc_cuda_head), from args.txt: what the
-// driver's call_head (csrc/fc_cuda_path.c) fills; the mode sets the rest.
+// driver's call_head (csrc/backend_cuda/fc_cuda_path.c) fills; the mode sets the rest.
 static fc_cuda_head head(const fc_cuda_method_cfg &m, const fc_cuda_geom &g, std::map<std::string, double> &a,
                          std::vector<uint8_t> &grad, std::vector<uint8_t> &ws)
 {

@@ -1,6 +1,6 @@
 """The all-gather half of an all-reduce keeps the range and NaN rules of the reduce-scatter
 (saturation, no NaN/Inf kept in a residual): its g' = shard + e and its residual e = g' - D come
-from compress(x, payload, residual=e) (the C driver, csrc/fc_range.h), which must give the
+from compress(x, payload, residual=e) (the C driver, csrc/common/fc_range.h), which must give the
 reduce-scatter's residuals, and on real ranks a shard near fp32's largest value or holding a NaN
 never leaves a NaN/Inf in a residual or an output that the input did not have."""
 import pytest

@@ -73,7 +73,7 @@ def check_encode_bytes_and_residuals():
         for dname, dtype in DTYPES.items():
             for world, rank in ((1, 0), (3, 1), (4, 3)):
                 for n in SIZES:
-                    # fp32, bf16 and the packed int8 residual (csrc/fc_res8.h) each in some cases
+                    # fp32, bf16 and the packed int8 residual (csrc/common/fc_res8.h) each in some cases
                     res = ("bf16" if (world == 3 and dname == "f32") else
                            "int8" if (world == 4 and dname == "f32") else "fp32")
                     _encode_case(method, cfg, dtype, world, rank, max(n, world), gen,

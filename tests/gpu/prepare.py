@@ -55,7 +55,7 @@ class Refused(Exception):
 def compiled_sources(root: str) -> list[str]:
     """What the libraries are compiled from, relative to root: a change to any of them makes a
     carried build stale."""
-    files = ["setup.py"] + sorted(glob.glob("csrc/*.[ch]", root_dir=root)) + \
+    files = ["setup.py"] + sorted(glob.glob("csrc/*/*.[ch]", root_dir=root)) + \
         sorted(glob.glob("cuda/*.cu", root_dir=root)) + sorted(glob.glob("cuda/*.cuh", root_dir=root)) + \
         sorted(glob.glob("cuda/*.h", root_dir=root))
     return files
@@ -93,7 +93,7 @@ def _sync_tree(dst: str) -> None:
         if not (os.path.exists(out) and filecmp.cmp(src, out, shallow=False)):
             shutil.copy2(src, out)
     for d in ("csrc", "cuda"):  # a source removed here goes there too (setup.py globs them)
-        for p in glob.glob(os.path.join(dst, d, "*")):
+        for p in glob.glob(os.path.join(dst, d, "**"), recursive=True):
             if os.path.isfile(p) and os.path.relpath(p, dst) not in wanted:
                 os.remove(p)
 

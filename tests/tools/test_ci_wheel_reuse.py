@@ -44,6 +44,6 @@ def test_a_wheel_of_the_same_sources_and_settings_is_reused(tree):
 def test_another_source_or_setting_changes_the_stamp(tree):
     base = _wheel(tree, "--stamp", FSDPCOMP_CUDA_ARCHS="90").stdout
     assert _wheel(tree, "--stamp", FSDPCOMP_CUDA_ARCHS="75;80;86;90;100;120").stdout != base
-    with open(tree / "csrc" / "fc_drive.c", "a") as f:
+    with open(tree / "csrc" / "driver" / "fc_drive.c", "a") as f:
         f.write("/* changed */\n")
     assert _wheel(tree, "--stamp", FSDPCOMP_CUDA_ARCHS="90").stdout != base

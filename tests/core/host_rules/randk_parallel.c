@@ -1,4 +1,4 @@
-/* randk_parallel.c (tests only): random-k's segmented selection sampling (csrc/fc_randk_par.h, the
+/* randk_parallel.c (tests only): random-k's segmented selection sampling (csrc/common/fc_randk_par.h, the
  * CUDA kernels' steps run one after the other) against the sequential definition (m_randomk.c's
  * loop), for the (n, k, seed, spread) cases given as arguments in fours: prints one line per case,
  * "ok n k" or where the picks differ. spread: the windows' width in standard deviations (small
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fc_randk_par.h"
+#include "common/fc_randk_par.h"
 
 static int64_t reference(const fc_rng *g, int64_t n, int64_t k, int64_t *idx)
 {

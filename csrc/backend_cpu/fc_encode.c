@@ -1,0 +1,586 @@
+/* fc_encode.c: the CPU backend's encode: g' = g + e, payloads and headers, the residual update
+ * and the error statistics (fc_cpu_encode, the per-peer parts, compress()); the driver
+ * (fc_drive.c) decides and counts around it for CPU and CUDA tensors alike. */
+#include "driver/fc_core_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/fc_half.h"
+#include "backend_cpu/fc_memhint.h"
+#include "common/fc_quant.h"
+#include "common/fc_range.h"
+#include "methods/fc_simd.h"
+#include "common/fc_wire.h"
+
+extern const fc_method fc_method_none;
+
+/* ---- dtype conversion loops (one per dtype so each vectorises) ---- */
+
+static void load_f32(const void *src, int dt, int64_t off, int64_t n, float *dst)
+{
+    if (dt == FC_F32) {
+        memcpy(dst, (const float *)src + off, (size_t)n * 4);
+    } else if (dt == FC_BF16) {
+        const uint16_t *s = (const uint16_t *)src + off;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = fc_bf16_to_f32(s[i]);
+    } else {
+        const uint16_t *s = (const uint16_t *)src + off;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = fc_f16_to_f32(s[i]);
+    }
+}
+
+/* dst += d * src: a residual's decay d (`ef_decay`) times it; d = 1 is exact (x * 1 = x). */
+static void add_f32(const void *src, int dt, int64_t off, int64_t n, float d, float *dst)
+{
+    if (dt == FC_F32) {
+        const float *s = (const float *)src + off;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] += d * s[i];
+    } else {
+        const uint16_t *s = (const uint16_t *)src + off;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] += d * (dt == FC_BF16 ? fc_bf16_to_f32(s[i]) : fc_f16_to_f32(s[i]));
+    }
+}
+
+/* ---- encode ---- */
+
+/* x = g + d r, counting the non-finite results: error feedback's load in one pass (the same
+ * float operations as load_f32 then add_f32). */
+FC_CLONES static int64_t load_sum_f32(const float *g, const float *r, int64_t n, float d, float *x)
+{
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = g[i] + d * r[i];
+        bad += !(fc_abs_bits(x[i]) < 0x7f800000u);
+    }
+    return bad;
+}
+
+/* The elements of x = g (+ e) that are not finite, fixed in place by fc_gprime_fix: a sum of
+ * two finite values saturates (*sat); NaN/Inf of the gradient (a residual never holds one)
+ * become e in "zero" mode, so the residual still goes out, and stay in "pass" mode, a NaN as the
+ * canonical one. Returns how many the input held. */
+static int64_t fix_nonfinite(const fc_core *s, const fc_buf *grad, const fc_buf *res,
+                             int64_t start, int64_t n, float *x, int64_t *sat)
+{
+    int64_t bad = 0;
+    const int zero = s->common.nonfinite == FC_NONFINITE_ZERO;
+    for (int64_t i = 0; i < n; i++) {
+        if (fc_abs_bits(x[i]) < FC_INF_BITS)
+            continue;
+        const float g = fc_core_elem_f32(grad->data, grad->dtype, start + i);
+        const float e = res == NULL ? 0.0f
+                        : fc_core_ef_decay(s) * fc_core_elem_f32(res->data, res->dtype, start + i);
+        x[i] = fc_gprime_fix(x[i], g, e, zero, &bad, sat);
+    }
+    return bad;
+}
+
+/* g' = g (+ e) for one chunk: *bad counts the non-finite values the input held (zeroed in "zero"
+ * mode, a canonical NaN in "pass" mode), *sat the sums that overflowed (saturated). An fp32
+ * gradient without a residual and without NaN/Inf is encoded in place, read-only: no copy on
+ * the common path. Returns where g' lies (s->x or the gradient itself). */
+static const float *load_chunk(fc_core *s, const fc_buf *grad, const fc_buf *res, int64_t start,
+                               int64_t n, int64_t *bad, int64_t *sat)
+{
+    int64_t nf = 0;
+    *bad = *sat = 0;
+    if (res == NULL && grad->dtype == FC_F32) {
+        const float *g = (const float *)grad->data + start;
+        for (int64_t i = 0; i < n; i++)
+            nf += !(fc_abs_bits(g[i]) < FC_INF_BITS);
+        if (!nf)
+            return g;
+    }
+    float *x = s->x;
+    if (res != NULL && grad->dtype == FC_F32 && res->dtype == FC_F32) {
+        nf = load_sum_f32((const float *)grad->data + start, (const float *)res->data + start, n,
+                          fc_core_ef_decay(s), x);
+    } else {
+        load_f32(grad->data, grad->dtype, start, n, x);
+        if (res != NULL)
+            add_f32(res->data, res->dtype, start, n, fc_core_ef_decay(s), x);
+        nf = 0;
+        for (int64_t i = 0; i < n; i++)
+            nf += !(fc_abs_bits(x[i]) < FC_INF_BITS);
+    }
+    if (nf)
+        *bad = fix_nonfinite(s, grad, res, start, n, x, sat);
+    return x;
+}
+
+static void write_header(uint8_t *p, const fc_core *s, const fc_method *m, const fc_chunk *c,
+                         int64_t body, unsigned flags)
+{
+    const fc_header_key k = fc_core_header_key(s, m, c);
+    fc_header h;
+    fc_header_make(&h, &k, (uint64_t)c->n, (uint64_t)body, flags);
+    memcpy(p, &h, sizeof(h));
+}
+
+/* Encodes x (c->n values) as one payload at p; returns its padded size in *size and the method
+ * it was written with in *wm: m, or (with `fallback`, in a collective) `none` where a
+ * data-dependent payload would have been no smaller than `none`'s (the receiver reads which
+ * from the header). flags: the header's FC_HDR_* (whether NaN/Inf of the input went on the
+ * wire). */
+static int encode_one(fc_core *s, const fc_method *m, const fc_chunk *c, const float *x, uint8_t *p,
+                      int64_t cap, int fallback, unsigned flags, int64_t *size, fc_layout *used,
+                      const fc_method **wm, fc_err *err)
+{
+    int64_t full = fc_payload_bytes(s, m, c->n, c->wire_dtype);
+    *wm = m;
+    if (full > cap)
+        return fc_fail(err, FC_ERR_VALUE, "payload buffer holds %lld bytes, need %lld",
+                       (long long)cap, (long long)full);
+    memset(used, 0, sizeof(*used));
+    int rc = m->encode(c, x, p + FC_HEADER_BYTES, used, err);
+    if (rc != FC_OK)
+        return rc;
+    int64_t body = fc_layout_bytes(used);
+    /* a data-dependent body is as long as it is: payloads are packed back to back */
+    if (m->flags & FC_VARSIZE) {
+        full = fc_align_up(FC_HEADER_BYTES + body);
+        const int64_t plain = fc_payload_bytes(s, &fc_method_none, c->n, c->wire_dtype);
+        if (fallback && full >= plain) { /* most values passed: exact values cost less */
+            fc_chunk cn = *c;
+            cn.cfg = NULL;
+            if ((rc = fc_method_none.encode(&cn, x, p + FC_HEADER_BYTES, used, err)) != FC_OK)
+                return rc;
+            m = *wm = &fc_method_none;
+            body = fc_layout_bytes(used);
+            full = plain;
+        }
+    }
+    if (FC_HEADER_BYTES + body > full)
+        return fc_fail(err, FC_ERR_STATE, "internal: %s wrote %lld body bytes past its layout's %lld",
+                       m->name, (long long)body, (long long)(full - FC_HEADER_BYTES));
+    write_header(p, s, m, c, body, flags);
+    int64_t end = FC_HEADER_BYTES + body;
+    memset(p + end, 0, (size_t)(full - end)); /* padding: no uninitialised bytes on the wire */
+    *size = full;
+    return FC_OK;
+}
+
+static int64_t header_body_bytes(const uint8_t *p)
+{
+    fc_header h;
+    memcpy(&h, p, sizeof(h));
+    return (int64_t)fc_header_body(&h);
+}
+
+void fc_core_count_payload(fc_core *s, const fc_layout *l, int64_t size, int64_t n)
+{
+    fc_counters *k = &s->ctr;
+    k->chunks_sent++;
+    k->bytes_sent += size;
+    k->header_bytes += size - fc_layout_bytes(l);
+    k->meta_bytes += l->meta_bytes;
+    k->index_bytes += l->index_bytes;
+    k->value_bytes += l->value_bytes;
+    k->kept += l->kept;
+    k->sent_elements += n;
+}
+
+/* Sums of squares and products in double over 8 interleaved partial sums, combined in a fixed
+ * order. One running sum is a loop-carried chain that -O3 may not reassociate, which made these
+ * loops latency-bound: 3/4 of what error feedback cost per element. Statistics only: no payload
+ * byte depends on them. */
+FC_CLONES static double sum_sq_f32(const float *a, int64_t n)
+{
+    double acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            acc[j] += (double)a[i + j] * (double)a[i + j];
+    for (int j = 0; i < n; i++, j++)
+        acc[j] += (double)a[i] * (double)a[i];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/* dst = e and ||e||^2 (as sum_sq_f32) in one pass. */
+FC_CLONES static double store_sum_sq_f32(float *dst, const float *e, int64_t n)
+{
+    double acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) {
+            dst[i + j] = e[i + j];
+            acc[j] += (double)e[i + j] * (double)e[i + j];
+        }
+    for (int j = 0; i < n; i++, j++) {
+        dst[i] = e[i];
+        acc[j] += (double)e[i] * (double)e[i];
+    }
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+FC_CLONES static void dots3_f32(const float *e, const float *x, int64_t n, double *ee, double *xx,
+                                double *xe)
+{
+    double a[8] = {0}, b[8] = {0}, c[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) {
+            const double ej = e[i + j], xj = x[i + j];
+            a[j] += ej * ej;
+            b[j] += xj * xj;
+            c[j] += xj * ej;
+        }
+    for (int j = 0; i < n; i++, j++) {
+        const double ej = e[i], xj = x[i];
+        a[j] += ej * ej;
+        b[j] += xj * xj;
+        c[j] += xj * ej;
+    }
+    *ee = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+    *xx = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
+    *xe = ((c[0] + c[1]) + (c[2] + c[3])) + ((c[4] + c[5]) + (c[6] + c[7]));
+}
+
+/* Stores e (n fp32 values) as the residual in res's dtype, a bf16 one saturated (*sat). */
+static void store_residual(fc_buf *res, int64_t start, const float *e, int64_t n, int64_t *sat)
+{
+    if (res->dtype == FC_F32) {
+        memcpy((float *)res->data + start, e, (size_t)n * 4);
+        return;
+    }
+    uint16_t *r = (uint16_t *)res->data + start;
+    for (int64_t i = 0; i < n; i++) {
+        *sat += fc_bf16_saturates(e[i]);
+        r[i] = fc_f32_to_bf16(e[i]);
+    }
+}
+
+/* The residual of a chunk whose g' (x, in s->x) held NaN/Inf ("pass" mode), element by element
+ * (fc_residual_passed): never the old residual, which went out inside g'. */
+static int residual_of_nonfinite(fc_core *s, const fc_method *m, const fc_chunk *c,
+                                 const uint8_t *p, fc_buf *res, int64_t start, double *e_sq,
+                                 fc_err *err)
+{
+    const int64_t n = c->n;
+    float *d = s->dec;
+    memset(d, 0, (size_t)n * 4);
+    int rc = m->decode_add(c, p + FC_HEADER_BYTES, header_body_bytes(p), 1.0f, d, err);
+    if (rc != FC_OK)
+        return rc;
+    int64_t sat = 0;
+    for (int64_t i = 0; i < n; i++)
+        s->x[i] = fc_residual_passed(s->x[i], d[i], &sat);
+    *e_sq = sum_sq_f32(s->x, n);
+    store_residual(res, start, s->x, n, &sat);
+    s->ctr.saturated += sat;
+    return FC_OK;
+}
+
+/* e of finite x that came out NaN/Inf (fc_residual_fix), fixed in place. Returns ||e||^2 again. */
+static double saturate_residual(float *e, int64_t n, int64_t *sat)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (fc_abs_bits(e[i]) >= FC_INF_BITS)
+            e[i] = fc_residual_fix(e[i], sat);
+    return sum_sq_f32(e, n);
+}
+
+/* After encode, turns s->x into e = g' - D(C(g')) and stores it; returns ||e||^2. With `dots`
+ * (the sampled calls), also ||g'||^2 and g' . e, for which g' is loaded again from the untouched
+ * inputs; the other calls skip that pass. `nonfinite`: g' held NaN/Inf (residual_of_nonfinite).
+ * A residual is always finite. */
+static int update_residual(fc_core *s, const fc_method *m, const fc_chunk *c, const uint8_t *p,
+                           const fc_buf *grad, fc_buf *res, int64_t start, int nonfinite, int dots,
+                           double *e_sq, double *x_sq, double *x_dot_e, fc_err *err)
+{
+    *x_sq = *x_dot_e = 0;
+    if (nonfinite)
+        return residual_of_nonfinite(s, m, c, p, res, start, e_sq, err);
+    int rc = m->decode_add(c, p + FC_HEADER_BYTES, header_body_bytes(p), -1.0f, s->x, err);
+    if (rc != FC_OK)
+        return rc;
+    const int64_t n = c->n;
+    int64_t sat = 0;
+    if (dots) {
+        float *g = s->dec; /* g' again, into the decode scratch, to pair it with e */
+        load_f32(grad->data, grad->dtype, start, n, g);
+        add_f32(res->data, res->dtype, start, n, fc_core_ef_decay(s), g);
+        dots3_f32(s->x, g, n, e_sq, x_sq, x_dot_e);
+    } else if (res->dtype == FC_F32) {
+        *e_sq = store_sum_sq_f32((float *)res->data + start, s->x, n);
+        if (!isfinite(*e_sq)) { /* rare: fix what was stored */
+            *e_sq = saturate_residual(s->x, n, &sat);
+            memcpy((float *)res->data + start, s->x, (size_t)n * 4);
+            s->ctr.saturated += sat;
+        }
+        return FC_OK;
+    } else {
+        *e_sq = sum_sq_f32(s->x, n);
+    }
+    if (!isfinite(*e_sq)) {
+        *e_sq = saturate_residual(s->x, n, &sat);
+        if (dots)
+            dots3_f32(s->x, s->dec, n, e_sq, x_sq, x_dot_e);
+    }
+    store_residual(res, start, s->x, n, &sat);
+    s->ctr.saturated += sat;
+    return FC_OK;
+}
+
+/* Without error feedback: decode into scratch and compare, on the sampled calls only. */
+static int sample_error(fc_core *s, const fc_method *m, const fc_chunk *c, const float *xs,
+                        const uint8_t *p, fc_err *err)
+{
+    memset(s->dec, 0, (size_t)c->n * 4);
+    int rc = m->decode_add(c, p + FC_HEADER_BYTES, header_body_bytes(p), 1.0f, s->dec, err);
+    if (rc != FC_OK)
+        return rc;
+    double dd = 0, xx = 0, xd = 0, ee = 0;
+    for (int64_t i = 0; i < c->n; i++) {
+        double x = xs[i], d = s->dec[i];
+        xx += x * x;
+        dd += d * d;
+        xd += x * d;
+        ee += (x - d) * (x - d);
+    }
+    if (isfinite(xx) && isfinite(ee)) {
+        s->ctr.err_sq += ee;
+        s->ctr.ref_sq += xx;
+        s->ctr.cos_sum += fc_sample_cos(xx, dd, xd);
+        s->ctr.stats_samples++;
+    }
+    return FC_OK;
+}
+
+/* The CPU's scratch for the open call s->enc, grown for its largest chunk, the unit's method
+ * state and, for the per-peer parts (`pieces`), the call's layout. */
+static int encode_scratch(fc_core *s, const fc_buf *grad, int world, int rank, int pieces,
+                          fc_err *err)
+{
+    int rc = FC_OK;
+    fc_encode_call *e = &s->enc;
+    const int64_t N = grad->numel;
+    const fc_method *m = e->method;
+    const int64_t per = (N + world - 1) / world;
+    FC_TRY(fc_core_grow_f32(&s->x, &s->x_cap, per, err));
+    FC_TRY(fc_core_grow_f32(&s->dec, &s->dec_cap, per, err));
+    if (m->scratch_bytes != NULL)
+        FC_TRY(fc_core_grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, per), err));
+    FC_TRY(fc_core_ustate(s, m, e->key.unit, &e->ust, err));
+    e->todo = world;
+    if (pieces) { /* the per-peer layout, once per call: every part then finds its slot in O(1) */
+        e->todo = 0;
+        e->at[0] = 0;
+        for (int c = 0; c < world; c++) {
+            int64_t len;
+            e->todo += fc_core_chunk_parts(s, m, N, world, rank, c, &len);
+            e->at[c + 1] = e->at[c] + fc_core_chunk_part_bytes(s, m, N, grad->dtype, world, rank, c);
+        }
+    }
+    e->open = 1;
+    return FC_OK;
+error:
+    return rc;
+}
+
+/* Encodes piece `piece` (of `len` elements each) of chunk ci of the open call into p (cap bytes):
+ * g' = g (+ e), the payload, the residual update and, on a sampled call, the error statistics
+ * of the first piece encoded. A whole chunk is piece 0 of its own length. */
+static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci, int piece,
+                        int64_t len, uint8_t *p, int64_t cap, fc_sent *out, fc_err *err)
+{
+    int rc = FC_OK;
+    fc_encode_call *e = &s->enc;
+    const fc_method *m = e->method;
+    int64_t start, n;
+    fc_chunk_span(e->key.numel, e->key.world, ci, &start, &n);
+    start += piece * len;
+    n = n - piece * len < len ? n - piece * len : len;
+    /* piece 0 has the chunk's own stream: one piece is exactly the whole-chunk encode */
+    const uint32_t id = (uint32_t)ci + (uint32_t)e->key.world * (uint32_t)piece;
+    fc_chunk c = fc_core_make_chunk(s, m, n, e->key.world, grad->dtype, e->key.unit, id, e->key.rank);
+    c.scratch = s->mscr;
+    c.ustate = e->ust;
+    int64_t bad, sat;
+    const float *x = load_chunk(s, grad, e->use_ef ? residual : NULL, start, n, &bad, &sat);
+    s->ctr.nonfinite_in += bad;
+    s->ctr.saturated += sat;
+    /* "pass": NaN/Inf went on the wire, and the receivers are told so (write_out) */
+    const int passed = bad != 0 && s->common.nonfinite == FC_NONFINITE_PASS;
+    const fc_method *wm; /* m, or `none` for a data-dependent payload that fell back */
+    FC_TRY(encode_one(s, m, &c, x, p, cap, 1, passed ? FC_HDR_NONFINITE : 0u, &out->size, &out->l,
+                      &wm, err));
+    out->none = wm != m; /* the driver counts the payload */
+    if (e->use_ef) { /* a residual is always replaced: the old one went out inside g' */
+        const int dots = !passed && !e->sampled && e->stats;
+        double ee, xx, xe;
+        FC_TRY(update_residual(s, wm, &c, p, grad, residual, start, passed, dots, &ee, &xx, &xe,
+                               err));
+        e->e_sq += ee;
+        if (dots) {
+            /* D = x - e: ||x - D||^2 = ||e||^2, x . D = ||x||^2 - x . e */
+            double xd = xx - xe, dd = xx - 2 * xe + ee;
+            s->ctr.err_sq += ee;
+            s->ctr.ref_sq += xx;
+            s->ctr.cos_sum += fc_sample_cos(xx, dd, xd);
+            s->ctr.stats_samples++;
+            e->sampled = 1;
+        }
+    } else if (e->sample && !e->sampled && !passed) { /* "zero" mode's chunk is finite now */
+        FC_TRY(sample_error(s, wm, &c, x, p, err));
+        e->sampled = 1;
+    }
+    return FC_OK;
+error:
+    return rc;
+}
+
+void fc_core_count_call(fc_core *s, const fc_method *m, int64_t numel, int fell_back, int64_t raw)
+{
+    s->ctr.calls++;
+    s->ctr.calls_uncompressed += m != s->method;
+    /* as `none` though min_numel let the method through: the size rule, unit-wide or per payload */
+    s->ctr.fallback_units += (m != s->method && fc_core_unit_method(s, numel) == s->method) ||
+                             fell_back;
+    s->ctr.elements += numel;
+    s->ctr.bytes_raw += raw;
+}
+
+int fc_core_stats_due(const fc_core *s, const fc_method *m, int64_t numel, int world)
+{
+    /* a second round decides what is sent after this call: no error sample from round 1 */
+    return m == s->method && s->common.error_stats_every > 0 && !fc_core_fetch_kmax(s, numel, world) &&
+           s->ctr.calls % s->common.error_stats_every == 0;
+}
+
+int fc_cpu_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *send,
+                  fc_buf *residual, fc_sent *sent, fc_err *err)
+{
+    int rc = FC_OK;
+    const fc_call_key k = s->enc.key;
+    (void)x;
+    FC_TRY(encode_scratch(s, grad, k.world, k.rank, 0, err));
+    uint8_t *out = (uint8_t *)send->data;
+    int64_t off = 0;
+    for (int ci = 0; ci < k.world; ci++) {
+        if (!fc_core_has_payload(s, grad->numel, k.world, k.rank, ci))
+            continue;
+        int64_t start, n;
+        fc_chunk_span(grad->numel, k.world, ci, &start, &n);
+        FC_TRY(encode_chunk(s, grad, residual, ci, 0, n, out + off, send->numel - off, &sent[ci],
+                            err));
+        off += sent[ci].size;
+    }
+error:
+    return rc;
+}
+
+int fc_core_part_opens(const fc_core *s, uint32_t unit, int world, int rank, int64_t numel)
+{
+    const fc_call_key key = fc_core_call_key(s, unit, world, rank, numel);
+    return !s->enc.open || !fc_core_same_call(&s->enc.key, &key);
+}
+
+int fc_core_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual, int world,
+                        int rank, uint32_t unit, int chunk, int piece, int64_t *size, fc_err *err)
+{
+    int rc = FC_OK;
+    const double t0 = fc_core_now_s();
+    const int64_t N = grad->numel;
+    fc_encode_call *e = &s->enc;
+    const fc_call_key key = fc_core_call_key(s, unit, world, rank, N);
+    *size = 0;
+    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
+    /* bad arguments leave an open call as it was; only a failed encode drops it */
+    if (chunk < 0 || chunk >= world)
+        return fc_fail(err, FC_ERR_VALUE, "chunk must be in [0, %d), got %d", world, chunk);
+    int64_t start, n, len;
+    fc_chunk_span(N, world, chunk, &start, &n);
+    const int parts = fc_core_chunk_parts(s, m, N, world, rank, chunk, &len);
+    if (piece < 0 || piece >= parts)
+        return fc_fail(err, FC_ERR_VALUE, "piece must be in [0, %d) for chunk %d, got %d", parts,
+                       chunk, piece);
+    if (!e->open || !fc_core_same_call(&e->key, &key)) { /* a new call (an unfinished one is dropped) */
+        const char *why = fc_core_not_per_peer(s, m, N, world);
+        if (why != NULL)
+            return fc_fail(err, FC_ERR_VALUE, "method '%s' %s: encode all chunks at once with "
+                           "encode()", m->name, why);
+        fc_drive_encode_open(s, grad, residual, world, rank, unit);
+        FC_TRY(encode_scratch(s, grad, world, rank, 1, err));
+    }
+    if (send->numel != e->at[world])
+        return fc_fail(err, FC_ERR_VALUE, "send has %lld bytes, the parts of this call need %lld "
+                       "(pieces())", (long long)send->numel, (long long)e->at[world]);
+    if (piece != e->next_piece[chunk])
+        return fc_fail(err, FC_ERR_STATE, "chunk %d of unit %u: piece %d, expected piece %d (the "
+                       "pieces of a chunk come once each, in order)", chunk, unit, piece,
+                       e->next_piece[chunk]);
+    if (fc_core_has_payload(s, N, world, rank, chunk)) {
+        const int64_t off = e->at[chunk] + piece * fc_core_piece_bytes(s, m, n, len, 0, grad->dtype);
+        fc_sent p;
+        FC_TRY(encode_chunk(s, grad, residual, chunk, piece, len, (uint8_t *)send->data + off,
+                            send->numel - off, &p, err));
+        const int64_t np = n - piece * len < len ? n - piece * len : len;
+        fc_drive_count_sent(s, &p, np, grad->dtype);
+        *size = p.size;
+    }
+    e->next_piece[chunk]++;
+    if (--e->todo == 0) {
+        fc_drive_encode_close(s, 1, residual); /* the parts run on the host only */
+    }
+    s->ctr.compress_s += fc_core_now_s() - t0;
+    return FC_OK;
+error:
+    e->open = 0;
+    return rc;
+}
+
+/* ---- single chunk, for tests and benchmarks ---- */
+
+int fc_cpu_compress(fc_core *s, const fc_exec *ex, const fc_buf *in, fc_buf *payload,
+                    fc_buf *residual, uint32_t unit, uint32_t chunk, int world, int rank,
+                    int64_t *written, fc_err *err)
+{
+    int rc = FC_OK;
+    const fc_method *m = s->method;
+    const float *x = (const float *)in->data;
+    const int64_t n = in->numel;
+    (void)ex;
+    if (m->scratch_bytes != NULL)
+        FC_TRY(fc_core_grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err));
+    FC_TRY(fc_core_grow_f32(&s->x, &s->x_cap, n, err));
+    fc_chunk c = fc_core_make_chunk(s, m, n, world, FC_F32, unit, chunk, rank);
+    FC_TRY(fc_core_ustate(s, m, unit, &c.ustate, err));
+    fc_layout used;
+    const fc_method *wm;
+    unsigned flags = 0;
+    int64_t bad = 0, sat = 0;
+    if (residual != NULL) { /* g' = x + e by the collective's rules; NaN/Inf not counted */
+        FC_TRY(fc_core_grow_f32(&s->dec, &s->dec_cap, n, err));
+        x = load_chunk(s, in, residual, 0, n, &bad, &sat);
+        s->ctr.saturated += sat;
+        bad = bad != 0 && s->common.nonfinite == FC_NONFINITE_PASS; /* went on the wire */
+    } else {
+        for (int64_t i = 0; i < n; i++)
+            bad += !(fc_abs_bits(x[i]) < FC_INF_BITS);
+        if (bad) { /* x is read in place, unless a NaN must become the canonical one first */
+            for (int64_t i = 0; i < n; i++)
+                s->x[i] = fc_canon_nan(x[i]);
+            x = s->x;
+        }
+    }
+    if (bad)
+        flags = FC_HDR_NONFINITE;
+    FC_TRY(encode_one(s, m, &c, x, (uint8_t *)payload->data, payload->numel, 0, flags, written,
+                      &used, &wm, err));
+    s->ctr.saturated += used.saturated;
+    if (residual != NULL) { /* e = g' - D(C(g')), always finite (s->x holds g') */
+        double ee, xx, xe;
+        FC_TRY(update_residual(s, wm, &c, (const uint8_t *)payload->data, in, residual, 0, bad != 0,
+                               0, &ee, &xx, &xe, err));
+    }
+    return FC_OK;
+error:
+    return rc;
+}

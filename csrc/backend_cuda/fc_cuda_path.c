@@ -1,0 +1,434 @@
+/* fc_cuda_path.c: the CUDA backend of the driver (fc_backend_cuda): builds the library's call
+ * header and arguments from a fc_core (geometry, the method's config struct as parsed, RNG keys,
+ * the driver's decisions for the call) and queues the kernels; the driver (fc_drive.c) checks
+ * and counts around it as it does for the CPU backend. */
+#include "backend_cuda/fc_cuda_path.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "methods/fc_sparse.h"
+#include "common/fc_wire.h"
+
+/* The method's parsed config struct as it is (fc_cfg.h): `none` below min_numel has none. */
+static void method_cfg(const fc_core *s, const fc_method *m, fc_cuda_method_cfg *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->id = m->id;
+    if (m == s->method)
+        memcpy(out->cfg, s->cfg, m->cfg_size);
+}
+
+static int64_t body_bytes(const fc_core *s, const fc_method *m, int64_t n, int world, int dtype,
+                          fc_layout *l)
+{
+    fc_chunk c;
+    memset(&c, 0, sizeof(c));
+    c.cfg = m == s->method ? (const void *)s->cfg : NULL;
+    c.n = n;
+    c.world = world;
+    c.wire_dtype = dtype;
+    m->layout(&c, l);
+    return fc_layout_bytes(l);
+}
+
+static void geometry(const fc_core *s, const fc_method *m, int64_t N, int dtype, int world,
+                     int rank, fc_cuda_geom *g)
+{
+    fc_layout l;
+    memset(g, 0, sizeof(*g));
+    g->numel = N;
+    g->per = (N + world - 1) / world;
+    g->world = world;
+    g->rank = rank;
+    g->skip_own = !s->common.compress_own_chunk;
+    int64_t last_n = g->per > 0 ? N - (N - 1) / g->per * g->per : 0;
+    g->pay_full = fc_payload_bytes(s, m, g->per, dtype);
+    g->body_full = g->per > 0 ? body_bytes(s, m, g->per, world, dtype, &l) : 0;
+    g->pay_last = fc_payload_bytes(s, m, last_n, dtype);
+    g->body_last = last_n > 0 ? body_bytes(s, m, last_n, world, dtype, &l) : 0;
+}
+
+static int check_method(const fc_cuda_call *k, const fc_method *m, fc_err *err)
+{
+    if (!k->api->has_method(m->id))
+        return fc_fail(err, FC_ERR_TYPE, "method '%s' has no CUDA kernels yet; use CPU tensors",
+                       m->name);
+    return FC_OK;
+}
+
+/* gradiveq's learn steps: the unit state's covariance is summed over ranks after this step. */
+static int learns(const fc_core *s, const fc_method *m)
+{
+    int64_t off;
+    return m == s->method && m->sync_floats != NULL && m->sync_floats(s->cfg, s->step, &off) > 0;
+}
+
+/* The call header (fc_cuda_head): what every call to the library carries, filled here only.
+ * m is the method the payloads go out with; the caller sets the geometry and what it changes. */
+static void call_head(const fc_core *s, const fc_cuda_call *k, const fc_method *m,
+                      const fc_buf *grad, uint32_t unit, uint32_t chunk_base, fc_cuda_head *h)
+{
+    memset(h, 0, sizeof(*h));
+    method_cfg(s, m, &h->m);
+    h->varsize = (m->flags & FC_VARSIZE) != 0;
+    h->device = k->device;
+    h->stream = k->stream;
+    h->grad = grad != NULL ? grad->data : NULL;
+    h->grad_dtype = grad != NULL ? grad->dtype : FC_F32;
+    h->unit = unit;
+    h->step = s->step;
+    h->chunk_base = chunk_base;
+    h->seed = (uint64_t)s->common.seed;
+    h->fingerprint = s->fingerprint;
+    h->nonfinite_zero = s->common.nonfinite == FC_NONFINITE_ZERO;
+    h->ws = k->ws;
+    h->x = k->x; /* scratch, unit state, fetch buffer; what a call changes, it sets */
+    h->x.learn = 0;
+    h->x.fetch_k = 0;
+}
+
+/* The collective's header: the unit's geometry and wire method, and whether a second round
+ * follows (exactly when there is a fetch buffer: the kernels' test). */
+static const fc_method *unit_head(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad,
+                                  int world, int rank, uint32_t unit, fc_cuda_head *h)
+{
+    const int64_t N = grad->numel;
+    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
+    call_head(s, k, m, grad, unit, 0, h);
+    geometry(s, m, N, grad->dtype, world, rank, &h->geo);
+    if (fc_core_fetch_kmax(s, N, world) == 0)
+        h->x.fetch = NULL;
+    return m;
+}
+
+/* residual: NULL without error feedback; sample: the call samples the error statistics (the
+ * driver's decisions, fc_drive_encode_open). */
+static void encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf *send,
+                        fc_buf *residual, int sample, int world, int rank, uint32_t unit,
+                        fc_cuda_encode_args *a)
+{
+    memset(a, 0, sizeof(*a));
+    const fc_method *m = unit_head(s, k, grad, world, rank, unit, &a->h);
+    a->h.x.learn = learns(s, m);
+    a->residual = residual != NULL ? residual->data : NULL;
+    a->res_dtype = residual != NULL ? residual->dtype : FC_F32;
+    a->ef_decay = (float)s->common.ef_decay; /* fc_core_ef_decay's float: the CPU's product */
+    a->send = send != NULL ? (uint8_t *)send->data : NULL;
+    a->sample = sample;
+}
+
+int64_t fc_cuda_fetch_bytes(int64_t kmax)
+{
+    return FC_CUDA_FETCH_PICKS + 4 * kmax;
+}
+
+/* The open call s->enc (the driver's decisions) on the device; sent[c]: the geometry's payloads,
+ * or for a data-dependent method what the device says it wrote (read back: the one wait on the
+ * GPU of a hook call). */
+static int cuda_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *send,
+                       fc_buf *residual, fc_sent *sent, fc_err *err)
+{
+    int rc = FC_OK;
+    const fc_cuda_call *k = x->k;
+    const fc_encode_call *e = &s->enc;
+    const int64_t N = grad->numel;
+    const int world = e->key.world, rank = e->key.rank;
+    const fc_method *m = e->method;
+    const int varsize = (m->flags & FC_VARSIZE) != 0;
+    fc_cuda_sent *dev = NULL;
+    fc_cuda_encode_args a;
+    FC_TRY(check_method(k, m, err));
+    encode_args(s, k, grad, send, e->use_ef ? residual : NULL, e->stats, world, rank, e->key.unit,
+                &a);
+    if (varsize) {
+        dev = (fc_cuda_sent *)calloc((size_t)world, sizeof(fc_cuda_sent));
+        if (dev == NULL)
+            FC_TRY(fc_fail(err, FC_ERR_NOMEM, "could not allocate %d payload records", world));
+        a.h.x.sent = dev;
+    }
+    FC_TRY(k->api->encode(k->ctx, &a, err));
+    for (int c = 0; c < world; c++) {
+        int64_t start, n;
+        fc_chunk_span(N, world, c, &start, &n);
+        if (!fc_core_has_payload(s, N, world, rank, c))
+            continue;
+        if (varsize) {
+            sent[c].l.value_bytes = dev[c].value_bytes;
+            sent[c].l.meta_bytes = dev[c].meta_bytes;
+            sent[c].l.index_bytes = dev[c].index_bytes;
+            sent[c].l.kept = dev[c].kept;
+            sent[c].none = dev[c].none != 0;
+            sent[c].size = dev[c].size;
+        } else {
+            body_bytes(s, m, n, world, grad->dtype, &sent[c].l);
+            sent[c].size = fc_payload_bytes(s, m, n, grad->dtype);
+        }
+    }
+error:
+    free(dev);
+    return rc;
+}
+
+static void decode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *recv,
+                        const fc_buf *grad, const fc_buf *out, int world, int rank, uint32_t unit,
+                        fc_cuda_decode_args *a)
+{
+    int64_t start, n;
+    fc_chunk_span(grad->numel, world, rank, &start, &n);
+    memset(a, 0, sizeof(*a));
+    const fc_method *m = unit_head(s, k, grad, world, rank, unit, &a->h);
+    a->h.x.fetch_k = fc_core_fetch_kmax(s, grad->numel, world) > 0 ? fc_core_fetch_k(s, m, n) : 0;
+    a->h.x.packed_bytes = (m->flags & FC_VARSIZE) && recv != NULL ? recv->numel : 0;
+    a->recv = recv != NULL ? (const uint8_t *)recv->data : NULL;
+    /* fixed sizes: every slot a payload of the own chunk; data-dependent: back to back */
+    a->slot = (m->flags & FC_VARSIZE) ? 0 : fc_payload_bytes(s, m, n, grad->dtype);
+    a->out = out->data;
+    a->out_dtype = out->dtype;
+    a->out_numel = out->numel;
+}
+
+int fc_cuda_unit_needs(const fc_core *s, const fc_cuda_call *k, int decode, const fc_buf *recv,
+                       const fc_buf *grad, const fc_buf *out, int world, int rank, uint32_t unit,
+                       int64_t *scratch, int64_t *fetch, fc_err *err)
+{
+    const fc_method *m = fc_core_wire_method(s, grad->numel, world, grad->dtype);
+    const int64_t kmax = fc_core_fetch_kmax(s, grad->numel, world);
+    *scratch = 0;
+    *fetch = kmax > 0 ? fc_cuda_fetch_bytes(kmax) : 0;
+    int rc = check_method(k, m, err);
+    if (rc != FC_OK)
+        return rc;
+    if (decode) {
+        fc_cuda_decode_args a;
+        decode_args(s, k, recv, grad, out, world, rank, unit, &a);
+        return k->api->scratch_bytes(NULL, &a, scratch, err);
+    }
+    fc_cuda_encode_args a;
+    encode_args(s, k, grad, NULL, NULL, fc_core_stats_due(s, m, grad->numel, world), world, rank,
+                unit, &a);
+    return k->api->scratch_bytes(&a, NULL, scratch, err);
+}
+
+static int cuda_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf *grad,
+                       fc_buf *out, int world, int rank, uint32_t unit, const int64_t *recvs,
+                       fc_err *err)
+{
+    int rc = FC_OK;
+    const fc_cuda_call *k = x->k;
+    const fc_method *m = fc_core_wire_method(s, grad->numel, world, grad->dtype);
+    (void)recvs;
+    FC_TRY(check_method(k, m, err));
+    fc_cuda_decode_args a;
+    decode_args(s, k, recv, grad, out, world, rank, unit, &a);
+    if (fc_core_fetch_kmax(s, grad->numel, world) > 0 && a.h.x.fetch == NULL)
+        FC_TRY(fc_fail(err, FC_ERR_STATE, "internal: a second round without its fetch buffer"));
+    FC_TRY(k->api->decode(k->ctx, &a, err)); /* a second round's picks stay on the device */
+error:
+    return rc;
+}
+
+/* ---- the second round's work on the device (fc_fetch.c checks, splits and counts) */
+
+static void fetch_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad, int world,
+                       int rank, uint32_t unit, fc_cuda_fetch_args *a)
+{
+    memset(a, 0, sizeof(*a));
+    unit_head(s, k, grad, world, rank, unit, &a->h);
+    a->h.x.fetch = k->x.fetch;
+    a->kmax = fc_core_fetch_kmax(s, grad->numel, world);
+    a->n_picks = s->n_picks;
+}
+
+static int cuda_fetch_picks(const fc_core *s, const fc_exec *x, uint32_t unit, uint32_t *picks,
+                            int64_t kmax, fc_err *err)
+{
+    const fc_cuda_call *k = x->k;
+    fc_cuda_fetch_args a;
+    memset(&a, 0, sizeof(a));
+    call_head(s, k, s->method, NULL, unit, 0, &a.h);
+    a.h.x.fetch = k->x.fetch;
+    a.kmax = kmax;
+    a.n_picks = s->n_picks;
+    a.picks = picks;
+    return k->api->fetch_picks(k->ctx, &a, err);
+}
+
+static int cuda_fetch_values(fc_core *s, const fc_exec *x, const uint32_t *all_picks,
+                             int64_t kmax, const fc_buf *grad, fc_buf *residual, int world,
+                             int rank, uint32_t unit, float *send, const int64_t *send_splits,
+                             fc_err *err)
+{
+    const fc_cuda_call *k = x->k;
+    fc_cuda_fetch_args a;
+    (void)send_splits; /* the device splits by the same rule */
+    fetch_args(s, k, grad, world, rank, unit, &a);
+    a.kmax = kmax;
+    a.residual = residual != NULL ? residual->data : NULL;
+    a.res_dtype = residual != NULL ? residual->dtype : FC_F32;
+    a.all_picks = all_picks;
+    a.values = send;
+    return k->api->fetch_values(k->ctx, &a, err);
+}
+
+static int cuda_fetch_finish(fc_core *s, const fc_exec *x, const float *recv, const fc_buf *grad,
+                             fc_buf *out, int world, int rank, uint32_t unit, fc_err *err)
+{
+    const fc_cuda_call *k = x->k;
+    fc_cuda_fetch_args a;
+    fetch_args(s, k, grad, world, rank, unit, &a);
+    a.values = (float *)recv;
+    a.out = out->data;
+    a.out_dtype = out->dtype;
+    a.out_numel = out->numel;
+    return k->api->fetch_finish(k->ctx, &a, err);
+}
+
+/* One chunk of n elements as its own unit: chunk 0 is all of it and the other W - 1 are empty,
+ * so the kernels' chunk 0 is the CPU's single payload; the RNG's chunk id and rank come in
+ * apart (chunk_base, geo.rank). */
+static void single_geometry(const fc_core *s, int64_t n, int world, int rank, fc_cuda_geom *g)
+{
+    fc_layout l;
+    memset(g, 0, sizeof(*g));
+    g->numel = n;
+    g->per = n;
+    g->world = world;
+    g->rank = rank;
+    g->skip_own = 0;
+    g->pay_full = g->pay_last = fc_payload_bytes(s, s->method, n, FC_F32);
+    g->body_full = g->body_last = body_bytes(s, s->method, n, world, FC_F32, &l);
+}
+
+/* compress()'s arguments for x (x->numel values; data may be NULL when only sizing): NaN/Inf
+ * go through flagged, no residual, no sample, no second round after one payload. */
+static void single_encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *x,
+                               fc_buf *payload, uint32_t unit, uint32_t chunk, int world, int rank,
+                               fc_cuda_encode_args *a)
+{
+    memset(a, 0, sizeof(*a));
+    call_head(s, k, s->method, x, unit, chunk, &a->h);
+    single_geometry(s, x->numel, world, rank, &a->h.geo);
+    a->h.grad_dtype = FC_F32;
+    a->h.nonfinite_zero = 0;
+    a->h.x.learn = learns(s, s->method); /* the CPU's compress learns too (gradiveq) */
+    a->h.x.fetch = NULL;
+    a->h.x.sent = NULL; /* the driver reads a data-dependent size from the header */
+    a->res_dtype = FC_F32;
+    a->ef_decay = (float)s->common.ef_decay; /* read only when compress() takes a residual */
+    a->send = payload != NULL ? (uint8_t *)payload->data : NULL;
+}
+
+/* decompress()'s arguments for acc (acc->numel values; data may be NULL when only sizing). */
+static void single_decode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *payload,
+                               const fc_buf *acc, float alpha, uint32_t unit, uint32_t chunk,
+                               int world, fc_cuda_decode_args *a)
+{
+    memset(a, 0, sizeof(*a));
+    /* grad is never read: the own chunk is not part of a single payload's sum */
+    call_head(s, k, s->method, acc, unit, chunk, &a->h);
+    single_geometry(s, acc->numel, world, 0, &a->h.geo);
+    a->h.grad_dtype = FC_F32;
+    a->h.nonfinite_zero = 0;
+    a->h.x.fetch = NULL;
+    a->recv = payload != NULL ? (const uint8_t *)payload->data : NULL;
+    a->slot = payload != NULL ? payload->numel : 0;
+    a->h.x.packed_bytes = a->slot; /* a data-dependent method walks the one payload's header */
+    a->out = acc->data;
+    a->out_dtype = FC_F32;
+    a->out_numel = acc->numel;
+    a->alpha = alpha;
+}
+
+int fc_cuda_single_needs(const fc_core *s, const fc_cuda_call *k, int64_t n, int world, int rank,
+                         uint32_t unit, uint32_t chunk, int decode, int64_t *scratch, fc_err *err)
+{
+    fc_buf b;
+    memset(&b, 0, sizeof(b));
+    b.numel = n;
+    b.dtype = FC_F32;
+    *scratch = 0;
+    int rc = check_method(k, s->method, err);
+    if (rc != FC_OK)
+        return rc;
+    if (decode) {
+        fc_cuda_decode_args a;
+        single_decode_args(s, k, NULL, &b, 1.0f, unit, chunk, world, &a);
+        rc = k->api->scratch_bytes(NULL, &a, scratch, err);
+    } else {
+        fc_cuda_encode_args a;
+        single_encode_args(s, k, &b, NULL, unit, chunk, world, rank, &a);
+        rc = k->api->scratch_bytes(&a, NULL, scratch, err);
+    }
+    return rc;
+}
+
+static int cuda_compress(fc_core *s, const fc_exec *x, const fc_buf *in, fc_buf *payload,
+                         fc_buf *residual, uint32_t unit, uint32_t chunk, int world, int rank,
+                         int64_t *written, fc_err *err)
+{
+    const fc_cuda_call *k = x->k;
+    int rc = check_method(k, s->method, err);
+    if (rc != FC_OK)
+        return rc;
+    fc_cuda_encode_args a;
+    single_encode_args(s, k, in, payload, unit, chunk, world, rank, &a);
+    if (residual != NULL) { /* g' = x + e by the collective's rules, e replaced */
+        a.residual = residual->data;
+        a.res_dtype = FC_F32;
+        a.h.nonfinite_zero = s->common.nonfinite == FC_NONFINITE_ZERO;
+    }
+    return k->api->compress(k->ctx, &a, written, err);
+}
+
+static int cuda_decompress(fc_core *s, const fc_exec *x, const fc_buf *payload, fc_buf *acc,
+                           float alpha, uint32_t unit, uint32_t chunk, int world, fc_err *err)
+{
+    const fc_cuda_call *k = x->k;
+    int rc = check_method(k, s->method, err);
+    if (rc != FC_OK)
+        return rc;
+    fc_cuda_decode_args a;
+    single_decode_args(s, k, payload, acc, alpha, unit, chunk, world, &a);
+    return k->api->decompress(k->ctx, &a, err);
+}
+
+static int cuda_res8_pack(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *packed,
+                          uint32_t key, fc_err *err)
+{
+    (void)s;
+    return x->k->api->res8(x->k->ctx, x->k->device, x->k->stream, 1, (float *)e->data, e->numel,
+                           (uint8_t *)packed->data, key, err);
+}
+
+static int cuda_res8_unpack(fc_core *s, const fc_exec *x, const fc_buf *packed, fc_buf *e,
+                            fc_err *err)
+{
+    (void)s;
+    return x->k->api->res8(x->k->ctx, x->k->device, x->k->stream, 0, (float *)e->data, e->numel,
+                           (uint8_t *)packed->data, 0, err);
+}
+
+const fc_backend fc_backend_cuda = {
+    0,
+    cuda_encode,
+    cuda_decode,
+    cuda_compress,
+    cuda_decompress,
+    cuda_fetch_picks,
+    cuda_fetch_values,
+    cuda_fetch_finish,
+    cuda_res8_pack,
+    cuda_res8_unpack,
+};
+
+void fc_cuda_probe(const fc_core *s, const fc_cuda_api *api, int64_t numel, int dtype, int world,
+                   int rank, int64_t *rows)
+{
+    const fc_method *m = fc_core_wire_method(s, numel, world, dtype);
+    fc_cuda_geom g;
+    int64_t start, n;
+    geometry(s, m, numel, dtype, world, rank, &g);
+    fc_chunk_span(numel, world, rank, &start, &n);
+    api->probe_geometry(&g, fc_payload_bytes(s, m, n, dtype), rows);
+}

@@ -1,0 +1,70 @@
+/* fc_range.h: the driver's range and NaN rules for one element (g' = g + e, the residual, the
+ * output), written once for fc_core.c and the CUDA driver so both keep the same values: a
+ * residual or an output never holds a NaN/Inf that the input did not (docs/design.md,
+ * "Non-finite gradients and range"). Each takes a value that already came out of the plain
+ * arithmetic and only decides what a NaN/Inf there becomes, so the common path stays one add. */
+#ifndef FC_RANGE_H
+#define FC_RANGE_H
+
+#include <stdint.h>
+#include "common/fc_hostdev.h"
+#include "common/fc_quant.h"
+
+/* fp32's largest finite value with the sign of v. */
+FC_HOSTDEV float fc_max_like(float v)
+{
+    return fc_bits_f32((fc_f32_bits(v) & 0x80000000u) | FC_MAX_BITS);
+}
+
+/* g' of one element where x = g + e (x = g without a residual: e = 0) is NaN/Inf. Two finite
+ * terms overflowed: the sum saturates (*sat). Otherwise the gradient held NaN/Inf (a residual
+ * never does; *bad): "zero" mode sends e instead, so the residual still goes out, and "pass"
+ * mode keeps it, a NaN as the canonical one. */
+FC_HOSTDEV float fc_gprime_fix(float x, float g, float e, int zero, int64_t *bad, int64_t *sat)
+{
+    if (fc_abs_bits(g) < FC_INF_BITS && fc_abs_bits(e) < FC_INF_BITS) {
+        ++*sat;
+        return fc_max_like(x);
+    }
+    ++*bad;
+    return zero ? e : fc_canon_nan(x);
+}
+
+/* A residual e = g' - D of a chunk that sent only finite values, where it came out NaN/Inf:
+ * values of both signs near fp32's largest overflowed (+-Inf: saturated), or a NaN, which a
+ * codec never decodes from finite values (0). Both counted in *sat. */
+FC_HOSTDEV float fc_residual_fix(float e, int64_t *sat)
+{
+    ++*sat;
+    return fc_abs_bits(e) > FC_INF_BITS ? 0.0f : fc_max_like(e);
+}
+
+/* The residual of one element of a chunk whose g' (x) held NaN/Inf that went on the wire
+ * ("pass"), from d = 0 + D, the decode added to zeros: 0 where g' itself is not finite, g'
+ * where D is NaN (nothing of it arrived: a block with the NaN), else g' - D with an infinite D
+ * taken as fp32's largest value, saturated (*sat). Never the old residual: it went out inside
+ * g', and keeping it would deliver it twice. */
+FC_HOSTDEV float fc_residual_passed(float x, float d, int64_t *sat)
+{
+    if (fc_abs_bits(x) >= FC_INF_BITS)
+        return 0.0f;
+    if (fc_abs_bits(d) > FC_INF_BITS)
+        return x;
+    return fc_add_sat(x, -(fc_abs_bits(d) == FC_INF_BITS ? fc_max_like(d) : d), sat);
+}
+
+/* An output v = sum / W that came out NaN/Inf. With `passed` (the own chunk or a flagged payload
+ * brought NaN/Inf into the sum) it goes through, a NaN as the canonical one (*nonfinite);
+ * otherwise finite terms overflowed fp32: its largest value of the sign, 0 for a NaN (+Inf and
+ * -Inf met), counted in *sat. */
+FC_HOSTDEV float fc_output_fix(float v, int passed, int64_t *nonfinite, int64_t *sat)
+{
+    if (passed) {
+        ++*nonfinite;
+        return fc_canon_nan(v);
+    }
+    ++*sat;
+    return fc_abs_bits(v) > FC_INF_BITS ? 0.0f : fc_max_like(v);
+}
+
+#endif

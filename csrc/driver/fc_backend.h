@@ -1,0 +1,96 @@
+/* fc_backend.h: the one call path from the State to the element work: the driver's entries
+ * (fc_drive_*: plan, checks, decisions, counters, timing) and the backend table they call, one
+ * for CPU tensors (the loops of fc_encode.c, fc_decode.c, fc_fetch.c) and one for CUDA tensors
+ * (kernel launches through the CUDA library, fc_cuda_path.c), picked once per call by the
+ * tensors' device. */
+#ifndef FC_BACKEND_H
+#define FC_BACKEND_H
+
+#include "driver/fc_core.h"
+
+struct fc_cuda_call_s; /* fc_cuda_path.h: the prepared CUDA call (library, stream, workspace) */
+typedef struct fc_backend fc_backend;
+
+/* One call's backend: the table and, on CUDA, its prepared call (NULL on CPU). */
+typedef struct {
+    const fc_backend *b;
+    const struct fc_cuda_call_s *k;
+} fc_exec;
+
+/* The element work over the driver's plan and decisions. Every entry gets the call's decisions
+ * from the driver (the open encode call s->enc: wire method, error feedback, sampling; the
+ * plan's receive sizes) and returns what it did; none of them counts a call or a payload. */
+struct fc_backend {
+    int on_host; /* its time and element statistics are the host's (CUDA keeps them on the
+                  * device: events, the workspace's counts and residual norms) */
+    /* every chunk of the open call s->enc into send, back to back; sent[c] per chunk */
+    int (*encode)(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *send,
+                  fc_buf *residual, fc_sent *sent, fc_err *err);
+    /* sum in rank order of the own chunk and the payloads (recvs: the plan's receive sizes),
+     * / W, into out; a unit with a second round only picks (the driver keeps the count) */
+    int (*decode)(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf *grad,
+                  fc_buf *out, int world, int rank, uint32_t unit, const int64_t *recvs,
+                  fc_err *err);
+    /* one payload of x (fp32) outside the collective, of x + e with a residual (which it
+     * replaces: fc_drive_compress); *written its padded size */
+    int (*compress)(fc_core *s, const fc_exec *x, const fc_buf *in, fc_buf *payload,
+                    fc_buf *residual, uint32_t unit, uint32_t chunk, int world, int rank, int64_t *written,
+                    fc_err *err);
+    /* acc (fp32) += alpha * D(payload) */
+    int (*decompress)(fc_core *s, const fc_exec *x, const fc_buf *payload, fc_buf *acc,
+                      float alpha, uint32_t unit, uint32_t chunk, int world, fc_err *err);
+    /* the second round (fc_fetch.c checks, splits and counts) */
+    int (*fetch_picks)(const fc_core *s, const fc_exec *x, uint32_t unit, uint32_t *out,
+                       int64_t kmax, fc_err *err);
+    int (*fetch_values)(fc_core *s, const fc_exec *x, const uint32_t *all_picks, int64_t kmax,
+                        const fc_buf *grad, fc_buf *residual, int world, int rank, uint32_t unit,
+                        float *send, const int64_t *send_splits, fc_err *err);
+    int (*fetch_finish)(fc_core *s, const fc_exec *x, const float *recv, const fc_buf *grad,
+                        fc_buf *out, int world, int rank, uint32_t unit, fc_err *err);
+    /* an 8-bit residual (fc_res8.h): e (fp32) into packed, and back */
+    int (*res8_pack)(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *packed, uint32_t key,
+                     fc_err *err);
+    int (*res8_unpack)(fc_core *s, const fc_exec *x, const fc_buf *packed, fc_buf *e, fc_err *err);
+};
+
+extern const fc_backend fc_backend_cpu;
+extern const fc_backend fc_backend_cuda; /* fc_cuda_path.c */
+
+/* The driver's entries, one for CPU and CUDA tensors: sizes[c] the bytes of the payload for
+ * rank c (0 for none), back to back in send; below the plan's bounds for FC_VARSIZE methods. */
+/* sizes[c]: bytes of the payload for rank c (0 for none); they lie back to back in send. For
+ * FC_VARSIZE methods they are smaller than the plan's bounds. */
+int fc_drive_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *send,
+                    fc_buf *residual, int world, int rank, uint32_t unit, int64_t *sizes,
+                    fc_err *err);
+int fc_drive_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf *grad,
+                    fc_buf *out, int world, int rank, uint32_t unit, fc_err *err);
+/* One chunk outside any collective (tests, benchmarks, the all-gather half): in (fp32) to one
+ * payload, and acc (fp32) += alpha * its decode. With a residual (fp32, in's length; the
+ * all-gather half of an all-reduce) the payload is that of g' = in + e under the collective's
+ * range and NaN rules, and e is replaced by g' - D(C(g')); its NaN/Inf are not counted. */
+int fc_drive_compress(fc_core *s, const fc_exec *x, const fc_buf *in, fc_buf *payload,
+                      fc_buf *residual, uint32_t unit, uint32_t chunk, int world, int rank,
+                      int64_t *written, fc_err *err);
+int fc_drive_decompress(fc_core *s, const fc_exec *x, const fc_buf *payload, fc_buf *acc,
+                        float alpha, uint32_t unit, uint32_t chunk, int world, fc_err *err);
+
+/* An 8-bit residual (residual_dtype "int8") is unpacked into an fp32 workspace e before a call
+ * that reads or replaces it, and packed again after: packed holds fc_res8_bytes(e's numel)
+ * bytes. The pack's rounding draws from (seed, step, unit, salt: FC_RES8_SALT_*). */
+int fc_drive_res8_unpack(fc_core *s, const fc_exec *x, const fc_buf *packed, fc_buf *e,
+                         fc_err *err);
+int fc_drive_res8_pack(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *packed,
+                       uint32_t unit, uint32_t salt, fc_err *err);
+
+/* Opens the encode call s->enc with the driver's decisions for it (wire method, error
+ * feedback, sampling, the call's key); the per-peer parts (fc_encode.c) open theirs here too. */
+void fc_drive_encode_open(fc_core *s, const fc_buf *grad, const fc_buf *residual, int world,
+                          int rank, uint32_t unit);
+/* Counts one payload of the open call (chunk of n elements) as the driver does for every
+ * backend: its layout and size, a `none` fallback, the input's raw bytes. */
+void fc_drive_count_sent(fc_core *s, const fc_sent *p, int64_t n, int dtype);
+/* Closes the open call: the unit's residual bookkeeping and the per-call counters. */
+void fc_drive_encode_close(fc_core *s, int on_host, const fc_buf *residual);
+
+#endif

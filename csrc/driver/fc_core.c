@@ -1,0 +1,475 @@
+/* fc_core.c: the driver of the compressed reduce-scatter, method-agnostic: state, units and
+ * their method state, the wire method and `none` fallback, the plan and its per-peer layout;
+ * the CPU encode and decode are fc_encode.c and fc_decode.c. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include "driver/fc_core_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/fc_half.h"
+#include "common/fc_quant.h"
+#include "common/fc_range.h"
+#include "common/fc_wire.h"
+
+extern const fc_method fc_method_none;
+
+double fc_core_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+float fc_core_elem_f32(const void *src, int dt, int64_t i)
+{
+    if (dt == FC_F32)
+        return ((const float *)src)[i];
+    const uint16_t h = ((const uint16_t *)src)[i];
+    return dt == FC_BF16 ? fc_bf16_to_f32(h) : fc_f16_to_f32(h);
+}
+
+/* ---- lifetime ---- */
+
+void fc_core_init(fc_core *s, const fc_method *m, const fc_common *common, const void *cfg,
+                  uint32_t fingerprint)
+{
+    memset(s, 0, sizeof(*s));
+    s->method = m;
+    s->common = *common;
+    s->fingerprint = fingerprint;
+    s->picks_unit = s->bad_unit = -1;
+    memcpy(s->cfg, cfg, m->cfg_size);
+}
+
+void fc_core_free_unit_states(fc_core *s)
+{
+    s->enc.open = s->dec_call.open = 0; /* their unit state pointers go with the table */
+    for (int32_t u = 0; u < s->n_units; u++) {
+        free(s->units[u].ustate);
+        s->units[u].ustate = NULL;
+    }
+}
+
+void fc_core_free(fc_core *s)
+{
+    if (s->units != NULL)
+        fc_core_free_unit_states(s);
+    free(s->loose);
+    s->loose = NULL;
+    free(s->units);
+    free(s->x);
+    free(s->acc);
+    free(s->dec);
+    free(s->mscr);
+    free(s->agg);
+    free(s->picks);
+    s->picks = NULL;
+    s->picks_cap = s->n_picks = 0;
+    s->picks_unit = s->bad_unit = -1;
+    s->agg = NULL;
+    s->agg_cap = 0;
+    s->units = NULL;
+    s->x = s->acc = s->dec = NULL;
+    s->mscr = NULL;
+    s->n_units = s->cap_units = 0;
+    s->x_cap = s->acc_cap = s->dec_cap = 0;
+    s->mscr_cap = 0;
+}
+
+/* Grows a reusable buffer; buffers only grow, so steady-state calls never allocate. */
+int fc_core_grow(void **p, size_t *cap, size_t need, fc_err *err)
+{
+    if (need <= *cap)
+        return FC_OK;
+    size_t want = need + need / 4 + 64;
+    want = (want + 63) / 64 * 64;
+    void *q = aligned_alloc(64, want);
+    if (q == NULL)
+        return fc_fail(err, FC_ERR_NOMEM, "could not allocate %zu bytes of scratch", want);
+    free(*p);
+    *p = q;
+    *cap = want;
+    return FC_OK;
+}
+
+int fc_core_grow_f32(float **p, int64_t *cap, int64_t n, fc_err *err)
+{
+    size_t c = (size_t)*cap * 4;
+    int rc = fc_core_grow((void **)p, &c, (size_t)(n > 0 ? n : 1) * 4, err);
+    *cap = (int64_t)(c / 4);
+    return rc;
+}
+
+/* The unit's method state, created (identically on every rank) at first use. */
+int fc_core_ustate(fc_core *s, const fc_method *m, uint32_t unit, float **out, fc_err *err)
+{
+    *out = NULL;
+    if (m->unit_floats == NULL)
+        return FC_OK;
+    float **slot;
+    if (unit < (uint32_t)s->n_units) {
+        slot = &s->units[unit].ustate;
+    } else { /* compress()/decompress() of a unit the collective has not seen */
+        if (s->loose != NULL && s->loose_unit != (int64_t)unit) {
+            free(s->loose);
+            s->loose = NULL;
+        }
+        slot = &s->loose;
+        s->loose_unit = unit;
+    }
+    if (*slot == NULL) {
+        int64_t nf = m->unit_floats(s->cfg);
+        float *p = (float *)calloc((size_t)nf, 4);
+        if (p == NULL)
+            return fc_fail(err, FC_ERR_NOMEM, "could not allocate %lld floats of unit state",
+                           (long long)nf);
+        uint64_t seed = (uint64_t)s->common.seed;
+        fc_rng r = {(uint32_t)seed, (uint32_t)(seed >> 32), 0xFFFFFFFFu, unit, 0xFFFFFFFFu};
+        m->unit_init(s->cfg, p, &r);
+        *slot = p;
+    }
+    *out = *slot;
+    return FC_OK;
+}
+
+int fc_core_unit_state(fc_core *s, uint32_t unit, float **out, fc_err *err)
+{
+    *out = NULL;
+    if (unit >= (uint32_t)s->n_units)
+        return fc_fail(err, FC_ERR_VALUE, "unit %u was never begun", unit);
+    return fc_core_ustate(s, fc_core_unit_method(s, s->units[unit].numel), unit, out, err);
+}
+
+int fc_core_single_state(fc_core *s, uint32_t unit, float **out, fc_err *err)
+{
+    return fc_core_ustate(s, s->method, unit, out, err);
+}
+
+void fc_core_sync_span(fc_core *s, uint32_t unit, float **data, int64_t *len)
+{
+    *data = NULL;
+    *len = 0;
+    if (unit >= (uint32_t)s->n_units || s->units[unit].ustate == NULL)
+        return;
+    const fc_method *m = fc_core_unit_method(s, s->units[unit].numel);
+    if (m->sync_floats == NULL)
+        return;
+    int64_t off = 0, n = m->sync_floats(s->cfg, s->step, &off);
+    if (n > 0) {
+        *data = s->units[unit].ustate + off;
+        *len = n;
+    }
+}
+
+int fc_core_sync_apply(fc_core *s, uint32_t unit, const float *sum, int64_t len, fc_err *err)
+{
+    float *data;
+    int64_t want;
+    fc_core_sync_span(s, unit, &data, &want);
+    if (want == 0)
+        return fc_fail(err, FC_ERR_STATE, "unit %u has no state to sync at step %u", unit, s->step);
+    if (len != want)
+        return fc_fail(err, FC_ERR_VALUE, "sync of unit %u needs %lld floats, got %lld", unit,
+                       (long long)want, (long long)len);
+    memcpy(data, sum, (size_t)len * 4);
+    const fc_method *m = fc_core_unit_method(s, s->units[unit].numel);
+    return m->sync_apply(s->cfg, s->units[unit].ustate, err);
+}
+
+int64_t fc_core_unit_floats(const fc_core *s, int64_t numel)
+{
+    const fc_method *m = fc_core_unit_method(s, numel);
+    return m->unit_floats != NULL ? m->unit_floats(s->cfg) : 0;
+}
+
+int fc_core_check_unit_state(const fc_core *s, int64_t numel, const float *v, int64_t len,
+                             fc_err *err)
+{
+    const fc_method *m = fc_core_unit_method(s, numel);
+    const int64_t want = fc_core_unit_floats(s, numel);
+    if (want == 0)
+        return fc_fail(err, FC_ERR_VALUE, "a unit of %lld elements uses '%s', which keeps no unit "
+                       "state, but one of %lld floats was given", (long long)numel, m->name,
+                       (long long)len);
+    if (len != want)
+        return fc_fail(err, FC_ERR_VALUE, "'%s' keeps %lld floats of state per unit, got %lld "
+                       "(another config?)", m->name, (long long)want, (long long)len);
+    return m->unit_check != NULL ? m->unit_check(s->cfg, v, err) : FC_OK;
+}
+
+/* ---- geometry ---- */
+
+const fc_method *fc_core_unit_method(const fc_core *s, int64_t numel)
+{
+    return numel < s->common.min_numel ? &fc_method_none : s->method;
+}
+
+/* Whether a chunk of n elements goes out no smaller as m than as `none` (padded sizes: what
+ * the wire carries). */
+static int no_smaller(const fc_core *s, const fc_method *m, int64_t n, int dtype)
+{
+    return n > 0 && fc_payload_bytes(s, m, n, dtype) >= fc_payload_bytes(s, &fc_method_none, n, dtype);
+}
+
+const fc_method *fc_core_wire_method(const fc_core *s, int64_t numel, int world, int dtype)
+{
+    const fc_method *m = fc_core_unit_method(s, numel);
+    if (m == &fc_method_none || (m->flags & FC_VARSIZE) || numel <= 0 || world < 1)
+        return m;
+    /* a unit's chunks have two lengths at most: ceil(N / W), and the last non-empty one's */
+    const int64_t per = (numel + world - 1) / world, last = numel - (numel - 1) / per * per;
+    if (m->fetch_k != NULL && fc_core_fetch_k(s, m, per) > 0)
+        dtype = FC_BF16; /* `none` at 2 bytes per element: no larger than any dtype's */
+    return no_smaller(s, m, per, dtype) || no_smaller(s, m, last, dtype) ? &fc_method_none : m;
+}
+
+void fc_chunk_span(int64_t n, int world, int c, int64_t *start, int64_t *len)
+{
+    int64_t per = (n + world - 1) / world;
+    int64_t a = per * c, b = a + per;
+    if (a > n)
+        a = n;
+    if (b > n)
+        b = n;
+    *start = a;
+    *len = b - a;
+}
+
+fc_chunk fc_core_make_chunk(const fc_core *s, const fc_method *m, int64_t n, int world, int dtype,
+                            uint32_t unit, uint32_t chunk, int rank)
+{
+    fc_chunk c;
+    c.cfg = m == s->method ? (const void *)s->cfg : NULL;
+    c.n = n;
+    c.world = world;
+    c.wire_dtype = dtype;
+    uint64_t seed = (uint64_t)s->common.seed;
+    c.rng_shared.key0 = (uint32_t)seed;
+    c.rng_shared.key1 = (uint32_t)(seed >> 32);
+    c.rng_shared.chunk = chunk;
+    c.rng_shared.unit = unit;
+    c.rng_shared.step = s->step;
+    /* The sender's own stream: stochastic rounding on different ranks must not be correlated. */
+    c.rng = c.rng_shared;
+    c.rng.key1 ^= 0x85EBCA6Bu * (uint32_t)(rank + 1);
+    c.scratch = s->mscr;
+    c.ustate = NULL;
+    return c;
+}
+
+int64_t fc_payload_bytes(const fc_core *s, const fc_method *m, int64_t n, int dtype)
+{
+    if (n == 0)
+        return 0;
+    fc_chunk c = fc_core_make_chunk(s, m, n, 1, dtype, 0, 0, 0);
+    fc_layout l;
+    m->layout(&c, &l);
+    return fc_align_up(FC_HEADER_BYTES + fc_layout_bytes(&l));
+}
+
+void fc_core_plan(const fc_core *s, int64_t numel, int dtype, int world, int rank,
+                  int64_t *send_splits, int64_t *recv_splits)
+{
+    const fc_method *m = fc_core_wire_method(s, numel, world, dtype);
+    int64_t start, own;
+    fc_chunk_span(numel, world, rank, &start, &own);
+    int64_t p_own = fc_payload_bytes(s, m, own, dtype);
+    for (int c = 0; c < world; c++) {
+        int64_t len;
+        fc_chunk_span(numel, world, c, &start, &len);
+        int skip = c == rank && !s->common.compress_own_chunk;
+        send_splits[c] = skip ? 0 : fc_payload_bytes(s, m, len, dtype);
+        recv_splits[c] = skip ? 0 : p_own;
+    }
+}
+
+/* ---- units and steps ---- */
+
+int fc_core_begin(fc_core *s, int64_t numel, int64_t want, int new_step, uint32_t *unit,
+                  fc_err *err)
+{
+    /* everything is checked, and the table grown, before the step or the cursor move: a
+     * refused claim leaves the state as it was, so its retry gets the same unit */
+    const uint32_t u = want >= 0 ? (uint32_t)want : new_step ? 0 : s->cursor;
+    if (want > (int64_t)s->n_units)
+        return fc_fail(err, FC_ERR_VALUE, "unit must be in [0, %d] (a unit seen before, or the "
+                       "next new one), got %lld", s->n_units, (long long)want);
+    if ((int32_t)u < s->n_units && s->units[u].numel != numel)
+        return fc_fail(err, FC_ERR_VALUE,
+                       "grad has %lld elements but unit %u had %lld when it was first seen: %s",
+                       (long long)numel, u, (long long)s->units[u].numel,
+                       want >= 0 ? "one unit key, one size"
+                                 : "units are keyed by call order, which must be the same every "
+                                   "step (call end_step() after each backward if the hook runs "
+                                   "outside one)");
+    if ((int32_t)u == s->n_units && s->n_units == s->cap_units) {
+        int32_t cap = s->cap_units ? 2 * s->cap_units : 16;
+        fc_unit *p = (fc_unit *)realloc(s->units, (size_t)cap * sizeof(fc_unit));
+        if (p == NULL)
+            return fc_fail(err, FC_ERR_NOMEM, "could not grow the unit table");
+        s->units = p;
+        s->cap_units = cap;
+    }
+    if (new_step)
+        fc_core_end_step(s);
+    if ((int32_t)u == s->n_units) {
+        memset(&s->units[u], 0, sizeof(fc_unit));
+        s->units[u].numel = numel;
+        s->n_units = (int32_t)u + 1;
+    }
+    s->cursor = u + 1;
+    *unit = u;
+    return FC_OK;
+}
+
+void fc_core_end_step(fc_core *s)
+{
+    s->cursor = 0;
+    s->step++;
+}
+
+/* Whether chunk ci of this unit has a payload: not empty, and not the own chunk kept exact. */
+int fc_core_has_payload(const fc_core *s, int64_t N, int world, int rank, int ci)
+{
+    int64_t start, n;
+    fc_chunk_span(N, world, ci, &start, &n);
+    return n > 0 && (ci != rank || s->common.compress_own_chunk);
+}
+
+fc_header_key fc_core_header_key(const fc_core *s, const fc_method *m, const fc_chunk *c)
+{
+    fc_header_key k;
+    k.method = m->id;
+    k.dtype = c->wire_dtype;
+    k.world = c->world;
+    k.unit = c->rng_shared.unit;
+    k.step = c->rng_shared.step;
+    k.fingerprint = s->fingerprint;
+    return k;
+}
+
+fc_call_key fc_core_call_key(const fc_core *s, uint32_t unit, int world, int rank, int64_t numel)
+{
+    fc_call_key k = {unit, s->step, world, rank, numel};
+    return k;
+}
+
+int fc_core_same_call(const fc_call_key *a, const fc_call_key *b)
+{
+    return a->unit == b->unit && a->step == b->step && a->world == b->world &&
+           a->rank == b->rank && a->numel == b->numel;
+}
+
+/* Pieces: the per-peer exchange may send a chunk as several payloads, each the encode of a
+ * contiguous range, so that the first travels while the next is encoded and the receiver
+ * decodes one while the next arrives (with one peer, W = 2, nothing else could overlap the
+ * wire). Only methods that encode element- or block-wise (FC_PIECEWISE), for which a piece
+ * means what the same range meant inside the chunk. Piece lengths are multiples of 64Ki
+ * elements, so blocks of up to 64Ki (a power of two) are never split. */
+#define FC_PIECE_ALIGN 65536
+
+/* A chunk of n elements goes as this many pieces of *len elements (the last one shorter): 1 and
+ * n unless the method is FC_PIECEWISE and n > pipeline_piece. */
+static int pieces_of(const fc_core *s, const fc_method *m, int64_t n, int64_t *len)
+{
+    const int64_t want = s->common.pipeline_piece;
+    *len = n;
+    if (!(m->flags & FC_PIECEWISE) || want <= 0 || n <= want)
+        return 1;
+    int64_t per = (want + FC_PIECE_ALIGN - 1) / FC_PIECE_ALIGN * FC_PIECE_ALIGN;
+    if ((n + per - 1) / per > FC_MAX_PIECES)
+        per = ((n + FC_MAX_PIECES - 1) / FC_MAX_PIECES + FC_PIECE_ALIGN - 1) / FC_PIECE_ALIGN *
+              FC_PIECE_ALIGN;
+    *len = per;
+    return (int)((n + per - 1) / per);
+}
+
+/* Parts of chunk c in the per-peer exchange: its pieces, or one (empty) part without payload. */
+int fc_core_chunk_parts(const fc_core *s, const fc_method *m, int64_t N, int world, int rank, int c,
+                        int64_t *len)
+{
+    int64_t start, n;
+    fc_chunk_span(N, world, c, &start, &n);
+    if (!fc_core_has_payload(s, N, world, rank, c)) {
+        *len = n;
+        return 1;
+    }
+    return pieces_of(s, m, n, len);
+}
+
+/* Bytes of piece p of a chunk of n elements cut into pieces of len. */
+int64_t fc_core_piece_bytes(const fc_core *s, const fc_method *m, int64_t n, int64_t len, int p,
+                            int dtype)
+{
+    const int64_t a = p * len;
+    return fc_payload_bytes(s, m, n - a < len ? n - a : len, dtype);
+}
+
+/* Bytes of all the parts of chunk c (0 without payload): every piece but the last is full. */
+int64_t fc_core_chunk_part_bytes(const fc_core *s, const fc_method *m, int64_t N, int dtype,
+                                 int world, int rank, int c)
+{
+    int64_t start, n, len;
+    fc_chunk_span(N, world, c, &start, &n);
+    const int parts = fc_core_chunk_parts(s, m, N, world, rank, c, &len);
+    if (!fc_core_has_payload(s, N, world, rank, c))
+        return 0;
+    return (parts - 1) * fc_core_piece_bytes(s, m, n, len, 0, dtype) +
+           fc_core_piece_bytes(s, m, n, len, parts - 1, dtype);
+}
+
+void fc_core_piece_plan(const fc_core *s, int64_t numel, int dtype, int world, int rank, int chunk,
+                        int64_t *sizes, int *count)
+{
+    const fc_method *m = fc_core_wire_method(s, numel, world, dtype);
+    const int payload = fc_core_has_payload(s, numel, world, rank, chunk);
+    int64_t start, n, len;
+    fc_chunk_span(numel, world, chunk, &start, &n);
+    *count = fc_core_chunk_parts(s, m, numel, world, rank, chunk, &len);
+    for (int p = 0; p < *count; p++)
+        sizes[p] = payload ? fc_core_piece_bytes(s, m, n, len, p, dtype) : 0;
+}
+
+/* Why a unit cannot be exchanged one payload at a time (NULL: it can). */
+const char *fc_core_not_per_peer(const fc_core *s, const fc_method *m, int64_t N, int world)
+{
+    if (m->flags & FC_VARSIZE)
+        return "has data-dependent payload sizes (the receivers learn them in one exchange)";
+    if (fc_core_fetch_kmax(s, N, world) > 0)
+        return "has a second round (the owner picks coordinates from all payloads)";
+    if (m->aggregate != NULL && m->agg_bytes != NULL)
+        return "sums the payloads in the compressed domain before decoding them";
+    return NULL;
+}
+
+int fc_core_per_peer_ok(const fc_core *s, int64_t numel, int world)
+{
+    return fc_core_not_per_peer(s, fc_core_unit_method(s, numel), numel, world) == NULL;
+}
+
+/* ---- the second round's first step ----
+ * A method with a second round (fc_method.fetch_k, Sketched-SGD) has its owner pick coordinates
+ * from the summed payloads inside fc_drive_decode. The core does that through the method table's
+ * fetch_k/pick entries, never naming the method or fc_fetch.c: the rest of the round
+ * (fc_fetch.c) builds on this file, not the other way round, so there is no include cycle. */
+
+int64_t fc_core_fetch_k(const fc_core *s, const fc_method *m, int64_t len)
+{
+    fc_chunk c; /* fetch_k reads only the config and the chunk length */
+    memset(&c, 0, sizeof(c));
+    c.cfg = s->cfg;
+    c.n = len;
+    return len > 0 ? m->fetch_k(&c) : 0;
+}
+
+int64_t fc_core_fetch_kmax(const fc_core *s, int64_t N, int world)
+{
+    /* any dtype: a unit with a second round falls back alike for all of them */
+    const fc_method *m = fc_core_wire_method(s, N, world, FC_F32);
+    if (m->fetch_k == NULL || N == 0 || (world == 1 && !s->common.compress_own_chunk))
+        return 0;
+    return fc_core_fetch_k(s, m, (N + world - 1) / world); /* chunk 0 is the longest */
+}

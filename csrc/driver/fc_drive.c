@@ -1,0 +1,180 @@
+/* fc_drive.c: the driver's entries for CPU and CUDA tensors alike: encode, decode, compress and
+ * decompress decide, check, count and time here, and hand the element work to the call's
+ * backend (fc_backend.h). */
+#include "driver/fc_core_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "driver/fc_backend.h"
+#include "common/fc_res8.h"
+#include "common/fc_wire.h"
+
+void fc_drive_encode_open(fc_core *s, const fc_buf *grad, const fc_buf *residual, int world,
+                          int rank, uint32_t unit)
+{
+    fc_encode_call *e = &s->enc;
+    const int64_t N = grad->numel;
+    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
+    e->open = 0;
+    e->method = m;
+    e->fell_back = 0;
+    /* `none` (below min_numel, or fallen back) is exact: no residual */
+    e->use_ef = m == s->method && s->common.error_feedback && residual != NULL;
+    e->stats = fc_core_stats_due(s, m, N, world);
+    e->sample = !e->use_ef && e->stats;
+    e->sampled = 0;
+    e->raw = 0;
+    e->e_sq = 0;
+    e->ust = NULL;
+    e->key = fc_core_call_key(s, unit, world, rank, N);
+    memset(e->next_piece, 0, (size_t)world);
+    s->bad_unit = unit; /* the second round reads this encode's chunk flags */
+}
+
+void fc_drive_count_sent(fc_core *s, const fc_sent *p, int64_t n, int dtype)
+{
+    fc_core_count_payload(s, &p->l, p->size, n);
+    s->ctr.saturated += p->l.saturated;
+    s->enc.fell_back |= p->none;
+    s->enc.raw += n * fc_dtype_size(dtype);
+}
+
+void fc_drive_encode_close(fc_core *s, int on_host, const fc_buf *residual)
+{
+    fc_encode_call *e = &s->enc;
+    if (e->use_ef) {
+        if (on_host) /* a CUDA unit's norm stays in the device workspace */
+            s->units[e->key.unit].residual_sq = e->e_sq;
+        s->units[e->key.unit].residual_elems = residual->numel;
+    }
+    fc_core_count_call(s, e->method, e->key.numel, e->fell_back, e->raw);
+    e->open = 0;
+}
+
+int fc_drive_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *send,
+                    fc_buf *residual, int world, int rank, uint32_t unit, int64_t *sizes,
+                    fc_err *err)
+{
+    int rc = FC_OK;
+    const double t0 = fc_core_now_s();
+    const int64_t N = grad->numel;
+    fc_sent *sent = s->enc.sent; /* kept in the State: no allocation per call */
+    memset(sent, 0, (size_t)world * sizeof(fc_sent));
+    fc_drive_encode_open(s, grad, residual, world, rank, unit);
+    FC_TRY(x->b->encode(s, x, grad, send, residual, sent, err));
+    for (int c = 0; c < world; c++) {
+        int64_t start, n;
+        fc_chunk_span(N, world, c, &start, &n);
+        sizes[c] = fc_core_has_payload(s, N, world, rank, c) ? sent[c].size : 0;
+        if (sizes[c] > 0)
+            fc_drive_count_sent(s, &sent[c], n, grad->dtype);
+    }
+    fc_drive_encode_close(s, x->b->on_host, residual);
+    if (x->b->on_host)
+        s->ctr.compress_s += fc_core_now_s() - t0;
+error:
+    s->enc.open = 0;
+    return rc;
+}
+
+int fc_drive_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf *grad,
+                    fc_buf *out, int world, int rank, uint32_t unit, fc_err *err)
+{
+    int rc = FC_OK;
+    const double t0 = fc_core_now_s();
+    const int64_t N = grad->numel;
+    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
+    int64_t start, n, recvs[FC_MAX_WORLD];
+    fc_chunk_span(N, world, rank, &start, &n);
+    if (out->numel < n)
+        return fc_fail(err, FC_ERR_VALUE, "output has %lld elements, the shard needs %lld",
+                       (long long)out->numel, (long long)n);
+    s->dec_call.open = 0; /* the accumulator is reused: a decode_part sequence ends here */
+    FC_TRY(fc_core_check_recv(s, N, grad->dtype, world, rank, recv->numel, recvs, err));
+    s->picks_unit = -1;
+    FC_TRY(x->b->decode(s, x, recv, grad, out, world, rank, unit, recvs, err));
+    if (fc_core_fetch_kmax(s, N, world) > 0) { /* the picks a second round reads next */
+        s->n_picks = fc_core_fetch_k(s, m, n);
+        s->picks_unit = unit;
+    }
+    if (x->b->on_host)
+        s->ctr.decompress_s += fc_core_now_s() - t0;
+error:
+    return rc;
+}
+
+int fc_drive_compress(fc_core *s, const fc_exec *x, const fc_buf *in, fc_buf *payload,
+                      fc_buf *residual, uint32_t unit, uint32_t chunk, int world, int rank,
+                      int64_t *written, fc_err *err)
+{
+    /* the method as configured, whatever the size: a caller of one chunk decides for itself */
+    const int64_t need = fc_payload_bytes(s, s->method, in->numel, FC_F32);
+    *written = 0;
+    if (payload->numel < need)
+        return fc_fail(err, FC_ERR_VALUE, "payload buffer holds %lld bytes, need %lld",
+                       (long long)payload->numel, (long long)need);
+    /* fp32: the caller's view (state_chunk.c) */
+    if (residual != NULL && residual->numel != in->numel)
+        return fc_fail(err, FC_ERR_VALUE, "residual must have x's %lld elements, got %lld",
+                       (long long)in->numel, (long long)residual->numel);
+    const double t0 = fc_core_now_s(); /* the all-gather stage's encodes count as the collective's */
+    int rc = x->b->compress(s, x, in, payload, residual, unit, chunk, world, rank, written, err);
+    if (rc == FC_OK && x->b->on_host)
+        s->ctr.compress_s += fc_core_now_s() - t0;
+    return rc;
+}
+
+int fc_drive_decompress(fc_core *s, const fc_exec *x, const fc_buf *payload, fc_buf *acc,
+                        float alpha, uint32_t unit, uint32_t chunk, int world, fc_err *err)
+{
+    /* the header itself must be readable before anything reads it */
+    if (payload->numel < FC_HEADER_BYTES)
+        return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank 0: %lld bytes, shorter than the "
+                       "%d-byte header", (long long)payload->numel, FC_HEADER_BYTES);
+    const double t0 = fc_core_now_s();
+    int rc = x->b->decompress(s, x, payload, acc, alpha, unit, chunk, world, err);
+    if (rc == FC_OK && x->b->on_host)
+        s->ctr.decompress_s += fc_core_now_s() - t0;
+    return rc;
+}
+
+static int res8_sizes(const fc_buf *packed, const fc_buf *e, fc_err *err)
+{
+    if (e->dtype != FC_F32 || packed->dtype != FC_U8)
+        return fc_fail(err, FC_ERR_TYPE, "an 8-bit residual is a uint8 tensor unpacked into fp32");
+    if (packed->numel != fc_res8_bytes(e->numel))
+        return fc_fail(err, FC_ERR_VALUE, "an 8-bit residual of %lld elements has %lld bytes, got "
+                       "%lld", (long long)e->numel, (long long)fc_res8_bytes(e->numel),
+                       (long long)packed->numel);
+    return FC_OK;
+}
+
+int fc_drive_res8_unpack(fc_core *s, const fc_exec *x, const fc_buf *packed, fc_buf *e,
+                         fc_err *err)
+{
+    int rc = res8_sizes(packed, e, err);
+    return rc != FC_OK ? rc : x->b->res8_unpack(s, x, packed, e, err);
+}
+
+int fc_drive_res8_pack(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *packed,
+                       uint32_t unit, uint32_t salt, fc_err *err)
+{
+    int rc = res8_sizes(packed, e, err);
+    const uint32_t key = fc_res8_key((uint64_t)s->common.seed, s->step, unit, salt);
+    return rc != FC_OK ? rc : x->b->res8_pack(s, x, e, packed, key, err);
+}
+
+/* The CPU backend: the loops of fc_encode.c, fc_decode.c, fc_fetch.c and fc_res8.c. */
+const fc_backend fc_backend_cpu = {
+    1,
+    fc_cpu_encode,
+    fc_cpu_decode,
+    fc_cpu_compress,
+    fc_cpu_decompress,
+    fc_cpu_fetch_picks,
+    fc_cpu_fetch_values,
+    fc_cpu_fetch_finish,
+    fc_cpu_res8_pack,
+    fc_cpu_res8_unpack,
+};

@@ -1,0 +1,213 @@
+/* state.h: what the files of fsdpcomp._C's State type share: the object and module state, the
+ * argument checks every call runs before it touches state, and the names the tables refer to. */
+#ifndef FC_STATE_H
+#define FC_STATE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "driver/fc_core.h"
+#include "backend_cuda/fc_cuda_loader.h"
+#include "backend_cuda/fc_cuda_path.h"
+#include "python/fc_pytype.h"
+#include "python/fc_tensor.h"
+
+typedef struct {
+    PyTypeObject *state_type;
+    PyObject *payload_error; /* ValueError subclass: malformed wire data */
+    PyObject *cuda_error;    /* RuntimeError subclass */
+} module_state;
+
+typedef struct {
+    PyObject_HEAD
+    fc_core core;
+    PyObject *allocator; /* callable(numel, dtype_name, like) -> zeroed tensor */
+    PyObject *residuals; /* list, one entry per unit: a tensor or None */
+    PyObject *config;    /* dict: the resolved config, defaults included */
+    int busy;            /* set for the whole of a method call (fc_state_enter) */
+    PyObject *cuda_ws;   /* the device workspace (a torch tensor), once a CUDA tensor came */
+    fc_cuda_ctx *cuda_ctx;
+    PyObject *cuda_extra; /* dict of device tensors for the sparse/stateful methods (state_cuda.c) */
+    int emulate_cuda;     /* tests only: CPU tensors take the CUDA path (tests/cuda_emu's library) */
+    PyObject *part_ws;    /* the open per-peer call's unpacked 8-bit residual (state_residual.c) */
+    int64_t res_ws_peak;  /* bytes of the largest such workspace: counted in scratch_bytes */
+} StateObject;
+
+/* Whether a tensor of a call goes through the CUDA library: a CUDA tensor, or (tests) a CPU one
+ * of a State that emulates CUDA. */
+static inline int fc_state_on_cuda(const StateObject *self, const fc_view *v)
+{
+    return v->device_type == kDLCUDA || (self->emulate_cuda && v->device_type == kDLCPU);
+}
+
+static inline module_state *state_of_type(PyTypeObject *tp)
+{
+    return (module_state *)PyType_GetModuleState(tp);
+}
+
+static inline module_state *state_of_module(PyObject *mod)
+{
+    return (module_state *)PyModule_GetState(mod);
+}
+
+/* The one translator from a C status to a Python exception (module.c). Returns NULL for
+ * `return`. */
+PyObject *fc_raise_err(module_state *st, const fc_err *err);
+#define STATE_ERR(self, err) fc_raise_err(state_of_type(Py_TYPE(self)), (err))
+
+/* A docstring that a table in another file names: PyDoc_STRVAR without the `static`. */
+#define FC_DOCSTRING(name, str) const char name[] = PyDoc_STR(str)
+
+/* ---- state_args.c: the checks and the one exit the calls share */
+
+/* 1 when the State was initialised; else 0, exception set. */
+int fc_state_ready(StateObject *self);
+/* One State, one thread: marks it busy (0 with RuntimeError when it already is). Every method
+ * of the table enters before it does anything that can release the GIL (a DLPack export, the
+ * residual allocator, a stream query, the C work) and leaves on its way out (state_type.c). */
+int fc_state_enter(StateObject *self);
+int fc_check_world(int world, int rank, fc_err *err);
+/* An element count from the caller: in [lo, FC_MAX_NUMEL], named `arg` when it is not. */
+int fc_check_numel(long long n, long long lo, const char *arg, fc_err *err);
+/* For the entry points that run on CPU tensors only. */
+int fc_check_cpu(const fc_view *v, const char *arg, fc_err *err);
+/* Every tensor of a call lives where the gradient does. */
+int fc_check_same_device(const fc_view *v, const fc_view *grad, const char *arg, fc_err *err);
+int fc_check_aligned(const fc_view *v, const char *arg, fc_err *err);
+/* unit is one begin() gave out, and grad has its number of elements. */
+int fc_state_check_unit(StateObject *self, long long unit, int64_t numel, fc_err *err);
+/* grad and out of decode(), decode_part() and finish(): float tensors, a writable out, world
+ * and unit valid. */
+int fc_state_grad_out_views(StateObject *self, PyObject *grad, PyObject *out, int world, int rank,
+                            long long unit, fc_view *g, fc_view *o, fc_err *err);
+/* The one exit of a call that borrowed tensor views: released on success and on error alike
+ * (c may be NULL); rc says which, and err why. */
+PyObject *fc_state_views_done(StateObject *self, int rc, const fc_err *err, fc_view *a, fc_view *b,
+                              fc_view *c);
+/* A tuple of `world` ints. New ref. */
+PyObject *fc_sizes_tuple(const int64_t *sizes, int world);
+
+/* ---- state_type.c: lifecycle, attributes, the method table */
+
+extern PyType_Spec fc_state_spec;
+
+/* ---- state_residual.c: the residuals the State owns, and an 8-bit one's unpacked workspace */
+
+/* A unit's residual for the length of one call: the tensor kept (res, view r) and what the
+ * backend reads and replaces (buf): r's buffer, or for an 8-bit residual an fp32 workspace
+ * (ws, view w) unpacked from it before the work and packed back after it. */
+typedef struct {
+    PyObject *res, *ws;
+    fc_view r, w;
+    fc_buf *buf;
+    int packed;
+} fc_res_hold;
+
+/* The dtype a State keeps residuals in (FC_F32, FC_BF16, or FC_U8: packed, fc_res8.h). */
+int fc_state_residual_dtype(const StateObject *self);
+/* The residual tensor of a unit, allocated through the allocator on first use, checked against
+ * grad's device: h->res and h->r (and h->buf = &h->r.buf). 0, or a status with err set. */
+int fc_state_residual(StateObject *self, uint32_t unit, PyObject *grad, const fc_view *g,
+                      fc_res_hold *h, fc_err *err);
+/* A caller's residual (compress()): fp32 of x's numel, or packed uint8 of fc_res8_bytes(numel). */
+int fc_res_adopt(PyObject *res, const fc_view *x, fc_res_hold *h, fc_err *err);
+/* For an 8-bit residual, the fp32 workspace of its numel (through the allocator, on its
+ * device): h->buf then points at it. Holds the GIL; fc_res_unpack fills it. */
+int fc_res_workspace(StateObject *self, PyObject *grad, int64_t numel, fc_res_hold *h,
+                     fc_err *err);
+/* Without the GIL: unpack before the work, pack after it; no-ops for an fp32/bf16 residual. */
+int fc_res_unpack(StateObject *self, const fc_exec *x, fc_res_hold *h, fc_err *err);
+int fc_res_pack(StateObject *self, const fc_exec *x, fc_res_hold *h, uint32_t unit, uint32_t salt,
+                fc_err *err);
+void fc_res_release(fc_res_hold *h);
+/* The calls for the residuals Python keeps (PowerSGD's error): sizes, pack, unpack. */
+PyObject *fc_state_residual_numel(StateObject *self, PyObject *arg);
+PyObject *fc_state_pack_residual(StateObject *self, PyObject *args, PyObject *kwds);
+PyObject *fc_state_unpack_residual(StateObject *self, PyObject *args);
+extern const char fc_state_residual_numel_doc[], fc_state_pack_residual_doc[],
+    fc_state_unpack_residual_doc[];
+
+/* ---- state_exec.c, state_cuda.c: a call's backend, and what a call on CUDA tensors prepares */
+
+/* The backend of a call on the tensor `like` (its view v), picked once by its device: the
+ * CPU's, or the CUDA library's with the call prepared into *k (x->k = k). */
+int fc_state_exec(StateObject *self, PyObject *like, const fc_view *v, fc_cuda_call *k,
+                  fc_exec *x, fc_err *err);
+/* The call's scratch, the unit's device state and the fetch buffer, as its method needs
+ * (decode: recv and out of the decode; encode: NULL). */
+int fc_state_cuda_extras(StateObject *self, PyObject *like, fc_cuda_call *k, const fc_buf *grad,
+                         const fc_buf *recv, const fc_buf *out, int world, int rank, uint32_t unit,
+                         int decode, fc_err *err);
+/* compress()/decompress()'s scratch and unit state (fc_cuda_single_needs, fc_core_single_state). */
+int fc_state_cuda_single_extras(StateObject *self, PyObject *like, fc_cuda_call *k, int64_t n,
+                                int world, int rank, uint32_t unit, uint32_t chunk, int decode,
+                                fc_err *err);
+/* The second round's fetch buffer (made by the decode that picked) into k->x.fetch. */
+int fc_state_cuda_fetch(StateObject *self, PyObject *like, fc_cuda_call *k, int64_t n_picks,
+                        fc_err *err);
+/* The unit's covariance summed on the device this step, into the host state (sync_vector). */
+int fc_state_cuda_sync_pull(StateObject *self, uint32_t unit, fc_err *err);
+/* After sync_apply (the host has the new state) and restore (every unit's may be new): the
+ * device copies are dropped, and remade from the host's at their next call. */
+void fc_state_cuda_sync_done(StateObject *self, uint32_t unit);
+void fc_state_cuda_forget_units(StateObject *self);
+PyObject *fc_state_emulate_cuda(StateObject *self, PyObject *arg);
+extern const char fc_state_emulate_cuda_doc[];
+
+/* ---- the methods, each defined (with its docstring) in the file of its job */
+
+/* state_units.c: units and steps, the unit-state sync */
+PyObject *fc_state_begin(StateObject *self, PyObject *args, PyObject *kwargs);
+PyObject *fc_state_end_step(StateObject *self, PyObject *ignored);
+PyObject *fc_state_sync_vector(StateObject *self, PyObject *arg);
+PyObject *fc_state_sync_apply(StateObject *self, PyObject *args);
+extern const char fc_state_begin_doc[], fc_state_end_step_doc[], fc_state_sync_vector_doc[],
+    fc_state_sync_apply_doc[];
+
+/* state_codec.c: the collective, one peer at a time */
+PyObject *fc_state_plan(StateObject *self, PyObject *args);
+PyObject *fc_state_encode(StateObject *self, PyObject *args);
+PyObject *fc_state_decode(StateObject *self, PyObject *args);
+PyObject *fc_state_per_peer_ok(StateObject *self, PyObject *args);
+PyObject *fc_state_pieces(StateObject *self, PyObject *args);
+PyObject *fc_state_encode_part(StateObject *self, PyObject *args);
+PyObject *fc_state_decode_part(StateObject *self, PyObject *args);
+extern const char fc_state_plan_doc[], fc_state_encode_doc[], fc_state_decode_doc[],
+    fc_state_per_peer_ok_doc[], fc_state_pieces_doc[], fc_state_encode_part_doc[],
+    fc_state_decode_part_doc[];
+
+/* state_chunk.c: one chunk outside the collective */
+PyObject *fc_state_payload_bytes(StateObject *self, PyObject *arg);
+PyObject *fc_state_layout(StateObject *self, PyObject *arg);
+PyObject *fc_state_compress(StateObject *self, PyObject *args, PyObject *kwds);
+PyObject *fc_state_decompress(StateObject *self, PyObject *args, PyObject *kwds);
+extern const char fc_state_payload_bytes_doc[], fc_state_layout_doc[], fc_state_compress_doc[],
+    fc_state_decompress_doc[];
+
+/* state_fetch.c: the second round */
+PyObject *fc_state_fetch_kmax(StateObject *self, PyObject *args);
+PyObject *fc_state_fetch_picks(StateObject *self, PyObject *args);
+PyObject *fc_state_fetch(StateObject *self, PyObject *args);
+PyObject *fc_state_finish(StateObject *self, PyObject *args);
+extern const char fc_state_fetch_kmax_doc[], fc_state_fetch_picks_doc[], fc_state_fetch_doc[],
+    fc_state_finish_doc[];
+
+/* state_counters.c */
+PyObject *fc_state_counters(StateObject *self, PyObject *ignored);
+PyObject *fc_state_reset_counters(StateObject *self, PyObject *ignored);
+PyObject *fc_state_add_comm(StateObject *self, PyObject *args, PyObject *kwds);
+PyObject *fc_state_comm_mark(StateObject *self, PyObject *args);
+PyObject *fc_state_cuda_geometry(StateObject *self, PyObject *args);
+PyObject *fc_state_add_param_gather(StateObject *self, PyObject *args, PyObject *kwds);
+extern const char fc_state_counters_doc[], fc_state_reset_counters_doc[], fc_state_add_comm_doc[],
+    fc_state_comm_mark_doc[], fc_state_cuda_geometry_doc[], fc_state_add_param_gather_doc[];
+
+/* state_checkpoint.c */
+PyObject *fc_state_units(StateObject *self, PyObject *ignored);
+PyObject *fc_state_residuals(StateObject *self, PyObject *ignored);
+PyObject *fc_state_unit_states(StateObject *self, PyObject *ignored);
+PyObject *fc_state_restore(StateObject *self, PyObject *args);
+extern const char fc_state_units_doc[], fc_state_residuals_doc[], fc_state_unit_states_doc[],
+    fc_state_restore_doc[];
+
+#endif

@@ -1,0 +1,353 @@
+/* state_counters.c: the State's counters: read (harvesting the CUDA workspace's), reset, and
+ * the caller's collectives added. */
+#include "python/state.h" /* first: it includes Python.h */
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend_cuda/fc_cuda_path.h"
+#include "common/fc_res8.h"
+
+/* The C core's own host memory: its grow-only scratch (g', the accumulator, the sampled
+ * decode, the method's scratch, the compressed-domain sum, the second round's picks), and the
+ * largest fp32 workspace an 8-bit residual was unpacked into (held only during a call). */
+static long long scratch_bytes(const StateObject *self)
+{
+    const fc_core *c = &self->core;
+    return (long long)(4 * (c->x_cap + c->acc_cap + c->dec_cap + c->picks_cap) +
+                       (int64_t)c->mscr_cap + (int64_t)c->agg_cap) + (long long)self->res_ws_peak;
+}
+
+FC_DOCSTRING(fc_state_counters_doc, "counters() -> dict\n\nEverything counted since the last reset_counters().");
+
+/* Why the device rejected a payload (fc_cuda.h's FC_PAYLOAD_* codes), for the message. */
+static const char *payload_problem(unsigned code)
+{
+    static const char *const what[] = {"an unknown problem", "bad magic", "wrong wire version",
+                                       "another method", "another dtype",
+                                       "another unit or step (ranks called the hook in different "
+                                       "orders)", "another element count",
+                                       "a body that does not fit its slot",
+                                       "a code no encoder writes",
+                                       "another config (its fingerprint differs: every rank must "
+                                       "run the same method and config)",
+                                       "another world size"};
+    return what[code < sizeof(what) / sizeof(what[0]) ? code : 0];
+}
+
+/* The device workspace and the harvested event times, read with the GIL released (it waits for
+ * the GPU; the State is busy for the whole call, fc_state_enter); *dws is the caller's to free. */
+static int read_cuda_counters(StateObject *self, fc_cuda_ws **dws, double sec[FC_TIME_KINDS],
+                              fc_err *err)
+{
+    fc_view wv = {0};
+    int rc;
+    const fc_cuda_api *api = fc_cuda_api_get(err);
+    if (api == NULL)
+        return err->code;
+    *dws = (fc_cuda_ws *)malloc(sizeof(fc_cuda_ws));
+    if (*dws == NULL)
+        return fc_fail(err, FC_ERR_NOMEM, "could not allocate %zu bytes for the CUDA counters",
+                       sizeof(fc_cuda_ws));
+    if (fc_view_get(self->cuda_ws, "workspace", FC_DT_F32, &wv, err) != FC_OK)
+        return err->code;
+    Py_BEGIN_ALLOW_THREADS
+    rc = api->read_counters(self->cuda_ctx, (const fc_cuda_ws *)wv.buf.data, *dws, sec, err);
+    Py_END_ALLOW_THREADS
+    fc_view_release(&wv);
+    return rc;
+}
+
+PyObject *fc_state_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (!fc_state_ready(self))
+        return NULL;
+    fc_counters tot = self->core.ctr;
+    const fc_counters *k = &tot;
+    double res_sq = 0;
+    long long res_bytes = 0;
+    fc_cuda_ws *dws = NULL;
+    PyObject *result = NULL, *rel_o = NULL, *cos_o = NULL;
+    const int on_cuda = self->cuda_ctx != NULL && self->cuda_ws != NULL;
+    if (self->cuda_ctx != NULL) { /* also a State whose only CUDA work is comm marks */
+        fc_err err = {0};
+        double sec[FC_TIME_KINDS];
+        if (self->cuda_ws == NULL) {
+            const fc_cuda_api *api = fc_cuda_api_get(&err);
+            int rc = api == NULL ? err.code : FC_OK;
+            if (rc == FC_OK) {
+                Py_BEGIN_ALLOW_THREADS
+                rc = api->read_counters(self->cuda_ctx, NULL, NULL, sec, &err);
+                Py_END_ALLOW_THREADS
+            }
+            if (rc != FC_OK)
+                return STATE_ERR(self, &err);
+        } else if (read_cuda_counters(self, &dws, sec, &err) != FC_OK) {
+            free(dws);
+            return STATE_ERR(self, &err);
+        }
+        /* harvested event times become part of the host totals; extra collectives count in
+         * comm_time_s too, as add_comm(extra=True) counts them */
+        self->core.ctr.compress_s += sec[FC_TIME_COMPRESS];
+        self->core.ctr.comm_s += sec[FC_TIME_COMM] + sec[FC_TIME_EXTRA];
+        self->core.ctr.extra_collective_s += sec[FC_TIME_EXTRA];
+        self->core.ctr.decompress_s += sec[FC_TIME_DECOMPRESS];
+        tot = self->core.ctr;
+    }
+    if (dws != NULL) {
+        tot.nonfinite_in += (int64_t)dws->nonfinite_in;
+        tot.nonfinite_out += (int64_t)dws->nonfinite_out;
+        tot.saturated += (int64_t)dws->saturated;
+        tot.err_sq += dws->err_sq;
+        tot.ref_sq += dws->ref_sq;
+        tot.cos_sum += dws->cos_sum;
+        tot.stats_samples += (int64_t)dws->samples;
+        if (dws->payload_error != 0) {
+            fc_err err = {0};
+            fc_fail(&err, FC_ERR_PAYLOAD,
+                    "a CUDA decode rejected the payload from rank %d (header says unit %u, step "
+                    "%u): %s; its output was set to NaN (reset_counters() clears this)",
+                    dws->payload_error_rank, dws->payload_error_unit, dws->payload_error_step,
+                    payload_problem(dws->payload_error));
+            free(dws);
+            return STATE_ERR(self, &err);
+        }
+    }
+    for (int32_t u = 0; u < self->core.n_units; u++) {
+        /* a sparse method's device sum is sum x^2, then corrected at the kept coordinates: a
+         * residual of zeros comes out as rounding noise of either sign (fc_fetch.c clamps the
+         * same way) */
+        const int dev = on_cuda && dws != NULL && u < FC_CUDA_MAX_UNITS;
+        const double sq = dev ? dws->unit_sq[u] : self->core.units[u].residual_sq;
+        res_sq += sq > 0 ? sq : 0;
+    }
+    free(dws);
+    dws = NULL;
+    for (Py_ssize_t i = 0; i < PyList_Size(self->residuals); i++) {
+        PyObject *t = PyList_GetItem(self->residuals, i); /* borrowed */
+        if (t != Py_None) { /* the bytes kept: an 8-bit residual's scales included */
+            const int64_t n = self->core.units[i].numel;
+            const int rdt = fc_state_residual_dtype(self);
+            res_bytes += rdt == FC_U8 ? fc_res8_bytes(n) : n * fc_dtype_size(rdt);
+        }
+    }
+    double ratio = k->bytes_sent > 0 ? (double)k->bytes_raw / (double)k->bytes_sent : 1.0;
+    double rel = k->ref_sq > 0 ? sqrt(k->err_sq / k->ref_sq) : 0.0;
+    rel_o = k->stats_samples ? PyFloat_FromDouble(rel) : (Py_INCREF(Py_None), Py_None);
+    cos_o = k->stats_samples ? PyFloat_FromDouble(k->cos_sum / (double)k->stats_samples)
+                             : (Py_INCREF(Py_None), Py_None);
+    if (rel_o == NULL || cos_o == NULL) {
+        Py_XDECREF(rel_o);
+        Py_XDECREF(cos_o);
+        return NULL;
+    }
+    result = Py_BuildValue(
+        "{s:s,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d,s:d,s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:L,"
+        "s:N,s:N,s:L,s:d,s:L,s:L,s:I,s:i,s:L,s:L,s:L,s:L,s:d,s:d}",
+        "method", self->core.method->name,
+        "calls", (long long)k->calls,
+        "calls_uncompressed", (long long)k->calls_uncompressed,
+        "fallback_units", (long long)k->fallback_units,
+        "elements", (long long)k->elements,
+        "chunks_sent", (long long)k->chunks_sent,
+        "bytes_raw", (long long)k->bytes_raw,
+        "bytes_sent", (long long)k->bytes_sent,
+        "bytes_compressed", (long long)(k->bytes_sent),
+        "header_bytes", (long long)k->header_bytes,
+        "meta_bytes", (long long)k->meta_bytes,
+        "index_bytes", (long long)k->index_bytes,
+        "ratio", ratio,
+        "density", k->sent_elements ? (double)k->kept / (double)k->sent_elements : 1.0,
+        "value_bytes", (long long)k->value_bytes,
+        "nonfinite_in", (long long)k->nonfinite_in,
+        "nonfinite_out", (long long)k->nonfinite_out,
+        "compress_time_s", k->compress_s,
+        "decompress_time_s", k->decompress_s,
+        "comm_time_s", k->comm_s,
+        "extra_collective_time_s", k->extra_collective_s,
+        "extra_collectives", (long long)k->extra_collectives,
+        "grad_rel_error", rel_o,
+        "grad_cos_sim", cos_o,
+        "error_samples", (long long)k->stats_samples,
+        "residual_norm", sqrt(res_sq),
+        "residual_bytes", res_bytes,
+        "scratch_bytes", scratch_bytes(self),
+        "step", self->core.step,
+        "units", self->core.n_units,
+        "saturated", (long long)k->saturated,
+        "param_gather_calls", (long long)k->param_gather_calls,
+        "param_gather_bytes_raw", (long long)k->param_gather_bytes_raw,
+        "param_gather_bytes_sent", (long long)k->param_gather_bytes_sent,
+        "param_gather_time_s", k->param_gather_s,
+        "param_gather_codec_time_s", k->param_gather_codec_s);
+    return result; /* the N codes gave rel_o and cos_o to it, or dropped them on failure */
+}
+
+FC_DOCSTRING(fc_state_reset_counters_doc, "reset_counters()\n\nZeroes every counter (residuals and units are kept).");
+
+PyObject *fc_state_reset_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (!fc_state_ready(self))
+        return NULL;
+    if (self->cuda_ctx != NULL) {
+        fc_err err = {0};
+        fc_view wv = {0};
+        int rc;
+        const fc_cuda_api *api = fc_cuda_api_get(&err);
+        if (api == NULL || (self->cuda_ws != NULL &&
+                            fc_view_get(self->cuda_ws, "workspace", FC_DT_F32, &wv, &err) != FC_OK))
+            return STATE_ERR(self, &err);
+        /* it waits for the GPU's queued timings: without the GIL (the State is busy) */
+        Py_BEGIN_ALLOW_THREADS
+        rc = api->reset_counters(self->cuda_ctx, (fc_cuda_ws *)wv.buf.data, &err);
+        Py_END_ALLOW_THREADS
+        fc_view_release(&wv);
+        if (rc != FC_OK)
+            return STATE_ERR(self, &err);
+    }
+    memset(&self->core.ctr, 0, sizeof(self->core.ctr));
+    Py_RETURN_NONE;
+}
+
+FC_DOCSTRING(fc_state_add_comm_doc,
+"add_comm(seconds, bytes_sent=0, bytes_raw=0, extra=False, fallback=False, header_bytes=0)\n\n"
+"Adds a collective measured by the caller: its time, and for collectives beyond the\n"
+"all-to-all (size exchanges, the all-gather of an all-reduce) its bytes. fallback: it went\n"
+"uncompressed because the method's payload would have been no smaller (fallback_units).\n"
+"header_bytes are protocol bytes (the ranks' handshake), counted in bytes_sent and header_bytes.");
+
+PyObject *fc_state_add_comm(StateObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"seconds", "bytes_sent", "bytes_raw", "extra", "fallback",
+                             "header_bytes", NULL};
+    double seconds;
+    long long sent = 0, raw = 0, header = 0;
+    int extra = 0, fallback = 0;
+    if (!fc_state_ready(self) ||
+        !PyArg_ParseTupleAndKeywords(args, kwds, "d|LLppL:add_comm", kwlist, &seconds, &sent, &raw,
+                                     &extra, &fallback, &header))
+        return NULL;
+    if (!(seconds >= 0) || sent < 0 || raw < 0 || header < 0) {
+        PyErr_SetString(PyExc_ValueError, "add_comm: seconds and byte counts must be >= 0");
+        return NULL;
+    }
+    fc_counters *k = &self->core.ctr;
+    if (extra) {
+        k->extra_collectives++;
+        k->extra_collective_s += seconds;
+    }
+    k->comm_s += seconds;
+    k->bytes_sent += sent + header;
+    k->header_bytes += header;
+    k->bytes_raw += raw;
+    k->fallback_units += fallback;
+    Py_RETURN_NONE;
+}
+
+FC_DOCSTRING(fc_state_comm_mark_doc,
+"comm_mark(device, stream, end, extra=False)\n\n"
+"Records a CUDA event on `stream` (torch.cuda.current_stream(device).cuda_stream) before\n"
+"(end=False) or after (end=True) a collective issued through torch.distributed, so that its\n"
+"time, read with counters(), is the stream's wait for it rather than the host's enqueue.\n"
+"extra: a collective beyond the all-to-all (counted in extra_collective_time_s too).");
+
+PyObject *fc_state_comm_mark(StateObject *self, PyObject *args)
+{
+    int device, end, extra = 0, rc;
+    PyObject *stream_o;
+    fc_err err = {0};
+    if (!fc_state_ready(self) ||
+        !PyArg_ParseTuple(args, "iOp|p:comm_mark", &device, &stream_o, &end, &extra))
+        return NULL;
+    void *stream = PyLong_AsVoidPtr(stream_o);
+    if (stream == NULL && PyErr_Occurred())
+        return NULL;
+    if (device < 0) {
+        PyErr_Format(PyExc_ValueError, "device must be a CUDA device index >= 0, got %d", device);
+        return NULL;
+    }
+    const fc_cuda_api *api = fc_cuda_api_get(&err);
+    if (api == NULL)
+        return STATE_ERR(self, &err);
+    if (self->cuda_ctx == NULL && (self->cuda_ctx = api->ctx_new()) == NULL)
+        return PyErr_NoMemory();
+    rc = api->comm_mark(self->cuda_ctx, device, stream, end, extra ? FC_TIME_EXTRA : FC_TIME_COMM, &err);
+    if (rc != FC_OK)
+        return STATE_ERR(self, &err);
+    Py_RETURN_NONE;
+}
+
+FC_DOCSTRING(fc_state_cuda_geometry_doc,
+"_cuda_geometry(numel, dtype, world, rank) -> tuple[tuple[int, ...], ...]\n\n"
+"Tests: per chunk, (start, length, sent, send offset, body bytes, receive offset) as the CUDA\n"
+"kernels compute them for a unit of `numel` elements of dtype code `dtype` (0 fp32, 1 bf16,\n"
+"2 fp16); host code of the CUDA library, so it runs without a GPU.");
+
+PyObject *fc_state_cuda_geometry(StateObject *self, PyObject *args)
+{
+    long long numel;
+    int dtype, world, rank;
+    fc_err err = {0};
+    PyObject *out = NULL;
+    if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "Liii:_cuda_geometry", &numel, &dtype, &world, &rank))
+        return NULL;
+    if (numel < 0 || dtype < FC_F32 || dtype > FC_F16 || fc_check_world(world, rank, &err) != FC_OK) {
+        if (err.code == FC_OK)
+            fc_fail(&err, FC_ERR_VALUE, "numel must be >= 0 and dtype 0, 1 or 2, got %lld and %d",
+                    numel, dtype);
+        return STATE_ERR(self, &err);
+    }
+    const fc_cuda_api *api = fc_cuda_api_get(&err);
+    if (api == NULL)
+        return STATE_ERR(self, &err);
+    int64_t *rows = (int64_t *)PyMem_Malloc(sizeof(int64_t) * FC_GEO_COLS * (size_t)world);
+    if (rows == NULL)
+        return PyErr_NoMemory();
+    fc_cuda_probe(&self->core, api, (int64_t)numel, dtype, world, rank, rows);
+    out = PyTuple_New(world);
+    for (int c = 0; out != NULL && c < world; c++) {
+        PyObject *row = fc_sizes_tuple(rows + (size_t)c * FC_GEO_COLS, FC_GEO_COLS);
+        if (row == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyTuple_SetItem(out, c, row);
+    }
+    PyMem_Free(rows);
+    return out;
+}
+
+FC_DOCSTRING(fc_state_add_param_gather_doc,
+"add_param_gather(seconds, codec_seconds, bytes_sent, bytes_raw)\n\n"
+"Adds one parameter all-gather measured by the caller (fsdpcomp.AllGather): its wall time, the\n"
+"encode + decode part of it, the payload bytes this rank sent and what an uncompressed\n"
+"all-gather would have sent. Kept apart from the gradient path's counters.");
+
+PyObject *fc_state_add_param_gather(StateObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"seconds", "codec_seconds", "bytes_sent", "bytes_raw", NULL};
+    double seconds, codec;
+    long long sent, raw;
+    if (!fc_state_ready(self) ||
+        !PyArg_ParseTupleAndKeywords(args, kwds, "ddLL:add_param_gather", kwlist, &seconds, &codec,
+                                     &sent, &raw))
+        return NULL;
+    if (!(isfinite(seconds) && seconds >= 0 && codec >= 0 && codec <= seconds)) {
+        PyErr_SetString(PyExc_ValueError, "add_param_gather: seconds and codec_seconds must be finite, "
+                        ">= 0, and codec_seconds <= seconds");
+        return NULL;
+    }
+    if (sent < 0 || raw < 0) {
+        PyErr_Format(PyExc_ValueError, "add_param_gather: byte counts must be >= 0, got bytes_sent %lld, "
+                     "bytes_raw %lld", sent, raw);
+        return NULL;
+    }
+    fc_counters *k = &self->core.ctr;
+    k->param_gather_calls++;
+    k->param_gather_s += seconds;
+    k->param_gather_codec_s += codec;
+    k->param_gather_bytes_sent += sent;
+    k->param_gather_bytes_raw += raw;
+    Py_RETURN_NONE;
+}

@@ -1,0 +1,276 @@
+/* state_cuda.c: what a State keeps on a CUDA device for the sparse, aggregate and stateful
+ * methods, all of it torch tensors from its allocator (never cudaMalloc): a grow-only scratch
+ * for the kernels, each unit's method state (gradiveq's basis and covariance, a device copy of
+ * the host's) and the second round's fetch buffer (the owner's picks, encode's chunk flags). */
+#include "python/state.h" /* first: it includes Python.h */
+#include <string.h>
+
+/* self->cuda_extra: {"scratch": tensor, "fetch": tensor, unit (int): tensor}; float32 tensors,
+ * as the allocator makes residuals. */
+static PyObject *extra_dict(StateObject *self, fc_err *err)
+{
+    if (self->cuda_extra == NULL && (self->cuda_extra = PyDict_New()) == NULL)
+        fc_fail(err, FC_ERR_PYTHON, "");
+    return self->cuda_extra;
+}
+
+static int tensor_ptr(PyObject *t, const char *what, void **ptr, int64_t *bytes, fc_err *err)
+{
+    fc_view v = {0};
+    *ptr = NULL;
+    *bytes = 0;
+    if (fc_view_get(t, what, FC_DT_F32, &v, err) != FC_OK)
+        return err->code;
+    *ptr = v.buf.data;
+    *bytes = v.buf.numel * 4;
+    fc_view_release(&v); /* the dict keeps the tensor alive */
+    return FC_OK;
+}
+
+static int tensor_device(PyObject *t, int *device, fc_err *err)
+{
+    fc_view v = {0};
+    if (fc_view_get(t, "unit state", FC_DT_F32, &v, err) != FC_OK)
+        return err->code;
+    *device = v.device_id;
+    fc_view_release(&v);
+    return FC_OK;
+}
+
+/* The device tensor under `key`, at least `bytes` long (replaced by a larger one when not):
+ * its pointer and size; *fresh when it was just made. */
+static int device_buffer(StateObject *self, PyObject *key, const char *what, int64_t bytes,
+                         PyObject *like, void **ptr, int64_t *have, int *fresh, fc_err *err)
+{
+    PyObject *d = extra_dict(self, err), *t; /* t borrowed */
+    *fresh = 0;
+    if (d == NULL)
+        return err->code;
+    t = PyDict_GetItemWithError(d, key);
+    if (t == NULL && PyErr_Occurred())
+        return fc_fail(err, FC_ERR_PYTHON, "");
+    if (t != NULL && tensor_ptr(t, what, ptr, have, err) == FC_OK && *have >= bytes)
+        return FC_OK;
+    if (err->code != FC_OK)
+        return err->code;
+    if (self->allocator == Py_None)
+        return fc_fail(err, FC_ERR_STATE, "the CUDA path needs an allocator (State(..., "
+                       "allocator=...)) for its device buffers; fsdpcomp.CommState provides one");
+    /* grown by a quarter more, so that a slowly growing need does not reallocate every call */
+    const int64_t floats = (bytes + bytes / 4 + 3) / 4 + 64;
+    PyObject *n = PyObject_CallFunction(self->allocator, "LsO", (long long)floats, "float32", like);
+    if (n == NULL)
+        return fc_fail(err, FC_ERR_PYTHON, "");
+    int rc = PyDict_SetItem(d, key, n);
+    Py_DECREF(n); /* the dict's now */
+    if (rc < 0)
+        return fc_fail(err, FC_ERR_PYTHON, "");
+    *fresh = 1;
+    return tensor_ptr(n, what, ptr, have, err);
+}
+
+static int named_buffer(StateObject *self, const char *name, int64_t bytes, PyObject *like,
+                        void **ptr, int64_t *have, fc_err *err)
+{
+    int fresh;
+    PyObject *key = PyUnicode_InternFromString(name);
+    if (key == NULL)
+        return fc_fail(err, FC_ERR_PYTHON, "");
+    int rc = device_buffer(self, key, name, bytes, like, ptr, have, &fresh, err);
+    Py_DECREF(key);
+    return rc;
+}
+
+/* The unit's method state on the device: made from the host's (seeded at first use, or set by
+ * a sync or a restore) whenever there is no current copy. */
+static int unit_state(StateObject *self, PyObject *like, const fc_cuda_call *k, uint32_t unit,
+                      float **dev, fc_err *err)
+{
+    float *host;
+    int fresh;
+    void *ptr = NULL;
+    int64_t have = 0;
+    const int64_t nf = fc_core_unit_floats(&self->core, self->core.units[unit].numel);
+    *dev = NULL;
+    if (nf == 0)
+        return FC_OK;
+    int rc = fc_core_unit_state(&self->core, unit, &host, err);
+    if (rc != FC_OK)
+        return rc;
+    PyObject *key = PyLong_FromUnsignedLong(unit);
+    if (key == NULL)
+        return fc_fail(err, FC_ERR_PYTHON, "");
+    rc = device_buffer(self, key, "unit state", 4 * nf, like, &ptr, &have, &fresh, err);
+    Py_DECREF(key);
+    if (rc == FC_OK && fresh) /* queued on the call's stream, before the kernels that read it */
+        rc = k->api->copy(k->ctx, k->device, k->stream, ptr, host, 4 * nf, 0, err);
+    *dev = (float *)ptr;
+    return rc;
+}
+
+int fc_state_cuda_extras(StateObject *self, PyObject *like, fc_cuda_call *k, const fc_buf *grad,
+                         const fc_buf *recv, const fc_buf *out, int world, int rank, uint32_t unit,
+                         int decode, fc_err *err)
+{
+    int64_t scratch = 0, fetch = 0, have = 0;
+    void *ptr = NULL;
+    memset(&k->x, 0, sizeof(k->x));
+    int rc = fc_cuda_unit_needs(&self->core, k, decode, recv, grad, out, world, rank, unit,
+                                &scratch, &fetch, err);
+    if (rc == FC_OK && scratch > 0 &&
+        (rc = named_buffer(self, "scratch", scratch, like, &ptr, &have, err)) == FC_OK) {
+        k->x.scratch = ptr;
+        k->x.scratch_bytes = have;
+    }
+    if (rc == FC_OK && fetch > 0 &&
+        (rc = named_buffer(self, "fetch", fetch, like, &ptr, &have, err)) == FC_OK)
+        k->x.fetch = (uint8_t *)ptr;
+    if (rc == FC_OK)
+        rc = unit_state(self, like, k, unit, &k->x.ustate, err);
+    return rc;
+}
+
+/* The state compress()/decompress() of `unit` read: the collective's device copy where the unit
+ * runs the method there (the same host state, fc_core_single_state, so the same copy); else a
+ * device copy of the loose state made afresh each call (seeded alike on every call and rank,
+ * never synced: what its learn steps add is never read). */
+static int single_state(StateObject *self, PyObject *like, const fc_cuda_call *k, uint32_t unit,
+                        float **dev, fc_err *err)
+{
+    float *host = NULL;
+    void *ptr = NULL;
+    int64_t have = 0;
+    fc_core *c = &self->core;
+    *dev = NULL;
+    int rc = fc_core_single_state(c, unit, &host, err);
+    if (rc != FC_OK || host == NULL)
+        return rc;
+    if (unit < (uint32_t)c->n_units && fc_core_unit_floats(c, c->units[unit].numel) > 0)
+        return unit_state(self, like, k, unit, dev, err);
+    const int64_t nf = c->method->unit_floats(c->cfg); /* host != NULL: the method keeps one */
+    rc = named_buffer(self, "single state", 4 * nf, like, &ptr, &have, err);
+    if (rc == FC_OK) /* queued on the call's stream, before the kernels that read it */
+        rc = k->api->copy(k->ctx, k->device, k->stream, ptr, host, 4 * nf, 0, err);
+    *dev = (float *)ptr;
+    return rc;
+}
+
+int fc_state_cuda_single_extras(StateObject *self, PyObject *like, fc_cuda_call *k, int64_t n,
+                                int world, int rank, uint32_t unit, uint32_t chunk, int decode,
+                                fc_err *err)
+{
+    int64_t scratch = 0, have = 0;
+    void *ptr = NULL;
+    memset(&k->x, 0, sizeof(k->x));
+    int rc = fc_cuda_single_needs(&self->core, k, n, world, rank, unit, chunk, decode, &scratch, err);
+    if (rc == FC_OK && scratch > 0 &&
+        (rc = named_buffer(self, "scratch", scratch, like, &ptr, &have, err)) == FC_OK) {
+        k->x.scratch = ptr;
+        k->x.scratch_bytes = have;
+    }
+    if (rc == FC_OK)
+        rc = single_state(self, like, k, unit, &k->x.ustate, err);
+    return rc;
+}
+
+/* The device copy of a unit's state, or NULL (borrowed). */
+static PyObject *device_state(StateObject *self, uint32_t unit)
+{
+    if (self->cuda_extra == NULL)
+        return NULL;
+    PyObject *key = PyLong_FromUnsignedLong(unit);
+    if (key == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *t = PyDict_GetItemWithError(self->cuda_extra, key);
+    Py_DECREF(key);
+    if (t == NULL)
+        PyErr_Clear();
+    return t;
+}
+
+int fc_state_cuda_sync_pull(StateObject *self, uint32_t unit, fc_err *err)
+{
+    float *span, *host;
+    int64_t len, bytes;
+    void *dev = NULL;
+    PyObject *t = device_state(self, unit); /* borrowed */
+    if (t == NULL)
+        return FC_OK; /* the unit never ran on CUDA: the host state is the one */
+    fc_core_sync_span(&self->core, unit, &span, &len);
+    if (len == 0)
+        return FC_OK;
+    const fc_cuda_api *api = fc_cuda_api_get(err);
+    if (api == NULL || self->cuda_ctx == NULL)
+        return api == NULL ? err->code : fc_fail(err, FC_ERR_STATE, "no CUDA context");
+    int device = 0;
+    int rc = fc_core_unit_state(&self->core, unit, &host, err);
+    if (rc == FC_OK)
+        rc = tensor_ptr(t, "unit state", &dev, &bytes, err);
+    if (rc == FC_OK)
+        rc = tensor_device(t, &device, err);
+    if (rc != FC_OK)
+        return rc;
+    /* the covariance the encodes of this step summed on the device, after them in stream
+     * order: on the learn steps only (gradiveq's warmup and refreshes), a small wait */
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = api->copy(self->cuda_ctx, device, NULL, span, (const float *)dev + (span - host), 4 * len, 1, err);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    return rc;
+}
+
+void fc_state_cuda_sync_done(StateObject *self, uint32_t unit)
+{
+    /* the host's new state goes to the device at the unit's next call */
+    if (device_state(self, unit) == NULL)
+        return;
+    PyObject *key = PyLong_FromUnsignedLong(unit);
+    if (key == NULL || PyDict_DelItem(self->cuda_extra, key) < 0)
+        PyErr_Clear();
+    Py_XDECREF(key);
+}
+
+void fc_state_cuda_forget_units(StateObject *self)
+{
+    if (self->cuda_extra == NULL)
+        return;
+    PyObject *keys = PyDict_Keys(self->cuda_extra);
+    for (Py_ssize_t i = 0; keys != NULL && i < PyList_Size(keys); i++) {
+        PyObject *key = PyList_GetItem(keys, i); /* borrowed */
+        if (PyLong_Check(key) && PyDict_DelItem(self->cuda_extra, key) < 0)
+            PyErr_Clear();
+    }
+    if (keys == NULL)
+        PyErr_Clear();
+    Py_XDECREF(keys);
+}
+
+int fc_state_cuda_fetch(StateObject *self, PyObject *like, fc_cuda_call *k, int64_t n_picks,
+                        fc_err *err)
+{
+    void *ptr = NULL;
+    int64_t have = 0;
+    memset(&k->x, 0, sizeof(k->x));
+    int rc = named_buffer(self, "fetch", fc_cuda_fetch_bytes(n_picks), like, &ptr, &have, err);
+    k->x.fetch = (uint8_t *)ptr;
+    return rc;
+}
+
+FC_DOCSTRING(fc_state_emulate_cuda_doc,
+"_emulate_cuda(flag)\n\n"
+"Tests only: CPU tensors of this State take the CUDA path, through whichever library was loaded\n"
+"as the CUDA part (FSDPCOMP_CUDA_LIB: tests/cuda_emu's host emulation of cuda/).");
+
+PyObject *fc_state_emulate_cuda(StateObject *self, PyObject *arg)
+{
+    if (!fc_state_ready(self))
+        return NULL;
+    int flag = PyObject_IsTrue(arg);
+    if (flag < 0)
+        return NULL;
+    self->emulate_cuda = flag;
+    Py_RETURN_NONE;
+}

@@ -1,0 +1,197 @@
+/* state_residual.c: the error-feedback residuals a State owns, one tensor per unit made by its
+ * allocator, and the fp32 workspace an 8-bit residual (residual_dtype "int8", fc_res8.h) is
+ * unpacked into for the length of one call: the backends only ever see fp32 or bf16 residuals,
+ * so every method's encode, the second round and compress() keep one code path. */
+#include "python/state.h" /* first: it includes Python.h */
+
+#include "common/fc_res8.h"
+
+int fc_state_residual_dtype(const StateObject *self)
+{
+    static const int dtypes[] = {FC_F32, FC_BF16, FC_U8}; /* fc_config.c's residual_dtypes */
+    return dtypes[self->core.common.residual_dtype];
+}
+
+/* Elements of the tensor that keeps a residual of `numel` values. */
+static int64_t stored_numel(int dtype, int64_t numel)
+{
+    return dtype == FC_U8 ? fc_res8_bytes(numel) : numel;
+}
+
+/* h->r viewed from h->res as one of `dtypes` (the stored dtype must be one), checked against
+ * numel values on g's device. */
+static int view_residual(fc_res_hold *h, unsigned dtypes, const fc_view *g, int64_t numel,
+                         const char *what, fc_err *err)
+{
+    if (fc_view_get(h->res, what, dtypes, &h->r, err) != FC_OK)
+        return err->code;
+    const int dtype = h->r.buf.dtype;
+    if (h->r.buf.numel != stored_numel(dtype, numel))
+        return fc_fail(err, FC_ERR_VALUE, "%s has %lld elements, expected %lld%s", what,
+                       (long long)h->r.buf.numel, (long long)stored_numel(dtype, numel),
+                       dtype == FC_U8 ? " (an 8-bit residual: fc_res8_bytes)" : "");
+    if (fc_check_same_device(&h->r, g, what, err) != FC_OK)
+        return err->code;
+    h->packed = dtype == FC_U8;
+    h->buf = &h->r.buf;
+    return FC_OK;
+}
+
+int fc_state_residual(StateObject *self, uint32_t unit, PyObject *grad, const fc_view *g,
+                      fc_res_hold *h, fc_err *err)
+{
+    const int rdt = fc_state_residual_dtype(self);
+    const int64_t numel = g->buf.numel;
+    while (PyList_Size(self->residuals) <= (Py_ssize_t)unit)
+        if (PyList_Append(self->residuals, Py_None) < 0)
+            return fc_fail(err, FC_ERR_PYTHON, "");
+    PyObject *res = PyList_GetItem(self->residuals, unit); /* borrowed */
+    if (res == Py_None) {
+        if (self->allocator == Py_None)
+            return fc_fail(err, FC_ERR_STATE, "error feedback needs a residual allocator (State(..., "
+                           "allocator=...)); fsdpcomp.CommState provides one");
+        res = PyObject_CallFunction(self->allocator, "LsO", (long long)stored_numel(rdt, numel),
+                                    fc_dtype_name(rdt), grad);
+        if (res == NULL)
+            return fc_fail(err, FC_ERR_PYTHON, "");
+        if (PyList_SetItem(self->residuals, unit, res) < 0) /* steals res */
+            return fc_fail(err, FC_ERR_PYTHON, "");
+    }
+    Py_INCREF(res);
+    h->res = res;
+    char what[48];
+    snprintf(what, sizeof(what), "residual of unit %u", unit);
+    return view_residual(h, 1u << rdt, g, numel, what, err);
+}
+
+int fc_res_adopt(PyObject *res, const fc_view *x, fc_res_hold *h, fc_err *err)
+{
+    Py_INCREF(res);
+    h->res = res;
+    return view_residual(h, FC_DT_F32 | FC_DT_U8, x, x->buf.numel, "residual", err);
+}
+
+int fc_res_workspace(StateObject *self, PyObject *grad, int64_t numel, fc_res_hold *h,
+                     fc_err *err)
+{
+    if (!h->packed)
+        return FC_OK;
+    if (self->allocator == Py_None)
+        return fc_fail(err, FC_ERR_STATE, "an 8-bit residual is unpacked into a workspace from the "
+                       "allocator (State(..., allocator=...)); fsdpcomp.CommState provides one");
+    if (4 * numel > self->res_ws_peak)
+        self->res_ws_peak = 4 * numel;
+    h->ws = PyObject_CallFunction(self->allocator, "LsO", (long long)numel, "float32", grad);
+    if (h->ws == NULL)
+        return fc_fail(err, FC_ERR_PYTHON, "");
+    if (fc_view_get(h->ws, "residual workspace", FC_DT_F32, &h->w, err) != FC_OK)
+        return err->code;
+    h->buf = &h->w.buf;
+    return FC_OK;
+}
+
+int fc_res_unpack(StateObject *self, const fc_exec *x, fc_res_hold *h, fc_err *err)
+{
+    return h->packed ? fc_drive_res8_unpack(&self->core, x, &h->r.buf, &h->w.buf, err) : FC_OK;
+}
+
+int fc_res_pack(StateObject *self, const fc_exec *x, fc_res_hold *h, uint32_t unit, uint32_t salt,
+                fc_err *err)
+{
+    return h->packed ? fc_drive_res8_pack(&self->core, x, &h->w.buf, &h->r.buf, unit, salt, err)
+                     : FC_OK;
+}
+
+void fc_res_release(fc_res_hold *h)
+{
+    fc_view_release(&h->r);
+    fc_view_release(&h->w);
+    Py_CLEAR(h->res);
+    Py_CLEAR(h->ws);
+    h->buf = NULL;
+}
+
+/* ---------------------------------------------------------------- the calls for Python's homes */
+
+FC_DOCSTRING(fc_state_residual_numel_doc,
+"residual_numel(numel) -> int\n\n"
+"Elements of the tensor that keeps a residual of `numel` values in this State's residual_dtype:\n"
+"numel for fp32 and bf16, the bytes of the packed uint8 tensor for int8 (one fp32 scale per\n"
+"block of 64 values, then one code per value).");
+
+PyObject *fc_state_residual_numel(StateObject *self, PyObject *arg)
+{
+    long long n = PyLong_AsLongLong(arg);
+    fc_err err = {0};
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (!fc_state_ready(self) || fc_check_numel(n, 0, "numel", &err) != FC_OK)
+        return err.code != FC_OK ? STATE_ERR(self, &err) : NULL;
+    return PyLong_FromLongLong(stored_numel(fc_state_residual_dtype(self), n));
+}
+
+FC_DOCSTRING(fc_state_pack_residual_doc,
+"pack_residual(e, packed, unit=0)\n\n"
+"An fp32 residual e into the uint8 tensor `packed` (residual_numel(e.numel()) bytes, e's device)\n"
+"by the int8 residual's rule: stochastic rounding drawn from (seed, step, unit); for a home the\n"
+"State does not keep itself (PowerSGD's error). unpack_residual(packed, e) reverses it.");
+
+FC_DOCSTRING(fc_state_unpack_residual_doc,
+"unpack_residual(packed, e)\n\n"
+"The residual pack_residual() packed, into the fp32 tensor e (on packed's device).");
+
+/* pack_residual and unpack_residual: e and packed viewed and checked, through e's backend. */
+static PyObject *residual_transfer(StateObject *self, PyObject *e_obj, PyObject *p_obj,
+                                   unsigned unit, int pack)
+{
+    fc_err err = {0};
+    fc_view e = {0};
+    fc_res_hold h = {0};
+    fc_cuda_call k;
+    fc_exec x;
+    int rc = FC_ERR_VALUE;
+    if (fc_view_get(e_obj, "e", FC_DT_F32, &e, &err) != FC_OK ||
+        fc_view_get(p_obj, "packed", FC_DT_U8, &h.r, &err) != FC_OK ||
+        fc_check_same_device(&h.r, &e, "packed", &err) != FC_OK ||
+        fc_state_exec(self, e_obj, &e, &k, &x, &err) != FC_OK)
+        goto error;
+    if ((pack ? h.r.read_only : e.read_only) != 0) {
+        fc_fail(&err, FC_ERR_VALUE, "%s is read-only", pack ? "packed" : "e");
+        goto error;
+    }
+    if (h.r.buf.numel != fc_res8_bytes(e.buf.numel)) {
+        fc_fail(&err, FC_ERR_VALUE, "packed has %lld bytes, a residual of %lld values needs %lld",
+                (long long)h.r.buf.numel, (long long)e.buf.numel,
+                (long long)fc_res8_bytes(e.buf.numel));
+        goto error;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    rc = pack ? fc_drive_res8_pack(&self->core, &x, &e.buf, &h.r.buf, unit, FC_RES8_SALT_POWERSGD, &err)
+              : fc_drive_res8_unpack(&self->core, &x, &h.r.buf, &e.buf, &err);
+    Py_END_ALLOW_THREADS
+error: /* and success: rc says which */
+    fc_view_release(&e);
+    fc_res_release(&h);
+    if (rc != FC_OK)
+        return STATE_ERR(self, &err);
+    Py_RETURN_NONE;
+}
+
+PyObject *fc_state_pack_residual(StateObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"e", "packed", "unit", NULL};
+    PyObject *e, *packed;
+    unsigned unit = 0;
+    if (!fc_state_ready(self) ||
+        !PyArg_ParseTupleAndKeywords(args, kwds, "OO|I:pack_residual", kwlist, &e, &packed, &unit))
+        return NULL;
+    return residual_transfer(self, e, packed, unit, 1);
+}
+
+PyObject *fc_state_unpack_residual(StateObject *self, PyObject *args)
+{
+    PyObject *e, *packed;
+    if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "OO:unpack_residual", &packed, &e))
+        return NULL;
+    return residual_transfer(self, e, packed, 0, 0);
+}
