@@ -42,7 +42,7 @@ def residual_tensors(state) -> list[torch.Tensor]:
     count what is there, not what the counters say): the C core's per unit, the all-gather
     halves', powersgd's e."""
     out = [t for t in state._core.residuals() if t is not None]
-    out += list(state._exchange.gather_residuals.values())
+    out += list(state._exchange.shard_gather.residuals.values())
     if state._power is not None:
         out += list(state._power.e.values())
     return out

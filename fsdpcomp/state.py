@@ -20,7 +20,8 @@ from ._exchange import Exchange, Wire
 from ._param_gather import ParamGather
 from ._powersgd import Layout, PowerSGD
 from ._powersgd import Config as PowerConfig
-from ._units import UnitTable, refuse_nonfinite
+from ._shard_gather import ShardGather
+from ._units import UnitTable
 from .counters import Counters
 
 POWERSGD_STATE_VERSION = 1  # RankState.method_state["powersgd"]'s layout
@@ -124,7 +125,7 @@ class CommState:
             c.update(warmup_calls_exact=0, warmup_steps_exact=0)
         # a rank's memory, every part of it this state holds: the residuals in all their homes
         # (the C core's, powersgd's e, the all-gather half's) and the collectives' buffers
-        c["residual_bytes"] += sum(t.numel() * t.element_size() for t in self._exchange.gather_residuals.values())
+        c["residual_bytes"] += sum(t.numel() * t.element_size() for t in self._exchange.shard_gather.residuals.values())
         buffers = self._exchange.buffers
         c.update(buffer_bytes=buffers.held_bytes, buffer_peak_bytes=buffers.peak_bytes)
         return Counters(c)
@@ -152,7 +153,7 @@ class CommState:
         units = self._units.state_dict()
         step = units.pop("step")
         mine = _checkpoint.RankState(
-            **units, gather_residuals={u: r.clone() for u, r in self._exchange.gather_residuals.items()},
+            **units, gather_residuals=self._exchange.shard_gather.state_dict(),
             method_state=self._method_state())
         return _checkpoint.pack(self.method, self.config, step, mine)
 
@@ -181,13 +182,11 @@ class CommState:
             if self._units.keys:
                 _checkpoint.check_same_units(self._units.keys, self._core.units(), mine)
             units = self._units.check(_checkpoint.unit_fields(mine, saved.step))
-            gather = _gather_residuals(mine.gather_residuals, len(units.units))
-            for u, r in gather.items():
-                refuse_nonfinite(f"gather_residuals[{u}]", r)
+            gather = ShardGather.check(mine.gather_residuals, len(units.units))
             if self._power:
                 power = PowerSGD.check(_powersgd_part(mine.method_state), len(units.units))
         self._units.restore(units)
-        self._exchange.gather_residuals = gather
+        self._exchange.shard_gather.restore(gather)
         if self._power:
             self._power.restore(*(power or ({}, {})))  # residuals="drop": Q and e afresh too
 
@@ -303,23 +302,6 @@ class CommState:
             require_cuda("shard is")
         self._handshake.before_param_gather(ranks.group, shard, ranks.world)  # first gather of a shape
         return self._param_gather(output, shard, ranks, unit, segments or (shard.numel(),), async_op)
-
-
-def _gather_residuals(saved: Any, n_units: int) -> dict[int, torch.Tensor]:
-    """A checkpoint's all-gather residuals (allgather_compress), checked and copied."""
-    if not isinstance(saved, Mapping):
-        raise TypeError(f"state_dict 'gather_residuals' must be a dict of unit -> tensor, got "
-                        f"{type(saved).__name__}")
-    out = {}
-    for unit, r in saved.items():
-        if isinstance(unit, bool) or not isinstance(unit, int) or not 0 <= unit < n_units:
-            raise ValueError(f"state_dict 'gather_residuals' is keyed by unit (0 to {n_units - 1}), "
-                             f"got {unit!r}")
-        if not isinstance(r, torch.Tensor) or not (r.is_floating_point() or r.dtype == torch.uint8):
-            raise TypeError(f"state_dict 'gather_residuals'[{unit}] must be a float tensor (uint8: "
-                            f"an int8 residual, packed), got {type(r).__name__}")
-        out[unit] = r.detach().clone() if r.dtype == torch.uint8 else r.detach().clone().float()
-    return out
 
 
 def _powersgd_part(method_state: Mapping[str, Any]) -> Any:

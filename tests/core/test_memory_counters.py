@@ -16,7 +16,7 @@ def _bytes(tensors) -> int:
 
 def _held(state):
     residuals = [t for t in state._core.residuals() if t is not None]
-    residuals += list(state._exchange.gather_residuals.values())
+    residuals += list(state._exchange.shard_gather.residuals.values())
     residuals += list(state._power.e.values()) if state._power else []
     return _bytes(residuals), _bytes(state._exchange.buffers._bufs.values())
 
