@@ -18,7 +18,8 @@ from ._dist import Ranks
 from ._buffers import ELEMENT_SIZE
 from ._exchange import Exchange, Wire
 from ._param_gather import ParamGather
-from ._powersgd import Layout, PowerSGD
+from ._layout import Layout
+from ._powersgd import PowerSGD
 from ._powersgd import Config as PowerConfig
 from ._shard_gather import ShardGather
 from ._units import UnitTable

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from .._dist import Ranks, settled
-from .._powersgd import Layout
+from .._layout import Layout
 from ..state import CommState
 from ._checks import FLOATS, check_state, refuse_param_gather
 

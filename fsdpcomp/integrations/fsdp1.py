@@ -8,7 +8,7 @@ from typing import Hashable
 
 import torch
 
-from .._powersgd import Layout
+from .._layout import Layout
 from ..state import CommState
 from ._checks import check_state, refuse_param_gather
 

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from .._dist import Ranks
-from .._powersgd import Layout
+from .._layout import Layout
 from ..state import CommState
 from ._checks import check_alike, check_cuda_model, check_flat, check_model, check_state, completed, refuse_param_gather
 

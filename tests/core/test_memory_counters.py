@@ -68,7 +68,7 @@ def test_powersgd_counts_its_e(residual_dtype):
                                                 "residual_dtype": residual_dtype})
     except ValueError as e:
         pytest.skip(f"residual_dtype {residual_dtype} not accepted here: {e}")
-    layout = fsdpcomp._powersgd.Layout.of_shapes([(48, 32)])
+    layout = fsdpcomp._layout.Layout.of_shapes([(48, 32)])
     g = torch.Generator().manual_seed(3)
     for _ in range(2):
         state.reduce_scatter(torch.randn(48 * 32, generator=g), torch.empty(48 * 32), matrices=layout)

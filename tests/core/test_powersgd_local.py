@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fsdpcomp
-from fsdpcomp._powersgd import Layout
+from fsdpcomp._layout import Layout
 from helpers.ckpt import own, with_own
 
 

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import fsdpcomp
-from fsdpcomp._powersgd import Layout
+from fsdpcomp._layout import Layout
 from fsdpcomp.integrations import fsdp2_modules
 from helpers.ckpt import own, with_own
 from helpers.dist_utils import run_ranks
