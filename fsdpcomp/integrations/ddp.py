@@ -116,9 +116,9 @@ def ddp_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tenso
 
 
 def _matrices(state: CommState, grads: list[torch.Tensor]) -> Layout | None:
-    """The bucket's parameters, back to back in its flat buffer (powersgd's matrices; the
-    codecs take no layout)."""
-    return Layout.of_shapes(g.shape for g in grads) if state.method == "powersgd" else None
+    """The bucket's parameters, back to back in its flat buffer (the matrices of a state that
+    takes a layout; the codecs take none)."""
+    return Layout.of_shapes(g.shape for g in grads) if state.takes_layout else None
 
 
 def _plain_mean(state: CommState, buf: torch.Tensor) -> None:

@@ -58,8 +58,9 @@ def _current_flat_param() -> torch.Tensor | None:
 
 
 def _matrices(flat: torch.Tensor | None) -> Layout | None:
-    """Where each original parameter lies in the flat parameter (powersgd's matrices): its
-    per-parameter shapes, with the alignment padding between them (use_orig_params)."""
+    """Where each original parameter lies in the flat parameter (the matrices of a state that
+    takes a layout): its per-parameter shapes, with the alignment padding between them
+    (use_orig_params)."""
     if flat is None:
         return None
     # FSDP1's FlatParameter keeps its per-parameter layout only in these members
@@ -93,7 +94,7 @@ def fsdp_hook(state: CommState | UnitHookState, grad: torch.Tensor, output: torc
     else:
         check_state(state, "fsdp_hook")
         key = _flat_param_key(state, flat)
-    matrices = _matrices(flat) if state.method == "powersgd" else None
+    matrices = _matrices(flat) if state.takes_layout else None
     if output is None:
         state.all_reduce(grad, key, matrices=matrices)
     else:

@@ -108,6 +108,17 @@ def test_private_reaches_are_few_and_commented():
     assert all(r[3] for r in reaches), [r for r in reaches if not r[3]]
 
 
+def test_state_and_integrations_name_no_method():
+    """What differs between methods is its Reducer's (_reducer.py): CommState and the
+    integrations never ask which method they drive; _methods.py alone maps names to reducers."""
+    paths = [os.path.join(PKG, "state.py")] + [os.path.join(PKG, "integrations", f)
+                                               for f in os.listdir(os.path.join(PKG, "integrations"))
+                                               if f.endswith(".py")]
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            assert "powersgd" not in f.read(), path  # torch's own "PowerSGD" hook may be cited
+
+
 def test_test_files_have_unique_basenames():
     """pytest imports test files by basename (no __init__.py in tests/): two files of one name in
     different folders stop the whole run at collection."""
