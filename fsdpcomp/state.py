@@ -63,6 +63,7 @@ class CommState:
         self.process_group = process_group
         self._units = UnitTable(self._core)  # which unit a call is, where a step ends
         self._device: torch.device | None = None  # where the units live: one state, one device
+        self._hook_memos: dict[str, Any] = {}  # hook_memo's
 
     # ---- what the user sees
 
@@ -95,6 +96,14 @@ class CommState:
     def param_codec(self) -> "_C.State | None":
         """The C codec of the parameter all-gathers (config key ``param_gather``); None: "none"."""
         return self._reducer.param_gather.codec
+
+    def hook_memo(self, name: str, make):
+        """What an integration keeps per state (FSDP1's flat-parameter names, DDP's count of
+        backward passes): made by make() on first use, it lives and dies with this state."""
+        memo = self._hook_memos.get(name)
+        if memo is None:
+            memo = self._hook_memos[name] = make()
+        return memo
 
     def counters(self) -> Counters:
         return Counters(self._reducer.counters())

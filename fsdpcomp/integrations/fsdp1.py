@@ -46,9 +46,6 @@ class _FlatNames:
         return name
 
 
-_FLAT_NAMES: "weakref.WeakKeyDictionary[CommState, _FlatNames]" = weakref.WeakKeyDictionary()
-
-
 def _current_flat_param() -> torch.Tensor | None:
     """The flat parameter whose gradient the hook reduces: FSDP1 runs it in a hook on the
     AccumulateGrad node of the unit's flat parameter, so autograd's current node names it.
@@ -73,10 +70,7 @@ def _flat_param_key(state: CommState, flat: torch.Tensor | None) -> str | None:
     (a caller driving the hook by hand): call order."""
     if flat is None:
         return None
-    names = _FLAT_NAMES.get(state)
-    if names is None:
-        names = _FLAT_NAMES[state] = _FlatNames()
-    return names.name(flat)
+    return state.hook_memo("fsdp1 flat parameter names", _FlatNames).name(flat)
 
 
 def fsdp_hook(state: CommState | UnitHookState, grad: torch.Tensor, output: torch.Tensor | None = None) -> None:

@@ -119,6 +119,17 @@ def test_state_and_integrations_name_no_method():
             assert "powersgd" not in f.read(), path  # torch's own "PowerSGD" hook may be cited
 
 
+def test_no_module_level_table_of_instances():
+    """Per-instance state lives in its instance (a state's hook memos, a ShardGather's device
+    verdicts), where it dies with it; _agree.py's per-process-group table is the one exception:
+    what a group settled holds for every state on it."""
+    for path in sorted(_modules()[0].values()):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if "WeakKeyDictionary" in text:
+            assert path.endswith("_agree.py"), path
+
+
 def test_test_files_have_unique_basenames():
     """pytest imports test files by basename (no __init__.py in tests/): two files of one name in
     different folders stop the whole run at collection."""
