@@ -275,7 +275,7 @@ class Factors:
     def check(saved: Any, n_units: int) -> tuple[dict, dict]:
         """A checkpoint's PowerSGD state, checked and copied; TypeError / ValueError naming what."""
         if not isinstance(saved, Mapping) or not {"q", "e"} <= set(saved):
-            raise ValueError("state_dict 'powersgd' must be a dict with 'q' and 'e' (PowerSGD.state_dict())")
+            raise ValueError("state_dict 'powersgd' must be a dict with 'q' and 'e' (Factors.state_dict())")
         out = []
         for name in ("q", "e"):
             table = saved[name]
