@@ -41,10 +41,11 @@ def residual_tensors(state) -> list[torch.Tensor]:
     """Every residual tensor a CommState keeps (private members, read on purpose: the point is to
     count what is there, not what the counters say): the C core's per unit, the all-gather
     halves', powersgd's e."""
+    reducer = state._reducer
     out = [t for t in state._core.residuals() if t is not None]
-    out += list(state._exchange.gather_residuals.values())
-    if state._power is not None:
-        out += list(state._power.e.values())
+    out += list(reducer.exchange.shard_gather.residuals.values())
+    if hasattr(reducer, "factors"):
+        out += list(reducer.factors.e.values())
     return out
 
 
@@ -55,7 +56,7 @@ def residual_bytes(state) -> int:
 def buffer_bytes(state) -> dict[str, int]:
     """The collectives' buffers per kind, from the tensors the state's Buffers keep."""
     out: dict[str, int] = {}
-    for (kind, _), buf in state._exchange.buffers._bufs.items():
+    for (kind, _), buf in state._reducer.exchange.buffers._bufs.items():
         out[kind] = out.get(kind, 0) + buf.untyped_storage().nbytes()
     return out
 

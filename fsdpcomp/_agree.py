@@ -41,13 +41,14 @@ class Handshake:
     """The agreements of one CommState: what it has settled, per (process group, shape)."""
 
     def __init__(self, core, method: str | None = None, keys: dict[str, Any] | None = None):
-        """method, keys: a method that is not the core's codec (powersgd drives a `none` core)
-        and its own keys, described beside the core's wire config."""
+        """method, keys: the reducer's method (None: the core's codec) and the keys its core does
+        not hold, described beside the core's wire config (a method that is not a codec drives a
+        `none` core)."""
         self._core = core  # wire_config, fingerprint; add_comm counts the handshakes
         self._method = method or core.method
         self._keys = dict(keys or {})
         self._settled: set = set()  # (group, key): the steady state's one lookup
-        if method is None:
+        if self._method == core.method:
             # the fingerprint names this config in a PayloadError another rank's state raises
             _known[core.fingerprint] = {"method": core.method, **core.wire_config}
 
@@ -59,7 +60,7 @@ class Handshake:
                       detail: Callable[[], dict] | None = None) -> None:
         """Before the first exchange of this shape by this state: the handshake, when needed.
         signature(): what the exchange looks like from this rank (Exchange.signature); detail():
-        more of the description (powersgd: which matrices it compresses)."""
+        more of the description (a low-rank method: which matrices it compresses)."""
         if world == 1:
             return
         group = _group_of(group)

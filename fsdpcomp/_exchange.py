@@ -5,9 +5,10 @@ counts; this moves the payloads through torch.distributed, the one way onto the 
 
 The interface CommState uses: ``reduce_scatter`` (the all-to-all exchange, or the pipelined
 per-peer one, with the size exchange and the second round where the method has them), ``sync``
-(method state kept equal on all ranks), ``all_gather`` (the all-gather half of an all-reduce,
-_shard_gather.py), ``signature`` (what an exchange looks like, for the handshake in _agree.py),
-``timed`` (one counted collective), ``buffers`` and the all-gather half's ``gather_residuals``."""
+(method state kept equal on all ranks), ``shard_gather`` (the all-gather half of an all-reduce,
+a ShardGather from _shard_gather.py, which keeps that half's residuals), ``signature`` (what an
+exchange looks like, for the handshake in _agree.py), ``timed`` (one counted collective) and
+``buffers``."""
 from __future__ import annotations
 
 import time
@@ -20,7 +21,7 @@ import torch.distributed as dist
 
 from ._buffers import Buffers
 from ._dist import Handoff, Ranks, all_gather_single, settled
-from ._shard_gather import all_gather_shards
+from ._shard_gather import ShardGather
 
 _ABANDON_WAIT_S = 30  # the messages an error left posted: how long, in all, they may take to end
 
@@ -82,7 +83,7 @@ class Exchange:
         self.core = core
         self.wire = wire
         self.buffers = Buffers()
-        self.gather_residuals: dict[int, torch.Tensor] = {}  # the all-gather half's, per unit
+        self.shard_gather = ShardGather(core, wire, self.buffers, self.timed)  # an all-reduce's second half
         # the C core's answers per shape, asked once
         self._splits: dict[_Shape, Splits] = {}
         self._pipelined_ok: dict[tuple[int, int], bool] = {}  # (numel, world)
@@ -321,9 +322,3 @@ class Exchange:
             self.timed(lambda v: dist.all_reduce(v, group=ranks.group), t, bytes_sent=nbytes, extra=True)
             summed = t.cpu()
         self.core.sync_apply(unit, summed)
-
-    # ---- the all-gather half of an all-reduce
-
-    def all_gather(self, reduced: torch.Tensor, grad: torch.Tensor, unit: int, ranks: Ranks) -> None:
-        """grad = every rank's reduced shard (reduced: this rank's), compressed where that pays."""
-        all_gather_shards(self, reduced, grad, unit, ranks, self.gather_residuals)

@@ -1,14 +1,22 @@
-"""The compressor names, one list for every place that shows them (fsdpcomp.methods(),
---comm_compress's choices, the unknown-method ValueError): the C method table's chunk codecs,
-then powersgd, which is not a codec (two all-reduces of factors, _powersgd.py) and so is in no
-table the C side could list."""
+"""The compressor names and the Reducer behind each, one registry for every place that shows
+them (fsdpcomp.methods(), --comm_compress's choices, the unknown-method ValueError) and for
+CommState, which asks it for its reducer: the C method table's chunk codecs, then the reducers
+that are no codec (powersgd: two all-reduces of factors, _powersgd.py), which no table the C
+side could list holds."""
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from . import _C, _powersgd
+from ._codec_reducer import CodecReducer
+from ._reducer import Reducer
+
+# A name here is its own Reducer; every other name is a codec of the C method table.
+_OWN_REDUCERS = {_powersgd.NAME: _powersgd.PowerSGDReducer}
 
 
 def names() -> list[str]:
-    return list(_C.methods()) + [_powersgd.NAME]
+    return list(_C.methods()) + list(_OWN_REDUCERS)
 
 
 def check(name: str) -> None:
@@ -18,3 +26,9 @@ def check(name: str) -> None:
         # "int8\0" reads as int8 where text ends at the first NUL (C, logs): say why it is not
         nul = " (it contains an embedded NUL character)" if "\0" in name else ""
         raise ValueError(f"unknown compression method {name!r}{nul}; valid methods: {', '.join(map(repr, valid))}")
+
+
+def make_reducer(name: str, config: Mapping[str, Any]) -> Reducer:
+    """The Reducer of method `name` with this config (a dict); ValueError naming what is wrong."""
+    check(name)  # here, not in C: the C table lists only the codecs
+    return _OWN_REDUCERS.get(name, CodecReducer)(name, config)

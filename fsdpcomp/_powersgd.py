@@ -1,26 +1,26 @@
-"""PowerSGD (Vogels et al., NeurIPS 2019): each parameter's gradient M (n x m) sent as rank-r
-factors. Per step: M += e (error feedback), P = M Q with last step's Q (warm start), all-reduce
-P, orthogonalise P, Q = M^T P, all-reduce Q, mean = P Q^T, e = M - P Q^T. Vectors and matrices
-too small to pay go exactly, in the first all-reduce beside the P's; so a unit costs two
-all-reduces, whatever its number of matrices.
-
-It is not a chunk codec (two collectives with arithmetic between them), so it has its own
-exchange here, in torch ops (BLAS / cuBLAS, CPU and CUDA alike), behind the same CommState: the
-unit table, the handshake, the counters (add_comm, plus the per-call counts kept here) and the
-checkpoint are the ones every method uses (docs/decisions.md, "PowerSGD in Python")."""
+"""PowerSGD as a Reducer: its keys (described and validated as the codecs' are: _keys.py), a
+`none` core for its units, step and counters, its exact warm-up through that core's exchange
+(a reduce-scatter sends half the bytes of the all-reduce its factors would need), and its
+factors (_powersgd_factors.py) after it. Not a chunk codec (two collectives with arithmetic
+between them), so it is no entry of the C method table (docs/decisions.md, "PowerSGD in
+Python")."""
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
-import torch.distributed as dist
 
-from . import _C, _residual_store
+from . import _C, _agree, _checkpoint, _keys
+from ._alloc import allocate
+from ._config import gather_default
 from ._dist import Ranks
+from ._layout import Layout
+from ._powersgd_factors import Config, Factors
+from ._reducer import Reducer
+from ._shard_gather import ShardGather
 
 NAME = "powersgd"
+STATE_VERSION = 1  # RankState.method_state["powersgd"]'s layout
 
 # The method's own keys, in method_info's format (csrc/fc_config.c's tables for the codecs).
 KEYS = [
@@ -39,7 +39,6 @@ KEYS = [
 ]
 # Common keys that mean nothing to two all-reduces of factors are accepted and ignored (a config
 # shared with other methods stays valid); a removed one is refused, as the codecs refuse it.
-_EPS = 1e-8  # Gram-Schmidt: a zero column (a matrix whose gradient is zero) stays finite
 
 
 def info() -> dict[str, Any]:
@@ -51,346 +50,85 @@ def info() -> dict[str, Any]:
             "keys": [dict(k) for k in KEYS], "aliases": []}  # num_bits names no width here
 
 
-def _int_key(name: str, v: Any, lo: float, hi: float) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ValueError(f"powersgd config key '{name}' must be an integer, got {type(v).__name__}")
-    if not lo <= v <= hi:
-        raise ValueError(f"powersgd config key '{name}' must be in [{lo:g}, {hi:g}], got {v}")
-    return v
+def _core(config: Mapping[str, Any]) -> "_C.State":
+    """The `none` core of the common keys, which it checks (named for powersgd); error_feedback
+    is PowerSGD's own (the `none` core keeps no residual)."""
+    own = {k["name"] for k in KEYS} | {"error_feedback"}
+    try:
+        return _C.State("none", gather_default({k: v for k, v in config.items() if k not in own}), allocate)
+    except ValueError as e:
+        raise ValueError(str(e).replace("none config key", f"{NAME} config key")) from None
 
 
-def _decay(v: Any) -> float:
-    """ef_decay as a float; a value of the wrong type is left for the core's check (1.0 here),
-    which names the key."""
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 1.0
+class PowerSGDReducer(Reducer):
+    """PowerSGD (see the module docstring); its residual e lives in its Factors, and nowhere else."""
 
+    name = NAME
+    takes_layout = True  # the matrices it factors
+    method_state_key = NAME
 
-@dataclass(frozen=True)
-class Config:
-    rank: int
-    start_iter: int
-    min_compression_rate: float
-    error_feedback: bool
-    ef_decay: float  # g' = g + ef_decay * e (the core validated it: a common key)
-    residual_dtype: str  # "fp32", "bf16" or "int8" (packed by the core: csrc/fc_res8.h)
-    wire_bf16: bool
+    def __init__(self, method: str, config: Mapping[str, Any]):
+        common = _C.method_info("")
+        _keys.refuse_unknown(NAME, config, KEYS, common)
+        own = _keys.resolve(NAME, config, KEYS)
+        ef_spec = next(k for k in common if k["name"] == "error_feedback")
+        ef = _keys.check(NAME, ef_spec, config.get("error_feedback", True))
+        core = _core(config)
+        super().__init__(core, config, dict(own, error_feedback=ef))
+        c = core.config
+        cfg = Config(own["rank"], own["start_iter"], own["min_compression_rate"], ef, float(c["ef_decay"]),
+                     c["residual_dtype"], own["factor_dtype"] == "bf16")
+        self.factors = Factors(cfg, c["seed"], c["error_stats_every"], core)
 
-    @staticmethod
-    def split(config: Mapping[str, Any], common: list[dict]) -> tuple["Config", dict[str, Any], dict[str, Any]]:
-        """(PowerSGD's config, the config for the core's `none` state, PowerSGD's keys resolved).
-        ValueError naming the key for an unknown key or a bad value."""
-        own = {k["name"]: k for k in KEYS}
-        valid = list(own) + [k["name"] for k in common]
-        for key in config:
-            if key in _C.REMOVED_KEYS:
-                raise ValueError(_C.REMOVED_KEYS[key])
-            if key not in valid:
-                raise ValueError(f"unknown config key {key!r} for method 'powersgd'; valid keys: {', '.join(valid)}")
-        vals = {k: config.get(k, spec["default"]) for k, spec in own.items()}
-        _int_key("rank", vals["rank"], 1, 4096)
-        _int_key("start_iter", vals["start_iter"], 0, 9007199254740991)
-        rate = vals["min_compression_rate"]
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate < 1:
-            raise ValueError(f"powersgd config key 'min_compression_rate' must be a number >= 1, got {rate!r}")
-        vals["min_compression_rate"] = float(rate)
-        if vals["factor_dtype"] not in ("fp32", "bf16"):
-            raise ValueError(f"powersgd config key 'factor_dtype' must be one of 'fp32', 'bf16', got {vals['factor_dtype']!r}")
-        ef = config.get("error_feedback", True)
-        if not isinstance(ef, bool):
-            raise ValueError(f"powersgd config key 'error_feedback' must be true or false, got {type(ef).__name__}")
-        # the core keeps the units, the step, the counters: a `none` state without residuals
-        core = {k: v for k, v in config.items() if k not in own and k != "error_feedback"}
-        cfg = Config(vals["rank"], vals["start_iter"], vals["min_compression_rate"], ef,
-                     _decay(config.get("ef_decay", 1.0)), config.get("residual_dtype", "fp32"),
-                     vals["factor_dtype"] == "bf16")
-        return cfg, core, dict(vals, error_feedback=ef)
+    def signature(self, grad: torch.Tensor, ranks: Ranks, layout: Layout | None) -> tuple:
+        return (NAME, *self.factors.signature(layout, grad.numel()))
 
+    def detail(self, grad: torch.Tensor, layout: Layout | None) -> dict[str, Any]:
+        return {"matrices": repr(self.factors.signature(layout, grad.numel())[-2:])}
 
-@dataclass(frozen=True)
-class Layout:
-    """Where the matrices lie in a call's flat gradient: ``blocks`` equal blocks (FSDP2's
-    reduce-scatter input: one per rank, each holding every parameter's padded dim-0 shard; 1
-    otherwise), and in each block, per parameter, (offset, rows, cols): a matrix is its blocks'
-    pieces stacked, (blocks * rows) x cols. Elements outside every piece are summed exactly."""
-    blocks: int
-    pieces: tuple[tuple[int, int, int], ...]
-
-    @staticmethod
-    def of_shapes(shapes, blocks: int = 1) -> "Layout":
-        """Tensors of these shapes laid back to back in each block; 1-D and 0-D ones go exactly."""
-        pieces, at = [], 0
-        for shape in shapes:
-            shape = tuple(shape)
-            numel = math.prod(shape)
-            if len(shape) >= 2:
-                pieces.append((at, shape[0], numel // shape[0] if shape[0] else 0))
-            at += numel
-        return Layout(blocks, tuple(pieces))
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """One (layout, size)'s compressed matrices and exactly-summed elements."""
-    mats: tuple[tuple[int, int, int], ...]  # (offset in block, rows per block, cols), compressed
-    exact: torch.Tensor | None  # bool mask over a block: summed exactly (None: nothing)
-    exact_per_block: int
-    groups: tuple[tuple[int, tuple[int, ...]], ...]  # (n, matrix indices): one batched Gram-Schmidt each
-
-
-def _plan(layout: Layout | None, numel: int, rank: int, rate: float) -> _Plan:
-    blocks = layout.blocks if layout is not None else 1
-    if layout is None or numel % blocks:
-        return _Plan((), torch.ones(numel, dtype=torch.bool), numel, ())
-    blk = numel // blocks
-    mats = []
-    exact = torch.ones(blk, dtype=torch.bool)
-    for off, rows, cols in layout.pieces:
-        n = rows * blocks
-        if rows <= 0 or cols <= 0 or off < 0 or off + rows * cols > blk:
-            continue
-        if n * cols >= rate * (n + cols) * rank:  # torch's _should_compress, with >=
-            mats.append((off, rows, cols))
-            exact[off:off + rows * cols] = False
-    groups: dict[int, list[int]] = {}
-    for j, (_, rows, _) in enumerate(mats):
-        groups.setdefault(rows * blocks, []).append(j)
-    k = int(exact.sum())
-    return _Plan(tuple(mats), exact if k else None, k, tuple((n, tuple(js)) for n, js in groups.items()))
-
-
-def orthogonalize(p: torch.Tensor) -> None:
-    """Gram-Schmidt on the columns of each matrix of p (k x n x r), in place, in fp32: the same
-    ops in the same order on every rank, so identical inputs give identical factors."""
-    for i in range(p.shape[2]):
-        col = p[:, :, i:i + 1]
-        col.div_(torch.linalg.vector_norm(col, dim=1, keepdim=True).add_(_EPS))
-        if i + 1 < p.shape[2]:
-            rest = p[:, :, i + 1:]
-            rest.sub_(col * (col * rest).sum(dim=1, keepdim=True))
-
-
-def ring_bytes(numel: int, world: int, elem: int = 4) -> int:
-    """What a ring all-reduce of numel elements sends per rank."""
-    return 2 * (world - 1) * numel * elem // world
-
-
-class PowerSGD:
-    """The method state of one CommState: per unit, Q per matrix and the residual e."""
-
-    def __init__(self, cfg: Config, seed: int, stats_every: int, core=None):
-        self.cfg = cfg
-        self._core = core  # the `none` _C.State: it packs an int8 residual
-        self._seed = seed
-        self._stats_every = stats_every
-        self.q: dict[int, list[torch.Tensor]] = {}
-        self.e: dict[int, torch.Tensor] = {}
-        self._plans: dict[tuple, _Plan] = {}
-        self.reset_counts()
-
-    def reset_counts(self) -> None:
-        self.counts = {"calls": 0, "calls_uncompressed": 0, "elements": 0, "warmup_calls_exact": 0,
-                       "warmup_steps_exact": 0, "err_sq": 0.0, "ref_sq": 0.0, "cos_sum": 0.0, "samples": 0}
-        self._warm_step: int | None = None  # the step warmup_steps_exact counted last
-
-    def signature(self, layout: Layout | None, numel: int) -> tuple:
-        plan = self._plan_of(layout, numel)
-        return (NAME, self.cfg.rank, self.cfg.start_iter, self.cfg.min_compression_rate,
-                self.cfg.wire_bf16, layout.blocks if layout else 1, plan.mats)
-
-    def _plan_of(self, layout: Layout | None, numel: int) -> _Plan:
-        key = (layout, numel)
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._plans[key] = _plan(layout, numel, self.cfg.rank, self.cfg.min_compression_rate)
-        return plan
-
-    def warming(self, step: int) -> bool:
-        """A reduce-scatter of this step goes exactly, through the core's `none` exchange."""
-        return step < self.cfg.start_iter
-
-    def count_exact(self, step: int) -> None:
-        """A call the core's `none` exchange made (warm-up): calls and elements are the core's."""
-        self.counts["calls_uncompressed"] += 1
-        self._count_warmup(step)
-
-    def _count_warmup(self, step: int) -> None:
-        """A call sent exact because of the warm-up, and its step once: a short run can go exact
-        throughout (5 steps of the default start_iter 10 read as ratio 1.0) without this."""
-        self.counts["warmup_calls_exact"] += 1
-        if step != self._warm_step:
-            self._warm_step = step
-            self.counts["warmup_steps_exact"] += 1
-
-    def _initial_q(self, unit: int, plan: _Plan, device: torch.device) -> list[torch.Tensor]:
-        """Q of each matrix at a unit's first compressed step: seeded by (seed, unit, matrix), the
-        same on every rank, drawn on the CPU so every device gets the same numbers."""
-        qs = []
-        for j, (_, _, cols) in enumerate(plan.mats):
-            g = torch.Generator().manual_seed((self._seed * 1000003 + unit * 10007 + j) % (1 << 63))
-            q = torch.randn(1, cols, self.cfg.rank, generator=g)
-            orthogonalize(q)
-            qs.append(q[0].to(device))
-        return qs
-
-    def reduce(self, grad: torch.Tensor, target: torch.Tensor, unit: int, ranks: Ranks,
-               layout: Layout | None, step: int, scatter: bool,
-               timed: Callable[..., None]) -> None:
-        """target = the mean over ranks (scatter: this rank's chunk of it, grad.numel() / world
-        elements; else the whole, target may be grad), for the unit the caller claimed."""
-        world, n = ranks.world, grad.numel()
-        esize = grad.element_size()
-        shard = -(-n // world)
-        raw = (world - 1) * shard * esize * (1 if scatter else 2)  # the uncompressed RS (+ AG)
-        plan = self._plan_of(layout, n)
-        self.counts["calls"] += 1
-        self.counts["elements"] += n
-        x = grad.detach().to(torch.float32, copy=True)
-        if step < self.cfg.start_iter or not plan.mats:
-            self.counts["calls_uncompressed"] += 1
-            if step < self.cfg.start_iter:
-                self._count_warmup(step)
-            if world > 1:
-                timed(lambda v: dist.all_reduce(v, group=ranks.group), x, bytes_sent=ring_bytes(n, world),
-                      bytes_raw=raw, fallback=not plan.mats and step >= self.cfg.start_iter)
-            x.div_(world)
-            self._write(x, target, ranks, scatter)
+    def reduce_scatter(self, grad, output, unit: int, ranks: Ranks, step: int, layout: Layout | None) -> None:
+        if not self.factors.warming(step):
+            self.factors.reduce(grad, output, unit, ranks, layout, step, True, self.exchange.timed)
             return
-        blocks = layout.blocks
-        xv = x.view(blocks, n // blocks)
-        if self.cfg.error_feedback and unit in self.e:
-            x.add_(_residual_store.as_float(self._core, self.e[unit]).to(x.device).view_as(x),
-                   alpha=self.cfg.ef_decay)
-        r = self.cfg.rank
-        mats = [xv[:, off:off + rows * cols].reshape(blocks * rows, cols) for off, rows, cols in plan.mats]
-        qs = self.q.get(unit)
-        if qs is None or len(qs) != len(mats) or any(q.shape != (m.shape[1], r) for q, m in zip(qs, mats)):
-            qs = self._initial_q(unit, plan, x.device)
-        qs = [q.to(x.device) for q in qs]
-        sizes_p = [m.shape[0] * r for m in mats]
-        first = torch.empty(sum(sizes_p) + blocks * plan.exact_per_block, dtype=torch.float32, device=x.device)
-        ps, at = [], 0
-        for m, q, size in zip(mats, qs, sizes_p):
-            ps.append(first[at:at + size].view(m.shape[0], r))
-            torch.matmul(m, q, out=ps[-1])
-            at += size
-        if plan.exact is not None:
-            exact_mask = plan.exact.to(x.device)
-            first[at:] = xv[:, exact_mask].reshape(-1)
-        if world > 1:
-            self._all_reduce(first, ranks, timed, bytes_raw=raw)
-        for rows, js in plan.groups:  # batched Gram-Schmidt, one per height
-            stacked = torch.stack([ps[j] for j in js])
-            orthogonalize(stacked)
-            for j, p in zip(js, stacked):
-                ps[j].copy_(p)
-        second = torch.empty(sum(m.shape[1] * r for m in mats), dtype=torch.float32, device=x.device)
-        new_qs, at = [], 0
-        for m, p in zip(mats, ps):
-            new_qs.append(second[at:at + m.shape[1] * r].view(m.shape[1], r))
-            torch.matmul(m.t(), p, out=new_qs[-1])
-            at += m.shape[1] * r
-        if self._stats_every and (self.counts["calls"] - 1) % self._stats_every == 0:
-            self._sample(x, mats, ps, new_qs)
-        if world > 1:
-            self._all_reduce(second, ranks, timed, extra=True)
-        second.div_(world)
-        mean = torch.empty_like(xv)
-        if plan.exact is not None:
-            mean[:, exact_mask] = first[sum(sizes_p):].view(blocks, -1).div_(world)
-        for (off, rows, cols), p, q in zip(plan.mats, ps, new_qs):
-            mean[:, off:off + rows * cols] = (p @ q.t()).view(blocks, rows * cols)
-        self.q[unit] = [q.clone() for q in new_qs]
-        if self.cfg.error_feedback:
-            e = xv.sub_(mean)  # x is this call's own copy: it becomes e
-            if plan.exact is not None:
-                e[:, exact_mask] = 0
-            self.e[unit] = _residual_store.keep(self._core, self.e.get(unit), x, self.cfg.residual_dtype, unit)
-        self._write(mean.view(-1), target, ranks, scatter)
+        self.factors.count_exact(step)  # calls and elements: the core's
+        try:
+            self.exchange.reduce_scatter(grad, output, unit, ranks)
+        except _C.PayloadError as e:
+            raise _agree.explain(e) from None
 
-    def _all_reduce(self, buf: torch.Tensor, ranks: Ranks, timed, **count) -> None:
-        """Sums buf (fp32) over ranks in place, in factor_dtype on the wire; counted."""
-        wire = buf.to(torch.bfloat16) if self.cfg.wire_bf16 else buf
-        timed(lambda v: dist.all_reduce(v, group=ranks.group), wire,
-              bytes_sent=ring_bytes(wire.numel(), ranks.world, wire.element_size()), **count)
-        if wire is not buf:
-            buf.copy_(wire)
+    def all_reduce(self, grad, unit: int, ranks: Ranks, step: int, layout: Layout | None) -> None:
+        """Its two all-reduces (one, exact, in the warm-up)."""
+        self.factors.reduce(grad, grad, unit, ranks, layout, step, False, self.exchange.timed)
 
-    @staticmethod
-    def _write(mean: torch.Tensor, target: torch.Tensor, ranks: Ranks, scatter: bool) -> None:
-        if scatter:
-            shard = target.numel()
-            target.copy_(mean[ranks.rank * shard:(ranks.rank + 1) * shard])
-        else:
-            target.copy_(mean.view_as(target))
+    def _count(self, c: dict[str, Any]) -> None:
+        c["method"] = NAME
+        self.factors.merge_counters(c)  # residual_bytes: its e's (its `none` core keeps none)
 
-    def _sample(self, x, mats, ps, local_qs) -> None:
-        """The compression error of this rank's own M against its own rank-r approximation
-        P (P^T M) (before the Q all-reduce), over the compressed matrices; the exact elements add
-        to ||x||^2 with no error, as the codecs' grad_rel_error counts them."""
-        xx = float(x.double().pow(2).sum())
-        ee = dd = 0.0
-        xe = 0.0
-        for m, p, q in zip(mats, ps, local_qs):
-            d = p @ q.t()
-            err = m - d
-            ee += float(err.double().pow(2).sum())
-            xe += float((m.double() * err.double()).sum())
-        dd = xx - 2 * xe + ee
-        xd = xx - xe
-        c = self.counts
-        c["err_sq"] += ee
-        c["ref_sq"] += xx
-        c["cos_sum"] += xd / math.sqrt(xx * dd) if xx > 0 and dd > 0 else float(xx == 0 and dd == 0)
-        c["samples"] += 1
-
-    def merge_counters(self, c: dict[str, Any]) -> None:
-        """The counts kept here, into a counters() dict of the core's."""
-        k = self.counts
-        for key in ("calls", "calls_uncompressed", "elements"):
-            c[key] += k[key]
-        c["warmup_calls_exact"], c["warmup_steps_exact"] = k["warmup_calls_exact"], k["warmup_steps_exact"]
-        if k["samples"]:
-            c["grad_rel_error"] = math.sqrt(k["err_sq"] / k["ref_sq"]) if k["ref_sq"] > 0 else 0.0
-            c["grad_cos_sim"] = k["cos_sum"] / k["samples"]
-            c["error_samples"] = k["samples"]
-        c["residual_norm"] = math.sqrt(sum(float(_residual_store.as_float(self._core, e).pow(2).sum())
-                                           for e in self.e.values()))
-        c["residual_bytes"] = sum(e.numel() * e.element_size() for e in self.e.values())
-
-    # ---- checkpoints
+    def reset_counters(self) -> None:
+        super().reset_counters()
+        self.factors.reset_counts()
 
     def state_dict(self) -> dict[str, Any]:
-        """Per unit: Q of each matrix and the residual e (cloned)."""
-        return {"q": {u: [q.detach().clone() for q in qs] for u, qs in self.q.items()},
-                "e": {u: e.detach().clone() for u, e in self.e.items()}}
+        """method_state {"powersgd": {"version": 1, "q": unit -> [Q per matrix], "e": unit -> e}}."""
+        return {"gather_residuals": {},
+                "method_state": {NAME: {"version": STATE_VERSION, **self.factors.state_dict()}}}
 
-    @staticmethod
-    def check(saved: Any, n_units: int) -> tuple[dict, dict]:
-        """A checkpoint's PowerSGD state, checked and copied; TypeError / ValueError naming what."""
-        if not isinstance(saved, Mapping) or not {"q", "e"} <= set(saved):
-            raise ValueError("state_dict 'powersgd' must be a dict with 'q' and 'e' (PowerSGD.state_dict())")
-        out = []
-        for name in ("q", "e"):
-            table = saved[name]
-            if not isinstance(table, Mapping):
-                raise TypeError(f"state_dict 'powersgd'['{name}'] must be a dict of unit -> tensors")
-            copied = {}
-            for u, v in table.items():
-                if isinstance(u, bool) or not isinstance(u, int) or not 0 <= u < n_units:
-                    raise ValueError(f"state_dict 'powersgd'['{name}'] is keyed by unit (0 to {n_units - 1}), got {u!r}")
-                items = v if name == "q" else [v]
-                packed_ok = name == "e"  # an int8 residual is kept packed, as uint8
-                if not isinstance(items, (list, tuple)) or not all(
-                        isinstance(t, torch.Tensor) and (t.is_floating_point() or packed_ok and t.dtype == torch.uint8)
-                        for t in items):
-                    raise TypeError(f"state_dict 'powersgd'['{name}'][{u}] must hold float tensors")
-                for t in items:
-                    if t.is_floating_point() and not bool(torch.isfinite(t.float()).all()):
-                        raise ValueError(f"state_dict 'powersgd'['{name}'][{u}] holds NaN/Inf (a corrupted checkpoint?)")
-                copied[u] = [t.detach().clone() for t in v] if name == "q" else v.detach().clone()
-            out.append(copied)
-        return out[0], out[1]
+    def check(self, mine: "_checkpoint.RankState", n_units: int) -> tuple[dict, dict]:
+        ShardGather.check(mine.gather_residuals, n_units)  # none are kept: checked as the codecs'
+        return Factors.check(_own_part(mine.method_state), n_units)
 
-    def restore(self, q: dict, e: dict) -> None:
-        self.q, self.e = q, e
+    def restore(self, checked: tuple[dict, dict] | None) -> None:
+        self.factors.restore(*(checked or ({}, {})))  # residuals="drop": Q and e afresh too
 
+
+def _own_part(method_state: Mapping[str, Any]) -> Any:
+    """RankState.method_state's powersgd entry for Factors.check: a checkpoint without one (saved
+    before its first call) restores none; another version is refused."""
+    part = method_state.get(NAME)
+    if part is None:
+        return {"q": {}, "e": {}}
+    version = part.get("version") if isinstance(part, Mapping) else None
+    if version != STATE_VERSION:
+        raise ValueError(f"state_dict powersgd state has version {version!r}, this fsdpcomp reads "
+                         f"version {STATE_VERSION}")
+    return {k: v for k, v in part.items() if k != "version"}

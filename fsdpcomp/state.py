@@ -1,8 +1,8 @@
-"""CommState: one named compressor (its C state: config, residuals, counters) plus the process
-group it reduces over. The FSDP1 hook, the FSDP2 reduce-scatter, all-gather and replica
-all-reduce and the DDP hook all drive it. It keeps the config, the counters and the checkpoint,
-checks every call and claims its unit (_units.py); the collectives live in _exchange.py (and the
-parameter all-gather in _param_gather.py), the numerics in C."""
+"""CommState: one named compressor, a Reducer (_reducer.py: the collectives and the state
+they keep), plus the process group it reduces over. The FSDP1 hook, the FSDP2 reduce-scatter,
+all-gather and replica all-reduce and the DDP hook all drive it. It checks every call, claims
+its unit (_units.py), and keeps the checkpoint's frame (_checkpoint.py); everything a method does
+differently is its reducer's, which _methods.py picks by the method's name."""
 from __future__ import annotations
 
 from typing import Any, Hashable, Mapping
@@ -10,20 +10,15 @@ from typing import Any, Hashable, Mapping
 import torch
 import torch.distributed as dist
 
-from . import _C, _agree, _checkpoint, _methods
-from ._alloc import allocate
-from ._cuda_check import require_cuda
-from ._config import gather_default, normalize_config
-from ._dist import Ranks
+from . import _C, _checkpoint, _methods
 from ._buffers import ELEMENT_SIZE
-from ._exchange import Exchange, Wire
-from ._param_gather import ParamGather
-from ._powersgd import Layout, PowerSGD
-from ._powersgd import Config as PowerConfig
-from ._units import UnitTable, refuse_nonfinite
+from ._config import normalize_config
+from ._cuda_check import require_cuda
+from ._dist import Ranks
+from ._layout import Layout
+from ._units import UnitTable
 from .counters import Counters
 
-POWERSGD_STATE_VERSION = 1  # RankState.method_state["powersgd"]'s layout
 
 def _check_tensor(t: Any, name: str) -> None:
     """What every gradient tensor a hook call reduces must be, checked before the call claims
@@ -63,42 +58,29 @@ class CommState:
                  process_group: dist.ProcessGroup | None = None):
         if not isinstance(method, str):
             raise TypeError(f"method must be a str, got {type(method).__name__}")
-        _methods.check(method)  # here, not in C: the C table has no powersgd to list
-        config = normalize_config(config)
-        # powersgd drives a `none` core: its units, step, counters and wire keys (_powersgd.py)
-        self._power: PowerSGD | None = None
-        power_keys = None
-        if method == "powersgd":
-            cfg, config, power_keys = PowerConfig.split(config, _C.method_info(""))
-        try:
-            self._core = _C.State("none" if power_keys else method, gather_default(config), allocate)
-        except ValueError as e:  # the common keys, checked by the `none` core: named for powersgd
-            raise ValueError(str(e).replace("none config key", "powersgd config key")) from None
-        if power_keys:
-            self._power = PowerSGD(cfg, self._core.config["seed"], self._core.config["error_stats_every"],
-                                   self._core)
-        self._power_keys = power_keys or {}
+        self._reducer = _methods.make_reducer(method, normalize_config(config))
+        self._core = self._reducer.core  # the unit table's: units, step, residuals
         self.process_group = process_group
         self._units = UnitTable(self._core)  # which unit a call is, where a step ends
-        self._exchange = Exchange(self._core, Wire.of(self._core, config))
-        self._param_gather = ParamGather(self._core, self._exchange.buffers)
-        self._handshake = _agree.Handshake(self._core, "powersgd" if power_keys else None, power_keys)
         self._device: torch.device | None = None  # where the units live: one state, one device
-        if self._exchange.wire.gather_compressed and self._core.config.get("second_round"):
-            # a single payload (the all-gather stage) has no second round to fetch values with
-            raise ValueError("config key 'allgather_compress' cannot be combined with "
-                             "'second_round': the compressed all-gather decodes single payloads")
+        self._hook_memos: dict[str, Any] = {}  # hook_memo's
 
     # ---- what the user sees
 
     @property
     def method(self) -> str:
-        return "powersgd" if self._power else self._core.method
+        return self._reducer.name
 
     @property
     def config(self) -> dict[str, Any]:
         """The resolved config, defaults included."""
-        return {**self._core.config, **self._power_keys}
+        return self._reducer.config
+
+    @property
+    def takes_layout(self) -> bool:
+        """Whether this state's method reads ``matrices`` (where each parameter's gradient lies
+        in a call's flat tensor): an integration describes them only then."""
+        return self._reducer.takes_layout
 
     @property
     def step(self) -> int:
@@ -113,29 +95,23 @@ class CommState:
     @property
     def param_codec(self) -> "_C.State | None":
         """The C codec of the parameter all-gathers (config key ``param_gather``); None: "none"."""
-        return self._param_gather.codec
+        return self._reducer.param_gather.codec
+
+    def hook_memo(self, name: str, make):
+        """What an integration keeps per state (FSDP1's flat-parameter names, DDP's count of
+        backward passes): made by make() on first use, it lives and dies with this state."""
+        memo = self._hook_memos.get(name)
+        if memo is None:
+            memo = self._hook_memos[name] = make()
+        return memo
 
     def counters(self) -> Counters:
-        c = self._core.counters()
-        if self._power:
-            c["method"] = "powersgd"
-            self._power.merge_counters(c)  # residual_bytes: its e's (its `none` core keeps none)
-        else:  # the codecs compress from the first call: only powersgd has an exact warm-up
-            c.update(warmup_calls_exact=0, warmup_steps_exact=0)
-        # a rank's memory, every part of it this state holds: the residuals in all their homes
-        # (the C core's, powersgd's e, the all-gather half's) and the collectives' buffers
-        c["residual_bytes"] += sum(t.numel() * t.element_size() for t in self._exchange.gather_residuals.values())
-        buffers = self._exchange.buffers
-        c.update(buffer_bytes=buffers.held_bytes, buffer_peak_bytes=buffers.peak_bytes)
-        return Counters(c)
+        return Counters(self._reducer.counters())
 
     def reset_counters(self) -> None:
         """Zeroes the counters; buffer_peak_bytes starts again from the buffers held now (the
         bytes held, residual_bytes and buffer_bytes, are not counts and stay)."""
-        self._core.reset_counters()
-        self._exchange.buffers.reset_peak()
-        if self._power:
-            self._power.reset_counts()
+        self._reducer.reset_counters()
 
     def end_step(self) -> None:
         """Marks the end of a backward pass. Called automatically at the end of every backward
@@ -151,15 +127,8 @@ class CommState:
         torch.save of this dict per rank."""
         units = self._units.state_dict()
         step = units.pop("step")
-        mine = _checkpoint.RankState(
-            **units, gather_residuals={u: r.clone() for u, r in self._exchange.gather_residuals.items()},
-            method_state=self._method_state())
+        mine = _checkpoint.RankState(**units, **self._reducer.state_dict())
         return _checkpoint.pack(self.method, self.config, step, mine)
-
-    def _method_state(self) -> dict[str, Any]:
-        """RankState.method_state: powersgd's {"version": 1, "q": unit -> [Q per matrix], "e": unit
-        -> residual}; nothing for the other methods."""
-        return {"powersgd": {"version": POWERSGD_STATE_VERSION, **self._power.state_dict()}} if self._power else {}
 
     def load_state_dict(self, state_dict: Mapping[str, Any], *, residuals: str = "keep") -> None:
         """Restores a state_dict() of a state with the same method and config, saved by this
@@ -171,25 +140,18 @@ class CommState:
         residual and method state afresh, on purpose: to resume at another world size (with
         DCP: ``state.without_residuals()``)."""
         saved = _checkpoint.unpack(state_dict, self.method, self.config, residuals)
-        power = None
+        reducer, checked = self._reducer, None
         if saved.rank_state is None:
             units = self._units.check({"step": saved.step, "units": [], "residuals": []})
-            gather = {}
         else:
             mine = saved.rank_state
-            _checkpoint.check_rank_state(mine, "powersgd" if self._power else None)
+            _checkpoint.check_rank_state(mine, reducer.method_state_key)
             if self._units.keys:
                 _checkpoint.check_same_units(self._units.keys, self._core.units(), mine)
             units = self._units.check(_checkpoint.unit_fields(mine, saved.step))
-            gather = _gather_residuals(mine.gather_residuals, len(units.units))
-            for u, r in gather.items():
-                refuse_nonfinite(f"gather_residuals[{u}]", r)
-            if self._power:
-                power = PowerSGD.check(_powersgd_part(mine.method_state), len(units.units))
+            checked = reducer.check(mine, len(units.units))
         self._units.restore(units)
-        self._exchange.gather_residuals = gather
-        if self._power:
-            self._power.restore(*(power or ({}, {})))  # residuals="drop": Q and e afresh too
+        reducer.restore(checked)  # None (residuals="drop"): every residual afresh
 
     def without_residuals(self) -> "_checkpoint.WithoutResiduals":
         """For ``torch.distributed.checkpoint.load``: a view of this state that reads a
@@ -228,67 +190,38 @@ class CommState:
 
         grad: flat, contiguous, len = world * shard (FSDP pads it); output: the shard.
         key: the unit's name (its residual and method state); None: the next unit in call order.
-        matrices: where each parameter's gradient lies in grad (powersgd compresses those
-        matrices; without it everything is summed exactly; the codecs ignore it).
+        matrices: where each parameter's gradient lies in grad (read where ``takes_layout``: a
+        low-rank method compresses those matrices and sums the rest exactly).
         Returns the unit index. A refused call (TypeError/ValueError) changes nothing.
         """
         ranks = Ranks.of(self.process_group)
         self._check_call(grad, output, ranks.world)
         unit = self._claim(grad, key, ranks, matrices)
-        # powersgd's exact warm-up steps go through the `none` core's reduce-scatter below: half
-        # the bytes of the all-reduce its factors need
-        if self._power and not self._power.warming(self.step):
-            target = output if scale == 1.0 else torch.empty(output.numel(), dtype=torch.float32, device=grad.device)
-            self._power.reduce(grad, target, unit, ranks, matrices, self.step, True, self._exchange.timed)
-            if target is not output:
-                output.copy_(target.mul_(scale))
-            return unit
-        if self._power:
-            self._power.count_exact(self.step)
         target = output
         if scale != 1.0:
-            target = self._exchange.buffers.typed("scaled_mean", output.numel(), torch.float32, grad.device)
-        try:
-            self._exchange.reduce_scatter(grad, target, unit, ranks)
-        except _C.PayloadError as e:
-            raise _agree.explain(e) from None
-        self._exchange.sync(unit, ranks, grad.device)
+            target = self._reducer.exchange.buffers.typed("scaled_mean", output.numel(), torch.float32, grad.device)
+        self._reducer.reduce_scatter(grad, target, unit, ranks, self.step, matrices)
         if target is not output:
             output.copy_(target.mul_(scale))
         return unit
 
     def _claim(self, grad: torch.Tensor, key: Hashable | None, ranks: Ranks, matrices: Layout | None) -> int:
         """The handshake (the first call of a shape: the ranks compare configs), then the unit."""
-        if self._power:
-            power = self._power
-            self._handshake.before_reduce(ranks.group, grad, ranks.world,
-                                          lambda: power.signature(matrices, grad.numel()),
-                                          lambda: {"matrices": repr(power.signature(matrices, grad.numel())[-2:])})
-        else:
-            self._handshake.before_reduce(ranks.group, grad, ranks.world,
-                                          lambda: self._exchange.signature(grad, ranks.world, ranks.rank))
+        self._reducer.agree(grad, ranks, matrices)
         unit = self._units.claim(grad.numel(), key)
         self._device = grad.device
         return unit
 
     def all_reduce(self, grad: torch.Tensor, key: Hashable | None = None, *,
                    matrices: Layout | None = None) -> None:
-        """grad = mean over ranks of grad, in place: compressed reduce-scatter, then an
-        all-gather of the reduced shards, compressed too (allgather_compress) where that pays
-        (powersgd: its two all-reduces). key, matrices as for reduce_scatter."""
+        """grad = mean over ranks of grad, in place: for the codecs a compressed reduce-scatter,
+        then an all-gather of the reduced shards, compressed too (allgather_compress) where that
+        pays; a reducer of its own (e.g. low-rank factors) does its own. key, matrices as for
+        reduce_scatter."""
         ranks = Ranks.of(self.process_group)
         self._check_call(grad, None, ranks.world)
-        if self._power:
-            unit = self._claim(grad, key, ranks, matrices)
-            self._power.reduce(grad, grad, unit, ranks, matrices, self.step, False, self._exchange.timed)
-            return
-        n = grad.numel()
-        reduced = self._exchange.buffers.like("shard", -(-n // ranks.world), grad)
-        unit = self.reduce_scatter(grad, reduced, key)
-        if ranks.world == 1:
-            grad.copy_(reduced[:n])
-            return
-        self._exchange.all_gather(reduced, grad, unit, ranks)
+        unit = self._claim(grad, key, ranks, matrices)
+        self._reducer.all_reduce(grad, unit, ranks, self.step, matrices)
 
     def all_gather_params(self, output: torch.Tensor, shard: torch.Tensor, *,
                           group: dist.ProcessGroup | None = None, unit: int = 0,
@@ -301,35 +234,4 @@ class CommState:
         ranks = Ranks.of(group if group is not None else self.process_group)
         if shard.device.type == "cuda":
             require_cuda("shard is")
-        self._handshake.before_param_gather(ranks.group, shard, ranks.world)  # first gather of a shape
-        return self._param_gather(output, shard, ranks, unit, segments or (shard.numel(),), async_op)
-
-
-def _gather_residuals(saved: Any, n_units: int) -> dict[int, torch.Tensor]:
-    """A checkpoint's all-gather residuals (allgather_compress), checked and copied."""
-    if not isinstance(saved, Mapping):
-        raise TypeError(f"state_dict 'gather_residuals' must be a dict of unit -> tensor, got "
-                        f"{type(saved).__name__}")
-    out = {}
-    for unit, r in saved.items():
-        if isinstance(unit, bool) or not isinstance(unit, int) or not 0 <= unit < n_units:
-            raise ValueError(f"state_dict 'gather_residuals' is keyed by unit (0 to {n_units - 1}), "
-                             f"got {unit!r}")
-        if not isinstance(r, torch.Tensor) or not (r.is_floating_point() or r.dtype == torch.uint8):
-            raise TypeError(f"state_dict 'gather_residuals'[{unit}] must be a float tensor (uint8: "
-                            f"an int8 residual, packed), got {type(r).__name__}")
-        out[unit] = r.detach().clone() if r.dtype == torch.uint8 else r.detach().clone().float()
-    return out
-
-
-def _powersgd_part(method_state: Mapping[str, Any]) -> Any:
-    """RankState.method_state's powersgd entry for PowerSGD.check: a checkpoint of this state
-    without one (saved before its first call) restores none; another version is refused."""
-    part = method_state.get("powersgd")
-    if part is None:
-        return {"q": {}, "e": {}}
-    version = part.get("version") if isinstance(part, Mapping) else None
-    if version != POWERSGD_STATE_VERSION:
-        raise ValueError(f"state_dict powersgd state has version {version!r}, this fsdpcomp reads "
-                         f"version {POWERSGD_STATE_VERSION}")
-    return {k: v for k, v in part.items() if k != "version"}
+        return self._reducer.gather_params(output, shard, ranks, unit, segments or (shard.numel(),), async_op)

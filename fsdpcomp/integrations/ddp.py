@@ -4,12 +4,13 @@ by a compressed reduce-scatter and an all-gather of the reduced shards."""
 # No `from __future__ import annotations`: DDP's register_comm_hook compares the hook's
 # annotations with dist.GradBucket and Future[Tensor] as objects, and strings fail that check.
 import weakref
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from .._dist import Ranks, settled
-from .._powersgd import Layout
+from .._layout import Layout
 from ..state import CommState
 from ._checks import FLOATS, check_state, refuse_param_gather
 
@@ -20,10 +21,14 @@ from ._checks import FLOATS, check_state, refuse_param_gather
 # requires start_powerSGD_iter >= 2 for the same reason), unless the state already knows the
 # final buckets it holds (a resumed run): those are reduced as the final buckets they will be.
 
-# Backward passes each bare CommState has seen through ddp_hook (counted on the last bucket):
-# without the DDP module at hand, the first one is taken for the one before the rebuild.
-_ITERATIONS: "weakref.WeakKeyDictionary[CommState, int]" = weakref.WeakKeyDictionary()
 _WARMUP_ITERATIONS = 1
+
+
+@dataclass
+class _Backwards:
+    """Backward passes a bare CommState has seen through ddp_hook (counted on the last bucket):
+    without the DDP module at hand, the first one is taken for the one before the rebuild."""
+    count: int = 0
 
 
 class DDPHookState:
@@ -103,22 +108,22 @@ def ddp_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tenso
     if isinstance(state, DDPHookState):
         state.reduce(bucket, buf)
     else:
-        iteration = _ITERATIONS.get(state, 0)
-        if iteration < _WARMUP_ITERATIONS:
+        backwards = state.hook_memo("ddp backward passes", _Backwards)
+        if backwards.count < _WARMUP_ITERATIONS:
             _plain_mean(state, buf)
         else:
             state.all_reduce(buf, ("ddp_bucket", bucket.index()), matrices=_matrices(state, bucket.gradients()))
         if bucket.is_last():
-            _ITERATIONS[state] = iteration + 1
+            backwards.count += 1
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(buf)
     return fut
 
 
 def _matrices(state: CommState, grads: list[torch.Tensor]) -> Layout | None:
-    """The bucket's parameters, back to back in its flat buffer (powersgd's matrices; the
-    codecs take no layout)."""
-    return Layout.of_shapes(g.shape for g in grads) if state.method == "powersgd" else None
+    """The bucket's parameters, back to back in its flat buffer (the matrices of a state that
+    takes a layout; the codecs take none)."""
+    return Layout.of_shapes(g.shape for g in grads) if state.takes_layout else None
 
 
 def _plain_mean(state: CommState, buf: torch.Tensor) -> None:

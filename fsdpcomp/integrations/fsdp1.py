@@ -8,7 +8,7 @@ from typing import Hashable
 
 import torch
 
-from .._powersgd import Layout
+from .._layout import Layout
 from ..state import CommState
 from ._checks import check_state, refuse_param_gather
 
@@ -46,9 +46,6 @@ class _FlatNames:
         return name
 
 
-_FLAT_NAMES: "weakref.WeakKeyDictionary[CommState, _FlatNames]" = weakref.WeakKeyDictionary()
-
-
 def _current_flat_param() -> torch.Tensor | None:
     """The flat parameter whose gradient the hook reduces: FSDP1 runs it in a hook on the
     AccumulateGrad node of the unit's flat parameter, so autograd's current node names it.
@@ -58,8 +55,9 @@ def _current_flat_param() -> torch.Tensor | None:
 
 
 def _matrices(flat: torch.Tensor | None) -> Layout | None:
-    """Where each original parameter lies in the flat parameter (powersgd's matrices): its
-    per-parameter shapes, with the alignment padding between them (use_orig_params)."""
+    """Where each original parameter lies in the flat parameter (the matrices of a state that
+    takes a layout): its per-parameter shapes, with the alignment padding between them
+    (use_orig_params)."""
     if flat is None:
         return None
     # FSDP1's FlatParameter keeps its per-parameter layout only in these members
@@ -72,10 +70,7 @@ def _flat_param_key(state: CommState, flat: torch.Tensor | None) -> str | None:
     (a caller driving the hook by hand): call order."""
     if flat is None:
         return None
-    names = _FLAT_NAMES.get(state)
-    if names is None:
-        names = _FLAT_NAMES[state] = _FlatNames()
-    return names.name(flat)
+    return state.hook_memo("fsdp1 flat parameter names", _FlatNames).name(flat)
 
 
 def fsdp_hook(state: CommState | UnitHookState, grad: torch.Tensor, output: torch.Tensor | None = None) -> None:
@@ -93,7 +88,7 @@ def fsdp_hook(state: CommState | UnitHookState, grad: torch.Tensor, output: torc
     else:
         check_state(state, "fsdp_hook")
         key = _flat_param_key(state, flat)
-    matrices = _matrices(flat) if state.method == "powersgd" else None
+    matrices = _matrices(flat) if state.takes_layout else None
     if output is None:
         state.all_reduce(grad, key, matrices=matrices)
     else:

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from .._dist import Ranks
-from .._powersgd import Layout
+from .._layout import Layout
 from ..state import CommState
 from ._checks import check_alike, check_cuda_model, check_flat, check_model, check_state, completed, refuse_param_gather
 
@@ -34,11 +34,11 @@ def _param_groups(module: torch.nn.Module) -> list:
 
 
 def _matrices(state: CommState, module: torch.nn.Module | None, blocks: int, numel: int) -> Layout | None:
-    """Where each parameter's gradient lies in a flat tensor of one FSDPModule (powersgd's
-    matrices): ``blocks`` blocks (the reduce-scatter input, one per rank; 1 for the replica
+    """Where each parameter's gradient lies in a flat tensor of one FSDPModule (the matrices
+    of a state that takes a layout): ``blocks`` blocks (the reduce-scatter input, one per rank; 1 for the replica
     all-reduce of a shard), each holding every parameter's padded dim-0 shard in FSDP2's order.
     A parameter sharded on another dim is summed exactly. None: the sizes do not fit."""
-    if module is None or state.method != "powersgd":  # the codecs take no layout
+    if module is None or not state.takes_layout:  # the codecs take no layout
         return None
     groups = _param_groups(module)
     if len(groups) != 1:
@@ -84,7 +84,7 @@ class ReduceScatter(_TorchReduceScatter):
         check_state(state, "ReduceScatter")
         self.state = state
         self.key = key
-        self.module = module  # the FSDPModule: its parameters' shapes (powersgd's matrices)
+        self.module = module  # the FSDPModule: its parameters' shapes (a layout's matrices)
 
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         # Fresh memory each call: FSDP2 keeps the input alive across groups and the output
@@ -141,7 +141,7 @@ class AllReduceHook:
             raise ValueError("AllReduceHook's state needs its process_group: the replicate group")
         self.state = state
         self.key = key
-        self.module = module  # the FSDPModule: its parameters' shapes (powersgd's matrices)
+        self.module = module  # the FSDPModule: its parameters' shapes (a layout's matrices)
 
     def __call__(self, reduce_output: torch.Tensor) -> None:
         check_flat(reduce_output, "reduce_output")

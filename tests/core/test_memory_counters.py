@@ -16,9 +16,10 @@ def _bytes(tensors) -> int:
 
 def _held(state):
     residuals = [t for t in state._core.residuals() if t is not None]
-    residuals += list(state._exchange.gather_residuals.values())
-    residuals += list(state._power.e.values()) if state._power else []
-    return _bytes(residuals), _bytes(state._exchange.buffers._bufs.values())
+    reducer = state._reducer
+    residuals += list(reducer.exchange.shard_gather.residuals.values())
+    residuals += list(reducer.factors.e.values()) if hasattr(reducer, "factors") else []
+    return _bytes(residuals), _bytes(reducer.exchange.buffers._bufs.values())
 
 
 def test_buffers_count_what_they_hold_and_the_peak_of_a_regrowth():
@@ -68,7 +69,7 @@ def test_powersgd_counts_its_e(residual_dtype):
                                                 "residual_dtype": residual_dtype})
     except ValueError as e:
         pytest.skip(f"residual_dtype {residual_dtype} not accepted here: {e}")
-    layout = fsdpcomp._powersgd.Layout.of_shapes([(48, 32)])
+    layout = fsdpcomp._layout.Layout.of_shapes([(48, 32)])
     g = torch.Generator().manual_seed(3)
     for _ in range(2):
         state.reduce_scatter(torch.randn(48 * 32, generator=g), torch.empty(48 * 32), matrices=layout)

@@ -78,8 +78,8 @@ def test_no_import_cycle():
 
 def test_integrations_do_not_import_each_other():
     graph = _graph()
-    # _powersgd: each integration describes its parameters' layout with its Layout type
-    allowed = {"fsdpcomp.state", "fsdpcomp._dist", "fsdpcomp.integrations._checks", "fsdpcomp._powersgd"}
+    # _layout: each integration describes its parameters' layout with its Layout type
+    allowed = {"fsdpcomp.state", "fsdpcomp._dist", "fsdpcomp.integrations._checks", "fsdpcomp._layout"}
     for name in ("fsdp1", "fsdp2", "ddp"):
         mod = f"fsdpcomp.integrations.{name}"
         assert graph[mod] <= allowed, f"{mod} imports {sorted(graph[mod] - allowed)}"
@@ -106,6 +106,28 @@ def test_private_reaches_are_few_and_commented():
     # 8: what C++ still holds of a collective's tensors (_dist.py's settled collectives)
     assert len(reaches) <= 8, reaches
     assert all(r[3] for r in reaches), [r for r in reaches if not r[3]]
+
+
+def test_state_and_integrations_name_no_method():
+    """What differs between methods is its Reducer's (_reducer.py): CommState and the
+    integrations never ask which method they drive; _methods.py alone maps names to reducers."""
+    paths = [os.path.join(PKG, "state.py")] + [os.path.join(PKG, "integrations", f)
+                                               for f in os.listdir(os.path.join(PKG, "integrations"))
+                                               if f.endswith(".py")]
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            assert "powersgd" not in f.read(), path  # torch's own "PowerSGD" hook may be cited
+
+
+def test_no_module_level_table_of_instances():
+    """Per-instance state lives in its instance (a state's hook memos, a ShardGather's device
+    verdicts), where it dies with it; _agree.py's per-process-group table is the one exception:
+    what a group settled holds for every state on it."""
+    for path in sorted(_modules()[0].values()):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if "WeakKeyDictionary" in text:
+            assert path.endswith("_agree.py"), path
 
 
 def test_test_files_have_unique_basenames():

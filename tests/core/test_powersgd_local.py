@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fsdpcomp
-from fsdpcomp._powersgd import Layout
+from fsdpcomp._layout import Layout
 from helpers.ckpt import own, with_own
 
 
@@ -21,6 +21,23 @@ from helpers.ckpt import own, with_own
 def test_bad_config_names_the_key(config, key):
     with pytest.raises(ValueError, match=f"'{key}'"):
         fsdpcomp.CommState("powersgd", config)
+
+
+@pytest.mark.parametrize("method, config, message", [
+    ("powersgd", {"rank": 0}, "powersgd config key 'rank' must be in [1, 4096], got 0"),
+    ("int8", {"block_size": 3}, "int8 config key 'block_size' must be in [8, 16777216], got 3"),
+    ("powersgd", {"rank": "x"}, "powersgd config key 'rank' must be an integer, got str"),
+    ("int8", {"block_size": "x"}, "int8 config key 'block_size' must be an integer, got str"),
+    ("powersgd", {"factor_dtype": "x"}, "powersgd config key 'factor_dtype' must be one of 'fp32', 'bf16', got 'x'"),
+    ("powersgd", {"min_compression_rate": 0.5},
+     "powersgd config key 'min_compression_rate' must be in [1, 1e+09], got 0.5"),
+])
+def test_own_keys_are_checked_from_their_description_as_the_codecs_are(method, config, message):
+    """powersgd's keys are validated from their method_info description (_keys.py), worded as
+    the C tables' validation words the codecs' keys."""
+    with pytest.raises(ValueError) as err:
+        fsdpcomp.CommState(method, config)
+    assert str(err.value) == message
 
 
 @pytest.mark.parametrize("key", ["transport", "timeout_s"])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fsdpcomp
-from fsdpcomp._powersgd import Layout
+from fsdpcomp._layout import Layout
 from helpers.ckpt import own
 
 EF = {"error_feedback": True, "compress_own_chunk": True, "residual_dtype": "int8"}

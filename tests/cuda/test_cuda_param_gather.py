@@ -23,7 +23,7 @@ def test_cuda_gather_equals_cpu(codec, dtype, numel, gen):
     for on_cuda in (False, True):
         state = fsdpcomp.CommState("none", {"param_gather": codec, "param_gather_block_size": 64})
         if on_cuda and EMULATED:
-            state._param_gather.codec._emulate_cuda(True)
+            state._reducer.param_gather.codec._emulate_cuda(True)
         device = DEV if on_cuda else "cpu"
         out = torch.empty(numel, dtype=dtype, device=device)
         fsdpcomp.AllGather(state, unit=2)(out, shard.to(device, copy=True))

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import fsdpcomp
-from fsdpcomp._powersgd import Layout
+from fsdpcomp._layout import Layout
 from fsdpcomp.integrations import fsdp2_modules
 from helpers.ckpt import own, with_own
 from helpers.dist_utils import run_ranks
@@ -62,7 +62,7 @@ def _flat_error(state, key, gathered, shapes, out, carried):
     grads = [[t.view(s) for t, s in zip(g.split([torch.Size(s).numel() for s in shapes]), shapes)] for g in gathered]
     if key not in carried:
         layout = Layout.of_shapes(shapes)
-        qs = iter(state._power._initial_q(state._units._index[key], state._power._plan_of(layout, gathered[0].numel()),
+        qs = iter(state._reducer.factors._initial_q(state._units._index[key], state._reducer.factors._plan_of(layout, gathered[0].numel()),
                                           gathered[0].device))
         carried[key] = {"q": [next(qs) if len(s) >= 2 else None for s in shapes],
                         "e": [[torch.zeros(s) if len(s) >= 2 else None for _ in gathered] for s in shapes]}
@@ -132,8 +132,8 @@ def _fsdp2_vs_reference(rank, world):
                 at += n
             grads.append(mats)
         if key not in carried:
-            init = state._power._initial_q(state._units._index[key],
-                                           state._power._plan_of(_layout(sizes, world), inp.numel()), inp.device)
+            init = state._reducer.factors._initial_q(state._units._index[key],
+                                           state._reducer.factors._plan_of(_layout(sizes, world), inp.numel()), inp.device)
             qs = iter(init)
             carried[key] = {"q": [next(qs) if len(s) >= 2 else None for s in sizes],
                             "e": [[torch.zeros(world * s[0], torch.Size(s[1:]).numel()) if len(s) >= 2 else None
@@ -233,7 +233,7 @@ def _direct(rank, world):
     state.end_step()
     every = [torch.empty(2 * 112) for _ in range(world)]
     dist.all_gather(every, torch.cat(grads))
-    init = state._power._initial_q(0, state._power._plan_of(layout, 112), torch.device("cpu"))
+    init = state._reducer.factors._initial_q(0, state._reducer.factors._plan_of(layout, 112), torch.device("cpu"))
     carried = {"q": [init[0], None], "e": [[torch.zeros(16, 6) for _ in range(world)], None]}
     worst = 0.0
     for step, got in enumerate((first, second)):

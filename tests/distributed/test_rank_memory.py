@@ -54,8 +54,8 @@ def _fsdp2(rank, world):
         opt.zero_grad(set_to_none=True)
         # every buffer storage the exchange reaches, its cached per-peer views included: after
         # the first step's regrowth too, no old buffer may stay alive unseen by buffer_bytes
-        views = [t for p in state._exchange._slots.values() for t in (p.send, p.recv)]
-        reached.append((mem_count.storage_bytes(list(state._exchange.buffers._bufs.values()) + views),
+        views = [t for p in state._reducer.exchange._slots.values() for t in (p.send, p.recv)]
+        reached.append((mem_count.storage_bytes(list(state._reducer.exchange.buffers._bufs.values()) + views),
                          state.counters()["buffer_bytes"]))
     return {"counters": dict(state.counters()), "units": units, "grads": grads, "reached": reached,
             "params": mem_count.params_bytes(model), "optimizer": mem_count.optimizer_bytes(opt),
@@ -70,7 +70,7 @@ def _all_reduce(rank, world):
             state.all_reduce(torch.randn(n, generator=g), key=n)
         state.end_step()
     core = sum(t.numel() * t.element_size() for t in state._core.residuals() if t is not None)
-    gather = sum(t.numel() * t.element_size() for t in state._exchange.gather_residuals.values())
+    gather = sum(t.numel() * t.element_size() for t in state._reducer.exchange.shard_gather.residuals.values())
     return {"counters": dict(state.counters()), "core": core, "gather": gather,
             "residual": mem_count.residual_bytes(state), "by_kind": mem_count.buffer_bytes(state)}
 

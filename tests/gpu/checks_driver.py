@@ -64,8 +64,8 @@ def check_comm_time_is_device_time():
     torch.cuda.synchronize()
     cycles = 100_000_000  # ~50 ms at a 2 GHz clock, ~70 ms at 1.4 GHz
     t0 = time.perf_counter()
-    st._exchange.timed(lambda t: torch.cuda._sleep(cycles), x)
-    st._exchange.timed(lambda t: torch.cuda._sleep(cycles), x, bytes_sent=100, extra=True)
+    st._reducer.exchange.timed(lambda t: torch.cuda._sleep(cycles), x)
+    st._reducer.exchange.timed(lambda t: torch.cuda._sleep(cycles), x, bytes_sent=100, extra=True)
     host = time.perf_counter() - t0
     c = st.counters()
     detail = {"comm_time_s": c["comm_time_s"], "extra_collective_time_s": c["extra_collective_time_s"],
