@@ -27,7 +27,7 @@ _ready: set[tuple[str, str | None]] = set()  # (library, faked driver) found usa
 
 
 def library_path() -> str:
-    """Where _C's loader (csrc/fc_cuda_loader.c) looks for the CUDA library: $FSDPCOMP_CUDA_LIB,
+    """Where _C's loader (csrc/backend_cuda/fc_cuda_loader.c) looks for the CUDA library: $FSDPCOMP_CUDA_LIB,
     else _fsdpcomp_cuda.so next to _C."""
     return os.environ.get("FSDPCOMP_CUDA_LIB") or os.path.join(os.path.dirname(_C.__file__), "_fsdpcomp_cuda.so")
 

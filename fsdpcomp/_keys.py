@@ -1,5 +1,5 @@
 """One key schema, one validation: a method's config keys are described in method_info's format
-(name, type, default, min, max, choices: the C method tables' format, csrc/fc_config.c), and a
+(name, type, default, min, max, choices: the C method tables' format, csrc/python/fc_config.c), and a
 reducer whose keys the C tables do not hold validates them here, against that description, with
 the C parser's wording. The common keys stay the C core's to check."""
 from __future__ import annotations

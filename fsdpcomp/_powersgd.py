@@ -22,7 +22,7 @@ from ._shard_gather import ShardGather
 NAME = "powersgd"
 STATE_VERSION = 1  # RankState.method_state["powersgd"]'s layout
 
-# The method's own keys, in method_info's format (csrc/fc_config.c's tables for the codecs).
+# The method's own keys, in method_info's format (csrc/python/fc_config.c's tables for the codecs).
 KEYS = [
     {"name": "rank", "type": "int", "default": 4, "min": 1.0, "max": 4096.0, "power_of_two": False,
      "choices": None, "rank_local": False, "doc": "rank r of the factors P (n x r) and Q (m x r)"},

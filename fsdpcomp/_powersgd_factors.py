@@ -31,7 +31,7 @@ class Config:
     min_compression_rate: float
     error_feedback: bool
     ef_decay: float  # g' = g + ef_decay * e (the core validated it: a common key)
-    residual_dtype: str  # "fp32", "bf16" or "int8" (packed by the core: csrc/fc_res8.h)
+    residual_dtype: str  # "fp32", "bf16" or "int8" (packed by the core: csrc/common/fc_res8.h)
     wire_bf16: bool
 
 

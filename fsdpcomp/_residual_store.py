@@ -1,5 +1,5 @@
 """A residual that Python keeps (PowerSGD's error e) in the config's ``residual_dtype``: fp32,
-bf16, or int8 packed by the C core's rule (csrc/fc_res8.h: one fp32 scale per 64 values, one
+bf16, or int8 packed by the C core's rule (csrc/common/fc_res8.h: one fp32 scale per 64 values, one
 code per value, stochastic rounding), so every home of a residual shrinks alike."""
 from __future__ import annotations
 

@@ -98,7 +98,7 @@ class ShardGather:
         x.copy_(reduced)  # the encode input
         e, kept = None, None
         if wire.error_feedback:  # the unit's residual, kept once the payloads went out
-            # fp32, or with residual_dtype "int8" packed as compress() takes it (csrc/fc_res8.h)
+            # fp32, or with residual_dtype "int8" packed as compress() takes it (csrc/common/fc_res8.h)
             numel, dtype = (core.residual_numel(shard), torch.uint8) if wire.residual_int8 else (shard, torch.float32)
             e = self.residuals.get(unit)
             if e is None or e.numel() != numel or e.dtype != dtype:
@@ -111,7 +111,8 @@ class ShardGather:
             e.zero_()
         bound = core.payload_bytes(shard)
         send = buffers.bytes("gather_send", bound, dev)
-        # g' = x + e and e = g' - D(C(g')) as the C driver's reduce-scatter makes them (csrc/fc_range.h)
+        # g' = x + e and e = g' - D(C(g')) as the C driver's reduce-scatter makes them
+        # (csrc/common/fc_range.h)
         written = self._encode(x, send, e, unit, world, rank)
         if written is None:
             return _NO_CODEC
