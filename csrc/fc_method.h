@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "fc_cfg.h"
+#include "fc_method_id.h"
 #include "fc_rng.h"
 #include "fc_status.h"
 

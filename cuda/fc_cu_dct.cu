@@ -419,4 +419,4 @@ error:
     return rc;
 }
 
-extern const fc_cu_method fc_cu_dct = {15, encode, decode, scratch};
+extern const fc_cu_method fc_cu_dct = {FC_ID_DCT, encode, decode, scratch};

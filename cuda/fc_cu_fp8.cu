@@ -26,4 +26,4 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
     return rc != FC_OK ? rc : fc_cu_launch_decode_codec(a, d, c, s, err);
 }
 
-extern const fc_cu_method fc_cu_fp8 = {4, encode, decode};
+extern const fc_cu_method fc_cu_fp8 = {FC_ID_FP8, encode, decode};

@@ -22,4 +22,4 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
     return rc != FC_OK ? rc : fc_cu_launch_decode_codec(a, d, c, s, err);
 }
 
-extern const fc_cu_method fc_cu_nc = {7, encode, decode};
+extern const fc_cu_method fc_cu_nc = {FC_ID_NC, encode, decode};

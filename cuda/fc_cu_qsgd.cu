@@ -29,4 +29,4 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t
     return rc != FC_OK ? rc : fc_cu_launch_decode_codec(a, d, c, s, err);
 }
 
-extern const fc_cu_method fc_cu_qsgd = {6, encode, decode};
+extern const fc_cu_method fc_cu_qsgd = {FC_ID_QSGD, encode, decode};

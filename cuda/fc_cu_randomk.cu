@@ -405,4 +405,4 @@ error:
     return rc;
 }
 
-extern const fc_cu_method fc_cu_randomk = {9, encode, decode, scratch};
+extern const fc_cu_method fc_cu_randomk = {FC_ID_RANDOMK, encode, decode, scratch};

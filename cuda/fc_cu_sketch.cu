@@ -438,4 +438,4 @@ error:
     return rc;
 }
 
-extern const fc_cu_method fc_cu_sketch = {11, encode, decode, scratch, 1}; // its single payload is the table alone
+extern const fc_cu_method fc_cu_sketch = {FC_ID_SKETCH, encode, decode, scratch, 1}; // its single payload is the table alone

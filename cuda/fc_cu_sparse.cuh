@@ -296,7 +296,6 @@ struct fc_cu_sp_desc {
 };
 
 enum { FC_CU_SP_NONE = -1 };
-enum { FC_CU_NONE_ID = 0 }; // `none`'s wire id (m_none.c), which a fallen-back payload carries
 
 struct fc_cu_sp_decoder {
     fc_cu_selection sel;  // the set bits of one payload's bitmap at a time

@@ -94,7 +94,7 @@ __global__ void thrv_headers(fc_cu_selection sel, const fc_cuda_sent *sent, cons
     if (threadIdx.x == 0) {
         fc_header hd;
         if (sent[c].none)
-            key.method = FC_CU_NONE_ID;
+            key.method = FC_ID_NONE;
         fc_header_make(&hd, &key, (uint64_t)h.n, (uint64_t)body,
                        !nonfinite_zero && bad[c] != 0 ? FC_HDR_NONFINITE : 0u); // as write_headers
         memcpy(p, &hd, sizeof(hd));
@@ -277,9 +277,9 @@ __global__ void thrv_walk(fc_cu_dec d, fc_cu_sp_values va, int64_t packed, fc_he
             memcpy(&h, d.recv + at, sizeof(h));
             // the receiver's rule (fc_header_verdict) against thresholdv's payload, or `none`'s
             // in its place (the CPU's payload_method)
-            const int none = h.method == FC_CU_NONE_ID;
+            const int none = h.method == FC_ID_NONE;
             fc_header_key k = key;
-            k.method = none ? FC_CU_NONE_ID : key.method;
+            k.method = none ? FC_ID_NONE : key.method;
             code = fc_header_verdict(&h, &k, (uint64_t)n, (uint64_t)thrv_body(none ? plain : bound), !none,
                                      packed - at);
             if (code == 0 && !none && fc_header_body(&h) < 4)
@@ -357,4 +357,4 @@ error:
     return rc;
 }
 
-extern const fc_cu_method fc_cu_thresholdv = {10, encode, decode, scratch};
+extern const fc_cu_method fc_cu_thresholdv = {FC_ID_THRESHOLDV, encode, decode, scratch};

@@ -120,4 +120,4 @@ error:
     return rc;
 }
 
-extern const fc_cu_method fc_cu_topk = {8, encode, decode, scratch};
+extern const fc_cu_method fc_cu_topk = {FC_ID_TOPK, encode, decode, scratch};

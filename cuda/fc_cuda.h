@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 #include "fc_cfg.h"
+#include "fc_method_id.h"
 #include "fc_status.h"
 #include "fc_wire.h" /* FC_PAYLOAD_*: why a payload is refused */
 
