@@ -1,7 +1,7 @@
 // fc_cu_codecs.cuh: the dense value codecs (int8, fp8, intN, qsgd, nc, onebit; fp16's element
 // rule) as device code that encodes any array of values to the bytes the CPU's m_<name>.c
 // writes for it, and decodes one element of such a body. The dense methods' kernels
-// (fc_cu_<name>.cu via fc_cu_dense.cuh) and the sparsifiers' value codecs both use them.
+// (fc_cu_blocks.cu via fc_cu_dense.cuh) and the sparsifiers' value codecs both use them.
 //
 // Encoding: every lane of a warp calls fc_cu_encode_blocks(codec, x, n, body, rng, sink, warp,
 // warps) with the same arguments; warp `warp` of `warps` takes every warps-th unit (fc_cu_unit)
