@@ -5,6 +5,7 @@
 #define FC_CORE_H
 
 #include <stdint.h>
+#include "fc_chunk_rules.h"
 #include "fc_counters.h"
 #include "fc_method.h"
 #include "fc_status.h"

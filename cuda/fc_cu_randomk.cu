@@ -59,7 +59,7 @@ __host__ __device__ __forceinline__ rk_chunk rk_chunk_at(const rk_space &sp, int
     h.off = 0;
     if (!sp.decode && sp.geo.per > 0) { // the picks of the sent chunks before, back to back: every
         // chunk but the last non-empty one is full
-        const int64_t ne = (sp.geo.numel + sp.geo.per - 1) / sp.geo.per, last = ne - 1;
+        const int64_t last = fc_chunk_nonempty(sp.geo.numel, sp.geo.per) - 1;
         int64_t full = h.c < last ? h.c : last;
         full -= sp.geo.skip_own && sp.geo.rank < full;
         h.off = full * fc_rule_sparse_k(sp.geo.per, sp.kr.k, sp.kr.ratio);

@@ -71,7 +71,7 @@ __global__ void thrv_plan(fc_cu_selection sel, fc_cu_sp_values va, int dsize, in
         if (h.on) {
             thrv_layout(va, h.n, h.k, &l);
             thrv_none_layout(h.n, dsize, &plain);
-            if (fallback && l.size >= plain.size)
+            if (fc_chunk_falls_back(fallback, l.size, plain.size))
                 l = plain;
         }
         sent[c] = l;
@@ -96,7 +96,7 @@ __global__ void thrv_headers(fc_cu_selection sel, const fc_cuda_sent *sent, cons
         if (sent[c].none)
             key.method = FC_ID_NONE;
         fc_header_make(&hd, &key, (uint64_t)h.n, (uint64_t)body,
-                       !nonfinite_zero && bad[c] != 0 ? FC_HDR_NONFINITE : 0u); // as write_headers
+                       fc_chunk_passes(bad[c], nonfinite_zero) ? FC_HDR_NONFINITE : 0u); // as write_headers
         memcpy(p, &hd, sizeof(hd));
         if (!sent[c].none)
             *(uint32_t *)(p + FC_HEADER_BYTES) = (uint32_t)h.k;
