@@ -228,11 +228,19 @@ static int encode(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, fc_err *err)
     int rc = frame_check(m, &f, a->h, err);
     if (rc != FC_OK || a->h.geo.numel == 0)
         return rc;
+    // A unit's ||e||^2 (counters' residual_norm) lives in the workspace's fixed table: a unit
+    // past it would read 0 there with nothing said, so its error feedback is refused instead.
+    if (a->residual != NULL && a->h.unit >= FC_CUDA_MAX_UNITS)
+        return fc_fail(err, FC_ERR_VALUE,
+                       "error feedback on CUDA counts the residual norm of at most %d units per "
+                       "State, and this is unit %u: put the parameters in fewer, larger units, or "
+                       "set error_feedback to False",
+                       FC_CUDA_MAX_UNITS, a->h.unit);
     const cudaStream_t s = f.s;
     FC_TRY(frame_start(ctx, m, &f, a->h, FC_TIME_COMPRESS, NULL, NULL, a->h.geo.world, err));
     {
         fc_cu_enc e = enc_of(a);
-        e.unit_slot = a->residual != NULL && a->h.unit < FC_CUDA_MAX_UNITS ? (int)a->h.unit : -1;
+        e.unit_slot = a->residual != NULL ? (int)a->h.unit : -1;
         e.sample = a->sample;
         if (e.unit_slot >= 0)
             FC_CHECK_CUDA(cudaMemsetAsync(&a->h.ws->unit_sq[e.unit_slot], 0, sizeof(double), s), err, error);
