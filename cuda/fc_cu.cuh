@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "common/fc_chunk_rules.h"
 #include "fc_cuda.h"
 #include "common/fc_half.h"
 #include "common/fc_quant.h"
@@ -48,27 +49,23 @@
 
 #define FC_CU_THREADS 256
 
-// ---- geometry (host and device: same numbers on both sides)
+// ---- geometry (host and device): fc_chunk_rules.h's, on the call's fc_cuda_geom
 
 __host__ __device__ __forceinline__ void fc_cu_span(const fc_cuda_geom &g, int c, int64_t *start,
                                                     int64_t *n)
 {
-    int64_t a = g.per * (int64_t)c, b = a + g.per;
-    a = a > g.numel ? g.numel : a;
-    b = b > g.numel ? g.numel : b;
-    *start = a;
-    *n = b - a;
+    fc_chunk_span_per(g.numel, g.per, c, start, n);
 }
 
 __host__ __device__ __forceinline__ int fc_cu_sent(const fc_cuda_geom &g, int c, int64_t n)
 {
-    return n > 0 && !(g.skip_own && c == g.rank);
+    return fc_chunk_sent(n, c, g.rank, g.skip_own);
 }
 
 // Byte offset of chunk c's payload in the send buffer: every sent chunk before it is full.
 __host__ __device__ __forceinline__ int64_t fc_cu_send_off(const fc_cuda_geom &g, int c)
 {
-    int64_t nonempty = g.per > 0 ? (g.numel + g.per - 1) / g.per : 0;
+    int64_t nonempty = fc_chunk_nonempty(g.numel, g.per);
     int64_t k = c < nonempty ? c : nonempty;
     if (g.skip_own && g.rank < k)
         k--;
@@ -225,7 +222,7 @@ __device__ __forceinline__ int fc_cu_sampled(const fc_cu_enc &e, int c)
 // Whether chunk c passed NaN/Inf on the wire (counted, not zeroed): its residual keeps them.
 __device__ __forceinline__ int fc_cu_passed(const fc_cu_enc &e, int c)
 {
-    return e.bad[c] != 0 && !e.src.zero_nonfinite;
+    return fc_chunk_passes(e.bad[c], e.src.zero_nonfinite);
 }
 
 // Chunk c of an encode: its span, and its body in the send buffer, NULL where the chunk is not
@@ -240,37 +237,23 @@ __device__ __forceinline__ uint8_t *fc_cu_enc_body(const fc_cu_enc &e, int c, in
 // shared draws of randomk and sketch, and every chunk's own once fc_cu_chunk_rng keys it.
 __host__ __device__ __forceinline__ fc_rng fc_cu_call_rng(const fc_cuda_head &h)
 {
-    fc_rng r;
-    r.key0 = (uint32_t)h.seed;
-    r.key1 = (uint32_t)(h.seed >> 32);
-    r.chunk = h.chunk_base;
-    r.unit = h.unit;
-    r.step = h.step;
-    return r;
+    return fc_chunk_shared_rng(h.seed, h.chunk_base, h.unit, h.step);
 }
 
 // The header fields of a call's payloads written with method id `method` (fc_header_make,
-// fc_header_verdict: the CPU's one definition); the CPU's fc_core_header_key.
+// fc_header_verdict); the CPU's fc_core_header_key, both fc_chunk_header_key.
 __host__ __device__ __forceinline__ fc_header_key fc_cu_header_key(const fc_cuda_head &h, int method)
 {
-    fc_header_key k;
-    k.method = (unsigned)method;
-    k.dtype = h.grad_dtype;
-    k.world = h.geo.world;
-    k.unit = h.unit;
-    k.step = h.step;
-    k.fingerprint = h.fingerprint;
-    return k;
+    return fc_chunk_header_key((unsigned)method, h.grad_dtype, h.geo.world, h.unit, h.step,
+                               h.fingerprint);
 }
 
-// The sender's stream for chunk c, exactly as the CPU's make_chunk builds it. base.chunk is
+// The sender's stream for chunk c (fc_chunk_sender_rng, as the CPU's make_chunk). base.chunk is
 // the id of chunk 0: 0 in the collective, compress()'s `chunk` for its single payload.
 __host__ __device__ __forceinline__ fc_rng fc_cu_chunk_rng(fc_rng base, int chunk, int rank)
 {
-    fc_rng r = base;
-    r.chunk = base.chunk + (uint32_t)chunk;
-    r.key1 ^= 0x85EBCA6Bu * (uint32_t)(rank + 1);
-    return r;
+    base.chunk += (uint32_t)chunk;
+    return fc_chunk_sender_rng(base, rank);
 }
 
 struct fc_cu_dec {

@@ -117,6 +117,6 @@ static int bf16_decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStr
     return fc_cu_launch_decode_dense(d, bf16_code{0}, s, err);
 }
 
-extern const fc_cu_method fc_cu_none = {0, none_encode, none_decode};
-extern const fc_cu_method fc_cu_fp16 = {1, fp16_encode, fp16_decode};
-extern const fc_cu_method fc_cu_bf16 = {2, bf16_encode, bf16_decode};
+extern const fc_cu_method fc_cu_none = {FC_ID_NONE, none_encode, none_decode};
+extern const fc_cu_method fc_cu_fp16 = {FC_ID_FP16, fp16_encode, fp16_decode};
+extern const fc_cu_method fc_cu_bf16 = {FC_ID_BF16, bf16_encode, bf16_decode};

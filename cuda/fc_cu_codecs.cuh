@@ -1,7 +1,7 @@
 // fc_cu_codecs.cuh: the dense value codecs (int8, fp8, intN, qsgd, nc, onebit; fp16's element
 // rule) as device code that encodes any array of values to the bytes the CPU's m_<name>.c
 // writes for it, and decodes one element of such a body. The dense methods' kernels
-// (fc_cu_<name>.cu via fc_cu_dense.cuh) and the sparsifiers' value codecs both use them.
+// (fc_cu_blocks.cu via fc_cu_dense.cuh) and the sparsifiers' value codecs both use them.
 //
 // Encoding: every lane of a warp calls fc_cu_encode_blocks(codec, x, n, body, rng, sink, warp,
 // warps) with the same arguments; warp `warp` of `warps` takes every warps-th unit (fc_cu_unit)
@@ -94,6 +94,22 @@ __device__ __forceinline__ void fc_cu_encode_blocks(const C &c, const L &x, int6
     }
 }
 
+// A block's meta words (a scale, a norm, an exponent; intN's min-max and onebit's two means:
+// a pair), at its index b among the body's blocks, written once by the group's lead lane.
+template <class T> __device__ __forceinline__ void fc_cu_put_meta(uint8_t *body, int64_t b, bool lead, T v)
+{
+    if (lead)
+        ((T *)body)[b] = v;
+}
+
+__device__ __forceinline__ void fc_cu_put_meta2(uint8_t *body, int64_t b, bool lead, float v0, float v1)
+{
+    if (lead) {
+        ((float *)body)[2 * b] = v0;
+        ((float *)body)[2 * b + 1] = v1;
+    }
+}
+
 // ---- absmax reductions (int8, fp8, nc, intN absmax): the largest |x| as bits
 
 struct fc_cu_amax_red {
@@ -108,28 +124,44 @@ __device__ __forceinline__ void fc_cu_amax_tile(uint32_t &amax, const float v[8]
     }
 }
 
-// ---- int8 (m_int8.c): per block s = amax / 127, q = round(x / s) or floor(x / s + u)
+// ---- what int8, fp8 and nc share: the block's absmax is all they reduce, and one 32-bit word
+// of meta per block comes of it (int8's and fp8's scale, nc's exponent)
 
-struct fc_cu_int8_codec {
+struct fc_cu_amax_codec {
     int64_t bs;
-    int stochastic;
 
     typedef fc_cu_amax_red red;
-    struct blk {
-        float scale, inv;
-    };
 
     __host__ __device__ int64_t meta_bytes(int64_t n) const { return 4 * fc_cu_nblocks(n, bs); }
     __device__ void red_init(red &r) const { r.amax = 0; }
     __device__ void red_tile(red &r, int64_t, int, const float v[8]) const { fc_cu_amax_tile(r.amax, v); }
+};
+
+// int8's and fp8's block: s = amax / qmax in the meta (written by the group's lead lane), and
+// the 1 / s the codes are scaled by (0: zero codes, fc_absmax_scale).
+struct fc_cu_scale_blk {
+    float scale, inv;
+
+    __device__ static fc_cu_scale_blk make(const fc_cu_amax_red &r, int G, int64_t b, uint8_t *body,
+                                           bool lead, float qmax)
+    {
+        fc_cu_scale_blk k;
+        k.inv = fc_absmax_scale(fc_cu_group_max(r.amax, G), qmax, &k.scale);
+        fc_cu_put_meta(body, b, lead, k.scale);
+        return k;
+    }
+};
+
+// ---- int8 (m_int8.c): per block s = amax / 127, q = round(x / s) or floor(x / s + u)
+
+struct fc_cu_int8_codec : fc_cu_amax_codec {
+    int stochastic;
+
+    typedef fc_cu_scale_blk blk;
 
     __device__ blk block(red &r, int G, int64_t b, int64_t, uint8_t *body, bool lead) const
     {
-        blk k;
-        k.inv = fc_absmax_scale(fc_cu_group_max(r.amax, G), 127.0f, &k.scale);
-        if (lead)
-            ((float *)body)[b] = k.scale;
-        return k;
+        return blk::make(r, G, b, body, lead, 127.0f);
     }
 
     __device__ void code8(const blk &k, const fc_rng &rng, int64_t i, int m, const float v[8],
@@ -175,26 +207,14 @@ struct fc_cu_int8_codec {
 
 // ---- fp8 (m_fp8.c): per block s = amax / fmax, code = fp8(x / s)
 
-struct fc_cu_fp8_codec {
-    int64_t bs;
+struct fc_cu_fp8_codec : fc_cu_amax_codec {
     int fmt; // FC_FP8_E4M3 or FC_FP8_E5M2
 
-    typedef fc_cu_amax_red red;
-    struct blk {
-        float scale, inv;
-    };
-
-    __host__ __device__ int64_t meta_bytes(int64_t n) const { return 4 * fc_cu_nblocks(n, bs); }
-    __device__ void red_init(red &r) const { r.amax = 0; }
-    __device__ void red_tile(red &r, int64_t, int, const float v[8]) const { fc_cu_amax_tile(r.amax, v); }
+    typedef fc_cu_scale_blk blk;
 
     __device__ blk block(red &r, int G, int64_t b, int64_t, uint8_t *body, bool lead) const
     {
-        blk k;
-        k.inv = fc_absmax_scale(fc_cu_group_max(r.amax, G), fc_fp8_max(fmt), &k.scale);
-        if (lead)
-            ((float *)body)[b] = k.scale;
-        return k;
+        return blk::make(r, G, b, body, lead, fc_fp8_max(fmt));
     }
 
     __device__ void code8(const blk &k, const fc_rng &, int64_t i, int m, const float v[8],
@@ -224,24 +244,16 @@ struct fc_cu_fp8_codec {
 
 // ---- nc (m_nc.c): per block the largest exponent, per element sign + stochastic power of two
 
-struct fc_cu_nc_codec {
-    int64_t bs;
-
-    typedef fc_cu_amax_red red;
+struct fc_cu_nc_codec : fc_cu_amax_codec {
     struct blk {
         uint32_t emax, stored;
     };
-
-    __host__ __device__ int64_t meta_bytes(int64_t n) const { return 4 * fc_cu_nblocks(n, bs); }
-    __device__ void red_init(red &r) const { r.amax = 0; }
-    __device__ void red_tile(red &r, int64_t, int, const float v[8]) const { fc_cu_amax_tile(r.amax, v); }
 
     __device__ blk block(red &r, int G, int64_t b, int64_t, uint8_t *body, bool lead) const
     {
         blk k;
         k.emax = fc_nc_emax(fc_cu_group_max(r.amax, G), &k.stored);
-        if (lead)
-            ((uint32_t *)body)[b] = k.stored;
+        fc_cu_put_meta(body, b, lead, k.stored);
         return k;
     }
 
@@ -327,14 +339,10 @@ struct fc_cu_intn_codec {
             fc_intn_key_range_values(fc_cu_group_min_i32(r.kmin, G), fc_cu_group_max_i32(r.kmax, G),
                                      &small, &big, &finite);
             fc_intn_minmax_map(bits, small, big, finite, &k.map, &meta[0], &meta[1]);
-            if (lead) {
-                ((float *)body)[2 * b] = meta[0];
-                ((float *)body)[2 * b + 1] = meta[1];
-            }
+            fc_cu_put_meta2(body, b, lead, meta[0], meta[1]);
         } else {
             meta[0] = fc_intn_absmax_map(bits, fc_cu_group_max(r.amax, G), &k.map);
-            if (lead)
-                ((float *)body)[b] = meta[0];
+            fc_cu_put_meta(body, b, lead, meta[0]);
         }
         k.dneg = fc_intn_dec_block(bits, scheme, meta, 0, -1.0f);
         return k;
@@ -414,8 +422,7 @@ struct fc_cu_qsgd_codec {
         k.ok = fc_qsgd_ok(k.norm);
         k.inv = k.ok ? (float)levels / k.norm : 0.0f;
         k.step = k.norm / (float)levels;
-        if (lead)
-            ((float *)body)[b] = k.norm;
+        fc_cu_put_meta(body, b, lead, k.norm);
         return k;
     }
 
@@ -523,10 +530,7 @@ struct fc_cu_onebit_codec {
             const double sum = r.sums.total(bs, s);
             k.mean[s] = nan && counts[s] ? fc_bits_f32(FC_NAN_BITS) : fc_onebit_mean(sum, counts[s]);
         }
-        if (lead) {
-            ((float *)body)[2 * b] = k.mean[0];
-            ((float *)body)[2 * b + 1] = k.mean[1];
-        }
+        fc_cu_put_meta2(body, b, lead, k.mean[0], k.mean[1]);
         return k;
     }
 

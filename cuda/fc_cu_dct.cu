@@ -32,8 +32,7 @@ static int config(const fc_cuda_method_cfg *m, int world, dct_cfg *c, fc_err *er
     c->B = (int)d->block;
     c->k = (int)d->k;
     c->wbits = fc_dct_index_bits(c->B);
-    c->vc = fc_cu_vc_from(&d->vc, world);
-    return fc_cu_vc_check(c->vc, err);
+    return fc_cu_vc_read(&d->vc, world, &c->vc, err);
 }
 
 // ---- the transform's factors
@@ -217,23 +216,28 @@ struct dct_enc_parts {
     fc_cu_vc_job *jobs;
 };
 
-static void carve_encode(const fc_cuda_encode_args *a, const dct_cfg &c, fc_cu_arena &ar, dct_enc_parts *p)
+static int carve_encode(const fc_cuda_encode_args *a, fc_cu_arena &ar, dct_cfg *c, dct_enc_parts *p, fc_err *err)
 {
-    p->slot = fc_dct_kept(a->h.geo.per, c.B, c.k);
+    const int rc = config(&a->h.m, a->h.geo.world, c, err);
+    if (rc != FC_OK)
+        return rc;
+    p->slot = fc_dct_kept(a->h.geo.per, c->B, c->k);
     p->idx = ar.take<uint32_t>(p->slot * a->h.geo.world);
     p->vals = ar.take<float>(p->slot * a->h.geo.world);
     p->jobs = ar.take<fc_cu_vc_job>(a->h.geo.world);
+    return FC_OK;
 }
 
-static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
+// The decode sums within each thread: it carves nothing, and only reads the config.
+static int carve_decode(const fc_cuda_decode_args *a, fc_cu_arena &, dct_cfg *c, int *, fc_err *err)
+{
+    return config(&a->h.m, a->h.geo.world, c, err);
+}
+
+static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, const dct_cfg &c, dct_enc_parts &p, cudaStream_t s,
+                  fc_err *err)
 {
     int rc = FC_OK;
-    dct_cfg c;
-    dct_enc_parts p;
-    fc_cu_arena ar = fc_cu_arena_of(a->h.x);
-    FC_TRY(config(&a->h.m, a->h.geo.world, &c, err));
-    carve_encode(a, c, ar, &p);
-    FC_TRY(fc_cu_arena_check(ar, err));
     {
         const dct_tab &tab = table_of(c.B);
         const int W = a->h.geo.world;
@@ -371,13 +375,12 @@ __global__ void __launch_bounds__(DCT_THREADS) dct_add(fc_cu_dec d, dct_cfg c, d
     }
 }
 
-static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
+static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, const dct_cfg &c, int &, cudaStream_t s,
+                  fc_err *err)
 {
     int rc = FC_OK;
-    dct_cfg c;
     int64_t start, n;
     fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
-    FC_TRY(config(&a->h.m, a->h.geo.world, &c, err));
     {
         const dct_tab &tab = table_of(c.B);
         const int64_t nb = fc_dct_blocks(n, c.B), K = fc_dct_kept(n, c.B, c.k);
@@ -403,20 +406,5 @@ error:
     return rc;
 }
 
-static int scratch(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, int64_t *bytes, fc_err *err)
-{
-    int rc = FC_OK;
-    dct_cfg c;
-    fc_cu_arena ar = {NULL, 0, 0};
-    (void)dec; // the decode sums within each thread: no scratch
-    if (enc != NULL) {
-        dct_enc_parts p;
-        FC_TRY(config(&enc->h.m, enc->h.geo.world, &c, err));
-        carve_encode(enc, c, ar, &p);
-    }
-    *bytes = ar.used;
-error:
-    return rc;
-}
-
-extern const fc_cu_method fc_cu_dct = {15, encode, decode, scratch};
+extern const fc_cu_method fc_cu_dct =
+    fc_cu_carving<dct_cfg, dct_enc_parts, carve_encode, encode, int, carve_decode, decode>::entry(FC_ID_DCT, 0);

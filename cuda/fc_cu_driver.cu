@@ -1,6 +1,8 @@
 // fc_cu_driver.cu: the method-agnostic CUDA driver of one unit's compressed reduce-scatter:
 // non-finite counts, headers, the method's fused kernels, sampled statistics, header checks on
-// the receiving side, and the exported function table. Mirrors fc_core.c step for step.
+// the receiving side, and the exported function table. The per-chunk rules (geometry, streams,
+// header key, NaN/Inf passing, the error sample) are fc_chunk_rules.h's, which the CPU backend
+// calls too; what is per call (whether to sample, error feedback) comes decided in the args.
 #include <stddef.h>
 #include "common/fc_counters.h"
 #include "fc_cu_ctx.cuh"
@@ -69,41 +71,39 @@ __global__ void write_headers(fc_cuda_geom geo, uint8_t *send, fc_header_key key
     if (threadIdx.x == 0) {
         fc_header h;
         fc_header_make(&h, &key, (uint64_t)n, (uint64_t)body,
-                       !nonfinite_zero && ws->bad[c] != 0 ? FC_HDR_NONFINITE : 0u);
+                       fc_chunk_passes(ws->bad[c], nonfinite_zero) ? FC_HDR_NONFINITE : 0u);
         memcpy(p, &h, sizeof(h));
     }
     for (int64_t i = FC_HEADER_BYTES + body + threadIdx.x; i < size; i += blockDim.x)
         p[i] = 0;
 }
 
-// The call's sampled chunk, once the non-finite counts are in: the first sent chunk that
-// carries no NaN/Inf ("zero" mode replaced them), as the CPU's encode picks it (a chunk that
-// passes one is skipped, not counted).
+// The call's sampled chunk (fc_sample_picks, the CPU encode's rule), picked here because it
+// needs this call's non-finite counts, which only the device has: deciding it on the host
+// would cost a sync. Whether the call samples at all is the host's (a->sample).
 __global__ void pick_sample(fc_cuda_geom geo, int zero, fc_cuda_ws *ws)
 {
     int pick = -1;
-    for (int c = 0; c < geo.world && pick < 0; c++) {
+    for (int c = 0; c < geo.world; c++) {
         int64_t start, n;
         fc_cu_span(geo, c, &start, &n);
-        if (fc_cu_sent(geo, c, n) && (ws->bad[c] == 0 || zero))
+        if (fc_cu_sent(geo, c, n) && fc_sample_picks(pick >= 0, fc_chunk_passes(ws->bad[c], zero)))
             pick = c;
     }
     ws->sample_chunk = pick;
 }
 
-// The sampled call's sums become one sample of the error statistics, by the CPU driver's rule:
-// no sample without a finite chunk; with error feedback every sample counts (fc_core.c's
-// encode_chunk), without it only one whose sums are finite (its sample_error).
+// The sampled call's sums become one sample of the error statistics (fc_sample_counts): none
+// without a chunk picked.
 __global__ void finish_sample(fc_cuda_ws *ws, int ef)
 {
     const double ee = ws->call_sum[0], xx = ws->call_sum[1], xe = ws->call_sum[2];
     ws->call_sum[0] = ws->call_sum[1] = ws->call_sum[2] = 0;
-    if (ws->sample_chunk < 0 || (!ef && (!isfinite(xx) || !isfinite(ee))))
+    if (ws->sample_chunk < 0 || !fc_sample_counts(ef, ee, xx))
         return;
-    const double xd = xx - xe, dd = xx - 2 * xe + ee; // D = x - e
     ws->err_sq += ee;
     ws->ref_sq += xx;
-    ws->cos_sum += fc_sample_cos(xx, dd, xd);
+    ws->cos_sum += fc_sample_cos_of_residual(ee, xx, xe);
     ws->samples++;
 }
 
@@ -228,11 +228,19 @@ static int encode(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, fc_err *err)
     int rc = frame_check(m, &f, a->h, err);
     if (rc != FC_OK || a->h.geo.numel == 0)
         return rc;
+    // A unit's ||e||^2 (counters' residual_norm) lives in the workspace's fixed table: a unit
+    // past it would read 0 there with nothing said, so its error feedback is refused instead.
+    if (a->residual != NULL && a->h.unit >= FC_CUDA_MAX_UNITS)
+        return fc_fail(err, FC_ERR_VALUE,
+                       "error feedback on CUDA counts the residual norm of at most %d units per "
+                       "State, and this is unit %u: put the parameters in fewer, larger units, or "
+                       "set error_feedback to False",
+                       FC_CUDA_MAX_UNITS, a->h.unit);
     const cudaStream_t s = f.s;
     FC_TRY(frame_start(ctx, m, &f, a->h, FC_TIME_COMPRESS, NULL, NULL, a->h.geo.world, err));
     {
         fc_cu_enc e = enc_of(a);
-        e.unit_slot = a->residual != NULL && a->h.unit < FC_CUDA_MAX_UNITS ? (int)a->h.unit : -1;
+        e.unit_slot = a->residual != NULL ? (int)a->h.unit : -1;
         e.sample = a->sample;
         if (e.unit_slot >= 0)
             FC_CHECK_CUDA(cudaMemsetAsync(&a->h.ws->unit_sq[e.unit_slot], 0, sizeof(double), s), err, error);

@@ -218,4 +218,4 @@ error:
     return rc;
 }
 
-extern const fc_cu_method fc_cu_gradiveq = {12, encode, decode, NULL};
+extern const fc_cu_method fc_cu_gradiveq = {FC_ID_GRADIVEQ, encode, decode, NULL};

@@ -1,5 +1,6 @@
-// fc_cu_methods.cu: the CUDA method table. A method's kernels are one fc_cu_<name>.cu plus one
-// line here; a method missing from this list makes CUDA tensors raise a clear TypeError.
+// fc_cu_methods.cu: the CUDA method table. A method's kernels are one fc_cu_<name>.cu (a block
+// codec's: a `make` and one line in fc_cu_blocks.cu) plus one line here; a method missing from
+// this list makes CUDA tensors raise a clear TypeError.
 #include "fc_cu.cuh"
 
 extern const fc_cu_method fc_cu_none, fc_cu_fp16, fc_cu_bf16, fc_cu_int8, fc_cu_fp8, fc_cu_intn,

@@ -19,11 +19,8 @@ static int config(const fc_cuda_method_cfg *m, int world, rk_cfg *c, fc_err *err
 {
     memset(c, 0, sizeof(*c));
     const fc_randomk_cfg *k = fc_cu_cfg_of<fc_randomk_cfg>(m);
-    c->kr.k = k->k;
-    c->kr.ratio = k->ratio;
     c->scale = k->scale != 0;
-    c->vc = fc_cu_vc_from(&k->vc, world);
-    return fc_cu_vc_check(c->vc, err);
+    return fc_cu_sparsifier_read(k, world, &c->kr, &c->vc, err);
 }
 
 // The chunks whose coordinates are drawn: every sent one (encode), or the own one (decode,
@@ -59,7 +56,7 @@ __host__ __device__ __forceinline__ rk_chunk rk_chunk_at(const rk_space &sp, int
     h.off = 0;
     if (!sp.decode && sp.geo.per > 0) { // the picks of the sent chunks before, back to back: every
         // chunk but the last non-empty one is full
-        const int64_t ne = (sp.geo.numel + sp.geo.per - 1) / sp.geo.per, last = ne - 1;
+        const int64_t last = fc_chunk_nonempty(sp.geo.numel, sp.geo.per) - 1;
         int64_t full = h.c < last ? h.c : last;
         full -= sp.geo.skip_own && sp.geo.rank < full;
         h.off = full * fc_rule_sparse_k(sp.geo.per, sp.kr.k, sp.kr.ratio);
@@ -162,17 +159,6 @@ error:
     return rc;
 }
 
-static int64_t kept_total(const fc_cuda_geom &g, const fc_cu_krule &kr)
-{
-    int64_t total = 0;
-    for (int c = 0; c < g.world; c++) {
-        int64_t start, n;
-        fc_cu_span(g, c, &start, &n);
-        total += fc_cu_sent(g, c, n) ? fc_rule_sparse_k(n, kr.k, kr.ratio) : 0;
-    }
-    return total;
-}
-
 // n / k as the CPU's randk_factor: (float)((double)n / (double)k), or 1 without `scale`.
 __host__ __device__ __forceinline__ float rk_factor(int scale, int64_t n, int64_t k)
 {
@@ -231,25 +217,36 @@ struct rk_enc_parts {
     int64_t total;
 };
 
-static void carve_encode(const fc_cuda_encode_args *a, const rk_cfg &c, fc_cu_arena &ar, rk_enc_parts *p)
+static int carve_encode(const fc_cuda_encode_args *a, fc_cu_arena &ar, rk_cfg *c, rk_enc_parts *p, fc_err *err)
 {
-    p->total = kept_total(a->h.geo, c.kr);
-    carve_space(ar, a->h.geo, 0, c.kr, p->total, &p->sp);
+    const int rc = config(&a->h.m, a->h.geo.world, c, err);
+    if (rc != FC_OK)
+        return rc;
+    p->total = fc_cu_kept_total(a->h.geo, c->kr);
+    carve_space(ar, a->h.geo, 0, c->kr, p->total, &p->sp);
     p->vals = ar.take<float>(p->total);
     p->enc = ar.take<float>(p->total);
     p->ev = ar.take<float>(p->total);
     p->jobs = ar.take<fc_cu_vc_job>(a->h.geo.world);
+    return FC_OK;
 }
 
-static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
+// The decode's: the own chunk's k picks, drawn as every sender drew them.
+static int carve_decode(const fc_cuda_decode_args *a, fc_cu_arena &ar, rk_cfg *c, rk_space *sp, fc_err *err)
+{
+    int64_t start, n;
+    const int rc = config(&a->h.m, a->h.geo.world, c, err);
+    if (rc != FC_OK)
+        return rc;
+    fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
+    carve_space(ar, a->h.geo, 1, c->kr, fc_rule_sparse_k(n, c->kr.k, c->kr.ratio), sp);
+    return FC_OK;
+}
+
+static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, const rk_cfg &c, rk_enc_parts &p, cudaStream_t s,
+                  fc_err *err)
 {
     int rc = FC_OK;
-    rk_cfg c;
-    rk_enc_parts p;
-    fc_cu_arena ar = fc_cu_arena_of(a->h.x);
-    FC_TRY(config(&a->h.m, a->h.geo.world, &c, err));
-    carve_encode(a, c, ar, &p);
-    FC_TRY(fc_cu_arena_check(ar, err));
     p.sp.base = fc_cu_call_rng(a->h);
     {
         const unsigned gb = fc_cu_blocks(p.total, FC_CU_THREADS * 4);
@@ -295,13 +292,9 @@ __global__ void rk_check(fc_cu_dec d, fc_cu_vc vc, int64_t k, uint32_t unit, uin
 // order), a = 1 * n / k; the output there rewritten, its non-finite count moved with it.
 __global__ void rk_picks(fc_cu_dec d, fc_cu_vc vc, const int64_t *idx, int64_t k, float a)
 {
-    int64_t start, n;
-    fc_cu_span(d.geo, d.geo.rank, &start, &n);
-    const float w = (float)d.geo.world;
     if (fc_cu_any_rejected(d))
         return; // fc_cu_own_dense made everything NaN
-    const int passed = fc_cu_sum_passes(d);
-    int64_t was = 0, now = 0, was_sat = 0, now_sat = 0;
+    fc_cu_at_picks out(d);
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < k; j += stride) {
         float sum = 0.0f;
@@ -311,15 +304,9 @@ __global__ void rk_picks(fc_cu_dec d, fc_cu_vc vc, const int64_t *idx, int64_t k
             int bad = 0;
             sum += vc.term(rk_values(d, r), k, j, 1.0f, &bad); // fc_vcodec_decode_add into the sum
         }
-        const int64_t i = idx[j];
-        float acc = fc_cu_own_first(d, start + i);
-        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &was, &was_sat); // what fc_cu_own_dense counted
-        acc += a * sum;
-        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &now, &now_sat);
+        out.put(idx[j], a * sum);
     }
-    // the counts move by now - was (negative where fewer: the unsigned add wraps, a subtraction)
-    fc_cu_count(&d.ws->nonfinite_out, now - was);
-    fc_cu_count(&d.ws->saturated, now_sat - was_sat);
+    out.done();
 }
 
 // decompress(): out += alpha * D of the one payload (rank 0's), the CPU's decode_add: its values
@@ -340,20 +327,15 @@ __global__ void rk_add(fc_cu_dec d, fc_cu_vc vc, const int64_t *idx, int64_t n, 
     }
 }
 
-static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
+static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, const rk_cfg &c, rk_space &sp, cudaStream_t s,
+                  fc_err *err)
 {
     int rc = FC_OK;
-    rk_cfg c;
-    rk_space sp;
     int64_t start, n;
-    fc_cu_arena ar = fc_cu_arena_of(a->h.x);
     fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
-    FC_TRY(config(&a->h.m, a->h.geo.world, &c, err));
     {
         const int64_t k = fc_rule_sparse_k(n, c.kr.k, c.kr.ratio);
         const int senders = n > 0 ? a->h.geo.world - (a->h.geo.skip_own ? 1 : 0) : 0;
-        carve_space(ar, a->h.geo, 1, c.kr, k, &sp);
-        FC_TRY(fc_cu_arena_check(ar, err));
         sp.base = fc_cu_call_rng(a->h);
         if (d->add) { // decompress(): one payload, no own chunk, no division by W
             if (k > 0) {
@@ -384,25 +366,5 @@ error:
     return rc;
 }
 
-static int scratch(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, int64_t *bytes, fc_err *err)
-{
-    int rc = FC_OK;
-    rk_cfg c;
-    fc_cu_arena ar = {NULL, 0, 0};
-    if (enc != NULL) {
-        rk_enc_parts p;
-        FC_TRY(config(&enc->h.m, enc->h.geo.world, &c, err));
-        carve_encode(enc, c, ar, &p);
-    } else {
-        rk_space sp;
-        int64_t start, n;
-        FC_TRY(config(&dec->h.m, dec->h.geo.world, &c, err));
-        fc_cu_span(dec->h.geo, dec->h.geo.rank, &start, &n);
-        carve_space(ar, dec->h.geo, 1, c.kr, fc_rule_sparse_k(n, c.kr.k, c.kr.ratio), &sp);
-    }
-    *bytes = ar.used;
-error:
-    return rc;
-}
-
-extern const fc_cu_method fc_cu_randomk = {9, encode, decode, scratch};
+extern const fc_cu_method fc_cu_randomk =
+    fc_cu_carving<rk_cfg, rk_enc_parts, carve_encode, encode, rk_space, carve_decode, decode>::entry(FC_ID_RANDOMK, 0);

@@ -168,37 +168,33 @@ struct sk_enc_parts {
     fc_cu_selection sel;
 };
 
-static int carve_encode(const fc_cuda_encode_args *a, const sk_cfg &c, fc_cu_arena &ar, sk_enc_parts *p, fc_err *err)
+// The encode's parts, its config sized to the full chunk.
+static int carve_encode(const fc_cuda_encode_args *a, fc_cu_arena &ar, sk_cfg *c, sk_enc_parts *p, fc_err *err)
 {
     int rc = FC_OK;
     const int64_t N = a->h.geo.numel;
     memset(p, 0, sizeof(*p));
+    FC_TRY(config(&a->h.m, a->h.geo.per, c, err));
     p->kin = ar.take<uint32_t>(N);
     p->kout = ar.take<uint32_t>(N);
     p->tin = ar.take<float>(N);
     p->tout = ar.take<float>(N);
     FC_CHECK_CUDA(fc_cu_sort_pairs(NULL, &p->sort_bytes, NULL, NULL, NULL, NULL, N > 0 ? N : 1, 32, 0), err, error);
     p->sort_temp = ar.take_bytes(p->sort_bytes);
-    if (!c.second) { // the residual decodes the sender's own table: estimates and their top k
-        const fc_cu_sel_space sp = {N, a->h.geo.per > 0 ? a->h.geo.per : 1, a->h.geo.world, a->h.geo.skip_own ? a->h.geo.rank : -1};
+    if (!c->second) { // the residual decodes the sender's own table: estimates and their top k
         p->est = ar.take<float>(N);
         p->vals = ar.take<float>(N);
         p->ev = ar.take<float>(N);
-        FC_TRY(fc_cu_sel_carve(ar, sp, &p->sel, err));
+        FC_TRY(fc_cu_sel_carve(ar, fc_cu_sel_space_of(a->h.geo), &p->sel, err));
     }
 error:
     return rc;
 }
 
-static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
+static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, const sk_cfg &c, sk_enc_parts &p, cudaStream_t s,
+                  fc_err *err)
 {
     int rc = FC_OK;
-    sk_cfg c;
-    sk_enc_parts p;
-    fc_cu_arena ar = fc_cu_arena_of(a->h.x);
-    FC_TRY(config(&a->h.m, a->h.geo.per, &c, err));
-    FC_TRY(carve_encode(a, c, ar, &p, err));
-    FC_TRY(fc_cu_arena_check(ar, err));
     {
         const fc_rng shared = fc_cu_call_rng(a->h);
         const int G = sk_group(c, a->h.geo.world);
@@ -292,24 +288,13 @@ __global__ void sk_estimates(fc_cu_dec d, sk_cfg cfg, fc_rng shared, const float
 
 __global__ void sk_heavy(fc_cu_dec d, const float *est, const int64_t *idx, const int64_t *num)
 {
-    int64_t start, n;
-    fc_cu_span(d.geo, d.geo.rank, &start, &n);
-    const float w = (float)d.geo.world;
     if (fc_cu_any_rejected(d))
         return; // fc_cu_own_dense made everything NaN
-    const int passed = fc_cu_sum_passes(d);
-    int64_t was = 0, now = 0, was_sat = 0, now_sat = 0;
+    fc_cu_at_picks out(d);
     const int64_t total = *num, stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < total; j += stride) {
-        const int64_t i = idx[j];
-        float acc = fc_cu_own_first(d, start + i);
-        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &was, &was_sat); // what fc_cu_own_dense counted
-        acc += 1.0f * est[i];
-        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &now, &now_sat);
-    }
-    // the counts move by now - was (negative where fewer: the unsigned add wraps, a subtraction)
-    fc_cu_count(&d.ws->nonfinite_out, now - was);
-    fc_cu_count(&d.ws->saturated, now_sat - was_sat);
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < total; j += stride)
+        out.put(idx[j], 1.0f * est[idx[j]]);
+    out.done();
 }
 
 // The owner's picks into the fetch buffer, as uint32 chunk indices.
@@ -346,27 +331,26 @@ struct sk_dec_parts {
     fc_cu_selection sel;
 };
 
-static int carve_decode(const fc_cuda_decode_args *a, const sk_cfg &c, fc_cu_arena &ar, sk_dec_parts *p, fc_err *err)
+// The decode's parts, its config sized to the own chunk (the table it sums).
+static int carve_decode(const fc_cuda_decode_args *a, fc_cu_arena &ar, sk_cfg *c, sk_dec_parts *p, fc_err *err)
 {
     int64_t start, n;
     fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
+    const int rc = config(&a->h.m, n, c, err);
+    if (rc != FC_OK)
+        return rc;
     const fc_cu_sel_space sp = {n, n > 0 ? n : 1, 1, -1};
-    p->agg = ar.take<float>((int64_t)c.rows * c.cols);
+    p->agg = ar.take<float>((int64_t)c->rows * c->cols);
     p->est = ar.take<float>(n);
     return fc_cu_sel_carve(ar, sp, &p->sel, err);
 }
 
-static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
+static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, const sk_cfg &c, sk_dec_parts &p, cudaStream_t s,
+                  fc_err *err)
 {
     int rc = FC_OK;
-    sk_cfg c;
-    sk_dec_parts p;
     int64_t start, n;
-    fc_cu_arena ar = fc_cu_arena_of(a->h.x);
     fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
-    FC_TRY(config(&a->h.m, n, &c, err)); // the own chunk's table
-    FC_TRY(carve_decode(a, c, ar, &p, err));
-    FC_TRY(fc_cu_arena_check(ar, err));
     {
         const int senders = n > 0 ? a->h.geo.world - (a->h.geo.skip_own ? 1 : 0) : 0;
         // a second round follows (the unit's kmax > 0: only then is there a fetch buffer): the
@@ -415,27 +399,6 @@ error:
     return rc;
 }
 
-static int scratch(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, int64_t *bytes, fc_err *err)
-{
-    int rc = FC_OK;
-    sk_cfg c;
-    fc_cu_arena ar = {NULL, 0, 0};
-    int64_t start, n = 0;
-    if (enc != NULL)
-        n = enc->h.geo.per;
-    else
-        fc_cu_span(dec->h.geo, dec->h.geo.rank, &start, &n);
-    FC_TRY(config(enc != NULL ? &enc->h.m : &dec->h.m, n, &c, err));
-    if (enc != NULL) {
-        sk_enc_parts p;
-        FC_TRY(carve_encode(enc, c, ar, &p, err));
-    } else {
-        sk_dec_parts p;
-        FC_TRY(carve_decode(dec, c, ar, &p, err));
-    }
-    *bytes = ar.used;
-error:
-    return rc;
-}
-
-extern const fc_cu_method fc_cu_sketch = {11, encode, decode, scratch, 1}; // its single payload is the table alone
+// single_without_residual: its single payload is the table alone
+extern const fc_cu_method fc_cu_sketch =
+    fc_cu_carving<sk_cfg, sk_enc_parts, carve_encode, encode, sk_dec_parts, carve_decode, decode>::entry(FC_ID_SKETCH, 1);

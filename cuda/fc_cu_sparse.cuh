@@ -39,6 +39,66 @@ static inline int fc_cu_arena_check(const fc_cu_arena &a, fc_err *err)
     return FC_OK;
 }
 
+// A method's parts of one call: `carve` reads its config into *c and carves *p from ar. Each
+// method writes that once per direction, and both uses below call it, so what scratch_bytes()
+// sized and what the call takes are one code.
+template <class A, class C, class P>
+using fc_cu_carve_fn = int (*)(const A *a, fc_cu_arena &ar, C *c, P *p, fc_err *err);
+
+// The call's parts carved from its scratch, checked against what that holds.
+template <class A, class C, class P>
+static int fc_cu_carve_in(const A *a, fc_cu_carve_fn<A, C, P> carve, C *c, P *p, fc_err *err)
+{
+    fc_cu_arena ar = fc_cu_arena_of(a->h.x);
+    const int rc = carve(a, ar, c, p, err);
+    return rc != FC_OK ? rc : fc_cu_arena_check(ar, err);
+}
+
+// The table entry of a method that carves its parts of a call from the call's scratch (the
+// sparse, aggregate and stateful ones), from its config type C, its two carves (the decode's
+// reads C too) and its work on what they carved: encode and decode carve, check and run, and
+// scratch measures the carves.
+template <class C, class EP, fc_cu_carve_fn<fc_cuda_encode_args, C, EP> carve_enc,
+          int (*run_enc)(const fc_cuda_encode_args *, const fc_cu_enc *, const C &, EP &, cudaStream_t, fc_err *),
+          class DP, fc_cu_carve_fn<fc_cuda_decode_args, C, DP> carve_dec,
+          int (*run_dec)(const fc_cuda_decode_args *, const fc_cu_dec *, const C &, DP &, cudaStream_t, fc_err *)>
+struct fc_cu_carving {
+    static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
+    {
+        C c = C(); // zeros: a config read that failed leaves nothing undefined
+        EP p = EP();
+        const int rc = fc_cu_carve_in(a, carve_enc, &c, &p, err);
+        return rc != FC_OK ? rc : run_enc(a, e, c, p, s, err);
+    }
+
+    static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
+    {
+        C c = C();
+        DP p = DP();
+        const int rc = fc_cu_carve_in(a, carve_dec, &c, &p, err);
+        return rc != FC_OK ? rc : run_dec(a, d, c, p, s, err);
+    }
+
+    // What the call's scratch must hold (fc_cu_method.scratch): the bytes the carves take from
+    // an arena of no memory.
+    static int scratch(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, int64_t *bytes, fc_err *err)
+    {
+        fc_cu_arena ar = {NULL, 0, 0};
+        C c = C();
+        EP ep = EP();
+        DP dp = DP();
+        const int rc = enc != NULL ? carve_enc(enc, ar, &c, &ep, err) : carve_dec(dec, ar, &c, &dp, err);
+        if (rc == FC_OK)
+            *bytes = ar.used;
+        return rc;
+    }
+
+    static constexpr fc_cu_method entry(int id, int single_without_residual)
+    {
+        return fc_cu_method{id, encode, decode, scratch, single_without_residual};
+    }
+};
+
 // The chunk of global index i, for chunks of `per` (inv = 1.0 / per): a double product and a
 // correction, instead of a 64-bit division per element.
 __device__ __forceinline__ int fc_cu_chunk_of(int64_t i, int64_t per, double inv)
@@ -111,6 +171,13 @@ struct fc_cu_sel_space {
     int chunks, skip;
 };
 
+// The selection space of an encode: every chunk of the unit, the own one skipped unless it is
+// compressed too.
+static inline fc_cu_sel_space fc_cu_sel_space_of(const fc_cuda_geom &g)
+{
+    return fc_cu_sel_space{g.numel, g.per > 0 ? g.per : 1, g.world, g.skip_own ? g.rank : -1};
+}
+
 // A selection: the chunk table, the output and CUB's temporary storage, carved from the arena.
 struct fc_cu_selection {
     fc_cu_sel_space sp;
@@ -128,6 +195,18 @@ struct fc_cu_krule {
     int64_t k;
     double ratio;
 };
+
+// What every sent chunk of a unit keeps under kr, in all (topk's and randomk's gathered values).
+static inline int64_t fc_cu_kept_total(const fc_cuda_geom &g, const fc_cu_krule &kr)
+{
+    int64_t total = 0;
+    for (int c = 0; c < g.world; c++) {
+        int64_t start, n;
+        fc_cu_span(g, c, &start, &n);
+        total += fc_cu_sent(g, c, n) ? fc_rule_sparse_k(n, kr.k, kr.ratio) : 0;
+    }
+    return total;
+}
 
 // Carves a selection over sp from the arena (sizing when the arena has no base).
 int fc_cu_sel_carve(fc_cu_arena &ar, const fc_cu_sel_space &sp, fc_cu_selection *sel, fc_err *err);
@@ -209,23 +288,27 @@ struct fc_cu_vc {
     }
 };
 
-// The value codec of a sparsifier's config, as its check() resolved it (fc_vcodec_init).
-static inline fc_cu_vc fc_cu_vc_from(const fc_vcodec *c, int world)
+// The value codec of a sparsifier's config into *v, as its check() resolved it (fc_vcodec_init),
+// checked again: a code the kernels do not know would write garbage no receiver could tell.
+static inline int fc_cu_vc_read(const fc_vcodec *c, int world, fc_cu_vc *v, fc_err *err)
 {
-    fc_cu_vc v;
-    memset(&v, 0, sizeof(v));
-    v.shape = c->shape;
-    v.fp16 = fc_cu_make_fp16(world);
-    return v;
+    memset(v, 0, sizeof(*v));
+    v->shape = c->shape;
+    v->fp16 = fc_cu_make_fp16(world);
+    if (v->shape.quantize < FC_VC_NONE || v->shape.quantize > FC_VC_INTN)
+        return fc_fail(err, FC_ERR_VALUE, "quantize code %d is not a value codec", v->shape.quantize);
+    if (v->shape.quantize >= FC_VC_INT8)
+        return fc_cu_check_block("quantize", "block size", v->shape.block, err);
+    return FC_OK;
 }
 
-static inline int fc_cu_vc_check(const fc_cu_vc &v, fc_err *err)
+// What topk's and randomk's configs (fc_cfg.h) share: k or the ratio, and the value codec.
+template <class K>
+static inline int fc_cu_sparsifier_read(const K *k, int world, fc_cu_krule *kr, fc_cu_vc *vc, fc_err *err)
 {
-    if (v.shape.quantize < FC_VC_NONE || v.shape.quantize > FC_VC_INTN)
-        return fc_fail(err, FC_ERR_VALUE, "quantize code %d is not a value codec", v.shape.quantize);
-    if (v.shape.quantize >= FC_VC_INT8)
-        return fc_cu_check_block("quantize", "block size", v.shape.block, err);
-    return FC_OK;
+    kr->k = k->k;
+    kr->ratio = k->ratio;
+    return fc_cu_vc_read(&k->vc, world, vc, err);
 }
 
 // One chunk's values for the value codec: k fp32 values in, the codec's bytes out, the
@@ -296,7 +379,6 @@ struct fc_cu_sp_desc {
 };
 
 enum { FC_CU_SP_NONE = -1 };
-enum { FC_CU_NONE_ID = 0 }; // `none`'s wire id (m_none.c), which a fallen-back payload carries
 
 struct fc_cu_sp_decoder {
     fc_cu_selection sel;  // the set bits of one payload's bitmap at a time
@@ -306,6 +388,22 @@ struct fc_cu_sp_decoder {
 
 // The decoder's parts for g's own chunk (its length in *n), carved from ar.
 int fc_cu_sp_carve(fc_cu_arena &ar, const fc_cuda_geom &g, fc_cu_sp_decoder *dec, int64_t *n, fc_err *err);
+
+// What a decode through the decoder above carves: its parts and the own chunk's length.
+struct fc_cu_sp_parts {
+    fc_cu_sp_decoder dec;
+    int64_t n;
+};
+
+// The carve of a sparsifier whose decode is the decoder above (topk, thresholdv), with its
+// config read by `config`.
+template <class C, int (*config)(const fc_cuda_method_cfg *, int, C *, fc_err *)>
+static int fc_cu_sp_carve_decode(const fc_cuda_decode_args *a, fc_cu_arena &ar, C *c, fc_cu_sp_parts *p,
+                                 fc_err *err)
+{
+    const int rc = config(&a->h.m, a->h.geo.world, c, err);
+    return rc != FC_OK ? rc : fc_cu_sp_carve(ar, a->h.geo, &p->dec, &p->n, err);
+}
 // Every sender's payload (desc, filled) checked and added at its indices, in rank order with
 // the own chunk in its place, then out = acc / W; in add mode (decompress()) rank 0's payload
 // alone, out += alpha * D. A malformed payload is rejected as the CPU decoder would raise, and
@@ -353,6 +451,39 @@ __device__ __forceinline__ float fc_cu_poison()
 {
     return fc_bits_f32(FC_NAN_BITS);
 }
+
+// A compressed-domain decode's pass over its picks (randomk, sketch), after fc_cu_own_dense wrote
+// (0 + own) / W everywhere: out[i] = ((0 + own) + t) / W at pick i, the counts of what
+// fc_cu_own_dense stored there moved to what this stores. One per thread, made after the return
+// of a rejected payload's decode (fc_cu_any_rejected: fc_cu_own_dense made everything NaN).
+struct fc_cu_at_picks {
+    const fc_cu_dec &d;
+    int64_t start, n;
+    float w;
+    int passed;
+    int64_t was, now, was_sat, now_sat;
+
+    __device__ explicit fc_cu_at_picks(const fc_cu_dec &dec)
+        : d(dec), w((float)dec.geo.world), passed(fc_cu_sum_passes(dec)), was(0), now(0), was_sat(0), now_sat(0)
+    {
+        fc_cu_span(d.geo, d.geo.rank, &start, &n);
+    }
+
+    __device__ void put(int64_t i, float t)
+    {
+        float acc = fc_cu_own_first(d, start + i);
+        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &was, &was_sat); // what fc_cu_own_dense counted
+        acc += t;
+        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &now, &now_sat);
+    }
+
+    // the counts move by now - was (negative where fewer: the unsigned add wraps, a subtraction)
+    __device__ void done()
+    {
+        fc_cu_count(&d.ws->nonfinite_out, now - was);
+        fc_cu_count(&d.ws->saturated, now_sat - was_sat);
+    }
+};
 
 // Records the first malformed payload (the CPU decoder's PayloadError), as check_headers does.
 __device__ __forceinline__ void fc_cu_reject(fc_cuda_ws *ws, unsigned int *bad, int r,

@@ -20,10 +20,9 @@ static int config(const fc_cuda_method_cfg *m, int world, thrv_cfg *c, fc_err *e
     memset(c, 0, sizeof(*c));
     const fc_thresholdv_cfg *k = fc_cu_cfg_of<fc_thresholdv_cfg>(m);
     c->v = (float)k->threshold; // the CPU's (float)cfg->threshold
-    c->va.vc = fc_cu_vc_from(&k->vc, world);
     c->va.sign = k->values == FC_THRV_SIGN;
     c->va.sign_v = c->v;
-    return fc_cu_vc_check(c->va.vc, err);
+    return fc_cu_vc_read(&k->vc, world, &c->va.vc, err);
 }
 
 // The body of a chunk of n keeping k (m_thresholdv.c's layout_k).
@@ -71,7 +70,7 @@ __global__ void thrv_plan(fc_cu_selection sel, fc_cu_sp_values va, int dsize, in
         if (h.on) {
             thrv_layout(va, h.n, h.k, &l);
             thrv_none_layout(h.n, dsize, &plain);
-            if (fallback && l.size >= plain.size)
+            if (fc_chunk_falls_back(fallback, l.size, plain.size))
                 l = plain;
         }
         sent[c] = l;
@@ -94,9 +93,9 @@ __global__ void thrv_headers(fc_cu_selection sel, const fc_cuda_sent *sent, cons
     if (threadIdx.x == 0) {
         fc_header hd;
         if (sent[c].none)
-            key.method = FC_CU_NONE_ID;
+            key.method = FC_ID_NONE;
         fc_header_make(&hd, &key, (uint64_t)h.n, (uint64_t)body,
-                       !nonfinite_zero && bad[c] != 0 ? FC_HDR_NONFINITE : 0u); // as write_headers
+                       fc_chunk_passes(bad[c], nonfinite_zero) ? FC_HDR_NONFINITE : 0u); // as write_headers
         memcpy(p, &hd, sizeof(hd));
         if (!sent[c].none)
             *(uint32_t *)(p + FC_HEADER_BYTES) = (uint32_t)h.k;
@@ -184,30 +183,30 @@ struct thrv_enc_parts {
     unsigned int *skip; // the chunk flags the residual passes see (thrv_drop)
 };
 
-static int carve_encode(const fc_cuda_encode_args *a, fc_cu_arena &ar, thrv_enc_parts *p, fc_err *err)
+static int carve_encode(const fc_cuda_encode_args *a, fc_cu_arena &ar, thrv_cfg *c, thrv_enc_parts *p,
+                        fc_err *err)
 {
-    const fc_cu_sel_space sp = {a->h.geo.numel, a->h.geo.per > 0 ? a->h.geo.per : 1, a->h.geo.world,
-                                a->h.geo.skip_own ? a->h.geo.rank : -1};
+    const int rc = config(&a->h.m, a->h.geo.world, c, err);
+    if (rc != FC_OK)
+        return rc;
     p->vals = ar.take<float>(a->h.geo.numel);
     p->ev = ar.take<float>(a->h.geo.numel);
     p->jobs = ar.take<fc_cu_vc_job>(a->h.geo.world);
     p->sent = ar.take<fc_cuda_sent>(a->h.geo.world);
     p->offs = ar.take<int64_t>(a->h.geo.world);
     p->skip = ar.take<unsigned int>(a->h.geo.world);
-    return fc_cu_sel_carve(ar, sp, &p->sel, err);
+    return fc_cu_sel_carve(ar, fc_cu_sel_space_of(a->h.geo), &p->sel, err);
 }
 
-static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
+static constexpr fc_cu_carve_fn<fc_cuda_decode_args, thrv_cfg, fc_cu_sp_parts> carve_decode =
+    fc_cu_sp_carve_decode<thrv_cfg, config>;
+
+static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, const thrv_cfg &c, thrv_enc_parts &p, cudaStream_t s,
+                  fc_err *err)
 {
     int rc = FC_OK;
-    thrv_cfg c;
-    thrv_enc_parts p;
-    fc_cu_arena ar = fc_cu_arena_of(a->h.x);
     if (a->h.x.sent == NULL && !e->single)
         return fc_fail(err, FC_ERR_STATE, "internal: thresholdv's encode needs the host's size records");
-    FC_TRY(config(&a->h.m, a->h.geo.world, &c, err));
-    FC_TRY(carve_encode(a, ar, &p, err));
-    FC_TRY(fc_cu_arena_check(ar, err));
     {
         const fc_cu_outs outs = {a->send, a->h.geo, p.offs};
         const int dsize = a->h.grad_dtype == FC_CU_F32 ? 4 : 2;
@@ -277,9 +276,9 @@ __global__ void thrv_walk(fc_cu_dec d, fc_cu_sp_values va, int64_t packed, fc_he
             memcpy(&h, d.recv + at, sizeof(h));
             // the receiver's rule (fc_header_verdict) against thresholdv's payload, or `none`'s
             // in its place (the CPU's payload_method)
-            const int none = h.method == FC_CU_NONE_ID;
+            const int none = h.method == FC_ID_NONE;
             fc_header_key k = key;
-            k.method = none ? FC_CU_NONE_ID : key.method;
+            k.method = none ? FC_ID_NONE : key.method;
             code = fc_header_verdict(&h, &k, (uint64_t)n, (uint64_t)thrv_body(none ? plain : bound), !none,
                                      packed - at);
             if (code == 0 && !none && fc_header_body(&h) < 4)
@@ -323,38 +322,17 @@ __global__ void thrv_walk(fc_cu_dec d, fc_cu_sp_values va, int64_t packed, fc_he
         fc_cu_reject(d.ws, d.ws->bad, last, FC_PAYLOAD_BODY, key.unit, key.step);
 }
 
-static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
+static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, const thrv_cfg &c, fc_cu_sp_parts &p, cudaStream_t s,
+                  fc_err *err)
 {
     int rc = FC_OK;
-    thrv_cfg c;
-    fc_cu_sp_decoder dec;
-    int64_t n;
-    fc_cu_arena ar = fc_cu_arena_of(a->h.x);
-    FC_TRY(config(&a->h.m, a->h.geo.world, &c, err));
-    FC_TRY(fc_cu_sp_carve(ar, a->h.geo, &dec, &n, err));
-    FC_TRY(fc_cu_arena_check(ar, err));
-    thrv_walk<<<1, 1, 0, s>>>(*d, c.va, a->h.x.packed_bytes, fc_cu_header_key(a->h, a->h.m.id), dec.desc);
+    thrv_walk<<<1, 1, 0, s>>>(*d, c.va, a->h.x.packed_bytes, fc_cu_header_key(a->h, a->h.m.id), p.dec.desc);
     FC_CHECK_LAUNCH(err, error);
-    FC_TRY(fc_cu_sp_decode(dec, *d, c.va, a->h.unit, a->h.step, s, err));
+    FC_TRY(fc_cu_sp_decode(p.dec, *d, c.va, a->h.unit, a->h.step, s, err));
 error:
     return rc;
 }
 
-static int scratch(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, int64_t *bytes, fc_err *err)
-{
-    int rc = FC_OK;
-    fc_cu_arena ar = {NULL, 0, 0};
-    if (enc != NULL) {
-        thrv_enc_parts p;
-        FC_TRY(carve_encode(enc, ar, &p, err));
-    } else {
-        fc_cu_sp_decoder d;
-        int64_t n;
-        FC_TRY(fc_cu_sp_carve(ar, dec->h.geo, &d, &n, err));
-    }
-    *bytes = ar.used;
-error:
-    return rc;
-}
-
-extern const fc_cu_method fc_cu_thresholdv = {10, encode, decode, scratch};
+extern const fc_cu_method fc_cu_thresholdv =
+    fc_cu_carving<thrv_cfg, thrv_enc_parts, carve_encode, encode, fc_cu_sp_parts, carve_decode, decode>::entry(
+        FC_ID_THRESHOLDV, 0);

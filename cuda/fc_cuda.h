@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 #include "methods/fc_cfg.h"
+#include "common/fc_method_id.h"
 #include "common/fc_status.h"
 #include "common/fc_wire.h" /* FC_PAYLOAD_*: why a payload is refused */
 
@@ -25,7 +26,8 @@ extern "C" {
  * FC_ERR_NCCL and FC_PAYLOAD_ABORTED (the fc_status.h and fc_wire.h codes after them renumbered) */
 #define FC_CUDA_ABI 9
 #define FC_CUDA_MAX_WORLD 1024 /* equals FC_MAX_WORLD of the CPU driver */
-#define FC_CUDA_MAX_UNITS 4096 /* units whose residual norm the device keeps */
+#define FC_CUDA_MAX_UNITS 4096 /* units whose residual norm the device keeps: error feedback on a
+                                * unit past them is refused (fc_cu_driver.cu encode) */
 
 /* A method's parsed config: its struct of csrc/methods/fc_cfg.h (fc_int8_cfg, ...) as the C side parsed
  * it, zeros for `none` below min_numel; the kernels read it as that struct. */

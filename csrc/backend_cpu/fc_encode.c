@@ -146,7 +146,8 @@ static int encode_one(fc_core *s, const fc_method *m, const fc_chunk *c, const f
     if (m->flags & FC_VARSIZE) {
         full = fc_align_up(FC_HEADER_BYTES + body);
         const int64_t plain = fc_payload_bytes(s, &fc_method_none, c->n, c->wire_dtype);
-        if (fallback && full >= plain) { /* most values passed: exact values cost less */
+        /* most values passed: exact values cost less */
+        if (fc_chunk_falls_back(fallback, full, plain)) {
             fc_chunk cn = *c;
             cn.cfg = NULL;
             if ((rc = fc_method_none.encode(&cn, x, p + FC_HEADER_BYTES, used, err)) != FC_OK)
@@ -344,7 +345,7 @@ static int sample_error(fc_core *s, const fc_method *m, const fc_chunk *c, const
         xd += x * d;
         ee += (x - d) * (x - d);
     }
-    if (isfinite(xx) && isfinite(ee)) {
+    if (fc_sample_counts(0, ee, xx)) { /* no error feedback: finite sums only */
         s->ctr.err_sq += ee;
         s->ctr.ref_sq += xx;
         s->ctr.cos_sum += fc_sample_cos(xx, dd, xd);
@@ -362,7 +363,7 @@ static int encode_scratch(fc_core *s, const fc_buf *grad, int world, int rank, i
     fc_encode_call *e = &s->enc;
     const int64_t N = grad->numel;
     const fc_method *m = e->method;
-    const int64_t per = (N + world - 1) / world;
+    const int64_t per = fc_chunk_per(N, world);
     FC_TRY(fc_core_grow_f32(&s->x, &s->x_cap, per, err));
     FC_TRY(fc_core_grow_f32(&s->dec, &s->dec_cap, per, err));
     if (m->scratch_bytes != NULL)
@@ -407,27 +408,26 @@ static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci
     s->ctr.nonfinite_in += bad;
     s->ctr.saturated += sat;
     /* "pass": NaN/Inf went on the wire, and the receivers are told so (write_out) */
-    const int passed = bad != 0 && s->common.nonfinite == FC_NONFINITE_PASS;
+    const int passed = fc_chunk_passes(bad, s->common.nonfinite == FC_NONFINITE_ZERO);
     const fc_method *wm; /* m, or `none` for a data-dependent payload that fell back */
     FC_TRY(encode_one(s, m, &c, x, p, cap, 1, passed ? FC_HDR_NONFINITE : 0u, &out->size, &out->l,
                       &wm, err));
     out->none = wm != m; /* the driver counts the payload */
     if (e->use_ef) { /* a residual is always replaced: the old one went out inside g' */
-        const int dots = !passed && !e->sampled && e->stats;
+        const int dots = e->stats && fc_sample_picks(e->sampled, passed);
         double ee, xx, xe;
         FC_TRY(update_residual(s, wm, &c, p, grad, residual, start, passed, dots, &ee, &xx, &xe,
                                err));
         e->e_sq += ee;
-        if (dots) {
-            /* D = x - e: ||x - D||^2 = ||e||^2, x . D = ||x||^2 - x . e */
-            double xd = xx - xe, dd = xx - 2 * xe + ee;
+        if (dots) { /* D = x - e: ||x - D||^2 = ||e||^2 */
             s->ctr.err_sq += ee;
             s->ctr.ref_sq += xx;
-            s->ctr.cos_sum += fc_sample_cos(xx, dd, xd);
+            s->ctr.cos_sum += fc_sample_cos_of_residual(ee, xx, xe);
             s->ctr.stats_samples++;
             e->sampled = 1;
         }
-    } else if (e->sample && !e->sampled && !passed) { /* "zero" mode's chunk is finite now */
+    } else if (e->sample && fc_sample_picks(e->sampled, passed)) {
+        /* "zero" mode's chunk is finite now */
         FC_TRY(sample_error(s, wm, &c, x, p, err));
         e->sampled = 1;
     }

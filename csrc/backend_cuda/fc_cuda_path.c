@@ -38,11 +38,11 @@ static void geometry(const fc_core *s, const fc_method *m, int64_t N, int dtype,
     fc_layout l;
     memset(g, 0, sizeof(*g));
     g->numel = N;
-    g->per = (N + world - 1) / world;
+    g->per = fc_chunk_per(N, world);
     g->world = world;
     g->rank = rank;
     g->skip_own = !s->common.compress_own_chunk;
-    int64_t last_n = g->per > 0 ? N - (N - 1) / g->per * g->per : 0;
+    int64_t last_n = fc_chunk_last(N, g->per);
     g->pay_full = fc_payload_bytes(s, m, g->per, dtype);
     g->body_full = g->per > 0 ? body_bytes(s, m, g->per, world, dtype, &l) : 0;
     g->pay_last = fc_payload_bytes(s, m, last_n, dtype);

@@ -220,7 +220,7 @@ const fc_method *fc_core_wire_method(const fc_core *s, int64_t numel, int world,
     if (m == &fc_method_none || (m->flags & FC_VARSIZE) || numel <= 0 || world < 1)
         return m;
     /* a unit's chunks have two lengths at most: ceil(N / W), and the last non-empty one's */
-    const int64_t per = (numel + world - 1) / world, last = numel - (numel - 1) / per * per;
+    const int64_t per = fc_chunk_per(numel, world), last = fc_chunk_last(numel, per);
     if (m->fetch_k != NULL && fc_core_fetch_k(s, m, per) > 0)
         dtype = FC_BF16; /* `none` at 2 bytes per element: no larger than any dtype's */
     return no_smaller(s, m, per, dtype) || no_smaller(s, m, last, dtype) ? &fc_method_none : m;
@@ -228,14 +228,7 @@ const fc_method *fc_core_wire_method(const fc_core *s, int64_t numel, int world,
 
 void fc_chunk_span(int64_t n, int world, int c, int64_t *start, int64_t *len)
 {
-    int64_t per = (n + world - 1) / world;
-    int64_t a = per * c, b = a + per;
-    if (a > n)
-        a = n;
-    if (b > n)
-        b = n;
-    *start = a;
-    *len = b - a;
+    fc_chunk_span_per(n, fc_chunk_per(n, world), c, start, len);
 }
 
 fc_chunk fc_core_make_chunk(const fc_core *s, const fc_method *m, int64_t n, int world, int dtype,
@@ -246,15 +239,8 @@ fc_chunk fc_core_make_chunk(const fc_core *s, const fc_method *m, int64_t n, int
     c.n = n;
     c.world = world;
     c.wire_dtype = dtype;
-    uint64_t seed = (uint64_t)s->common.seed;
-    c.rng_shared.key0 = (uint32_t)seed;
-    c.rng_shared.key1 = (uint32_t)(seed >> 32);
-    c.rng_shared.chunk = chunk;
-    c.rng_shared.unit = unit;
-    c.rng_shared.step = s->step;
-    /* The sender's own stream: stochastic rounding on different ranks must not be correlated. */
-    c.rng = c.rng_shared;
-    c.rng.key1 ^= 0x85EBCA6Bu * (uint32_t)(rank + 1);
+    c.rng_shared = fc_chunk_shared_rng((uint64_t)s->common.seed, chunk, unit, s->step);
+    c.rng = fc_chunk_sender_rng(c.rng_shared, rank);
     c.scratch = s->mscr;
     c.ustate = NULL;
     return c;
@@ -336,19 +322,13 @@ int fc_core_has_payload(const fc_core *s, int64_t N, int world, int rank, int ci
 {
     int64_t start, n;
     fc_chunk_span(N, world, ci, &start, &n);
-    return n > 0 && (ci != rank || s->common.compress_own_chunk);
+    return fc_chunk_sent(n, ci, rank, !s->common.compress_own_chunk);
 }
 
 fc_header_key fc_core_header_key(const fc_core *s, const fc_method *m, const fc_chunk *c)
 {
-    fc_header_key k;
-    k.method = m->id;
-    k.dtype = c->wire_dtype;
-    k.world = c->world;
-    k.unit = c->rng_shared.unit;
-    k.step = c->rng_shared.step;
-    k.fingerprint = s->fingerprint;
-    return k;
+    return fc_chunk_header_key(m->id, c->wire_dtype, c->world, c->rng_shared.unit,
+                               c->rng_shared.step, s->fingerprint);
 }
 
 fc_call_key fc_core_call_key(const fc_core *s, uint32_t unit, int world, int rank, int64_t numel)
@@ -471,5 +451,5 @@ int64_t fc_core_fetch_kmax(const fc_core *s, int64_t N, int world)
     const fc_method *m = fc_core_wire_method(s, N, world, FC_F32);
     if (m->fetch_k == NULL || N == 0 || (world == 1 && !s->common.compress_own_chunk))
         return 0;
-    return fc_core_fetch_k(s, m, (N + world - 1) / world); /* chunk 0 is the longest */
+    return fc_core_fetch_k(s, m, fc_chunk_per(N, world)); /* chunk 0 is the longest */
 }

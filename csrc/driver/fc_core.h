@@ -5,6 +5,7 @@
 #define FC_CORE_H
 
 #include <stdint.h>
+#include "common/fc_chunk_rules.h"
 #include "common/fc_counters.h"
 #include "methods/fc_method.h"
 #include "common/fc_status.h"

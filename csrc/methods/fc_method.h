@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "methods/fc_cfg.h"
+#include "common/fc_method_id.h"
 #include "common/fc_rng.h"
 #include "common/fc_status.h"
 

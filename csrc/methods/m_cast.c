@@ -127,7 +127,7 @@ static int bf16_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
 
 const fc_method fc_method_fp16 = {
     .name = "fp16",
-    .id = 1,
+    .id = FC_ID_FP16,
     .flags = FC_PIECEWISE,
     .summary = "IEEE half cast, pre-divided by the world size; 16 bits",
     .cfg_size = sizeof(fc_none_cfg),
@@ -139,7 +139,7 @@ const fc_method fc_method_fp16 = {
 
 const fc_method fc_method_bf16 = {
     .name = "bf16",
-    .id = 2,
+    .id = FC_ID_BF16,
     .flags = FC_PIECEWISE,
     .summary = "bfloat16 cast (round to nearest even); 16 bits",
     .cfg_size = sizeof(fc_none_cfg),

@@ -276,7 +276,7 @@ static int dct_decode_agg(const fc_chunk *c, const uint8_t *agg, int senders, fl
 
 const fc_method fc_method_dct = {
     .name = "dct",
-    .id = 15,
+    .id = FC_ID_DCT,
     /* biased, but error feedback off by default: with AdamW it made every dct config worse
      * (+16-70% against +2-4% without; docs/methods.md); random only through a stochastic
      * value codec */

@@ -122,7 +122,7 @@ static int fp8_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_b
 
 const fc_method fc_method_fp8 = {
     .name = "fp8",
-    .id = 4,
+    .id = FC_ID_FP8,
     .flags = FC_PIECEWISE,
     .summary = "OCP FP8 (e4m3/e5m2) with an fp32 absmax scale per block; 8 bits + 32/block_size",
     .cfg_size = sizeof(fc_fp8_cfg),

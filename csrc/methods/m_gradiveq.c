@@ -214,7 +214,7 @@ static int gvq_decode_agg(const fc_chunk *c, const uint8_t *agg, int senders, fl
 
 const fc_method fc_method_gradiveq = {
     .name = "gradiveq",
-    .id = 12,
+    .id = FC_ID_GRADIVEQ,
     .flags = FC_LINEAR | FC_RANDOM,
     .summary = "GradiVeQ: slices of dim projected on a PCA basis shared by all ranks, summed "
                "compressed; 32 * k / dim bits",

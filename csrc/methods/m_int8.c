@@ -139,7 +139,7 @@ static int int8_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
 
 const fc_method fc_method_int8 = {
     .name = "int8",
-    .id = 3,
+    .id = FC_ID_INT8,
     .flags = FC_RANDOM | FC_PIECEWISE, /* unbiased only with stochastic rounding */
     .summary = "block-wise absmax int8, nearest or stochastic rounding; 8 bits + 32/block_size",
     .cfg_size = sizeof(fc_int8_cfg),

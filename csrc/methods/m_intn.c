@@ -474,7 +474,7 @@ static int intn_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
 
 const fc_method fc_method_intn = {
     .name = "intN",
-    .id = 5,
+    .id = FC_ID_INTN,
     .flags = FC_RANDOM | FC_PIECEWISE,
     .summary = "block-wise 2-, 3- or 4-bit integers, packed; absmax scale (bits + 32/block_size) "
                "or min-max (bits + 64/block_size)",

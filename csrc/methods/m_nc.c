@@ -187,7 +187,7 @@ static int nc_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_by
 
 const fc_method fc_method_nc = {
     .name = "nc",
-    .id = 7,
+    .id = FC_ID_NC,
     .flags = FC_UNBIASED | FC_RANDOM | FC_PIECEWISE,
     .summary = "natural compression: stochastic rounding to a power of two (unbiased); "
                "8 bits + 32/block_size",

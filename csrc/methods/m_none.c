@@ -58,7 +58,7 @@ static int none_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
 
 const fc_method fc_method_none = {
     .name = "none",
-    .id = 0,
+    .id = FC_ID_NONE,
     .flags = FC_UNBIASED | FC_LINEAR | FC_PIECEWISE,
     .summary = "exact: the gradient's own dtype through the compressed path's all-to-all",
     .cfg_size = sizeof(fc_none_cfg),

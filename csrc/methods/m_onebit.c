@@ -207,7 +207,7 @@ static int onebit_decode_add(const fc_chunk *c, const uint8_t *body, int64_t bod
 
 const fc_method fc_method_onebit = {
     .name = "onebit",
-    .id = 14,
+    .id = FC_ID_ONEBIT,
     .flags = FC_EF_DEFAULT | FC_PIECEWISE,
     .summary = "1-bit SGD: sign bit + mean of the positive and of the negative entries per block; "
                "1 bit + 64/block_size",

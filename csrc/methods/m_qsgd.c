@@ -520,7 +520,7 @@ static int qsgd_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
 
 const fc_method fc_method_qsgd = {
     .name = "qsgd",
-    .id = 6,
+    .id = FC_ID_QSGD,
     .flags = FC_UNBIASED | FC_RANDOM | FC_PIECEWISE,
     .summary = "QSGD: per-bucket L2 norm, sign + stochastic level per element (unbiased); "
                "1 + ceil(log2(levels + 1)) bits + 32/bucket_size",

@@ -137,7 +137,7 @@ static int randk_decode_agg(const fc_chunk *c, const uint8_t *agg, int senders, 
 
 const fc_method fc_method_randomk = {
     .name = "randomk",
-    .id = 9,
+    .id = FC_ID_RANDOMK,
     .flags = FC_UNBIASED | FC_LINEAR | FC_RANDOM,
     .summary = "k coordinates from a seed shared by all ranks: values only, summed compressed; "
                "scaled by n/k to be unbiased",

@@ -143,7 +143,7 @@ static int sign_ef_default(const void *cfg)
 
 const fc_method fc_method_signsgd = {
     .name = "signsgd",
-    .id = 13,
+    .id = FC_ID_SIGNSGD,
     .flags = FC_EF_DEFAULT, /* EF-signSGD (Karimireddy et al.), the default mode */
     .summary = "sign bits; scaled (EF-signSGD, L1 scale per block) or majority vote; "
                "1 bit (+ 32/block_size when scaled)",

@@ -174,7 +174,7 @@ static int sketch_ef_default(const void *cfg)
 
 const fc_method fc_method_sketch = {
     .name = "sketch",
-    .id = 11,
+    .id = FC_ID_SKETCH,
     .flags = FC_LINEAR | FC_RANDOM,
     .summary = "count sketch (rows x cols fp32), summed compressed; heavy hitters of the summed "
                "sketch decoded, or with second_round their exact values fetched (Sketched-SGD)",

@@ -143,7 +143,7 @@ static int thrv_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
 
 const fc_method fc_method_thresholdv = {
     .name = "thresholdv",
-    .id = 10,
+    .id = FC_ID_THRESHOLDV,
     .flags = FC_VARSIZE | FC_RANDOM | FC_EF_DEFAULT, /* biased: Strom keeps the rest in a residual */
     .summary = "every |x| > threshold: data-dependent count (sizes exchanged first), indices + "
                "values (fp32 or quantize=fp16/int8/qsgd/nc/intN) or values=sign: 1 bit, +-threshold",

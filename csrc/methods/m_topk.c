@@ -81,7 +81,7 @@ static int topk_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
 
 const fc_method fc_method_topk = {
     .name = "topk",
-    .id = 8,
+    .id = FC_ID_TOPK,
     /* biased: error feedback on by default (Stich et al. 2018), as users of top-k expect */
     .flags = FC_RANDOM | FC_EF_DEFAULT, /* random only through a stochastic value codec */
     .summary = "exact top-k magnitudes per chunk; indices (bitmap/16/32-bit) + values "

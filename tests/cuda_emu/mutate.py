@@ -39,7 +39,7 @@ MUTANTS = [
      "sp_add_one(dec, d, va, 0, n, 2.0f * d.alpha, (float *)d.out",
      "topk/thresholdv decompress() adds 2 * alpha * D (only the single-payload checks see it)"),
     ("gradiveq-decompress-alpha-dropped", "fc_cu_gradiveq.cu",
-     "out[i] += d.alpha * dd;", "out[i] += dd;",
+     "fc_cu_add_canon(out + i, d.alpha * dd);", "fc_cu_add_canon(out + i, dd);",
      "gradiveq decompress() ignores alpha"),
     ("int8-round-floor", "fc_cu_codecs.cuh",
      "float f = fc_round_even(t);", "float f = floorf(t);",
@@ -52,8 +52,8 @@ MUTANTS = [
      "return bs >= FC_CU_TILE ? 32 : (int)(bs >> 3);", "return bs >= FC_CU_TILE ? 32 : (int)(bs >> 4);",
      "a quantisation block below a tile spans half its lanes (block scales of half blocks)"),
     ("sketch-decompress-alpha-x2", "fc_cu_sketch.cu",
-     "((float *)d.out)[idx[j]] += d.alpha * est[idx[j]];",
-     "((float *)d.out)[idx[j]] += 2.0f * d.alpha * est[idx[j]];",
+     "fc_cu_add_canon((float *)d.out + idx[j], d.alpha * est[idx[j]]);",
+     "fc_cu_add_canon((float *)d.out + idx[j], 2.0f * d.alpha * est[idx[j]]);",
      "sketch decompress() adds 2 * alpha * est"),
 ]
 QUICK = 3
