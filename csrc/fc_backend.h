@@ -83,14 +83,19 @@ int fc_drive_res8_unpack(fc_core *s, const fc_exec *x, const fc_buf *packed, fc_
 int fc_drive_res8_pack(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *packed,
                        uint32_t unit, uint32_t salt, fc_err *err);
 
-/* Opens the encode call s->enc with the driver's decisions for it (wire method, error
- * feedback, sampling, the call's key); the per-peer parts (fc_encode.c) open theirs here too. */
-void fc_drive_encode_open(fc_core *s, const fc_buf *grad, const fc_buf *residual, int world,
-                          int rank, uint32_t unit);
-/* Counts one payload of the open call (chunk of n elements) as the driver does for every
- * backend: its layout and size, a `none` fallback, the input's raw bytes. */
-void fc_drive_count_sent(fc_core *s, const fc_sent *p, int64_t n, int dtype);
-/* Closes the open call: the unit's residual bookkeeping and the per-call counters. */
-void fc_drive_encode_close(fc_core *s, int on_host, const fc_buf *residual);
+/* Whether a unit of `numel` elements keeps an error-feedback residual: the driver's decision,
+ * read by the caller that must hand the residual in. */
+int fc_drive_uses_residual(const fc_core *s, int64_t numel, int world, int dtype);
+
+/* The same encode one payload at a time, for an exchange that overlaps the wire with the codec
+ * (CPU tensors): piece `piece` of chunk `chunk` into its slot of send (*size 0: no payload).
+ * Every part comes once: chunks in any order, a chunk's pieces in order. With one piece per
+ * chunk the bytes are those fc_drive_encode writes; the call is counted when its last part is
+ * done. fc_drive_part_opens: whether a part of this call opens a new one (none is open, or
+ * another one is). */
+int fc_drive_part_opens(const fc_core *s, uint32_t unit, int world, int rank, int64_t numel);
+int fc_drive_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual,
+                         int world, int rank, uint32_t unit, int chunk, int piece, int64_t *size,
+                         fc_err *err);
 
 #endif

@@ -103,7 +103,7 @@ static const fc_method *unit_head(const fc_core *s, const fc_cuda_call *k, const
 }
 
 /* residual: NULL without error feedback; sample: the call samples the error statistics (the
- * driver's decisions, fc_drive_encode_open). */
+ * driver's decisions, fc_drive.c's encode_open). */
 static void encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf *send,
                         fc_buf *residual, int sample, int world, int rank, uint32_t unit,
                         fc_cuda_encode_args *a)

@@ -62,14 +62,6 @@ FC_DOCSTRING(fc_state_encode_doc,
 "bytes written for each rank; the payloads lie back to back. For a method whose size is\n"
 "data-dependent (flags['varsize']) these are below plan()'s bounds.");
 
-/* Whether a unit of `numel` elements keeps an error-feedback residual: not where it goes as
- * `none` (below min_numel, or fallen back), which is exact. */
-static int uses_residual(StateObject *self, int64_t numel, int world, int dtype)
-{
-    return self->core.common.error_feedback &&
-           fc_core_wire_method(&self->core, numel, world, dtype) == self->core.method;
-}
-
 /* What encode() and encode_part() hold: the views of grad and send, and the unit's residual
  * when error feedback applies to it (use_ef). */
 typedef struct {
@@ -94,7 +86,7 @@ static int encode_views(StateObject *self, PyObject *grad, PyObject *send, int w
     if (whole && e->s.buf.numel != plan_total(ss, world))
         return fc_fail(err, FC_ERR_VALUE, "send has %lld bytes, plan() needs %lld",
                        (long long)e->s.buf.numel, (long long)plan_total(ss, world));
-    e->use_ef = uses_residual(self, e->g.buf.numel, world, e->g.buf.dtype);
+    e->use_ef = fc_drive_uses_residual(&self->core, e->g.buf.numel, world, e->g.buf.dtype);
     if (e->use_ef && fc_state_residual(self, (uint32_t)unit, grad, &e->g, &e->r, err) != FC_OK)
         return err->code != FC_OK ? err->code : FC_ERR_PYTHON;
     return FC_OK;
@@ -269,7 +261,7 @@ PyObject *fc_state_encode_part(StateObject *self, PyObject *args)
     const fc_exec x = {&fc_backend_cpu, NULL};
     const int packed = e.use_ef && e.r.packed;
     /* an 8-bit residual stays unpacked in part_ws from the call's first part to its last */
-    const int opens = fc_core_part_opens(&self->core, (uint32_t)unit, world, rank, e.g.buf.numel);
+    const int opens = fc_drive_part_opens(&self->core, (uint32_t)unit, world, rank, e.g.buf.numel);
     if (packed && opens && fc_res_workspace(self, grad, e.g.buf.numel, &e.r, &err) != FC_OK)
         goto error;
     if (packed && !opens) {
@@ -285,7 +277,7 @@ PyObject *fc_state_encode_part(StateObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     rc = packed && opens ? fc_res_unpack(self, &x, &e.r, &err) : FC_OK;
     if (rc == FC_OK)
-        rc = fc_core_encode_part(&self->core, &e.g.buf, &e.s.buf, e.use_ef ? e.r.buf : NULL, world,
+        rc = fc_drive_encode_part(&self->core, &e.g.buf, &e.s.buf, e.use_ef ? e.r.buf : NULL, world,
                                  rank, (uint32_t)unit, chunk, piece, &size, &err);
     if (rc == FC_OK && packed && !self->core.enc.open) /* its last part: packed back */
         rc = fc_res_pack(self, &x, &e.r, (uint32_t)unit, FC_RES8_SALT_SCATTER, &err);
