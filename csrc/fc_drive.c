@@ -240,9 +240,44 @@ int fc_drive_res8_pack(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *pa
     return rc != FC_OK ? rc : x->b->res8_pack(s, x, e, packed, key, err);
 }
 
+double fc_drive_residual_sq(const fc_core *s, const double *dev, int32_t n_dev)
+{
+    double sum = 0;
+    for (int32_t u = 0; u < s->n_units; u++) {
+        const double sq = u < n_dev ? dev[u] : s->units[u].residual_sq;
+        sum += sq > 0 ? sq : 0;
+    }
+    return sum;
+}
+
+/* The CPU backend's scratch grows inside each call, and its counters are the host's. */
+static int cpu_prepare(fc_core *s, const fc_exec *x, const fc_prep *p, fc_err *err)
+{
+    (void)s, (void)x, (void)p, (void)err;
+    return FC_OK;
+}
+
+static int cpu_read_counters(fc_core *s, const fc_exec *x, fc_counters *tot, double *res_sq,
+                             fc_err *err)
+{
+    (void)x, (void)err;
+    *tot = s->ctr;
+    *res_sq = fc_drive_residual_sq(s, NULL, 0);
+    return FC_OK;
+}
+
+static int cpu_reset_counters(fc_core *s, const fc_exec *x, fc_err *err)
+{
+    (void)s, (void)x, (void)err;
+    return FC_OK;
+}
+
 /* The CPU backend: the loops of fc_encode.c, fc_decode.c, fc_fetch.c and fc_res8.c. */
 const fc_backend fc_backend_cpu = {
     1,
+    cpu_prepare,
+    cpu_read_counters,
+    cpu_reset_counters,
     fc_cpu_encode,
     fc_cpu_decode,
     fc_cpu_compress,

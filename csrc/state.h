@@ -29,6 +29,7 @@ typedef struct {
     fc_cuda_ctx *cuda_ctx;
     PyObject *cuda_extra; /* dict of device tensors for the sparse/stateful methods (state_cuda.c) */
     int emulate_cuda;     /* tests only: CPU tensors take the CUDA path (tests/cuda_emu's library) */
+    fc_cuda_host cuda_host; /* what the CUDA backend asks of the State (its records freed here) */
     PyObject *part_ws;    /* the open per-peer call's unpacked 8-bit residual (state_residual.c) */
     int64_t res_ws_peak;  /* bytes of the largest such workspace: counted in scratch_bytes */
 } StateObject;
@@ -130,21 +131,16 @@ extern const char fc_state_residual_numel_doc[], fc_state_pack_residual_doc[],
 /* ---- state_exec.c, state_cuda.c: a call's backend, and what a call on CUDA tensors prepares */
 
 /* The backend of a call on the tensor `like` (its view v), picked once by its device: the
- * CPU's, or the CUDA library's with the call prepared into *k (x->k = k). */
-int fc_state_exec(StateObject *self, PyObject *like, const fc_view *v, fc_cuda_call *k,
-                  fc_exec *x, fc_err *err);
-/* The call's scratch, the unit's device state and the fetch buffer, as its method needs
- * (decode: recv and out of the decode; encode: NULL). */
-int fc_state_cuda_extras(StateObject *self, PyObject *like, fc_cuda_call *k, const fc_buf *grad,
-                         const fc_buf *recv, const fc_buf *out, int world, int rank, uint32_t unit,
-                         int decode, fc_err *err);
-/* compress()/decompress()'s scratch and unit state (fc_cuda_single_needs, fc_core_single_state). */
-int fc_state_cuda_single_extras(StateObject *self, PyObject *like, fc_cuda_call *k, int64_t n,
-                                int world, int rank, uint32_t unit, uint32_t chunk, int decode,
-                                fc_err *err);
-/* The second round's fetch buffer (made by the decode that picked) into k->x.fetch. */
-int fc_state_cuda_fetch(StateObject *self, PyObject *like, fc_cuda_call *k, int64_t n_picks,
-                        fc_err *err);
+ * CPU's, or the CUDA library's with the call prepared into *k (x->k = k); then what the call p
+ * needs made ready by that backend (p NULL: nothing beyond the tensors). */
+int fc_state_exec(StateObject *self, PyObject *like, const fc_view *v, const fc_prep *p,
+                  fc_cuda_call *k, fc_exec *x, fc_err *err);
+/* The backend that holds the State's counters beside the host's: the CUDA library's once the
+ * State did work on a device (kernels or comm marks), else the CPU's. */
+int fc_state_exec_counters(StateObject *self, fc_cuda_call *k, fc_exec *x, fc_err *err);
+/* fc_cuda_host.buffer: a device tensor from the allocator, kept in self->cuda_extra. */
+int fc_state_cuda_buffer(void *owner, void *like, const char *name, uint32_t unit,
+                         int64_t bytes, void **ptr, int64_t *have, int *fresh, fc_err *err);
 /* The unit's covariance summed on the device this step, into the host state (sync_vector). */
 int fc_state_cuda_sync_pull(StateObject *self, uint32_t unit, fc_err *err);
 /* After sync_apply (the host has the new state) and restore (every unit's may be new): the

@@ -3,7 +3,6 @@
 #include "state.h" /* first: it includes Python.h */
 #include <string.h>
 
-#include "fc_cuda_path.h"
 #include "fc_res8.h"
 
 static int64_t plan_total(const int64_t *splits, int world)
@@ -112,11 +111,10 @@ PyObject *fc_state_encode(StateObject *self, PyObject *args)
         return NULL;
     fc_cuda_call k;
     fc_exec x;
-    if (encode_views(self, grad, send, world, rank, unit, 1, &e, &err) != FC_OK ||
-        fc_state_exec(self, grad, &e.g, &k, &x, &err) != FC_OK)
+    if (encode_views(self, grad, send, world, rank, unit, 1, &e, &err) != FC_OK)
         goto error;
-    if (x.k != NULL && fc_state_cuda_extras(self, grad, &k, &e.g.buf, NULL, NULL, world, rank,
-                                            (uint32_t)unit, 0, &err) != FC_OK)
+    const fc_prep p = {FC_PREP_ENCODE, &e.g.buf, NULL, NULL, world, rank, (uint32_t)unit, 0};
+    if (fc_state_exec(self, grad, &e.g, &p, &k, &x, &err) != FC_OK)
         goto error;
     if (e.use_ef && fc_res_workspace(self, grad, e.g.buf.numel, &e.r, &err) != FC_OK)
         goto error;
@@ -156,9 +154,8 @@ PyObject *fc_state_decode(StateObject *self, PyObject *args)
         goto error;
     fc_cuda_call k;
     fc_exec x;
-    if (fc_state_exec(self, grad, &g, &k, &x, &err) != FC_OK ||
-        (x.k != NULL && fc_state_cuda_extras(self, grad, &k, &g.buf, &v.buf, &o.buf, world, rank,
-                                             (uint32_t)unit, 1, &err) != FC_OK))
+    const fc_prep p = {FC_PREP_DECODE, &g.buf, &v.buf, &o.buf, world, rank, (uint32_t)unit, 0};
+    if (fc_state_exec(self, grad, &g, &p, &k, &x, &err) != FC_OK)
         goto error;
     Py_BEGIN_ALLOW_THREADS
     rc = fc_drive_decode(&self->core, &x, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);

@@ -37,14 +37,12 @@ static int words_view(PyObject *t, const char *arg, const fc_view *like, fc_view
     return FC_OK;
 }
 
-/* The round's backend, by the tensors' device; on CUDA prepared with the fetch buffer. */
+/* The round's backend, ready with what the decode that picked left for it. */
 static int round_backend(StateObject *self, PyObject *like, const fc_view *v, fc_cuda_call *k,
                          fc_exec *x, fc_err *err)
 {
-    int rc = fc_state_exec(self, like, v, k, x, err);
-    if (rc == FC_OK && x->k != NULL)
-        rc = fc_state_cuda_fetch(self, like, k, self->core.n_picks, err);
-    return rc;
+    const fc_prep p = {FC_PREP_FETCH, &v->buf, NULL, NULL, 0, 0, 0, 0};
+    return fc_state_exec(self, like, v, &p, k, x, err);
 }
 
 FC_DOCSTRING(fc_state_fetch_picks_doc,
