@@ -317,10 +317,11 @@ static void single_geometry(const fc_core *s, int64_t n, int world, int rank, fc
 }
 
 /* compress()'s arguments for x (x->numel values; data may be NULL when only sizing): NaN/Inf
- * go through flagged, no residual, no sample, no second round after one payload. */
-static void single_encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *x,
-                               fc_buf *payload, uint32_t unit, uint32_t chunk, int world, int rank,
-                               fc_cuda_encode_args *a)
+ * go through flagged, no residual, no sample, no second round after one payload; refused for a
+ * method without kernels. */
+static int single_encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *x,
+                              fc_buf *payload, uint32_t unit, uint32_t chunk, int world, int rank,
+                              fc_cuda_encode_args *a, fc_err *err)
 {
     memset(a, 0, sizeof(*a));
     call_head(s, k, s->method, x, unit, chunk, &a->h);
@@ -333,12 +334,14 @@ static void single_encode_args(const fc_core *s, const fc_cuda_call *k, const fc
     a->res_dtype = FC_F32;
     a->ef_decay = (float)s->common.ef_decay; /* read only when compress() takes a residual */
     a->send = payload != NULL ? (uint8_t *)payload->data : NULL;
+    return check_method(k, s->method, err);
 }
 
-/* decompress()'s arguments for acc (acc->numel values; data may be NULL when only sizing). */
-static void single_decode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *payload,
-                               const fc_buf *acc, float alpha, uint32_t unit, uint32_t chunk,
-                               int world, fc_cuda_decode_args *a)
+/* decompress()'s arguments for acc (acc->numel values; data may be NULL when only sizing);
+ * refused for a method without kernels. */
+static int single_decode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *payload,
+                              const fc_buf *acc, float alpha, uint32_t unit, uint32_t chunk,
+                              int world, fc_cuda_decode_args *a, fc_err *err)
 {
     memset(a, 0, sizeof(*a));
     /* grad is never read: the own chunk is not part of a single payload's sum */
@@ -354,6 +357,7 @@ static void single_decode_args(const fc_core *s, const fc_cuda_call *k, const fc
     a->out_dtype = FC_F32;
     a->out_numel = acc->numel;
     a->alpha = alpha;
+    return check_method(k, s->method, err);
 }
 
 /* The device scratch compress() (decode 0) of n values or decompress() (decode 1) into n needs;
@@ -366,49 +370,35 @@ static int single_needs(const fc_core *s, const fc_cuda_call *k, int64_t n, int 
     b.numel = n;
     b.dtype = FC_F32;
     *scratch = 0;
-    int rc = check_method(k, s->method, err);
+    fc_cuda_encode_args ea;
+    fc_cuda_decode_args da;
+    int rc = decode ? single_decode_args(s, k, NULL, &b, 1.0f, unit, chunk, world, &da, err)
+                    : single_encode_args(s, k, &b, NULL, unit, chunk, world, rank, &ea, err);
     if (rc != FC_OK)
         return rc;
-    if (decode) {
-        fc_cuda_decode_args a;
-        single_decode_args(s, k, NULL, &b, 1.0f, unit, chunk, world, &a);
-        rc = k->api->scratch_bytes(NULL, &a, scratch, err);
-    } else {
-        fc_cuda_encode_args a;
-        single_encode_args(s, k, &b, NULL, unit, chunk, world, rank, &a);
-        rc = k->api->scratch_bytes(&a, NULL, scratch, err);
-    }
-    return rc;
+    return k->api->scratch_bytes(decode ? NULL : &ea, decode ? &da : NULL, scratch, err);
 }
 
 static int cuda_compress(fc_core *s, const fc_exec *x, const fc_buf *in, fc_buf *payload,
                          fc_buf *residual, uint32_t unit, uint32_t chunk, int world, int rank,
                          int64_t *written, fc_err *err)
 {
-    const fc_cuda_call *k = x->k;
-    int rc = check_method(k, s->method, err);
-    if (rc != FC_OK)
-        return rc;
     fc_cuda_encode_args a;
-    single_encode_args(s, k, in, payload, unit, chunk, world, rank, &a);
-    if (residual != NULL) { /* g' = x + e by the collective's rules, e replaced */
+    int rc = single_encode_args(s, x->k, in, payload, unit, chunk, world, rank, &a, err);
+    if (rc == FC_OK && residual != NULL) { /* g' = x + e by the collective's rules, e replaced */
         a.residual = residual->data;
         a.res_dtype = FC_F32;
         a.h.nonfinite_zero = s->common.nonfinite == FC_NONFINITE_ZERO;
     }
-    return k->api->compress(k->ctx, &a, written, err);
+    return rc != FC_OK ? rc : x->k->api->compress(x->k->ctx, &a, written, err);
 }
 
 static int cuda_decompress(fc_core *s, const fc_exec *x, const fc_buf *payload, fc_buf *acc,
                            float alpha, uint32_t unit, uint32_t chunk, int world, fc_err *err)
 {
-    const fc_cuda_call *k = x->k;
-    int rc = check_method(k, s->method, err);
-    if (rc != FC_OK)
-        return rc;
     fc_cuda_decode_args a;
-    single_decode_args(s, k, payload, acc, alpha, unit, chunk, world, &a);
-    return k->api->decompress(k->ctx, &a, err);
+    int rc = single_decode_args(s, x->k, payload, acc, alpha, unit, chunk, world, &a, err);
+    return rc != FC_OK ? rc : x->k->api->decompress(x->k->ctx, &a, err);
 }
 
 static int cuda_res8_pack(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *packed,

@@ -77,10 +77,21 @@ int fc_check_same_device(const fc_view *v, const fc_view *grad, const char *arg,
 int fc_check_aligned(const fc_view *v, const char *arg, fc_err *err);
 /* unit is one begin() gave out, and grad has its number of elements. */
 int fc_state_check_unit(StateObject *self, long long unit, int64_t numel, fc_err *err);
-/* grad and out of decode(), decode_part() and finish(): float tensors, a writable out, world
- * and unit valid. */
-int fc_state_grad_out_views(StateObject *self, PyObject *grad, PyObject *out, int world, int rank,
-                            long long unit, fc_view *g, fc_view *o, fc_err *err);
+/* A call that writes `out` from received data and grad (decode, decode_part, finish): its
+ * arguments (data, grad, out, world, rank, unit[, src, piece]), their views and its status. */
+typedef struct {
+    PyObject *data, *grad, *out; /* borrowed from the arguments */
+    int world, rank, src, piece;
+    long long unit;
+    fc_view v, g, o; /* v: data's, viewed by the caller's own rule */
+    fc_err err;
+} fc_out_call;
+/* Parses args by fmt ("OOOiiL:name"; decode_part's "OOOiiLii:name") into c, views grad and out
+ * (float tensors, out writable) and checks world, rank and unit. -1: the arguments are not
+ * those (a Python error is set, nothing to release); else the status, c->err saying why. */
+int fc_state_out_call(StateObject *self, PyObject *args, const char *fmt, fc_out_call *c);
+/* Its one exit: the views released on success and on error alike; None or the error. */
+PyObject *fc_state_out_done(StateObject *self, int rc, fc_out_call *c);
 /* The one exit of a call that borrowed tensor views: released on success and on error alike
  * (c may be NULL); rc says which, and err why. */
 PyObject *fc_state_views_done(StateObject *self, int rc, const fc_err *err, fc_view *a, fc_view *b,

@@ -140,28 +140,27 @@ FC_DOCSTRING(fc_state_decode_doc,
 
 PyObject *fc_state_decode(StateObject *self, PyObject *args)
 {
-    PyObject *recv, *grad, *out;
-    int world, rank, rc = FC_ERR_VALUE; /* until the decode has run */
-    long long unit;
-    fc_err err = {0};
-    fc_view v = {0}, g = {0}, o = {0};
-    if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "OOOiiL:decode", &recv, &grad, &out, &world, &rank, &unit))
-        return NULL;
-    if (fc_view_get(recv, "recv", FC_DT_U8, &v, &err) != FC_OK ||
-        fc_state_grad_out_views(self, grad, out, world, rank, unit, &g, &o, &err) != FC_OK ||
-        fc_check_same_device(&v, &g, "recv", &err) ||
-        fc_check_same_device(&o, &g, "output", &err) || fc_check_aligned(&v, "recv", &err))
-        goto error;
+    fc_out_call c = {0};
     fc_cuda_call k;
     fc_exec x;
-    const fc_prep p = {FC_PREP_DECODE, &g.buf, &v.buf, &o.buf, world, rank, (uint32_t)unit, 0};
-    if (fc_state_exec(self, grad, &g, &p, &k, &x, &err) != FC_OK)
+    int rc = fc_state_out_call(self, args, "OOOiiL:decode", &c);
+    if (rc < 0)
+        return NULL;
+    if (rc != FC_OK || (rc = fc_view_get(c.data, "recv", FC_DT_U8, &c.v, &c.err)) != FC_OK ||
+        (rc = fc_check_same_device(&c.v, &c.g, "recv", &c.err)) != FC_OK ||
+        (rc = fc_check_same_device(&c.o, &c.g, "output", &c.err)) != FC_OK ||
+        (rc = fc_check_aligned(&c.v, "recv", &c.err)) != FC_OK)
+        goto error;
+    const uint32_t unit = (uint32_t)c.unit;
+    const fc_prep p = {FC_PREP_DECODE, &c.g.buf, &c.v.buf, &c.o.buf, c.world, c.rank, unit, 0};
+    if ((rc = fc_state_exec(self, c.grad, &c.g, &p, &k, &x, &c.err)) != FC_OK)
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    rc = fc_drive_decode(&self->core, &x, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
+    rc = fc_drive_decode(&self->core, &x, &c.v.buf, &c.g.buf, &c.o.buf, c.world, c.rank, unit,
+                         &c.err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
-    return fc_state_views_done(self, rc, &err, &v, &g, &o);
+    return fc_state_out_done(self, rc, &c);
 }
 
 /* ---------------------------------------------------------------- State: one peer at a time */
@@ -300,25 +299,21 @@ FC_DOCSTRING(fc_state_decode_part_doc,
 
 PyObject *fc_state_decode_part(StateObject *self, PyObject *args)
 {
-    PyObject *payload, *grad, *out;
-    int world, rank, src, piece, rc = FC_ERR_VALUE; /* until the decode has run */
-    long long unit;
-    fc_err err = {0};
-    fc_view v = {0}, g = {0}, o = {0};
-    if (!fc_state_ready(self) ||
-        !PyArg_ParseTuple(args, "OOOiiLii:decode_part", &payload, &grad, &out, &world, &rank, &unit,
-                          &src, &piece))
+    fc_out_call c = {0};
+    int rc = fc_state_out_call(self, args, "OOOiiLii:decode_part", &c);
+    if (rc < 0)
         return NULL;
-    if (fc_view_get(payload, "payload", FC_DT_U8, &v, &err) != FC_OK ||
-        fc_state_grad_out_views(self, grad, out, world, rank, unit, &g, &o, &err) != FC_OK ||
-        fc_check_cpu(&g, "grad", &err) || fc_check_cpu(&v, "payload", &err) ||
-        fc_check_cpu(&o, "output", &err) ||
-        (v.buf.numel > 0 && fc_check_aligned(&v, "payload", &err)))
+    /* the parts run on the host only */
+    if (rc != FC_OK || (rc = fc_view_get(c.data, "payload", FC_DT_U8, &c.v, &c.err)) != FC_OK ||
+        (rc = fc_check_cpu(&c.g, "grad", &c.err)) != FC_OK ||
+        (rc = fc_check_cpu(&c.v, "payload", &c.err)) != FC_OK ||
+        (rc = fc_check_cpu(&c.o, "output", &c.err)) != FC_OK ||
+        (c.v.buf.numel > 0 && (rc = fc_check_aligned(&c.v, "payload", &c.err)) != FC_OK))
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    rc = fc_core_decode_part(&self->core, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, src,
-                             piece, &err);
+    rc = fc_core_decode_part(&self->core, &c.v.buf, &c.g.buf, &c.o.buf, c.world, c.rank,
+                             (uint32_t)c.unit, c.src, c.piece, &c.err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
-    return fc_state_views_done(self, rc, &err, &v, &g, &o);
+    return fc_state_out_done(self, rc, &c);
 }

@@ -19,6 +19,23 @@ static long long scratch_bytes(const StateObject *self)
                        (int64_t)c->mscr_cap + (int64_t)c->agg_cap) + (long long)self->res_ws_peak;
 }
 
+/* The counters' backend (the device's, once the State did work there) reads them into *tot and
+ * *res_sq, or (tot NULL) resets what it keeps apart: without the GIL, since a device's wait for
+ * its queued work may be long (the State is busy for the call, fc_state_enter). */
+static int counters_call(StateObject *self, fc_counters *tot, double *res_sq, fc_err *err)
+{
+    fc_cuda_call k;
+    fc_exec x;
+    int rc = fc_state_exec_counters(self, &k, &x, err);
+    if (rc != FC_OK)
+        return rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = tot != NULL ? x.b->read_counters(&self->core, &x, tot, res_sq, err)
+                     : x.b->reset_counters(&self->core, &x, err);
+    Py_END_ALLOW_THREADS
+    return rc;
+}
+
 FC_DOCSTRING(fc_state_counters_doc, "counters() -> dict\n\nEverything counted since the last reset_counters().");
 
 PyObject *fc_state_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
@@ -31,16 +48,7 @@ PyObject *fc_state_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
     long long res_bytes = 0;
     PyObject *result = NULL, *rel_o = NULL, *cos_o = NULL;
     fc_err err = {0};
-    fc_cuda_call kc;
-    fc_exec x;
-    int rc = fc_state_exec_counters(self, &kc, &x, &err);
-    if (rc == FC_OK) {
-        /* a device's counters wait for it: without the GIL (the State is busy, fc_state_enter) */
-        Py_BEGIN_ALLOW_THREADS
-        rc = x.b->read_counters(&self->core, &x, &tot, &res_sq, &err);
-        Py_END_ALLOW_THREADS
-    }
-    if (rc != FC_OK)
+    if (counters_call(self, &tot, &res_sq, &err) != FC_OK)
         return STATE_ERR(self, &err);
     for (Py_ssize_t i = 0; i < PyList_Size(self->residuals); i++) {
         PyObject *t = PyList_GetItem(self->residuals, i); /* borrowed */
@@ -109,16 +117,7 @@ PyObject *fc_state_reset_counters(StateObject *self, PyObject *Py_UNUSED(ignored
     if (!fc_state_ready(self))
         return NULL;
     fc_err err = {0};
-    fc_cuda_call kc;
-    fc_exec x;
-    int rc = fc_state_exec_counters(self, &kc, &x, &err);
-    if (rc == FC_OK) {
-        /* it waits for a device's queued timings: without the GIL (the State is busy) */
-        Py_BEGIN_ALLOW_THREADS
-        rc = x.b->reset_counters(&self->core, &x, &err);
-        Py_END_ALLOW_THREADS
-    }
-    if (rc != FC_OK)
+    if (counters_call(self, NULL, NULL, &err) != FC_OK)
         return STATE_ERR(self, &err);
     memset(&self->core.ctr, 0, sizeof(self->core.ctr));
     Py_RETURN_NONE;

@@ -149,26 +149,20 @@ FC_DOCSTRING(fc_state_finish_doc,
 
 PyObject *fc_state_finish(StateObject *self, PyObject *args)
 {
-    PyObject *recv, *grad, *out;
-    int world, rank, rc = FC_ERR_VALUE; /* until the finish has run */
-    long long unit;
-    fc_err err = {0};
-    fc_view v = {0}, g = {0}, o = {0};
-    if (!fc_state_ready(self) ||
-        !PyArg_ParseTuple(args, "OOOiiL:finish", &recv, &grad, &out, &world, &rank, &unit))
-        return NULL;
+    fc_out_call c = {0};
     fc_cuda_call k;
     fc_exec x;
-    if (fc_state_grad_out_views(self, grad, out, world, rank, unit, &g, &o, &err) != FC_OK ||
-        words_view(recv, "recv", &g, &v, &err) != FC_OK ||
-        fc_check_same_device(&o, &g, "output", &err))
-        goto error;
-    if (round_backend(self, grad, &g, &k, &x, &err) != FC_OK)
+    int rc = fc_state_out_call(self, args, "OOOiiL:finish", &c);
+    if (rc < 0)
+        return NULL;
+    if (rc != FC_OK || (rc = words_view(c.data, "recv", &c.g, &c.v, &c.err)) != FC_OK ||
+        (rc = fc_check_same_device(&c.o, &c.g, "output", &c.err)) != FC_OK ||
+        (rc = round_backend(self, c.grad, &c.g, &k, &x, &c.err)) != FC_OK)
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    rc = fc_fetch_finish(&self->core, &x, (const float *)v.buf.data,
-                         v.buf.numel / 4, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
+    rc = fc_fetch_finish(&self->core, &x, (const float *)c.v.buf.data, c.v.buf.numel / 4, &c.g.buf,
+                         &c.o.buf, c.world, c.rank, (uint32_t)c.unit, &c.err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
-    return fc_state_views_done(self, rc, &err, &v, &g, &o);
+    return fc_state_out_done(self, rc, &c);
 }
