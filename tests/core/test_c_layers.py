@@ -1,7 +1,7 @@
 """The C layers a reader relies on (issue 28): the CPython glue (csrc/state_*.c) never asks which
 device a call runs on, past the one place that picks the backend (state_exec.c); the CPU
 backend's loops never call the driver back (fc_drive.c calls fc_encode.c, not the reverse); and
-the CUDA backend's encode allocates nothing per call."""
+the CUDA backend's encode allocates nothing per call; error feedback is the driver's decision."""
 import os
 import re
 
@@ -37,3 +37,10 @@ def test_cuda_encode_keeps_its_records():
     src = _read("fc_cuda_path.c")
     assert not re.search(r"\b(calloc|malloc)\s*\(", src.split("static int cuda_decode")[0]), \
         "the CUDA encode allocates per call; keep its records in the State (fc_cuda_host)"
+
+
+def test_error_feedback_is_decided_by_the_driver_only():
+    hits = [f"{name}:{i}" for name in sorted(os.listdir(CSRC))
+            if name.startswith("state_") and name.endswith(".c")
+            for i, line in enumerate(_read(name).splitlines(), 1) if "common.error_feedback" in line]
+    assert not hits, "the glue decides error feedback itself (ask fc_drive_uses_residual): " + ", ".join(hits)
