@@ -476,64 +476,15 @@ error:
     return rc;
 }
 
-int fc_core_part_opens(const fc_core *s, uint32_t unit, int world, int rank, int64_t numel)
+int fc_cpu_encode_parts_open(fc_core *s, const fc_buf *grad, fc_err *err)
 {
-    const fc_call_key key = fc_core_call_key(s, unit, world, rank, numel);
-    return !s->enc.open || !fc_core_same_call(&s->enc.key, &key);
+    return encode_scratch(s, grad, s->enc.key.world, s->enc.key.rank, 1, err);
 }
 
-int fc_core_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual, int world,
-                        int rank, uint32_t unit, int chunk, int piece, int64_t *size, fc_err *err)
+int fc_cpu_encode_piece(fc_core *s, const fc_buf *grad, fc_buf *residual, int chunk, int piece,
+                        int64_t len, uint8_t *p, int64_t cap, fc_sent *out, fc_err *err)
 {
-    int rc = FC_OK;
-    const double t0 = fc_core_now_s();
-    const int64_t N = grad->numel;
-    fc_encode_call *e = &s->enc;
-    const fc_call_key key = fc_core_call_key(s, unit, world, rank, N);
-    *size = 0;
-    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
-    /* bad arguments leave an open call as it was; only a failed encode drops it */
-    if (chunk < 0 || chunk >= world)
-        return fc_fail(err, FC_ERR_VALUE, "chunk must be in [0, %d), got %d", world, chunk);
-    int64_t start, n, len;
-    fc_chunk_span(N, world, chunk, &start, &n);
-    const int parts = fc_core_chunk_parts(s, m, N, world, rank, chunk, &len);
-    if (piece < 0 || piece >= parts)
-        return fc_fail(err, FC_ERR_VALUE, "piece must be in [0, %d) for chunk %d, got %d", parts,
-                       chunk, piece);
-    if (!e->open || !fc_core_same_call(&e->key, &key)) { /* a new call (an unfinished one is dropped) */
-        const char *why = fc_core_not_per_peer(s, m, N, world);
-        if (why != NULL)
-            return fc_fail(err, FC_ERR_VALUE, "method '%s' %s: encode all chunks at once with "
-                           "encode()", m->name, why);
-        fc_drive_encode_open(s, grad, residual, world, rank, unit);
-        FC_TRY(encode_scratch(s, grad, world, rank, 1, err));
-    }
-    if (send->numel != e->at[world])
-        return fc_fail(err, FC_ERR_VALUE, "send has %lld bytes, the parts of this call need %lld "
-                       "(pieces())", (long long)send->numel, (long long)e->at[world]);
-    if (piece != e->next_piece[chunk])
-        return fc_fail(err, FC_ERR_STATE, "chunk %d of unit %u: piece %d, expected piece %d (the "
-                       "pieces of a chunk come once each, in order)", chunk, unit, piece,
-                       e->next_piece[chunk]);
-    if (fc_core_has_payload(s, N, world, rank, chunk)) {
-        const int64_t off = e->at[chunk] + piece * fc_core_piece_bytes(s, m, n, len, 0, grad->dtype);
-        fc_sent p;
-        FC_TRY(encode_chunk(s, grad, residual, chunk, piece, len, (uint8_t *)send->data + off,
-                            send->numel - off, &p, err));
-        const int64_t np = n - piece * len < len ? n - piece * len : len;
-        fc_drive_count_sent(s, &p, np, grad->dtype);
-        *size = p.size;
-    }
-    e->next_piece[chunk]++;
-    if (--e->todo == 0) {
-        fc_drive_encode_close(s, 1, residual); /* the parts run on the host only */
-    }
-    s->ctr.compress_s += fc_core_now_s() - t0;
-    return FC_OK;
-error:
-    e->open = 0;
-    return rc;
+    return encode_chunk(s, grad, residual, chunk, piece, len, p, cap, out, err);
 }
 
 /* ---- single chunk, for tests and benchmarks ---- */

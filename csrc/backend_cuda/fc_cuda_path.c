@@ -103,7 +103,7 @@ static const fc_method *unit_head(const fc_core *s, const fc_cuda_call *k, const
 }
 
 /* residual: NULL without error feedback; sample: the call samples the error statistics (the
- * driver's decisions, fc_drive_encode_open). */
+ * driver's decisions, fc_drive.c's encode_open). */
 static void encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf *send,
                         fc_buf *residual, int sample, int world, int rank, uint32_t unit,
                         fc_cuda_encode_args *a)
@@ -118,9 +118,24 @@ static void encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *g
     a->sample = sample;
 }
 
-int64_t fc_cuda_fetch_bytes(int64_t kmax)
+/* Bytes of the fetch buffer a unit's second round keeps on the device. */
+static int64_t fetch_bytes(int64_t kmax)
 {
     return FC_CUDA_FETCH_PICKS + 4 * kmax;
+}
+
+/* The host records a data-dependent encode of `world` payloads reads back, kept in the State
+ * from call to call: grown here when a world needs more. */
+static int sent_records(fc_cuda_host *h, int world, fc_err *err)
+{
+    if (h->sent_cap >= world)
+        return FC_OK;
+    fc_cuda_sent *p = (fc_cuda_sent *)realloc(h->sent, (size_t)world * sizeof(fc_cuda_sent));
+    if (p == NULL)
+        return fc_fail(err, FC_ERR_NOMEM, "could not allocate %d payload records", world);
+    h->sent = p;
+    h->sent_cap = world;
+    return FC_OK;
 }
 
 /* The open call s->enc (the driver's decisions) on the device; sent[c]: the geometry's payloads,
@@ -142,9 +157,9 @@ static int cuda_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf 
     encode_args(s, k, grad, send, e->use_ef ? residual : NULL, e->stats, world, rank, e->key.unit,
                 &a);
     if (varsize) {
-        dev = (fc_cuda_sent *)calloc((size_t)world, sizeof(fc_cuda_sent));
-        if (dev == NULL)
-            FC_TRY(fc_fail(err, FC_ERR_NOMEM, "could not allocate %d payload records", world));
+        FC_TRY(sent_records(k->host, world, err));
+        dev = k->host->sent;
+        memset(dev, 0, (size_t)world * sizeof(fc_cuda_sent));
         a.h.x.sent = dev;
     }
     FC_TRY(k->api->encode(k->ctx, &a, err));
@@ -166,7 +181,6 @@ static int cuda_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf 
         }
     }
 error:
-    free(dev);
     return rc;
 }
 
@@ -188,14 +202,16 @@ static void decode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *r
     a->out_numel = out->numel;
 }
 
-int fc_cuda_unit_needs(const fc_core *s, const fc_cuda_call *k, int decode, const fc_buf *recv,
-                       const fc_buf *grad, const fc_buf *out, int world, int rank, uint32_t unit,
-                       int64_t *scratch, int64_t *fetch, fc_err *err)
+/* What a CUDA encode or decode of a unit needs besides its tensors: device scratch bytes (0:
+ * none), the fetch buffer's bytes (0: no second round). k->x is not read. */
+static int unit_needs(const fc_core *s, const fc_cuda_call *k, int decode, const fc_buf *recv,
+                      const fc_buf *grad, const fc_buf *out, int world, int rank, uint32_t unit,
+                      int64_t *scratch, int64_t *fetch, fc_err *err)
 {
     const fc_method *m = fc_core_wire_method(s, grad->numel, world, grad->dtype);
     const int64_t kmax = fc_core_fetch_kmax(s, grad->numel, world);
     *scratch = 0;
-    *fetch = kmax > 0 ? fc_cuda_fetch_bytes(kmax) : 0;
+    *fetch = kmax > 0 ? fetch_bytes(kmax) : 0;
     int rc = check_method(k, m, err);
     if (rc != FC_OK)
         return rc;
@@ -301,10 +317,11 @@ static void single_geometry(const fc_core *s, int64_t n, int world, int rank, fc
 }
 
 /* compress()'s arguments for x (x->numel values; data may be NULL when only sizing): NaN/Inf
- * go through flagged, no residual, no sample, no second round after one payload. */
-static void single_encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *x,
-                               fc_buf *payload, uint32_t unit, uint32_t chunk, int world, int rank,
-                               fc_cuda_encode_args *a)
+ * go through flagged, no residual, no sample, no second round after one payload; refused for a
+ * method without kernels. */
+static int single_encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *x,
+                              fc_buf *payload, uint32_t unit, uint32_t chunk, int world, int rank,
+                              fc_cuda_encode_args *a, fc_err *err)
 {
     memset(a, 0, sizeof(*a));
     call_head(s, k, s->method, x, unit, chunk, &a->h);
@@ -317,12 +334,14 @@ static void single_encode_args(const fc_core *s, const fc_cuda_call *k, const fc
     a->res_dtype = FC_F32;
     a->ef_decay = (float)s->common.ef_decay; /* read only when compress() takes a residual */
     a->send = payload != NULL ? (uint8_t *)payload->data : NULL;
+    return check_method(k, s->method, err);
 }
 
-/* decompress()'s arguments for acc (acc->numel values; data may be NULL when only sizing). */
-static void single_decode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *payload,
-                               const fc_buf *acc, float alpha, uint32_t unit, uint32_t chunk,
-                               int world, fc_cuda_decode_args *a)
+/* decompress()'s arguments for acc (acc->numel values; data may be NULL when only sizing);
+ * refused for a method without kernels. */
+static int single_decode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *payload,
+                              const fc_buf *acc, float alpha, uint32_t unit, uint32_t chunk,
+                              int world, fc_cuda_decode_args *a, fc_err *err)
 {
     memset(a, 0, sizeof(*a));
     /* grad is never read: the own chunk is not part of a single payload's sum */
@@ -338,59 +357,48 @@ static void single_decode_args(const fc_core *s, const fc_cuda_call *k, const fc
     a->out_dtype = FC_F32;
     a->out_numel = acc->numel;
     a->alpha = alpha;
+    return check_method(k, s->method, err);
 }
 
-int fc_cuda_single_needs(const fc_core *s, const fc_cuda_call *k, int64_t n, int world, int rank,
-                         uint32_t unit, uint32_t chunk, int decode, int64_t *scratch, fc_err *err)
+/* The device scratch compress() (decode 0) of n values or decompress() (decode 1) into n needs;
+ * k->x is not read. */
+static int single_needs(const fc_core *s, const fc_cuda_call *k, int64_t n, int world, int rank,
+                        uint32_t unit, uint32_t chunk, int decode, int64_t *scratch, fc_err *err)
 {
     fc_buf b;
     memset(&b, 0, sizeof(b));
     b.numel = n;
     b.dtype = FC_F32;
     *scratch = 0;
-    int rc = check_method(k, s->method, err);
+    fc_cuda_encode_args ea;
+    fc_cuda_decode_args da;
+    int rc = decode ? single_decode_args(s, k, NULL, &b, 1.0f, unit, chunk, world, &da, err)
+                    : single_encode_args(s, k, &b, NULL, unit, chunk, world, rank, &ea, err);
     if (rc != FC_OK)
         return rc;
-    if (decode) {
-        fc_cuda_decode_args a;
-        single_decode_args(s, k, NULL, &b, 1.0f, unit, chunk, world, &a);
-        rc = k->api->scratch_bytes(NULL, &a, scratch, err);
-    } else {
-        fc_cuda_encode_args a;
-        single_encode_args(s, k, &b, NULL, unit, chunk, world, rank, &a);
-        rc = k->api->scratch_bytes(&a, NULL, scratch, err);
-    }
-    return rc;
+    return k->api->scratch_bytes(decode ? NULL : &ea, decode ? &da : NULL, scratch, err);
 }
 
 static int cuda_compress(fc_core *s, const fc_exec *x, const fc_buf *in, fc_buf *payload,
                          fc_buf *residual, uint32_t unit, uint32_t chunk, int world, int rank,
                          int64_t *written, fc_err *err)
 {
-    const fc_cuda_call *k = x->k;
-    int rc = check_method(k, s->method, err);
-    if (rc != FC_OK)
-        return rc;
     fc_cuda_encode_args a;
-    single_encode_args(s, k, in, payload, unit, chunk, world, rank, &a);
-    if (residual != NULL) { /* g' = x + e by the collective's rules, e replaced */
+    int rc = single_encode_args(s, x->k, in, payload, unit, chunk, world, rank, &a, err);
+    if (rc == FC_OK && residual != NULL) { /* g' = x + e by the collective's rules, e replaced */
         a.residual = residual->data;
         a.res_dtype = FC_F32;
         a.h.nonfinite_zero = s->common.nonfinite == FC_NONFINITE_ZERO;
     }
-    return k->api->compress(k->ctx, &a, written, err);
+    return rc != FC_OK ? rc : x->k->api->compress(x->k->ctx, &a, written, err);
 }
 
 static int cuda_decompress(fc_core *s, const fc_exec *x, const fc_buf *payload, fc_buf *acc,
                            float alpha, uint32_t unit, uint32_t chunk, int world, fc_err *err)
 {
-    const fc_cuda_call *k = x->k;
-    int rc = check_method(k, s->method, err);
-    if (rc != FC_OK)
-        return rc;
     fc_cuda_decode_args a;
-    single_decode_args(s, k, payload, acc, alpha, unit, chunk, world, &a);
-    return k->api->decompress(k->ctx, &a, err);
+    int rc = single_decode_args(s, x->k, payload, acc, alpha, unit, chunk, world, &a, err);
+    return rc != FC_OK ? rc : x->k->api->decompress(x->k->ctx, &a, err);
 }
 
 static int cuda_res8_pack(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *packed,
@@ -409,8 +417,174 @@ static int cuda_res8_unpack(fc_core *s, const fc_exec *x, const fc_buf *packed, 
                            (uint8_t *)packed->data, 0, err);
 }
 
+/* ---- what a call needs on the device, and the counters the device keeps */
+
+/* The device buffer `name`, shared by every call of the State (grown, never shrunk). */
+static int named_buffer(const fc_cuda_call *k, const char *name, int64_t bytes, void **ptr,
+                        int64_t *have, fc_err *err)
+{
+    int fresh;
+    return k->host->buffer(k->host->owner, k->like, name, 0, bytes, ptr, have, &fresh, err);
+}
+
+static int scratch_buffer(fc_cuda_call *k, int64_t bytes, fc_err *err)
+{
+    void *ptr = NULL;
+    int64_t have = 0;
+    int rc = bytes > 0 ? named_buffer(k, "scratch", bytes, &ptr, &have, err) : FC_OK;
+    k->x.scratch = ptr;
+    k->x.scratch_bytes = have;
+    return rc;
+}
+
+/* The unit's method state on the device: made from the host's (seeded at first use, or set by
+ * a sync or a restore) whenever there is no current copy. */
+static int unit_state(fc_core *s, const fc_cuda_call *k, uint32_t unit, float **dev, fc_err *err)
+{
+    float *host;
+    int fresh = 0;
+    void *ptr = NULL;
+    int64_t have = 0;
+    const int64_t nf = fc_core_unit_floats(s, s->units[unit].numel);
+    *dev = NULL;
+    if (nf == 0)
+        return FC_OK;
+    int rc = fc_core_unit_state(s, unit, &host, err);
+    if (rc == FC_OK)
+        rc = k->host->buffer(k->host->owner, k->like, NULL, unit, 4 * nf, &ptr, &have, &fresh,
+                             err);
+    if (rc == FC_OK && fresh) /* queued on the call's stream, before the kernels that read it */
+        rc = k->api->copy(k->ctx, k->device, k->stream, ptr, host, 4 * nf, 0, err);
+    *dev = (float *)ptr;
+    return rc;
+}
+
+/* The state compress()/decompress() of `unit` read: the collective's device copy where the unit
+ * runs the method there (the same host state, fc_core_single_state, so the same copy); else a
+ * device copy of the loose state made afresh each call (seeded alike on every call and rank,
+ * never synced: what its learn steps add is never read). */
+static int single_state(fc_core *s, const fc_cuda_call *k, uint32_t unit, float **dev,
+                        fc_err *err)
+{
+    float *host = NULL;
+    void *ptr = NULL;
+    int64_t have = 0;
+    *dev = NULL;
+    int rc = fc_core_single_state(s, unit, &host, err);
+    if (rc != FC_OK || host == NULL)
+        return rc;
+    if (unit < (uint32_t)s->n_units && fc_core_unit_floats(s, s->units[unit].numel) > 0)
+        return unit_state(s, k, unit, dev, err);
+    const int64_t nf = s->method->unit_floats(s->cfg); /* host != NULL: the method keeps one */
+    rc = named_buffer(k, "single state", 4 * nf, &ptr, &have, err);
+    if (rc == FC_OK) /* queued on the call's stream, before the kernels that read it */
+        rc = k->api->copy(k->ctx, k->device, k->stream, ptr, host, 4 * nf, 0, err);
+    *dev = (float *)ptr;
+    return rc;
+}
+
+static int cuda_prepare(fc_core *s, const fc_exec *x, const fc_prep *p, fc_err *err)
+{
+    fc_cuda_call *k = x->k;
+    int64_t scratch = 0, fetch = 0, have = 0;
+    void *ptr = NULL;
+    int rc = FC_OK;
+    memset(&k->x, 0, sizeof(k->x));
+    switch (p->kind) {
+    case FC_PREP_ENCODE:
+    case FC_PREP_DECODE:
+        rc = unit_needs(s, k, p->kind == FC_PREP_DECODE, p->recv, p->grad, p->out, p->world,
+                        p->rank, p->unit, &scratch, &fetch, err);
+        if (rc == FC_OK)
+            rc = scratch_buffer(k, scratch, err);
+        if (rc == FC_OK && fetch > 0 &&
+            (rc = named_buffer(k, "fetch", fetch, &ptr, &have, err)) == FC_OK)
+            k->x.fetch = (uint8_t *)ptr;
+        return rc == FC_OK ? unit_state(s, k, p->unit, &k->x.ustate, err) : rc;
+    case FC_PREP_COMPRESS:
+    case FC_PREP_DECOMPRESS:
+        rc = single_needs(s, k, p->grad->numel, p->world, p->rank, p->unit, p->chunk,
+                          p->kind == FC_PREP_DECOMPRESS, &scratch, err);
+        if (rc == FC_OK)
+            rc = scratch_buffer(k, scratch, err);
+        return rc == FC_OK ? single_state(s, k, p->unit, &k->x.ustate, err) : rc;
+    case FC_PREP_FETCH: /* the buffer the decode that picked made */
+        rc = named_buffer(k, "fetch", fetch_bytes(s->n_picks), &ptr, &have, err);
+        k->x.fetch = (uint8_t *)ptr;
+        return rc;
+    }
+    return rc;
+}
+
+/* Why the device rejected a payload (fc_cuda.h's FC_PAYLOAD_* codes), for the message. */
+static const char *payload_problem(unsigned code)
+{
+    static const char *const what[] = {"an unknown problem", "bad magic", "wrong wire version",
+                                       "another method", "another dtype",
+                                       "another unit or step (ranks called the hook in different "
+                                       "orders)", "another element count",
+                                       "a body that does not fit its slot",
+                                       "a code no encoder writes",
+                                       "another config (its fingerprint differs: every rank must "
+                                       "run the same method and config)",
+                                       "another world size"};
+    return what[code < sizeof(what) / sizeof(what[0]) ? code : 0];
+}
+
+/* Waits for the GPU (the caller releases the GIL): the workspace's counts and residual norms,
+ * and the event times (also of a State whose only CUDA work is comm marks: no workspace). */
+static int cuda_read_counters(fc_core *s, const fc_exec *x, fc_counters *tot, double *res_sq,
+                              fc_err *err)
+{
+    const fc_cuda_call *k = x->k;
+    double sec[FC_TIME_KINDS];
+    fc_cuda_ws *dws = NULL;
+    int rc = FC_OK;
+    if (k->ws != NULL && (dws = (fc_cuda_ws *)malloc(sizeof(fc_cuda_ws))) == NULL)
+        return fc_fail(err, FC_ERR_NOMEM, "could not allocate %zu bytes for the CUDA counters",
+                       sizeof(fc_cuda_ws));
+    FC_TRY(k->api->read_counters(k->ctx, k->ws, dws, sec, err));
+    /* harvested event times become part of the host totals; extra collectives count in
+     * comm_time_s too, as add_comm(extra=True) counts them */
+    s->ctr.compress_s += sec[FC_TIME_COMPRESS];
+    s->ctr.comm_s += sec[FC_TIME_COMM] + sec[FC_TIME_EXTRA];
+    s->ctr.extra_collective_s += sec[FC_TIME_EXTRA];
+    s->ctr.decompress_s += sec[FC_TIME_DECOMPRESS];
+    *tot = s->ctr;
+    *res_sq = fc_drive_residual_sq(s, NULL, 0);
+    if (dws == NULL)
+        goto error; /* no element work ran on the device */
+    /* the workspace's are cumulative until reset: read, never moved into s->ctr */
+    tot->nonfinite_in += (int64_t)dws->nonfinite_in;
+    tot->nonfinite_out += (int64_t)dws->nonfinite_out;
+    tot->saturated += (int64_t)dws->saturated;
+    tot->err_sq += dws->err_sq;
+    tot->ref_sq += dws->ref_sq;
+    tot->cos_sum += dws->cos_sum;
+    tot->stats_samples += (int64_t)dws->samples;
+    *res_sq = fc_drive_residual_sq(s, dws->unit_sq, FC_CUDA_MAX_UNITS);
+    if (dws->payload_error != 0)
+        rc = fc_fail(err, FC_ERR_PAYLOAD,
+                     "a CUDA decode rejected the payload from rank %d (header says unit %u, step "
+                     "%u): %s; its output was set to NaN (reset_counters() clears this)",
+                     dws->payload_error_rank, dws->payload_error_unit, dws->payload_error_step,
+                     payload_problem(dws->payload_error));
+error:
+    free(dws);
+    return rc;
+}
+
+static int cuda_reset_counters(fc_core *s, const fc_exec *x, fc_err *err)
+{
+    (void)s; /* it waits for the GPU's queued timings: the caller releases the GIL */
+    return x->k->api->reset_counters(x->k->ctx, x->k->ws, err);
+}
+
 const fc_backend fc_backend_cuda = {
     0,
+    cuda_prepare,
+    cuda_read_counters,
+    cuda_reset_counters,
     cuda_encode,
     cuda_decode,
     cuda_compress,

@@ -1,7 +1,8 @@
 /* fc_cuda_path.h: the CUDA backend of the driver (fc_backend_cuda in fc_backend.h): the call a
- * State prepares for CUDA tensors (library, stream, workspace, scratch) and what it must
- * allocate for one; the element work is queued through the CUDA library's table on the caller's
- * stream, under the driver's plan, checks and counters (fc_drive.c, fc_fetch.c). */
+ * State prepares for CUDA tensors (library, stream, workspace) and what the backend asks of
+ * the State (device buffers, host records); the element work is queued through the CUDA
+ * library's table on the caller's stream, under the driver's plan, checks and counters
+ * (fc_drive.c, fc_fetch.c). */
 #ifndef FC_CUDA_PATH_H
 #define FC_CUDA_PATH_H
 
@@ -9,28 +10,30 @@
 #include "driver/fc_core.h"
 #include "backend_cuda/fc_cuda_loader.h"
 
+/* What the CUDA backend asks of the State that prepared its call (csrc/python/state_cuda.c): device
+ * buffers come from the State's allocator (torch's, never cudaMalloc), which needs the GIL, so
+ * the backend asks for them in prepare only. The host records of a data-dependent encode live
+ * here from call to call (grown when a world needs more; the State frees them). */
+typedef struct {
+    void *owner; /* the State */
+    /* the device buffer `name` (NULL: unit `unit`'s method state) of at least `bytes`, on the
+     * device of `like`: its pointer and size; *fresh when it was just made */
+    int (*buffer)(void *owner, void *like, const char *name, uint32_t unit, int64_t bytes,
+                  void **ptr, int64_t *have, int *fresh, fc_err *err);
+    fc_cuda_sent *sent;
+    int sent_cap;
+} fc_cuda_host;
+
 typedef struct fc_cuda_call_s {
     const fc_cuda_api *api;
     fc_cuda_ctx *ctx;
-    fc_cuda_ws *ws; /* device memory of a torch tensor the State holds */
+    fc_cuda_ws *ws; /* device memory of a torch tensor the State holds; NULL: none yet */
     int device;
     void *stream;
-    fc_cuda_extra x; /* scratch, unit state, fetch buffer: torch tensors (csrc/python/state_cuda.c) */
+    fc_cuda_host *host;
+    void *like;      /* a tensor of the call (borrowed): where its device buffers go */
+    fc_cuda_extra x; /* scratch, unit state, fetch buffer: made by prepare (fc_backend.h) */
 } fc_cuda_call;
-
-/* What a CUDA encode or decode of a unit needs besides its tensors: device scratch bytes (0:
- * none), the fetch buffer's bytes (0: no second round). k->x is not read. */
-int fc_cuda_unit_needs(const fc_core *s, const fc_cuda_call *k, int decode, const fc_buf *recv,
-                       const fc_buf *grad, const fc_buf *out, int world, int rank, uint32_t unit,
-                       int64_t *scratch, int64_t *fetch, fc_err *err);
-
-/* Bytes of the fetch buffer a unit's second round keeps on the device. */
-int64_t fc_cuda_fetch_bytes(int64_t kmax);
-
-/* The device scratch compress() (decode 0) of n values or decompress() (decode 1) into n needs;
- * k->x is not read. The unit state they use is fc_core_single_state's (csrc/python/state_cuda.c). */
-int fc_cuda_single_needs(const fc_core *s, const fc_cuda_call *k, int64_t n, int world, int rank,
-                         uint32_t unit, uint32_t chunk, int decode, int64_t *scratch, fc_err *err);
 
 /* Tests: the rows fc_cuda_geom gives the kernels (fc_cuda_api.probe_geometry) for a unit of
  * `numel` elements of `dtype`, as the collective builds it; rows holds world * FC_GEO_COLS. */

@@ -14,8 +14,26 @@ typedef struct fc_backend fc_backend;
 /* One call's backend: the table and, on CUDA, its prepared call (NULL on CPU). */
 typedef struct {
     const fc_backend *b;
-    const struct fc_cuda_call_s *k;
+    struct fc_cuda_call_s *k;
 } fc_exec;
+
+/* What a call is, for the backend to make ready before its element work (prepare): a CPU
+ * call's scratch grows inside it; a CUDA call needs device buffers from the State's allocator,
+ * which only the glue can call, so they are made while it holds the GIL. */
+typedef enum {
+    FC_PREP_ENCODE,     /* grad: the unit's gradient */
+    FC_PREP_DECODE,     /* grad, recv, out: the decode's tensors */
+    FC_PREP_COMPRESS,   /* grad: the one chunk x (compress()) */
+    FC_PREP_DECOMPRESS, /* grad: the accumulator acc (decompress()) */
+    FC_PREP_FETCH       /* the second round: the fetch buffer the decode that picked made */
+} fc_prep_kind;
+
+typedef struct {
+    fc_prep_kind kind;
+    const fc_buf *grad, *recv, *out;
+    int world, rank;
+    uint32_t unit, chunk;
+} fc_prep;
 
 /* The element work over the driver's plan and decisions. Every entry gets the call's decisions
  * from the driver (the open encode call s->enc: wire method, error feedback, sampling; the
@@ -23,6 +41,15 @@ typedef struct {
 struct fc_backend {
     int on_host; /* its time and element statistics are the host's (CUDA keeps them on the
                   * device: events, the workspace's counts and residual norms) */
+    /* what the call p needs besides its tensors, made before the element work */
+    int (*prepare)(fc_core *s, const fc_exec *x, const fc_prep *p, fc_err *err);
+    /* the State's counters as read now: *tot the host's (s->ctr) with what this backend kept
+     * apart merged in (device timings join s->ctr for good: they are harvested once), *res_sq
+     * the sum of the units' residual norms squared */
+    int (*read_counters)(fc_core *s, const fc_exec *x, fc_counters *tot, double *res_sq,
+                         fc_err *err);
+    /* zeroes what read_counters merges in (the host's s->ctr is the caller's) */
+    int (*reset_counters)(fc_core *s, const fc_exec *x, fc_err *err);
     /* every chunk of the open call s->enc into send, back to back; sent[c] per chunk */
     int (*encode)(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *send,
                   fc_buf *residual, fc_sent *sent, fc_err *err);
@@ -83,14 +110,24 @@ int fc_drive_res8_unpack(fc_core *s, const fc_exec *x, const fc_buf *packed, fc_
 int fc_drive_res8_pack(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *packed,
                        uint32_t unit, uint32_t salt, fc_err *err);
 
-/* Opens the encode call s->enc with the driver's decisions for it (wire method, error
- * feedback, sampling, the call's key); the per-peer parts (fc_encode.c) open theirs here too. */
-void fc_drive_encode_open(fc_core *s, const fc_buf *grad, const fc_buf *residual, int world,
-                          int rank, uint32_t unit);
-/* Counts one payload of the open call (chunk of n elements) as the driver does for every
- * backend: its layout and size, a `none` fallback, the input's raw bytes. */
-void fc_drive_count_sent(fc_core *s, const fc_sent *p, int64_t n, int dtype);
-/* Closes the open call: the unit's residual bookkeeping and the per-call counters. */
-void fc_drive_encode_close(fc_core *s, int on_host, const fc_buf *residual);
+/* The sum of the units' residual norms squared: unit u's from dev[u] for u < n_dev (a backend
+ * that keeps them itself), else the host's; a negative one (rounding noise of a sum corrected
+ * at the kept coordinates, fc_fetch.c) counts as 0. */
+double fc_drive_residual_sq(const fc_core *s, const double *dev, int32_t n_dev);
+
+/* Whether a unit of `numel` elements keeps an error-feedback residual: the driver's decision,
+ * read by the caller that must hand the residual in. */
+int fc_drive_uses_residual(const fc_core *s, int64_t numel, int world, int dtype);
+
+/* The same encode one payload at a time, for an exchange that overlaps the wire with the codec
+ * (CPU tensors): piece `piece` of chunk `chunk` into its slot of send (*size 0: no payload).
+ * Every part comes once: chunks in any order, a chunk's pieces in order. With one piece per
+ * chunk the bytes are those fc_drive_encode writes; the call is counted when its last part is
+ * done. fc_drive_part_opens: whether a part of this call opens a new one (none is open, or
+ * another one is). */
+int fc_drive_part_opens(const fc_core *s, uint32_t unit, int world, int rank, int64_t numel);
+int fc_drive_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual,
+                         int world, int rank, uint32_t unit, int chunk, int piece, int64_t *size,
+                         fc_err *err);
 
 #endif

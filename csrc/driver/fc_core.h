@@ -31,7 +31,7 @@ typedef struct {
     int64_t error_stats_every;
     int nonfinite;
     int allgather_compress; /* all-reduce meaning: compress the all-gather of reduced shards too */
-    int pipeline;           /* the Python side's per-peer exchange (fc_core_encode_part) */
+    int pipeline;           /* the Python side's per-peer exchange (fc_drive_encode_part) */
     int64_t pipeline_piece; /* elements per piece of a payload in that exchange (0: whole) */
     int param_gather;       /* FSDP2 parameter all-gather codec: 0 none, 1 bf16, 2 fp8, 3 int8 */
     int64_t param_gather_block_size; /* elements per scale of the fp8/int8 parameter codec */
@@ -67,7 +67,7 @@ typedef struct {
     int none;
 } fc_sent;
 
-/* One encode call in progress: fc_drive_encode runs one whole, fc_core_encode_part a chunk at a
+/* One encode call in progress: fc_drive_encode runs one whole, fc_drive_encode_part a chunk at a
  * time (the pipelined exchange sends each payload as soon as it is encoded). What is counted per
  * call, not per chunk, lives here until the last chunk closes the call. */
 typedef struct {
@@ -191,14 +191,7 @@ int fc_core_per_peer_ok(const fc_core *s, int64_t numel, int world);
  * without payload). What rank r receives from rank s: piece plan of chunk r as rank s. */
 void fc_core_piece_plan(const fc_core *s, int64_t numel, int dtype, int world, int rank, int chunk,
                         int64_t *sizes, int *count);
-/* Encodes piece `piece` of chunk `chunk` into its slot of the send buffer (*size 0: no
- * payload). Every part comes once: chunks in any order, a chunk's pieces in order. With one
- * piece per chunk the bytes are those fc_drive_encode writes; the call is counted when its last
- * part is done. */
-/* Whether encode_part() of this call opens a new one (none is open, or another one is). */
-int fc_core_part_opens(const fc_core *s, uint32_t unit, int world, int rank, int64_t numel);
-int fc_core_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual, int world,
-                        int rank, uint32_t unit, int chunk, int piece, int64_t *size, fc_err *err);
+/* The per-peer encode is the driver's: fc_drive_encode_part (fc_backend.h). */
 /* Adds piece `piece` of the payload from rank `src` (empty for an own chunk kept exact). src =
  * rank opens the call, then rank+1, rank+2, ... (mod world), each sender's pieces in order: a
  * fixed order, so every run sums the same way; it differs from fc_drive_decode's rank order

@@ -40,6 +40,12 @@ static inline float fc_core_ef_decay(const fc_core *s)
 int fc_cpu_res8_unpack(fc_core *s, const fc_exec *x, const fc_buf *packed, fc_buf *e, fc_err *err);
 int fc_cpu_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *send,
                   fc_buf *residual, fc_sent *sent, fc_err *err);
+/* The per-peer parts of the open call s->enc (fc_drive_encode_part opens, counts and closes it):
+ * the CPU's scratch and per-peer layout once per call, then one piece of `len` elements of a
+ * chunk into p (cap bytes), what went out in *out. */
+int fc_cpu_encode_parts_open(fc_core *s, const fc_buf *grad, fc_err *err);
+int fc_cpu_encode_piece(fc_core *s, const fc_buf *grad, fc_buf *residual, int chunk, int piece,
+                        int64_t len, uint8_t *p, int64_t cap, fc_sent *out, fc_err *err);
 int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf *grad,
                   fc_buf *out, int world, int rank, uint32_t unit, const int64_t *recvs,
                   fc_err *err);

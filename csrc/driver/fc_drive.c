@@ -10,8 +10,22 @@
 #include "common/fc_res8.h"
 #include "common/fc_wire.h"
 
-void fc_drive_encode_open(fc_core *s, const fc_buf *grad, const fc_buf *residual, int world,
-                          int rank, uint32_t unit)
+/* Error feedback, decided here only: a unit keeps a residual where it goes out with the
+ * configured method; `none` (below min_numel, or fallen back) is exact. */
+static int ef_applies(const fc_core *s, const fc_method *wire)
+{
+    return wire == s->method && s->common.error_feedback;
+}
+
+int fc_drive_uses_residual(const fc_core *s, int64_t numel, int world, int dtype)
+{
+    return ef_applies(s, fc_core_wire_method(s, numel, world, dtype));
+}
+
+/* Opens the encode call s->enc with the driver's decisions for it (wire method, error
+ * feedback, sampling, the call's key), for a whole encode and for the per-peer parts alike. */
+static void encode_open(fc_core *s, const fc_buf *grad, const fc_buf *residual, int world,
+                        int rank, uint32_t unit)
 {
     fc_encode_call *e = &s->enc;
     const int64_t N = grad->numel;
@@ -19,8 +33,7 @@ void fc_drive_encode_open(fc_core *s, const fc_buf *grad, const fc_buf *residual
     e->open = 0;
     e->method = m;
     e->fell_back = 0;
-    /* `none` (below min_numel, or fallen back) is exact: no residual */
-    e->use_ef = m == s->method && s->common.error_feedback && residual != NULL;
+    e->use_ef = ef_applies(s, m) && residual != NULL;
     e->stats = fc_core_stats_due(s, m, N, world);
     e->sample = !e->use_ef && e->stats;
     e->sampled = 0;
@@ -32,7 +45,9 @@ void fc_drive_encode_open(fc_core *s, const fc_buf *grad, const fc_buf *residual
     s->bad_unit = unit; /* the second round reads this encode's chunk flags */
 }
 
-void fc_drive_count_sent(fc_core *s, const fc_sent *p, int64_t n, int dtype)
+/* Counts one payload of the open call (chunk of n elements) as the driver does for every
+ * backend: its layout and size, a `none` fallback, the input's raw bytes. */
+static void count_sent(fc_core *s, const fc_sent *p, int64_t n, int dtype)
 {
     fc_core_count_payload(s, &p->l, p->size, n);
     s->ctr.saturated += p->l.saturated;
@@ -40,7 +55,8 @@ void fc_drive_count_sent(fc_core *s, const fc_sent *p, int64_t n, int dtype)
     s->enc.raw += n * fc_dtype_size(dtype);
 }
 
-void fc_drive_encode_close(fc_core *s, int on_host, const fc_buf *residual)
+/* Closes the open call: the unit's residual bookkeeping and the per-call counters. */
+static void encode_close(fc_core *s, int on_host, const fc_buf *residual)
 {
     fc_encode_call *e = &s->enc;
     if (e->use_ef) {
@@ -61,20 +77,79 @@ int fc_drive_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *se
     const int64_t N = grad->numel;
     fc_sent *sent = s->enc.sent; /* kept in the State: no allocation per call */
     memset(sent, 0, (size_t)world * sizeof(fc_sent));
-    fc_drive_encode_open(s, grad, residual, world, rank, unit);
+    encode_open(s, grad, residual, world, rank, unit);
     FC_TRY(x->b->encode(s, x, grad, send, residual, sent, err));
     for (int c = 0; c < world; c++) {
         int64_t start, n;
         fc_chunk_span(N, world, c, &start, &n);
         sizes[c] = fc_core_has_payload(s, N, world, rank, c) ? sent[c].size : 0;
         if (sizes[c] > 0)
-            fc_drive_count_sent(s, &sent[c], n, grad->dtype);
+            count_sent(s, &sent[c], n, grad->dtype);
     }
-    fc_drive_encode_close(s, x->b->on_host, residual);
+    encode_close(s, x->b->on_host, residual);
     if (x->b->on_host)
         s->ctr.compress_s += fc_core_now_s() - t0;
 error:
     s->enc.open = 0;
+    return rc;
+}
+
+int fc_drive_part_opens(const fc_core *s, uint32_t unit, int world, int rank, int64_t numel)
+{
+    const fc_call_key key = fc_core_call_key(s, unit, world, rank, numel);
+    return !s->enc.open || !fc_core_same_call(&s->enc.key, &key);
+}
+
+int fc_drive_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual,
+                         int world, int rank, uint32_t unit, int chunk, int piece, int64_t *size,
+                         fc_err *err)
+{
+    int rc = FC_OK;
+    const double t0 = fc_core_now_s();
+    const int64_t N = grad->numel;
+    fc_encode_call *e = &s->enc;
+    *size = 0;
+    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
+    /* bad arguments leave an open call as it was; only a failed encode drops it */
+    if (chunk < 0 || chunk >= world)
+        return fc_fail(err, FC_ERR_VALUE, "chunk must be in [0, %d), got %d", world, chunk);
+    int64_t start, n, len;
+    fc_chunk_span(N, world, chunk, &start, &n);
+    const int parts = fc_core_chunk_parts(s, m, N, world, rank, chunk, &len);
+    if (piece < 0 || piece >= parts)
+        return fc_fail(err, FC_ERR_VALUE, "piece must be in [0, %d) for chunk %d, got %d", parts,
+                       chunk, piece);
+    if (fc_drive_part_opens(s, unit, world, rank, N)) { /* an unfinished call is dropped */
+        const char *why = fc_core_not_per_peer(s, m, N, world);
+        if (why != NULL)
+            return fc_fail(err, FC_ERR_VALUE, "method '%s' %s: encode all chunks at once with "
+                           "encode()", m->name, why);
+        encode_open(s, grad, residual, world, rank, unit);
+        FC_TRY(fc_cpu_encode_parts_open(s, grad, err));
+    }
+    if (send->numel != e->at[world])
+        return fc_fail(err, FC_ERR_VALUE, "send has %lld bytes, the parts of this call need %lld "
+                       "(pieces())", (long long)send->numel, (long long)e->at[world]);
+    if (piece != e->next_piece[chunk])
+        return fc_fail(err, FC_ERR_STATE, "chunk %d of unit %u: piece %d, expected piece %d (the "
+                       "pieces of a chunk come once each, in order)", chunk, unit, piece,
+                       e->next_piece[chunk]);
+    if (fc_core_has_payload(s, N, world, rank, chunk)) {
+        const int64_t off = e->at[chunk] + piece * fc_core_piece_bytes(s, m, n, len, 0, grad->dtype);
+        fc_sent p;
+        FC_TRY(fc_cpu_encode_piece(s, grad, residual, chunk, piece, len,
+                                   (uint8_t *)send->data + off, send->numel - off, &p, err));
+        const int64_t np = n - piece * len < len ? n - piece * len : len;
+        count_sent(s, &p, np, grad->dtype);
+        *size = p.size;
+    }
+    e->next_piece[chunk]++;
+    if (--e->todo == 0)
+        encode_close(s, 1, residual); /* the parts run on the host only */
+    s->ctr.compress_s += fc_core_now_s() - t0;
+    return FC_OK;
+error:
+    e->open = 0;
     return rc;
 }
 
@@ -165,9 +240,44 @@ int fc_drive_res8_pack(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *pa
     return rc != FC_OK ? rc : x->b->res8_pack(s, x, e, packed, key, err);
 }
 
+double fc_drive_residual_sq(const fc_core *s, const double *dev, int32_t n_dev)
+{
+    double sum = 0;
+    for (int32_t u = 0; u < s->n_units; u++) {
+        const double sq = u < n_dev ? dev[u] : s->units[u].residual_sq;
+        sum += sq > 0 ? sq : 0;
+    }
+    return sum;
+}
+
+/* The CPU backend's scratch grows inside each call, and its counters are the host's. */
+static int cpu_prepare(fc_core *s, const fc_exec *x, const fc_prep *p, fc_err *err)
+{
+    (void)s, (void)x, (void)p, (void)err;
+    return FC_OK;
+}
+
+static int cpu_read_counters(fc_core *s, const fc_exec *x, fc_counters *tot, double *res_sq,
+                             fc_err *err)
+{
+    (void)x, (void)err;
+    *tot = s->ctr;
+    *res_sq = fc_drive_residual_sq(s, NULL, 0);
+    return FC_OK;
+}
+
+static int cpu_reset_counters(fc_core *s, const fc_exec *x, fc_err *err)
+{
+    (void)s, (void)x, (void)err;
+    return FC_OK;
+}
+
 /* The CPU backend: the loops of fc_encode.c, fc_decode.c, fc_fetch.c and fc_res8.c. */
 const fc_backend fc_backend_cpu = {
     1,
+    cpu_prepare,
+    cpu_read_counters,
+    cpu_reset_counters,
     fc_cpu_encode,
     fc_cpu_decode,
     fc_cpu_compress,

@@ -29,6 +29,7 @@ typedef struct {
     fc_cuda_ctx *cuda_ctx;
     PyObject *cuda_extra; /* dict of device tensors for the sparse/stateful methods (state_cuda.c) */
     int emulate_cuda;     /* tests only: CPU tensors take the CUDA path (tests/cuda_emu's library) */
+    fc_cuda_host cuda_host; /* what the CUDA backend asks of the State (its records freed here) */
     PyObject *part_ws;    /* the open per-peer call's unpacked 8-bit residual (state_residual.c) */
     int64_t res_ws_peak;  /* bytes of the largest such workspace: counted in scratch_bytes */
 } StateObject;
@@ -76,10 +77,21 @@ int fc_check_same_device(const fc_view *v, const fc_view *grad, const char *arg,
 int fc_check_aligned(const fc_view *v, const char *arg, fc_err *err);
 /* unit is one begin() gave out, and grad has its number of elements. */
 int fc_state_check_unit(StateObject *self, long long unit, int64_t numel, fc_err *err);
-/* grad and out of decode(), decode_part() and finish(): float tensors, a writable out, world
- * and unit valid. */
-int fc_state_grad_out_views(StateObject *self, PyObject *grad, PyObject *out, int world, int rank,
-                            long long unit, fc_view *g, fc_view *o, fc_err *err);
+/* A call that writes `out` from received data and grad (decode, decode_part, finish): its
+ * arguments (data, grad, out, world, rank, unit[, src, piece]), their views and its status. */
+typedef struct {
+    PyObject *data, *grad, *out; /* borrowed from the arguments */
+    int world, rank, src, piece;
+    long long unit;
+    fc_view v, g, o; /* v: data's, viewed by the caller's own rule */
+    fc_err err;
+} fc_out_call;
+/* Parses args by fmt ("OOOiiL:name"; decode_part's "OOOiiLii:name") into c, views grad and out
+ * (float tensors, out writable) and checks world, rank and unit. -1: the arguments are not
+ * those (a Python error is set, nothing to release); else the status, c->err saying why. */
+int fc_state_out_call(StateObject *self, PyObject *args, const char *fmt, fc_out_call *c);
+/* Its one exit: the views released on success and on error alike; None or the error. */
+PyObject *fc_state_out_done(StateObject *self, int rc, fc_out_call *c);
 /* The one exit of a call that borrowed tensor views: released on success and on error alike
  * (c may be NULL); rc says which, and err why. */
 PyObject *fc_state_views_done(StateObject *self, int rc, const fc_err *err, fc_view *a, fc_view *b,
@@ -130,21 +142,16 @@ extern const char fc_state_residual_numel_doc[], fc_state_pack_residual_doc[],
 /* ---- state_exec.c, state_cuda.c: a call's backend, and what a call on CUDA tensors prepares */
 
 /* The backend of a call on the tensor `like` (its view v), picked once by its device: the
- * CPU's, or the CUDA library's with the call prepared into *k (x->k = k). */
-int fc_state_exec(StateObject *self, PyObject *like, const fc_view *v, fc_cuda_call *k,
-                  fc_exec *x, fc_err *err);
-/* The call's scratch, the unit's device state and the fetch buffer, as its method needs
- * (decode: recv and out of the decode; encode: NULL). */
-int fc_state_cuda_extras(StateObject *self, PyObject *like, fc_cuda_call *k, const fc_buf *grad,
-                         const fc_buf *recv, const fc_buf *out, int world, int rank, uint32_t unit,
-                         int decode, fc_err *err);
-/* compress()/decompress()'s scratch and unit state (fc_cuda_single_needs, fc_core_single_state). */
-int fc_state_cuda_single_extras(StateObject *self, PyObject *like, fc_cuda_call *k, int64_t n,
-                                int world, int rank, uint32_t unit, uint32_t chunk, int decode,
-                                fc_err *err);
-/* The second round's fetch buffer (made by the decode that picked) into k->x.fetch. */
-int fc_state_cuda_fetch(StateObject *self, PyObject *like, fc_cuda_call *k, int64_t n_picks,
-                        fc_err *err);
+ * CPU's, or the CUDA library's with the call prepared into *k (x->k = k); then what the call p
+ * needs made ready by that backend (p NULL: nothing beyond the tensors). */
+int fc_state_exec(StateObject *self, PyObject *like, const fc_view *v, const fc_prep *p,
+                  fc_cuda_call *k, fc_exec *x, fc_err *err);
+/* The backend that holds the State's counters beside the host's: the CUDA library's once the
+ * State did work on a device (kernels or comm marks), else the CPU's. */
+int fc_state_exec_counters(StateObject *self, fc_cuda_call *k, fc_exec *x, fc_err *err);
+/* fc_cuda_host.buffer: a device tensor from the allocator, kept in self->cuda_extra. */
+int fc_state_cuda_buffer(void *owner, void *like, const char *name, uint32_t unit,
+                         int64_t bytes, void **ptr, int64_t *have, int *fresh, fc_err *err);
 /* The unit's covariance summed on the device this step, into the host state (sync_vector). */
 int fc_state_cuda_sync_pull(StateObject *self, uint32_t unit, fc_err *err);
 /* After sync_apply (the host has the new state) and restore (every unit's may be new): the

@@ -107,16 +107,24 @@ PyObject *fc_state_views_done(StateObject *self, int rc, const fc_err *err, fc_v
     Py_RETURN_NONE;
 }
 
-/* grad and out of decode(), decode_part() and finish(): float tensors, a writable out, world
- * and unit valid. */
-int fc_state_grad_out_views(StateObject *self, PyObject *grad, PyObject *out, int world, int rank,
-                            long long unit, fc_view *g, fc_view *o, fc_err *err)
+int fc_state_out_call(StateObject *self, PyObject *args, const char *fmt, fc_out_call *c)
 {
-    if (fc_view_get(grad, "grad", FC_DT_FLOATS, g, err) != FC_OK ||
-        fc_view_get(out, "output", FC_DT_FLOATS, o, err) != FC_OK || fc_check_world(world, rank, err) ||
-        fc_state_check_unit(self, unit, g->buf.numel, err))
+    fc_err *err = &c->err;
+    /* decode_part's src and piece come last: a format without them leaves them unread */
+    if (!fc_state_ready(self) || !PyArg_ParseTuple(args, fmt, &c->data, &c->grad, &c->out,
+                                                   &c->world, &c->rank, &c->unit, &c->src,
+                                                   &c->piece))
+        return -1;
+    if (fc_view_get(c->grad, "grad", FC_DT_FLOATS, &c->g, err) != FC_OK ||
+        fc_view_get(c->out, "output", FC_DT_FLOATS, &c->o, err) != FC_OK ||
+        fc_check_world(c->world, c->rank, err) || fc_state_check_unit(self, c->unit, c->g.buf.numel, err))
         return err->code != FC_OK ? err->code : FC_ERR_VALUE;
-    if (o->read_only)
+    if (c->o.read_only)
         return fc_fail(err, FC_ERR_VALUE, "output is read-only");
     return FC_OK;
+}
+
+PyObject *fc_state_out_done(StateObject *self, int rc, fc_out_call *c)
+{
+    return fc_state_views_done(self, rc, &c->err, &c->v, &c->g, &c->o);
 }

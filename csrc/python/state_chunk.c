@@ -89,10 +89,9 @@ static int single_views(StateObject *self, single_call *a, const char *name, int
     FC_TRY(fc_check_world(a->world, a->rank, &a->err));
     if (a->tv.buf.numel == 0)
         return fc_fail(&a->err, FC_ERR_VALUE, "%s must have at least one element", name);
-    FC_TRY(fc_state_exec(self, a->t, &a->tv, &a->k, &a->x, &a->err));
-    if (a->x.k != NULL)
-        FC_TRY(fc_state_cuda_single_extras(self, a->t, &a->k, a->tv.buf.numel, a->world, a->rank, a->unit,
-                                           a->chunk, decode, &a->err));
+    const fc_prep p = {decode ? FC_PREP_DECOMPRESS : FC_PREP_COMPRESS, &a->tv.buf, NULL, NULL,
+                       a->world, a->rank, a->unit, a->chunk};
+    FC_TRY(fc_state_exec(self, a->t, &a->tv, &p, &a->k, &a->x, &a->err));
 error:
     return rc;
 }

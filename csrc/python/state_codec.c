@@ -3,7 +3,6 @@
 #include "python/state.h" /* first: it includes Python.h */
 #include <string.h>
 
-#include "backend_cuda/fc_cuda_path.h"
 #include "common/fc_res8.h"
 
 static int64_t plan_total(const int64_t *splits, int world)
@@ -62,14 +61,6 @@ FC_DOCSTRING(fc_state_encode_doc,
 "bytes written for each rank; the payloads lie back to back. For a method whose size is\n"
 "data-dependent (flags['varsize']) these are below plan()'s bounds.");
 
-/* Whether a unit of `numel` elements keeps an error-feedback residual: not where it goes as
- * `none` (below min_numel, or fallen back), which is exact. */
-static int uses_residual(StateObject *self, int64_t numel, int world, int dtype)
-{
-    return self->core.common.error_feedback &&
-           fc_core_wire_method(&self->core, numel, world, dtype) == self->core.method;
-}
-
 /* What encode() and encode_part() hold: the views of grad and send, and the unit's residual
  * when error feedback applies to it (use_ef). */
 typedef struct {
@@ -94,7 +85,7 @@ static int encode_views(StateObject *self, PyObject *grad, PyObject *send, int w
     if (whole && e->s.buf.numel != plan_total(ss, world))
         return fc_fail(err, FC_ERR_VALUE, "send has %lld bytes, plan() needs %lld",
                        (long long)e->s.buf.numel, (long long)plan_total(ss, world));
-    e->use_ef = uses_residual(self, e->g.buf.numel, world, e->g.buf.dtype);
+    e->use_ef = fc_drive_uses_residual(&self->core, e->g.buf.numel, world, e->g.buf.dtype);
     if (e->use_ef && fc_state_residual(self, (uint32_t)unit, grad, &e->g, &e->r, err) != FC_OK)
         return err->code != FC_OK ? err->code : FC_ERR_PYTHON;
     return FC_OK;
@@ -120,11 +111,10 @@ PyObject *fc_state_encode(StateObject *self, PyObject *args)
         return NULL;
     fc_cuda_call k;
     fc_exec x;
-    if (encode_views(self, grad, send, world, rank, unit, 1, &e, &err) != FC_OK ||
-        fc_state_exec(self, grad, &e.g, &k, &x, &err) != FC_OK)
+    if (encode_views(self, grad, send, world, rank, unit, 1, &e, &err) != FC_OK)
         goto error;
-    if (x.k != NULL && fc_state_cuda_extras(self, grad, &k, &e.g.buf, NULL, NULL, world, rank,
-                                            (uint32_t)unit, 0, &err) != FC_OK)
+    const fc_prep p = {FC_PREP_ENCODE, &e.g.buf, NULL, NULL, world, rank, (uint32_t)unit, 0};
+    if (fc_state_exec(self, grad, &e.g, &p, &k, &x, &err) != FC_OK)
         goto error;
     if (e.use_ef && fc_res_workspace(self, grad, e.g.buf.numel, &e.r, &err) != FC_OK)
         goto error;
@@ -150,29 +140,27 @@ FC_DOCSTRING(fc_state_decode_doc,
 
 PyObject *fc_state_decode(StateObject *self, PyObject *args)
 {
-    PyObject *recv, *grad, *out;
-    int world, rank, rc = FC_ERR_VALUE; /* until the decode has run */
-    long long unit;
-    fc_err err = {0};
-    fc_view v = {0}, g = {0}, o = {0};
-    if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "OOOiiL:decode", &recv, &grad, &out, &world, &rank, &unit))
-        return NULL;
-    if (fc_view_get(recv, "recv", FC_DT_U8, &v, &err) != FC_OK ||
-        fc_state_grad_out_views(self, grad, out, world, rank, unit, &g, &o, &err) != FC_OK ||
-        fc_check_same_device(&v, &g, "recv", &err) ||
-        fc_check_same_device(&o, &g, "output", &err) || fc_check_aligned(&v, "recv", &err))
-        goto error;
+    fc_out_call c = {0};
     fc_cuda_call k;
     fc_exec x;
-    if (fc_state_exec(self, grad, &g, &k, &x, &err) != FC_OK ||
-        (x.k != NULL && fc_state_cuda_extras(self, grad, &k, &g.buf, &v.buf, &o.buf, world, rank,
-                                             (uint32_t)unit, 1, &err) != FC_OK))
+    int rc = fc_state_out_call(self, args, "OOOiiL:decode", &c);
+    if (rc < 0)
+        return NULL;
+    if (rc != FC_OK || (rc = fc_view_get(c.data, "recv", FC_DT_U8, &c.v, &c.err)) != FC_OK ||
+        (rc = fc_check_same_device(&c.v, &c.g, "recv", &c.err)) != FC_OK ||
+        (rc = fc_check_same_device(&c.o, &c.g, "output", &c.err)) != FC_OK ||
+        (rc = fc_check_aligned(&c.v, "recv", &c.err)) != FC_OK)
+        goto error;
+    const uint32_t unit = (uint32_t)c.unit;
+    const fc_prep p = {FC_PREP_DECODE, &c.g.buf, &c.v.buf, &c.o.buf, c.world, c.rank, unit, 0};
+    if ((rc = fc_state_exec(self, c.grad, &c.g, &p, &k, &x, &c.err)) != FC_OK)
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    rc = fc_drive_decode(&self->core, &x, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
+    rc = fc_drive_decode(&self->core, &x, &c.v.buf, &c.g.buf, &c.o.buf, c.world, c.rank, unit,
+                         &c.err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
-    return fc_state_views_done(self, rc, &err, &v, &g, &o);
+    return fc_state_out_done(self, rc, &c);
 }
 
 /* ---------------------------------------------------------------- State: one peer at a time */
@@ -269,7 +257,7 @@ PyObject *fc_state_encode_part(StateObject *self, PyObject *args)
     const fc_exec x = {&fc_backend_cpu, NULL};
     const int packed = e.use_ef && e.r.packed;
     /* an 8-bit residual stays unpacked in part_ws from the call's first part to its last */
-    const int opens = fc_core_part_opens(&self->core, (uint32_t)unit, world, rank, e.g.buf.numel);
+    const int opens = fc_drive_part_opens(&self->core, (uint32_t)unit, world, rank, e.g.buf.numel);
     if (packed && opens && fc_res_workspace(self, grad, e.g.buf.numel, &e.r, &err) != FC_OK)
         goto error;
     if (packed && !opens) {
@@ -285,7 +273,7 @@ PyObject *fc_state_encode_part(StateObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     rc = packed && opens ? fc_res_unpack(self, &x, &e.r, &err) : FC_OK;
     if (rc == FC_OK)
-        rc = fc_core_encode_part(&self->core, &e.g.buf, &e.s.buf, e.use_ef ? e.r.buf : NULL, world,
+        rc = fc_drive_encode_part(&self->core, &e.g.buf, &e.s.buf, e.use_ef ? e.r.buf : NULL, world,
                                  rank, (uint32_t)unit, chunk, piece, &size, &err);
     if (rc == FC_OK && packed && !self->core.enc.open) /* its last part: packed back */
         rc = fc_res_pack(self, &x, &e.r, (uint32_t)unit, FC_RES8_SALT_SCATTER, &err);
@@ -311,25 +299,21 @@ FC_DOCSTRING(fc_state_decode_part_doc,
 
 PyObject *fc_state_decode_part(StateObject *self, PyObject *args)
 {
-    PyObject *payload, *grad, *out;
-    int world, rank, src, piece, rc = FC_ERR_VALUE; /* until the decode has run */
-    long long unit;
-    fc_err err = {0};
-    fc_view v = {0}, g = {0}, o = {0};
-    if (!fc_state_ready(self) ||
-        !PyArg_ParseTuple(args, "OOOiiLii:decode_part", &payload, &grad, &out, &world, &rank, &unit,
-                          &src, &piece))
+    fc_out_call c = {0};
+    int rc = fc_state_out_call(self, args, "OOOiiLii:decode_part", &c);
+    if (rc < 0)
         return NULL;
-    if (fc_view_get(payload, "payload", FC_DT_U8, &v, &err) != FC_OK ||
-        fc_state_grad_out_views(self, grad, out, world, rank, unit, &g, &o, &err) != FC_OK ||
-        fc_check_cpu(&g, "grad", &err) || fc_check_cpu(&v, "payload", &err) ||
-        fc_check_cpu(&o, "output", &err) ||
-        (v.buf.numel > 0 && fc_check_aligned(&v, "payload", &err)))
+    /* the parts run on the host only */
+    if (rc != FC_OK || (rc = fc_view_get(c.data, "payload", FC_DT_U8, &c.v, &c.err)) != FC_OK ||
+        (rc = fc_check_cpu(&c.g, "grad", &c.err)) != FC_OK ||
+        (rc = fc_check_cpu(&c.v, "payload", &c.err)) != FC_OK ||
+        (rc = fc_check_cpu(&c.o, "output", &c.err)) != FC_OK ||
+        (c.v.buf.numel > 0 && (rc = fc_check_aligned(&c.v, "payload", &c.err)) != FC_OK))
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    rc = fc_core_decode_part(&self->core, &v.buf, &g.buf, &o.buf, world, rank, (uint32_t)unit, src,
-                             piece, &err);
+    rc = fc_core_decode_part(&self->core, &c.v.buf, &c.g.buf, &c.o.buf, c.world, c.rank,
+                             (uint32_t)c.unit, c.src, c.piece, &c.err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
-    return fc_state_views_done(self, rc, &err, &v, &g, &o);
+    return fc_state_out_done(self, rc, &c);
 }

@@ -1,5 +1,5 @@
-/* state_counters.c: the State's counters: read (harvesting the CUDA workspace's), reset, and
- * the caller's collectives added. */
+/* state_counters.c: the State's counters: read (with what its backend keeps apart, such as a
+ * CUDA workspace's: fc_backend.h's read_counters), reset, and the caller's collectives added. */
 #include "python/state.h" /* first: it includes Python.h */
 
 #include <math.h>
@@ -19,111 +19,37 @@ static long long scratch_bytes(const StateObject *self)
                        (int64_t)c->mscr_cap + (int64_t)c->agg_cap) + (long long)self->res_ws_peak;
 }
 
-FC_DOCSTRING(fc_state_counters_doc, "counters() -> dict\n\nEverything counted since the last reset_counters().");
-
-/* Why the device rejected a payload (fc_cuda.h's FC_PAYLOAD_* codes), for the message. */
-static const char *payload_problem(unsigned code)
+/* The counters' backend (the device's, once the State did work there) reads them into *tot and
+ * *res_sq, or (tot NULL) resets what it keeps apart: without the GIL, since a device's wait for
+ * its queued work may be long (the State is busy for the call, fc_state_enter). */
+static int counters_call(StateObject *self, fc_counters *tot, double *res_sq, fc_err *err)
 {
-    static const char *const what[] = {"an unknown problem", "bad magic", "wrong wire version",
-                                       "another method", "another dtype",
-                                       "another unit or step (ranks called the hook in different "
-                                       "orders)", "another element count",
-                                       "a body that does not fit its slot",
-                                       "a code no encoder writes",
-                                       "another config (its fingerprint differs: every rank must "
-                                       "run the same method and config)",
-                                       "another world size"};
-    return what[code < sizeof(what) / sizeof(what[0]) ? code : 0];
-}
-
-/* The device workspace and the harvested event times, read with the GIL released (it waits for
- * the GPU; the State is busy for the whole call, fc_state_enter); *dws is the caller's to free. */
-static int read_cuda_counters(StateObject *self, fc_cuda_ws **dws, double sec[FC_TIME_KINDS],
-                              fc_err *err)
-{
-    fc_view wv = {0};
-    int rc;
-    const fc_cuda_api *api = fc_cuda_api_get(err);
-    if (api == NULL)
-        return err->code;
-    *dws = (fc_cuda_ws *)malloc(sizeof(fc_cuda_ws));
-    if (*dws == NULL)
-        return fc_fail(err, FC_ERR_NOMEM, "could not allocate %zu bytes for the CUDA counters",
-                       sizeof(fc_cuda_ws));
-    if (fc_view_get(self->cuda_ws, "workspace", FC_DT_F32, &wv, err) != FC_OK)
-        return err->code;
+    fc_cuda_call k;
+    fc_exec x;
+    int rc = fc_state_exec_counters(self, &k, &x, err);
+    if (rc != FC_OK)
+        return rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = api->read_counters(self->cuda_ctx, (const fc_cuda_ws *)wv.buf.data, *dws, sec, err);
+    rc = tot != NULL ? x.b->read_counters(&self->core, &x, tot, res_sq, err)
+                     : x.b->reset_counters(&self->core, &x, err);
     Py_END_ALLOW_THREADS
-    fc_view_release(&wv);
     return rc;
 }
+
+FC_DOCSTRING(fc_state_counters_doc, "counters() -> dict\n\nEverything counted since the last reset_counters().");
 
 PyObject *fc_state_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
 {
     if (!fc_state_ready(self))
         return NULL;
-    fc_counters tot = self->core.ctr;
+    fc_counters tot;
     const fc_counters *k = &tot;
     double res_sq = 0;
     long long res_bytes = 0;
-    fc_cuda_ws *dws = NULL;
     PyObject *result = NULL, *rel_o = NULL, *cos_o = NULL;
-    const int on_cuda = self->cuda_ctx != NULL && self->cuda_ws != NULL;
-    if (self->cuda_ctx != NULL) { /* also a State whose only CUDA work is comm marks */
-        fc_err err = {0};
-        double sec[FC_TIME_KINDS];
-        if (self->cuda_ws == NULL) {
-            const fc_cuda_api *api = fc_cuda_api_get(&err);
-            int rc = api == NULL ? err.code : FC_OK;
-            if (rc == FC_OK) {
-                Py_BEGIN_ALLOW_THREADS
-                rc = api->read_counters(self->cuda_ctx, NULL, NULL, sec, &err);
-                Py_END_ALLOW_THREADS
-            }
-            if (rc != FC_OK)
-                return STATE_ERR(self, &err);
-        } else if (read_cuda_counters(self, &dws, sec, &err) != FC_OK) {
-            free(dws);
-            return STATE_ERR(self, &err);
-        }
-        /* harvested event times become part of the host totals; extra collectives count in
-         * comm_time_s too, as add_comm(extra=True) counts them */
-        self->core.ctr.compress_s += sec[FC_TIME_COMPRESS];
-        self->core.ctr.comm_s += sec[FC_TIME_COMM] + sec[FC_TIME_EXTRA];
-        self->core.ctr.extra_collective_s += sec[FC_TIME_EXTRA];
-        self->core.ctr.decompress_s += sec[FC_TIME_DECOMPRESS];
-        tot = self->core.ctr;
-    }
-    if (dws != NULL) {
-        tot.nonfinite_in += (int64_t)dws->nonfinite_in;
-        tot.nonfinite_out += (int64_t)dws->nonfinite_out;
-        tot.saturated += (int64_t)dws->saturated;
-        tot.err_sq += dws->err_sq;
-        tot.ref_sq += dws->ref_sq;
-        tot.cos_sum += dws->cos_sum;
-        tot.stats_samples += (int64_t)dws->samples;
-        if (dws->payload_error != 0) {
-            fc_err err = {0};
-            fc_fail(&err, FC_ERR_PAYLOAD,
-                    "a CUDA decode rejected the payload from rank %d (header says unit %u, step "
-                    "%u): %s; its output was set to NaN (reset_counters() clears this)",
-                    dws->payload_error_rank, dws->payload_error_unit, dws->payload_error_step,
-                    payload_problem(dws->payload_error));
-            free(dws);
-            return STATE_ERR(self, &err);
-        }
-    }
-    for (int32_t u = 0; u < self->core.n_units; u++) {
-        /* a sparse method's device sum is sum x^2, then corrected at the kept coordinates: a
-         * residual of zeros comes out as rounding noise of either sign (fc_fetch.c clamps the
-         * same way) */
-        const int dev = on_cuda && dws != NULL && u < FC_CUDA_MAX_UNITS;
-        const double sq = dev ? dws->unit_sq[u] : self->core.units[u].residual_sq;
-        res_sq += sq > 0 ? sq : 0;
-    }
-    free(dws);
-    dws = NULL;
+    fc_err err = {0};
+    if (counters_call(self, &tot, &res_sq, &err) != FC_OK)
+        return STATE_ERR(self, &err);
     for (Py_ssize_t i = 0; i < PyList_Size(self->residuals); i++) {
         PyObject *t = PyList_GetItem(self->residuals, i); /* borrowed */
         if (t != Py_None) { /* the bytes kept: an 8-bit residual's scales included */
@@ -190,22 +116,9 @@ PyObject *fc_state_reset_counters(StateObject *self, PyObject *Py_UNUSED(ignored
 {
     if (!fc_state_ready(self))
         return NULL;
-    if (self->cuda_ctx != NULL) {
-        fc_err err = {0};
-        fc_view wv = {0};
-        int rc;
-        const fc_cuda_api *api = fc_cuda_api_get(&err);
-        if (api == NULL || (self->cuda_ws != NULL &&
-                            fc_view_get(self->cuda_ws, "workspace", FC_DT_F32, &wv, &err) != FC_OK))
-            return STATE_ERR(self, &err);
-        /* it waits for the GPU's queued timings: without the GIL (the State is busy) */
-        Py_BEGIN_ALLOW_THREADS
-        rc = api->reset_counters(self->cuda_ctx, (fc_cuda_ws *)wv.buf.data, &err);
-        Py_END_ALLOW_THREADS
-        fc_view_release(&wv);
-        if (rc != FC_OK)
-            return STATE_ERR(self, &err);
-    }
+    fc_err err = {0};
+    if (counters_call(self, NULL, NULL, &err) != FC_OK)
+        return STATE_ERR(self, &err);
     memset(&self->core.ctr, 0, sizeof(self->core.ctr));
     Py_RETURN_NONE;
 }

@@ -1,7 +1,9 @@
 /* state_cuda.c: what a State keeps on a CUDA device for the sparse, aggregate and stateful
- * methods, all of it torch tensors from its allocator (never cudaMalloc): a grow-only scratch
- * for the kernels, each unit's method state (gradiveq's basis and covariance, a device copy of
- * the host's) and the second round's fetch buffer (the owner's picks, encode's chunk flags). */
+ * methods, all of it torch tensors from its allocator (never cudaMalloc), made when the CUDA
+ * backend asks (fc_cuda_host.buffer; what it asks for is the backend's, fc_cuda_path.c): a
+ * grow-only scratch for the kernels, each unit's method state (gradiveq's basis and covariance,
+ * a device copy of the host's) and the second round's fetch buffer (the owner's picks, encode's
+ * chunk flags). */
 #include "python/state.h" /* first: it includes Python.h */
 #include <string.h>
 
@@ -69,107 +71,19 @@ static int device_buffer(StateObject *self, PyObject *key, const char *what, int
     return tensor_ptr(n, what, ptr, have, err);
 }
 
-static int named_buffer(StateObject *self, const char *name, int64_t bytes, PyObject *like,
-                        void **ptr, int64_t *have, fc_err *err)
+int fc_state_cuda_buffer(void *owner, void *like, const char *name, uint32_t unit,
+                         int64_t bytes, void **ptr, int64_t *have, int *fresh, fc_err *err)
 {
-    int fresh;
-    PyObject *key = PyUnicode_InternFromString(name);
+    StateObject *self = (StateObject *)owner;
+    /* the dict's keys: a name for the shared buffers, the unit's index for its state (what
+     * fc_state_cuda_sync_done and fc_state_cuda_forget_units drop) */
+    PyObject *key = name != NULL ? PyUnicode_InternFromString(name) : PyLong_FromUnsignedLong(unit);
+    *fresh = 0;
     if (key == NULL)
         return fc_fail(err, FC_ERR_PYTHON, "");
-    int rc = device_buffer(self, key, name, bytes, like, ptr, have, &fresh, err);
+    int rc = device_buffer(self, key, name != NULL ? name : "unit state", bytes, (PyObject *)like,
+                           ptr, have, fresh, err);
     Py_DECREF(key);
-    return rc;
-}
-
-/* The unit's method state on the device: made from the host's (seeded at first use, or set by
- * a sync or a restore) whenever there is no current copy. */
-static int unit_state(StateObject *self, PyObject *like, const fc_cuda_call *k, uint32_t unit,
-                      float **dev, fc_err *err)
-{
-    float *host;
-    int fresh;
-    void *ptr = NULL;
-    int64_t have = 0;
-    const int64_t nf = fc_core_unit_floats(&self->core, self->core.units[unit].numel);
-    *dev = NULL;
-    if (nf == 0)
-        return FC_OK;
-    int rc = fc_core_unit_state(&self->core, unit, &host, err);
-    if (rc != FC_OK)
-        return rc;
-    PyObject *key = PyLong_FromUnsignedLong(unit);
-    if (key == NULL)
-        return fc_fail(err, FC_ERR_PYTHON, "");
-    rc = device_buffer(self, key, "unit state", 4 * nf, like, &ptr, &have, &fresh, err);
-    Py_DECREF(key);
-    if (rc == FC_OK && fresh) /* queued on the call's stream, before the kernels that read it */
-        rc = k->api->copy(k->ctx, k->device, k->stream, ptr, host, 4 * nf, 0, err);
-    *dev = (float *)ptr;
-    return rc;
-}
-
-int fc_state_cuda_extras(StateObject *self, PyObject *like, fc_cuda_call *k, const fc_buf *grad,
-                         const fc_buf *recv, const fc_buf *out, int world, int rank, uint32_t unit,
-                         int decode, fc_err *err)
-{
-    int64_t scratch = 0, fetch = 0, have = 0;
-    void *ptr = NULL;
-    memset(&k->x, 0, sizeof(k->x));
-    int rc = fc_cuda_unit_needs(&self->core, k, decode, recv, grad, out, world, rank, unit,
-                                &scratch, &fetch, err);
-    if (rc == FC_OK && scratch > 0 &&
-        (rc = named_buffer(self, "scratch", scratch, like, &ptr, &have, err)) == FC_OK) {
-        k->x.scratch = ptr;
-        k->x.scratch_bytes = have;
-    }
-    if (rc == FC_OK && fetch > 0 &&
-        (rc = named_buffer(self, "fetch", fetch, like, &ptr, &have, err)) == FC_OK)
-        k->x.fetch = (uint8_t *)ptr;
-    if (rc == FC_OK)
-        rc = unit_state(self, like, k, unit, &k->x.ustate, err);
-    return rc;
-}
-
-/* The state compress()/decompress() of `unit` read: the collective's device copy where the unit
- * runs the method there (the same host state, fc_core_single_state, so the same copy); else a
- * device copy of the loose state made afresh each call (seeded alike on every call and rank,
- * never synced: what its learn steps add is never read). */
-static int single_state(StateObject *self, PyObject *like, const fc_cuda_call *k, uint32_t unit,
-                        float **dev, fc_err *err)
-{
-    float *host = NULL;
-    void *ptr = NULL;
-    int64_t have = 0;
-    fc_core *c = &self->core;
-    *dev = NULL;
-    int rc = fc_core_single_state(c, unit, &host, err);
-    if (rc != FC_OK || host == NULL)
-        return rc;
-    if (unit < (uint32_t)c->n_units && fc_core_unit_floats(c, c->units[unit].numel) > 0)
-        return unit_state(self, like, k, unit, dev, err);
-    const int64_t nf = c->method->unit_floats(c->cfg); /* host != NULL: the method keeps one */
-    rc = named_buffer(self, "single state", 4 * nf, like, &ptr, &have, err);
-    if (rc == FC_OK) /* queued on the call's stream, before the kernels that read it */
-        rc = k->api->copy(k->ctx, k->device, k->stream, ptr, host, 4 * nf, 0, err);
-    *dev = (float *)ptr;
-    return rc;
-}
-
-int fc_state_cuda_single_extras(StateObject *self, PyObject *like, fc_cuda_call *k, int64_t n,
-                                int world, int rank, uint32_t unit, uint32_t chunk, int decode,
-                                fc_err *err)
-{
-    int64_t scratch = 0, have = 0;
-    void *ptr = NULL;
-    memset(&k->x, 0, sizeof(k->x));
-    int rc = fc_cuda_single_needs(&self->core, k, n, world, rank, unit, chunk, decode, &scratch, err);
-    if (rc == FC_OK && scratch > 0 &&
-        (rc = named_buffer(self, "scratch", scratch, like, &ptr, &have, err)) == FC_OK) {
-        k->x.scratch = ptr;
-        k->x.scratch_bytes = have;
-    }
-    if (rc == FC_OK)
-        rc = single_state(self, like, k, unit, &k->x.ustate, err);
     return rc;
 }
 
@@ -246,17 +160,6 @@ void fc_state_cuda_forget_units(StateObject *self)
     if (keys == NULL)
         PyErr_Clear();
     Py_XDECREF(keys);
-}
-
-int fc_state_cuda_fetch(StateObject *self, PyObject *like, fc_cuda_call *k, int64_t n_picks,
-                        fc_err *err)
-{
-    void *ptr = NULL;
-    int64_t have = 0;
-    memset(&k->x, 0, sizeof(k->x));
-    int rc = named_buffer(self, "fetch", fc_cuda_fetch_bytes(n_picks), like, &ptr, &have, err);
-    k->x.fetch = (uint8_t *)ptr;
-    return rc;
 }
 
 FC_DOCSTRING(fc_state_emulate_cuda_doc,

@@ -41,20 +41,47 @@ static int fc_state_cuda_prepare(StateObject *self, PyObject *grad, const fc_vie
                        "State serves one device", g->device_id);
     k->ctx = self->cuda_ctx;
     k->device = g->device_id;
+    self->cuda_host.owner = self;
+    self->cuda_host.buffer = fc_state_cuda_buffer;
+    k->host = &self->cuda_host;
+    k->like = grad;
     return fc_view_stream(grad, g, &k->stream, err);
 }
 
-int fc_state_exec(StateObject *self, PyObject *like, const fc_view *v, fc_cuda_call *k,
-                  fc_exec *x, fc_err *err)
+int fc_state_exec(StateObject *self, PyObject *like, const fc_view *v, const fc_prep *p,
+                  fc_cuda_call *k, fc_exec *x, fc_err *err)
 {
     x->b = &fc_backend_cpu;
     x->k = NULL;
-    if (!fc_state_on_cuda(self, v))
-        return FC_OK;
-    int rc = fc_state_cuda_prepare(self, like, v, k, err);
-    if (rc == FC_OK) {
+    if (fc_state_on_cuda(self, v)) {
+        int rc = fc_state_cuda_prepare(self, like, v, k, err);
+        if (rc != FC_OK)
+            return rc;
         x->b = &fc_backend_cuda;
         x->k = k;
     }
-    return rc;
+    return p != NULL ? x->b->prepare(&self->core, x, p, err) : FC_OK;
+}
+
+int fc_state_exec_counters(StateObject *self, fc_cuda_call *k, fc_exec *x, fc_err *err)
+{
+    fc_view wv = {0};
+    x->b = &fc_backend_cpu;
+    x->k = NULL;
+    if (self->cuda_ctx == NULL) /* no device work yet */
+        return FC_OK;
+    memset(k, 0, sizeof(*k));
+    k->api = fc_cuda_api_get(err);
+    if (k->api == NULL)
+        return err->code;
+    if (self->cuda_ws != NULL) { /* none: the State's only CUDA work was comm marks */
+        if (fc_view_get(self->cuda_ws, "workspace", FC_DT_F32, &wv, err) != FC_OK)
+            return err->code;
+        k->ws = (fc_cuda_ws *)wv.buf.data;
+        fc_view_release(&wv); /* the State keeps the tensor alive */
+    }
+    k->ctx = self->cuda_ctx;
+    x->b = &fc_backend_cuda;
+    x->k = k;
+    return FC_OK;
 }

@@ -37,14 +37,12 @@ static int words_view(PyObject *t, const char *arg, const fc_view *like, fc_view
     return FC_OK;
 }
 
-/* The round's backend, by the tensors' device; on CUDA prepared with the fetch buffer. */
+/* The round's backend, ready with what the decode that picked left for it. */
 static int round_backend(StateObject *self, PyObject *like, const fc_view *v, fc_cuda_call *k,
                          fc_exec *x, fc_err *err)
 {
-    int rc = fc_state_exec(self, like, v, k, x, err);
-    if (rc == FC_OK && x->k != NULL)
-        rc = fc_state_cuda_fetch(self, like, k, self->core.n_picks, err);
-    return rc;
+    const fc_prep p = {FC_PREP_FETCH, &v->buf, NULL, NULL, 0, 0, 0, 0};
+    return fc_state_exec(self, like, v, &p, k, x, err);
 }
 
 FC_DOCSTRING(fc_state_fetch_picks_doc,
@@ -114,8 +112,9 @@ PyObject *fc_state_fetch(StateObject *self, PyObject *args)
                 (long long)pv.buf.numel, world, (long long)kmax, (long long)(4 * kmax * world));
         goto error;
     }
-    const int use_ef = self->core.common.error_feedback &&
-                       fc_core_unit_method(&self->core, g.buf.numel) == self->core.method;
+    /* the driver's decision, as the encode of round 1 took it (a unit with a second round goes
+     * out with its method whatever the dtype: fc_core_wire_method) */
+    const int use_ef = fc_drive_uses_residual(&self->core, g.buf.numel, world, g.buf.dtype);
     if (use_ef && fc_state_residual(self, (uint32_t)unit, grad, &g, &r, &err) != FC_OK)
         goto error;
     if (round_backend(self, grad, &g, &k, &x, &err) != FC_OK ||
@@ -151,26 +150,20 @@ FC_DOCSTRING(fc_state_finish_doc,
 
 PyObject *fc_state_finish(StateObject *self, PyObject *args)
 {
-    PyObject *recv, *grad, *out;
-    int world, rank, rc = FC_ERR_VALUE; /* until the finish has run */
-    long long unit;
-    fc_err err = {0};
-    fc_view v = {0}, g = {0}, o = {0};
-    if (!fc_state_ready(self) ||
-        !PyArg_ParseTuple(args, "OOOiiL:finish", &recv, &grad, &out, &world, &rank, &unit))
-        return NULL;
+    fc_out_call c = {0};
     fc_cuda_call k;
     fc_exec x;
-    if (fc_state_grad_out_views(self, grad, out, world, rank, unit, &g, &o, &err) != FC_OK ||
-        words_view(recv, "recv", &g, &v, &err) != FC_OK ||
-        fc_check_same_device(&o, &g, "output", &err))
-        goto error;
-    if (round_backend(self, grad, &g, &k, &x, &err) != FC_OK)
+    int rc = fc_state_out_call(self, args, "OOOiiL:finish", &c);
+    if (rc < 0)
+        return NULL;
+    if (rc != FC_OK || (rc = words_view(c.data, "recv", &c.g, &c.v, &c.err)) != FC_OK ||
+        (rc = fc_check_same_device(&c.o, &c.g, "output", &c.err)) != FC_OK ||
+        (rc = round_backend(self, c.grad, &c.g, &k, &x, &c.err)) != FC_OK)
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    rc = fc_fetch_finish(&self->core, &x, (const float *)v.buf.data,
-                         v.buf.numel / 4, &g.buf, &o.buf, world, rank, (uint32_t)unit, &err);
+    rc = fc_fetch_finish(&self->core, &x, (const float *)c.v.buf.data, c.v.buf.numel / 4, &c.g.buf,
+                         &c.o.buf, c.world, c.rank, (uint32_t)c.unit, &c.err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
-    return fc_state_views_done(self, rc, &err, &v, &g, &o);
+    return fc_state_out_done(self, rc, &c);
 }

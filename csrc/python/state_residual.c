@@ -153,7 +153,7 @@ static PyObject *residual_transfer(StateObject *self, PyObject *e_obj, PyObject 
     if (fc_view_get(e_obj, "e", FC_DT_F32, &e, &err) != FC_OK ||
         fc_view_get(p_obj, "packed", FC_DT_U8, &h.r, &err) != FC_OK ||
         fc_check_same_device(&h.r, &e, "packed", &err) != FC_OK ||
-        fc_state_exec(self, e_obj, &e, &k, &x, &err) != FC_OK)
+        fc_state_exec(self, e_obj, &e, NULL, &k, &x, &err) != FC_OK)
         goto error;
     if ((pack ? h.r.read_only : e.read_only) != 0) {
         fc_fail(&err, FC_ERR_VALUE, "%s is read-only", pack ? "packed" : "e");

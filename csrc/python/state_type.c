@@ -1,6 +1,7 @@
 /* state_type.c: the State type: init, GC and dealloc, its attributes, its method table, and
  * the residual tensors it owns. */
 #include "python/state.h" /* first: it includes Python.h */
+#include <stdlib.h>
 
 #include "python/fc_config.h"
 
@@ -96,6 +97,8 @@ static void State_dealloc(StateObject *self)
     if (self->cuda_ctx != NULL && fc_cuda_api_loaded() != NULL)
         fc_cuda_api_loaded()->ctx_free(self->cuda_ctx);
     self->cuda_ctx = NULL;
+    free(self->cuda_host.sent);
+    self->cuda_host.sent = NULL;
     freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
     tp_free(self);
     Py_DECREF(tp); /* a heap type: each instance holds a reference to it */
