@@ -174,19 +174,6 @@ static int64_t header_body_bytes(const uint8_t *p)
     return (int64_t)fc_header_body(&h);
 }
 
-void fc_core_count_payload(fc_core *s, const fc_layout *l, int64_t size, int64_t n)
-{
-    fc_counters *k = &s->ctr;
-    k->chunks_sent++;
-    k->bytes_sent += size;
-    k->header_bytes += size - fc_layout_bytes(l);
-    k->meta_bytes += l->meta_bytes;
-    k->index_bytes += l->index_bytes;
-    k->value_bytes += l->value_bytes;
-    k->kept += l->kept;
-    k->sent_elements += n;
-}
-
 /* Sums of squares and products in double over 8 interleaved partial sums, combined in a fixed
  * order. One running sum is a loop-carried chain that -O3 may not reassociate, which made these
  * loops latency-bound: 3/4 of what error feedback cost per element. Statistics only: no payload
@@ -434,24 +421,6 @@ static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci
     return FC_OK;
 error:
     return rc;
-}
-
-void fc_core_count_call(fc_core *s, const fc_method *m, int64_t numel, int fell_back, int64_t raw)
-{
-    s->ctr.calls++;
-    s->ctr.calls_uncompressed += m != s->method;
-    /* as `none` though min_numel let the method through: the size rule, unit-wide or per payload */
-    s->ctr.fallback_units += (m != s->method && fc_core_unit_method(s, numel) == s->method) ||
-                             fell_back;
-    s->ctr.elements += numel;
-    s->ctr.bytes_raw += raw;
-}
-
-int fc_core_stats_due(const fc_core *s, const fc_method *m, int64_t numel, int world)
-{
-    /* a second round decides what is sent after this call: no error sample from round 1 */
-    return m == s->method && s->common.error_stats_every > 0 && !fc_core_fetch_kmax(s, numel, world) &&
-           s->ctr.calls % s->common.error_stats_every == 0;
 }
 
 int fc_cpu_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *send,

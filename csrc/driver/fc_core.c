@@ -453,3 +453,36 @@ int64_t fc_core_fetch_kmax(const fc_core *s, int64_t N, int world)
         return 0;
     return fc_core_fetch_k(s, m, fc_chunk_per(N, world)); /* chunk 0 is the longest */
 }
+
+/* The counting rules of fc_core.h: a payload sent, a call, whether a call takes the error sample.
+ * The driver (fc_drive.c) applies them for both backends. */
+void fc_core_count_payload(fc_core *s, const fc_layout *l, int64_t size, int64_t n)
+{
+    fc_counters *k = &s->ctr;
+    k->chunks_sent++;
+    k->bytes_sent += size;
+    k->header_bytes += size - fc_layout_bytes(l);
+    k->meta_bytes += l->meta_bytes;
+    k->index_bytes += l->index_bytes;
+    k->value_bytes += l->value_bytes;
+    k->kept += l->kept;
+    k->sent_elements += n;
+}
+
+void fc_core_count_call(fc_core *s, const fc_method *m, int64_t numel, int fell_back, int64_t raw)
+{
+    s->ctr.calls++;
+    s->ctr.calls_uncompressed += m != s->method;
+    /* as `none` though min_numel let the method through: the size rule, unit-wide or per payload */
+    s->ctr.fallback_units += (m != s->method && fc_core_unit_method(s, numel) == s->method) ||
+                             fell_back;
+    s->ctr.elements += numel;
+    s->ctr.bytes_raw += raw;
+}
+
+int fc_core_stats_due(const fc_core *s, const fc_method *m, int64_t numel, int world)
+{
+    /* a second round decides what is sent after this call: no error sample from round 1 */
+    return m == s->method && s->common.error_stats_every > 0 && !fc_core_fetch_kmax(s, numel, world) &&
+           s->ctr.calls % s->common.error_stats_every == 0;
+}
