@@ -10,5 +10,7 @@ import fsdp_train  # noqa: E402
 rc = fsdp_train.main(sys.argv[1:])
 tasks = os.listdir("/proc/self/task")
 names = sorted(open(f"/proc/self/task/{t}/comm", encoding="utf-8").read().strip() for t in tasks)
-print("threads after main:", names, file=sys.stderr, flush=True)
+# one write of one line: the ranks share the pipe, and print()'s separate writes of its pieces
+# interleaved two ranks' lines (seen once in CI: "threads after main:threads after main: [...]")
+os.write(2, f"threads after main: {names}\n".encode())
 sys.exit(rc)
