@@ -243,3 +243,26 @@ def test_collect_keeps_each_checks_latest_run(tmp_path):
     assert summary["counts"] == {"passed": 1, "failed": 2} and summary["device"] == "NVIDIA H200"
     assert [r["note"] for r in summary["runs"]] == ["first", "second"]
     assert {(r["method"], r["enc_ms"]) for r in kernels["rows"]} == {("int8", 0.5), ("fp8", 2.0)}
+
+
+def test_collect_appends_a_run_after_the_collected_ones(tmp_path):
+    """--append: a new run lands after what an earlier session collected (its folders gone): run
+    numbers continue, its checks replace theirs, kernel rows merge per (method, n)."""
+    import collect
+
+    d = tmp_path / "c"
+    d.mkdir()
+    (d / "summary.json").write_text(json.dumps({"checks": {"driver.y": {"status": "passed", "seconds": 1}},
+                                                "updated": "c"}))
+    (d / "kernels_quick.json").write_text(json.dumps({"device": "H200", "rows": [{"method": "int8", "n": 16,
+                                                                                  "enc_ms": 0.25}]}))
+    earlier = ({"device": "H200", "runs": [{"run": 0, "note": "a"}, {"run": 1, "note": "b"}],
+                "checks": {"driver.y": {"status": "failed", "run": 1}, "bytes.x": {"status": "passed", "run": 0}}},
+               {"device": "H200", "torch": "2.11", "rows": [{"method": "int8", "n": 16, "enc_ms": 0.5, "run": 1},
+                                                            {"method": "fp8", "n": 16, "enc_ms": 2.0, "run": 0}]})
+    summary, kernels = collect.collect([str(d)], ["third"], onto=earlier)
+    assert [(r["run"], r["note"]) for r in summary["runs"]] == [(0, "a"), (1, "b"), (2, "third")]
+    assert summary["checks"]["driver.y"] == {"status": "passed", "seconds": 1, "run": 2}
+    assert summary["checks"]["bytes.x"]["run"] == 0 and summary["counts"] == {"passed": 2}
+    assert {(r["method"], r["enc_ms"], r["run"]) for r in kernels["rows"]} == {("int8", 0.25, 2), ("fp8", 2.0, 0)}
+    assert len(earlier[0]["runs"]) == 2  # the earlier summary is read, not changed

@@ -7,7 +7,8 @@ them by benchmarks/make_results_md.py.
     python tests/gpu/collect.py DIR [DIR ...] [--note "what this run was"] [--out benchmarks/results/gpu]
 
 DIRs in the order they ran: a check run again later replaces its earlier result; `--note` (once
-per DIR, in order) says what each run was (the commit, what changed since the last).
+per DIR, in order) says what each run was (the commit, what changed since the last). `--append`
+adds the DIRs after the runs already collected in --out (an earlier session's, whose folders are gone).
 """
 from __future__ import annotations
 
@@ -27,16 +28,22 @@ def _load(path: str) -> dict:
         return json.load(f)
 
 
-def collect(dirs: list[str], notes: list[str]) -> tuple[dict, dict]:
+def collect(dirs: list[str], notes: list[str], onto: tuple[dict, dict] | None = None) -> tuple[dict, dict]:
+    """onto: the summary and kernel table of earlier runs (--append): these runs come after them."""
     summary = {"device": None, "runs": [], "checks": {}}
     kernels = {"device": None, "torch": None, "rows": {}}
-    for i, d in enumerate(dirs):
+    if onto is not None:
+        summary = {"device": onto[0].get("device"), "runs": list(onto[0]["runs"]), "checks": dict(onto[0]["checks"])}
+        kernels = {"device": onto[1].get("device"), "torch": onto[1].get("torch"),
+                   "rows": {(r["method"], r["n"]): r for r in onto[1].get("rows", [])}}
+    first = len(summary["runs"])
+    for i, d in enumerate(dirs, first):
         s = _load(os.path.join(d, "summary.json"))
         env_path = os.path.join(d, "env.json")
         env = _load(env_path) if os.path.exists(env_path) else {}
         run = {"run": i, "dir": os.path.basename(os.path.abspath(d)), "updated": s.get("updated"),
                "device": env.get("device"), "torch": env.get("torch"), "nccl": env.get("nccl"),
-               "emulated": env.get("emulated"), "note": notes[i] if i < len(notes) else ""}
+               "emulated": env.get("emulated"), "note": notes[i - first] if i - first < len(notes) else ""}
         summary["runs"].append(run)
         summary["device"] = env.get("device") or summary["device"]
         for name, r in s.get("checks", {}).items():
@@ -72,11 +79,16 @@ def main(argv=None) -> int:
     ap.add_argument("dirs", nargs="+", help="folders holding summary.json (the device tool's files_at/gpu)")
     ap.add_argument("--note", action="append", default=[], help="what each run was, in the order of DIRs")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "gpu"))
+    ap.add_argument("--append", action="store_true",
+                    help="add the DIRs as runs after those already in --out (whose folders are gone)")
     args = ap.parse_args(argv)
     missing = [d for d in args.dirs if not os.path.exists(os.path.join(d, "summary.json"))]
     if missing:
         ap.error(f"no summary.json in {', '.join(missing)}")
-    summary, kernels = collect(args.dirs, args.note)
+    onto = None
+    if args.append:
+        onto = (_load(os.path.join(args.out, "summary.json")), _load(os.path.join(args.out, "kernels_cuda.json")))
+    summary, kernels = collect(args.dirs, args.note, onto)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1, default=str)
