@@ -160,7 +160,6 @@ int fc_aggregate_add_f32(const fc_chunk *c, uint8_t *agg, const uint8_t *body, i
 
 /* The table (methods.c). */
 const fc_method *fc_method_by_name(const char *name);
-const fc_method *fc_method_by_id(int id);
 int fc_method_count(void);
 const fc_method *fc_method_at(int i);
 

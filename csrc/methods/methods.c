@@ -46,11 +46,3 @@ const fc_method *fc_method_by_name(const char *name)
             return table[i];
     return NULL;
 }
-
-const fc_method *fc_method_by_id(int id)
-{
-    for (int i = 0; i < N_METHODS; i++)
-        if (table[i]->id == id)
-            return table[i];
-    return NULL;
-}
