@@ -275,6 +275,9 @@ static inline void fc_emu_wait(fc_emu_bar *b)
 static inline void __syncwarp(unsigned = 0xffffffffu) { fc_emu_wait(&fc_emu_cur->bar); }
 // Every thread of the block (one that returned early deadlocks it, as CUDA does not promise).
 static inline void __syncthreads(void) { fc_emu_wait(fc_emu_block); }
+// Orders a thread's global writes before its later ones (a last-block ticket): the emulation's
+// writes are seen at once, by one host thread.
+static inline void __threadfence(void) {}
 
 template <class T> static inline T fc_emu_shfl(T v, int src)
 {
