@@ -318,7 +318,7 @@ __global__ void __launch_bounds__(SEL_THREADS) sel_top_digit(fc_cu_selection sel
 // surely kept (their index in the tile), from its end the candidates (index << 20 | the key's
 // low 20 bits); the candidates by their middle digit, whose bin the last block finds (d2). An
 // encode's residual of every other element is written here, as fc_cu_res_dense would.
-__global__ void __launch_bounds__(SEL_THREADS) sel_split(fc_cu_selection sel, fc_cu_src src, int emit,
+__global__ void __launch_bounds__(SEL_THREADS, 4) sel_split(fc_cu_selection sel, fc_cu_src src, int emit,
                                                           fc_cu_sel_emit em)
 {
     __shared__ uint32_t h[SEL_BINS / 2];
