@@ -296,8 +296,11 @@ __global__ void __launch_bounds__(SEL_THREADS) sel_top_digit(fc_cu_selection sel
             key[r] = j < len ? fc_abs_bits(src.x(hc.start + base + j)) : SEL_NONE;
         }
 #pragma unroll
-        for (int r = 0; r < SEL_ROUNDS; r++)
+        for (int r = 0; r < SEL_ROUNDS; r++) {
+            if (r * SEL_THREADS >= len)
+                break; // block-uniform: a short tile (a small chunk's) ends early
             sel_count_bin(h, key[r] >> 20, key[r] != SEL_NONE);
+        }
     }
     uint32_t *g = sel.hist + (int64_t)c * SEL_BINS;
     sel_flush(h, SEL_BINS, g);
@@ -349,6 +352,11 @@ __global__ void __launch_bounds__(SEL_THREADS, 4) sel_split(fc_cu_selection sel,
         }
 #pragma unroll
         for (int r = 0; r < SEL_ROUNDS; r++) {
+            if (r * SEL_THREADS >= len) { // block-uniform: past a short tile's end, empty rounds
+                if (lane == 0)
+                    at[0][r * SEL_WARPS + warp] = at[1][r * SEL_WARPS + warp] = 0;
+                continue;
+            }
             const bool valid = r * SEL_THREADS + (int)threadIdx.x < len;
             const uint32_t d = fc_abs_bits(x[r]) >> 20;
             const bool k = valid && (hc.all || d > hc.d1), cd = valid && !hc.all && d == hc.d1;
@@ -387,6 +395,8 @@ __global__ void __launch_bounds__(SEL_THREADS, 4) sel_split(fc_cu_selection sel,
         uint32_t *slot = sel.slot + hc.start + base;
 #pragma unroll
         for (int r = 0; r < SEL_ROUNDS; r++) {
+            if (r * SEL_THREADS >= len)
+                break; // block-uniform, as above
             const uint32_t j = r * SEL_THREADS + threadIdx.x;
             const bool k = (kept >> r) & 1u, cd = (cand >> r) & 1u;
             const unsigned kb = __ballot_sync(0xffffffffu, k), cb = __ballot_sync(0xffffffffu, cd);

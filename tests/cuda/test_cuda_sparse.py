@@ -318,11 +318,15 @@ def test_topk_ties_across_tiles(n, k, gen):
     encode_both("topk", {"k": k}, g, 1, 0, steps=1)
 
 
-@pytest.mark.parametrize("n,k", [(1024, 1), (3 * 1024 + 5, 2), (5000, 0)])
+@pytest.mark.parametrize("n,k", [(5000, 0), (40960, 2)])
 def test_topk_of_many_small_chunks(n, k, gen):
-    """W = 1024 (the most the device takes): chunks of one element, of three or four, of five
-    (k = 0: the ratio's one), every chunk's own selection at once."""
-    encode_both("topk", {"k": k}, make_grad(n, torch.float32, gen), 1024, 5)
+    """W = 1024 (the most the device takes): a thousand chunks' selections at once, chunks of
+    five (k = 0: the ratio's one, a bitmap) and of forty (16-bit indices). Smaller chunks go as
+    `none` (no smaller than topk's payload)."""
+    st = fsdpcomp.CommState("topk", {"k": k, "compress_own_chunk": False})
+    cpu_encode(st, make_grad(n, torch.float32, gen), 1024, 5, st._core.begin(n))
+    assert st.counters()["fallback_units"] == 0
+    encode_both("topk", {"k": k}, make_grad(n, torch.float32, gen), 1024, 5, steps=1)
 
 
 @pytest.mark.parametrize("n,k", [(70001, 50), (70001, 9000), (1000, 40), (1000, 200), (4096, 256), (4096, 257)])
