@@ -131,6 +131,32 @@ def test_runs_end_to_end_on_the_emulated_library(tmp_path):
     assert by["int8"]["target_met"] is False and by["int8+ef"]["enc_target"] is None
     assert by["int8+sampled"]["target_met"] is None
 
+    # collected as a GPU run is (tests/gpu/collect.py), the results page shows it, and the
+    # projection reads its rows at the methods' defaults
+    sys.path.insert(0, os.path.join(REPO, "tests", "gpu"))
+    import collect
+    import projection
+    import results_gpu
+    run_dir = tmp_path / "gpu_run"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text(json.dumps({"checks": {"bench.kernels_cuda_quick": {
+        "status": "passed", "seconds": 1.0, "detail": data}}, "updated": "2026-12-01T00:00:00+0000"}))
+    (run_dir / "env.json").write_text(json.dumps({"device": data["device"], "torch": data["torch"]}))
+    (run_dir / "kernels_quick.json").write_text(out.read_text())
+    summary, kernels = collect.collect([str(run_dir)], ["emulated, main 0123abc"])
+    results = tmp_path / "results"
+    (results / "gpu").mkdir(parents=True)
+    for name, obj in (("summary.json", summary), ("kernels_cuda.json", kernels)):
+        (results / "gpu" / name).write_text(json.dumps(obj))
+    page = "\n".join(results_gpu.gpu_section(str(results)))
+    assert "run 0 (2026-12-01, commit 0123abc" in page
+    int8_line = next(ln for ln in page.splitlines() if ln.startswith("| int8 |"))
+    assert "| 5.02n / 9.02n model" in int8_line and "enc <= 5 us **missed**" in int8_line
+    assert next(ln for ln in page.splitlines() if ln.startswith("| topk |")).count("/ -") == 2
+    assert "Earlier runs" not in page
+    times, info = projection.load_gpu_kernels(str(results / "gpu" / "kernels_cuda.json"))
+    assert set(times) == {"int8", "topk", "gradiveq"} and info["commit"] == "0123abc"
+
 
 def test_each_side_is_judged_and_a_failed_row_has_no_times():
     import kernels_cuda
