@@ -125,7 +125,8 @@ def _new_lines(kernels: dict, rows: list[dict]) -> list[str]:
                       f"{100 * r['enc_frac_copy']:.0f}%", fmt(r["dec_ms"], ".3f"), f"{100 * r['dec_frac_copy']:.0f}%",
                       f"{_per_n(r['enc_min_bytes'], r['n'])} / {_per_n(r.get('enc_moved_bytes'), r['n'])}"
                       + (f" {src}" if src else ""),
-                      f"{_per_n(r['dec_min_bytes'], r['n'])} / {_per_n(r.get('dec_moved_bytes'), r['n'])}",
+                      f"{_per_n(r['dec_min_bytes'], r['n'])} / {_per_n(r.get('dec_moved_bytes'), r['n'])}"
+                      + (f" {src}" if src else ""),
                       fixed_us, _target_cell(r, f)])
     return out + md_table(["case", "n", "run", "enc ms", "enc % copy", "dec ms", "dec % copy",
                            "enc bytes min / moved", "dec bytes min / moved", "fixed us", "targets"], table) + [""]
