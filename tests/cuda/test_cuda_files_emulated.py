@@ -3,8 +3,9 @@ the CUDA runtime in tests/cuda_emu, built as a shared library that the real fsdp
 place of _fsdpcomp_cuda.so (FSDPCOMP_CUDA_LIB), in a pytest subprocess whose States send their CPU
 tensors down the CUDA path (FSDPCOMP_TEST_EMULATED). The host glue (csrc/backend_cuda/fc_cuda_path.c,
 state_cuda.c), the driver and the kernels all run; every test of the file must pass (a skip there
-means the emulation was not picked up). What only a GPU shows (timing, the memory model, the
-hardware's own NaN bits) is left to tests/gpu/run.sh."""
+means the emulation was not picked up). The kernels' fp32 writes the device's NaN bits and
+float-to-integer casts (tests/cuda_emu/emu_float.h). What only a GPU shows (timing, the memory
+model, what emu_float.h says it cannot reproduce) is left to tests/gpu/run.sh."""
 from __future__ import annotations
 
 import os
