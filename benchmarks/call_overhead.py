@@ -7,8 +7,9 @@ driver and the library's own host code. Beside each CUDA row, the runtime calls 
 (tests/cuda_emu/counts.py): on a GPU each launch, memset or event record adds a few microseconds
 of host time that the emulation does not charge, and a host wait stalls the hook path. Also one
 CommState.reduce_scatter on a 1-rank gloo group (compress_own_chunk): the Python layer around
-the same encode and decode. Times are the best of --repeat runs of --number calls (a loaded
-machine only adds); no assertion is made on them: the tests count calls, this prints.
+the same encode and decode. Times are the process's CPU time (time.process_time: on a shared
+machine, time spent descheduled is not counted; one torch thread), the best of --repeat runs of
+--number calls; no assertion is made on them: the tests count calls, this prints.
 
     PYTHONPATH=. python benchmarks/call_overhead.py                    # CPU and emulated CUDA
     PYTHONPATH=. python benchmarks/call_overhead.py --no-emulated --methods int8,none
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import timeit
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # beside this file: repo_path
@@ -74,7 +76,7 @@ class Calls:
 
 
 def best_us(call, number: int, repeat: int) -> float:
-    return min(timeit.repeat(call, number=number, repeat=repeat)) / number * 1e6
+    return min(timeit.repeat(call, number=number, repeat=repeat, timer=time.process_time)) / number * 1e6
 
 
 def state_rows(methods, n, args, emulate: bool, counts=None) -> list[list[str]]:
