@@ -101,6 +101,7 @@ class Exchange:
         self._pipelined_ok: dict[tuple[int, int], bool] = {}  # (numel, world)
         self._kmax: dict[tuple[int, int], int] = {}  # (numel, world): second-round picks, 0: none
         self._slots: dict[_Shape, _PartSlots] = {}
+        self._slots_checked = -1  # the buffers' generation when every cached slot was last found current
         self._all_to_all: dict[_Shape, _AllToAll] = {}
         self._peers: tuple[dist.ProcessGroup, list[int]] | None = None
 
@@ -311,8 +312,11 @@ class Exchange:
         pieces views are not worth rebuilding on every call."""
         shape, dev = _Shape(grad.numel(), grad.dtype, world, rank), grad.device
         cached = self._slots.get(shape)
+        if cached is not None and self._slots_checked == self.buffers.generation:
+            return cached  # no buffer made since every slot was checked: none is stale
         if cached is not None and all(self.buffers.base(kind, dev) is base
                                       for kind, base in zip(("send", "recv"), cached.bases)):
+            self._slots_checked = self.buffers.generation
             return cached
         send_parts, recv_parts = self.core.pieces(grad, world, rank)
         send = self.buffers.bytes("send", sum(map(sum, send_parts)), dev)
@@ -324,6 +328,7 @@ class Exchange:
         self._slots = {s: p for s, p in self._slots.items()
                        if all(a is b for a, b in zip(p.bases, parts.bases))}
         self._slots[shape] = parts
+        self._slots_checked = self.buffers.generation
         # and so would the all-to-all's of a buffer regrown here (a State whose units go both ways)
         self._all_to_all = {s: a for s, a in self._all_to_all.items() if a.generation == self.buffers.generation}
         return parts
