@@ -260,7 +260,8 @@ def test_gradiveq_basis_sync_across_ranks_matches_cpu(cfg, world, gen):
 def test_gradiveq_resumes_from_a_checkpoint_on_the_device(gen):
     """A learned basis saved from a device State and loaded into a fresh one: the device copy
     follows the restored host state, so the resumed encode writes the uninterrupted bytes (and
-    the CPU's, restored from the same checkpoint)."""
+    the CPU's, restored from the same checkpoint: its residual, saved on the device, moves to the
+    CPU at the unit's first call)."""
     full = {"dim": 16, "k": 4, "warmup": 1, "seed": 5, "error_feedback": True, "compress_own_chunk": True,
             "pipeline": False}
     n = 999
@@ -273,6 +274,7 @@ def test_gradiveq_resumes_from_a_checkpoint_on_the_device(gen):
     cpu.load_state_dict(sd)
     g = make_grad(n, torch.float32, gen)
     want = cpu_encode(cpu, g, 1, 0, cpu._core.begin(n))
+    assert cpu._core.residuals()[0].device.type == "cpu"
     assert torch.equal(BACKEND.encode(a[0], g, 1, 0), want)
     assert torch.equal(BACKEND.encode(b, g, 1, 0), want)
 
