@@ -306,6 +306,31 @@ def test_topk_ties_go_to_the_lowest_indices(k, gen):
     encode_both("topk", {"k": k}, torch.zeros(3001), 2, 0)  # every magnitude tied
 
 
+@pytest.mark.parametrize("n,k", [(20011, 7000), (20011, 13), (9000, 4097), (8192, 8191)])
+def test_topk_ties_across_tiles(n, k, gen):
+    """The device selects in tiles of 4096 elements (cuda/fc_cu_select.cu): ties of the k-th
+    largest magnitude spread over several tiles (whole tiles of zeros, or of one value), so that
+    the cut among them falls in a later tile; with NaN and Inf among them (NaN the largest)."""
+    g = torch.randint(-2, 3, (n,), generator=gen).float() * 0.5
+    g[100:5000] = 0.0
+    encode_both("topk", {"k": k}, g, 1, 0)
+    encode_both("topk", {"k": k}, torch.full((n,), -1.5), 1, 0)  # every key equal
+    g[7::997] = float("nan")
+    g[11::1501] = float("-inf")
+    encode_both("topk", {"k": k}, g, 1, 0, steps=1)
+
+
+@pytest.mark.parametrize("n,k", [(5000, 0), (40960, 2)])
+def test_topk_of_many_small_chunks(n, k, gen):
+    """W = 1024 (the most the device takes): a thousand chunks' selections at once, chunks of
+    five (k = 0: the ratio's one, a bitmap) and of forty (16-bit indices). Smaller chunks go as
+    `none` (no smaller than topk's payload)."""
+    st = fsdpcomp.CommState("topk", {"k": k, "compress_own_chunk": False})
+    cpu_encode(st, make_grad(n, torch.float32, gen), 1024, 5, st._core.begin(n))
+    assert st.counters()["fallback_units"] == 0
+    encode_both("topk", {"k": k}, make_grad(n, torch.float32, gen), 1024, 5, steps=1)
+
+
 @pytest.mark.parametrize("n,k", [(70001, 50), (70001, 9000), (1000, 40), (1000, 200), (4096, 256), (4096, 257)])
 def test_topk_index_formats(n, k, gen):
     """32-bit indices (n > 65536), 16-bit and the bitmap, and the switch between them."""

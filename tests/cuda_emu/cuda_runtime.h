@@ -320,6 +320,9 @@ static inline void fc_emu_wait(fc_emu_bar *b)
 static inline void __syncwarp(unsigned = 0xffffffffu) { fc_emu_wait(&fc_emu_cur->bar); }
 // Every thread of the block (one that returned early deadlocks it, as CUDA does not promise).
 static inline void __syncthreads(void) { fc_emu_wait(fc_emu_block); }
+// Orders a thread's global writes before its later ones (a last-block ticket): the emulation's
+// writes are seen at once, by one host thread.
+static inline void __threadfence(void) {}
 
 template <class T> static inline T fc_emu_shfl(T v, int src)
 {
@@ -349,10 +352,15 @@ template <class T> static inline T __shfl_up_sync(unsigned, T v, unsigned d)
 }
 static inline unsigned __ballot_sync(unsigned, int pred)
 {
-    const unsigned bit = pred ? 1u << (threadIdx.x & 31) : 0u;
+    // every lane's bit through the warp's slots, in one exchange (two barriers, not a shuffle a
+    // lane); lanes past a partial warp's last hold no bit
+    const int lane = (int)(threadIdx.x & 31), lanes = fc_emu_cur->bar.need;
+    fc_emu_cur->slot[lane][0] = pred ? 1u : 0u;
+    fc_emu_wait(&fc_emu_cur->bar);
     unsigned all = 0;
-    for (int l = 0; l < 32; l++) // every lane's bit, through the warp's slots
-        all |= fc_emu_shfl(bit, l);
+    for (int l = 0; l < lanes; l++)
+        all |= (fc_emu_cur->slot[l][0] != 0 ? 1u : 0u) << l;
+    fc_emu_wait(&fc_emu_cur->bar);
     return all;
 }
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }
