@@ -3,7 +3,7 @@ index offset, a rounding mode, a block geometry), each built into the emulated l
 scratch copy of cuda/ (build.py's FSDPCOMP_EMU_CUDA_SRC) and run under the emulated test files.
 A mutant the tests do not fail has survived: the script prints a table and exits 1.
 
-    python3 tests/cuda_emu/mutate.py            # all six mutants
+    python3 tests/cuda_emu/mutate.py            # all seven mutants
     python3 tests/cuda_emu/mutate.py --quick    # the first three
     python3 tests/cuda_emu/mutate.py --only int8-round-floor --no-baseline
 
@@ -55,6 +55,9 @@ MUTANTS = [
      "fc_cu_add_canon((float *)d.out + idx[j], d.alpha * est[idx[j]]);",
      "fc_cu_add_canon((float *)d.out + idx[j], 2.0f * d.alpha * est[idx[j]]);",
      "sketch decompress() adds 2 * alpha * est"),
+    ("onepass-flags-kept", "fc_cu_onepass.cuh",
+     "        ws->enc_bad[c] = 0;\n", "",
+     "a one-pass encode leaves its chunks' NaN/Inf flags set: a later call's headers and sample inherit them"),
 ]
 QUICK = 3
 # the checkout's fsdpcomp where it is built in place, else the installed one (-P: the bare source
