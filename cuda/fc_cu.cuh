@@ -216,7 +216,7 @@ struct fc_cu_enc {
     void *res;      // residual to update, NULL without error feedback
     int rdt;
     uint8_t *send;
-    const unsigned int *bad; // per chunk: non-finite count of this call (residual kept if > 0)
+    const unsigned int *bad; // per chunk: count_nonfinite's of this call (a one-pass encode keeps its own flags)
     fc_cuda_ws *ws;
     int unit_slot; // index into ws->unit_sq, -1 when not tracked
     int sample;    // this call samples the error statistics of ws->sample_chunk (fc_cu_sampled)

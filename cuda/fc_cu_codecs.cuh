@@ -50,7 +50,7 @@ __device__ __forceinline__ void fc_cu_encode_blocks(const C &c, L &x, int64_t n,
     const int G = fc_cu_block_lanes(bs);
     const bool dec = sink.on();
     if (bs <= FC_CU_TILE) { // units of one tile, in registers, the next one loading meanwhile
-        const uint32_t units = (uint32_t)((n + FC_CU_TILE - 1) / FC_CU_TILE); // n < 2^40
+        const uint32_t units = (uint32_t)((n + FC_CU_TILE - 1) / FC_CU_TILE); // n < 2^40 (fc_cu_dense.cuh refuses more)
         float next[8];
         if (warp < units)
             x.load8(warp * FC_CU_TILE + 8 * lane, fc_cu_valid8(n, warp * FC_CU_TILE + 8 * lane), next);

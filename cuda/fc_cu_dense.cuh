@@ -44,6 +44,9 @@ static int fc_cu_launch_encode_dense_as(const fc_cu_enc *e, const C &codec, cuda
 {
     int rc = FC_OK;
     const int64_t units = (e->geo.per + fc_cu_unit(codec.bs) - 1) / fc_cu_unit(codec.bs);
+    if (units > (int64_t)UINT32_MAX) // fc_cu_encode_blocks counts units in 32 bits
+        return fc_fail(err, FC_ERR_VALUE, "a chunk of %lld elements is past what the CUDA encode walks "
+                       "(2^40)", (long long)e->geo.per);
     const int64_t fill = fc_cu_fill(fc_cu_encode_dense<C, K>, e->device, FC_CU_CODEC_THREADS);
     fc_cu_encode_dense<C, K><<<fc_cu_onepass_grid(fill, units, FC_CU_CODEC_WARPS, e->geo.world), FC_CU_CODEC_THREADS, 0, s>>>(
         *e, codec);
