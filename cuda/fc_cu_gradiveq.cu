@@ -57,7 +57,7 @@ __global__ void gvq_residual(fc_cu_enc e, gvq_cfg g, const float *u)
     const float *coef = (const float *)fc_cu_enc_body(e, c, &start, &n);
     if (coef == NULL)
         return;
-    fc_cu_res_sink sink = fc_cu_res_sink::make(e, c, start);
+    fc_cu_res_sink sink = fc_cu_res_sink::make(e, start, fc_cu_sampled(e, c));
     if (!sink.on())
         return;
     const fc_cu_chunk_x x = fc_cu_chunk_x::make(e.src, start);

@@ -62,6 +62,9 @@ MUTANTS = [
      "fc_cu_add_canon((float *)d.out + idx[j], d.alpha * est[idx[j]]);",
      "fc_cu_add_canon((float *)d.out + idx[j], 2.0f * d.alpha * est[idx[j]]);",
      "sketch decompress() adds 2 * alpha * est"),
+    ("onepass-flags-kept", "fc_cu_onepass.cuh",
+     "        ws->enc_bad[c] = 0;\n", "",
+     "a one-pass encode leaves its chunks' NaN/Inf flags set: a later call's headers and sample inherit them"),
 ]
 QUICK = 3
 # the checkout's fsdpcomp where it is built in place, else the installed one (-P: the bare source
