@@ -365,6 +365,7 @@ static inline unsigned __ballot_sync(unsigned, int pred)
 }
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }
 static inline int __ffs(int v) { return __builtin_ffs(v); }
+static inline int __ffsll(long long v) { return __builtin_ffsll(v); }
 
 template <class T> static inline T atomicOr(T *p, T v)
 {
