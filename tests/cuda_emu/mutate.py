@@ -39,7 +39,7 @@ MUTANTS = [
      "sp_add_one(dec, d, va, 0, n, 2.0f * d.alpha, (float *)d.out",
      "topk/thresholdv decompress() adds 2 * alpha * D (only the single-payload checks see it)"),
     ("gradiveq-decompress-alpha-dropped", "fc_cu_gradiveq.cu",
-     "fc_cu_add_canon(out + i, d.alpha * dd);", "fc_cu_add_canon(out + i, dd);",
+     "fc_cu_add_canon(out + lo0 + j, d.alpha * dd);", "fc_cu_add_canon(out + lo0 + j, dd);",
      "gradiveq decompress() ignores alpha"),
     ("int8-round-floor", "fc_cu_codecs.cuh",
      "float f = fc_round_even(t);", "float f = floorf(t);",
