@@ -1,29 +1,13 @@
 // fc_cu_sketch.cu: kernels of `sketch` (m_sketch.c). The CPU adds each bucket's terms in index
-// order; here every row's (bucket, term) pairs of the sent chunks are sorted by bucket with CUB's
-// stable radix sort (equal buckets keep index order), and one thread per bucket adds its run in
-// that order: the CPU's table, bit for bit. Estimates are the CPU's median over rows, the heavy
-// hitters the top-k selection of fc_cu_select.cu. Receivers sum the senders' tables in rank order
-// (the compressed domain) and decode once; with second_round the owner only picks (fc_cu_fetch.cu
-// does the rest).
-#include "fc_cu_sparse.cuh"
-#include "common/fc_hash.h"
+// order; the device builds the same tables (fc_cu_sketch_table.cu: a stable two-level partition of
+// the terms by bucket, each bucket's chain walked in index order; tables wider than SKT_MAX_COLS
+// here, through CUB's stable radix sort of (bucket, term) pairs and a thread per bucket): the
+// CPU's table, bit for bit. Estimates are the CPU's median over rows, the heavy hitters the top-k
+// selection of fc_cu_select.cu. Receivers sum the senders' tables in rank order (the compressed
+// domain) and decode once; with second_round the owner only picks (fc_cu_fetch.cu does the rest).
+#include "fc_cu_sketch.cuh"
 
 #define SK_THREADS 256
-#define SK_MAX_ROWS 15
-
-struct sk_cfg {
-    int rows;
-    int64_t ccfg; // the config's cols; 0: each chunk's table sized to it (fc_sketch_cols)
-    int64_t cols; // the widest table of the call: the stride of its (chunk, bucket) keys
-    fc_cu_krule kr; // sketch_k: fc_rule_sparse_k(n, k, 1.0)
-    int second;
-};
-
-// The table width of a chunk of n elements (the CPU's sketch_cols).
-__host__ __device__ __forceinline__ int64_t sk_width(const sk_cfg &c, int64_t n)
-{
-    return fc_sketch_cols(c.rows, c.ccfg, n);
-}
 
 // n: the length of the widest chunk the call handles (a unit's chunks: ceil(N / W); a decode:
 // the own chunk's).
@@ -42,23 +26,9 @@ static int config(const fc_cuda_method_cfg *m, int64_t n, sk_cfg *c, fc_err *err
     return FC_OK;
 }
 
-// Row j's hash key of chunk c: one shared draw per row (m_sketch.c's row_key); shared.chunk is
-// the id of chunk 0 (compress()'s `chunk`, else 0).
-__host__ __device__ __forceinline__ uint32_t sk_row_key(fc_rng shared, int c, int j)
-{
-    shared.chunk += (uint32_t)c;
-    return fc_rng_draw4(&shared, 0xFFFFFF00u + (uint32_t)(j >> 2)).v[j & 3];
-}
-
-// The row keys of the chunk a block works on, in shared memory.
-__device__ __forceinline__ void sk_keys(fc_rng shared, int c, int rows, uint32_t *keys)
-{
-    for (int j = threadIdx.x; j < rows; j += blockDim.x)
-        keys[j] = sk_row_key(shared, c, j);
-    __syncthreads();
-}
-
-// ---- encode: the table of every sent chunk, a row and a group of chunks at a time
+// ---- encode: the table of every sent chunk (fc_cu_sketch_table.cu); tables wider than
+// SKT_MAX_COLS (a `cols` set above it) here, a row and a group of chunks at a time, through a
+// stable radix sort of (bucket, term) pairs
 
 // Chunks [g0, g0 + gc) lie in elements [a, b) of the unit; their pairs (c - g0) * cols + col,
 // the term sign * x in index order; elements of a chunk that is not sent sort last.
@@ -160,7 +130,8 @@ static int sk_bits(int64_t v)
 }
 
 struct sk_enc_parts {
-    uint32_t *kin, *kout;
+    sk_table_parts tab; // tables up to SKT_MAX_COLS wide
+    uint32_t *kin, *kout; // wider ones
     float *tin, *tout;
     void *sort_temp;
     size_t sort_bytes;
@@ -175,12 +146,16 @@ static int carve_encode(const fc_cuda_encode_args *a, fc_cu_arena &ar, sk_cfg *c
     const int64_t N = a->h.geo.numel;
     memset(p, 0, sizeof(*p));
     FC_TRY(config(&a->h.m, a->h.geo.per, c, err));
-    p->kin = ar.take<uint32_t>(N);
-    p->kout = ar.take<uint32_t>(N);
-    p->tin = ar.take<float>(N);
-    p->tout = ar.take<float>(N);
-    FC_CHECK_CUDA(fc_cu_sort_pairs(NULL, &p->sort_bytes, NULL, NULL, NULL, NULL, N > 0 ? N : 1, 32, 0), err, error);
-    p->sort_temp = ar.take_bytes(p->sort_bytes);
+    if (sk_table_fits(*c)) {
+        sk_table_carve(ar, a->h.geo, *c, &p->tab);
+    } else {
+        p->kin = ar.take<uint32_t>(N);
+        p->kout = ar.take<uint32_t>(N);
+        p->tin = ar.take<float>(N);
+        p->tout = ar.take<float>(N);
+        FC_CHECK_CUDA(fc_cu_sort_pairs(NULL, &p->sort_bytes, NULL, NULL, NULL, NULL, N > 0 ? N : 1, 32, 0), err, error);
+        p->sort_temp = ar.take_bytes(p->sort_bytes);
+    }
     if (!c->second) { // the residual decodes the sender's own table: estimates and their top k
         p->est = ar.take<float>(N);
         p->vals = ar.take<float>(N);
@@ -198,7 +173,9 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, const sk_cfg
     {
         const fc_rng shared = fc_cu_call_rng(a->h);
         const int G = sk_group(c, a->h.geo.world);
-        for (int g0 = 0; g0 < a->h.geo.world; g0 += G) {
+        if (sk_table_fits(c))
+            FC_TRY(sk_table_build(*e, c, shared, p.tab, s, err));
+        for (int g0 = 0; g0 < a->h.geo.world && !sk_table_fits(c); g0 += G) {
             const int gc = g0 + G < a->h.geo.world ? G : a->h.geo.world - g0;
             int64_t a0, b0, s0, n0;
             fc_cu_span(a->h.geo, g0, &a0, &n0);

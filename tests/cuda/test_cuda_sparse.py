@@ -484,3 +484,24 @@ def test_gradiveq_shapes_match_cpu(cfg, gen):
     cpu._core.decompress(pa[:wa], acc, alpha=-0.5, unit=1, chunk=2, world=3)
     dev._core.decompress(pb[:wb], acc_d, alpha=-0.5, unit=1, chunk=2, world=3)
     assert same_bits(acc, acc_d.cpu()), f"{cfg}: decompressed sums differ"
+
+
+# sketch's table build (cuda/fc_cu_sketch_table.cu): one bucket (every term in one group's run,
+# several chunks of the walk), a group cut short (31, 33 columns), the widest table it builds
+# (4096) and one wider (the sort's path), five rows (two passes of four rows at most).
+SKETCH_SHAPES = [{"rows": 1, "cols": 1, "k": 5}, {"rows": 3, "cols": 31, "k": 0}, {"rows": 5, "cols": 33, "k": 9},
+                 {"rows": 2, "cols": 100, "k": 3, "second_round": True}, {"rows": 1, "cols": 4096, "k": 7},
+                 {"rows": 1, "cols": 4097, "k": 7}]
+
+
+@pytest.mark.parametrize("cfg", SKETCH_SHAPES, ids=[f"r{c['rows']}-c{c['cols']}-k{c['k']}{'-2nd' if c.get('second_round') else ''}"
+                                                    for c in SKETCH_SHAPES])
+def test_sketch_table_shapes_match_cpu(cfg, gen):
+    """Tables of every shape the build treats apart, over chunks of several tiles: payloads and
+    residuals equal the CPU's, with values near fp32's largest (buckets that saturate: the
+    chains' saturating pass) and NaN/Inf (NaN buckets)."""
+    world, n = 3, 3 * 5000 - 7
+    check_encode(BACKEND, "sketch", cfg, torch.float32, world, 1, n, gen)
+    check_encode(BACKEND, "sketch", cfg, torch.float32, 1, 0, 5003, gen, huge=True)
+    check_encode(BACKEND, "sketch", cfg, torch.float32, world, 0, n, gen, nonfinite="pass")
+    check_decode(BACKEND, "sketch", cfg, torch.float32, world, 2, n, gen)

@@ -302,12 +302,17 @@ template <class T> static inline T __shfl_up_sync(unsigned, T v, unsigned d)
     const T r = fc_emu_shfl(v, lane >= (int)d ? lane - (int)d : lane);
     return r;
 }
+// Every lane's bit through the warp's slots, in one exchange (two barriers, as a shuffle: the
+// sketch's rankings take a ballot per key bit); lanes a short last warp lacks give 0.
 static inline unsigned __ballot_sync(unsigned, int pred)
 {
-    const unsigned bit = pred ? 1u << (threadIdx.x & 31) : 0u;
+    const int lane = (int)(threadIdx.x & 31);
+    fc_emu_cur->slot[lane][0] = pred ? 1u : 0u;
+    fc_emu_wait(&fc_emu_cur->bar);
     unsigned all = 0;
-    for (int l = 0; l < 32; l++) // every lane's bit, through the warp's slots
-        all |= fc_emu_shfl(bit, l);
+    for (int l = 0; l < fc_emu_cur->bar.need; l++)
+        all |= (fc_emu_cur->slot[l][0] != 0 ? 1u : 0u) << l;
+    fc_emu_wait(&fc_emu_cur->bar);
     return all;
 }
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }
