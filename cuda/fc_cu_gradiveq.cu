@@ -283,7 +283,7 @@ __device__ __forceinline__ void gvq_cov_pass(const fc_cu_enc &e, int m, float (*
 // overflow, NaN/Inf in g', a NaN already in the state: rare) is summed again from its old value
 // with fc_mul_sat / fc_add_sat, in a second pass of its block.
 template <int E>
-__global__ void __launch_bounds__(GVQ_COV_THREADS) gvq_covariance(fc_cu_enc e, gvq_cfg g, float *cov)
+__global__ void __launch_bounds__(GVQ_COV_THREADS, 1) gvq_covariance(fc_cu_enc e, gvq_cfg g, float *cov)
 {
     __shared__ float buf[2][GVQ_COV_TILE];
     __shared__ int again;

@@ -89,19 +89,54 @@ __global__ void sk_buckets(fc_cu_enc e, sk_cfg cfg, int j, int g0, int gc, const
     }
 }
 
+// ---- estimates: every coordinate's median over rows reads one random bucket per row. From
+// global memory that is a gather of 32 cache lines per warp and row; from shared memory a few
+// bank conflicts. So a block copies the table there when it fits (48 KiB: the default 3 x 4096),
+// and estimates SK_EST_PER coordinates a thread, which pays for the copy and the row keys (one
+// draw per 4 rows, kept in the thread).
+
+#define SK_EST_SMEM 12288
+#define SK_EST_PER 32
+
+// The table t (rows x cols) where the block reads it: in tab, copied, when it fits (every thread
+// calls it: a barrier), else t itself.
+__device__ __forceinline__ const float *sk_est_table(const float *t, int rows, int64_t cols, float *tab)
+{
+    if ((int64_t)rows * cols > SK_EST_SMEM)
+        return t;
+    for (int64_t q = threadIdx.x; q < (int64_t)rows * cols; q += blockDim.x)
+        tab[q] = t[q];
+    __syncthreads();
+    return tab;
+}
+
+// Chunk c's row keys (sk_row_key's draws, four rows a draw) into keys.
+__device__ __forceinline__ void sk_thread_keys(fc_rng shared, int c, int rows, uint32_t keys[SK_MAX_ROWS])
+{
+    shared.chunk += (uint32_t)c;
+    for (int j = 0; j < rows; j += 4) {
+        const fc_u32x4 d = fc_rng_draw4(&shared, 0xFFFFFF00u + (uint32_t)(j >> 2));
+        for (int q = 0; q < 4 && j + q < rows; q++)
+            keys[j + q] = d.v[q];
+    }
+}
+
 // The estimates of every sent chunk from its own table (the sender's residual decodes it alone).
 __global__ void sk_own_estimates(fc_cu_enc e, sk_cfg cfg, fc_rng shared, float *est)
 {
-    __shared__ uint32_t keys[SK_MAX_ROWS];
+    __shared__ float tab[SK_EST_SMEM];
     const int c = blockIdx.y;
     int64_t start, n;
     const float *t = (const float *)fc_cu_enc_body(e, c, &start, &n);
     if (t == NULL)
         return;
-    sk_keys(shared, c, cfg.rows, keys);
+    const int64_t w = sk_width(cfg, n);
+    const float *tt = sk_est_table(t, cfg.rows, w, tab);
+    uint32_t keys[SK_MAX_ROWS];
+    sk_thread_keys(shared, c, cfg.rows, keys);
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        est[start + i] = fc_sketch_estimate(t, cfg.rows, sk_width(cfg, n), keys, i);
+        est[start + i] = fc_sketch_estimate(tt, cfg.rows, w, keys, i);
 }
 
 __global__ void sk_gather(fc_cu_src src, const float *est, const int64_t *idx, const int64_t *num, float *vals,
@@ -207,7 +242,7 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, const sk_cfg
             memset(&est, 0, sizeof(est));
             est.grad = p.est;
             est.gdt = FC_CU_F32;
-            sk_own_estimates<<<fc_cu_grid(a->h.geo.per, SK_THREADS * 4, a->h.geo.world), SK_THREADS, 0, s>>>(*e, c, shared,
+            sk_own_estimates<<<fc_cu_grid(a->h.geo.per, SK_THREADS * SK_EST_PER, a->h.geo.world), SK_THREADS, 0, s>>>(*e, c, shared,
                                                                                                      p.est);
             FC_CHECK_LAUNCH(err, error);
             FC_TRY(fc_cu_select_topk(p.sel, est, c.kr, s, err));
@@ -244,15 +279,17 @@ __global__ void sk_aggregate(fc_cu_dec d, int64_t cells, float *agg)
 // (0 + own, or 0 when it was sent too), which the owner adds anyway.
 __global__ void sk_estimates(fc_cu_dec d, sk_cfg cfg, fc_rng shared, const float *agg, int own, float *est)
 {
-    __shared__ uint32_t keys[SK_MAX_ROWS];
+    __shared__ float tab[SK_EST_SMEM];
     int64_t start, n;
     fc_cu_span(d.geo, d.geo.rank, &start, &n);
     if (d.add && d.bad[0] != 0) // decompress() of a rejected payload: its table is not read
         return;
-    sk_keys(shared, d.geo.rank, cfg.rows, keys);
+    const float *tt = sk_est_table(agg, cfg.rows, cfg.cols, tab);
+    uint32_t keys[SK_MAX_ROWS];
+    sk_thread_keys(shared, d.geo.rank, cfg.rows, keys);
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        float v = fc_sketch_estimate(agg, cfg.rows, cfg.cols, keys, i);
+        float v = fc_sketch_estimate(tt, cfg.rows, cfg.cols, keys, i);
         if (own) { // the CPU's acc: 0 + the own chunk as fc_core_add_own adds it
             float o = 0.0f;
             if (d.geo.skip_own)
@@ -346,7 +383,7 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, const sk_cfg
             FC_CHECK_LAUNCH(err, error);
             if (c.second)
                 return FC_OK;
-            sk_estimates<<<fc_cu_blocks(n, SK_THREADS * 4), SK_THREADS, 0, s>>>(
+            sk_estimates<<<fc_cu_blocks(n, SK_THREADS * SK_EST_PER), SK_THREADS, 0, s>>>(
                 *d, c, shared, (const float *)(a->recv + FC_HEADER_BYTES), 0, p.est);
             FC_CHECK_LAUNCH(err, error);
             FC_TRY(fc_cu_select_topk(p.sel, est, c.kr, s, err));
@@ -360,7 +397,7 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, const sk_cfg
             return FC_OK;
         sk_aggregate<<<fc_cu_blocks(cells, SK_THREADS * 4), SK_THREADS, 0, s>>>(*d, cells, p.agg); // zeros: none
         FC_CHECK_LAUNCH(err, error);
-        sk_estimates<<<fc_cu_blocks(n, SK_THREADS * 4), SK_THREADS, 0, s>>>(*d, c, shared, p.agg, pick, p.est);
+        sk_estimates<<<fc_cu_blocks(n, SK_THREADS * SK_EST_PER), SK_THREADS, 0, s>>>(*d, c, shared, p.agg, pick, p.est);
         FC_CHECK_LAUNCH(err, error);
         FC_TRY(fc_cu_select_topk(p.sel, est, c.kr, s, err));
         if (pick) {

@@ -381,7 +381,7 @@ __device__ __forceinline__ float skt_walk_pass(const float *terms, const uint8_t
 // finite, as the two agree up to a sum that overflowed to +-Inf (or a NaN/Inf term, which both
 // carry), and from there the plain chain stays Inf or NaN. A bucket that ends non-finite is
 // summed again with fc_add_sat in a second pass of its block (rare: sums beyond fp32, NaN/Inf).
-__global__ void __launch_bounds__(SKT_WALK_THREADS) skt_walk(fc_cu_enc e, skt_pass t, sk_cfg cfg, const uint32_t *tot,
+__global__ void __launch_bounds__(SKT_WALK_THREADS, 1) skt_walk(fc_cu_enc e, skt_pass t, sk_cfg cfg, const uint32_t *tot,
                                                              const float *terms, const uint8_t *fine)
 {
     __shared__ float st[2][SKT_TILE];

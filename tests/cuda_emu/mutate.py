@@ -3,7 +3,7 @@ index offset, a rounding mode, a block geometry), each built into the emulated l
 scratch copy of cuda/ (build.py's FSDPCOMP_EMU_CUDA_SRC) and run under the emulated test files.
 A mutant the tests do not fail has survived: the script prints a table and exits 1.
 
-    python3 tests/cuda_emu/mutate.py            # all six mutants
+    python3 tests/cuda_emu/mutate.py            # all seven mutants
     python3 tests/cuda_emu/mutate.py --quick    # the first three
     python3 tests/cuda_emu/mutate.py --only int8-round-floor --no-baseline
 
@@ -51,6 +51,10 @@ MUTANTS = [
     ("block-lanes-halved", "fc_cu_tile.cuh",
      "return bs >= FC_CU_TILE ? 32 : (int)(bs >> 3);", "return bs >= FC_CU_TILE ? 32 : (int)(bs >> 4);",
      "a quantisation block below a tile spans half its lanes (block scales of half blocks)"),
+    ("sketch-table-rank-reversed", "fc_cu_sketch_table.cu",
+     "const unsigned r = cnt[key] + (unsigned)__popc(peers & ((1u << lane) - 1u));",
+     "const unsigned r = cnt[key] + (unsigned)__popc(peers & ~((2u << lane) - 1u));",
+     "sketch tables: equal keys of a warp's row ranked high lane first (bucket sums out of index order)"),
     ("sketch-decompress-alpha-x2", "fc_cu_sketch.cu",
      "fc_cu_add_canon((float *)d.out + idx[j], d.alpha * est[idx[j]]);",
      "fc_cu_add_canon((float *)d.out + idx[j], 2.0f * d.alpha * est[idx[j]]);",
