@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(GVQ_THREADS) gvq_encode_tiles(fc_cu_enc e, gvq
     int ustr;
     const float *uu = gvq_stage_u(g, u, us, &ustr);
     const float lim = fc_bits_f32(FC_MAX_BITS) / (float)k;
-    fc_cu_res_sink sink = fc_cu_res_sink::make(e, c, start);
+    fc_cu_res_sink sink = fc_cu_res_sink::make(e, start, fc_cu_sampled(e, c));
     const int64_t ns = (n + m - 1) / m, tiles = (ns + ts - 1) / ts;
     const int tid = threadIdx.x;
     const int step_s = GVQ_THREADS / m, step_i = GVQ_THREADS - step_s * m; // j += GVQ_THREADS

@@ -27,6 +27,9 @@ if not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")):
 
 # byte offsets in fc_cuda_ws (cuda/fc_cuda.h)
 WS_NONFINITE_IN, WS_NONFINITE_OUT, WS_PAYLOAD_ERROR, WS_SATURATED = 0, 8, 48, 64
+# a one-pass encode's per-call part (enc_ticket .. enc_sum) to the struct's end: left zero by every
+# encode, so that the next one needs no memset (cuda/fc_cu_onepass.cuh)
+WS_ENC_SCRATCH, WS_SIZE = 36968, 65656
 FC_PAYLOAD_CODES = 8
 
 
@@ -42,6 +45,14 @@ def ws_counts(ws: bytes) -> dict:
     return {"nonfinite_in": struct.unpack_from("<Q", ws, WS_NONFINITE_IN)[0],
             "nonfinite_out": struct.unpack_from("<Q", ws, WS_NONFINITE_OUT)[0],
             "saturated": struct.unpack_from("<Q", ws, WS_SATURATED)[0]}
+
+
+def check_scratch_left_zero(ws: bytes, where: str) -> None:
+    """The workspace's per-call part after an encode or compress(): every ticket, flag and sum the
+    call used is zero again (the emulator's workspace starts zeroed, as the State's does)."""
+    assert len(ws) == WS_SIZE, f"fc_cuda_ws is {len(ws)} bytes, the test's offsets are for {WS_SIZE}"
+    left = [i for i in range(WS_ENC_SCRATCH, WS_SIZE) if ws[i]]
+    assert not left, f"{where}: the encode left its scratch set at byte offsets {left[:8]}"
 
 
 def align16(v: int) -> int:
@@ -147,6 +158,7 @@ class Emulated:
             args["rdt"] = DTYPES[st.res_dtype]
             files["res.bin"] = st.res
         outs = self.run("encode", w, args, files)
+        check_scratch_left_zero(outs["ws.bin"], f"{st.method} encode")
         st.calls += 1
         st.saturated += struct.unpack_from("<Q", outs["ws.bin"], WS_SATURATED)[0]
         if ef:
@@ -205,6 +217,16 @@ def test_emulated_encode_of_nonfinite_matches_cpu(emu, method, cfg, mode, gen):
 
 
 @pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_emulated_encode_without_error_feedback_matches_cpu(emu, method, cfg, dtype, gen):
+    """The lean one-pass kernels (no residual, no sample, an fp32 or bf16 gradient: the second
+    call) and the general one without a residual (the first call, sampled): the CPU's bytes, with
+    NaN/Inf passed or zeroed, a chunk below a tile and chunks of many."""
+    for world, rank, n, nonfinite in ((3, 1, 1031, "pass"), (4, 2, 3 * 2053, "zero"), (2, 0, 9, None)):
+        check_encode(emu, method, cfg, dtype, world, rank, n, gen, nonfinite=nonfinite, ef=False)
+
+
+@pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
 def test_emulated_encode_of_tiny_and_huge_values_matches_cpu(emu, method, cfg, gen):
     for scale in (1e-40, 1e-37, 1e30):
         check_encode(emu, method, cfg, torch.float32, 3, 1, 1031, gen, scale=scale)
@@ -248,6 +270,7 @@ def test_emulated_compress_and_decompress_match_cpu(emu, method, cfg, gen):
                "body_full": body, "pay_last": align16(32 + body), "body_last": body, "unit": 5, "step": 0,
                "chunk": chunk, "seed": 99, "fingerprint": st._core.fingerprint}
         outs = emu.run("compress", est, dict(geo, rank=rank, send_bytes=buf.numel()), {"grad.bin": x})
+        check_scratch_left_zero(outs["ws.bin"], f"{method} compress")
         got = torch.frombuffer(bytearray(outs["send.bin"]), dtype=torch.uint8)
         where = f"{method} {cfg} n={n} {kind}"
         assert torch.equal(got, buf[:w]), f"{where}: payload bytes differ at {(got != buf[:w]).nonzero()[:8].flatten().tolist()}"
