@@ -61,6 +61,28 @@ def find_nvcc():
     return None
 
 
+def build_jobs(n: int) -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(n, cores))
+
+
+def parallel_compile(self, sources, output_dir=None, macros=None, include_dirs=None, debug=0,
+                     extra_preargs=None, extra_postargs=None, depends=None):
+    """CCompiler.compile with the objects built side by side (bound to BuildExt's compiler)."""
+    macros, objects, extra_postargs, pp_opts, build = self._setup_compile(
+        output_dir, macros, include_dirs, sources, depends, extra_postargs)
+    cc_args = self._get_cc_args(pp_opts, debug, extra_preargs)
+
+    def one(obj):
+        if obj in build:  # _setup_compile leaves out the objects that are up to date
+            src, ext = build[obj]
+            self._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
+
+    with ThreadPoolExecutor(max_workers=build_jobs(len(objects))) as pool:
+        list(pool.map(one, objects))
+    return objects
+
+
 class BuildExt(build_ext):
     """Builds _C with the flags above, then the CUDA library when asked for and possible."""
 
@@ -80,6 +102,9 @@ class BuildExt(build_ext):
         super().run()
 
     def build_extensions(self):
+        # _C is one extension of ~50 files, which setuptools compiles one after another: they go
+        # in parallel, one per core (the same compile and the same objects, in a thread pool)
+        self.compiler.compile = parallel_compile.__get__(self.compiler)
         for ext in self.extensions:
             ext.extra_compile_args = c_flags()
             if env_flag("FSDPCOMP_SANITIZE"):
@@ -129,8 +154,7 @@ class BuildExt(build_ext):
         objs = [os.path.join(obj_dir, os.path.basename(src) + ".o") for src in sources]
         # nvcc compiles one file at a time (every arch in turn): the files go in parallel, one
         # per core, each job's output printed whole when it ends so errors read in one piece
-        jobs = max(1, min(len(sources), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                          else (os.cpu_count() or 1)))
+        jobs = build_jobs(len(sources))
 
         def compile_one(src_obj):
             src, obj = src_obj

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -30,6 +31,20 @@ FILES = ["cuda/test_cuda_sparse.py", "cuda/test_cuda_single.py", "cuda/test_cuda
          "cuda/test_cuda_onepass.py", "cuda/test_cuda_call_counts.py"]
 
 
+# The emulator runs a kernel's threads as fibers on one core, and this process only waits: the
+# selected files run side by side, one per core (at most 4), each test taking its file's result.
+JOBS = max(1, min(4, len(os.sched_getaffinity(0))))
+
+
+@pytest.fixture(scope="module")
+def file_runs(request):
+    selected = [item.callspec.params["test_file"] for item in request.session.items
+                if item.module is request.module and hasattr(item, "callspec")]
+    lib = pytest_emulated.library()  # built once, before the files start
+    with ThreadPoolExecutor(max_workers=JOBS) as pool:
+        yield {f: pool.submit(pytest_emulated.run, f, lib) for f in dict.fromkeys(selected)}
+
+
 @pytest.mark.parametrize("test_file", FILES)
-def test_cuda_file_on_the_emulated_library(test_file):
-    pytest_emulated.run(test_file)
+def test_cuda_file_on_the_emulated_library(test_file, file_runs):
+    file_runs[test_file].result()

@@ -15,12 +15,17 @@ from helpers.pkg_path import pythonpath
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run(test_file: str) -> None:
-    """Runs tests/<test_file> on the emulated library; fails the caller unless every test in it
-    ran and passed (a skip there means the emulation was not picked up)."""
+def library() -> str:
+    """The emulated library, built once per source state (FSDPCOMP_EMU_DIR, or a folder in /tmp)."""
     out = os.environ.get("FSDPCOMP_EMU_DIR") or os.path.join(tempfile.gettempdir(), f"fsdpcomp_cuda_emu_{os.getuid()}")
     os.makedirs(out, exist_ok=True)
-    lib = emu_build.build_shared(out)
+    return emu_build.build_shared(out)
+
+
+def run(test_file: str, lib: str | None = None) -> None:
+    """Runs tests/<test_file> on the emulated library (`lib`, or library()); fails the caller unless
+    every test in it ran and passed (a skip there means the emulation was not picked up)."""
+    lib = lib or library()
     # the fsdpcomp this run imported (installed, or the checkout built in place), never the bare
     # checkout: on a fresh clone that has no _C and would shadow the install
     env = dict(os.environ, FSDPCOMP_CUDA_LIB=lib, FSDPCOMP_TEST_EMULATED="1",
