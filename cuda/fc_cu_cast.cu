@@ -1,5 +1,6 @@
-// fc_cu_cast.cu: kernels of `none`, `fp16` and `bf16`, element-wise codes (m_none.c, m_cast.c).
-#include "fc_cu_codecs.cuh"
+// fc_cu_cast.cu: kernels of `none`, `fp16` and `bf16`, element-wise codes (m_none.c, m_cast.c);
+// their decode is the fused one (fc_cu_decode.cuh).
+#include "fc_cu_decode.cuh"
 
 // One fused pass per chunk: g' -> code -> body; e = g' - D(code) where the residual is kept
 // (fc_cu_residual: always replaced, saturated, the CPU's rule for a chunk that passed NaN/Inf).
@@ -56,6 +57,10 @@ struct none_code {
     {
         return term(b, i, alpha);
     }
+    __device__ __forceinline__ void add16(const uint8_t *b, int64_t i0, float alpha, float acc[16], uint32_t *) const
+    {
+        fc_cu_each16(b, dt, i0, [&](int k, float x) { acc[k] += alpha * x; });
+    }
 };
 
 struct bf16_code {
@@ -72,6 +77,10 @@ struct bf16_code {
     __device__ __forceinline__ float term(const uint8_t *b, int64_t i, float alpha, int *) const
     {
         return term(b, i, alpha);
+    }
+    __device__ __forceinline__ void add16(const uint8_t *b, int64_t i0, float alpha, float acc[16], uint32_t *) const
+    {
+        fc_cu_each16(b, FC_CU_BF16, i0, [&](int k, float x) { acc[k] += alpha * x; });
     }
 };
 
@@ -92,7 +101,7 @@ static int none_encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStr
 
 static int none_decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
 {
-    return fc_cu_launch_decode_dense(d, none_code{a->h.grad_dtype}, s, err);
+    return fc_cu_launch_decode_fused(a, d, none_code{a->h.grad_dtype}, s, err);
 }
 
 static int fp16_encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
@@ -102,7 +111,7 @@ static int fp16_encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStr
 
 static int fp16_decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
 {
-    return fc_cu_launch_decode_dense(d, fc_cu_make_fp16(a->h.geo.world), s, err);
+    return fc_cu_launch_decode_fused(a, d, fc_cu_make_fp16(a->h.geo.world), s, err);
 }
 
 static int bf16_encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
@@ -113,10 +122,17 @@ static int bf16_encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStr
 
 static int bf16_decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
 {
-    (void)a;
-    return fc_cu_launch_decode_dense(d, bf16_code{0}, s, err);
+    return fc_cu_launch_decode_fused(a, d, bf16_code{0}, s, err);
 }
 
-extern const fc_cu_method fc_cu_none = {FC_ID_NONE, none_encode, none_decode};
-extern const fc_cu_method fc_cu_fp16 = {FC_ID_FP16, fp16_encode, fp16_decode};
-extern const fc_cu_method fc_cu_bf16 = {FC_ID_BF16, bf16_encode, bf16_decode};
+// A cast method's table entry: its decode is the fused one (fc_cu_decode.cuh).
+static constexpr fc_cu_method cast_method(int id, decltype(fc_cu_method::encode) enc, decltype(fc_cu_method::decode) dec)
+{
+    fc_cu_method m = {id, enc, dec};
+    m.fused_decode = 1;
+    return m;
+}
+
+extern const fc_cu_method fc_cu_none = cast_method(FC_ID_NONE, none_encode, none_decode);
+extern const fc_cu_method fc_cu_fp16 = cast_method(FC_ID_FP16, fp16_encode, fp16_decode);
+extern const fc_cu_method fc_cu_bf16 = cast_method(FC_ID_BF16, bf16_encode, bf16_decode);

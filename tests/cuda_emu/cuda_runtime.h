@@ -506,4 +506,6 @@ template <class K> static inline fc_emu_launcher<K> fc_emu_launch(K k, dim3 grid
     return fc_emu_launcher<K>{k, grid, block, smem};
 }
 
+#include "cuda_emu_device.h" // the device's size, for grids sized to it
+
 #endif
