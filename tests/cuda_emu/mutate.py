@@ -3,7 +3,7 @@ index offset, a rounding mode, a block geometry), each built into the emulated l
 scratch copy of cuda/ (build.py's FSDPCOMP_EMU_CUDA_SRC) and run under the emulated test files.
 A mutant the tests do not fail has survived: the script prints a table and exits 1.
 
-    python3 tests/cuda_emu/mutate.py            # all six mutants
+    python3 tests/cuda_emu/mutate.py            # all seven mutants
     python3 tests/cuda_emu/mutate.py --quick    # the first three
     python3 tests/cuda_emu/mutate.py --only int8-round-floor --no-baseline
 
@@ -51,6 +51,9 @@ MUTANTS = [
     ("block-lanes-halved", "fc_cu_tile.cuh",
      "return bs >= FC_CU_TILE ? 32 : (int)(bs >> 3);", "return bs >= FC_CU_TILE ? 32 : (int)(bs >> 4);",
      "a quantisation block below a tile spans half its lanes (block scales of half blocks)"),
+    ("fused-decode-skips-runs", "fc_cu_decode.cuh",
+     "i0 < d.out_numel; i0 += step) {", "i0 < d.out_numel; i0 += 2 * step) {",
+     "the fused decode's grid-stride loop skips every other round of runs (a grid the device sized)"),
     ("sketch-decompress-alpha-x2", "fc_cu_sketch.cu",
      "fc_cu_add_canon((float *)d.out + idx[j], d.alpha * est[idx[j]]);",
      "fc_cu_add_canon((float *)d.out + idx[j], 2.0f * d.alpha * est[idx[j]]);",
