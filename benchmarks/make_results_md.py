@@ -20,7 +20,6 @@ import results_mem  # noqa: E402
 import results_step  # noqa: E402
 
 COMM_CMD = "sudo python benchmarks/comm_bench.py --world 2 3 4 --sizes 16M 64M --links 1 10 unshaped"
-KERNELS_JSON = os.path.join("benchmarks", "results", "kernels.json")  # comm_bench's default
 TRAIN_CMD = {"cpu": "sudo python benchmarks/train_bench.py --setting cpu --seeds 0 1 2",
              "gpu": "python benchmarks/train_bench.py --setting gpu"}
 
@@ -95,24 +94,25 @@ def comm_section(data: dict, rel: str, brief: bool = False) -> list[str]:
                 "[docs/results.md](docs/results.md)."]
     else:
         c = data["cluster"]
+        rows_c, caption, kernels = cluster_with_gpu_times(
+            c, os.path.join(os.path.dirname(data["_path"]), "gpu", "kernels_cuda.json"))
         out += ["", f"### PROJECTED for GPU clusters (alpha-beta, not measured): {c['numel']} fp32 elements "
-                f"per GPU, alpha {c['alpha_us']:g} us", "", f"{c['note']}." + ("" if c["kernel_times"] else
-                " Codec time is taken as 0, so these speedups are upper bounds."), ""]
+                f"per GPU, alpha {c['alpha_us']:g} us", "", caption, ""]
         rows = [[f"{r['gbit']:.0f}", str(r["world"]), r["method"], f"{r['ratio']:.2f}", f"{r['time_s'] * 1e3:.2f}",
-                 f"{r['speedup_vs_nccl_rs']:.2f}", f"{r['speedup_vs_none']:.2f}"] for r in c["rows"]]
+                 f"{r['speedup_vs_nccl_rs']:.2f}", f"{r['speedup_vs_none']:.2f}"] for r in rows_c]
         out += md_table(["Gbit/s", "GPUs", "method", "ratio", "projected ms", "vs NCCL rs", "vs none"], rows)
         # the step projection follows from the rows above and projection.py's stated assumptions
         compute_s = projection.compute_time(c["numel"])
         # the int8 parameter codec is the int8 gradient codec (block 256): the same measured ratio
         int8 = next((r for r in c["rows"] if r["method"] == "int8"), None)
-        kernels, _ = projection.load_kernel_times(KERNELS_JSON)
-        steps = projection.step_table(c["rows"], c["numel"], c["alpha_us"] * 1e-6, compute_s,
-                                      int8["ratio"] if int8 else None, kernels.get("int8"))
+        gather_kernel = kernels.get("int8") if kernels else None
+        steps = projection.step_table(rows_c, c["numel"], c["alpha_us"] * 1e-6, compute_s,
+                                      int8["ratio"] if int8 else None, gather_kernel)
         out += ["", "### PROJECTED step speedup for GPU clusters (not measured)", "",
                 f"{projection.step_caption(c['numel'], compute_s)}. Uncompressed all-gathers bound what "
                 "compressing the reduce-scatter alone can give; `+ gathers` compresses them too "
                 f"(int8, ratio {fmt(int8 and int8['ratio'], '.2f')}"
-                + (", codec from GPU kernel times" if kernels.get("int8") else ", codec time 0: an upper bound")
+                + (", codec from the same GPU kernel times" if gather_kernel else ", codec time 0: an upper bound")
                 + "), against the same uncompressed baseline.", ""]
         rows = [[f"{r['gbit']:.0f}", str(r["world"]), r["method"], f"{r['ratio']:.2f}", f"{r['step_s'] * 1e3:.2f}",
                  f"{r['speedup_no_overlap']:.2f}", f"{r['speedup_full_overlap']:.2f}",
@@ -125,6 +125,27 @@ def comm_section(data: dict, rel: str, brief: bool = False) -> list[str]:
     shaped = m["namespaces"] and any(r["shaped"] for r in data["runs"])
     out += ["", "Reproduce:", "", "```", reproduce_cmd(m, COMM_CMD, root=shaped), "```", ""]
     return out
+
+
+def cluster_with_gpu_times(c: dict, kernels_path: str) -> tuple[list[dict], str, dict | None]:
+    """comm_bench.json's cluster projection with the GPU codec times of the newest run of the kernel
+    table at kernels_path (the results folder's gpu/kernels_cuda.json): its rows (only the methods that run timed), the caption (which
+    run fed it, which methods were left out), and the kernel times (None: there are none, and the
+    rows are comm_bench's own with codec time 0, said so)."""
+    try:
+        kernels, info = projection.load_gpu_kernels(kernels_path)
+    except (OSError, ValueError) as e:
+        return c["rows"], f"{e}. Codec time is taken as 0, so these speedups are upper bounds.", None
+    rows, left_out = projection.from_comm(c, kernels, info)
+    where = projection.describe(info)
+    caption = (f"Ratios measured by comm_bench (above); encode and decode times per element measured on a GPU: "
+               f"{where} (benchmarks/kernels_cuda.py, each method at its defaults, at the largest size that run "
+               "timed). Encode covers the W-1 chunks sent, decode the W-1 received; `vs none` compares with "
+               "`none`'s wire time alone.")
+    if left_out:
+        caption += (f" Not projected, for want of a GPU row in that run (a codec time of 0 would claim a speedup "
+                    f"nothing measured): {', '.join(left_out)}.")
+    return rows, caption, kernels
 
 
 def train_section(data: dict, rel: str) -> list[str]:

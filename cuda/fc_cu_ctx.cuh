@@ -6,16 +6,23 @@
 #include <stdlib.h>
 #include "fc_cu.cuh"
 
-#define FC_CU_EVENTS 64 // event pairs per kind: calls whose timing may be in flight at once
+// Event pairs, every kind's from one ring: timed calls whose times may be in flight at once (the
+// 64 per kind of before, pooled). All are made at the context's first timed call, in one go: a
+// cudaEventCreate costs the host about as much as a launch, and made one pair per call (as they
+// were) they cost the first calls of every State two each.
+#define FC_CU_PAIRS (64 * FC_TIME_KINDS)
 
 typedef struct {
     cudaEvent_t a, b;
+    int kind;    // what the pair times (FC_TIME_*)
     int pending; // both recorded, elapsed time not yet harvested
 } fc_cu_timer;
 
 struct fc_cuda_ctx {
-    fc_cu_timer t[FC_TIME_KINDS][FC_CU_EVENTS];
-    int next[FC_TIME_KINDS];       // ring position of the next pair of each kind
+    fc_cu_timer t[FC_CU_PAIRS];
+    int made;                      // pairs whose events exist (the first `made` of t)
+    int tried;                     // the pool was made, or its making failed: not tried again
+    int next;                      // ring position of the next pair
     double seconds[FC_TIME_KINDS]; // harvested, not yet handed to the State's counters
     fc_cu_timer *open_comm;        // comm_mark's begin, waiting for its end
     int open_kind;
@@ -26,8 +33,9 @@ struct fc_cuda_ctx {
 
 fc_cuda_ctx *fc_cu_ctx_new(void);
 void fc_cu_ctx_free(fc_cuda_ctx *ctx);
-// The next free pair of `kind` with `a` recorded on s, or NULL (the call goes untimed) when
-// the GPU still runs the call that used it 64 calls ago, or an event call failed.
+// The next free pair with `a` recorded on s, timing `kind`, or NULL (the call goes untimed) when
+// the GPU still runs the call that used it FC_CU_PAIRS timed calls ago, or an event call failed.
+// The first call makes the pool.
 fc_cu_timer *fc_cu_timer_start(fc_cuda_ctx *ctx, int kind, cudaStream_t s);
 void fc_cu_timer_stop(fc_cu_timer *t, cudaStream_t s);
 // Adds finished pairs to ctx->seconds; `wait`: waits for every pending one first.

@@ -2,12 +2,17 @@
 // stream every rank shares, by the CPU's selection sampling cut into segments that run side by
 // side (csrc/common/fc_randk_par.h: the same picks, in five steps), the values through the value codec;
 // receivers sum the senders' decoded values per coordinate in rank order (the compressed domain)
-// and scatter the sum once, scaled by n / k, onto the own chunk.
+// and scatter the sum once, scaled by n / k, onto the own chunk. The two walks of exact values
+// (steps 3 and 4) are a warp's each: the events of a segment are resolved 32 at a time, and a
+// segment whose window failed is simulated by the warp, a Philox call per lane (a chunk's last
+// few thousand elements fail as a rule: there every trajectory of the window converges, each
+// step an event), so no thread replays elements one by one.
 #include "fc_cu_sparse.cuh"
 #include "common/fc_randk_par.h"
 
 #define RK_THREADS 128
-#define RK_SPREAD 6.0 // windows of 6 standard deviations: fallbacks are rare, never wrong
+#define RK_SPREAD 6.0 // windows of 6 standard deviations: a window misses rarely, never wrongly
+#define RK_FULL 0xffffffffu
 
 struct rk_cfg {
     fc_cu_krule kr;
@@ -70,6 +75,8 @@ __host__ __device__ __forceinline__ rk_chunk rk_chunk_at(const rk_space &sp, int
 
 __global__ void rk_level1(rk_space sp)
 {
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
+        *sp.left = 0; // counted from step 3 on
     const rk_chunk h = rk_chunk_at(sp, blockIdx.y);
     const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (h.on && j < fc_rk_segs1(h.n))
@@ -86,28 +93,168 @@ __global__ void rk_level2(rk_space sp)
                      sp.segs2 + blockIdx.y * sp.s2, sp.ev2 + blockIdx.y * sp.s2 * FC_RK_CAP2);
 }
 
-// One thread per chunk: the walk over its level-2 segments.
-__global__ void rk_top(rk_space sp)
+// ---- the walks of exact values, a warp each
+
+// The events of one batch (lane j holds the batch's event j; a lane without one holds key
+// UINT64_MAX) for entry x with `extra` of them fired before: the new extra, every lane's. An
+// event fires as in fc_rk_eval; the lowest lane that fires with the extra known so far does fire
+// (the lanes before it do not, with that same extra), so each round settles one.
+__device__ __forceinline__ int64_t rk_fire(int64_t x, int64_t extra, uint64_t key, int64_t before)
 {
-    const int y = blockIdx.x * blockDim.x + threadIdx.x;
-    if (y >= sp.chunks)
-        return;
+    const int lane = threadIdx.x & 31;
+    int from = 0;
+    for (;;) {
+        const bool f = lane >= from && key < ((uint64_t)(x - before - extra) << 32);
+        const unsigned m = __ballot_sync(RK_FULL, f);
+        if (m == 0)
+            return extra;
+        from = __ffs((int)m); // the lane after the one that fired
+        extra++;
+    }
+}
+
+// fc_rk_eval by a warp: a usable segment's exit for entry x.
+__device__ int64_t rk_warp_eval(const fc_rk_seg &s, const fc_rk_event *ev, int64_t x)
+{
+    const int lane = threadIdx.x & 31;
+    int64_t extra = 0;
+    for (int e0 = 0; e0 < s.nev; e0 += 32) {
+        const int e = e0 + lane;
+        const uint64_t key = e < s.nev ? ev[e].key : UINT64_MAX;
+        const int64_t before = e < s.nev ? ev[e].before : 0;
+        extra = rk_fire(x, extra, key, before);
+    }
+    return x - s.dlo - extra;
+}
+
+// fc_rk_run's need left after elements [lo, hi) (lo a multiple of 4) from need x, by a warp: a
+// Philox call per lane draws 128 elements a round; a take is an event of before 0 whose key is
+// the draw times the elements left, resolved 32 elements at a time in order.
+__device__ int64_t rk_warp_run(const fc_rng *g, int64_t n, int64_t lo, int64_t hi, int64_t x)
+{
+    const int lane = threadIdx.x & 31;
+    for (int64_t q0 = lo; q0 < hi && x > 0; q0 += 128) {
+        const fc_u32x4 r = fc_rng_draw4(g, (uint32_t)((q0 >> 2) + lane));
+        for (int b = 0; b < 4; b++) { // elements q0 + 32 b + lane: word lane & 3 of lane 8 b + lane / 4
+            const int from = 8 * b + (lane >> 2), w = lane & 3;
+            const uint32_t v0 = __shfl_sync(RK_FULL, r.v[0], from), v1 = __shfl_sync(RK_FULL, r.v[1], from);
+            const uint32_t v2 = __shfl_sync(RK_FULL, r.v[2], from), v3 = __shfl_sync(RK_FULL, r.v[3], from);
+            const uint32_t v = w == 0 ? v0 : w == 1 ? v1 : w == 2 ? v2 : v3;
+            const int64_t q = q0 + 32 * b + lane;
+            const uint64_t key = q < hi ? (uint64_t)v * (uint64_t)(n - q) : UINT64_MAX;
+            x -= rk_fire(x, 0, key, 0); // fc_rule_randk_take's test, need x - takes so far
+        }
+    }
+    return x;
+}
+
+// fc_rk_step1 by a warp.
+__device__ __forceinline__ int64_t rk_warp_step1(const fc_rng *g, int64_t n, int64_t j, const fc_rk_seg &s,
+                                                 const fc_rk_event *ev, int64_t x)
+{
+    if (fc_rk_usable(&s, x))
+        return rk_warp_eval(s, ev, x);
+    const int64_t lo = j * FC_RK_L1, hi = lo + FC_RK_L1 < n ? lo + FC_RK_L1 : n;
+    return rk_warp_run(g, n, lo, hi, x);
+}
+
+// A segment's header broadcast from the lane that loaded it.
+__device__ __forceinline__ fc_rk_seg rk_seg_from(const fc_rk_seg &mine, int lane)
+{
+    fc_rk_seg s;
+    s.a = __shfl_sync(RK_FULL, mine.a, lane);
+    s.b = __shfl_sync(RK_FULL, mine.b, lane);
+    s.dlo = __shfl_sync(RK_FULL, mine.dlo, lane);
+    s.nev = __shfl_sync(RK_FULL, mine.nev, lane);
+    s.over = __shfl_sync(RK_FULL, mine.over, lane);
+    return s;
+}
+
+// 3. fc_rk_top by a warp per chunk: the headers of 32 level-2 segments at a time, and their
+// first 32 events, staged in shared memory (the walk waits on no load per segment).
+__global__ void __launch_bounds__(32) rk_top(rk_space sp)
+{
+    __shared__ uint64_t skey[32][32];
+    __shared__ int64_t sbefore[32][32];
+    const int y = blockIdx.x, lane = threadIdx.x;
     const rk_chunk h = rk_chunk_at(sp, y);
     if (!h.on)
         return;
-    const int64_t left = fc_rk_top(&h.g, h.n, h.k, sp.segs1 + y * sp.s1, sp.ev1 + y * sp.s1 * FC_RK_CAP1,
-                                   sp.segs2 + y * sp.s2, sp.ev2 + y * sp.s2 * FC_RK_CAP2, sp.x2 + y * sp.s2);
-    if (left != 0)
+    const fc_rk_seg *segs1 = sp.segs1 + y * sp.s1, *segs2 = sp.segs2 + y * sp.s2;
+    const fc_rk_event *ev1 = sp.ev1 + y * sp.s1 * FC_RK_CAP1, *ev2 = sp.ev2 + y * sp.s2 * FC_RK_CAP2;
+    const int64_t s1 = fc_rk_segs1(h.n), s2 = fc_rk_segs2(h.n);
+    int64_t x = h.k;
+    for (int64_t t0 = 0; t0 < s2; t0 += 32) {
+        fc_rk_seg mine;
+        memset(&mine, 0, sizeof(mine));
+        if (t0 + lane < s2)
+            mine = segs2[t0 + lane];
+        for (int q = 0; q < 32 && t0 + q < s2; q++) { // lane: event `lane` of each segment
+            const int nev = __shfl_sync(RK_FULL, mine.nev, q);
+            if (lane < nev) {
+                skey[q][lane] = ev2[(t0 + q) * FC_RK_CAP2 + lane].key;
+                sbefore[q][lane] = ev2[(t0 + q) * FC_RK_CAP2 + lane].before;
+            }
+        }
+        __syncwarp();
+        for (int q = 0; q < 32 && t0 + q < s2; q++) {
+            const int64_t t = t0 + q;
+            const fc_rk_seg s = rk_seg_from(mine, q);
+            if (lane == 0)
+                sp.x2[y * sp.s2 + t] = x;
+            if (fc_rk_usable(&s, x)) {
+                int64_t extra = rk_fire(x, 0, lane < s.nev ? skey[q][lane] : UINT64_MAX, lane < s.nev ? sbefore[q][lane] : 0);
+                for (int e0 = 32; e0 < s.nev; e0 += 32) { // past the staged ones
+                    const int e = e0 + lane;
+                    extra = rk_fire(x, extra, e < s.nev ? ev2[t * FC_RK_CAP2 + e].key : UINT64_MAX,
+                                    e < s.nev ? ev2[t * FC_RK_CAP2 + e].before : 0);
+                }
+                x = x - s.dlo - extra;
+                continue;
+            }
+            // walked through its level-1 segments: their entries are written here, and step 4
+            // finds the level-2 entry marked done (-1 - x) and leaves them
+            if (lane == 0)
+                sp.x2[y * sp.s2 + t] = -1 - x;
+            for (int64_t j = t * FC_RK_G; j < (t + 1) * FC_RK_G && j < s1; j++) {
+                if (lane == 0)
+                    sp.x1[y * sp.s1 + j] = x;
+                x = rk_warp_step1(&h.g, h.n, j, segs1[j], ev1 + j * FC_RK_CAP1, x);
+            }
+        }
+        __syncwarp(); // the stage again
+    }
+    if (lane == 0 && x != 0)
         atomicAdd(sp.left, 1u);
 }
 
-__global__ void rk_mid(rk_space sp)
+// 4. fc_rk_mid by a warp per level-2 segment: its level-1 segments' exact entries (unless step 3
+// walked them already).
+__global__ void __launch_bounds__(RK_THREADS) rk_mid(rk_space sp)
 {
     const rk_chunk h = rk_chunk_at(sp, blockIdx.y);
-    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (h.on && t < fc_rk_segs2(h.n))
-        fc_rk_mid(&h.g, h.n, t, sp.segs1 + blockIdx.y * sp.s1, sp.ev1 + blockIdx.y * sp.s1 * FC_RK_CAP1,
-                  sp.x2 + blockIdx.y * sp.s2, sp.x1 + blockIdx.y * sp.s1);
+    const int64_t t = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (!h.on || t >= fc_rk_segs2(h.n))
+        return; // the whole warp
+    const fc_rk_seg *segs1 = sp.segs1 + blockIdx.y * sp.s1;
+    const fc_rk_event *ev1 = sp.ev1 + blockIdx.y * sp.s1 * FC_RK_CAP1;
+    const int64_t s1 = fc_rk_segs1(h.n), j1 = (t + 1) * FC_RK_G < s1 ? (t + 1) * FC_RK_G : s1;
+    int64_t x = sp.x2[blockIdx.y * sp.s2 + t];
+    if (x < 0)
+        return; // step 3 walked this one (the whole warp)
+    for (int64_t j0 = t * FC_RK_G; j0 < j1; j0 += 32) {
+        fc_rk_seg mine;
+        memset(&mine, 0, sizeof(mine));
+        if (j0 + lane < j1)
+            mine = segs1[j0 + lane];
+        for (int q = 0; q < 32 && j0 + q < j1; q++) {
+            const int64_t j = j0 + q;
+            if (lane == 0)
+                sp.x1[blockIdx.y * sp.s1 + j] = x;
+            x = rk_warp_step1(&h.g, h.n, j, rk_seg_from(mine, q), ev1 + j * FC_RK_CAP1, x);
+        }
+    }
 }
 
 __global__ void rk_emit(rk_space sp)
@@ -144,14 +291,13 @@ static int draw(const rk_space &sp, cudaStream_t s, fc_err *err)
     int rc = FC_OK;
     const dim3 g1(fc_cu_blocks(sp.s1, RK_THREADS), (unsigned)sp.chunks);
     const dim3 g2(fc_cu_blocks(sp.s2, RK_THREADS), (unsigned)sp.chunks);
-    FC_CHECK_CUDA(cudaMemsetAsync(sp.left, 0, sizeof(unsigned int), s), err, error);
     rk_level1<<<g1, RK_THREADS, 0, s>>>(sp);
     FC_CHECK_LAUNCH(err, error);
     rk_level2<<<g2, RK_THREADS, 0, s>>>(sp);
     FC_CHECK_LAUNCH(err, error);
-    rk_top<<<fc_cu_blocks(sp.chunks, 32), 32, 0, s>>>(sp);
+    rk_top<<<(unsigned)sp.chunks, 32, 0, s>>>(sp);
     FC_CHECK_LAUNCH(err, error);
-    rk_mid<<<g2, RK_THREADS, 0, s>>>(sp);
+    rk_mid<<<dim3(fc_cu_blocks(sp.s2 * 32, RK_THREADS), (unsigned)sp.chunks), RK_THREADS, 0, s>>>(sp);
     FC_CHECK_LAUNCH(err, error);
     rk_emit<<<g1, RK_THREADS, 0, s>>>(sp);
     FC_CHECK_LAUNCH(err, error);

@@ -113,30 +113,32 @@ __device__ __forceinline__ int fc_cu_chunk_of(int64_t i, int64_t per, double inv
 // slots of received payloads). One predicate type serves every use, so CUB's DeviceSelect is
 // instantiated once (fc_cu_cub.cu).
 
-enum { FC_SEL_ABOVE = 0, FC_SEL_DIGIT = 1, FC_SEL_BITS = 2 };
+enum { FC_SEL_ABOVE = 0, FC_SEL_BITS = 2 };
 
 // What a selection knows of one chunk (device memory, fc_cu_select.cu fills it).
 struct fc_cu_sel_chunk {
     int64_t start, n; // span in the index space
     int64_t k;        // indices kept (top-k: the rule's; threshold and bitmap: counted)
     int64_t off;      // where the chunk's kept indices start in the output
-    uint32_t thr;     // ABOVE: key > thr is kept; DIGIT: the prefix key >> shift must equal
+    uint32_t thr;     // ABOVE: key > thr is kept; top-k: the k-th largest key once found
     int on;           // 0: the chunk takes no part
-    int64_t cut;      // ABOVE: key == thr is kept at indices <= cut
-    int64_t want;     // top-k: rank (1-based, from the top) still to find under the prefix
-    int64_t cand_off, cand_n; // top-k: the chunk's candidates
-    uint32_t ties;    // top-k: keys equal to thr
-    int done;         // top-k: thr and cut are final
+    int64_t cut;      // ABOVE: key == thr is kept at indices <= cut; top-k: the same, cut
+                      // chunk-local
     const uint8_t *bits; // BITS: the chunk's bitmap, bit i - start for index i
+    // top-k's radix select (fc_cu_select.cu): `all` keeps every element (k >= n); else the
+    // digits of the k-th largest key found so far, and `want`, its rank (1-based, from the top)
+    // among the keys that share them; `ties`: the keys equal to the k-th largest
+    int all;
+    uint32_t d1, d2;
+    int64_t want, ties;
 };
 
 struct fc_cu_sel_pred {
     int mode;
-    fc_cu_src src; // ABOVE, DIGIT: key of i = abs bits of src.x(i)
+    fc_cu_src src; // ABOVE: key of i = abs bits of src.x(i)
     int64_t per;
     double inv_per;
     const fc_cu_sel_chunk *ch;
-    int shift; // DIGIT
 
     __device__ __forceinline__ bool operator()(int64_t i) const
     {
@@ -149,8 +151,6 @@ struct fc_cu_sel_pred {
             return (h.bits[j >> 3] >> (j & 7)) & 1u;
         }
         const uint32_t key = fc_abs_bits(src.x(i));
-        if (mode == FC_SEL_DIGIT) // top-k's candidates, of the chunks still searching
-            return !h.done && (key >> shift) == h.thr;
         return key > h.thr || (key == h.thr && i <= h.cut);
     }
 };
@@ -178,13 +178,19 @@ static inline fc_cu_sel_space fc_cu_sel_space_of(const fc_cuda_geom &g)
     return fc_cu_sel_space{g.numel, g.per > 0 ? g.per : 1, g.world, g.skip_own ? g.rank : -1};
 }
 
-// A selection: the chunk table, the output and CUB's temporary storage, carved from the arena.
+// A selection: the chunk table, the output and CUB's temporary storage, carved from the arena;
+// top-k's parts too (its radix select works tile by tile, fc_cu_select.cu).
+struct fc_cu_sel_tile; // top-k: one tile's counts and output offset
 struct fc_cu_selection {
     fc_cu_sel_space sp;
     fc_cu_sel_chunk *ch; // device, sp.chunks entries
     int64_t *idx;        // device, up to N: the kept indices (global), chunk by chunk, ascending
     int64_t *num;        // device: how many
-    uint32_t *hist;      // device: top-k's histograms
+    uint32_t *hist;      // device: top-k's histograms, one per chunk
+    uint32_t *slot;      // device, N: top-k's lists per tile (the surely kept, the candidates)
+    fc_cu_sel_tile *tiles; // device: top-k's tiles, chunk by chunk (tiles_per each)
+    unsigned int *tick;  // device, per chunk: top-k's count of blocks done (the last one picks)
+    int64_t tiles_per;   // top-k: tiles of the longest chunk
     void *temp;          // CUB's
     size_t temp_bytes;
 };
@@ -211,8 +217,9 @@ static inline int64_t fc_cu_kept_total(const fc_cuda_geom &g, const fc_cu_krule 
 // Carves a selection over sp from the arena (sizing when the arena has no base).
 int fc_cu_sel_carve(fc_cu_arena &ar, const fc_cu_sel_space &sp, fc_cu_selection *sel, fc_err *err);
 // Top-k of each chunk by magnitude (fc_select.c's rule: NaN largest, ties to the lowest
-// indices), kept indices ascending. Keys are src.x's magnitudes; src is read three times, with
-// a radix select on the candidates of the first digit in between (fc_cu_select.cu).
+// indices), kept indices ascending. Keys are src.x's magnitudes; src is read twice (a histogram
+// of the keys' top digit, then the split into the surely kept and the candidates), the rest works
+// on the candidates alone (fc_cu_select.cu).
 int fc_cu_select_topk(const fc_cu_selection &sel, const fc_cu_src &src, const fc_cu_krule &kr,
                cudaStream_t s, fc_err *err);
 // Every i with |src.x(i)| > v (fc_rule_thrv_keep), per chunk counted into k and off.
@@ -344,6 +351,24 @@ struct fc_cu_outs {
         return send + (off != NULL ? off[c] : fc_cu_send_off(geo, c));
     }
 };
+
+// What top-k's encode has the selection write on its way (fc_cu_topk.cu): each chunk's index
+// region and kept values, the value codec's jobs, and the residual of every element surely not
+// kept (the rest is fc_cu_sel_topk_residual's, once the values are coded).
+struct fc_cu_sel_emit {
+    fc_cu_enc e;        // the encode: src, residual, counters, the sender's stream (e.rng)
+    fc_cu_outs outs;    // the payloads
+    int64_t at;         // the index region's offset in a body
+    float *vals;        // out: x at the kept indices, as idx
+    fc_cu_vc_job *jobs; // out: per chunk, the value codec's job
+    int residual;       // the encode keeps a residual or samples the error statistics
+};
+int fc_cu_select_topk_emit(const fc_cu_selection &sel, const fc_cu_krule &kr, const fc_cu_sel_emit &em,
+                           cudaStream_t s, fc_err *err);
+// After the value codec wrote the values (vc): the residual at the kept indices (x plus the
+// decode with alpha = -1) and at the candidates not kept (x), with their terms of the sums.
+int fc_cu_sel_topk_residual(const fc_cu_selection &sel, const fc_cu_sel_emit &em, const fc_cu_vc &vc,
+                            cudaStream_t s, fc_err *err);
 
 // ---- index coding (fc_sparse.c): k ascending coordinates of [0, n) as a bitmap, 16- or 32-bit
 // indices, padded to 4 bytes. Every byte of the region is written.

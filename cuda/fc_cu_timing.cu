@@ -1,15 +1,16 @@
 // fc_cu_timing.cu: the per-State context: CUDA event pairs around compress / comm / decompress
-// (and the collectives torch.distributed runs, marked from Python), harvested only when
-// counters are read or a pair is needed again, so the hook never waits for the GPU.
+// (and the collectives torch.distributed runs, marked from Python), from one pool made at the
+// context's first timed call, harvested only when counters are read or a pair is needed again,
+// so the hook never waits for the GPU and a warm call makes no event.
 #include "fc_cu_ctx.cuh"
 
-// Adds the elapsed time of every finished pending pair of `kind`. A pair still running stays
-// pending; cudaEventQuery's cudaErrorNotReady is taken out of the last-error slot at once:
-// left there, the next FC_CHECK_LAUNCH of an encode on this thread raised it as a CudaError.
-static void harvest_kind(fc_cuda_ctx *ctx, int k, int wait)
+// Adds the elapsed time of every finished pending pair to its kind. A pair still running stays
+// pending; cudaEventQuery's cudaErrorNotReady is taken out of the last-error slot at once: left
+// there, the next FC_CHECK_LAUNCH of an encode on this thread raised it as a CudaError.
+void fc_cu_timers_harvest(fc_cuda_ctx *ctx, int wait)
 {
-    for (int i = 0; i < FC_CU_EVENTS; i++) {
-        fc_cu_timer *t = &ctx->t[k][i];
+    for (int i = 0; i < ctx->made; i++) {
+        fc_cu_timer *t = &ctx->t[i];
         if (!t->pending)
             continue;
         cudaError_t q = wait ? cudaEventSynchronize(t->b) : cudaEventQuery(t->b);
@@ -19,17 +20,11 @@ static void harvest_kind(fc_cuda_ctx *ctx, int k, int wait)
         }
         float ms = 0.0f;
         if (q == cudaSuccess && cudaEventElapsedTime(&ms, t->a, t->b) == cudaSuccess)
-            ctx->seconds[k] += 1e-3 * (double)ms;
+            ctx->seconds[t->kind] += 1e-3 * (double)ms;
         else
             (void)cudaGetLastError(); // a failed query loses one timing, nothing else
         t->pending = 0;
     }
-}
-
-void fc_cu_timers_harvest(fc_cuda_ctx *ctx, int wait)
-{
-    for (int k = 0; k < FC_TIME_KINDS; k++)
-        harvest_kind(ctx, k, wait);
 }
 
 fc_cuda_ctx *fc_cu_ctx_new(void)
@@ -41,36 +36,50 @@ void fc_cu_ctx_free(fc_cuda_ctx *ctx)
 {
     if (ctx == NULL)
         return;
-    for (int k = 0; k < FC_TIME_KINDS; k++)
-        for (int i = 0; i < FC_CU_EVENTS; i++)
-            if (ctx->t[k][i].a != NULL) {
-                FC_CUDA_IGNORE(cudaEventDestroy(ctx->t[k][i].a));
-                FC_CUDA_IGNORE(cudaEventDestroy(ctx->t[k][i].b));
-            }
+    for (int i = 0; i < ctx->made; i++) {
+        FC_CUDA_IGNORE(cudaEventDestroy(ctx->t[i].a));
+        FC_CUDA_IGNORE(cudaEventDestroy(ctx->t[i].b));
+    }
     free(ctx);
+}
+
+// The pool, on the current device (the caller's frame entered it): as many pairs as can be made;
+// a failure leaves the ring the pairs made before it (none: every call goes untimed).
+static void make_pool(fc_cuda_ctx *ctx)
+{
+    ctx->tried = 1;
+    while (ctx->made < FC_CU_PAIRS) {
+        fc_cu_timer *t = &ctx->t[ctx->made];
+        if (cudaEventCreate(&t->a) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return;
+        }
+        if (cudaEventCreate(&t->b) != cudaSuccess) {
+            (void)cudaGetLastError();
+            FC_CUDA_IGNORE(cudaEventDestroy(t->a));
+            return;
+        }
+        ctx->made++;
+    }
 }
 
 fc_cu_timer *fc_cu_timer_start(fc_cuda_ctx *ctx, int kind, cudaStream_t s)
 {
-    fc_cu_timer *t = &ctx->t[kind][ctx->next[kind]];
+    if (!ctx->tried)
+        make_pool(ctx);
+    if (ctx->made == 0)
+        return NULL;
+    fc_cu_timer *t = &ctx->t[ctx->next % ctx->made];
     if (t->pending) // the ring came round: collect what finished (once, not per slot)
-        harvest_kind(ctx, kind, 0);
+        fc_cu_timers_harvest(ctx, 0);
     if (t->pending)
-        return NULL; // 64 calls of this kind still queued on the GPU: this one goes untimed
-    if (t->a == NULL) {
-        if (cudaEventCreate(&t->a) != cudaSuccess || cudaEventCreate(&t->b) != cudaSuccess) {
-            (void)cudaGetLastError();
-            if (t->a != NULL)
-                FC_CUDA_IGNORE(cudaEventDestroy(t->a));
-            t->a = t->b = NULL;
-            return NULL;
-        }
-    }
+        return NULL; // FC_CU_PAIRS timed calls still queued on the GPU: this one goes untimed
     if (cudaEventRecord(t->a, s) != cudaSuccess) {
         (void)cudaGetLastError();
         return NULL;
     }
-    ctx->next[kind] = (ctx->next[kind] + 1) % FC_CU_EVENTS;
+    t->kind = kind;
+    ctx->next = (ctx->next + 1) % ctx->made;
     return t;
 }
 

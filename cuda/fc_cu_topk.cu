@@ -1,8 +1,9 @@
 // fc_cu_topk.cu: kernels of `topk` (m_topk.c): the exact k largest magnitudes of every sent chunk
-// at once (fc_cu_select.cu: a radix select of the k-th largest, ties to the lowest indices, then
-// one ordered compaction), the indices as the CPU codes them and the values through the value
-// codec (fc_cu_sparse_common.cu); receivers check each payload and add it at its indices in rank
-// order, as the CPU decoder does.
+// at once (fc_cu_select.cu: a radix select of the k-th largest, ties to the lowest indices, in two
+// reads of g', which also write the indices as the CPU codes them, the kept values and the
+// residual of everything not kept), the values through the value codec
+// (fc_cu_sparse_common.cu), then the residual at the kept indices; receivers check each payload
+// and add it at its indices in rank order, as the CPU decoder does.
 #include "fc_cu_sparse.cuh"
 
 struct topk_cfg {
@@ -18,7 +19,7 @@ static int config(const fc_cuda_method_cfg *m, int world, topk_cfg *c, fc_err *e
 
 struct topk_enc_parts {
     fc_cu_selection sel;
-    float *vals, *ev;
+    float *vals;
     fc_cu_vc_job *jobs;
     int64_t total;
 };
@@ -31,7 +32,6 @@ static int carve_encode(const fc_cuda_encode_args *a, fc_cu_arena &ar, topk_cfg 
         return rc;
     p->total = fc_cu_kept_total(a->h.geo, c->kr);
     p->vals = ar.take<float>(p->total);
-    p->ev = ar.take<float>(p->total);
     p->jobs = ar.take<fc_cu_vc_job>(a->h.geo.world);
     return fc_cu_sel_carve(ar, fc_cu_sel_space_of(a->h.geo), &p->sel, err);
 }
@@ -44,10 +44,18 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, const topk_c
 {
     int rc = FC_OK;
     {
-        const fc_cu_outs outs = {a->send, a->h.geo, NULL};
-        FC_TRY(fc_cu_select_topk(p.sel, e->src, c.kr, s, err));
-        FC_TRY(fc_cu_sp_encode(p.sel, *e, outs, 0, c.va, p.vals, p.ev, p.jobs,
-                               fc_rule_sparse_k(a->h.geo.per, c.kr.k, c.kr.ratio), p.total, s, err));
+        fc_cu_sel_emit em;
+        memset(&em, 0, sizeof(em));
+        em.e = *e;
+        em.outs = fc_cu_outs{a->send, a->h.geo, NULL};
+        em.at = 0;
+        em.vals = p.vals;
+        em.jobs = p.jobs;
+        em.residual = e->res != NULL || e->sample;
+        FC_TRY(fc_cu_select_topk_emit(p.sel, c.kr, em, s, err));
+        FC_TRY(fc_cu_vc_encode(c.va.vc, p.jobs, a->h.geo.world, fc_rule_sparse_k(a->h.geo.per, c.kr.k, c.kr.ratio),
+                               s, err));
+        FC_TRY(fc_cu_sel_topk_residual(p.sel, em, c.va.vc, s, err));
     }
 error:
     return rc;

@@ -15,6 +15,7 @@ class Buffers:
 
     def __init__(self):
         self._bufs: dict[tuple[str, str], torch.Tensor] = {}
+        self.generation = 0  # counts the buffers made: views cached by a user are stale once it moves
         self._held = 0  # the sum of the buffers' sizes, kept as they grow: counters() reads it
         self._peak = 0
 
@@ -27,6 +28,7 @@ class Buffers:
             self._peak = max(self._peak, self._held + new.numel())
             self._held += new.numel() - (0 if buf is None else buf.numel())
             self._bufs[key] = buf = new
+            self.generation += 1
         return buf[:nbytes]
 
     def typed(self, kind: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

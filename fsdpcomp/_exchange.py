@@ -55,6 +55,18 @@ class _Shape(NamedTuple):
     rank: int
 
 
+class _AllToAll(NamedTuple):
+    """One shape's all-to-all, from the C core's plan and the buffers: what a call needs, read
+    with one lookup (no split sizes asked again, no buffer sliced again)."""
+    generation: int  # the buffers' when the views were cut
+    device: torch.device
+    send_splits: tuple[int, ...]
+    recv_splits: tuple[int, ...]
+    send: torch.Tensor  # views of the send and recv buffers, as long as the plan says
+    recv: torch.Tensor
+    kmax: int  # second-round picks, 0: none
+
+
 class _PartSlots(NamedTuple):
     """The per-peer exchange's buffers and a view per (peer, piece) of each."""
     bases: tuple[torch.Tensor, torch.Tensor]  # the send and recv buffers the views are of
@@ -89,6 +101,8 @@ class Exchange:
         self._pipelined_ok: dict[tuple[int, int], bool] = {}  # (numel, world)
         self._kmax: dict[tuple[int, int], int] = {}  # (numel, world): second-round picks, 0: none
         self._slots: dict[_Shape, _PartSlots] = {}
+        self._slots_checked = -1  # the buffers' generation when every cached slot was last found current
+        self._all_to_all: dict[_Shape, _AllToAll] = {}
         self._peers: tuple[dist.ProcessGroup, list[int]] | None = None
 
     # ---- counting
@@ -148,13 +162,8 @@ class Exchange:
     def _all_to_all_exchange(self, grad, output, unit: int, ranks: Ranks) -> None:
         """Encode every payload, one all-to-all, decode them all: any method, any device."""
         world, rank = ranks.world, ranks.rank
-        shape = _Shape(grad.numel(), grad.dtype, world, rank)
-        splits = self._splits.get(shape)
-        if splits is None:
-            splits = self._splits[shape] = self.core.plan(grad, world, rank)
-        send_splits, recv_splits = splits
-        send = self.buffers.bytes("send", sum(send_splits), grad.device)
-        recv = self.buffers.bytes("recv", sum(recv_splits), grad.device)
+        a2a = self._all_to_all_of(grad, world, rank)
+        send_splits, recv_splits, send, recv = a2a.send_splits, a2a.recv_splits, a2a.send, a2a.recv
         sizes = self.core.encode(grad, send, world, rank, unit)
         if self.wire.varsize:
             send, recv, send_splits, recv_splits = self._exchange_sizes(sizes, send, recv, ranks)
@@ -164,12 +173,30 @@ class Exchange:
         elif recv.numel():
             recv.copy_(send)  # one rank compressing its own chunk: the payload loops back
         self.core.decode(recv, grad, output, world, rank, unit)
+        if a2a.kmax:
+            self._second_round(grad, output, unit, ranks, a2a.kmax)
+
+    def _all_to_all_of(self, grad: torch.Tensor, world: int, rank: int) -> _AllToAll:
+        """The shape's plan and buffer views, made on its first call and again only after a buffer
+        was regrown (then every shape's are dropped: a view would keep the old buffer alive,
+        unseen by buffer_bytes) or on another device: a warm call slices nothing."""
+        shape = _Shape(grad.numel(), grad.dtype, world, rank)
+        a2a = self._all_to_all.get(shape)
+        if a2a is not None and a2a.generation == self.buffers.generation and a2a.device == grad.device:
+            return a2a
+        splits = self._splits.get(shape)
+        if splits is None:
+            splits = self._splits[shape] = self.core.plan(grad, world, rank)
         key = (grad.numel(), world)
         kmax = self._kmax.get(key)
         if kmax is None:
             kmax = self._kmax[key] = self.core.fetch_kmax(grad.numel(), world)
-        if kmax:
-            self._second_round(grad, output, unit, ranks, kmax)
+        send = self.buffers.bytes("send", sum(splits[0]), grad.device)
+        recv = self.buffers.bytes("recv", sum(splits[1]), grad.device)
+        if any(v.generation != self.buffers.generation for v in self._all_to_all.values()):
+            self._all_to_all = {}
+        a2a = self._all_to_all[shape] = _AllToAll(self.buffers.generation, grad.device, *splits, send, recv, kmax)
+        return a2a
 
     def _exchange_sizes(self, sizes, send, recv, ranks: Ranks):
         """Data-dependent payload sizes (flags['varsize']): every rank learns what it will receive
@@ -285,8 +312,11 @@ class Exchange:
         pieces views are not worth rebuilding on every call."""
         shape, dev = _Shape(grad.numel(), grad.dtype, world, rank), grad.device
         cached = self._slots.get(shape)
+        if cached is not None and self._slots_checked == self.buffers.generation:
+            return cached  # no buffer made since every slot was checked: none is stale
         if cached is not None and all(self.buffers.base(kind, dev) is base
                                       for kind, base in zip(("send", "recv"), cached.bases)):
+            self._slots_checked = self.buffers.generation
             return cached
         send_parts, recv_parts = self.core.pieces(grad, world, rank)
         send = self.buffers.bytes("send", sum(map(sum, send_parts)), dev)
@@ -298,6 +328,9 @@ class Exchange:
         self._slots = {s: p for s, p in self._slots.items()
                        if all(a is b for a, b in zip(p.bases, parts.bases))}
         self._slots[shape] = parts
+        self._slots_checked = self.buffers.generation
+        # and so would the all-to-all's of a buffer regrown here (a State whose units go both ways)
+        self._all_to_all = {s: a for s, a in self._all_to_all.items() if a.generation == self.buffers.generation}
         return parts
 
     def _global_ranks(self, group: dist.ProcessGroup | None) -> list[int]:

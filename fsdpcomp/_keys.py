@@ -17,7 +17,9 @@ def refuse_unknown(method: str, config: Mapping[str, Any], own: list[dict], comm
         if key in _C.REMOVED_KEYS:
             raise ValueError(_C.REMOVED_KEYS[key])
         if key not in valid:
-            raise ValueError(f"unknown config key {key!r} for method {method!r}; valid keys: {', '.join(valid)}")
+            near = _C.near_name(key, valid) if isinstance(key, str) and "\0" not in key else None
+            hint = f" (did you mean {near!r}?)" if near else ""
+            raise ValueError(f"unknown config key {key!r} for method {method!r}{hint}; valid keys: {', '.join(valid)}")
 
 
 def resolve(method: str, config: Mapping[str, Any], own: list[dict]) -> dict[str, Any]:

@@ -25,7 +25,9 @@ def check(name: str) -> None:
     if name not in valid:
         # "int8\0" reads as int8 where text ends at the first NUL (C, logs): say why it is not
         nul = " (it contains an embedded NUL character)" if "\0" in name else ""
-        raise ValueError(f"unknown compression method {name!r}{nul}; valid methods: {', '.join(map(repr, valid))}")
+        near = _C.near_name(name.split("\0")[0], valid)
+        hint = f" (did you mean {near!r}?)" if near and not nul else ""
+        raise ValueError(f"unknown compression method {name!r}{nul}{hint}; valid methods: {', '.join(map(repr, valid))}")
 
 
 def make_reducer(name: str, config: Mapping[str, Any]) -> Reducer:

@@ -103,6 +103,8 @@ class ShardGather:
             e = self.residuals.get(unit)
             if e is None or e.numel() != numel or e.dtype != dtype:
                 e = torch.zeros(numel, dtype=dtype, device=dev)
+            elif e.device != dev:  # a checkpoint's, saved on another device: it moves here, once
+                e = self.residuals[unit] = e.to(dev)
             elif wire.varsize:
                 kept = buffers.typed("gather_e_kept", numel, dtype, dev)
                 kept.copy_(e)  # restored if the payloads do not pay

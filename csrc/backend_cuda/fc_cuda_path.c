@@ -32,21 +32,19 @@ static int64_t body_bytes(const fc_core *s, const fc_method *m, int64_t n, int w
     return fc_layout_bytes(l);
 }
 
-static void geometry(const fc_core *s, const fc_method *m, int64_t N, int dtype, int world,
-                     int rank, fc_cuda_geom *g)
+/* The unit's geometry for the kernels, from its plan (p->wire's payloads). */
+static void geometry(const fc_core *s, const fc_plan *p, int rank, fc_cuda_geom *g)
 {
-    fc_layout l;
     memset(g, 0, sizeof(*g));
-    g->numel = N;
-    g->per = fc_chunk_per(N, world);
-    g->world = world;
+    g->numel = p->numel;
+    g->per = p->per;
+    g->world = p->world;
     g->rank = rank;
     g->skip_own = !s->common.compress_own_chunk;
-    int64_t last_n = fc_chunk_last(N, g->per);
-    g->pay_full = fc_payload_bytes(s, m, g->per, dtype);
-    g->body_full = g->per > 0 ? body_bytes(s, m, g->per, world, dtype, &l) : 0;
-    g->pay_last = fc_payload_bytes(s, m, last_n, dtype);
-    g->body_last = last_n > 0 ? body_bytes(s, m, last_n, world, dtype, &l) : 0;
+    g->pay_full = p->pay_per;
+    g->body_full = fc_layout_bytes(&p->body_per);
+    g->pay_last = p->pay_last;
+    g->body_last = fc_layout_bytes(&p->body_last);
 }
 
 static int check_method(const fc_cuda_call *k, const fc_method *m, fc_err *err)
@@ -88,28 +86,26 @@ static void call_head(const fc_core *s, const fc_cuda_call *k, const fc_method *
     h->x.fetch_k = 0;
 }
 
-/* The collective's header: the unit's geometry and wire method, and whether a second round
- * follows (exactly when there is a fetch buffer: the kernels' test). */
-static const fc_method *unit_head(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad,
-                                  int world, int rank, uint32_t unit, fc_cuda_head *h)
+/* The collective's header from the unit's plan: its geometry and wire method, and whether a
+ * second round follows (exactly when there is a fetch buffer: the kernels' test). */
+static const fc_method *unit_head(const fc_core *s, const fc_cuda_call *k, const fc_plan *p,
+                                  const fc_buf *grad, int rank, uint32_t unit, fc_cuda_head *h)
 {
-    const int64_t N = grad->numel;
-    const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
-    call_head(s, k, m, grad, unit, 0, h);
-    geometry(s, m, N, grad->dtype, world, rank, &h->geo);
-    if (fc_core_fetch_kmax(s, N, world) == 0)
+    call_head(s, k, p->wire, grad, unit, 0, h);
+    geometry(s, p, rank, &h->geo);
+    if (p->fetch_kmax == 0)
         h->x.fetch = NULL;
-    return m;
+    return p->wire;
 }
 
 /* residual: NULL without error feedback; sample: the call samples the error statistics (the
  * driver's decisions, fc_drive.c's encode_open). */
-static void encode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad, fc_buf *send,
-                        fc_buf *residual, int sample, int world, int rank, uint32_t unit,
-                        fc_cuda_encode_args *a)
+static void encode_args(const fc_core *s, const fc_cuda_call *k, const fc_plan *p,
+                        const fc_buf *grad, fc_buf *send, fc_buf *residual, int sample, int rank,
+                        uint32_t unit, fc_cuda_encode_args *a)
 {
     memset(a, 0, sizeof(*a));
-    const fc_method *m = unit_head(s, k, grad, world, rank, unit, &a->h);
+    const fc_method *m = unit_head(s, k, p, grad, rank, unit, &a->h);
     a->h.x.learn = learns(s, m);
     a->residual = residual != NULL ? residual->data : NULL;
     a->res_dtype = residual != NULL ? residual->dtype : FC_F32;
@@ -151,11 +147,11 @@ static int cuda_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf 
     const int world = e->key.world, rank = e->key.rank;
     const fc_method *m = e->method;
     const int varsize = (m->flags & FC_VARSIZE) != 0;
+    const fc_plan p = fc_core_plan_of(s, N, grad->dtype, world);
     fc_cuda_sent *dev = NULL;
     fc_cuda_encode_args a;
     FC_TRY(check_method(k, m, err));
-    encode_args(s, k, grad, send, e->use_ef ? residual : NULL, e->stats, world, rank, e->key.unit,
-                &a);
+    encode_args(s, k, &p, grad, send, e->use_ef ? residual : NULL, e->stats, rank, e->key.unit, &a);
     if (varsize) {
         FC_TRY(sent_records(k->host, world, err));
         dev = k->host->sent;
@@ -165,8 +161,8 @@ static int cuda_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf 
     FC_TRY(k->api->encode(k->ctx, &a, err));
     for (int c = 0; c < world; c++) {
         int64_t start, n;
-        fc_chunk_span(N, world, c, &start, &n);
-        if (!fc_core_has_payload(s, N, world, rank, c))
+        fc_chunk_span_per(N, p.per, c, &start, &n);
+        if (!fc_chunk_sent(n, c, rank, !s->common.compress_own_chunk)) /* fc_core_has_payload */
             continue;
         if (varsize) {
             sent[c].l.value_bytes = dev[c].value_bytes;
@@ -176,27 +172,27 @@ static int cuda_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf 
             sent[c].none = dev[c].none != 0;
             sent[c].size = dev[c].size;
         } else {
-            body_bytes(s, m, n, world, grad->dtype, &sent[c].l);
-            sent[c].size = fc_payload_bytes(s, m, n, grad->dtype);
+            sent[c].l = *fc_plan_body(&p, n);
+            sent[c].size = fc_plan_payload(&p, n);
         }
     }
 error:
     return rc;
 }
 
-static void decode_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *recv,
-                        const fc_buf *grad, const fc_buf *out, int world, int rank, uint32_t unit,
-                        fc_cuda_decode_args *a)
+static void decode_args(const fc_core *s, const fc_cuda_call *k, const fc_plan *p,
+                        const fc_buf *recv, const fc_buf *grad, const fc_buf *out, int rank,
+                        uint32_t unit, fc_cuda_decode_args *a)
 {
     int64_t start, n;
-    fc_chunk_span(grad->numel, world, rank, &start, &n);
+    fc_chunk_span_per(grad->numel, p->per, rank, &start, &n);
     memset(a, 0, sizeof(*a));
-    const fc_method *m = unit_head(s, k, grad, world, rank, unit, &a->h);
-    a->h.x.fetch_k = fc_core_fetch_kmax(s, grad->numel, world) > 0 ? fc_core_fetch_k(s, m, n) : 0;
+    const fc_method *m = unit_head(s, k, p, grad, rank, unit, &a->h);
+    a->h.x.fetch_k = p->fetch_kmax > 0 ? fc_core_fetch_k(s, m, n) : 0;
     a->h.x.packed_bytes = (m->flags & FC_VARSIZE) && recv != NULL ? recv->numel : 0;
     a->recv = recv != NULL ? (const uint8_t *)recv->data : NULL;
     /* fixed sizes: every slot a payload of the own chunk; data-dependent: back to back */
-    a->slot = (m->flags & FC_VARSIZE) ? 0 : fc_payload_bytes(s, m, n, grad->dtype);
+    a->slot = (m->flags & FC_VARSIZE) ? 0 : fc_plan_payload(p, n);
     a->out = out->data;
     a->out_dtype = out->dtype;
     a->out_numel = out->numel;
@@ -208,7 +204,8 @@ static int unit_needs(const fc_core *s, const fc_cuda_call *k, int decode, const
                       const fc_buf *grad, const fc_buf *out, int world, int rank, uint32_t unit,
                       int64_t *scratch, int64_t *fetch, fc_err *err)
 {
-    const fc_method *m = fc_core_wire_method(s, grad->numel, world, grad->dtype);
+    const fc_plan p = fc_core_plan_of(s, grad->numel, grad->dtype, world);
+    const fc_method *m = p.wire;
     const int64_t kmax = fc_core_fetch_kmax(s, grad->numel, world);
     *scratch = 0;
     *fetch = kmax > 0 ? fetch_bytes(kmax) : 0;
@@ -217,12 +214,12 @@ static int unit_needs(const fc_core *s, const fc_cuda_call *k, int decode, const
         return rc;
     if (decode) {
         fc_cuda_decode_args a;
-        decode_args(s, k, recv, grad, out, world, rank, unit, &a);
+        decode_args(s, k, &p, recv, grad, out, rank, unit, &a);
         return k->api->scratch_bytes(NULL, &a, scratch, err);
     }
     fc_cuda_encode_args a;
-    encode_args(s, k, grad, NULL, NULL, fc_core_stats_due(s, m, grad->numel, world), world, rank,
-                unit, &a);
+    encode_args(s, k, &p, grad, NULL, NULL, fc_core_stats_due(s, m, grad->numel, world), rank, unit,
+                &a);
     return k->api->scratch_bytes(&a, NULL, scratch, err);
 }
 
@@ -232,11 +229,11 @@ static int cuda_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const f
 {
     int rc = FC_OK;
     const fc_cuda_call *k = x->k;
-    const fc_method *m = fc_core_wire_method(s, grad->numel, world, grad->dtype);
+    const fc_plan p = fc_core_plan_of(s, grad->numel, grad->dtype, world);
     (void)recvs;
-    FC_TRY(check_method(k, m, err));
+    FC_TRY(check_method(k, p.wire, err));
     fc_cuda_decode_args a;
-    decode_args(s, k, recv, grad, out, world, rank, unit, &a);
+    decode_args(s, k, &p, recv, grad, out, rank, unit, &a);
     if (fc_core_fetch_kmax(s, grad->numel, world) > 0 && a.h.x.fetch == NULL)
         FC_TRY(fc_fail(err, FC_ERR_STATE, "internal: a second round without its fetch buffer"));
     FC_TRY(k->api->decode(k->ctx, &a, err)); /* a second round's picks stay on the device */
@@ -249,8 +246,9 @@ error:
 static void fetch_args(const fc_core *s, const fc_cuda_call *k, const fc_buf *grad, int world,
                        int rank, uint32_t unit, fc_cuda_fetch_args *a)
 {
+    const fc_plan p = fc_core_plan_of(s, grad->numel, grad->dtype, world);
     memset(a, 0, sizeof(*a));
-    unit_head(s, k, grad, world, rank, unit, &a->h);
+    unit_head(s, k, &p, grad, rank, unit, &a->h);
     a->h.x.fetch = k->x.fetch;
     a->kmax = fc_core_fetch_kmax(s, grad->numel, world);
     a->n_picks = s->n_picks;
@@ -599,10 +597,10 @@ const fc_backend fc_backend_cuda = {
 void fc_cuda_probe(const fc_core *s, const fc_cuda_api *api, int64_t numel, int dtype, int world,
                    int rank, int64_t *rows)
 {
-    const fc_method *m = fc_core_wire_method(s, numel, world, dtype);
+    const fc_plan p = fc_core_plan_of(s, numel, dtype, world);
     fc_cuda_geom g;
     int64_t start, n;
-    geometry(s, m, numel, dtype, world, rank, &g);
+    geometry(s, &p, rank, &g);
     fc_chunk_span(numel, world, rank, &start, &n);
-    api->probe_geometry(&g, fc_payload_bytes(s, m, n, dtype), rows);
+    api->probe_geometry(&g, fc_payload_bytes(s, p.wire, n, dtype), rows);
 }

@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include "common/fc_hostdev.h"
 #include "common/fc_pack.h"
-#include "common/fc_quant.h" /* fc_abs_bits, fc_f32_bits, FC_MAX_BITS */
+#include "common/fc_quant.h" /* fc_abs_bits, fc_f32_bits, FC_MAX_BITS, fc_canon_nan */
 
 #define FC_DCT_MAX_BLOCK 256 /* the kernels keep a block in registers/local memory */
 
@@ -193,23 +193,27 @@ FC_HOSTDEV void fc_dct_inverse(fc_dct_vec *t, fc_dct_vec *u, int B, const float 
 }
 
 /* A coefficient as the codec sends it: one beyond fp32's range (a prescaled block's, scaled
- * back: fc_dct_unscale) saturated to the largest finite and counted in *sat; NaN passes. */
+ * back: fc_dct_unscale) saturated to the largest finite and counted in *sat; a NaN as the
+ * canonical one. Why: the stages pass an input's NaN on and make new ones (Inf - Inf), and the
+ * bits of those are the hardware's: x86 keeps an operand's NaN or makes 0xffc00000, a GPU writes
+ * 0x7fffffff for both (the H200's run 3 sent them apart). */
 FC_HOSTDEV float fc_dct_clamp(float y, int64_t *sat)
 {
     if (fc_abs_bits(y) != FC_INF_BITS)
-        return y;
+        return fc_canon_nan(y);
     ++*sat;
     return fc_bits_f32((fc_f32_bits(y) & 0x80000000u) | FC_MAX_BITS);
 }
 
 /* The k coefficients of largest magnitude of each lane's block (ties to the lower index; a NaN
- * ranks above everything, so it is sent, never lost): lane l's ascending indices at
- * idx[l k .. l k + k). k passes over the block (k is a few per 64), each lane alike, on the
- * magnitudes' bits as int32 (what every later pass compares): `mag`, B L int32 of scratch. */
+ * ranks above everything, so it is sent, never lost, and every NaN alike, whatever bits the
+ * hardware gave it: fc_dct_clamp): lane l's ascending indices at idx[l k .. l k + k). k passes
+ * over the block (k is a few per 64), each lane alike, on the magnitudes' bits as int32 (what
+ * every later pass compares): `mag`, B L int32 of scratch. */
 FC_HOSTDEV void fc_dct_pick_lanes(const float *y, int B, int L, int k, int32_t *mag, uint32_t *idx)
 {
     for (int i = 0; i < B * L; i++)
-        mag[i] = (int32_t)fc_abs_bits(y[i]);
+        mag[i] = (int32_t)fc_abs_bits(fc_canon_nan(y[i]));
     for (int j = 0; j < k; j++) {
         int32_t best[FC_DCT_MAX_LANES], at[FC_DCT_MAX_LANES];
         for (int l = 0; l < L; l++)

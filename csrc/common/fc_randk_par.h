@@ -10,9 +10,12 @@
  * walks n / (FC_RK_L1 * FC_RK_G) level-2 segments for the exact entry values, and the level-1
  * segments then emit their picks in parallel. A window that misses the exact value, or more
  * events than a segment stores, falls back to simulating that segment: slower, never different.
- * Windows are 6 standard deviations of `need` (hypergeometric) wide and more, so that the
- * fallback is rare. The CUDA kernels (cuda/fc_cu_randomk.cu) and a host test
- * (tests/test_randk_parallel.py) run these same functions. */
+ * Windows are 6 standard deviations of `need` (hypergeometric) wide and more, so that a window
+ * rarely misses; but over a chunk's last few thousand elements every trajectory of a window
+ * converges (each step an event), so there the segments fall back as a rule. The CUDA kernels
+ * (cuda/fc_cu_randomk.cu) run steps 1, 2 and 5 as they are here, and steps 3 and 4 by warps with
+ * the same rules (events resolved 32 at a time, a fallback simulated 128 elements a round); a
+ * host test (tests/core/test_randk_parallel.py) runs these functions in order. */
 #ifndef FC_RANDK_PAR_H
 #define FC_RANDK_PAR_H
 

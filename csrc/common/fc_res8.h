@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include "common/fc_hash.h"
 #include "common/fc_hostdev.h"
+#include "common/fc_quant.h" /* fc_canon_nan */
 
 #define FC_RES8_BLOCK 64
 #define FC_RES8_CODE_MAX 127 /* symmetric: -127 .. 127 */
@@ -71,21 +72,28 @@ FC_HOSTDEV float fc_res8_scale(float amax)
 
 /* floor(e / scale + u), clamped (e / scale can round a hair past 127, + u past it too). A
  * scale of 0 (an all-zero block, or one whose amax / 127 underflows) codes 0. A division and an
- * add, never a multiply-add: nothing for a compiler to contract, the same bits on both sides. */
+ * add, never a multiply-add: nothing for a compiler to contract, the same bits on both sides.
+ * A NaN y (a residual is finite, but pack_residual() takes any tensor: Inf / Inf in a block whose
+ * amax is Inf, a NaN e) codes 0: its conversion to an integer is undefined in C, and x86 and a
+ * GPU's cvt answer differently. */
 FC_HOSTDEV int8_t fc_res8_code(float e, float scale, float u)
 {
     if (!(scale > 0.0f))
         return 0;
     float y = e / scale;
     y = y + u;
+    if (y != y)
+        return 0;
     y = y < -(float)FC_RES8_CODE_MAX ? -(float)FC_RES8_CODE_MAX
         : y > (float)FC_RES8_CODE_MAX ? (float)FC_RES8_CODE_MAX : y;
     return (int8_t)floorf(y); /* y is in [-127, 127]: floor stays there */
 }
 
+/* code * scale; a NaN (0 * Inf, a block whose scale is Inf) as the canonical one: x86 makes
+ * 0xffc00000 there and a GPU 0x7fffffff (the H200's run 3 found them apart). */
 FC_HOSTDEV float fc_res8_value(int8_t code, float scale)
 {
-    return (float)code * scale;
+    return fc_canon_nan((float)code * scale);
 }
 
 #endif

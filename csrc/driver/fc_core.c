@@ -214,7 +214,8 @@ static int no_smaller(const fc_core *s, const fc_method *m, int64_t n, int dtype
     return n > 0 && fc_payload_bytes(s, m, n, dtype) >= fc_payload_bytes(s, &fc_method_none, n, dtype);
 }
 
-const fc_method *fc_core_wire_method(const fc_core *s, int64_t numel, int world, int dtype)
+/* fc_core_wire_method's rule, computed (the plan keeps its answer). */
+static const fc_method *wire_rule(const fc_core *s, int64_t numel, int world, int dtype)
 {
     const fc_method *m = fc_core_unit_method(s, numel);
     if (m == &fc_method_none || (m->flags & FC_VARSIZE) || numel <= 0 || world < 1)
@@ -224,6 +225,14 @@ const fc_method *fc_core_wire_method(const fc_core *s, int64_t numel, int world,
     if (m->fetch_k != NULL && fc_core_fetch_k(s, m, per) > 0)
         dtype = FC_BF16; /* `none` at 2 bytes per element: no larger than any dtype's */
     return no_smaller(s, m, per, dtype) || no_smaller(s, m, last, dtype) ? &fc_method_none : m;
+}
+
+const fc_method *fc_core_wire_method(const fc_core *s, int64_t numel, int world, int dtype)
+{
+    if (numel <= 0 || world < 1)
+        return fc_core_unit_method(s, numel);
+    const fc_plan p = fc_core_plan_of(s, numel, dtype, world);
+    return p.wire;
 }
 
 void fc_chunk_span(int64_t n, int world, int c, int64_t *start, int64_t *len)
@@ -256,18 +265,67 @@ int64_t fc_payload_bytes(const fc_core *s, const fc_method *m, int64_t n, int dt
     return fc_align_up(FC_HEADER_BYTES + fc_layout_bytes(&l));
 }
 
+static int64_t fetch_kmax_rule(const fc_core *s, const fc_method *m, int64_t N, int world);
+
+/* The body layout of a chunk of n elements as m writes it over `world` ranks. */
+static void body_layout(const fc_core *s, const fc_method *m, int64_t n, int world, int dtype,
+                        fc_layout *l)
+{
+    fc_chunk c;
+    memset(&c, 0, sizeof(c));
+    memset(l, 0, sizeof(*l));
+    if (n == 0)
+        return;
+    c.cfg = m == s->method ? (const void *)s->cfg : NULL;
+    c.n = n;
+    c.world = world;
+    c.wire_dtype = dtype;
+    m->layout(&c, l);
+}
+
+static void plan_make(const fc_core *s, int64_t numel, int dtype, int world, fc_plan *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->numel = numel;
+    p->dtype = dtype;
+    p->world = world;
+    p->wire = wire_rule(s, numel, world, dtype);
+    p->per = fc_chunk_per(numel, world);
+    p->last = fc_chunk_last(numel, p->per);
+    p->pay_per = fc_payload_bytes(s, p->wire, p->per, dtype);
+    p->pay_last = fc_payload_bytes(s, p->wire, p->last, dtype);
+    body_layout(s, p->wire, p->per, world, dtype, &p->body_per);
+    body_layout(s, p->wire, p->last, world, dtype, &p->body_last);
+    /* any dtype: a unit with a second round falls back alike for all of them */
+    p->fetch_kmax = fetch_kmax_rule(s, dtype == FC_F32 ? p->wire : wire_rule(s, numel, world, FC_F32),
+                                    numel, world);
+    p->used = 1;
+}
+
+fc_plan fc_core_plan_of(const fc_core *s, int64_t numel, int dtype, int world)
+{
+    uint64_t h = (uint64_t)numel * 0x9E3779B97F4A7C15ull ^ (uint64_t)world * 0xBF58476D1CE4E5B9ull ^
+                 (uint64_t)dtype * 0x94D049BB133111EBull;
+    /* the table is a memo of pure functions of s's method and config: filling it through a
+     * const State changes nothing any caller can see (one State, one thread: fc_state_enter) */
+    fc_plan *slot = (fc_plan *)&s->plans[(h ^ (h >> 29)) % FC_PLAN_SLOTS];
+    if (!(slot->used && slot->numel == numel && slot->dtype == dtype && slot->world == world))
+        plan_make(s, numel, dtype, world, slot);
+    return *slot;
+}
+
 void fc_core_plan(const fc_core *s, int64_t numel, int dtype, int world, int rank,
                   int64_t *send_splits, int64_t *recv_splits)
 {
-    const fc_method *m = fc_core_wire_method(s, numel, world, dtype);
+    const fc_plan p = fc_core_plan_of(s, numel, dtype, world);
     int64_t start, own;
-    fc_chunk_span(numel, world, rank, &start, &own);
-    int64_t p_own = fc_payload_bytes(s, m, own, dtype);
+    fc_chunk_span_per(numel, p.per, rank, &start, &own);
+    const int64_t p_own = fc_plan_payload(&p, own);
     for (int c = 0; c < world; c++) {
         int64_t len;
-        fc_chunk_span(numel, world, c, &start, &len);
+        fc_chunk_span_per(numel, p.per, c, &start, &len);
         int skip = c == rank && !s->common.compress_own_chunk;
-        send_splits[c] = skip ? 0 : fc_payload_bytes(s, m, len, dtype);
+        send_splits[c] = skip ? 0 : fc_plan_payload(&p, len);
         recv_splits[c] = skip ? 0 : p_own;
     }
 }
@@ -445,13 +503,19 @@ int64_t fc_core_fetch_k(const fc_core *s, const fc_method *m, int64_t len)
     return len > 0 ? m->fetch_k(&c) : 0;
 }
 
-int64_t fc_core_fetch_kmax(const fc_core *s, int64_t N, int world)
+/* fc_core_fetch_kmax's rule, m the unit's wire method for fp32 (the plan keeps its answer). */
+static int64_t fetch_kmax_rule(const fc_core *s, const fc_method *m, int64_t N, int world)
 {
-    /* any dtype: a unit with a second round falls back alike for all of them */
-    const fc_method *m = fc_core_wire_method(s, N, world, FC_F32);
     if (m->fetch_k == NULL || N == 0 || (world == 1 && !s->common.compress_own_chunk))
         return 0;
     return fc_core_fetch_k(s, m, fc_chunk_per(N, world)); /* chunk 0 is the longest */
+}
+
+int64_t fc_core_fetch_kmax(const fc_core *s, int64_t N, int world)
+{
+    if (N <= 0 || world < 1)
+        return 0;
+    return fc_core_plan_of(s, N, FC_F32, world).fetch_kmax;
 }
 
 /* The counting rules of fc_core.h: a payload sent, a call, whether a call takes the error sample.

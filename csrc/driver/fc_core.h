@@ -100,6 +100,27 @@ typedef struct {
     int64_t own_bad;      /* NaN/Inf of the own chunk: counted when the call completes */
 } fc_decode_call;
 
+/* The plan of one unit shape (numel, dtype, world), a pure function of it and the State's
+ * method and config: the wire method and the payload of every chunk, which has one of two
+ * lengths (per, and the last non-empty chunk's, last; the chunks after it are empty). Computed
+ * once per shape by fc_core_plan_of and kept in the State, so the glue, the driver and both
+ * backends read it on every call instead of asking the method table again. */
+typedef struct {
+    int64_t numel;
+    int dtype, world;
+    int used;                    /* the slot holds the plan of the key above */
+    const fc_method *wire;       /* fc_core_wire_method */
+    int64_t per, last;           /* fc_chunk_per, fc_chunk_last */
+    int64_t pay_per, pay_last;   /* fc_payload_bytes of a chunk of per / last elements (0: none) */
+    fc_layout body_per, body_last; /* their bodies' layouts with `world` (a data-dependent method's
+                                    * upper bounds) */
+    int64_t fetch_kmax;          /* fc_core_fetch_kmax */
+} fc_plan;
+
+/* Plans kept per State: a direct-mapped table, so a shape that collides with another is planned
+ * again (the same result), never wrong. */
+#define FC_PLAN_SLOTS 256
+
 typedef struct {
     const fc_method *method;
     fc_common common;
@@ -129,6 +150,7 @@ typedef struct {
     int64_t picks_unit, bad_unit; /* -1: none */
     fc_encode_call enc;
     fc_decode_call dec_call;
+    fc_plan plans[FC_PLAN_SLOTS]; /* fc_core_plan_of's memo: a cache, filled through const */
 } fc_core;
 
 /* The driver's bookkeeping, one copy for CPU and CUDA tensors (fc_cuda_path.c calls it too):
@@ -165,6 +187,18 @@ void fc_chunk_span(int64_t n, int world, int c, int64_t *start, int64_t *len);
 int fc_core_has_payload(const fc_core *s, int64_t N, int world, int rank, int ci);
 /* Header + body, padded: 0 for an empty chunk. */
 int64_t fc_payload_bytes(const fc_core *s, const fc_method *m, int64_t n, int dtype);
+/* The plan of a unit of `numel` elements of `dtype` over `world` ranks (world >= 1), from the
+ * State's table (planned on its first use there). A copy: the table may replace the slot. */
+fc_plan fc_core_plan_of(const fc_core *s, int64_t numel, int dtype, int world);
+/* Header + body of chunk c of a plan (0: empty), and its body's layout. */
+static inline int64_t fc_plan_payload(const fc_plan *p, int64_t n)
+{
+    return n == p->per ? p->pay_per : n == p->last ? p->pay_last : 0;
+}
+static inline const fc_layout *fc_plan_body(const fc_plan *p, int64_t n)
+{
+    return n == p->per ? &p->body_per : &p->body_last;
+}
 /* Bytes this rank sends to / receives from each rank for a unit of `numel` elements. */
 void fc_core_plan(const fc_core *s, int64_t numel, int dtype, int world, int rank,
                   int64_t *send_splits, int64_t *recv_splits);

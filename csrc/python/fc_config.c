@@ -1,6 +1,7 @@
 /* fc_config.c: config dicts to C structs. One generic parser over declarative key tables, so
  * every method's keys get the same checks and the same error messages. */
 #include "python/fc_config.h"
+#include "python/fc_suggest.h"
 #include "python/fc_pytype.h"
 
 #include <math.h>
@@ -282,21 +283,42 @@ static int parse_num_bits(const fc_method *m, PyObject *config, PyObject *v, voi
     return FC_OK;
 }
 
-/* "block_size, stochastic, num_bits, error_feedback, ...": what method m takes, in method_info's
- * order (its keys, its aliases, the common keys), for the unknown-key message. */
-static void valid_keys_text(const fc_method *m, char *buf, size_t cap)
+#define MAX_KEY_NAMES 64
+
+/* The names method m takes, in method_info's order (its keys, its aliases, the common keys):
+ * what the unknown-key message lists and suggests from. Returns how many (at most `cap`). */
+static size_t valid_key_names(const fc_method *m, const char **names, size_t cap)
 {
     int64_t fixed;
     const fc_key *bits;
-    size_t used = 0;
-    buf[0] = '\0';
-    for (const fc_key *q = m->keys; q->name != NULL; q++)
-        used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "%s%s", used ? ", " : "", q->name);
-    if (num_bits_target(m, &fixed, &bits))
-        used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "%s" NUM_BITS, used ? ", " : "");
-    for (const fc_key *q = fc_common_keys; q->name != NULL; q++)
+    size_t n = 0;
+    for (const fc_key *q = m->keys; q->name != NULL && n < cap; q++)
+        names[n++] = q->name;
+    if (num_bits_target(m, &fixed, &bits) && n < cap)
+        names[n++] = NUM_BITS;
+    for (const fc_key *q = fc_common_keys; q->name != NULL && n < cap; q++)
         if (q->kind != FC_KEY_REMOVED)
-            used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "%s%s", used ? ", " : "", q->name);
+            names[n++] = q->name;
+    return n;
+}
+
+/* The refusal of an unknown key: its near match first when there is one (fc_near_name), then
+ * every valid key ("block_size, stochastic, num_bits, error_feedback, ..."). */
+static int unknown_key(const fc_method *m, const char *name, fc_err *err)
+{
+    const char *names[MAX_KEY_NAMES];
+    const size_t n = valid_key_names(m, names, MAX_KEY_NAMES);
+    char known[768], hint[96] = "";
+    size_t used = 0;
+    known[0] = '\0';
+    for (size_t i = 0; i < n; i++)
+        used += (size_t)snprintf(known + used, used < sizeof(known) ? sizeof(known) - used : 0, "%s%s",
+                                 i ? ", " : "", names[i]);
+    const char *near = fc_near_name(name, names, n);
+    if (near != NULL)
+        snprintf(hint, sizeof(hint), " (did you mean '%s'?)", near);
+    return fc_fail(err, FC_ERR_VALUE, "unknown config key '%s' for method '%s'%s; valid keys: %s", name,
+                   m->name, hint, known);
 }
 
 PyObject *fc_removed_keys(void)
@@ -364,12 +386,14 @@ int fc_config_parse(const fc_method *m, PyObject *config, fc_common *common, voi
             k = find_key(fc_common_keys, name);
             dst = common;
         }
-        if (k == NULL) {
-            char known[768];
-            valid_keys_text(m, known, sizeof(known));
-            return fc_fail(err, FC_ERR_VALUE, "unknown config key '%s' for method '%s'; valid keys: %s",
-                           name, m->name, known);
-        }
+        if (k == NULL)
+            return unknown_key(m, name, err);
+        /* {"k": 0.01}: a fraction, meant for the key that takes one */
+        if (k->kind == FC_KEY_INT && PyFloat_Check(value) && find_key(m->keys, "ratio") != NULL &&
+            strcmp(k->name, "ratio") != 0)
+            return fc_fail(err, FC_ERR_VALUE, "%s config key '%s' must be an integer, got float; for a "
+                           "fraction of the elements use 'ratio' (e.g. {\"ratio\": %g})", m->name, k->name,
+                           PyFloat_AsDouble(value));
         int rc = parse_value(m->name, k, value, dst, err);
         if (rc != FC_OK)
             return rc;

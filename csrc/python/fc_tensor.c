@@ -141,10 +141,27 @@ done:
 
 /* torch's negative-bit views (`x._neg_view()`, what conj/neg of some views give) share the
  * memory of x and hold -x only as a flag, which DLPack does not carry: read through DLPack they
- * have the wrong sign. 1 when obj is one; errors of the probe count as no. */
+ * have the wrong sign. 1 when obj is one; errors of the probe, and a type without `is_neg`,
+ * count as no. The one Python call a caller's tensor costs per call: the type's `is_neg` is
+ * looked up once per type (kept, with the type, for the life of the process: the last type seen,
+ * as exchange_api keeps its API) and called on obj, with no name built or bound method made. */
 static int is_neg_view(PyObject *obj)
 {
-    PyObject *r = PyObject_CallMethod(obj, "is_neg", NULL);
+    static PyObject *cached_type = NULL, *cached_is_neg = NULL; /* strong references */
+    PyObject *tp = (PyObject *)Py_TYPE(obj);
+    if (tp != cached_type) {
+        PyObject *f = PyObject_GetAttrString(tp, "is_neg");
+        if (f == NULL)
+            PyErr_Clear();
+        Py_INCREF(tp);
+        Py_XDECREF(cached_type);
+        Py_XDECREF(cached_is_neg);
+        cached_type = tp;
+        cached_is_neg = f;
+    }
+    if (cached_is_neg == NULL)
+        return 0;
+    PyObject *r = PyObject_CallFunctionObjArgs(cached_is_neg, obj, NULL);
     if (r == NULL) {
         PyErr_Clear();
         return 0;
@@ -154,7 +171,23 @@ static int is_neg_view(PyObject *obj)
     return neg;
 }
 
+static int view_get(PyObject *obj, const char *arg, unsigned dtypes, int own, fc_view *v,
+                    fc_err *err);
+
 int fc_view_get(PyObject *obj, const char *arg, unsigned dtypes, fc_view *v, fc_err *err)
+{
+    return view_get(obj, arg, dtypes, 0, v, err);
+}
+
+int fc_view_get_own(PyObject *obj, const char *arg, unsigned dtypes, fc_view *v, fc_err *err)
+{
+    return view_get(obj, arg, dtypes, 1, v, err);
+}
+
+/* own: obj is a tensor the State made through its allocator and holds (never a view the caller
+ * made): no negative-bit probe. */
+static int view_get(PyObject *obj, const char *arg, unsigned dtypes, int own, fc_view *v,
+                    fc_err *err)
 {
     DLTensor t;
     int rc;
@@ -202,7 +235,7 @@ int fc_view_get(PyObject *obj, const char *arg, unsigned dtypes, fc_view *v, fc_
         return fc_fail(err, FC_ERR_TYPE, "%s must be on the CPU or a CUDA device, got DLPack "
                        "device type %d", arg, t.device.device_type);
     }
-    if (PyObject_HasAttrString((PyObject *)Py_TYPE(obj), "is_neg") && is_neg_view(obj)) {
+    if (!own && is_neg_view(obj)) {
         fc_view_release(v);
         return fc_fail(err, FC_ERR_VALUE, "%s is a negative-bit view (it holds -x as a flag, which "
                        "DLPack cannot carry): pass x.resolve_neg()", arg);

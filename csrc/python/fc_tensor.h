@@ -25,6 +25,10 @@ typedef struct {
 /* Borrows `obj` as a flat contiguous buffer of one of the dtypes in `dtypes`. The memory is
  * valid while `obj` is alive; call fc_view_release when done. */
 int fc_view_get(PyObject *obj, const char *arg, unsigned dtypes, fc_view *v, fc_err *err);
+/* The same for a tensor the State made through its allocator and keeps to itself (its CUDA
+ * workspace and device buffers): no Python call at all (the negative-view probe, one Python
+ * call per tensor, is for tensors a caller passes). */
+int fc_view_get_own(PyObject *obj, const char *arg, unsigned dtypes, fc_view *v, fc_err *err);
 void fc_view_release(fc_view *v);
 const char *fc_dtype_name(int dtype);
 

@@ -5,6 +5,7 @@
 
 #include "python/state.h"
 #include "python/fc_config.h"
+#include "python/fc_suggest.h"
 #include "methods/fc_simd.h"
 #include "common/fc_wire.h"
 
@@ -40,6 +41,8 @@ PyObject *fc_raise_err(module_state *st, const fc_err *err)
 
 /* ---------------------------------------------------------------- module functions */
 
+#define NEAR_MAX 256 /* names a suggestion looks at: every method or key list is far shorter */
+
 PyDoc_STRVAR(methods_doc, "methods() -> tuple[str, ...]\n\nThe registered compressor names.");
 
 static PyObject *mod_methods(PyObject *mod, PyObject *Py_UNUSED(ignored))
@@ -72,7 +75,13 @@ static PyObject *mod_method_info(PyObject *mod, PyObject *arg)
         return fc_keys_info(fc_common_keys);
     const fc_method *m = fc_method_by_name(name);
     if (m == NULL) {
-        PyErr_Format(PyExc_ValueError, "unknown compression method '%s'", name);
+        const char *names[NEAR_MAX];
+        int count = fc_method_count() < NEAR_MAX ? fc_method_count() : NEAR_MAX;
+        for (int i = 0; i < count; i++)
+            names[i] = fc_method_at(i)->name;
+        const char *near = fc_near_name(name, names, (size_t)count);
+        PyErr_Format(PyExc_ValueError, "unknown compression method '%s'%s%s%s", name,
+                     near ? " (did you mean '" : "", near ? near : "", near ? "'?)" : "");
         return NULL;
     }
     unsigned f = m->flags;
@@ -130,12 +139,47 @@ static PyObject *mod_reference_kernels(PyObject *mod, PyObject *arg)
     return PyBool_FromLong(prev);
 }
 
+PyDoc_STRVAR(near_name_doc,
+"near_name(name, candidates) -> str | None\n\nThe candidate that `name` most likely misspells\n"
+"(case, '_' and '-' aside; one or two typed letters off; a '_'-joined prefix), or None: what\n"
+"every refusal of an unknown method or key suggests.");
+
+static PyObject *mod_near_name(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    const char *name;
+    PyObject *cands;
+    if (!PyArg_ParseTuple(args, "sO:near_name", &name, &cands))
+        return NULL;
+    PyObject *list = PySequence_List(cands); /* borrowed items, alive while list is */
+    if (list == NULL)
+        return NULL;
+    const char *names[NEAR_MAX];
+    Py_ssize_t n = PyList_Size(list);
+    n = n < NEAR_MAX ? n : NEAR_MAX;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GetItem(list, i);
+        names[i] = PyUnicode_Check(item) ? PyUnicode_AsUTF8AndSize(item, NULL) : NULL;
+        if (names[i] == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "near_name: candidates must be a sequence of str");
+            Py_DECREF(list);
+            return NULL;
+        }
+    }
+    const char *near = fc_near_name(name, names, (size_t)n);
+    PyObject *out = near != NULL ? PyUnicode_FromString(near) : Py_NewRef(Py_None);
+    Py_DECREF(list); /* near points into one of its strings: copied above first */
+    return out;
+}
+
 static PyMethodDef module_functions[] = {
     {"methods", mod_methods, METH_NOARGS, methods_doc},
     {"method_info", mod_method_info, METH_O, method_info_doc},
     {"cuda_info", mod_cuda_info, METH_NOARGS, cuda_info_doc},
     {"cuda_loaded", mod_cuda_loaded, METH_NOARGS, cuda_loaded_doc},
     {"_reference_kernels", mod_reference_kernels, METH_O, reference_kernels_doc},
+    {"near_name", mod_near_name, METH_VARARGS, near_name_doc},
     {NULL},
 };
 

@@ -23,6 +23,10 @@ typedef struct {
     fc_core core;
     PyObject *allocator; /* callable(numel, dtype_name, like) -> zeroed tensor */
     PyObject *residuals; /* list, one entry per unit: a tensor or None */
+    /* per unit (n_restored of them): 1 while its residual is a checkpoint's, not yet moved into
+     * the State's own memory on the device of its first call (state_residual.c) */
+    uint8_t *restored;
+    Py_ssize_t n_restored;
     PyObject *config;    /* dict: the resolved config, defaults included */
     int busy;            /* set for the whole of a method call (fc_state_enter) */
     PyObject *cuda_ws;   /* the device workspace (a torch tensor), once a CUDA tensor came */
@@ -117,7 +121,8 @@ typedef struct {
 
 /* The dtype a State keeps residuals in (FC_F32, FC_BF16, or FC_U8: packed, fc_res8.h). */
 int fc_state_residual_dtype(const StateObject *self);
-/* The residual tensor of a unit, allocated through the allocator on first use, checked against
+/* The residual tensor of a unit, allocated through the allocator on first use (a checkpoint's,
+ * restored: moved into a tensor from the allocator on grad's device, once), checked against
  * grad's device: h->res and h->r (and h->buf = &h->r.buf). 0, or a status with err set. */
 int fc_state_residual(StateObject *self, uint32_t unit, PyObject *grad, const fc_view *g,
                       fc_res_hold *h, fc_err *err);

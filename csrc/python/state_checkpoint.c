@@ -123,13 +123,16 @@ FC_DOCSTRING(fc_state_restore_doc,
 "Loads a checkpoint: the unit sizes, one residual (tensor or None) per unit, the step (in\n"
 "[0, 2^32)), and the units' method states (fp32 CPU tensors or None, from unit_states(); None\n"
 "restarts them from the seed). Everything is validated before anything is changed: sizes,\n"
-"dtypes, finite residuals, the step's range.");
+"dtypes, finite residuals, the step's range. The residuals are kept as given until their unit's\n"
+"first call, which moves each into a tensor from the allocator on that call's device (a\n"
+"checkpoint saved on a GPU resumes on the CPU, and the other way).");
 
 PyObject *fc_state_restore(StateObject *self, PyObject *args)
 {
     PyObject *units, *residuals, *states = Py_None, *new_list = NULL, *step_obj;
     unsigned long long step;
     fc_unit *table = NULL;
+    uint8_t *restored = NULL;
     Py_ssize_t n = 0;
     if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "O!O!O|O:restore", &PyList_Type, &units, &PyList_Type,
                                                    &residuals, &step_obj, &states))
@@ -161,8 +164,9 @@ PyObject *fc_state_restore(StateObject *self, PyObject *args)
         return NULL;
     }
     table = (fc_unit *)calloc((size_t)(n > 0 ? n : 1), sizeof(fc_unit));
+    restored = (uint8_t *)calloc((size_t)(n > 0 ? n : 1), 1);
     new_list = PyList_New(0);
-    if (table == NULL || new_list == NULL) {
+    if (table == NULL || restored == NULL || new_list == NULL) {
         PyErr_NoMemory();
         goto error;
     }
@@ -196,6 +200,8 @@ PyObject *fc_state_restore(StateObject *self, PyObject *args)
         }
         if (PyList_Append(new_list, r) < 0)
             goto error;
+        restored[u] = r != Py_None; /* the checkpoint's tensor, on the device it was saved from:
+                                       state_residual.c moves it at the unit's first call */
     }
     if (states != Py_None && load_unit_states(self, states, table, n) < 0)
         goto error;
@@ -207,6 +213,9 @@ PyObject *fc_state_restore(StateObject *self, PyObject *args)
     self->core.n_units = (int32_t)n;
     self->core.step = (uint32_t)step;
     self->core.cursor = 0;
+    free(self->restored);
+    self->restored = restored;
+    self->n_restored = n;
     PyObject *old = self->residuals; /* Py_SETREF's order: the field is never left dangling */
     self->residuals = new_list;
     Py_DECREF(old);
@@ -215,6 +224,7 @@ error:
     for (Py_ssize_t u = 0; table != NULL && u < n; u++)
         free(table[u].ustate);
     free(table);
+    free(restored);
     Py_XDECREF(new_list);
     return NULL;
 }

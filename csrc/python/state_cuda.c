@@ -21,7 +21,7 @@ static int tensor_ptr(PyObject *t, const char *what, void **ptr, int64_t *bytes,
     fc_view v = {0};
     *ptr = NULL;
     *bytes = 0;
-    if (fc_view_get(t, what, FC_DT_F32, &v, err) != FC_OK)
+    if (fc_view_get_own(t, what, FC_DT_F32, &v, err) != FC_OK)
         return err->code;
     *ptr = v.buf.data;
     *bytes = v.buf.numel * 4;
@@ -32,7 +32,7 @@ static int tensor_ptr(PyObject *t, const char *what, void **ptr, int64_t *bytes,
 static int tensor_device(PyObject *t, int *device, fc_err *err)
 {
     fc_view v = {0};
-    if (fc_view_get(t, "unit state", FC_DT_F32, &v, err) != FC_OK)
+    if (fc_view_get_own(t, "unit state", FC_DT_F32, &v, err) != FC_OK)
         return err->code;
     *device = v.device_id;
     fc_view_release(&v);
@@ -71,13 +71,31 @@ static int device_buffer(StateObject *self, PyObject *key, const char *what, int
     return tensor_ptr(n, what, ptr, have, err);
 }
 
+/* The dict key of a shared buffer's name (a new reference): the few names the backend uses are
+ * made once, so a warm call builds no string. */
+static PyObject *name_key(const char *name)
+{
+    static const char *names[8];
+    static PyObject *keys[8]; /* interned, kept for the life of the process */
+    int i = 0;
+    for (; i < 8 && names[i] != NULL; i++)
+        if (strcmp(names[i], name) == 0)
+            return Py_NewRef(keys[i]);
+    PyObject *key = PyUnicode_InternFromString(name);
+    if (key != NULL && i < 8) {
+        names[i] = name; /* a string literal of the backend's: it outlives the table */
+        keys[i] = Py_NewRef(key);
+    }
+    return key;
+}
+
 int fc_state_cuda_buffer(void *owner, void *like, const char *name, uint32_t unit,
                          int64_t bytes, void **ptr, int64_t *have, int *fresh, fc_err *err)
 {
     StateObject *self = (StateObject *)owner;
     /* the dict's keys: a name for the shared buffers, the unit's index for its state (what
      * fc_state_cuda_sync_done and fc_state_cuda_forget_units drop) */
-    PyObject *key = name != NULL ? PyUnicode_InternFromString(name) : PyLong_FromUnsignedLong(unit);
+    PyObject *key = name != NULL ? name_key(name) : PyLong_FromUnsignedLong(unit);
     *fresh = 0;
     if (key == NULL)
         return fc_fail(err, FC_ERR_PYTHON, "");

@@ -30,7 +30,7 @@ static int fc_state_cuda_prepare(StateObject *self, PyObject *grad, const fc_vie
             return fc_fail(err, FC_ERR_PYTHON, "");
         self->cuda_ws = ws;
     }
-    if (fc_view_get(self->cuda_ws, "workspace", FC_DT_F32, &wv, err) != FC_OK)
+    if (fc_view_get_own(self->cuda_ws, "workspace", FC_DT_F32, &wv, err) != FC_OK)
         return err->code;
     int ok = fc_state_on_cuda(self, &wv) && wv.device_id == g->device_id &&
              wv.buf.numel * 4 >= FC_CUDA_WS_BYTES;
@@ -75,7 +75,7 @@ int fc_state_exec_counters(StateObject *self, fc_cuda_call *k, fc_exec *x, fc_er
     if (k->api == NULL)
         return err->code;
     if (self->cuda_ws != NULL) { /* none: the State's only CUDA work was comm marks */
-        if (fc_view_get(self->cuda_ws, "workspace", FC_DT_F32, &wv, err) != FC_OK)
+        if (fc_view_get_own(self->cuda_ws, "workspace", FC_DT_F32, &wv, err) != FC_OK)
             return err->code;
         k->ws = (fc_cuda_ws *)wv.buf.data;
         fc_view_release(&wv); /* the State keeps the tensor alive */

@@ -37,6 +37,40 @@ static int view_residual(fc_res_hold *h, unsigned dtypes, const fc_view *g, int6
     return FC_OK;
 }
 
+/* A restored residual at its unit's first call: a tensor from the allocator on grad's device
+ * takes its values (torch's copy_, across devices too) and its place in the list. Why: restore()
+ * keeps the checkpoint's tensor on the device it was saved from, and a checkpoint saved on a GPU
+ * resumes on the CPU, or the other way, or on another GPU; the residual follows the first call
+ * that uses it, moved once (the list then holds the moved tensor, counted once in
+ * residual_bytes), into memory the State's allocator made as it makes every other residual. */
+static int move_restored(StateObject *self, uint32_t unit, PyObject *grad, fc_err *err)
+{
+    if ((Py_ssize_t)unit >= self->n_restored || !self->restored[unit])
+        return FC_OK;
+    PyObject *old = PyList_GetItem(self->residuals, unit); /* borrowed */
+    if (old == Py_None || self->allocator == Py_None) { /* no allocator: kept where it is */
+        self->restored[unit] = 0;
+        return FC_OK;
+    }
+    const int rdt = fc_state_residual_dtype(self);
+    PyObject *numel = PyObject_CallMethod(old, "numel", NULL);
+    const long long n = numel != NULL ? PyLong_AsLongLong(numel) : -1;
+    Py_XDECREF(numel);
+    if (n < 0 && PyErr_Occurred())
+        return fc_fail(err, FC_ERR_PYTHON, "");
+    PyObject *moved = PyObject_CallFunction(self->allocator, "LsO", n, fc_dtype_name(rdt), grad);
+    PyObject *done = moved != NULL ? PyObject_CallMethod(moved, "copy_", "O", old) : NULL;
+    if (done == NULL) {
+        Py_XDECREF(moved);
+        return fc_fail(err, FC_ERR_PYTHON, "");
+    }
+    Py_DECREF(done);
+    if (PyList_SetItem(self->residuals, unit, moved) < 0) /* steals moved */
+        return fc_fail(err, FC_ERR_PYTHON, "");
+    self->restored[unit] = 0;
+    return FC_OK;
+}
+
 int fc_state_residual(StateObject *self, uint32_t unit, PyObject *grad, const fc_view *g,
                       fc_res_hold *h, fc_err *err)
 {
@@ -45,6 +79,8 @@ int fc_state_residual(StateObject *self, uint32_t unit, PyObject *grad, const fc
     while (PyList_Size(self->residuals) <= (Py_ssize_t)unit)
         if (PyList_Append(self->residuals, Py_None) < 0)
             return fc_fail(err, FC_ERR_PYTHON, "");
+    if (move_restored(self, unit, grad, err) != FC_OK)
+        return err->code;
     PyObject *res = PyList_GetItem(self->residuals, unit); /* borrowed */
     if (res == Py_None) {
         if (self->allocator == Py_None)

@@ -99,6 +99,8 @@ static void State_dealloc(StateObject *self)
     self->cuda_ctx = NULL;
     free(self->cuda_host.sent);
     self->cuda_host.sent = NULL;
+    free(self->restored);
+    self->restored = NULL;
     freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
     tp_free(self);
     Py_DECREF(tp); /* a heap type: each instance holds a reference to it */

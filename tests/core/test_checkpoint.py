@@ -9,6 +9,8 @@ import pytest
 import torch
 
 import fsdpcomp
+import fsdpcomp._alloc
+from fsdpcomp import _C
 from helpers.ckpt import own
 
 CFG = {"error_feedback": True, "compress_own_chunk": True, "block_size": 16}
@@ -130,3 +132,46 @@ def test_a_checkpoint_from_before_a_common_key_existed_loads_at_its_default():
     decayed = fsdpcomp.CommState("int8", {"error_feedback": True, "compress_own_chunk": True, "ef_decay": 0.5})
     with pytest.raises(ValueError, match="ef_decay"):
         decayed.load_state_dict(old)
+
+
+@pytest.mark.parametrize("residual_dtype", ["fp32", "int8"])
+def test_a_restored_residual_moves_into_the_states_memory_at_its_first_call(residual_dtype):
+    """restore() keeps the checkpoint's tensors as they come, on the device they were saved from
+    (a GPU's, when a run resumes on the CPU, or the other way); the unit's first call moves its
+    residual into a tensor the State's allocator makes like that call's grad (on its device),
+    once: the run goes on as the uninterrupted one, the checkpoint's tensor is never written, and
+    residual_bytes counts the unit once. (On a GPU machine tests/cuda/test_cuda_sparse.py loads a
+    device checkpoint into a CPU state; here both sides are the CPU, and the allocator's
+    arguments show where the residual went.)"""
+    cfg = {"error_feedback": True, "block_size": 16, "residual_dtype": residual_dtype}
+    made = []
+
+    def allocate(numel, dtype_name, like):  # fsdpcomp's own allocator, its calls written down
+        made.append((numel, dtype_name, like.device))
+        return fsdpcomp._alloc.allocate(numel, dtype_name, like)
+
+    def step(st, g):
+        u = st.begin(g.numel())
+        sizes, _ = st.plan(g, 1, 0)
+        send = torch.zeros(sum(sizes), dtype=torch.uint8)
+        st.encode(g, send, 1, 0, u)
+        st.end_step()
+        return send
+
+    gen = torch.Generator().manual_seed(4)
+    grads = [torch.randn(300, generator=gen) for _ in range(4)]
+    a = _C.State("int8", cfg, fsdpcomp._alloc.allocate)
+    for g in grads[:2]:
+        step(a, g)
+    saved = [r.clone() for r in a.residuals()]
+    b = _C.State("int8", cfg, allocate)
+    b.restore(a.units(), saved, a.step)
+    assert b.residuals()[0] is saved[0] and made == []  # kept as given until the unit's call
+    stored = (b.residual_numel(300), "uint8" if residual_dtype == "int8" else "float32", torch.device("cpu"))
+    kept = saved[0].clone()
+    for i, g in enumerate(grads[2:]):
+        assert torch.equal(step(b, g), step(a, g)), f"step {i}: the resumed payload differs"
+        assert torch.equal(b.residuals()[0], a.residuals()[0]), f"step {i}: residuals differ"
+        assert made.count(stored) == 1, f"step {i}: the residual was allocated {made.count(stored)} times"
+        assert b.residuals()[0] is not saved[0] and torch.equal(saved[0], kept)
+        assert b.counters()["residual_bytes"] == stored[0] * (1 if residual_dtype == "int8" else 4)

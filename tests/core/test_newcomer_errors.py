@@ -80,7 +80,7 @@ def _listed(message: str, what: str) -> list[str]:
                                   lambda: fsdpcomp.register(torch.nn.Linear(2, 2), "int9")],
                          ids=["CommState", "method_info", "register"])
 def test_unknown_method_lists_exactly_methods(call):
-    with pytest.raises(ValueError, match=r"^unknown compression method 'int9'; valid methods: ") as e:
+    with pytest.raises(ValueError, match=r"^unknown compression method 'int9' \(did you mean 'int8'\?\); valid methods: ") as e:
         call()
     assert _listed(str(e.value), "methods") == fsdpcomp.methods()
     assert "powersgd" in fsdpcomp.methods()
@@ -121,7 +121,7 @@ def _aliases(method: str) -> list[str]:
 
 @pytest.mark.parametrize("method", ["int8", "intN"])
 def test_unknown_key_lists_num_bits(method):
-    with pytest.raises(ValueError, match=rf"^unknown config key 'num_bitz' for method '{method}'; valid keys: ") as e:
+    with pytest.raises(ValueError, match=rf"^unknown config key 'num_bitz' for method '{method}' \(did you mean 'num_bits'\?\); valid keys: ") as e:
         fsdpcomp.CommState(method, {"num_bitz": 8})
     assert "num_bits" in _listed(str(e.value), "keys")
     assert _aliases(method) == ["num_bits"]
@@ -146,3 +146,42 @@ def test_valid_keys_are_method_info(method):
     assert _listed(str(e.value), "keys") == want
     if method not in ("int8", "intN"):
         assert info["aliases"] == [] and "num_bits" not in want
+
+
+# ---- the mistakes a newcomer typed (issue 38): each refusal points at what was meant
+
+@pytest.mark.parametrize("method,config,meant", [
+    ("PowerSGD", {}, "powersgd"),              # case
+    ("Top-K", {}, "topk"),                     # case and a dash
+    ("topk", {"top_k": 3}, "k"),               # a '_'-joined prefix
+    ("int8", {"error_feeback": True}, "error_feedback"),  # a letter dropped
+    ("int8", {"blocksize": 256}, "block_size"),            # an underscore dropped
+    ("powersgd", {"rnak": 2}, "rank"),         # two letters swapped (powersgd's keys: Python's check)
+])
+def test_an_unknown_name_suggests_the_one_meant(method, config, meant):
+    with pytest.raises(ValueError, match=rf"\(did you mean '{meant}'\?\); valid (methods|keys): "):
+        fsdpcomp.CommState(method, config)
+
+
+@pytest.mark.parametrize("method,config", [("int8", {"zzz": 1}), ("qqq", {}), ("topk", {"x": 1})])
+def test_a_name_near_nothing_suggests_nothing(method, config):
+    with pytest.raises(ValueError, match=r"unknown .*; valid (methods|keys): ") as e:
+        fsdpcomp.CommState(method, config)
+    assert "did you mean" not in str(e.value)
+
+
+@pytest.mark.parametrize("method", ["topk", "randomk"])
+def test_a_fraction_for_k_points_at_ratio(method):
+    with pytest.raises(ValueError, match=r"'k' must be an integer, got float; for a fraction of the "
+                                         r"elements use 'ratio' \(e\.g\. \{\"ratio\": 0\.01\}\)"):
+        fsdpcomp.CommState(method, {"k": 0.01})
+
+
+def test_near_name_rules():
+    near = fsdpcomp._C.near_name
+    assert near("rank", ["rank", "ranks"]) == "rank"        # exact beats near
+    assert near("x", ["k"]) is None                         # one letter off a one-letter name: no
+    assert near("seeds", ["seed", "step"]) == "seed"
+    assert near("", ["k"]) is None
+    with pytest.raises(TypeError, match="sequence of str"):
+        near("k", [1])

@@ -3,8 +3,9 @@ the CUDA runtime in tests/cuda_emu, built as a shared library that the real fsdp
 place of _fsdpcomp_cuda.so (FSDPCOMP_CUDA_LIB), in a pytest subprocess whose States send their CPU
 tensors down the CUDA path (FSDPCOMP_TEST_EMULATED). The host glue (csrc/backend_cuda/fc_cuda_path.c,
 state_cuda.c), the driver and the kernels all run; every test of the file must pass (a skip there
-means the emulation was not picked up). What only a GPU shows (timing, the memory model, the
-hardware's own NaN bits) is left to tests/gpu/run.sh."""
+means the emulation was not picked up). The kernels' fp32 writes the device's NaN bits and
+float-to-integer casts (tests/cuda_emu/emu_float.h). What only a GPU shows (timing, the memory
+model, what emu_float.h says it cannot reproduce) is left to tests/gpu/run.sh."""
 from __future__ import annotations
 
 import os
@@ -22,9 +23,11 @@ if not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")):
 # The CUDA test files that take the emulated library: the sparse, aggregate and stateful methods
 # through the reduce-scatter, every method's single payloads (State.compress/decompress), and
 # FSDP2's compressed parameter all-gathers, 8-bit residuals, dct's own cases with ef_decay's, and
-# the units past the device's table of residual norms.
+# the units past the device's table of residual norms, and what one call asks of the runtime
+# (launches, memsets, events, waits: the emulated runtime's counts).
 FILES = ["cuda/test_cuda_sparse.py", "cuda/test_cuda_single.py", "cuda/test_cuda_param_gather.py",
-         "cuda/test_cuda_res8.py", "cuda/test_cuda_dct.py", "cuda/test_cuda_units.py"]
+         "cuda/test_cuda_res8.py", "cuda/test_cuda_dct.py", "cuda/test_cuda_units.py",
+         "cuda/test_cuda_call_counts.py"]
 
 
 @pytest.mark.parametrize("test_file", FILES)

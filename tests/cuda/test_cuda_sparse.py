@@ -260,7 +260,8 @@ def test_gradiveq_basis_sync_across_ranks_matches_cpu(cfg, world, gen):
 def test_gradiveq_resumes_from_a_checkpoint_on_the_device(gen):
     """A learned basis saved from a device State and loaded into a fresh one: the device copy
     follows the restored host state, so the resumed encode writes the uninterrupted bytes (and
-    the CPU's, restored from the same checkpoint)."""
+    the CPU's, restored from the same checkpoint: its residual, saved on the device, moves to the
+    CPU at the unit's first call)."""
     full = {"dim": 16, "k": 4, "warmup": 1, "seed": 5, "error_feedback": True, "compress_own_chunk": True,
             "pipeline": False}
     n = 999
@@ -273,6 +274,7 @@ def test_gradiveq_resumes_from_a_checkpoint_on_the_device(gen):
     cpu.load_state_dict(sd)
     g = make_grad(n, torch.float32, gen)
     want = cpu_encode(cpu, g, 1, 0, cpu._core.begin(n))
+    assert cpu._core.residuals()[0].device.type == "cpu"
     assert torch.equal(BACKEND.encode(a[0], g, 1, 0), want)
     assert torch.equal(BACKEND.encode(b, g, 1, 0), want)
 
@@ -302,6 +304,31 @@ def test_topk_ties_go_to_the_lowest_indices(k, gen):
     for world, rank in ((1, 0), (3, 1)):
         encode_both("topk", {"k": k}, g, world, rank)
     encode_both("topk", {"k": k}, torch.zeros(3001), 2, 0)  # every magnitude tied
+
+
+@pytest.mark.parametrize("n,k", [(20011, 7000), (20011, 13), (9000, 4097), (8192, 8191)])
+def test_topk_ties_across_tiles(n, k, gen):
+    """The device selects in tiles of 4096 elements (cuda/fc_cu_select.cu): ties of the k-th
+    largest magnitude spread over several tiles (whole tiles of zeros, or of one value), so that
+    the cut among them falls in a later tile; with NaN and Inf among them (NaN the largest)."""
+    g = torch.randint(-2, 3, (n,), generator=gen).float() * 0.5
+    g[100:5000] = 0.0
+    encode_both("topk", {"k": k}, g, 1, 0)
+    encode_both("topk", {"k": k}, torch.full((n,), -1.5), 1, 0)  # every key equal
+    g[7::997] = float("nan")
+    g[11::1501] = float("-inf")
+    encode_both("topk", {"k": k}, g, 1, 0, steps=1)
+
+
+@pytest.mark.parametrize("n,k", [(5000, 0), (40960, 2)])
+def test_topk_of_many_small_chunks(n, k, gen):
+    """W = 1024 (the most the device takes): a thousand chunks' selections at once, chunks of
+    five (k = 0: the ratio's one, a bitmap) and of forty (16-bit indices). Smaller chunks go as
+    `none` (no smaller than topk's payload)."""
+    st = fsdpcomp.CommState("topk", {"k": k, "compress_own_chunk": False})
+    cpu_encode(st, make_grad(n, torch.float32, gen), 1024, 5, st._core.begin(n))
+    assert st.counters()["fallback_units"] == 0
+    encode_both("topk", {"k": k}, make_grad(n, torch.float32, gen), 1024, 5, steps=1)
 
 
 @pytest.mark.parametrize("n,k", [(70001, 50), (70001, 9000), (1000, 40), (1000, 200), (4096, 256), (4096, 257)])

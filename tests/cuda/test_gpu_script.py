@@ -42,7 +42,8 @@ QUICK_REST_CHECKS = {
     "bytes.compress_decompress_single_payloads", "bytes.encode_above_2_31_bytes",
     "driver.300_calls_without_counters", "driver.comm_time_is_device_time", "driver.counters_wait_without_the_gil",
     "driver.sampled_statistics_follow_the_cpu_rule",
-    "train.fsdp1_every_method", "train.fsdp2_every_method", "train.ddp_every_method", "train.examples_fsdp_train",
+    "train.fsdp1_every_method", "train.fsdp2_every_method", "train.ddp_every_method", "train.step_cost_gpt2_62m",
+    "train.examples_fsdp_train",
     "bench.kernels_cuda_quick", "bench.kernels_cuda_rest",
     "sanitize.entry_points_emulated", "sanitize.memcheck", "sanitize.initcheck", "sanitize.racecheck",
     "sanitize.synccheck",
@@ -100,8 +101,14 @@ def test_prepared_folder_runs_quick_and_rest_emulated(prepared, tmp_path):
         [f"sanitize.{t}" for t in ("memcheck", "initcheck", "racecheck", "synccheck")]
     for name in hardware:
         assert status[name] == "skipped" and "GPU" in checks[name]["reason"], (name, checks[name])
-    # the benchmark's rows are listed per profile: the quick 12, the rest of the full table
-    assert "(12 rows listed)" in checks["bench.kernels_cuda_quick"]["reason"]
+    # the benchmark's rows are listed per profile: quick every method at two sizes and int8's +ef
+    # and +sampled, rest the rest of the full table
+    import fsdpcomp
+    assert f"({2 * len(fsdpcomp.codecs()) + 2} rows listed)" in checks["bench.kernels_cuda_quick"]["reason"]
+    # the kernel table first: its speed is known before the long checks run
+    items = [ln.split("== ")[1].split(":")[0] for ln in log.splitlines() if ln.startswith("== ")]
+    items = [i for i in items if i.split(".")[0] not in ("env", "build")]
+    assert items[0] == "bench.kernels_cuda_quick", items[:5]
     # the pytest sets: quick the device-equals-CPU files, rest the build file
     lines = [ln for ln in log.splitlines() if ln.startswith("---- pytest ")]
     assert "tests/cuda/test_cuda_sparse.py" in lines[0] and "test_cuda_build.py" not in lines[0], lines
@@ -243,6 +250,27 @@ def test_collect_keeps_each_checks_latest_run(tmp_path):
     assert summary["counts"] == {"passed": 1, "failed": 2} and summary["device"] == "NVIDIA H200"
     assert [r["note"] for r in summary["runs"]] == ["first", "second"]
     assert {(r["method"], r["enc_ms"]) for r in kernels["rows"]} == {("int8", 0.5), ("fp8", 2.0)}
+    # each run's record in both files (the projection names the run it uses by it); no carried.json
+    # and a note without `main <hex>`: no commit
+    assert [(r["run"], r["commit"]) for r in kernels["runs"]] == [(0, None), (1, None)]
+    assert kernels["runs"][1]["device"] == "NVIDIA H200" and summary["runs"][1]["commit"] is None
+
+
+def test_collect_names_each_runs_commit(tmp_path):
+    """The commit prepare recorded (carried.json's manifest) wins; else the note's `main <hex>`."""
+    import collect
+
+    dirs = []
+    for name, carried in (("a", {"manifest": {"commit": "0123456789ab+changes"}}), ("b", None)):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "summary.json").write_text(json.dumps({"checks": {}, "updated": "2026-12-01T00:00:00"}))
+        if carried:
+            (d / "carried.json").write_text(json.dumps(carried))
+        dirs.append(str(d))
+    summary, kernels = collect.collect(dirs, ["quick, main 0badc0de", "rest, main 1234567"])
+    assert [r["commit"] for r in summary["runs"]] == ["0123456789ab+changes", "1234567"]
+    assert [r["commit"] for r in kernels["runs"]] == ["0123456789ab+changes", "1234567"]
 
 
 def test_collect_appends_a_run_after_the_collected_ones(tmp_path):
@@ -266,3 +294,45 @@ def test_collect_appends_a_run_after_the_collected_ones(tmp_path):
     assert summary["checks"]["bytes.x"]["run"] == 0 and summary["counts"] == {"passed": 2}
     assert {(r["method"], r["enc_ms"], r["run"]) for r in kernels["rows"]} == {("int8", 0.25, 2), ("fp8", 2.0, 0)}
     assert len(earlier[0]["runs"]) == 2  # the earlier summary is read, not changed
+    assert [r["run"] for r in kernels["runs"]] == [0, 1, 2]
+
+
+@pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="no gloo")
+def test_step_cost_check_runs_on_the_cpu_and_is_shown(tmp_path):
+    """checks_train.step_cost, the train group's gpt2-62m step cost, on the CPU (gloo, the tiny
+    preset, one warm-up and one timed step): the driven reduce-scatters and gathers run, the
+    codec's counters move, and the results page shows what it returns."""
+    pytest.importorskip("transformers")
+    script = tmp_path / "step_cost.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, os, socket, sys
+        sys.path[:0] = [{os.path.join(TESTS, "gpu")!r}, {TESTS!r}]
+        import torch.distributed as dist
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        import checks_train
+        print(json.dumps(checks_train.step_cost("cpu", "tiny", 2, 32, 1, 1)))
+        dist.destroy_process_group()
+    """))
+    from helpers.pkg_path import pythonpath
+    r = subprocess.run([sys.executable, "-P", str(script)], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=pythonpath()))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    n_modules = 3  # the tiny preset's 2 blocks and the model itself
+    assert d["grad_calls_per_step"] == n_modules and d["param_gathers_per_step"] == 2 * n_modules
+    for k in ("grad_encode_ms", "grad_decode_ms", "param_encode_ms", "param_decode_ms", "step_ms"):
+        assert d[k] > 0, k
+    assert d["codec_ms"] == pytest.approx(d["grad_encode_ms"] + d["grad_decode_ms"] + d["param_encode_ms"]
+                                          + d["param_decode_ms"])
+    assert len(d["losses"]) == 2 and all(v == v for v in d["losses"])
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import results_gpu
+    lines = results_gpu._step_lines({"checks": {results_gpu.STEP_CHECK: {"status": "passed", "run": 4, "detail": d}}})
+    text = "\n".join(lines)
+    assert "tiny (" in text and f"| codec total | {d['codec_ms']:.2f} |" in text and "(run 4)" in text
+    missing = results_gpu._step_lines({"checks": {}})
+    assert "not run yet" in "\n".join(missing)

@@ -21,6 +21,9 @@
 //   (poisoned until then) only when the host synchronizes (stream, event): a host read of it
 //   before the wait sees garbage.
 // Kernels run to completion at their launch: stream order between kernels and copies holds.
+// Every call of the runtime that costs the host time on a GPU is counted (fc_emu_count: launches,
+// memsets, events, host waits, copies, allocations), for tests/cuda/test_cuda_call_counts.py to
+// read per driver call through emu_stubs.cpp's fc_emu_counts_read / fc_emu_counts_reset.
 #ifndef FC_EMU_CUDA_RUNTIME_H
 #define FC_EMU_CUDA_RUNTIME_H
 
@@ -33,6 +36,7 @@
 #include <math.h> // isfinite, sqrt unqualified, as CUDA declares them
 #include <cstdint>
 #include <cstring>
+#include <atomic>
 #include <mutex>
 #include <vector>
 
@@ -136,6 +140,19 @@ template <class T> static inline void fc_emu_shuffle(std::vector<T> &v, uint64_t
         std::swap(v[i - 1], v[(size_t)(fc_emu_mix(rng) % i)]);
 }
 
+// ---- what the driver asks of the runtime, counted: the host's fixed cost per call on a GPU is
+// mostly these (a launch, a memset or an event record is a few microseconds of host time each,
+// a host wait stalls the hook path). One set per process; emu_stubs.cpp exports them, in this
+// order (FC_EMU_COUNT_NAMES). cudaEventQuery is not a wait (it returns cudaErrorNotReady on a GPU);
+// cub_calls are the CUB algorithms emu_stubs.cpp stands in for (several launches each on a GPU).
+#define FC_EMU_COUNT_NAMES "launches,memsets,event_creates,event_records,event_queries,host_syncs,d2h_copies,mallocs,cub_calls"
+struct fc_emu_counts {
+    std::atomic<unsigned long long> launches, memsets, event_creates, event_records, event_queries, host_syncs,
+        d2h_copies, mallocs, cub_calls;
+};
+inline fc_emu_counts fc_emu_count;
+static inline void fc_emu_tick(std::atomic<unsigned long long> &c) { c.fetch_add(1, std::memory_order_relaxed); }
+
 // ---- device-to-host copies in flight: read in stream order, written to the host at a wait
 struct fc_emu_copy {
     void *dst;
@@ -164,6 +181,7 @@ static inline cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
 static inline cudaError_t cudaSetDevice(int) { return cudaSuccess; }
 static inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t = 0)
 {
+    fc_emu_tick(fc_emu_count.memsets);
     memset(p, v, n);
     return cudaSuccess;
 }
@@ -173,6 +191,7 @@ static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cuda
         memcpy(d, s, n);
         return cudaSuccess;
     }
+    fc_emu_tick(fc_emu_count.d2h_copies);
     std::lock_guard<std::mutex> g(fc_emu_copies_lock);
     fc_emu_copies.push_back(fc_emu_copy{d, std::vector<char>((const char *)s, (const char *)s + n), st, fc_emu_seq++});
     memset(d, fc_emu_config().poison, n); // in flight: what the host reads before its wait
@@ -180,18 +199,35 @@ static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cuda
 }
 static inline cudaError_t cudaStreamSynchronize(cudaStream_t st)
 {
+    fc_emu_tick(fc_emu_count.host_syncs);
     fc_emu_land(st, UINT64_MAX, false);
     return cudaSuccess;
 }
 static inline cudaError_t cudaDeviceSynchronize(void)
 {
+    fc_emu_tick(fc_emu_count.host_syncs);
     fc_emu_land(nullptr, UINT64_MAX, true);
     return cudaSuccess;
 }
-static inline cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = new fc_emu_event{0, nullptr, 0}; return cudaSuccess; }
+// Device memory from the runtime: the library must take it from torch's allocator through the
+// State (fc_cuda.h), so a call here is counted for the tests to refuse; it works, so they can.
+static inline cudaError_t cudaMalloc(void **p, size_t n)
+{
+    fc_emu_tick(fc_emu_count.mallocs);
+    *p = malloc(n > 0 ? n : 1);
+    return *p != nullptr ? cudaSuccess : cudaErrorInvalidValue;
+}
+static inline cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
+static inline cudaError_t cudaEventCreate(cudaEvent_t *e)
+{
+    fc_emu_tick(fc_emu_count.event_creates);
+    *e = new fc_emu_event{0, nullptr, 0};
+    return cudaSuccess;
+}
 static inline cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
 static inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st = 0)
 {
+    fc_emu_tick(fc_emu_count.event_records);
     std::lock_guard<std::mutex> g(fc_emu_copies_lock);
     e->recorded = 1;
     e->stream = st;
@@ -200,12 +236,21 @@ static inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st = 0)
 }
 // an event is complete once looked at (the kernels before it ran at their launch); what it
 // completes are the copies queued before it on its stream
-static inline cudaError_t cudaEventQuery(cudaEvent_t e)
+static inline cudaError_t fc_emu_event_done(cudaEvent_t e)
 {
     fc_emu_land(e->stream, e->seq, false);
     return cudaSuccess;
 }
-static inline cudaError_t cudaEventSynchronize(cudaEvent_t e) { return cudaEventQuery(e); }
+static inline cudaError_t cudaEventQuery(cudaEvent_t e)
+{
+    fc_emu_tick(fc_emu_count.event_queries);
+    return fc_emu_event_done(e);
+}
+static inline cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+    fc_emu_tick(fc_emu_count.host_syncs);
+    return fc_emu_event_done(e);
+}
 static inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t, cudaEvent_t) { *ms = 0.0f; return cudaSuccess; }
 
 // ---- threads, warps, blocks: every CUDA thread is a fiber (its own stack) of the launching host
@@ -275,6 +320,9 @@ static inline void fc_emu_wait(fc_emu_bar *b)
 static inline void __syncwarp(unsigned = 0xffffffffu) { fc_emu_wait(&fc_emu_cur->bar); }
 // Every thread of the block (one that returned early deadlocks it, as CUDA does not promise).
 static inline void __syncthreads(void) { fc_emu_wait(fc_emu_block); }
+// Orders a thread's global writes before its later ones (a last-block ticket): the emulation's
+// writes are seen at once, by one host thread.
+static inline void __threadfence(void) {}
 
 template <class T> static inline T fc_emu_shfl(T v, int src)
 {
@@ -304,10 +352,15 @@ template <class T> static inline T __shfl_up_sync(unsigned, T v, unsigned d)
 }
 static inline unsigned __ballot_sync(unsigned, int pred)
 {
-    const unsigned bit = pred ? 1u << (threadIdx.x & 31) : 0u;
+    // every lane's bit through the warp's slots, in one exchange (two barriers, not a shuffle a
+    // lane); lanes past a partial warp's last hold no bit
+    const int lane = (int)(threadIdx.x & 31), lanes = fc_emu_cur->bar.need;
+    fc_emu_cur->slot[lane][0] = pred ? 1u : 0u;
+    fc_emu_wait(&fc_emu_cur->bar);
     unsigned all = 0;
-    for (int l = 0; l < 32; l++) // every lane's bit, through the warp's slots
-        all |= fc_emu_shfl(bit, l);
+    for (int l = 0; l < lanes; l++)
+        all |= (fc_emu_cur->slot[l][0] != 0 ? 1u : 0u) << l;
+    fc_emu_wait(&fc_emu_cur->bar);
     return all;
 }
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }
@@ -419,6 +472,13 @@ template <class K> struct fc_emu_launcher {
             fc_emu_last_error = cudaErrorInvalidConfiguration;
             return;
         }
+        fc_emu_tick(fc_emu_count.launches); // a refused one never reached the device
+        // FC_EMU_SKIP_KERNELS=1 (benchmarks/call_overhead.py only: what the host spends per call
+        // around the kernels): the launch is checked and counted, its threads never run, so every
+        // output stays as it was. No test may set it.
+        static const bool skip = getenv("FC_EMU_SKIP_KERNELS") != nullptr && strcmp(getenv("FC_EMU_SKIP_KERNELS"), "1") == 0;
+        if (skip)
+            return;
         if (block.y != 1 || block.z != 1 || grid.z != 1) {
             fprintf(stderr, "cuda_emu: a 2-D block or 3-D grid is not emulated\n");
             abort();

@@ -16,6 +16,7 @@ cudaError_t fc_cu_select_if(void *temp, size_t *temp_bytes, const fc_cu_sel_pred
         *temp_bytes = 64; // some, as CUB asks for
         return cudaSuccess;
     }
+    fc_emu_tick(fc_emu_count.cub_calls);
     int64_t m = 0;
     for (int64_t i = 0; i < n; i++)
         if (pred(i))
@@ -31,6 +32,7 @@ cudaError_t fc_cu_sort_pairs(void *temp, size_t *temp_bytes, const uint32_t *kin
         *temp_bytes = 64;
         return cudaSuccess;
     }
+    fc_emu_tick(fc_emu_count.cub_calls);
     const uint32_t mask = end_bit >= 32 ? 0xffffffffu : (1u << end_bit) - 1u;
     std::vector<int64_t> order((size_t)n);
     std::iota(order.begin(), order.end(), (int64_t)0);
@@ -93,4 +95,30 @@ extern "C" const fc_cuda_api *fc_emu_get_api(int abi)
         wrapped.decompress = fc_emu_decompress;
     });
     return &wrapped;
+}
+
+// ---- the runtime calls counted by cuda_runtime.h (fc_emu_count), for the tests to read per driver
+// call: `names` is FC_EMU_COUNT_NAMES (comma-separated), out gets up to n values in that order.
+extern "C" __attribute__((visibility("default"))) const char *fc_emu_counts_names(void)
+{
+    return FC_EMU_COUNT_NAMES;
+}
+extern "C" __attribute__((visibility("default"))) int fc_emu_counts_read(unsigned long long *out, int n)
+{
+    const std::atomic<unsigned long long> *all[] = {&fc_emu_count.launches, &fc_emu_count.memsets,
+                                                    &fc_emu_count.event_creates, &fc_emu_count.event_records,
+                                                    &fc_emu_count.event_queries, &fc_emu_count.host_syncs,
+                                                    &fc_emu_count.d2h_copies, &fc_emu_count.mallocs,
+                                                    &fc_emu_count.cub_calls};
+    const int have = (int)(sizeof(all) / sizeof(all[0]));
+    for (int i = 0; i < n && i < have; i++)
+        out[i] = all[i]->load();
+    return have;
+}
+extern "C" __attribute__((visibility("default"))) void fc_emu_counts_reset(void)
+{
+    for (auto *c : {&fc_emu_count.launches, &fc_emu_count.memsets, &fc_emu_count.event_creates,
+                    &fc_emu_count.event_records, &fc_emu_count.event_queries, &fc_emu_count.host_syncs,
+                    &fc_emu_count.d2h_copies, &fc_emu_count.mallocs, &fc_emu_count.cub_calls})
+        c->store(0);
 }

@@ -3,7 +3,7 @@ index offset, a rounding mode, a block geometry), each built into the emulated l
 scratch copy of cuda/ (build.py's FSDPCOMP_EMU_CUDA_SRC) and run under the emulated test files.
 A mutant the tests do not fail has survived: the script prints a table and exits 1.
 
-    python3 tests/cuda_emu/mutate.py            # all seven mutants
+    python3 tests/cuda_emu/mutate.py            # every mutant
     python3 tests/cuda_emu/mutate.py --quick    # the first three
     python3 tests/cuda_emu/mutate.py --only int8-round-floor --no-baseline
 
@@ -44,16 +44,23 @@ MUTANTS = [
     ("int8-round-floor", "fc_cu_codecs.cuh",
      "float f = fc_round_even(t);", "float f = floorf(t);",
      "int8 rounds down instead of to nearest even"),
-    ("topk-index16-offset", "fc_cu_sparse_common.cu",
-     "((uint16_t *)region)[j] = (uint16_t)(sel.idx[h.off + j] - h.start);",
-     "((uint16_t *)region)[j] = (uint16_t)(sel.idx[h.off + j] - h.start + 1);",
-     "16-bit sparse indices written one too high"),
+    ("topk-index16-offset", "fc_cu_select.cu",
+     "((uint16_t *)region)[pos - hc.off] = (uint16_t)local;",
+     "((uint16_t *)region)[pos - hc.off] = (uint16_t)(local + 1);",
+     "topk's 16-bit indices written one too high"),
     ("block-lanes-halved", "fc_cu_tile.cuh",
      "return bs >= FC_CU_TILE ? 32 : (int)(bs >> 3);", "return bs >= FC_CU_TILE ? 32 : (int)(bs >> 4);",
      "a quantisation block below a tile spans half its lanes (block scales of half blocks)"),
     ("fused-decode-skips-runs", "fc_cu_decode.cuh",
      "i0 < d.out_numel; i0 += step) {", "i0 < d.out_numel; i0 += 2 * step) {",
      "the fused decode's grid-stride loop skips every other round of runs (a grid the device sized)"),
+    ("topk-cut-past-the-tie", "fc_cu_select.cu",
+     "if (tie && ex + 1 == found_rank)", "if (tie && ex == found_rank)",
+     "topk keeps the ties up to the next one past the cut (one tie too many, the k-th largest's)"),
+    ("randomk-warp-skips-a-lane", "fc_cu_randomk.cu",
+     "from = __ffs((int)m); // the lane after the one that fired",
+     "from = __ffs((int)m) + 1; // the lane after the one that fired",
+     "randomk's warp walks skip the event or element after each that fires"),
     ("sketch-decompress-alpha-x2", "fc_cu_sketch.cu",
      "fc_cu_add_canon((float *)d.out + idx[j], d.alpha * est[idx[j]]);",
      "fc_cu_add_canon((float *)d.out + idx[j], 2.0f * d.alpha * est[idx[j]]);",

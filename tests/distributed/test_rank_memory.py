@@ -52,9 +52,10 @@ def _fsdp2(rank, world):
         grads = mem_count.grads_bytes(model)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        # every buffer storage the exchange reaches, its cached per-peer views included: after
+        # every buffer storage the exchange reaches, its cached per-peer and all-to-all views included: after
         # the first step's regrowth too, no old buffer may stay alive unseen by buffer_bytes
-        views = [t for p in state._reducer.exchange._slots.values() for t in (p.send, p.recv)]
+        exchange = state._reducer.exchange
+        views = [t for p in [*exchange._slots.values(), *exchange._all_to_all.values()] for t in (p.send, p.recv)]
         reached.append((mem_count.storage_bytes(list(state._reducer.exchange.buffers._bufs.values()) + views),
                          state.counters()["buffer_bytes"]))
     return {"counters": dict(state.counters()), "units": units, "grads": grads, "reached": reached,

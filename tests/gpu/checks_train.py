@@ -1,8 +1,9 @@
 """GPU checks, group `train` (tests/gpu/run.sh train, ~3-6 min): one-GPU training through an NCCL
 process group (world 1) with `compress_own_chunk`, so that every rank's payload is really encoded,
 exchanged and decoded: FSDP1 (fsdp_hook), FSDP2 (ReduceScatter) and DDP (ddp_hook), each with
-every method that has CUDA kernels; then a short run of the real examples/fsdp_train.py. Each
-run's losses and counters go into the summary (its `training` rows).
+every method that has CUDA kernels; the codec's cost per step of gpt2-62m under FSDP2 (int8 and
+`param_gather` int8); then a short run of the real examples/fsdp_train.py. Each run's losses and
+counters go into the summary (its `training` rows).
 
 At world 1 torch's FSDP2 copies instead of calling a custom reduce-scatter (foreach_reduce in
 torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py), so the FSDP2 check also calls the
@@ -26,6 +27,9 @@ from gpu_common import CheckFailed, Skip, cuda_methods, need_real_gpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 8
+# the step-cost check: the reference model, one GPU's batch, and few steps (the train group's cap:
+# most of the check's time is the interpreter, transformers and the model's first step)
+COST_MODEL, COST_BATCH, COST_SEQ, COST_WARMUP, COST_STEPS = "gpt2-62m", 8, 1024, 2, 4
 
 
 @contextlib.contextmanager
@@ -158,6 +162,114 @@ def check_fsdp2_every_method():
 def check_ddp_every_method():
     """DDP (ddp_hook; the first iteration is the uncompressed warm-up) with every CUDA method."""
     return _every_method("ddp")
+
+
+def step_cost(device: str, preset: str, batch: int, seq: int, warmup: int, steps: int) -> dict:
+    """gpt2 `preset` under FSDP2 (each block and the model fully_shard'ed) on one rank of the
+    current process group, with fsdpcomp int8 and param_gather int8 registered: the step's time
+    and the codec's per step. At world 1 torch's FSDP2 calls no collective (it copies), so after
+    each step the check drives what FSDP2 calls at world > 1 itself, through the registered
+    classes: every FSDP module's gradients through a ReduceScatter (compress_own_chunk: encoded and
+    decoded) and its parameters through an AllGather twice (the forward gather and the backward
+    re-gather). The codec times are the States' counters (on CUDA, device time by events): the
+    gradient State's compress/decompress and the parameter codec's; the step is timed around
+    forward, backward and optimizer step (synchronized), without the driven codec work."""
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    import gpt
+    from torch.distributed.fsdp import fully_shard
+    from fsdpcomp.integrations.fsdp2 import AllGather, ReduceScatter, _param_groups, fsdp2_modules
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = gpt.make_model(gpt.make_config(preset))
+    params = gpt.n_params(model)
+    for block in model.transformer.h:
+        fully_shard(block)
+    fully_shard(model)
+    state = fsdpcomp.register(model, "int8", {"compress_own_chunk": True, "param_gather": "int8"})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    modules = fsdp2_modules(model)
+    driven = [(ReduceScatter(state, key=name or "<root>", module=m), AllGather(state, unit=i, module=m),
+               [p.sharded_param for p in (_param_groups(m)[0].fsdp_params if _param_groups(m) else [])])
+              for i, (name, m) in enumerate(modules)]
+    g = torch.Generator(device=device).manual_seed(1)
+    x = torch.randint(0, model.config.vocab_size, (batch, seq), device=device, generator=g)
+
+    def sync():
+        if device != "cpu":
+            torch.cuda.synchronize()
+
+    def codec_work():
+        for rs, ag, ps in driven:
+            if not ps:
+                continue
+            grad = torch.cat([p.grad.to_local().reshape(-1) for p in ps])
+            rs(rs.allocate((grad.numel(),), dtype=grad.dtype, device=grad.device), grad,
+               group=dist.group.WORLD, op=dist.ReduceOp.AVG)
+            shard = torch.cat([p.to_local().detach().reshape(-1) for p in ps])
+            for _ in range(2):  # the forward gather and the backward re-gather
+                ag(ag.allocate((shard.numel(),), dtype=shard.dtype, device=shard.device), shard,
+                   group=dist.group.WORLD)
+        state.end_step()
+
+    def times():
+        c, p = state.counters(), state.param_codec.counters()  # on CUDA: waits for the device
+        return [c["compress_time_s"], c["decompress_time_s"], p["compress_time_s"], p["decompress_time_s"],
+                c["param_gather_codec_time_s"], c["calls"], c["param_gather_calls"]]
+
+    step_s, losses = 0.0, []
+    for i in range(warmup + steps):
+        if i == warmup:
+            start = times()
+        sync()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        sync()
+        if i >= warmup:
+            step_s += time.perf_counter() - t0
+        losses.append(round(loss.item(), 4))
+        codec_work()
+    end = times()
+    d = [(b - a) for a, b in zip(start, end)]
+    ms = [1e3 * v / steps for v in d[:5]]
+    codec_ms = sum(ms[:4])
+    return {"model": preset, "params": params, "batch": batch, "seq": seq, "method": "int8", "param_gather": "int8",
+            "warmup_steps": warmup, "timed_steps": steps, "losses": losses, "step_ms": 1e3 * step_s / steps,
+            "grad_encode_ms": ms[0], "grad_decode_ms": ms[1], "param_encode_ms": ms[2], "param_decode_ms": ms[3],
+            "param_gather_host_ms": ms[4], "codec_ms": codec_ms,
+            "codec_share_of_step": codec_ms / (1e3 * step_s / steps) if step_s > 0 else None,
+            "grad_calls_per_step": d[5] / steps, "param_gathers_per_step": d[6] / steps,
+            "how": (f"Mean of {steps} steps after {warmup} warm-up steps. At world 1 FSDP2 calls no collective, so "
+                    "each step's gradients and parameters were sent through fsdpcomp's ReduceScatter and "
+                    "AllGather (two gathers per module) by the check, as FSDP2 calls them at world > 1; the codec "
+                    "times are the States' counters (device time, CUDA events); the step (forward, backward, "
+                    "AdamW, fp32) is timed around itself, without that driven work.")}
+
+
+def check_step_cost_gpt2_62m():
+    """The codec's milliseconds per step of gpt2-62m (FSDP2, int8, param_gather int8,
+    compress_own_chunk) beside the step's (step_cost)."""
+    need_real_gpu("the step cost on a GPU")
+    try:
+        import transformers  # noqa: F401 - examples/gpt.py builds GPT-2 with it
+    except ImportError:
+        raise Skip("transformers is not installed (examples/gpt.py builds GPT-2 with it)")
+    with one_rank_nccl():
+        d = step_cost("cuda", COST_MODEL, COST_BATCH, COST_SEQ, COST_WARMUP, COST_STEPS)
+    problems = []
+    if not all(v == v and abs(v) != float("inf") for v in d["losses"]):
+        problems.append(f"non-finite loss: {d['losses']}")
+    if d["grad_calls_per_step"] < 1 or d["param_gathers_per_step"] < 2:
+        problems.append(f"the driven codec work did not run: {d['grad_calls_per_step']} reduce-scatters and "
+                        f"{d['param_gathers_per_step']} gathers per step")
+    if not (d["grad_encode_ms"] > 0 and d["grad_decode_ms"] > 0 and d["param_encode_ms"] > 0 and d["param_decode_ms"] > 0):
+        problems.append("a codec time is 0: the counters did not see the device's work")
+    if problems:
+        raise CheckFailed("; ".join(problems), d)
+    return d
 
 
 WORDS = ["gradient", "compression", "sharded", "training", "over", "slow", "links", "with", "fsdp"]

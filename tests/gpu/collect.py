@@ -7,8 +7,12 @@ them by benchmarks/make_results_md.py.
     python tests/gpu/collect.py DIR [DIR ...] [--note "what this run was"] [--out benchmarks/results/gpu]
 
 DIRs in the order they ran: a check run again later replaces its earlier result; `--note` (once
-per DIR, in order) says what each run was (the commit, what changed since the last). `--append`
-adds the DIRs after the runs already collected in --out (an earlier session's, whose folders are gone).
+per DIR, in order) says what each run was (what changed since the last). `--append` adds the DIRs
+after the runs already collected in --out (an earlier session's, whose folders are gone). Both
+files list the runs (date, device, torch, commit, note): the commit is the one prepare.py built
+the carried libraries from (carried.json), else the first `main <hex>` of the run's note (the runs
+of 2026-11-27/28, before prepare recorded it), else null. benchmarks/projection.py names the run
+whose kernel rows it uses by these.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -26,6 +31,15 @@ KEEP_FAILURES, KEEP_FAILURE = 20, 400  # a pytest group's failures kept, and cha
 def _load(path: str) -> dict:
     with open(path) as f:
         return json.load(f)
+
+
+def commit_of(carried: dict, note: str) -> str | None:
+    """The commit of a run: prepare's manifest (carried.json), else the note's `main <hex>`."""
+    commit = ((carried.get("detail") or carried).get("manifest") or {}).get("commit") if carried else None
+    if commit:
+        return commit
+    m = re.search(r"\bmain ([0-9a-f]{7,40})\b", note or "")
+    return m.group(1) if m else None
 
 
 def collect(dirs: list[str], notes: list[str], onto: tuple[dict, dict] | None = None) -> tuple[dict, dict]:
@@ -41,9 +55,12 @@ def collect(dirs: list[str], notes: list[str], onto: tuple[dict, dict] | None = 
         s = _load(os.path.join(d, "summary.json"))
         env_path = os.path.join(d, "env.json")
         env = _load(env_path) if os.path.exists(env_path) else {}
+        carried_path = os.path.join(d, "carried.json")
+        carried = _load(carried_path) if os.path.exists(carried_path) else {}
+        note = notes[i - first] if i - first < len(notes) else ""
         run = {"run": i, "dir": os.path.basename(os.path.abspath(d)), "updated": s.get("updated"),
                "device": env.get("device"), "torch": env.get("torch"), "nccl": env.get("nccl"),
-               "emulated": env.get("emulated"), "note": notes[i - first] if i - first < len(notes) else ""}
+               "emulated": env.get("emulated"), "commit": commit_of(carried, note), "note": note}
         summary["runs"].append(run)
         summary["device"] = env.get("device") or summary["device"]
         for name, r in s.get("checks", {}).items():
@@ -69,8 +86,13 @@ def collect(dirs: list[str], notes: list[str], onto: tuple[dict, dict] | None = 
     for r in summary["checks"].values():
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     summary["counts"] = counts
+    for r in summary["runs"]:  # runs collected before commits were recorded: from their notes
+        if r.get("commit") is None:
+            r["commit"] = commit_of({}, r.get("note", ""))
     rows = sorted(kernels["rows"].values(), key=lambda r: (r["n"], r["method"] != "d2d copy"))
     kernels["rows"] = rows
+    kernels["runs"] = [{k: r.get(k) for k in ("run", "updated", "device", "torch", "commit", "note")}
+                       for r in summary["runs"]]
     return summary, kernels
 
 

@@ -106,6 +106,21 @@ def _nvcc_version() -> str:
     return ""
 
 
+def git_commit(root: str) -> str | None:
+    """The checkout's commit (12 hex digits, "+changes" when tracked files differ from it): the
+    GPU machine gets a copy of the tree without .git, so the results name their commit from here."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True,
+                              text=True, timeout=30)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return head.stdout.strip() + ("+changes" if dirty else "")
+
+
 def build(out_dir: str, archs: str, scratch: str, wheels: bool) -> dict:
     if not _nvcc_version():
         raise SystemExit("prepare: nvcc not found (NVCC, PATH, /usr/local/cuda/bin): the CUDA library "
@@ -140,7 +155,8 @@ def build(out_dir: str, archs: str, scratch: str, wheels: bool) -> dict:
         got = sorted(os.listdir(whl))
     manifest = {"fc_cuda_abi": cuda_abi(ROOT), "archs": archs.split(";"), "ptx": archs.split(";")[-1],
                 "nvcc": _nvcc_version(), "built_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "built_with_python": sys.version.split()[0], "wheels": got, "sources": source_hashes(ROOT)}
+                "built_with_python": sys.version.split()[0], "wheels": got, "commit": git_commit(ROOT),
+                "sources": source_hashes(ROOT)}
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
     size = sum(os.path.getsize(os.path.join(d, n)) for d, _, ns in os.walk(out_dir) for n in ns)

@@ -14,26 +14,33 @@
 # library of another FC_CUDA_ABI, one without code for this GPU's arch, or one built from other
 # sources than the checkout's. Without it the `build` group builds in place (3-5 min of nvcc).
 #
-# The profiles, in order; seconds measured on one H200 on 2026-11-27 (the first GPU run; an H100
-# should take about as long: most of it is the CPU reference and Python), [cap] each item's
-# outer timeout. Each check's result is written the moment it ends, so a cut run keeps them.
-#   quick (~7 min; the caps sum to 8.7 min, so a slow check is cut, not the command):
-#     prereq + carried    ~20 s     python, torch with a GPU, compute-sanitizer; the carried libs
+# The profiles, in order; seconds measured on one H200 on 2026-11-27/28 (the first GPU runs; an
+# H100 should take about as long: most of it is the CPU reference and Python) unless marked
+# "estimate" (not yet run on a GPU), [cap] each item's outer timeout. Each check's result is
+# written the moment it ends, so a cut run keeps them.
+#   quick (~7 min; the caps sum to 8.6 min, so a slow check is cut, not the command):
+#     prereq + carried    ~20 s     python, torch with a GPU, compute-sanitizer, ncu; the carried libs
+#     bench  ~25 s est.  [50]  FIRST, so the speed is known within 2 minutes of the command's start:
+#                              the kernel table (benchmarks/kernels_cuda.py --profile quick): every
+#                              method at 2^26 (gradiveq 2^24) and at 2^16 (the fixed cost), int8
+#                              +ef and +sampled, each checked against the CPU first, against a
+#                              device-to-device copy of the same run
 #     pytest     ~165 s [180]  tests/cuda/test_cuda{,_single,_sparse,_param_gather,_geometry,_res8,_dct}.py:
 #                              device payloads and residuals = the CPU's, bit for bit
 #     bytes       ~67 s  [85]  payload bytes at n = 1, 255, 257, 2^20+3, every method and config
-#     driver      ~30 s  [90]  300 calls, event-timed collectives, counters without the GIL, the
+#     driver      ~30 s  [60]  300 calls, event-timed collectives, counters without the GIL, the
 #                              sampling rule
-#     train       ~71 s  [85]  one-GPU FSDP1, FSDP2 (int8 + param_gather int8 among them) and DDP
-#                              on an NCCL process group, every method; the real examples/fsdp_train.py
-#     bench       ~20 s  [35]  kernel table: int8, fp8, intN, topk, sketch, onebit at 2^24, 2^26
-#                              against a device-to-device copy of the same run
+#     train  ~86 s est. [115]  one-GPU FSDP1, FSDP2 (int8 + param_gather int8 among them) and DDP
+#                              on an NCCL process group, every method (~30 s measured); gpt2-62m's
+#                              codec ms per step under FSDP2 int8 + param_gather int8 (~12 s,
+#                              estimate); the real examples/fsdp_train.py (~44 s measured)
 #     memcheck    ~11 s  [25]  compute-sanitizer memcheck over tests/gpu/sanitize_run.py
 #   rest (caps 8 min; not yet run on a GPU: estimates):
 #     pytest      ~25 s  [40]  tests/cuda/test_cuda_build.py (the library as CI sees it)
 #     initcheck, racecheck, synccheck  ~15-60 s each [60, 90, 60]
 #     bytes     ~60-120 s [120] the 2^29+17 element (> 2^31 bytes) encode and decode
-#     bench      ~60 s [100]  the remaining kernel-table rows (other methods; every one at 2^28)
+#     bench      ~60 s [100]  the rest of the kernel table: the config variants, +ef and +sampled
+#                              of every method, every method at 2^24 and 2^28
 #   (tests/cuda/test_cuda_driver.py runs the driver group's checks again under pytest: in no
 #   profile; `bash tests/gpu/run.sh pytest` runs every file.)
 #
@@ -86,7 +93,8 @@ FAILED=0
 
 # The work list: items PROFILE:GROUP (PROFILE empty for a single group at full size). A profile
 # sizes each of its items (timeout, files, checks, benchmark rows) in item_settings below.
-QUICK_ITEMS=(quick:pytest quick:bytes quick:driver quick:train quick:bench quick:memcheck)
+# quick's bench first: the kernels' speed is what a GPU window is most often for (tests/gpu/README.md)
+QUICK_ITEMS=(quick:bench quick:pytest quick:bytes quick:driver quick:train quick:memcheck)
 REST_ITEMS=(rest:pytest rest:initcheck rest:racecheck rest:synccheck rest:bytes rest:bench)
 items=()
 [ $# -eq 0 ] && set -- quick
@@ -115,9 +123,9 @@ item_settings() {
     case "$profile:$group" in
         quick:pytest) CUR_TIMEOUT=180; PYTEST_SET=quick ;;
         quick:bytes) CUR_TIMEOUT=85; CHECK_EXCLUDE=encode_above_2_31_bytes ;;
-        quick:driver) CUR_TIMEOUT=90 ;;
-        quick:train) CUR_TIMEOUT=85 ;;
-        quick:bench) CUR_TIMEOUT=35; BENCH_PROFILE=quick ;;
+        quick:driver) CUR_TIMEOUT=60 ;;
+        quick:train) CUR_TIMEOUT=115 ;;
+        quick:bench) CUR_TIMEOUT=50; BENCH_PROFILE=quick ;;
         quick:memcheck) CUR_TIMEOUT=25 ;;
         rest:pytest) CUR_TIMEOUT=40; PYTEST_SET=rest ;;
         rest:initcheck|rest:synccheck) CUR_TIMEOUT=60 ;;
@@ -206,6 +214,10 @@ if not emulated:
     info["compute_sanitizer"] = cs
     if not cs:
         notes.append("no compute-sanitizer: the sanitizer groups will skip")
+    # Nsight Compute: whether this machine could measure the kernels' DRAM bytes (the kernel
+    # table's `moved` column is a model until a run does)
+    info["ncu"] = shutil.which("ncu") or next((p for p in ("/usr/local/cuda/bin/ncu", "/opt/nvidia/nsight-compute/ncu")
+                                               if os.path.exists(p)), None)
     try:
         info["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
                                              "--format=csv,noheader"], capture_output=True, text=True,
