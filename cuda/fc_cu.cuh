@@ -158,14 +158,11 @@ __device__ __forceinline__ void fc_cu_count(unsigned long long *counter, int64_t
 }
 
 // The residual of one sent element from g' (x) and the decode with alpha = -1 (dneg = -D), as
-// the CPU's update_residual makes it: x + dneg, saturated where it is not finite; for a chunk
-// that passed NaN/Inf, fc_residual_passed of d = 0 + D (the CPU decodes D into zeros).
-__device__ __forceinline__ float fc_cu_residual(float x, float dneg, int passed, int64_t *sat)
+// the CPU's update_residual makes it: fc_range.h's rule, decided per element (x + dneg where
+// that is finite), so a kernel writes it without knowing what the rest of its chunk held.
+__device__ __forceinline__ float fc_cu_residual(float x, float dneg, int64_t *sat)
 {
-    if (passed)
-        return fc_residual_passed(x, 0.0f + -dneg, sat);
-    const float e = x + dneg;
-    return fc_abs_bits(e) < FC_INF_BITS ? e : fc_residual_fix(e, sat);
+    return fc_residual(x, dneg, sat);
 }
 
 // Per-thread sums for the error feedback: ||e||^2 of the unit, and the sampled statistics.
@@ -177,6 +174,22 @@ struct fc_cu_esum {
         ee += (double)e * e;
         xx += (double)x * x;
         xe += (double)x * e;
+    }
+    // A one-pass encode's (fc_cu_onepass.cuh): one atomic per warp into this call's ||e||^2
+    // (`unit`) and, on a sampled call, chunk c's sums, every chunk's: which one is the sample
+    // is known only at the end.
+    __device__ __forceinline__ void flush_chunk(fc_cuda_ws *ws, int c, bool unit, bool sample)
+    {
+        double a = fc_cu_warp_sum(ee), b = fc_cu_warp_sum(xx), d = fc_cu_warp_sum(xe);
+        if ((threadIdx.x & 31) == 0) {
+            if (unit)
+                atomicAdd(&ws->enc_unit_sq, a);
+            if (sample) {
+                atomicAdd(&ws->enc_sum[c][0], a);
+                atomicAdd(&ws->enc_sum[c][1], b);
+                atomicAdd(&ws->enc_sum[c][2], d);
+            }
+        }
     }
     // One atomic per warp; lanes that did nothing add zeros.
     __device__ __forceinline__ void flush(fc_cuda_ws *ws, int unit_slot, int sample)
@@ -203,13 +216,15 @@ struct fc_cu_enc {
     void *res;      // residual to update, NULL without error feedback
     int rdt;
     uint8_t *send;
-    const unsigned int *bad; // per chunk: non-finite count of this call (residual kept if > 0)
+    const unsigned int *bad; // per chunk: count_nonfinite's of this call (a one-pass encode keeps its own flags)
     fc_cuda_ws *ws;
     int unit_slot; // index into ws->unit_sq, -1 when not tracked
     int sample;    // this call samples the error statistics of ws->sample_chunk (fc_cu_sampled)
     fc_rng rng;    // chunk and key1 filled per chunk by fc_cu_chunk_rng; chunk: the base id
     int single;    // compress(): one payload for the caller, no collective follows (no size
                    // records on the host, no `none` fallback, no second round)
+    fc_header_key key; // the headers' fields: a one-pass encode writes them after its bodies
+    int device;        // the call's device (a one-pass encode's grid fills it)
 };
 
 // Whether chunk c's error statistics are this call's sample: the first sent chunk whose g' has
@@ -217,12 +232,6 @@ struct fc_cu_enc {
 __device__ __forceinline__ int fc_cu_sampled(const fc_cu_enc &e, int c)
 {
     return e.sample && e.ws->sample_chunk == c;
-}
-
-// Whether chunk c passed NaN/Inf on the wire (counted, not zeroed): its residual keeps them.
-__device__ __forceinline__ int fc_cu_passed(const fc_cu_enc &e, int c)
-{
-    return fc_chunk_passes(e.bad[c], e.src.zero_nonfinite);
 }
 
 // Chunk c of an encode: its span, and its body in the send buffer, NULL where the chunk is not
@@ -280,7 +289,8 @@ struct fc_cu_dec {
 
 // A CUDA method: launches its fused kernels. encode writes the bodies and the residuals;
 // decode writes `out` = (sum in rank order) / W. Headers, counts and checks are the driver's,
-// but for a method whose decode is `fused_decode`.
+// but for an encode that makes them itself (`onepass`) and a decode that checks its own
+// (`fused_decode`).
 typedef struct {
     int id;
     int (*encode)(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err);
@@ -292,6 +302,10 @@ typedef struct {
                    fc_err *err);
     // 1: compress() cannot take a residual (the single payload carries no residual update)
     int single_without_residual;
+    // 1: the encode is one pass over g (fc_cu_onepass.cuh): it counts NaN/Inf, writes the
+    // headers after the bodies, picks the sample and finishes the call in its last block, so the
+    // driver runs no count, header or sample kernel and clears nothing around it
+    int onepass;
     // 1: decode and decompress() are one kernel that checks the payloads' headers, counts the
     // own chunk's NaN/Inf and writes every output itself (fc_cu_decode.cuh): the driver clears
     // no verdicts and launches neither check_headers nor own_nonfinite for it

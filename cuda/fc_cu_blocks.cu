@@ -1,5 +1,5 @@
 // fc_cu_blocks.cu: the block codec methods on CUDA (int8, fp8, intN, qsgd, nc, onebit): each is
-// its codec of fc_cu_codecs.cuh under fc_cu_dense.cuh's fused encode and decode, so a method's
+// its codec of fc_cu_codecs.cuh under fc_cu_dense.cuh's one-pass encode and fused decode, so a method's
 // own part is how its config becomes its codec (make below) and one line of the table at the end.
 #include "fc_cu_dense.cuh"
 
@@ -89,11 +89,11 @@ template <class C> static int decode(const fc_cuda_decode_args *a, const fc_cu_d
     return rc != FC_OK ? rc : fc_cu_launch_decode_codec_fused(a, d, c, s, err);
 }
 
-// A block method's table entry: its wire id and codec, nothing else differs; its decode is the
-// fused one (fc_cu_decode.cuh).
+// A block method's table entry: its wire id and codec, nothing else differs (a one-pass encode,
+// the fused decode of fc_cu_decode.cuh).
 template <class C> static constexpr fc_cu_method block_method(int id)
 {
-    fc_cu_method m = {id, encode<C>, decode<C>, NULL, 0};
+    fc_cu_method m = {id, encode<C>, decode<C>, NULL, 0, 1};
     m.fused_decode = 1;
     return m;
 }

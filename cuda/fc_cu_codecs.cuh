@@ -5,7 +5,8 @@
 //
 // Encoding: every lane of a warp calls fc_cu_encode_blocks(codec, x, n, body, rng, sink, warp,
 // warps) with the same arguments; warp `warp` of `warps` takes every warps-th unit (fc_cu_unit)
-// of the array. x is a loader (fc_cu_chunk_x, fc_cu_f32_values), rng the stream the CPU's
+// of the array. x is a loader (fc_cu_chunk_x, fc_cu_f32_values, a one-pass kernel's fc_cu_gx:
+// load8 the first read of 8 elements, reload8 a second one), rng the stream the CPU's
 // encode got (its fc_chunk.rng), sink receives (x, -D(C(x))) per element when sink.on()
 // (fc_cu_no_sink for none). Launch with FC_CU_CODEC_THREADS threads per block: qsgd and onebit
 // keep their tiles in static shared memory indexed by warp. tests/cuda_emu/emu_main.cpp's
@@ -32,17 +33,11 @@
 #include "common/fc_pack.h"
 #include "common/fc_qsgd.h"
 
+// Blocks of bs in n. Every codec's bs is a power of two (fc_cu_check_block): a shift, not a
+// 64-bit division, which is a call of many registers on the device.
 __host__ __device__ __forceinline__ int64_t fc_cu_nblocks(int64_t n, int64_t bs)
 {
-    return (n + bs - 1) / bs;
-}
-
-__host__ __device__ __forceinline__ int fc_cu_log2(int64_t pow2)
-{
-    int s = 0;
-    while (((int64_t)1 << s) < pow2)
-        s++;
-    return s;
+    return (n + bs - 1) >> fc_cu_log2(bs);
 }
 
 // The block codecs' common walk: per unit, pass 1 loads the tiles and reduces them (C::red),
@@ -51,46 +46,60 @@ __host__ __device__ __forceinline__ int fc_cu_log2(int64_t pow2)
 // tile keeps its values in registers and loads the warp's next unit before coding this one (two
 // tiles in flight per warp); larger blocks reload their tiles in pass 2 (from L1/L2).
 template <class C, class L, class S>
-__device__ __forceinline__ void fc_cu_encode_blocks(const C &c, const L &x, int64_t n,
+__device__ __forceinline__ void fc_cu_encode_blocks(const C &c, L &x, int64_t n,
                                                     uint8_t *body, const fc_rng &rng, S &sink,
                                                     int64_t warp, int64_t warps)
 {
     const int lane = threadIdx.x & 31;
-    const int64_t bs = c.bs, U = fc_cu_unit(bs);
+    const int64_t bs = c.bs;
     const int G = fc_cu_block_lanes(bs);
-    const bool keep = U == FC_CU_TILE, dec = sink.on();
-    const int64_t units = (n + U - 1) / U;
-    float next[8];
-    if (keep && warp < units)
-        x.load8(warp * U + 8 * lane, fc_cu_valid8(n, warp * U + 8 * lane), next);
-    for (int64_t u = warp; u < units; u += warps) {
-        const int64_t lo = u * U;
-        const int64_t b = (lo + 8 * lane) / bs; // the lane's block (the unit's only one if bs >= 256)
+    const bool dec = sink.on();
+    if (bs <= FC_CU_TILE) { // units of one tile, in registers, the next one loading meanwhile
+        const uint32_t units = (uint32_t)((n + FC_CU_TILE - 1) / FC_CU_TILE); // n < 2^40 (fc_cu_dense.cuh refuses more)
+        float next[8];
+        if (warp < units)
+            x.load8(warp * FC_CU_TILE + 8 * lane, fc_cu_valid8(n, warp * FC_CU_TILE + 8 * lane), next);
+        for (uint32_t u = (uint32_t)warp; u < units; u += (uint32_t)warps) {
+            const int64_t i = (int64_t)u * FC_CU_TILE + 8 * lane;
+            const int64_t b = i >> fc_cu_log2(bs); // the lane's block
+            const int m = fc_cu_valid8(n, i);
+            float v[8];
+            for (int j = 0; j < 8; j++)
+                v[j] = next[j];
+            if (u + warps < units)
+                x.load8(i + warps * FC_CU_TILE, fc_cu_valid8(n, i + warps * FC_CU_TILE), next);
+            typename C::red r;
+            c.red_init(r);
+            c.red_tile(r, i - b * bs, m, v);
+            const typename C::blk k = c.block(r, G, b, n, body, lane % G == 0 && b * bs < n);
+            if (m == 0)
+                continue; // no collective below
+            float d[8];
+            c.code8(k, rng, i, m, v, n, body, dec, d);
+            if (dec)
+                sink.put8(i, m, v, d); // d: the CPU's decode_add(alpha = -1)
+        }
+        return;
+    }
+    const uint32_t units = (uint32_t)((n + bs - 1) >> fc_cu_log2(bs)); // a block a unit, tile by tile
+    for (uint32_t u = (uint32_t)warp; u < units; u += (uint32_t)warps) {
+        const int64_t lo = (int64_t)u * bs;
         typename C::red r;
         c.red_init(r);
         float v[8];
-        for (int64_t t = lo; t < lo + U; t += FC_CU_TILE) {
+        for (int64_t t = lo; t < lo + bs; t += FC_CU_TILE) {
             const int64_t i = t + 8 * lane;
             const int m = fc_cu_valid8(n, i);
-            if (keep) {
-                for (int j = 0; j < 8; j++)
-                    v[j] = next[j];
-                const int64_t ni = i + warps * U;
-                if (u + warps < units)
-                    x.load8(ni, fc_cu_valid8(n, ni), next);
-            } else {
-                x.load8(i, m, v);
-            }
-            c.red_tile(r, i - b * bs, m, v);
+            x.load8(i, m, v);
+            c.red_tile(r, i - lo, m, v);
         }
-        const typename C::blk k = c.block(r, G, b, n, body, lane % G == 0 && b * bs < n);
-        for (int64_t t = lo; t < lo + U; t += FC_CU_TILE) {
+        const typename C::blk k = c.block(r, G, u, n, body, lane == 0 && lo < n);
+        for (int64_t t = lo; t < lo + bs; t += FC_CU_TILE) {
             const int64_t i = t + 8 * lane;
             const int m = fc_cu_valid8(n, i);
             if (m == 0)
                 continue; // no collective below
-            if (!keep)
-                x.load8(i, m, v);
+            x.reload8(i, m, v); // what load8 counted is not counted again
             float d[8];
             c.code8(k, rng, i, m, v, n, body, dec, d);
             if (dec)
@@ -556,7 +565,7 @@ struct fc_cu_onebit_codec {
 
     struct red {
         fc_cu_tile_sums<2> sums;
-        uint32_t nan[2]; // whether a NaN term reached the positive and the negative sum
+        uint32_t nan; // bit s: a NaN term reached sum s (0 the positive, 1 the negative one)
         int32_t pos, count;
     };
     struct blk {
@@ -568,7 +577,7 @@ struct fc_cu_onebit_codec {
     __device__ void red_init(red &r) const
     {
         r.sums.init();
-        r.nan[0] = r.nan[1] = 0;
+        r.nan = 0;
         r.pos = r.count = 0;
     }
 
@@ -587,9 +596,9 @@ struct fc_cu_onebit_codec {
                 continue;
             const int k = a > FC_INF_BITS ? -1 : (int)(u >> 31) ^ 1; // -1: both sums
             if (k != 1)
-                r.nan[0] = 1;
+                r.nan |= 1u;
             if (k != 0)
-                r.nan[1] = 1;
+                r.nan |= 2u;
         }
         r.count += m;
     }
@@ -599,8 +608,9 @@ struct fc_cu_onebit_codec {
         blk k;
         const int32_t pos = fc_cu_group_sum_i32(r.pos, G), cnt = fc_cu_group_sum_i32(r.count, G);
         const int64_t counts[2] = {pos, cnt - pos};
+        const uint32_t nans = fc_cu_group_fold(r.nan, G, fc_cu_or_op());
         for (int s = 0; s < 2; s++) {
-            const uint32_t nan = fc_cu_group_max(r.nan[s], G);
+            const uint32_t nan = (nans >> s) & 1u;
             const double sum = r.sums.total(bs, s);
             k.mean[s] = nan && counts[s] ? fc_bits_f32(FC_NAN_BITS) : fc_onebit_mean(sum, counts[s]);
         }
@@ -649,6 +659,12 @@ struct fc_cu_fp16_code {
     __device__ __forceinline__ void put(uint8_t *b, int64_t i, float x) const
     {
         ((uint16_t *)b)[i] = fc_f32_to_f16(x * inv_w); // saturating; any NaN the canonical one
+    }
+    // put's code as bits, and what the CPU's decode_add adds for it (a one-pass encode's)
+    __device__ __forceinline__ uint32_t code(float x) const { return fc_f32_to_f16(x * inv_w); }
+    __device__ __forceinline__ float value(uint32_t q, float alpha) const
+    {
+        return (alpha * w) * fc_f16_to_f32((uint16_t)q);
     }
     // How many of put's values saturate (fc_f16_saturates after the pre-divide).
     __device__ __forceinline__ int sat(float x) const { return fc_f16_saturates(x * inv_w); }

@@ -161,8 +161,7 @@ __global__ void dct_jobs(fc_cu_enc e, dct_cfg c, int64_t slot, const float *vals
 
 // The residual of each block, as the CPU's update_residual: the body's decode with alpha = -1
 // added to g' (m_dct.c's decode_add: the coefficients decoded into zeros, 0 + -D, scattered into
-// a zeroed block, inverted), fc_cu_residual's rules; a chunk that passed NaN/Inf decodes with
-// alpha = 1 into zeros, as residual_of_nonfinite (fc_cu_residual takes that decode negated).
+// a zeroed block, inverted), fc_cu_residual's per-element rule.
 // ||e||^2 and the sampled chunk's statistics summed per warp.
 __global__ void __launch_bounds__(DCT_THREADS) dct_residual(fc_cu_enc e, dct_cfg c, dct_tab tab, int64_t slot,
                                                             const uint32_t *idx)
@@ -175,11 +174,11 @@ __global__ void __launch_bounds__(DCT_THREADS) dct_residual(fc_cu_enc e, dct_cfg
     if (body == NULL)
         return;
     const int ef = e.res != NULL; // always replaced: the old residual went out inside g'
-    const int passed = fc_cu_passed(e, ci), sample = fc_cu_sampled(e, ci);
+    const int sample = fc_cu_sampled(e, ci);
     if (!ef && !sample)
         return;
     const dct_span sp = dct_span_of(c, n);
-    const float alpha = passed ? 1.0f : -1.0f;
+    const float alpha = -1.0f;
     float t[FC_DCT_MAX_BLOCK], u[FC_DCT_MAX_BLOCK];
     fc_cu_esum sum;
     int64_t sat = 0;
@@ -197,7 +196,7 @@ __global__ void __launch_bounds__(DCT_THREADS) dct_residual(fc_cu_enc e, dct_cfg
         for (int64_t i = 0; i < len; i++) {
             const float x = e.src.x(start + at + i);
             int64_t s = 0;
-            const float r = fc_cu_residual(x, passed ? -t[i] : t[i], passed, &s);
+            const float r = fc_cu_residual(x, t[i], &s);
             if (ef) {
                 fc_cu_store_res(e.res, e.rdt, start + at + i, r, &s);
                 sat += s;

@@ -1,17 +1,18 @@
 // fc_cu_decode.cuh: the fused decode of the dense methods (int8, fp8, intN, qsgd, nc, onebit
 // through fc_cu_dense.cuh; none, fp16 and bf16 in fc_cu_cast.cu): one kernel per decode and per
 // decompress(), no memset, nothing else launched (their fc_cu_method.fused_decode). Each block
-// checks the headers it reads (fc_header_verdict, the CPU's rule) into shared memory; a thread
+// checks the headers it reads (fc_header_verdict, the CPU's rule), warp by warp; a thread
 // then takes runs of 16 output elements (FC_CU_RUN): the own chunk's 16 values (its NaN/Inf
 // counted in nonfinite_in here, in the same pass), each payload's 16 codes from one wide load
 // with its block's meta in a register, added in rank order from zero exactly as the CPU's
 // decode_add adds them, then acc / W under the output rules (fc_output_passes per element, then
 // fc_output_fix) and 16-byte stores. The grid is what the device holds at once (SMs x resident
-// blocks, fc_cu_resident_blocks), looping over the rest.
+// blocks, fc_cu_onepass.cuh's fc_cu_fill), looping over the rest.
 #ifndef FC_CU_DECODE_CUH
 #define FC_CU_DECODE_CUH
 
 #include "fc_cu_codecs.cuh"
+#include "fc_cu_onepass.cuh" // fc_cu_fill: the grid that fills the device
 
 #define FC_CU_RUN 16 // output elements per thread and step: 16 one-byte codes are one 16-byte load
 
@@ -38,34 +39,33 @@ __device__ __forceinline__ const uint8_t *fc_cu_payload_at(const fc_cu_dec &d, i
     return d.recv + (d.add ? 0 : fc_cu_recv_off(d.geo, r, d.slot));
 }
 
-// Every payload's header of this call (decompress(): its one), checked by the threads of each
-// block: a block needs every verdict before its first element, and a second kernel (or a block
-// that checks for all, with a grid-wide wait) would cost a launch or a sync per call. Block 0
-// alone records the rejection, so the error is written once. All threads of the block call it.
+// Every payload's header of this call (decompress(): its one), checked by each warp, its lanes
+// taking 32 ranks at a time: a warp needs every verdict before its first element, and a second
+// kernel (or one block checking for all, with a grid-wide wait) would cost a launch or a sync per
+// call. A warp's own check needs no shared memory and no block barrier, and the headers it reads
+// again are L1/L2 hits. Warp 0 of block 0 alone records a rejection, so the error is written
+// once. All 32 lanes of the warp call it.
 __device__ __forceinline__ fc_cu_verdicts fc_cu_check_payloads(const fc_cu_dec &d, int64_t n)
 {
-    __shared__ unsigned s_rejected, s_flagged;
-    if (threadIdx.x == 0)
-        s_rejected = s_flagged = 0;
-    __syncthreads();
-    const int senders = d.add ? 1 : d.geo.world;
+    const int senders = n > 0 && d.slot > 0 ? (d.add ? 1 : d.geo.world) : 0;
+    const int lane = (int)(threadIdx.x & 31), records = blockIdx.x == 0 && threadIdx.x < 32;
     const uint64_t body = (uint64_t)fc_cu_body_bytes(d.geo, n);
-    for (int r = threadIdx.x; n > 0 && d.slot > 0 && r < senders; r += blockDim.x) {
-        if (!d.add && d.geo.skip_own && r == d.geo.rank)
-            continue; // the own chunk, kept exact: no payload
-        fc_header h;
-        memcpy(&h, fc_cu_payload_at(d, r), sizeof(h));
-        const unsigned code = fc_header_verdict(&h, &d.key, (uint64_t)n, body, d.varsize, d.slot);
-        if (code != 0) {
-            atomicOr(&s_rejected, 1u);
-            if (blockIdx.x == 0)
+    unsigned rejected = 0, flagged = 0;
+    for (int base = 0; base < senders; base += 32) { // the same trips on every lane
+        const int r = base + lane;
+        unsigned code = 0, flag = 0;
+        if (r < senders && !(!d.add && d.geo.skip_own && r == d.geo.rank)) { // the own chunk kept exact: no payload
+            fc_header h;
+            memcpy(&h, fc_cu_payload_at(d, r), sizeof(h));
+            code = fc_header_verdict(&h, &d.key, (uint64_t)n, body, d.varsize, d.slot);
+            flag = code == 0 && (h.flags & FC_HDR_NONFINITE); // the sender's NaN/Inf are on the wire
+            if (code != 0 && records)
                 fc_cu_payload_error(d.ws, code, r, h.unit, h.step);
-        } else if (h.flags & FC_HDR_NONFINITE) {
-            atomicOr(&s_flagged, 1u); // the sender's NaN/Inf are on the wire: they go through
         }
+        rejected |= __ballot_sync(0xffffffffu, code != 0);
+        flagged |= __ballot_sync(0xffffffffu, flag != 0);
     }
-    __syncthreads();
-    return fc_cu_verdicts{s_rejected, s_flagged};
+    return fc_cu_verdicts{rejected != 0, flagged != 0};
 }
 
 // A code no encoder writes in rank r's payload: the CPU raises PayloadError there; here its
@@ -272,33 +272,9 @@ template <class V> __global__ void __launch_bounds__(FC_CU_THREADS, 4) fc_cu_dec
     fc_cu_count(&d.ws->nonfinite_in, own_bad); // the own chunk kept exact: the CPU's decode counts it
 }
 
-// Blocks of `threads` threads of `kernel` that device `device` runs at once: its SMs times the
-// blocks of this kernel one SM holds (the occupancy calculator: registers, shared memory),
-// asked once per device and kernel (a device attribute query costs about a microsecond, a call
-// must not pay it). A grid of that size fills the device and loops over the rest; a larger one
-// only queues blocks that each check the headers again. 0 where the runtime did not say.
-template <class K> static int fc_cu_resident_blocks(K kernel, int threads, int device)
-{
-    static int cache[64]; // per device: 0 not asked yet, -1 asked and failed
-    if (device < 0 || device >= 64)
-        return 0;
-    int have = __atomic_load_n(&cache[device], __ATOMIC_RELAXED);
-    if (have == 0) {
-        int sms = 0, per = 0;
-        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kernel, threads, 0) != cudaSuccess) {
-            (void)cudaGetLastError(); // reported here (the grid falls back), not by the next launch check
-            sms = per = 0;
-        }
-        have = sms > 0 && per > 0 ? sms * per : -1;
-        __atomic_store_n(&cache[device], have, __ATOMIC_RELAXED);
-    }
-    return have > 0 ? have : 0;
-}
-
 // The grid of a fused kernel over `numel` outputs: a block per FC_CU_THREADS runs, at most what
 // the device holds at once.
-static inline unsigned fc_cu_fused_grid(int64_t numel, int most)
+static inline unsigned fc_cu_fused_grid(int64_t numel, int64_t most)
 {
     const int64_t runs = (numel + FC_CU_RUN - 1) / FC_CU_RUN;
     const int64_t blocks = (runs + FC_CU_THREADS - 1) / FC_CU_THREADS;
@@ -312,11 +288,11 @@ static int fc_cu_launch_decode_fused(const fc_cuda_decode_args *a, const fc_cu_d
 {
     int rc = FC_OK;
     if (d->out_numel > 0 && d->add) {
-        const int most = fc_cu_resident_blocks(fc_cu_decompress_fused<V>, FC_CU_THREADS, a->h.device);
+        const int64_t most = fc_cu_fill(fc_cu_decompress_fused<V>, a->h.device, FC_CU_THREADS);
         fc_cu_decompress_fused<V><<<fc_cu_fused_grid(d->out_numel, most), FC_CU_THREADS, 0, s>>>(*d, v);
         FC_CHECK_LAUNCH(err, error);
     } else if (d->out_numel > 0) {
-        const int most = fc_cu_resident_blocks(fc_cu_decode_fused<V>, FC_CU_THREADS, a->h.device);
+        const int64_t most = fc_cu_fill(fc_cu_decode_fused<V>, a->h.device, FC_CU_THREADS);
         fc_cu_decode_fused<V><<<fc_cu_fused_grid(d->out_numel, most), FC_CU_THREADS, 0, s>>>(*d, v);
         FC_CHECK_LAUNCH(err, error);
     }

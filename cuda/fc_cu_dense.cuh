@@ -1,42 +1,72 @@
-// fc_cu_dense.cuh: a dense block method on CUDA from its codec (fc_cu_codecs.cuh): the fused
-// encode of every sent chunk of a unit (g' -> body, residual, error sums) and the fused decode
-// (fc_cu_decode.cuh: headers, own chunk and payloads in one kernel) with a payload whose codes
-// are impossible reported, not read.
+// fc_cu_dense.cuh: a dense block method on CUDA from its codec (fc_cu_codecs.cuh): the one-pass
+// encode of every sent chunk of a unit (g' -> body, residual, error sums, counts, then the
+// headers: fc_cu_onepass.cuh) and the fused decode (fc_cu_decode.cuh: headers, own chunk and
+// payloads in one kernel) with a payload whose codes are impossible reported, not read.
 #ifndef FC_CU_DENSE_CUH
 #define FC_CU_DENSE_CUH
 
 #include "fc_cu_decode.cuh"
+#include "fc_cu_onepass.cuh"
 
-// One thread block of warps per slice of a chunk (grid y): each warp encodes whole units.
-template <class C>
-__global__ void __launch_bounds__(FC_CU_CODEC_THREADS, 2) fc_cu_encode_dense(fc_cu_enc e, C codec)
+// Thread blocks of warps per slice of a chunk (grid y), as many as fill the device: each warp
+// encodes every warps-th unit of its chunk, the next one's tile loaded while it codes this one.
+// The lean kernels (K: FC_CU_LEAN_*) hold no residual or sum state and fit 64 registers, four
+// blocks of 256 threads an SM (tests/cuda/test_cuda_registers.py); FC_CU_GENERAL has the sink.
+template <class C, int K>
+__global__ void __launch_bounds__(FC_CU_CODEC_THREADS, K == FC_CU_GENERAL ? 2 : 4) fc_cu_encode_dense(fc_cu_enc e, C codec)
 {
     const int c = blockIdx.y;
     int64_t start, n;
     uint8_t *body = fc_cu_enc_body(e, c, &start, &n);
-    if (body == NULL)
-        return;
-    const fc_cu_chunk_x x = fc_cu_chunk_x::make(e.src, start);
-    fc_cu_res_sink sink = fc_cu_res_sink::make(e, c, start);
-    const int64_t warp = (int64_t)blockIdx.x * FC_CU_CODEC_WARPS + (threadIdx.x >> 5);
-    fc_cu_encode_blocks(codec, x, n, body, fc_cu_chunk_rng(e.rng, c, e.geo.rank), sink, warp,
-                        (int64_t)gridDim.x * FC_CU_CODEC_WARPS);
-    if (sink.on()) {
-        sink.sum.flush(e.ws, sink.ef ? e.unit_slot : -1, sink.sample);
-        fc_cu_count(&e.ws->saturated, sink.sat);
+    if (body != NULL) {
+        fc_cu_gx<K> x = fc_cu_gx<K>::make(e.src, start);
+        const int64_t warp = (int64_t)blockIdx.x * FC_CU_CODEC_WARPS + (threadIdx.x >> 5);
+        const int64_t warps = (int64_t)gridDim.x * FC_CU_CODEC_WARPS;
+        const fc_rng rng = fc_cu_chunk_rng(e.rng, c, e.geo.rank);
+        uint32_t sat = 0;
+        if constexpr (K == FC_CU_GENERAL) {
+            fc_cu_res_sink sink = fc_cu_res_sink::make(e, start, e.sample);
+            fc_cu_encode_blocks(codec, x, n, body, rng, sink, warp, warps);
+            if (sink.on())
+                sink.sum.flush_chunk(e.ws, c, sink.ef && e.unit_slot >= 0, sink.sample);
+            sat = (uint32_t)sink.sat;
+        } else {
+            fc_cu_no_sink none;
+            fc_cu_encode_blocks(codec, x, n, body, rng, none, warp, warps);
+        }
+        fc_cu_onepass_count(e, c, x.bad, x.sat + sat);
     }
+    fc_cu_onepass_end(e);
 }
 
-template <class C>
-static int fc_cu_launch_encode_dense(const fc_cu_enc *e, const C &codec, cudaStream_t s, fc_err *err)
+template <class C, int K>
+static int fc_cu_launch_encode_dense_as(const fc_cu_enc *e, const C &codec, cudaStream_t s, fc_err *err)
 {
     int rc = FC_OK;
     const int64_t units = (e->geo.per + fc_cu_unit(codec.bs) - 1) / fc_cu_unit(codec.bs);
-    fc_cu_encode_dense<C><<<fc_cu_grid(units, FC_CU_CODEC_WARPS, e->geo.world), FC_CU_CODEC_THREADS, 0, s>>>(
+    if (units > (int64_t)UINT32_MAX) // fc_cu_encode_blocks counts units in 32 bits
+        return fc_fail(err, FC_ERR_VALUE, "a chunk of %lld elements is past what the CUDA encode walks "
+                       "(2^40)", (long long)e->geo.per);
+    const int64_t fill = fc_cu_fill(fc_cu_encode_dense<C, K>, e->device, FC_CU_CODEC_THREADS);
+    fc_cu_encode_dense<C, K><<<fc_cu_onepass_grid(fill, units, FC_CU_CODEC_WARPS, e->geo.world), FC_CU_CODEC_THREADS, 0, s>>>(
         *e, codec);
     FC_CHECK_LAUNCH(err, error);
 error:
     return rc;
+}
+
+// The whole encode of a unit, one launch (fc_cu_method.onepass).
+template <class C>
+static int fc_cu_launch_encode_dense(const fc_cu_enc *e, const C &codec, cudaStream_t s, fc_err *err)
+{
+    switch (fc_cu_onepass_kind(*e)) {
+    case FC_CU_LEAN_F32:
+        return fc_cu_launch_encode_dense_as<C, FC_CU_LEAN_F32>(e, codec, s, err);
+    case FC_CU_LEAN_BF16:
+        return fc_cu_launch_encode_dense_as<C, FC_CU_LEAN_BF16>(e, codec, s, err);
+    default:
+        return fc_cu_launch_encode_dense_as<C, FC_CU_GENERAL>(e, codec, s, err);
+    }
 }
 
 // A codec's decoder for fc_cu_decode_dense (a method whose decode is not fused: signsgd's scaled

@@ -7,7 +7,8 @@
 #include "common/fc_counters.h"
 #include "fc_cu_ctx.cuh"
 
-// What fc_gprime_fix finds in g' of each sent chunk, before the encode: the NaN/Inf of the
+// What fc_gprime_fix finds in g' of each sent chunk, before the encode of a method that is not
+// one pass (fc_cu_method.onepass; a one-pass encode counts as it goes): the NaN/Inf of the
 // gradient per chunk (ws->bad: a chunk with any passes them, flagged in its header, or sends e
 // there in "zero" mode) and, by `count` (COUNT_*), into nonfinite_in and (sums of two finite
 // values beyond fp32) saturated. compress() counts only the saturated sums of x + e, as the
@@ -176,6 +177,8 @@ static fc_cu_enc enc_of(const fc_cuda_encode_args *a)
     e.ws = a->h.ws;
     e.unit_slot = -1;
     e.rng = fc_cu_call_rng(a->h);
+    e.key = fc_cu_header_key(a->h, a->h.m.id);
+    e.device = a->h.device;
     return e;
 }
 
@@ -207,8 +210,9 @@ static int frame_check(const fc_cu_method *m, fc_cu_frame *f, const fc_cuda_head
 }
 
 // Enters h's device, checks a single-payload call's scratch (enc or dec; the collective's are
-// NULL), starts the timer of `kind` and clears the verdicts of the call's `nbad` payloads (0: a
-// fused decode keeps its verdicts in its blocks' shared memory, nothing to clear).
+// NULL), starts the timer of `kind` and clears the verdicts or counts of the call's `nbad`
+// payloads (none for a one-pass encode, which leaves its own counts zero, nor for a fused decode,
+// whose warps keep their verdicts in registers).
 static int frame_start(fc_cuda_ctx *ctx, const fc_cu_method *m, fc_cu_frame *f, const fc_cuda_head &h,
                        int kind, const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, int nbad,
                        fc_err *err)
@@ -220,6 +224,34 @@ static int frame_start(fc_cuda_ctx *ctx, const fc_cu_method *m, fc_cu_frame *f, 
     f->t = fc_cu_timer_start(ctx, kind, f->s);
     if (nbad > 0)
         FC_CHECK_CUDA(cudaMemsetAsync(h.ws->bad, 0, sizeof(unsigned int) * (size_t)nbad, f->s), err, error);
+error:
+    return rc;
+}
+
+// The encode of a method that is not one pass (fc_cu_method.onepass): the driver's kernels around
+// the method's, on a workspace whose bad[] frame_start cleared: the unit's ||e||^2 cleared, the
+// count (nonfinite_in and saturated by `count`, COUNT_*), the sample's pick where the call
+// samples, the headers before the bodies, the sample's sums after them.
+static int encode_apart(const fc_cuda_encode_args *a, const fc_cu_method *m, const fc_cu_enc &e, int count,
+                        cudaStream_t s, fc_err *err)
+{
+    int rc = FC_OK;
+    if (e.unit_slot >= 0)
+        FC_CHECK_CUDA(cudaMemsetAsync(&a->h.ws->unit_sq[e.unit_slot], 0, sizeof(double), s), err, error);
+    count_nonfinite<<<fc_cu_grid(a->h.geo.per, FC_CU_THREADS * 8, a->h.geo.world), FC_CU_THREADS, 0, s>>>(
+        a->h.geo, e.src, count, a->h.ws);
+    FC_CHECK_LAUNCH(err, error);
+    if (a->sample) {
+        pick_sample<<<1, 1, 0, s>>>(a->h.geo, a->h.nonfinite_zero, a->h.ws);
+        FC_CHECK_LAUNCH(err, error);
+    }
+    write_headers<<<a->h.geo.world, 32, 0, s>>>(a->h.geo, a->send, e.key, a->h.nonfinite_zero, a->h.ws);
+    FC_CHECK_LAUNCH(err, error);
+    FC_TRY(m->encode(a, &e, s, err));
+    if (a->sample) {
+        finish_sample<<<1, 1, 0, s>>>(a->h.ws, a->residual != NULL);
+        FC_CHECK_LAUNCH(err, error);
+    }
 error:
     return rc;
 }
@@ -240,29 +272,14 @@ static int encode(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, fc_err *err)
                        "set error_feedback to False",
                        FC_CUDA_MAX_UNITS, a->h.unit);
     const cudaStream_t s = f.s;
-    FC_TRY(frame_start(ctx, m, &f, a->h, FC_TIME_COMPRESS, NULL, NULL, a->h.geo.world, err));
+    FC_TRY(frame_start(ctx, m, &f, a->h, FC_TIME_COMPRESS, NULL, NULL, m->onepass ? 0 : a->h.geo.world, err));
     {
         fc_cu_enc e = enc_of(a);
         e.unit_slot = a->residual != NULL ? (int)a->h.unit : -1;
         e.sample = a->sample;
-        if (e.unit_slot >= 0)
-            FC_CHECK_CUDA(cudaMemsetAsync(&a->h.ws->unit_sq[e.unit_slot], 0, sizeof(double), s), err, error);
         e.src.zero_nonfinite = a->h.nonfinite_zero;
-        count_nonfinite<<<fc_cu_grid(a->h.geo.per, FC_CU_THREADS * 8, a->h.geo.world), FC_CU_THREADS, 0, s>>>(
-            a->h.geo, e.src, COUNT_BAD | COUNT_SAT, a->h.ws);
-        FC_CHECK_LAUNCH(err, error);
-        if (a->sample) {
-            pick_sample<<<1, 1, 0, s>>>(a->h.geo, a->h.nonfinite_zero, a->h.ws);
-            FC_CHECK_LAUNCH(err, error);
-        }
-        write_headers<<<a->h.geo.world, 32, 0, s>>>(a->h.geo, a->send, fc_cu_header_key(a->h, a->h.m.id), a->h.nonfinite_zero,
-                                                    a->h.ws);
-        FC_CHECK_LAUNCH(err, error);
-        FC_TRY(m->encode(a, &e, s, err));
-        if (a->sample) {
-            finish_sample<<<1, 1, 0, s>>>(a->h.ws, a->residual != NULL);
-            FC_CHECK_LAUNCH(err, error);
-        }
+        // one pass: one launch that counts, encodes, writes the headers and finishes the call
+        FC_TRY(m->onepass ? m->encode(a, &e, s, err) : encode_apart(a, m, e, COUNT_BAD | COUNT_SAT, s, err));
     }
     fc_cu_frame_done(ctx, &f);
 error:
@@ -323,20 +340,15 @@ static int compress(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *wri
         return fc_fail(err, FC_ERR_TYPE, "method id %d: compress() with a residual has no CUDA kernels "
                        "in this build", a->h.m.id);
     const cudaStream_t s = f.s;
-    FC_TRY(frame_start(ctx, m, &f, a->h, FC_TIME_COMPRESS, a, NULL, a->h.geo.world, err));
+    FC_TRY(frame_start(ctx, m, &f, a->h, FC_TIME_COMPRESS, a, NULL, m->onepass ? 0 : a->h.geo.world, err));
     {
         fc_cu_enc e = enc_of(a);
         e.single = 1;
         e.src.zero_nonfinite = a->h.nonfinite_zero;
         // NaN/Inf of x go on the wire (canonical, flagged in the header) and are not counted;
         // with a residual, "zero" mode sends e in their place
-        count_nonfinite<<<fc_cu_grid(a->h.geo.per, FC_CU_THREADS * 8, a->h.geo.world), FC_CU_THREADS, 0, s>>>(
-            a->h.geo, e.src, a->residual != NULL ? COUNT_SAT : 0, a->h.ws);
-        FC_CHECK_LAUNCH(err, error);
-        write_headers<<<a->h.geo.world, 32, 0, s>>>(a->h.geo, a->send, fc_cu_header_key(a->h, a->h.m.id),
-                                                    a->h.nonfinite_zero, a->h.ws);
-        FC_CHECK_LAUNCH(err, error);
-        FC_TRY(m->encode(a, &e, s, err));
+        FC_TRY(m->onepass ? m->encode(a, &e, s, err)
+                          : encode_apart(a, m, e, a->residual != NULL ? COUNT_SAT : 0, s, err));
     }
     fc_cu_frame_done(ctx, &f);
     *written = a->h.geo.pay_full;

@@ -337,7 +337,6 @@ __global__ void __launch_bounds__(SEL_THREADS, 4) sel_split(fc_cu_selection sel,
     const unsigned below_me = (1u << lane) - 1u;
     const int ef = emit && em.e.res != NULL, sample = emit && fc_cu_sampled(em.e, c);
     const int residual = emit && em.residual && (ef || sample);
-    const int passed = emit && fc_cu_passed(em.e, c);
     fc_cu_esum sum;
     int64_t sat = 0;
     const int64_t tiles = (hc.n + SEL_TILE - 1) / SEL_TILE;
@@ -408,7 +407,7 @@ __global__ void __launch_bounds__(SEL_THREADS, 4) sel_split(fc_cu_selection sel,
             sel_count_bin(h, (key >> 10) & 1023u, cd);
             if (residual && !k && !cd && (int64_t)j < len) { // not kept: e = x (fc_cu_res_dense's)
                 int64_t s = 0;
-                const float e = fc_cu_residual(x[r], -0.0f, passed, &s); // x + -0 = x
+                const float e = fc_cu_residual(x[r], -0.0f, &s); // x + -0 = x
                 if (ef) {
                     fc_cu_store_res(em.e.res, em.e.rdt, hc.start + base + j, e, &s);
                     sat += s;
@@ -636,7 +635,7 @@ __global__ void __launch_bounds__(SEL_THREADS) sel_topk_res(fc_cu_selection sel,
     const int c = blockIdx.y;
     const fc_cu_sel_chunk hc = sel.ch[c];
     const fc_cu_enc &e = em.e;
-    const int ef = e.res != NULL, sample = fc_cu_sampled(e, c), passed = fc_cu_passed(e, c);
+    const int ef = e.res != NULL, sample = fc_cu_sampled(e, c);
     if (!hc.on || (!ef && !sample))
         return;
     const uint8_t *v = em.outs.at(c) + FC_HEADER_BYTES + em.at + fc_rule_index_bytes(hc.n, hc.k);
@@ -647,7 +646,7 @@ __global__ void __launch_bounds__(SEL_THREADS) sel_topk_res(fc_cu_selection sel,
         int bad = 0;
         int64_t s = 0;
         const float x = em.vals[hc.off + j], dn = 0.0f + vc.term(v, hc.k, j, -1.0f, &bad);
-        const float r = fc_cu_residual(x, dn, passed, &s);
+        const float r = fc_cu_residual(x, dn, &s);
         if (ef) {
             fc_cu_store_res(e.res, e.rdt, sel.idx[hc.off + j], r, &s);
             sat += s;
@@ -664,7 +663,7 @@ __global__ void __launch_bounds__(SEL_THREADS) sel_topk_res(fc_cu_selection sel,
                 continue;
             const int64_t i = hc.start + base + (list[j] >> 20);
             int64_t s = 0;
-            const float x = e.src.x(i), r = fc_cu_residual(x, -0.0f, passed, &s);
+            const float x = e.src.x(i), r = fc_cu_residual(x, -0.0f, &s);
             if (ef) {
                 fc_cu_store_res(e.res, e.rdt, i, r, &s);
                 sat += s;

@@ -193,4 +193,4 @@ error:
     return rc;
 }
 
-extern const fc_cu_method fc_cu_signsgd = {FC_ID_SIGNSGD, encode, decode, NULL};
+extern const fc_cu_method fc_cu_signsgd = {FC_ID_SIGNSGD, encode, decode, NULL, 0, 1}; // one-pass encode

@@ -1,29 +1,13 @@
 // fc_cu_sketch.cu: kernels of `sketch` (m_sketch.c). The CPU adds each bucket's terms in index
-// order; here every row's (bucket, term) pairs of the sent chunks are sorted by bucket with CUB's
-// stable radix sort (equal buckets keep index order), and one thread per bucket adds its run in
-// that order: the CPU's table, bit for bit. Estimates are the CPU's median over rows, the heavy
-// hitters the top-k selection of fc_cu_select.cu. Receivers sum the senders' tables in rank order
-// (the compressed domain) and decode once; with second_round the owner only picks (fc_cu_fetch.cu
-// does the rest).
-#include "fc_cu_sparse.cuh"
-#include "common/fc_hash.h"
+// order; the device builds the same tables (fc_cu_sketch_table.cu: a stable two-level partition of
+// the terms by bucket, each bucket's chain walked in index order; tables wider than SKT_MAX_COLS
+// here, through CUB's stable radix sort of (bucket, term) pairs and a thread per bucket): the
+// CPU's table, bit for bit. Estimates are the CPU's median over rows, the heavy hitters the top-k
+// selection of fc_cu_select.cu. Receivers sum the senders' tables in rank order (the compressed
+// domain) and decode once; with second_round the owner only picks (fc_cu_fetch.cu does the rest).
+#include "fc_cu_sketch.cuh"
 
 #define SK_THREADS 256
-#define SK_MAX_ROWS 15
-
-struct sk_cfg {
-    int rows;
-    int64_t ccfg; // the config's cols; 0: each chunk's table sized to it (fc_sketch_cols)
-    int64_t cols; // the widest table of the call: the stride of its (chunk, bucket) keys
-    fc_cu_krule kr; // sketch_k: fc_rule_sparse_k(n, k, 1.0)
-    int second;
-};
-
-// The table width of a chunk of n elements (the CPU's sketch_cols).
-__host__ __device__ __forceinline__ int64_t sk_width(const sk_cfg &c, int64_t n)
-{
-    return fc_sketch_cols(c.rows, c.ccfg, n);
-}
 
 // n: the length of the widest chunk the call handles (a unit's chunks: ceil(N / W); a decode:
 // the own chunk's).
@@ -42,23 +26,9 @@ static int config(const fc_cuda_method_cfg *m, int64_t n, sk_cfg *c, fc_err *err
     return FC_OK;
 }
 
-// Row j's hash key of chunk c: one shared draw per row (m_sketch.c's row_key); shared.chunk is
-// the id of chunk 0 (compress()'s `chunk`, else 0).
-__host__ __device__ __forceinline__ uint32_t sk_row_key(fc_rng shared, int c, int j)
-{
-    shared.chunk += (uint32_t)c;
-    return fc_rng_draw4(&shared, 0xFFFFFF00u + (uint32_t)(j >> 2)).v[j & 3];
-}
-
-// The row keys of the chunk a block works on, in shared memory.
-__device__ __forceinline__ void sk_keys(fc_rng shared, int c, int rows, uint32_t *keys)
-{
-    for (int j = threadIdx.x; j < rows; j += blockDim.x)
-        keys[j] = sk_row_key(shared, c, j);
-    __syncthreads();
-}
-
-// ---- encode: the table of every sent chunk, a row and a group of chunks at a time
+// ---- encode: the table of every sent chunk (fc_cu_sketch_table.cu); tables wider than
+// SKT_MAX_COLS (a `cols` set above it) here, a row and a group of chunks at a time, through a
+// stable radix sort of (bucket, term) pairs
 
 // Chunks [g0, g0 + gc) lie in elements [a, b) of the unit; their pairs (c - g0) * cols + col,
 // the term sign * x in index order; elements of a chunk that is not sent sort last.
@@ -119,19 +89,54 @@ __global__ void sk_buckets(fc_cu_enc e, sk_cfg cfg, int j, int g0, int gc, const
     }
 }
 
+// ---- estimates: every coordinate's median over rows reads one random bucket per row. From
+// global memory that is a gather of 32 cache lines per warp and row; from shared memory a few
+// bank conflicts. So a block copies the table there when it fits (48 KiB: the default 3 x 4096),
+// and estimates SK_EST_PER coordinates a thread, which pays for the copy and the row keys (one
+// draw per 4 rows, kept in the thread).
+
+#define SK_EST_SMEM 12288
+#define SK_EST_PER 32
+
+// The table t (rows x cols) where the block reads it: in tab, copied, when it fits (every thread
+// calls it: a barrier), else t itself.
+__device__ __forceinline__ const float *sk_est_table(const float *t, int rows, int64_t cols, float *tab)
+{
+    if ((int64_t)rows * cols > SK_EST_SMEM)
+        return t;
+    for (int64_t q = threadIdx.x; q < (int64_t)rows * cols; q += blockDim.x)
+        tab[q] = t[q];
+    __syncthreads();
+    return tab;
+}
+
+// Chunk c's row keys (sk_row_key's draws, four rows a draw) into keys.
+__device__ __forceinline__ void sk_thread_keys(fc_rng shared, int c, int rows, uint32_t keys[SK_MAX_ROWS])
+{
+    shared.chunk += (uint32_t)c;
+    for (int j = 0; j < rows; j += 4) {
+        const fc_u32x4 d = fc_rng_draw4(&shared, 0xFFFFFF00u + (uint32_t)(j >> 2));
+        for (int q = 0; q < 4 && j + q < rows; q++)
+            keys[j + q] = d.v[q];
+    }
+}
+
 // The estimates of every sent chunk from its own table (the sender's residual decodes it alone).
 __global__ void sk_own_estimates(fc_cu_enc e, sk_cfg cfg, fc_rng shared, float *est)
 {
-    __shared__ uint32_t keys[SK_MAX_ROWS];
+    __shared__ float tab[SK_EST_SMEM];
     const int c = blockIdx.y;
     int64_t start, n;
     const float *t = (const float *)fc_cu_enc_body(e, c, &start, &n);
     if (t == NULL)
         return;
-    sk_keys(shared, c, cfg.rows, keys);
+    const int64_t w = sk_width(cfg, n);
+    const float *tt = sk_est_table(t, cfg.rows, w, tab);
+    uint32_t keys[SK_MAX_ROWS];
+    sk_thread_keys(shared, c, cfg.rows, keys);
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        est[start + i] = fc_sketch_estimate(t, cfg.rows, sk_width(cfg, n), keys, i);
+        est[start + i] = fc_sketch_estimate(tt, cfg.rows, w, keys, i);
 }
 
 __global__ void sk_gather(fc_cu_src src, const float *est, const int64_t *idx, const int64_t *num, float *vals,
@@ -160,7 +165,8 @@ static int sk_bits(int64_t v)
 }
 
 struct sk_enc_parts {
-    uint32_t *kin, *kout;
+    sk_table_parts tab; // tables up to SKT_MAX_COLS wide
+    uint32_t *kin, *kout; // wider ones
     float *tin, *tout;
     void *sort_temp;
     size_t sort_bytes;
@@ -175,12 +181,16 @@ static int carve_encode(const fc_cuda_encode_args *a, fc_cu_arena &ar, sk_cfg *c
     const int64_t N = a->h.geo.numel;
     memset(p, 0, sizeof(*p));
     FC_TRY(config(&a->h.m, a->h.geo.per, c, err));
-    p->kin = ar.take<uint32_t>(N);
-    p->kout = ar.take<uint32_t>(N);
-    p->tin = ar.take<float>(N);
-    p->tout = ar.take<float>(N);
-    FC_CHECK_CUDA(fc_cu_sort_pairs(NULL, &p->sort_bytes, NULL, NULL, NULL, NULL, N > 0 ? N : 1, 32, 0), err, error);
-    p->sort_temp = ar.take_bytes(p->sort_bytes);
+    if (sk_table_fits(*c)) {
+        sk_table_carve(ar, a->h.geo, *c, &p->tab);
+    } else {
+        p->kin = ar.take<uint32_t>(N);
+        p->kout = ar.take<uint32_t>(N);
+        p->tin = ar.take<float>(N);
+        p->tout = ar.take<float>(N);
+        FC_CHECK_CUDA(fc_cu_sort_pairs(NULL, &p->sort_bytes, NULL, NULL, NULL, NULL, N > 0 ? N : 1, 32, 0), err, error);
+        p->sort_temp = ar.take_bytes(p->sort_bytes);
+    }
     if (!c->second) { // the residual decodes the sender's own table: estimates and their top k
         p->est = ar.take<float>(N);
         p->vals = ar.take<float>(N);
@@ -198,7 +208,9 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, const sk_cfg
     {
         const fc_rng shared = fc_cu_call_rng(a->h);
         const int G = sk_group(c, a->h.geo.world);
-        for (int g0 = 0; g0 < a->h.geo.world; g0 += G) {
+        if (sk_table_fits(c))
+            FC_TRY(sk_table_build(*e, c, shared, p.tab, s, err));
+        for (int g0 = 0; g0 < a->h.geo.world && !sk_table_fits(c); g0 += G) {
             const int gc = g0 + G < a->h.geo.world ? G : a->h.geo.world - g0;
             int64_t a0, b0, s0, n0;
             fc_cu_span(a->h.geo, g0, &a0, &n0);
@@ -230,7 +242,7 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, const sk_cfg
             memset(&est, 0, sizeof(est));
             est.grad = p.est;
             est.gdt = FC_CU_F32;
-            sk_own_estimates<<<fc_cu_grid(a->h.geo.per, SK_THREADS * 4, a->h.geo.world), SK_THREADS, 0, s>>>(*e, c, shared,
+            sk_own_estimates<<<fc_cu_grid(a->h.geo.per, SK_THREADS * SK_EST_PER, a->h.geo.world), SK_THREADS, 0, s>>>(*e, c, shared,
                                                                                                      p.est);
             FC_CHECK_LAUNCH(err, error);
             FC_TRY(fc_cu_select_topk(p.sel, est, c.kr, s, err));
@@ -267,15 +279,17 @@ __global__ void sk_aggregate(fc_cu_dec d, int64_t cells, float *agg)
 // (0 + own, or 0 when it was sent too), which the owner adds anyway.
 __global__ void sk_estimates(fc_cu_dec d, sk_cfg cfg, fc_rng shared, const float *agg, int own, float *est)
 {
-    __shared__ uint32_t keys[SK_MAX_ROWS];
+    __shared__ float tab[SK_EST_SMEM];
     int64_t start, n;
     fc_cu_span(d.geo, d.geo.rank, &start, &n);
     if (d.add && d.bad[0] != 0) // decompress() of a rejected payload: its table is not read
         return;
-    sk_keys(shared, d.geo.rank, cfg.rows, keys);
+    const float *tt = sk_est_table(agg, cfg.rows, cfg.cols, tab);
+    uint32_t keys[SK_MAX_ROWS];
+    sk_thread_keys(shared, d.geo.rank, cfg.rows, keys);
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        float v = fc_sketch_estimate(agg, cfg.rows, cfg.cols, keys, i);
+        float v = fc_sketch_estimate(tt, cfg.rows, cfg.cols, keys, i);
         if (own) { // the CPU's acc: 0 + the own chunk as fc_core_add_own adds it
             float o = 0.0f;
             if (d.geo.skip_own)
@@ -369,7 +383,7 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, const sk_cfg
             FC_CHECK_LAUNCH(err, error);
             if (c.second)
                 return FC_OK;
-            sk_estimates<<<fc_cu_blocks(n, SK_THREADS * 4), SK_THREADS, 0, s>>>(
+            sk_estimates<<<fc_cu_blocks(n, SK_THREADS * SK_EST_PER), SK_THREADS, 0, s>>>(
                 *d, c, shared, (const float *)(a->recv + FC_HEADER_BYTES), 0, p.est);
             FC_CHECK_LAUNCH(err, error);
             FC_TRY(fc_cu_select_topk(p.sel, est, c.kr, s, err));
@@ -383,7 +397,7 @@ static int decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, const sk_cfg
             return FC_OK;
         sk_aggregate<<<fc_cu_blocks(cells, SK_THREADS * 4), SK_THREADS, 0, s>>>(*d, cells, p.agg); // zeros: none
         FC_CHECK_LAUNCH(err, error);
-        sk_estimates<<<fc_cu_blocks(n, SK_THREADS * 4), SK_THREADS, 0, s>>>(*d, c, shared, p.agg, pick, p.est);
+        sk_estimates<<<fc_cu_blocks(n, SK_THREADS * SK_EST_PER), SK_THREADS, 0, s>>>(*d, c, shared, p.agg, pick, p.est);
         FC_CHECK_LAUNCH(err, error);
         FC_TRY(fc_cu_select_topk(p.sel, est, c.kr, s, err));
         if (pick) {

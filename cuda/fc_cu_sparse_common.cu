@@ -144,8 +144,7 @@ __device__ __forceinline__ int res_kept(const int64_t *idx, int64_t total, int64
 }
 
 // e = x over every sent chunk but the kept coordinates, which res_fix writes (fc_cu_residual
-// with no decode: 0 where a chunk that passed NaN/Inf holds one, as the CPU's
-// residual_of_nonfinite), with ||e||^2 and the sampled chunk's statistics of those elements:
+// with no decode: 0 where g' holds a NaN/Inf that went on the wire), with ||e||^2 and the sampled chunk's statistics of those elements:
 // a kept coordinate's x never enters a sum, so huge kept values leave no rounding behind.
 __global__ void res_dense(fc_cu_enc e, const int64_t *idx, const int64_t *num, int64_t n_idx)
 {
@@ -157,7 +156,6 @@ __global__ void res_dense(fc_cu_enc e, const int64_t *idx, const int64_t *num, i
     if (e.bad[c] == FC_CU_ELSEWHERE) // another pass owns the chunk, its residual and its sums
         return;
     const int ef = e.res != NULL; // always replaced: the old residual went out inside g'
-    const int passed = fc_cu_passed(e, c);
     const int sample = fc_cu_sampled(e, c);
     if (!ef && !sample)
         return;
@@ -170,7 +168,7 @@ __global__ void res_dense(fc_cu_enc e, const int64_t *idx, const int64_t *num, i
             continue;
         const float x = e.src.x(start + i);
         int64_t s = 0;
-        const float r = fc_cu_residual(x, -0.0f, passed, &s); // x + -0 = x
+        const float r = fc_cu_residual(x, -0.0f, &s); // x + -0 = x
         if (ef) {
             fc_cu_store_res(e.res, e.rdt, start + i, r, &s);
             sat += s;
@@ -195,11 +193,10 @@ __global__ void res_fix(fc_cu_enc e, const int64_t *idx, const float *xv, const 
         const int64_t i = idx[j];
         const int c = fc_cu_chunk_of(i, e.geo.per, inv);
         const int ef = e.res != NULL;
-        const int passed = fc_cu_passed(e, c);
         const int sample = fc_cu_sampled(e, c);
         int64_t s = 0;
         const float x = xv[j];
-        const float ej = fc_cu_residual(x, dn[j], passed, &s);
+        const float ej = fc_cu_residual(x, dn[j], &s);
         if (ef) {
             fc_cu_store_res(e.res, e.rdt, i, ej, &s);
             sat += s;

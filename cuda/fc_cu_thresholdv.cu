@@ -120,7 +120,7 @@ __global__ void thrv_drop(fc_cu_sel_chunk *ch, const fc_cuda_sent *sent, const u
 
 // The `none` payloads' values (g' in the gradient's dtype, m_none.c), and their residual as the
 // CPU's update_residual makes it with none's decode: e = x + (-1) * D under fc_cu_residual's
-// rules (the passed-chunk rule for a chunk that passed NaN/Inf), with ||e||^2 and, sampled, the
+// per-element rule, with ||e||^2 and, sampled, the
 // chunk's statistics (fc_cu_res_dense leaves such a chunk alone).
 __global__ void thrv_none(fc_cu_enc e, const fc_cuda_sent *sent, const int64_t *offs, int dt)
 {
@@ -131,7 +131,6 @@ __global__ void thrv_none(fc_cu_enc e, const fc_cuda_sent *sent, const int64_t *
         return;
     uint8_t *body = e.send + offs[c] + FC_HEADER_BYTES;
     const int ef = e.res != NULL;
-    const int passed = fc_cu_passed(e, c);
     const int sample = fc_cu_sampled(e, c);
     double dee_unit = 0, dee = 0, dxx = 0, dxe = 0;
     int64_t sat = 0;
@@ -144,7 +143,7 @@ __global__ void thrv_none(fc_cu_enc e, const fc_cuda_sent *sent, const int64_t *
             ((uint16_t *)body)[i] = dt == FC_CU_BF16 ? fc_f32_to_bf16(x) : fc_f32_to_f16(x);
         if (ef || sample) {
             int64_t s = 0;
-            const float r = fc_cu_residual(x, -1.0f * fc_cu_load(body, dt, i), passed, &s);
+            const float r = fc_cu_residual(x, -1.0f * fc_cu_load(body, dt, i), &s);
             const double xd = x, rd = r;
             if (ef) {
                 fc_cu_store_res(e.res, e.rdt, start + i, r, &s);

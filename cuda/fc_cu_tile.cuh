@@ -20,6 +20,19 @@ __device__ __forceinline__ int fc_cu_valid8(int64_t n, int64_t i)
     return m <= 0 ? 0 : m >= 8 ? 8 : (int)m;
 }
 
+// log2 of a power of two (a block size, its lanes).
+__host__ __device__ __forceinline__ int fc_cu_log2(int64_t pow2)
+{
+#ifdef __CUDA_ARCH__
+    return __ffsll(pow2) - 1; // one instruction, where a loop cost registers in every encode kernel
+#else
+    int s = 0;
+    while (((int64_t)1 << s) < pow2)
+        s++;
+    return s;
+#endif
+}
+
 // Lanes that share one quantisation block of bs elements (a power of two >= 8): a block below a
 // tile is bs / 8 lanes, 256 / bs blocks per tile; a larger one is the whole warp, tile by tile.
 __host__ __device__ __forceinline__ int fc_cu_block_lanes(int64_t bs)
@@ -46,6 +59,9 @@ template <class T, class Op> __device__ __forceinline__ T fc_cu_group_fold(T v, 
 
 struct fc_cu_max_op {
     template <class T> __device__ __forceinline__ T operator()(T v, T w) const { return w > v ? w : v; }
+};
+struct fc_cu_or_op {
+    template <class T> __device__ __forceinline__ T operator()(T v, T w) const { return v | w; }
 };
 struct fc_cu_min_op {
     template <class T> __device__ __forceinline__ T operator()(T v, T w) const { return w < v ? w : v; }
@@ -146,6 +162,7 @@ struct fc_cu_chunk_x {
         for (int k = 0; k < 8; k++)
             v[k] = s.fix(v[k], s.res != NULL ? s.decayed(r[k]) : 0.0f, &bad, &sat);
     }
+    __device__ __forceinline__ void reload8(int64_t i, int m, float v[8]) const { load8(i, m, v); }
 };
 
 // Any fp32 array (the kept values of a sparsifier, say).
@@ -161,6 +178,7 @@ struct fc_cu_f32_values {
         for (int k = 0; k < 8; k++)
             out[k] = k < m ? v[i + k] : 0.0f;
     }
+    __device__ __forceinline__ void reload8(int64_t i, int m, float out[8]) const { load8(i, m, out); }
 };
 
 // ---- sinks: what a codec does with each element's x and its decode -D(C(x))
@@ -176,13 +194,14 @@ struct fc_cu_res_sink {
     void *res;
     int rdt;
     int64_t start;
-    int ef, passed, sample, vec;
+    int ef, sample, vec;
     fc_cu_esum sum;
     int64_t sat;
 
     // Chunk c's sink from elements start on: the residual always replaced (the old one went out
-    // inside g'), NaN/Inf kept where they went on the wire.
-    __device__ static __forceinline__ fc_cu_res_sink make(const fc_cu_enc &e, int c, int64_t start)
+    // inside g'), its error statistics summed when `sample` (fc_cu_sampled: the driver's pick; a
+    // one-pass encode's: every chunk).
+    __device__ static __forceinline__ fc_cu_res_sink make(const fc_cu_enc &e, int64_t start, int sample)
     {
         fc_cu_res_sink k;
         k.res = e.res;
@@ -190,8 +209,7 @@ struct fc_cu_res_sink {
         k.start = start;
         k.sat = 0;
         k.ef = e.res != NULL;
-        k.passed = fc_cu_passed(e, c);
-        k.sample = fc_cu_sampled(e, c);
+        k.sample = sample;
         k.vec = e.res != NULL && fc_cu_aligned16((const uint8_t *)e.res + start * (e.rdt == FC_CU_F32 ? 4 : 2));
         return k;
     }
@@ -204,7 +222,7 @@ struct fc_cu_res_sink {
         float e[8];
         int64_t s = 0; // without error feedback nothing is kept, so nothing saturates
         for (int k = 0; k < 8; k++)
-            e[k] = k < m ? fc_cu_residual(x[k], dneg[k], passed, &s) : 0.0f;
+            e[k] = k < m ? fc_cu_residual(x[k], dneg[k], &s) : 0.0f;
         if (ef) {
             const int64_t a = start + i;
             if (m == 8 && vec && rdt == FC_CU_F32) {
@@ -231,12 +249,19 @@ struct fc_cu_res_sink {
     }
 };
 
-// cnt (<= 8) bytes of c at p; 8 bytes at a 4-byte aligned p as two words.
+// cnt (<= 8) bytes of c at p; 8 bytes at an 8-byte aligned p as one store, at a 4-byte aligned
+// one as two words.
 __device__ __forceinline__ void fc_cu_store_bytes(uint8_t *p, const uint8_t *c, int cnt)
 {
     if (cnt == 8 && ((uintptr_t)p & 3u) == 0) {
-        ((uint32_t *)p)[0] = (uint32_t)c[0] | (uint32_t)c[1] << 8 | (uint32_t)c[2] << 16 | (uint32_t)c[3] << 24;
-        ((uint32_t *)p)[1] = (uint32_t)c[4] | (uint32_t)c[5] << 8 | (uint32_t)c[6] << 16 | (uint32_t)c[7] << 24;
+        const uint32_t lo = (uint32_t)c[0] | (uint32_t)c[1] << 8 | (uint32_t)c[2] << 16 | (uint32_t)c[3] << 24;
+        const uint32_t hi = (uint32_t)c[4] | (uint32_t)c[5] << 8 | (uint32_t)c[6] << 16 | (uint32_t)c[7] << 24;
+        if (((uintptr_t)p & 7u) == 0) {
+            *(uint2 *)p = make_uint2(lo, hi);
+        } else {
+            ((uint32_t *)p)[0] = lo;
+            ((uint32_t *)p)[1] = hi;
+        }
         return;
     }
     for (int k = 0; k < 8; k++)
@@ -296,18 +321,24 @@ __device__ __forceinline__ int fc_cu_tile_at(int g, int j)
 
 template <int NS> struct fc_cu_tile_sums {
     double run[NS]; // blocks of >= 256: this lane's running CPU lane sum (lanes 0..7)
-    double *tile;   // this warp's FC_CU_TILE_WORDS doubles
-    double *tot;    // this warp's 32 x NS block totals (blocks below a tile)
 
-    // This warp's tile and totals in the kernel's static shared memory (a codec kernel's
-    // FC_CU_CODEC_WARPS warps), the running sums zero.
-    __device__ __forceinline__ void init()
+    // This warp's FC_CU_TILE_WORDS doubles of tile and 32 x NS block totals (blocks below a tile)
+    // in the kernel's static shared memory (a codec kernel's FC_CU_CODEC_WARPS warps): found from
+    // the warp's index where used, not kept in registers as pointers.
+    __device__ __forceinline__ static double *tile()
     {
         __shared__ double tiles[FC_CU_CODEC_WARPS][FC_CU_TILE_WORDS];
+        return tiles[threadIdx.x >> 5];
+    }
+    __device__ __forceinline__ static double *tot()
+    {
         __shared__ double tots[FC_CU_CODEC_WARPS][32 * NS];
-        const int wi = threadIdx.x >> 5;
-        tile = tiles[wi];
-        tot = tots[wi];
+        return tots[threadIdx.x >> 5];
+    }
+
+    // The running sums zero.
+    __device__ __forceinline__ void init()
+    {
         for (int k = 0; k < NS; k++)
             run[k] = 0.0;
     }
@@ -317,6 +348,7 @@ template <int NS> struct fc_cu_tile_sums {
     template <class T> __device__ __forceinline__ void tile_add(int64_t bs, const float v[8], const T &t)
     {
         const int lane = threadIdx.x & 31, j = lane & 7;
+        double *tile = this->tile();
         for (int k = 0; k < 8; k++)
             tile[fc_cu_tile_at(lane, k)] = (double)v[k];
         __syncwarp();
@@ -325,7 +357,7 @@ template <int NS> struct fc_cu_tile_sums {
                 for (int g = 0; g < 32; g++)
                     t.add(tile[fc_cu_tile_at(g, j)], run);
         } else {
-            const int blocks = (int)(FC_CU_TILE / bs), gpb = (int)(bs >> 3);
+            const int blocks = FC_CU_TILE >> fc_cu_log2(bs), gpb = (int)(bs >> 3);
             const int rounds = blocks > 4 ? blocks / 4 : 1;
             for (int it = 0; it < rounds; it++) {
                 const int q = (lane >> 3) + 4 * it;
@@ -339,7 +371,7 @@ template <int NS> struct fc_cu_tile_sums {
                     s[k] = fc_cu_lanes_total(s[k]);
                 if (q < blocks && j == 0)
                     for (int k = 0; k < NS; k++)
-                        tot[NS * q + k] = s[k];
+                        tot()[NS * q + k] = s[k];
             }
         }
         __syncwarp();
@@ -351,7 +383,7 @@ template <int NS> struct fc_cu_tile_sums {
         const int lane = threadIdx.x & 31;
         if (bs >= FC_CU_TILE)
             return __shfl_sync(FC_CU_FULL, fc_cu_lanes_total(run[k]), 0);
-        return tot[NS * (lane / fc_cu_block_lanes(bs)) + k];
+        return tot()[NS * (lane >> fc_cu_log2(fc_cu_block_lanes(bs))) + k];
     }
 };
 

@@ -23,8 +23,10 @@ extern "C" {
  * fc_wire.h's fc_header_make/fc_header_verdict; 7: res8, the 8-bit residual's pack and unpack;
  * 8: the encode arguments' ef_decay (g' = g + ef_decay * e), and the `dct` method's kernels;
  * 9: the NCCL transport's entries gone (nccl_*: every collective is torch.distributed's), with
- * FC_ERR_NCCL and FC_PAYLOAD_ABORTED (the fc_status.h and fc_wire.h codes after them renumbered) */
-#define FC_CUDA_ABI 9
+ * FC_ERR_NCCL and FC_PAYLOAD_ABORTED (the fc_status.h and fc_wire.h codes after them renumbered);
+ * 10: the one-pass encode's per-call scratch at the end of the workspace (enc_ticket, enc_bad,
+ * enc_unit_sq, enc_sum), the fields before them where they were */
+#define FC_CUDA_ABI 10
 #define FC_CUDA_MAX_WORLD 1024 /* equals FC_MAX_WORLD of the CPU driver */
 #define FC_CUDA_MAX_UNITS 4096 /* units whose residual norm the device keeps: error feedback on a
                                 * unit past them is refused (fc_cu_driver.cu encode) */
@@ -64,9 +66,16 @@ typedef struct {
     unsigned int passed;         /* this decode's payloads brought NaN/Inf (a header flagged, or
                                   * a second round's value): every output's go through; the own
                                   * chunk's pass at their own elements (fc_output_passes), and
-                                  * a fused decode keeps its flag in shared memory instead */
+                                  * a fused decode keeps its flag in registers instead */
     double unit_sq[FC_CUDA_MAX_UNITS];
     unsigned int bad[FC_CUDA_MAX_WORLD]; /* non-finite count per chunk of this call */
+    /* ABI 10: what a one-pass encode (cuda/fc_cu_onepass.cuh) keeps while it runs. Its last block
+     * reads it and leaves it zero, so no call clears it first (the decode and the methods that
+     * count apart use bad[] above, which a call clears) */
+    unsigned int enc_ticket;               /* blocks of this encode done: the last one finishes */
+    unsigned int enc_bad[FC_CUDA_MAX_WORLD]; /* 1: chunk c of this encode held NaN/Inf */
+    double enc_unit_sq;                    /* this encode's ||e||^2, the unit's unit_sq at its end */
+    double enc_sum[FC_CUDA_MAX_WORLD][3];  /* a sampled encode's ||e||^2, ||x||^2, x.e per chunk */
 } fc_cuda_ws;
 
 #define FC_CUDA_WS_BYTES ((int64_t)((sizeof(fc_cuda_ws) + 255) / 256 * 256))

@@ -190,21 +190,29 @@ FC_CLONES static double sum_sq_f32(const float *a, int64_t n)
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-/* dst = e and ||e||^2 (as sum_sq_f32) in one pass. */
-FC_CLONES static double store_sum_sq_f32(float *dst, const float *e, int64_t n)
+/* dst = e and ||e||^2 (as sum_sq_f32, the same lanes in the same order) in one pass, a block of
+ * 2048 at a time: a block is stored only once the sum over it is finite (so is each of its e),
+ * so from the first block that holds a NaN/Inf on, dst is still the old residual for
+ * update_residual's rare path. Returns where that block starts: n when every block was stored,
+ * *e_sq then their ||e||^2. */
+FC_CLONES static int64_t store_sum_sq_f32(float *dst, const float *e, int64_t n, double *e_sq)
 {
     double acc[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) {
-            dst[i + j] = e[i + j];
-            acc[j] += (double)e[i + j] * (double)e[i + j];
-        }
-    for (int j = 0; i < n; i++, j++) {
-        dst[i] = e[i];
-        acc[j] += (double)e[i] * (double)e[i];
+    for (int64_t lo = 0; lo < n; lo += 2048) {
+        const int64_t hi = n - lo < 2048 ? n : lo + 2048;
+        int64_t i = lo;
+        for (; i + 8 <= hi; i += 8)
+            for (int j = 0; j < 8; j++)
+                acc[j] += (double)e[i + j] * (double)e[i + j];
+        for (int j = 0; i < hi; i++, j++)
+            acc[j] += (double)e[i] * (double)e[i];
+        *e_sq = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        if (!isfinite(*e_sq))
+            return lo;
+        memcpy(dst + lo, e + lo, (size_t)(hi - lo) * 4);
     }
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    *e_sq = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    return n;
 }
 
 FC_CLONES static void dots3_f32(const float *e, const float *x, int64_t n, double *ee, double *xx,
@@ -244,76 +252,84 @@ static void store_residual(fc_buf *res, int64_t start, const float *e, int64_t n
     }
 }
 
-/* The residual of a chunk whose g' (x, in s->x) held NaN/Inf ("pass" mode), element by element
- * (fc_residual_passed): never the old residual, which went out inside g'. */
-static int residual_of_nonfinite(fc_core *s, const fc_method *m, const fc_chunk *c,
-                                 const uint8_t *p, fc_buf *res, int64_t start, double *e_sq,
-                                 fc_err *err)
+/* g' of element k as load_chunk made it: g + d e, NaN/Inf fixed by fc_gprime_fix (no count: the
+ * load counted them). The residual's rare path reads it again where the decode overwrote it. */
+static float gprime_at(const fc_core *s, const fc_buf *grad, const fc_buf *res, int64_t k)
 {
-    const int64_t n = c->n;
-    float *d = s->dec;
-    memset(d, 0, (size_t)n * 4);
+    const float g = fc_core_elem_f32(grad->data, grad->dtype, k);
+    const float e = res == NULL ? 0.0f : fc_core_ef_decay(s) * fc_core_elem_f32(res->data, res->dtype, k);
+    const float x = res == NULL ? g : g + e;
+    int64_t bad = 0, sat = 0;
+    return fc_abs_bits(x) < FC_INF_BITS
+               ? x
+               : fc_gprime_fix(x, g, e, s->common.nonfinite == FC_NONFINITE_ZERO, &bad, &sat);
+}
+
+/* The residual's rare path: the elements of e = s->x (g' + -D, in place) from `from` on that came
+ * out NaN/Inf, decided one by one (fc_residual_nonfinite) from g' read again (gprime_at: res
+ * still holds the old residual there) and D decoded into zeros (s->dec). */
+static int fix_residual(fc_core *s, const fc_method *m, const fc_chunk *c, const uint8_t *p,
+                        const fc_buf *grad, const fc_buf *res, int64_t start, int64_t from,
+                        int64_t *sat, fc_err *err)
+{
+    float *d = s->dec, *e = s->x;
+    memset(d, 0, (size_t)c->n * 4);
     int rc = m->decode_add(c, p + FC_HEADER_BYTES, header_body_bytes(p), 1.0f, d, err);
     if (rc != FC_OK)
         return rc;
-    int64_t sat = 0;
-    for (int64_t i = 0; i < n; i++)
-        s->x[i] = fc_residual_passed(s->x[i], d[i], &sat);
-    *e_sq = sum_sq_f32(s->x, n);
-    store_residual(res, start, s->x, n, &sat);
-    s->ctr.saturated += sat;
+    for (int64_t i = from; i < c->n; i++)
+        if (!(fc_abs_bits(e[i]) < FC_INF_BITS))
+            e[i] = fc_residual_nonfinite(gprime_at(s, grad, res, start + i), -d[i], e[i], sat);
     return FC_OK;
 }
 
-/* e of finite x that came out NaN/Inf (fc_residual_fix), fixed in place. Returns ||e||^2 again. */
-static double saturate_residual(float *e, int64_t n, int64_t *sat)
-{
-    for (int64_t i = 0; i < n; i++)
-        if (fc_abs_bits(e[i]) >= FC_INF_BITS)
-            e[i] = fc_residual_fix(e[i], sat);
-    return sum_sq_f32(e, n);
-}
-
-/* After encode, turns s->x into e = g' - D(C(g')) and stores it; returns ||e||^2. With `dots`
- * (the sampled calls), also ||g'||^2 and g' . e, for which g' is loaded again from the untouched
- * inputs; the other calls skip that pass. `nonfinite`: g' held NaN/Inf (residual_of_nonfinite).
- * A residual is always finite. */
+/* After encode, turns s->x into e = g' - D(C(g')) by fc_range.h's per-element rule (fc_residual:
+ * the decode added in place, alpha = -1; where that came out NaN/Inf, fix_residual) and stores
+ * it; returns ||e||^2. With `dots` (the sampled calls), also ||g'||^2 and g' . e, for which g'
+ * is loaded again from the untouched inputs; the other calls skip that pass. A residual is
+ * always finite. */
 static int update_residual(fc_core *s, const fc_method *m, const fc_chunk *c, const uint8_t *p,
-                           const fc_buf *grad, fc_buf *res, int64_t start, int nonfinite, int dots,
+                           const fc_buf *grad, fc_buf *res, int64_t start, int dots,
                            double *e_sq, double *x_sq, double *x_dot_e, fc_err *err)
 {
     *x_sq = *x_dot_e = 0;
-    if (nonfinite)
-        return residual_of_nonfinite(s, m, c, p, res, start, e_sq, err);
     int rc = m->decode_add(c, p + FC_HEADER_BYTES, header_body_bytes(p), -1.0f, s->x, err);
     if (rc != FC_OK)
         return rc;
     const int64_t n = c->n;
     int64_t sat = 0;
+    if (!dots && res->dtype == FC_F32) { /* stored as it is summed, up to a NaN/Inf */
+        const int64_t from = store_sum_sq_f32((float *)res->data + start, s->x, n, e_sq);
+        if (from == n)
+            return FC_OK;
+        FC_TRY(fix_residual(s, m, c, p, grad, res, start, from, &sat, err));
+        *e_sq = sum_sq_f32(s->x, n);
+        memcpy((float *)res->data + start + from, s->x + from, (size_t)(n - from) * 4);
+        s->ctr.saturated += sat;
+        return FC_OK;
+    }
     if (dots) {
         float *g = s->dec; /* g' again, into the decode scratch, to pair it with e */
         load_f32(grad->data, grad->dtype, start, n, g);
         add_f32(res->data, res->dtype, start, n, fc_core_ef_decay(s), g);
         dots3_f32(s->x, g, n, e_sq, x_sq, x_dot_e);
-    } else if (res->dtype == FC_F32) {
-        *e_sq = store_sum_sq_f32((float *)res->data + start, s->x, n);
-        if (!isfinite(*e_sq)) { /* rare: fix what was stored */
-            *e_sq = saturate_residual(s->x, n, &sat);
-            memcpy((float *)res->data + start, s->x, (size_t)n * 4);
-            s->ctr.saturated += sat;
-        }
-        return FC_OK;
     } else {
         *e_sq = sum_sq_f32(s->x, n);
     }
-    if (!isfinite(*e_sq)) {
-        *e_sq = saturate_residual(s->x, n, &sat);
-        if (dots)
+    if (!isfinite(*e_sq)) { /* rare: ||e||^2 is finite exactly when every e is */
+        FC_TRY(fix_residual(s, m, c, p, grad, res, start, 0, &sat, err));
+        *e_sq = sum_sq_f32(s->x, n);
+        if (dots) { /* fix_residual decoded into s->dec: g' once more */
+            load_f32(grad->data, grad->dtype, start, n, s->dec);
+            add_f32(res->data, res->dtype, start, n, fc_core_ef_decay(s), s->dec);
             dots3_f32(s->x, s->dec, n, e_sq, x_sq, x_dot_e);
+        }
     }
     store_residual(res, start, s->x, n, &sat);
     s->ctr.saturated += sat;
     return FC_OK;
+error:
+    return rc;
 }
 
 /* Without error feedback: decode into scratch and compare, on the sampled calls only. */
@@ -403,8 +419,7 @@ static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci
     if (e->use_ef) { /* a residual is always replaced: the old one went out inside g' */
         const int dots = e->stats && fc_sample_picks(e->sampled, passed);
         double ee, xx, xe;
-        FC_TRY(update_residual(s, wm, &c, p, grad, residual, start, passed, dots, &ee, &xx, &xe,
-                               err));
+        FC_TRY(update_residual(s, wm, &c, p, grad, residual, start, dots, &ee, &xx, &xe, err));
         e->e_sq += ee;
         if (dots) { /* D = x - e: ||x - D||^2 = ||e||^2 */
             s->ctr.err_sq += ee;
@@ -497,8 +512,8 @@ int fc_cpu_compress(fc_core *s, const fc_exec *ex, const fc_buf *in, fc_buf *pay
     s->ctr.saturated += used.saturated;
     if (residual != NULL) { /* e = g' - D(C(g')), always finite (s->x holds g') */
         double ee, xx, xe;
-        FC_TRY(update_residual(s, wm, &c, (const uint8_t *)payload->data, in, residual, 0, bad != 0,
-                               0, &ee, &xx, &xe, err));
+        FC_TRY(update_residual(s, wm, &c, (const uint8_t *)payload->data, in, residual, 0, 0, &ee,
+                               &xx, &xe, err));
     }
     return FC_OK;
 error:

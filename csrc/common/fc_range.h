@@ -30,27 +30,32 @@ FC_HOSTDEV float fc_gprime_fix(float x, float g, float e, int zero, int64_t *bad
     return zero ? e : fc_canon_nan(x);
 }
 
-/* A residual e = g' - D of a chunk that sent only finite values, where it came out NaN/Inf:
- * values of both signs near fp32's largest overflowed (+-Inf: saturated), or a NaN, which a
- * codec never decodes from finite values (0). Both counted in *sat. */
-FC_HOSTDEV float fc_residual_fix(float e, int64_t *sat)
-{
-    ++*sat;
-    return fc_abs_bits(e) > FC_INF_BITS ? 0.0f : fc_max_like(e);
-}
-
-/* The residual of one element of a chunk whose g' (x) held NaN/Inf that went on the wire
- * ("pass"), from d = 0 + D, the decode added to zeros: 0 where g' itself is not finite, g'
- * where D is NaN (nothing of it arrived: a block with the NaN), else g' - D with an infinite D
- * taken as fp32's largest value, saturated (*sat). Never the old residual: it went out inside
- * g', and keeping it would deliver it twice. */
-FC_HOSTDEV float fc_residual_passed(float x, float d, int64_t *sat)
+/* The residual where sum = x + dneg came out NaN/Inf: 0 where g' itself is not finite (it went
+ * on the wire in "pass" mode; the old residual went out inside it, and keeping it would deliver
+ * it twice); x where D is NaN (nothing of it arrived: a block with a NaN, a norm that overflowed:
+ * kept to be sent again); where D is +-Inf, x minus fp32's largest value of D's sign, saturated
+ * (*sat: what arrived, as far as fp32 holds it); else finite terms overflowed: fp32's largest
+ * value of the sum's sign (*sat). */
+FC_HOSTDEV float fc_residual_nonfinite(float x, float dneg, float sum, int64_t *sat)
 {
     if (fc_abs_bits(x) >= FC_INF_BITS)
         return 0.0f;
-    if (fc_abs_bits(d) > FC_INF_BITS)
+    if (fc_abs_bits(dneg) > FC_INF_BITS)
         return x;
-    return fc_add_sat(x, -(fc_abs_bits(d) == FC_INF_BITS ? fc_max_like(d) : d), sat);
+    if (fc_abs_bits(dneg) == FC_INF_BITS)
+        return fc_add_sat(x, fc_max_like(dneg), sat);
+    ++*sat;
+    return fc_max_like(sum);
+}
+
+/* The residual e = g' - D of one sent element, from g' (x) and the decode with alpha = -1
+ * (dneg = -D), decided element by element, whatever the rest of its chunk held: a one-pass
+ * encode writes it before it knows whether the chunk passed NaN/Inf. Where x + dneg is finite
+ * it is the residual (the common path: one add); fc_residual_nonfinite decides the rest. */
+FC_HOSTDEV float fc_residual(float x, float dneg, int64_t *sat)
+{
+    const float e = x + dneg;
+    return fc_abs_bits(e) < FC_INF_BITS ? e : fc_residual_nonfinite(x, dneg, e, sat);
 }
 
 /* Whether an output element's NaN/Inf goes through (fc_output_fix's `passed`), decided per

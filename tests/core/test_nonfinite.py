@@ -92,3 +92,52 @@ def test_residual_is_never_delivered_twice():
         outs += out.double()
     e = s._core.residuals()[0].double()
     torch.testing.assert_close(outs + e, total, atol=1e-4, rtol=0)
+
+
+FMAX = torch.finfo(torch.float32).max
+
+
+def rule(x: float, d: float) -> float:
+    """fc_range.h's residual where x - D is not finite, from g' (x) and the decode D, element by
+    element: 0 where x went on the wire, x where D is NaN, x minus fp32's largest value of D's
+    sign where D is +-Inf (saturated), else the overflowed sum saturated."""
+    t = torch.tensor
+    if not torch.isfinite(t(x)):
+        return 0.0
+    if d != d:
+        return x
+    if d in (float("inf"), float("-inf")):
+        s = (t(x, dtype=torch.float32) - t(FMAX if d > 0 else -FMAX, dtype=torch.float32)).item()
+        return s if abs(s) <= FMAX else (FMAX if s > 0 else -FMAX)
+    return FMAX if x - d > 0 else -FMAX
+
+
+def test_the_residual_is_decided_per_element():
+    """One pass on the GPU writes a residual before it knows whether its chunk holds NaN/Inf, so
+    the rule is the same for every chunk (docs/decisions.md, 2026-11-28): here a chunk with a NaN
+    and an Inf sent in "pass" mode, values near fp32's largest and random-k's nc decode that
+    overflows to +-Inf on finite input. Where g' or D is not finite the residual is the rule's,
+    elsewhere g' - D."""
+    from helpers.method_cases import CASES
+    gen = torch.Generator().manual_seed(21)
+    n = 4096
+    x = torch.randn(n, generator=gen)
+    x[:64] = FMAX * torch.sign(torch.randn(64, generator=gen))
+    x[64:128] = 3e38 * torch.rand(64, generator=gen)
+    x[700], x[1500] = float("nan"), float("-inf")
+    seen_inf = seen_nan = 0
+    for method, cfg in [("fp16", {}), ("bf16", {}), ("int8", {})] + CASES:
+        st = fsdpcomp._C.State(method, dict(cfg, seed=3))
+        buf = torch.zeros(st.payload_bytes(n), dtype=torch.uint8)
+        e = torch.zeros(n)
+        w = st.compress(x.clone(), buf, residual=e)
+        d = torch.zeros(n)
+        st.decompress(buf[:w], d)
+        assert torch.isfinite(e).all(), (method, cfg)
+        odd = ~torch.isfinite(x) | ~torch.isfinite(d) | ~torch.isfinite(x - d)
+        for i in odd.nonzero().flatten().tolist():
+            assert e[i].item() == rule(x[i].item(), d[i].item()), (method, cfg, i, x[i], d[i], e[i])
+        seen_inf += int(torch.isinf(d[torch.isfinite(x)]).sum())
+        seen_nan += int(torch.isnan(d[torch.isfinite(x)]).sum())
+        torch.testing.assert_close(e[~odd], (x - d)[~odd], rtol=0, atol=0, msg=f"{method} {cfg}")
+    assert seen_inf > 0 and seen_nan > 0  # both of the rule's decode cases met

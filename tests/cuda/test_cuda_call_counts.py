@@ -44,30 +44,32 @@ N, WORLD = WarmCalls.N, WarmCalls.WORLD
 # today: {method: (encode launches, encode memsets, decode launches, decode memsets)}. Issue 37's
 # targets beside them: a dense codec's encode at most 2 launches and no memset, its decode 1 launch.
 COLLECTIVE = {
-    "none": (3, 1, 1, 0),     # target (1, 0, 1, 0): the decode is one fused kernel
-    "fp16": (3, 1, 1, 0),     # target (<=2, 0, 1, 0): the decode is one fused kernel
-    "bf16": (3, 1, 1, 0),     # target (<=2, 0, 1, 0): the decode is one fused kernel
-    "int8": (3, 1, 1, 0),     # target (<=2, 0, 1, 0): the decode is one fused kernel
-    "fp8": (3, 1, 1, 0),      # target (<=2, 0, 1, 0): the decode is one fused kernel
-    "intN": (3, 1, 1, 0),     # target (<=2, 0, 1, 0): the decode is one fused kernel
-    "qsgd": (3, 1, 1, 0),     # target (<=2, 0, 1, 0): the decode is one fused kernel
-    "nc": (3, 1, 1, 0),       # target (<=2, 0, 1, 0): the decode is one fused kernel
-    "signsgd": (3, 2, 3, 2),  # target (<=2, 0, 1, 0)
-    "onebit": (3, 2, 1, 0),   # target (<=2, 0, 1, 0): the decode is one fused kernel
+    # the one-pass encodes (issue 37 item 1: the count, the codec, the headers by the last block)
+    "none": (1, 0, 1, 0),     # the fused decode
+    "fp16": (1, 0, 1, 0),     # the fused decode
+    "bf16": (1, 0, 1, 0),     # the fused decode
+    "int8": (1, 0, 1, 0),     # the fused decode
+    "fp8": (1, 0, 1, 0),      # the fused decode
+    "intN": (1, 0, 1, 0),     # the fused decode
+    "qsgd": (1, 0, 1, 0),     # the fused decode
+    "nc": (1, 0, 1, 0),       # the fused decode
+    "signsgd": (1, 0, 3, 2),  # decode target (1, 0)
+    "onebit": (1, 0, 1, 0),   # the fused decode
+    # the others: the driver's count and headers (2 launches, 1 memset) beside their own kernels
     "topk": (10, 2, 10, 2),   # was (20, 3, ...): its own 8 (a radix select in 6, the values' codec, the
                               # residual at the kept), no memset, beside the driver's (issue 37 item 5)
     "randomk": (10, 1, 10, 2),
     "thresholdv": (17, 2, 9, 2),
-    "sketch": (8, 1, 12, 2),   # its decode selects through topk's radix select
-    "gradiveq": (4, 1, 3, 2),
+    "sketch": (6, 1, 12, 2),   # its table in 4 launches, no sort; its decode selects through topk's
+    "gradiveq": (4, 1, 4, 2),  # decode: the senders' coefficients summed once, then decoded
     "dct": (6, 1, 4, 2),
 }
 # The same for compress() / decompress(): {method: (launches, memsets, launches, memsets)}.
 SINGLE = {
-    "none": (3, 1, 1, 0), "fp16": (3, 1, 1, 0), "bf16": (3, 1, 1, 0), "int8": (3, 1, 1, 0),
-    "fp8": (3, 1, 1, 0), "intN": (3, 1, 1, 0), "qsgd": (3, 1, 1, 0), "nc": (3, 1, 1, 0),
-    "signsgd": (3, 1, 2, 1), "onebit": (3, 1, 1, 0), "topk": (9, 1, 6, 1), "randomk": (10, 1, 8, 1),
-    "thresholdv": (11, 1, 5, 1), "sketch": (8, 1, 10, 1), "gradiveq": (4, 1, 2, 1), "dct": (6, 1, 3, 1),
+    "none": (1, 0, 1, 0), "fp16": (1, 0, 1, 0), "bf16": (1, 0, 1, 0), "int8": (1, 0, 1, 0),
+    "fp8": (1, 0, 1, 0), "intN": (1, 0, 1, 0), "qsgd": (1, 0, 1, 0), "nc": (1, 0, 1, 0),
+    "signsgd": (1, 0, 2, 1), "onebit": (1, 0, 1, 0), "topk": (9, 1, 6, 1), "randomk": (10, 1, 8, 1),
+    "thresholdv": (11, 1, 5, 1), "sketch": (6, 1, 10, 1), "gradiveq": (4, 1, 2, 1), "dct": (6, 1, 3, 1),
 }
 # The one wait a call may make, by design: {method: (encode, decode, compress, decompress)}.
 WAITS = {"thresholdv": (1, 0, 1, 0)}

@@ -28,6 +28,9 @@ if not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")):
 
 # byte offsets in fc_cuda_ws (cuda/fc_cuda.h)
 WS_NONFINITE_IN, WS_NONFINITE_OUT, WS_PAYLOAD_ERROR, WS_SATURATED = 0, 8, 48, 64
+# a one-pass encode's per-call part (enc_ticket .. enc_sum) to the struct's end: left zero by every
+# encode, so that the next one needs no memset (cuda/fc_cu_onepass.cuh)
+WS_ENC_SCRATCH, WS_SIZE = 36968, 65656
 FC_PAYLOAD_CODES = 8
 
 
@@ -43,6 +46,14 @@ def ws_counts(ws: bytes) -> dict:
     return {"nonfinite_in": struct.unpack_from("<Q", ws, WS_NONFINITE_IN)[0],
             "nonfinite_out": struct.unpack_from("<Q", ws, WS_NONFINITE_OUT)[0],
             "saturated": struct.unpack_from("<Q", ws, WS_SATURATED)[0]}
+
+
+def check_scratch_left_zero(ws: bytes, where: str) -> None:
+    """The workspace's per-call part after an encode or compress(): every ticket, flag and sum the
+    call used is zero again (the emulator's workspace starts zeroed, as the State's does)."""
+    assert len(ws) == WS_SIZE, f"fc_cuda_ws is {len(ws)} bytes, the test's offsets are for {WS_SIZE}"
+    left = [i for i in range(WS_ENC_SCRATCH, WS_SIZE) if ws[i]]
+    assert not left, f"{where}: the encode left its scratch set at byte offsets {left[:8]}"
 
 
 def align16(v: int) -> int:
@@ -148,6 +159,7 @@ class Emulated:
             args["rdt"] = DTYPES[st.res_dtype]
             files["res.bin"] = st.res
         outs = self.run("encode", w, args, files)
+        check_scratch_left_zero(outs["ws.bin"], f"{st.method} encode")
         st.calls += 1
         st.saturated += struct.unpack_from("<Q", outs["ws.bin"], WS_SATURATED)[0]
         if ef:
@@ -206,6 +218,16 @@ def test_emulated_encode_of_nonfinite_matches_cpu(emu, method, cfg, mode, gen):
 
 
 @pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_emulated_encode_without_error_feedback_matches_cpu(emu, method, cfg, dtype, gen):
+    """The lean one-pass kernels (no residual, no sample, an fp32 or bf16 gradient: the second
+    call) and the general one without a residual (the first call, sampled): the CPU's bytes, with
+    NaN/Inf passed or zeroed, a chunk below a tile and chunks of many."""
+    for world, rank, n, nonfinite in ((3, 1, 1031, "pass"), (4, 2, 3 * 2053, "zero"), (2, 0, 9, None)):
+        check_encode(emu, method, cfg, dtype, world, rank, n, gen, nonfinite=nonfinite, ef=False)
+
+
+@pytest.mark.parametrize("method,cfg", CASES, ids=IDS)
 def test_emulated_encode_of_tiny_and_huge_values_matches_cpu(emu, method, cfg, gen):
     for scale in (1e-40, 1e-37, 1e30):
         check_encode(emu, method, cfg, torch.float32, 3, 1, 1031, gen, scale=scale)
@@ -237,29 +259,29 @@ FUSED = [("none", {}), ("bf16", {}), ("fp16", {}), ("int8", {}), ("fp8", {"block
 @pytest.mark.parametrize("method,cfg", FUSED, ids=[m + "".join(f"-{k}={v}" for k, v in c.items()) for m, c in FUSED])
 def test_emulated_fused_decode_over_a_grid_smaller_than_its_runs(emu, method, cfg, gen):
     """The fused decode (cuda/fc_cu_decode.cuh) sizes its grid to the device, and the emulated one
-    holds two blocks of 256 threads (tests/cuda_emu/cuda_emu_device.h): an own chunk of 9001
-    elements (563 runs of 16) takes both blocks, each checking every header itself, and loops.
+    holds four blocks of 256 threads (2 SMs of 2, tests/cuda_emu/cuda_runtime.h): an own chunk of
+    20001 elements (1251 runs of 16) takes all four, each checking every header itself, and loops.
     The own chunk then starts 4 bytes past a 16-byte boundary (narrower loads of the own values),
     its last run is cut (the element-wise path), blocks of 8 put two scales in one run; at W=3 the
     codes lie at any alignment the layout gives and NaN/Inf come from the own chunk and a payload."""
-    check_decode(emu, method, cfg, torch.float32, 2, 1, 2 * 9001, gen, huge=True)
+    check_decode(emu, method, cfg, torch.float32, 2, 1, 2 * 20001, gen, huge=True)
     check_decode(emu, method, cfg, torch.bfloat16, 3, 2, 3 * 6000 - 7, gen, nonfinite=True, own_nonfinite=True)
 
 
 def test_emulated_fused_decode_rejects_a_header_in_every_block(emu, gen):
-    """A payload for another world size, among the runs of two blocks: the whole own chunk is NaN
+    """A payload for another world size, among the runs of four blocks: the whole own chunk is NaN
     (no block decodes what another rejected), FSDP's tail stays zero, and the rejection is the
     workspace's payload error (counters() raises it), with its rank."""
     cfg = {"compress_own_chunk": False}
-    n, world = 2 * 9001, 2
+    n, world = 2 * 20001, 2
     grads = [make_grad(n, torch.float32, gen) for _ in range(world)]
     st = fsdpcomp.CommState("int8", cfg)
     send = cpu_encode(st, grads[0], world, 0, st._core.begin(n))
     bad = send[-st._core.plan(grads[0], world, 0)[0][1]:].clone()  # rank 0's payload to rank 1
     bad[6] ^= 0x01  # the header's world
-    out, code, rank = emu.decode("int8", cfg, bad, grads[1], 9001 + 5, world, 1, expect_error=True)
+    out, code, rank = emu.decode("int8", cfg, bad, grads[1], 20001 + 5, world, 1, expect_error=True)
     assert (code, rank) == (FC_PAYLOAD_WORLD, 0)
-    assert torch.isnan(out[:9001]).all() and torch.equal(out[9001:], torch.zeros(5))
+    assert torch.isnan(out[:20001]).all() and torch.equal(out[20001:], torch.zeros(5))
 
 
 @pytest.mark.parametrize("method", ["none", "bf16", "int8"])
@@ -297,6 +319,7 @@ def test_emulated_compress_and_decompress_match_cpu(emu, method, cfg, gen):
                "body_full": body, "pay_last": align16(32 + body), "body_last": body, "unit": 5, "step": 0,
                "chunk": chunk, "seed": 99, "fingerprint": st._core.fingerprint}
         outs = emu.run("compress", est, dict(geo, rank=rank, send_bytes=buf.numel()), {"grad.bin": x})
+        check_scratch_left_zero(outs["ws.bin"], f"{method} compress")
         got = torch.frombuffer(bytearray(outs["send.bin"]), dtype=torch.uint8)
         where = f"{method} {cfg} n={n} {kind}"
         assert torch.equal(got, buf[:w]), f"{where}: payload bytes differ at {(got != buf[:w]).nonzero()[:8].flatten().tolist()}"

@@ -469,3 +469,66 @@ def test_second_round_picks_that_the_cpu_rejects_are_reported(gen):
             assert torch.isnan(send[:ss[0]].cpu()).all()
             with pytest.raises(fsdpcomp.PayloadError, match="rank 0"):
                 states[1].counters()
+
+
+# gradiveq's kernel shapes (cuda/fc_cu_gradiveq.cu): covariances of one entry a thread (dim <= 128)
+# and of four (above), U in shared memory or read where it is (k * (dim | 1) > 3072 floats), tiles
+# of slices that end inside a slice and inside a chunk, several tiles per chunk, per staging
+# buffer of the covariance, and per block of the encode.
+GVQ_SHAPES = [{"dim": 2, "k": 1}, {"dim": 3, "k": 2}, {"dim": 33, "k": 5}, {"dim": 130, "k": 7},
+              {"dim": 256, "k": 5}, {"dim": 256, "k": 16}]
+
+
+@pytest.mark.parametrize("cfg", GVQ_SHAPES, ids=[f"dim{c['dim']}-k{c['k']}" for c in GVQ_SHAPES])
+def test_gradiveq_shapes_match_cpu(cfg, gen):
+    """Learn steps at every shape: the covariances summed on the device (bit for bit: the sync
+    vector), the payloads and residuals (values near fp32's largest too: the covariance's
+    saturating pass), the decoded sums of W payloads, and decompress()."""
+    full = dict(cfg, warmup=2, refresh=0, seed=11, error_feedback=True)
+    world, n = 3, 3 * 4801 + 2  # chunks of 4801 (two covariance tiles at dim 2), the last 4801 - 1
+    cpus = [fsdpcomp.CommState("gradiveq", full) for _ in range(world)]
+    devs = [on_device("gradiveq", full) for _ in range(world)]
+    for step in range(2):  # the second near fp32's largest: covariances saturate
+        grads = [make_grad(n, torch.float32, gen, huge=step == 1) for _ in range(world)]
+        out_c, sum_c = exchange(cpus, grads, world, False)
+        out_d, sum_d = exchange(devs, grads, world, True)
+        assert sum_c is not None and torch.equal(sum_c, sum_d), f"{cfg} step {step}: summed covariances differ"
+        for r in range(world):
+            assert same_bits(out_c[r], out_d[r]), f"{cfg} step {step} rank {r}: outputs differ"
+    check_encode(BACKEND, "gradiveq", cfg, torch.float32, world, 1, n, gen)
+    check_encode(BACKEND, "gradiveq", cfg, torch.bfloat16, 1, 0, 2 * 2048 + 5, gen, residual_dtype="bf16", huge=True)
+    check_encode(BACKEND, "gradiveq", cfg, torch.float32, world, 0, n, gen, nonfinite="pass")
+    check_decode(BACKEND, "gradiveq", cfg, torch.float32, world, 2, n, gen)
+    cpu, dev = fsdpcomp.CommState("gradiveq", dict(cfg, seed=5)), on_device("gradiveq", dict(cfg, seed=5))
+    x = make_grad(2 * 2048 + 3, torch.float32, gen)
+    size = cpu._core.payload_bytes(x.numel())
+    pa, pb = torch.zeros(size, dtype=torch.uint8), torch.zeros(size, dtype=torch.uint8, device=DEV)
+    wa = cpu._core.compress(x, pa, unit=1, chunk=2, world=3, rank=1)
+    wb = dev._core.compress(x.to(DEV, copy=True), pb, unit=1, chunk=2, world=3, rank=1)
+    assert wa == wb and torch.equal(pa[:wa], pb[:wb].cpu()), f"{cfg}: compress() bytes differ"
+    acc = make_grad(x.numel(), torch.float32, gen)
+    acc_d = acc.to(DEV, copy=True)
+    cpu._core.decompress(pa[:wa], acc, alpha=-0.5, unit=1, chunk=2, world=3)
+    dev._core.decompress(pb[:wb], acc_d, alpha=-0.5, unit=1, chunk=2, world=3)
+    assert same_bits(acc, acc_d.cpu()), f"{cfg}: decompressed sums differ"
+
+
+# sketch's table build (cuda/fc_cu_sketch_table.cu): one bucket (every term in one group's run,
+# several chunks of the walk), a group cut short (31, 33 columns), the widest table it builds
+# (4096) and one wider (the sort's path), five rows (two passes of four rows at most).
+SKETCH_SHAPES = [{"rows": 1, "cols": 1, "k": 5}, {"rows": 3, "cols": 31, "k": 0}, {"rows": 5, "cols": 33, "k": 9},
+                 {"rows": 2, "cols": 100, "k": 3, "second_round": True}, {"rows": 1, "cols": 4096, "k": 7},
+                 {"rows": 1, "cols": 4097, "k": 7}]
+
+
+@pytest.mark.parametrize("cfg", SKETCH_SHAPES, ids=[f"r{c['rows']}-c{c['cols']}-k{c['k']}{'-2nd' if c.get('second_round') else ''}"
+                                                    for c in SKETCH_SHAPES])
+def test_sketch_table_shapes_match_cpu(cfg, gen):
+    """Tables of every shape the build treats apart, over chunks of several tiles: payloads and
+    residuals equal the CPU's, with values near fp32's largest (buckets that saturate: the
+    chains' saturating pass) and NaN/Inf (NaN buckets)."""
+    world, n = 3, 3 * 5000 - 7
+    check_encode(BACKEND, "sketch", cfg, torch.float32, world, 1, n, gen)
+    check_encode(BACKEND, "sketch", cfg, torch.float32, 1, 0, 5003, gen, huge=True)
+    check_encode(BACKEND, "sketch", cfg, torch.float32, world, 0, n, gen, nonfinite="pass")
+    check_decode(BACKEND, "sketch", cfg, torch.float32, world, 2, n, gen)

@@ -47,6 +47,7 @@
 // every __shared__ variable in one section, poisoned before each block (fc_emu_poison_shared)
 #define __shared__ static __attribute__((section("fc_emu_shared")))
 #define __launch_bounds__(...)
+#define __noinline__ __attribute__((noinline)) // a rare path kept out of a loop's registers
 
 struct dim3 {
     unsigned x, y, z;
@@ -365,6 +366,7 @@ static inline unsigned __ballot_sync(unsigned, int pred)
 }
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }
 static inline int __ffs(int v) { return __builtin_ffs(v); }
+static inline int __ffsll(long long v) { return __builtin_ffsll(v); }
 
 template <class T> static inline T atomicOr(T *p, T v)
 {
@@ -566,6 +568,27 @@ template <class K> static inline fc_emu_launcher<K> fc_emu_launch(K k, dim3 grid
     return fc_emu_launcher<K>{k, grid, block, smem};
 }
 
-#include "cuda_emu_device.h" // the device's size, for grids sized to it
+// ---- what a kernel's grid is sized by (fc_cu_onepass.cuh's fc_cu_fill), and the fences of a
+// last-block ticket. The emulated device is small (FC_EMU_SMS SMs, default 2, two blocks each), so
+// that a grid sized to fill it gives every warp several units to walk, as on a GPU at large
+// sizes. Blocks run one after another to completion, so a fence has nothing to order.
+struct uint2 {
+    unsigned x, y;
+};
+static inline uint2 make_uint2(unsigned a, unsigned b) { return uint2{a, b}; }
+typedef enum { cudaDevAttrMultiProcessorCount = 16 } cudaDeviceAttr;
+static inline cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr attr, int)
+{
+    if (attr != cudaDevAttrMultiProcessorCount)
+        return cudaErrorInvalidValue;
+    const char *e = getenv("FC_EMU_SMS");
+    *v = e != nullptr && atoi(e) > 0 ? atoi(e) : 2;
+    return cudaSuccess;
+}
+template <class K> static inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, K, int threads, size_t)
+{
+    *n = threads > 0 && threads <= 1024 ? 2 : 0;
+    return threads > 0 && threads <= 1024 ? cudaSuccess : cudaErrorInvalidValue;
+}
 
 #endif

@@ -39,7 +39,7 @@ MUTANTS = [
      "sp_add_one(dec, d, va, 0, n, 2.0f * d.alpha, (float *)d.out",
      "topk/thresholdv decompress() adds 2 * alpha * D (only the single-payload checks see it)"),
     ("gradiveq-decompress-alpha-dropped", "fc_cu_gradiveq.cu",
-     "fc_cu_add_canon(out + i, d.alpha * dd);", "fc_cu_add_canon(out + i, dd);",
+     "fc_cu_add_canon(out + lo0 + j, d.alpha * dd);", "fc_cu_add_canon(out + lo0 + j, dd);",
      "gradiveq decompress() ignores alpha"),
     ("int8-round-floor", "fc_cu_codecs.cuh",
      "float f = fc_round_even(t);", "float f = floorf(t);",
@@ -54,6 +54,10 @@ MUTANTS = [
     ("fused-decode-skips-runs", "fc_cu_decode.cuh",
      "i0 < d.out_numel; i0 += step) {", "i0 < d.out_numel; i0 += 2 * step) {",
      "the fused decode's grid-stride loop skips every other round of runs (a grid the device sized)"),
+    ("sketch-table-rank-reversed", "fc_cu_sketch_table.cu",
+     "const unsigned r = cnt[key] + (unsigned)__popc(peers & ((1u << lane) - 1u));",
+     "const unsigned r = cnt[key] + (unsigned)__popc(peers & ~((2u << lane) - 1u));",
+     "sketch tables: equal keys of a warp's row ranked high lane first (bucket sums out of index order)"),
     ("topk-cut-past-the-tie", "fc_cu_select.cu",
      "if (tie && ex + 1 == found_rank)", "if (tie && ex == found_rank)",
      "topk keeps the ties up to the next one past the cut (one tie too many, the k-th largest's)"),
@@ -65,6 +69,9 @@ MUTANTS = [
      "fc_cu_add_canon((float *)d.out + idx[j], d.alpha * est[idx[j]]);",
      "fc_cu_add_canon((float *)d.out + idx[j], 2.0f * d.alpha * est[idx[j]]);",
      "sketch decompress() adds 2 * alpha * est"),
+    ("onepass-flags-kept", "fc_cu_onepass.cuh",
+     "        ws->enc_bad[c] = 0;\n", "",
+     "a one-pass encode leaves its chunks' NaN/Inf flags set: a later call's headers and sample inherit them"),
 ]
 QUICK = 3
 # the checkout's fsdpcomp where it is built in place, else the installed one (-P: the bare source

@@ -333,7 +333,7 @@ pytest_files() {
     case "$1" in
         quick) printf '%s\n' tests/cuda/test_cuda.py tests/cuda/test_cuda_single.py tests/cuda/test_cuda_sparse.py \
                    tests/cuda/test_cuda_param_gather.py tests/cuda/test_cuda_geometry.py tests/cuda/test_cuda_res8.py \
-                   tests/cuda/test_cuda_dct.py ;;
+                   tests/cuda/test_cuda_dct.py tests/cuda/test_cuda_onepass.py ;;
         rest) echo tests/cuda/test_cuda_build.py ;;
         *) for f in tests/cuda/test_cuda*.py; do
                case "$f" in *_emulated.py|*/test_cuda_emu_*) ;; *) echo "$f" ;; esac

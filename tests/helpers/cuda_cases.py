@@ -91,8 +91,8 @@ def differ_at(a: torch.Tensor, b: torch.Tensor) -> list[int]:
     return (a.view(view) != b.view(view)).nonzero().flatten()[:8].tolist()
 
 
-def common_cfg(world: int, residual_dtype: str = "fp32", nonfinite: str = "pass") -> dict:
-    return {"seed": 1234, "error_feedback": True, "residual_dtype": residual_dtype,
+def common_cfg(world: int, residual_dtype: str = "fp32", nonfinite: str = "pass", ef: bool = True) -> dict:
+    return {"seed": 1234, "error_feedback": ef, "residual_dtype": residual_dtype,
             "compress_own_chunk": world == 1, "nonfinite": nonfinite}
 
 
@@ -113,15 +113,16 @@ def cpu_encode(state: fsdpcomp.CommState, grad: torch.Tensor, world: int, rank: 
 
 def check_encode(backend, method: str, cfg: dict, dtype: torch.dtype, world: int, rank: int, n: int,
                  gen: torch.Generator, residual_dtype: str = "fp32", nonfinite: str | None = None,
-                 steps: int = 2, scale: float = 3.0, huge: bool = False) -> None:
+                 steps: int = 2, scale: float = 3.0, huge: bool = False, ef: bool = True) -> None:
     """`steps` encodes of fresh gradients with error feedback (from the second on the residual is
-    not zero): the backend's payload bytes and residuals equal the CPU's. `nonfinite`: NaN/Inf in
+    not zero; `ef` False: without it, the first call sampled): the backend's payload bytes and
+    residuals equal the CPU's. `nonfinite`: NaN/Inf in
     the gradient, with that `nonfinite` mode; `scale`: the gradient's magnitude (tiny ones
     overflow 1 / scale: such a block goes as zeros, its values kept in the residual); `huge`: values near
     the dtype's largest (make_grad). `saturated` equals the CPU's for the casts (none, fp16,
     bf16); for the block codecs the backend counts the driver's saturations only (g + e, the
     residuals), at most the CPU's, which also counts the codecs' own."""
-    full = dict(cfg, **common_cfg(world, residual_dtype, nonfinite or "pass"))
+    full = dict(cfg, **common_cfg(world, residual_dtype, nonfinite or "pass", ef))
     cpu, dev = fsdpcomp.CommState(method, full), backend.state(method, full)
     for step in range(steps):
         g = make_grad(n, dtype, gen, nonfinite=nonfinite is not None, scale=scale, huge=huge)
