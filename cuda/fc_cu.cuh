@@ -274,9 +274,12 @@ struct fc_cu_dec {
     void *out;
     int odt;
     int64_t out_numel;
-    const unsigned int *bad; // per source rank: 1 when its header was rejected
+    const unsigned int *bad; // per source rank: 1 when its header was rejected (check_headers;
+                             // a fused decode, fc_cu_method.fused_decode, checks its own)
     fc_cuda_ws *ws;
     int zero_nonfinite; // the own chunk's NaN/Inf are added as 0
+    fc_header_key key;  // what the payloads' headers must carry (fc_header_verdict)
+    int varsize;        // the method's body size is data-dependent (the verdict's bound)
     // decompress(): one payload in slot 0 of chunk 0, and out (fp32) += alpha * D(it), the
     // CPU's decode_add: no own chunk, no division by W, no padded tail, no vote or compressed-
     // domain sum (one payload is decoded alone). Every method's decoder honours this.
@@ -286,7 +289,8 @@ struct fc_cu_dec {
 
 // A CUDA method: launches its fused kernels. encode writes the bodies and the residuals;
 // decode writes `out` = (sum in rank order) / W. Headers, counts and checks are the driver's,
-// but for an encode that makes them itself (`onepass`).
+// but for an encode that makes them itself (`onepass`) and a decode that checks its own
+// (`fused_decode`).
 typedef struct {
     int id;
     int (*encode)(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err);
@@ -302,6 +306,10 @@ typedef struct {
     // headers after the bodies, picks the sample and finishes the call in its last block, so the
     // driver runs no count, header or sample kernel and clears nothing around it
     int onepass;
+    // 1: decode and decompress() are one kernel that checks the payloads' headers, counts the
+    // own chunk's NaN/Inf and writes every output itself (fc_cu_decode.cuh): the driver clears
+    // no verdicts and launches neither check_headers nor own_nonfinite for it
+    int fused_decode;
 } fc_cu_method;
 
 // The method's parsed config as its fc_cfg.h struct (the C side's bytes as they are).
@@ -369,9 +377,16 @@ __device__ __forceinline__ float fc_cu_own_first(const fc_cu_dec &d, int64_t i)
     return acc;
 }
 
-// Whether this decode's sum passes NaN/Inf to the output (ws->passed: the own chunk in "pass"
-// mode or a flagged payload) or poisons it (a payload rejected: NaN, never hidden); otherwise a
-// non-finite sum is the overflow of finite terms and saturates. Per thread, once.
+// Whether the own chunk's NaN/Inf pass at their elements (fc_output_passes' own_pass): it was
+// added exact, in "pass" mode.
+__device__ __forceinline__ int fc_cu_own_pass(const fc_cu_dec &d)
+{
+    return d.geo.skip_own && !d.zero_nonfinite;
+}
+
+// The payloads' part of fc_output_passes for every element of this decode: a payload flagged
+// NONFINITE (ws->passed, set by check_headers) or one rejected (its NaN poisons, never hidden).
+// The own chunk's part is per element (fc_cu_own_pass). Per thread, once.
 __device__ __forceinline__ int fc_cu_sum_passes(const fc_cu_dec &d)
 {
     if (d.ws->passed != 0)
@@ -384,20 +399,22 @@ __device__ __forceinline__ int fc_cu_sum_passes(const fc_cu_dec &d)
 
 // A receiver's output pass over the own chunk: acc = (0 + own) (fc_cu_own_first), then
 // more(i, acc) adds the senders' part, out = acc / W in out's dtype under fc_cu_store_out's rules
-// (FSDP's padded tail zeroed), the non-finite and saturated outputs counted.
+// (fc_output_passes per element; FSDP's padded tail zeroed), the non-finite and saturated outputs
+// counted.
 template <class F> __device__ __forceinline__ void fc_cu_decode_out(const fc_cu_dec &d, F more)
 {
     int64_t start, n;
     fc_cu_span(d.geo, d.geo.rank, &start, &n);
     const float w = (float)d.geo.world;
-    const int passed = fc_cu_sum_passes(d);
+    const int passed = fc_cu_sum_passes(d), own_pass = fc_cu_own_pass(d);
     int64_t nonfinite = 0, sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
         if (fc_cu_out_tail(d.out, d.odt, i, n)) // FSDP's padded tail
             continue;
-        const float acc = more(i, fc_cu_own_first(d, start + i));
-        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &nonfinite, &sat);
+        const float own = fc_cu_own_first(d, start + i); // 0 + own: NaN/Inf as the own chunk's
+        const float acc = more(i, own);
+        fc_cu_store_out(d.out, d.odt, i, acc / w, fc_output_passes(passed, own_pass, own), &nonfinite, &sat);
     }
     fc_cu_count(&d.ws->nonfinite_out, nonfinite);
     fc_cu_count(&d.ws->saturated, sat);
@@ -412,6 +429,8 @@ __device__ __forceinline__ void fc_cu_add_canon(float *p, float t)
     *p = fc_canon_nan(*p + t);
 }
 
+// The element-wise decode of a method whose decode is not fused (signsgd's scaled payloads):
+// the driver checked the headers (d.bad, ws->passed) and counted the own chunk before it.
 template <class V> __global__ void fc_cu_decode_dense(fc_cu_dec d, V v)
 {
     int64_t start, n;
@@ -428,15 +447,16 @@ template <class V> __global__ void fc_cu_decode_dense(fc_cu_dec d, V v)
         }
         return;
     }
-    const int passed = d.ws->passed != 0; // set by check_headers and own_nonfinite, earlier
+    const int passed = d.ws->passed != 0, own_pass = fc_cu_own_pass(d); // ws->passed: check_headers'
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
         if (fc_cu_out_tail(d.out, d.odt, i, n)) // FSDP's padded tail
             continue;
-        float acc = 0.0f;
+        float acc = 0.0f, own = 0.0f;
         int poison = 0; // a rejected payload or an impossible code: NaN, never hidden or saturated
         for (int r = 0; r < d.geo.world; r++) {
             if (d.geo.skip_own && r == d.geo.rank) {
-                acc += fc_cu_own(d, start + i);
+                own = fc_cu_own(d, start + i);
+                acc += own;
                 continue;
             }
             if (d.bad[r]) {
@@ -450,7 +470,7 @@ template <class V> __global__ void fc_cu_decode_dense(fc_cu_dec d, V v)
             fc_cu_store_out(d.out, d.odt, i, __int_as_float(0x7fc00000), 1, &nonfinite, &sat);
             continue;
         }
-        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &nonfinite, &sat);
+        fc_cu_store_out(d.out, d.odt, i, acc / w, fc_output_passes(passed, own_pass, own), &nonfinite, &sat);
     }
     fc_cu_count(&d.ws->nonfinite_out, nonfinite);
     fc_cu_count(&d.ws->saturated, sat);

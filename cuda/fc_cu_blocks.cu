@@ -86,13 +86,16 @@ template <class C> static int decode(const fc_cuda_decode_args *a, const fc_cu_d
 {
     C c;
     int rc = make(&a->h.m, &c, err);
-    return rc != FC_OK ? rc : fc_cu_launch_decode_codec(a, d, c, s, err);
+    return rc != FC_OK ? rc : fc_cu_launch_decode_codec_fused(a, d, c, s, err);
 }
 
-// A block method's table entry: its wire id and codec, nothing else differs (a one-pass encode).
+// A block method's table entry: its wire id and codec, nothing else differs (a one-pass encode,
+// the fused decode of fc_cu_decode.cuh).
 template <class C> static constexpr fc_cu_method block_method(int id)
 {
-    return fc_cu_method{id, encode<C>, decode<C>, NULL, 0, 1};
+    fc_cu_method m = {id, encode<C>, decode<C>, NULL, 0, 1};
+    m.fused_decode = 1;
+    return m;
 }
 
 extern const fc_cu_method fc_cu_int8 = block_method<fc_cu_int8_codec>(FC_ID_INT8);

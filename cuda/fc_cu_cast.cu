@@ -1,5 +1,6 @@
-// fc_cu_cast.cu: kernels of `none`, `fp16` and `bf16`, element-wise codes (m_none.c, m_cast.c).
-#include "fc_cu_codecs.cuh"
+// fc_cu_cast.cu: kernels of `none`, `fp16` and `bf16`, element-wise codes (m_none.c, m_cast.c);
+// a one-pass encode and the fused decode (fc_cu_decode.cuh).
+#include "fc_cu_decode.cuh"
 #include "fc_cu_onepass.cuh"
 
 // The 8 codes q (M::code) of elements i.. of a body, W bytes each, cnt of them: one 16-byte store
@@ -101,6 +102,10 @@ template <int DT> struct none_code {
     {
         return term(b, i, alpha);
     }
+    __device__ __forceinline__ void add16(const uint8_t *b, int64_t i0, float alpha, float acc[16], uint32_t *) const
+    {
+        fc_cu_each16(b, dt, i0, [&](int k, float x) { acc[k] += alpha * x; });
+    }
 };
 
 struct bf16_code {
@@ -115,6 +120,10 @@ struct bf16_code {
     __device__ __forceinline__ float term(const uint8_t *b, int64_t i, float alpha, int *) const
     {
         return term(b, i, alpha);
+    }
+    __device__ __forceinline__ void add16(const uint8_t *b, int64_t i0, float alpha, float acc[16], uint32_t *) const
+    {
+        fc_cu_each16(b, FC_CU_BF16, i0, [&](int k, float x) { acc[k] += alpha * x; });
     }
 };
 
@@ -161,7 +170,7 @@ static int none_encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStr
 
 static int none_decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
 {
-    return fc_cu_launch_decode_dense(d, none_code<-1>{a->h.grad_dtype}, s, err);
+    return fc_cu_launch_decode_fused(a, d, none_code<-1>{a->h.grad_dtype}, s, err);
 }
 
 static int fp16_encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
@@ -171,7 +180,7 @@ static int fp16_encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStr
 
 static int fp16_decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
 {
-    return fc_cu_launch_decode_dense(d, fc_cu_make_fp16(a->h.geo.world), s, err);
+    return fc_cu_launch_decode_fused(a, d, fc_cu_make_fp16(a->h.geo.world), s, err);
 }
 
 static int bf16_encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStream_t s, fc_err *err)
@@ -182,11 +191,17 @@ static int bf16_encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, cudaStr
 
 static int bf16_decode(const fc_cuda_decode_args *a, const fc_cu_dec *d, cudaStream_t s, fc_err *err)
 {
-    (void)a;
-    return fc_cu_launch_decode_dense(d, bf16_code{0}, s, err);
+    return fc_cu_launch_decode_fused(a, d, bf16_code{0}, s, err);
 }
 
-// one-pass encodes
-extern const fc_cu_method fc_cu_none = {FC_ID_NONE, none_encode, none_decode, NULL, 0, 1};
-extern const fc_cu_method fc_cu_fp16 = {FC_ID_FP16, fp16_encode, fp16_decode, NULL, 0, 1};
-extern const fc_cu_method fc_cu_bf16 = {FC_ID_BF16, bf16_encode, bf16_decode, NULL, 0, 1};
+// A cast method's table entry: a one-pass encode, the fused decode (fc_cu_decode.cuh).
+static constexpr fc_cu_method cast_method(int id, decltype(fc_cu_method::encode) enc, decltype(fc_cu_method::decode) dec)
+{
+    fc_cu_method m = {id, enc, dec, NULL, 0, 1};
+    m.fused_decode = 1;
+    return m;
+}
+
+extern const fc_cu_method fc_cu_none = cast_method(FC_ID_NONE, none_encode, none_decode);
+extern const fc_cu_method fc_cu_fp16 = cast_method(FC_ID_FP16, fp16_encode, fp16_decode);
+extern const fc_cu_method fc_cu_bf16 = cast_method(FC_ID_BF16, bf16_encode, bf16_decode);

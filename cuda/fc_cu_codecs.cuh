@@ -16,11 +16,16 @@
 // is the fp32 values as they are, `fp16` fc_cu_fp16_code with the parent chunk's world.
 // Decoding: C::dec d = codec.at(n) for an array of n; d.term(body, i, alpha, &bad) is exactly
 // what the CPU's decode_add adds to acc[i] (alpha * D(body)[i]); *bad set for a code the
-// encoder cannot write (the CPU raises PayloadError there).
+// encoder cannot write (the CPU raises PayloadError there). d.add16(body, i0, alpha, acc, &bad)
+// does the same for the 16 elements from i0 (a multiple of 16, all of them in the array: the
+// fused decode's run, fc_cu_decode.cuh), acc[k] += the term of element i0 + k, from one wide load
+// of their codes (fc_cu_load.cuh) and one block's meta per group of 8; bit k of *bad set for a
+// code no encoder writes (acc[k] then holds anything).
 #ifndef FC_CU_CODECS_CUH
 #define FC_CU_CODECS_CUH
 
 #include "fc_cu_tile.cuh"
+#include "fc_cu_load.cuh"
 #include "common/fc_fp8.h"
 #include "common/fc_intn.h"
 #include "common/fc_nc.h"
@@ -210,6 +215,16 @@ struct fc_cu_int8_codec : fc_cu_amax_codec {
             const float s = alpha * ((const float *)b)[i >> shift];
             return s * (float)((const int8_t *)(b + meta))[i];
         }
+        __device__ void add16(const uint8_t *b, int64_t i0, float alpha, float acc[16], uint32_t *) const
+        {
+            uint32_t u[4];
+            fc_cu_ld_words<4>(b + meta + i0, u);
+            for (int g = 0; g < 2; g++) {
+                const float s = alpha * ((const float *)b)[(i0 + 8 * g) >> shift];
+                for (int j = 0; j < 8; j++)
+                    acc[8 * g + j] += s * (float)(int8_t)(u[2 * g + (j >> 2)] >> (8 * (j & 3)));
+            }
+        }
     };
     __host__ __device__ dec at(int64_t n) const { return dec{meta_bytes(n), fc_cu_log2(bs)}; }
 };
@@ -246,6 +261,16 @@ struct fc_cu_fp8_codec : fc_cu_amax_codec {
         {
             const float s = alpha * ((const float *)b)[i >> shift];
             return s * fc_fp8_to_f32(b[meta + i], fmt);
+        }
+        __device__ void add16(const uint8_t *b, int64_t i0, float alpha, float acc[16], uint32_t *) const
+        {
+            uint32_t u[4];
+            fc_cu_ld_words<4>(b + meta + i0, u);
+            for (int g = 0; g < 2; g++) {
+                const float s = alpha * ((const float *)b)[(i0 + 8 * g) >> shift];
+                for (int j = 0; j < 8; j++)
+                    acc[8 * g + j] += s * fc_fp8_to_f32((uint8_t)(u[2 * g + (j >> 2)] >> (8 * (j & 3))), fmt);
+            }
         }
     };
     __host__ __device__ dec at(int64_t n) const { return dec{meta_bytes(n), fc_cu_log2(bs), fmt}; }
@@ -295,6 +320,23 @@ struct fc_cu_nc_codec : fc_cu_amax_codec {
                 return 0.0f;
             }
             return fc_nc_term(code, emax, alpha);
+        }
+        __device__ void add16(const uint8_t *b, int64_t i0, float alpha, float acc[16], uint32_t *bad) const
+        {
+            uint32_t u[4];
+            fc_cu_ld_words<4>(b + meta + i0, u);
+            for (int g = 0; g < 2; g++) {
+                const uint32_t emax = ((const uint32_t *)b)[(i0 + 8 * g) >> shift];
+                for (int j = 0; j < 8; j++) {
+                    const uint8_t code = (uint8_t)(u[2 * g + (j >> 2)] >> (8 * (j & 3)));
+                    if (emax == 255) // a non-finite block passes NaN on
+                        acc[8 * g + j] += fc_bits_f32(FC_NAN_BITS);
+                    else if (emax > 255 || fc_nc_code_bad(code, emax))
+                        *bad |= 1u << (8 * g + j);
+                    else
+                        acc[8 * g + j] += fc_nc_term(code, emax, alpha);
+                }
+            }
         }
     };
     __host__ __device__ dec at(int64_t n) const { return dec{meta_bytes(n), fc_cu_log2(bs)}; }
@@ -388,6 +430,22 @@ struct fc_cu_intn_codec {
             }
             return fc_intn_value(&d, code);
         }
+        // the run's two groups: 2 * bits <= 8 bytes, its codes back to back
+        __device__ void add16(const uint8_t *b, int64_t i0, float alpha, float acc[16], uint32_t *bad) const
+        {
+            uint64_t codes = fc_cu_ld_le(b + meta + (i0 >> 3) * bits, 2 * bits);
+            for (int g = 0; g < 2; g++) {
+                const fc_intn_dec d = fc_intn_dec_block(bits, scheme, (const float *)b, (i0 + 8 * g) >> shift, alpha);
+                for (int j = 0; j < 8; j++) {
+                    const uint32_t code = (uint32_t)codes & ((1u << bits) - 1u);
+                    codes >>= bits;
+                    if (code > d.top)
+                        *bad |= 1u << (8 * g + j);
+                    else
+                        acc[8 * g + j] += fc_intn_value(&d, code);
+                }
+            }
+        }
     };
     __host__ __device__ dec at(int64_t n) const
     {
@@ -466,6 +524,22 @@ struct fc_cu_qsgd_codec {
                 return 0.0f;
             }
             return alpha * fc_qsgd_value(code, step);
+        }
+        // a group of 8 codes is w <= 16 bytes, each code read from its own bytes (a 128-bit
+        // window of a width known only at run time cost twice the registers the kernel has)
+        __device__ void add16(const uint8_t *b, int64_t i0, float alpha, float acc[16], uint32_t *bad) const
+        {
+            for (int g = 0; g < 2; g++) {
+                const uint8_t *p = b + meta + ((i0 >> 3) + g) * w;
+                const float step = ((const float *)b)[(i0 + 8 * g) >> shift] / (float)levels;
+                for (int j = 0; j < 8; j++) {
+                    const uint32_t code = fc_cu_unpack1(p, w, j);
+                    if ((code >> 1) > (uint32_t)levels)
+                        *bad |= 1u << (8 * g + j);
+                    else
+                        acc[8 * g + j] += alpha * fc_qsgd_value(code, step);
+                }
+            }
         }
     };
     __host__ __device__ dec at(int64_t n) const { return dec{meta_bytes(n), fc_cu_log2(bs), w, levels}; }
@@ -565,6 +639,15 @@ struct fc_cu_onebit_codec {
             const uint32_t bit = (b[meta + (i >> 3)] >> (i & 7)) & 1u;
             return fc_onebit_value((const float *)b + 2 * (i >> shift), bit, alpha);
         }
+        __device__ void add16(const uint8_t *b, int64_t i0, float alpha, float acc[16], uint32_t *) const
+        {
+            const uint32_t bits = (uint32_t)fc_cu_ld_le(b + meta + (i0 >> 3), 2);
+            for (int g = 0; g < 2; g++) {
+                const float *means = (const float *)b + 2 * ((i0 + 8 * g) >> shift);
+                for (int j = 0; j < 8; j++)
+                    acc[8 * g + j] += fc_onebit_value(means, (bits >> (8 * g + j)) & 1u, alpha);
+            }
+        }
     };
     __host__ __device__ dec at(int64_t n) const { return dec{meta_bytes(n), fc_cu_log2(bs)}; }
 };
@@ -592,6 +675,10 @@ struct fc_cu_fp16_code {
     __device__ __forceinline__ float term(const uint8_t *b, int64_t i, float alpha, int *) const
     {
         return term(b, i, alpha);
+    }
+    __device__ __forceinline__ void add16(const uint8_t *b, int64_t i0, float alpha, float acc[16], uint32_t *) const
+    {
+        fc_cu_each16(b, FC_CU_F16, i0, [&](int k, float x) { acc[k] += (alpha * w) * x; });
     }
 };
 

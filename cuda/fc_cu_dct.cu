@@ -304,7 +304,7 @@ __global__ void __launch_bounds__(DCT_THREADS) dct_decode_blocks(fc_cu_dec d, dc
     int64_t start, n;
     fc_cu_span(d.geo, d.geo.rank, &start, &n);
     const dct_span sp = dct_span_of(c, n);
-    const int poison = fc_cu_any_rejected(d), passed = fc_cu_sum_passes(d);
+    const int poison = fc_cu_any_rejected(d), passed = fc_cu_sum_passes(d), own_pass = fc_cu_own_pass(d);
     const float w = (float)d.geo.world;
     float t[FC_DCT_MAX_BLOCK], u[FC_DCT_MAX_BLOCK];
     int64_t nonfinite = 0, sat = 0;
@@ -328,12 +328,13 @@ __global__ void __launch_bounds__(DCT_THREADS) dct_decode_blocks(fc_cu_dec d, dc
             fc_dct_inverse(t, u, c.B, f);
         }
         for (int64_t i = 0; i < len; i++) {
-            float acc = fc_cu_own_first(d, start + at + i);
+            const float own = fc_cu_own_first(d, start + at + i);
+            float acc = own;
             if (poison)
                 acc = fc_cu_poison();
             else if (sum)
                 acc += t[i];
-            fc_cu_store_out(d.out, d.odt, at + i, acc / w, passed, &nonfinite, &sat);
+            fc_cu_store_out(d.out, d.odt, at + i, acc / w, fc_output_passes(passed, own_pass, own), &nonfinite, &sat);
         }
     }
     for (int64_t i = n + t0; i < d.out_numel; i += stride)

@@ -1,11 +1,11 @@
 // fc_cu_dense.cuh: a dense block method on CUDA from its codec (fc_cu_codecs.cuh): the one-pass
 // encode of every sent chunk of a unit (g' -> body, residual, error sums, counts, then the
-// headers: fc_cu_onepass.cuh) and the fused decode (fc_cu_decode_dense) with a payload whose
-// codes are impossible reported, not read.
+// headers: fc_cu_onepass.cuh) and the fused decode (fc_cu_decode.cuh: headers, own chunk and
+// payloads in one kernel) with a payload whose codes are impossible reported, not read.
 #ifndef FC_CU_DENSE_CUH
 #define FC_CU_DENSE_CUH
 
-#include "fc_cu_codecs.cuh"
+#include "fc_cu_decode.cuh"
 #include "fc_cu_onepass.cuh"
 
 // Thread blocks of warps per slice of a chunk (grid y), as many as fill the device: each warp
@@ -69,7 +69,8 @@ static int fc_cu_launch_encode_dense(const fc_cu_enc *e, const C &codec, cudaStr
     }
 }
 
-// A codec's decoder for fc_cu_decode_dense: a code the encoder cannot write poisons that element
+// A codec's decoder for fc_cu_decode_dense (a method whose decode is not fused: signsgd's scaled
+// payloads, with the driver's header checks): a code the encoder cannot write poisons that element
 // (NaN) and makes the payload's rank, unit and step the workspace's payload error
 // (FC_PAYLOAD_CODES), which counters() raises, as the CPU raises PayloadError at the decode.
 template <class D> struct fc_cu_checked {
@@ -113,6 +114,17 @@ static int fc_cu_launch_decode_codec(const fc_cuda_decode_args *a, const fc_cu_d
     v.skip_own = d->geo.skip_own;
     v.ws = d->ws;
     return fc_cu_launch_decode_dense(d, v, s, err);
+}
+
+// The fused decode (fc_cu_decode.cuh) of a block codec: every payload received is of the own
+// chunk, so one decoder (its meta size) serves them all.
+template <class C>
+static int fc_cu_launch_decode_codec_fused(const fc_cuda_decode_args *a, const fc_cu_dec *d, const C &codec,
+                                           cudaStream_t s, fc_err *err)
+{
+    int64_t start, n;
+    fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
+    return fc_cu_launch_decode_fused(a, d, codec.at(n), s, err);
 }
 
 // Config checks every block codec shares: sizes the CPU's key table allows.

@@ -38,8 +38,9 @@ __global__ void count_nonfinite(fc_cuda_geom geo, fc_cu_src src, int count, fc_c
 }
 
 // The own chunk kept exact (not sent): its NaN/Inf counted in nonfinite_in as the CPU's decode
-// counts them, and in "pass" mode they go through the sum (ws->passed).
-__global__ void own_nonfinite(fc_cuda_geom geo, const void *grad, int gdt, int zero, fc_cuda_ws *ws)
+// counts them (in "pass" mode they go through the sum at their own elements: fc_output_passes,
+// where the decoders store them). A fused decode (fc_cu_method.fused_decode) counts them itself.
+__global__ void own_nonfinite(fc_cuda_geom geo, const void *grad, int gdt, fc_cuda_ws *ws)
 {
     int64_t start, n;
     fc_cu_span(geo, geo.rank, &start, &n);
@@ -48,11 +49,8 @@ __global__ void own_nonfinite(fc_cuda_geom geo, const void *grad, int gdt, int z
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         bad += !(fc_abs_bits(fc_cu_load(grad, gdt, start + i)) < FC_INF_BITS);
     const unsigned long long b = fc_cu_warp_sum((unsigned long long)bad);
-    if ((threadIdx.x & 31) == 0 && b) {
+    if ((threadIdx.x & 31) == 0 && b)
         atomicAdd(&ws->nonfinite_in, b);
-        if (!zero)
-            ws->passed = 1;
-    }
 }
 
 // Header and zero padding of every sent chunk; the body is the method's. A chunk whose count
@@ -112,7 +110,8 @@ __global__ void finish_sample(fc_cuda_ws *ws, int ef)
 // CPU decode's rule); a rejected slot is never read and makes its outputs NaN, and the first
 // rejection is kept in the workspace for the host to raise when it next reads counters. An
 // accepted header flagged NONFINITE lets NaN/Inf through the sum (ws->passed).
-// `senders`: the ranks whose slots are checked (the world; 1 for decompress()).
+// `senders`: the ranks whose slots are checked (the world; 1 for decompress()). A fused decode
+// (fc_cu_method.fused_decode) checks its headers in its own kernel (fc_cu_check_payloads).
 __global__ void check_headers(fc_cuda_geom geo, const uint8_t *recv, int64_t slot, int senders,
                               fc_header_key key, int varsize, fc_cuda_ws *ws)
 {
@@ -198,6 +197,8 @@ static fc_cu_dec dec_of(const fc_cuda_decode_args *a)
     d.bad = a->h.ws->bad;
     d.ws = a->h.ws;
     d.zero_nonfinite = a->h.nonfinite_zero;
+    d.key = fc_cu_header_key(a->h, a->h.m.id);
+    d.varsize = a->h.varsize;
     return d;
 }
 
@@ -210,7 +211,8 @@ static int frame_check(const fc_cu_method *m, fc_cu_frame *f, const fc_cuda_head
 
 // Enters h's device, checks a single-payload call's scratch (enc or dec; the collective's are
 // NULL), starts the timer of `kind` and clears the verdicts or counts of the call's `nbad`
-// payloads (none for a one-pass encode, which leaves its own counts zero).
+// payloads (none for a one-pass encode, which leaves its own counts zero, nor for a fused decode,
+// whose warps keep their verdicts in registers).
 static int frame_start(fc_cuda_ctx *ctx, const fc_cu_method *m, fc_cu_frame *f, const fc_cuda_head &h,
                        int kind, const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, int nbad,
                        fc_err *err)
@@ -292,18 +294,20 @@ static int decode(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *err)
     if (rc != FC_OK || a->out_numel == 0)
         return rc;
     const cudaStream_t s = f.s;
-    FC_TRY(frame_start(ctx, m, &f, a->h, FC_TIME_DECOMPRESS, NULL, NULL, a->h.geo.world, err));
+    // a fused decode: its one kernel checks the headers and counts the own chunk (0 memsets)
+    FC_TRY(frame_start(ctx, m, &f, a->h, FC_TIME_DECOMPRESS, NULL, NULL, m->fused_decode ? 0 : a->h.geo.world, err));
     {
         fc_cu_dec d = dec_of(a);
-        FC_CHECK_CUDA(cudaMemsetAsync(&a->h.ws->passed, 0, sizeof(unsigned int), s), err, error);
         int64_t start, n;
         fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
-        if (n > 0 && a->h.geo.skip_own) {
+        if (!m->fused_decode)
+            FC_CHECK_CUDA(cudaMemsetAsync(&a->h.ws->passed, 0, sizeof(unsigned int), s), err, error);
+        if (!m->fused_decode && n > 0 && a->h.geo.skip_own) {
             own_nonfinite<<<fc_cu_grid(n, FC_CU_THREADS * 8, 1), FC_CU_THREADS, 0, s>>>(
-                a->h.geo, a->h.grad, a->h.grad_dtype, a->h.nonfinite_zero, a->h.ws);
+                a->h.geo, a->h.grad, a->h.grad_dtype, a->h.ws);
             FC_CHECK_LAUNCH(err, error);
         }
-        if (n > 0 && a->slot > 0) {
+        if (!m->fused_decode && n > 0 && a->slot > 0) {
             int threads = a->h.geo.world < 256 ? 32 * ((a->h.geo.world + 31) / 32) : 256;
             check_headers<<<1, threads, 0, s>>>(a->h.geo, a->recv, a->slot, a->h.geo.world, fc_cu_header_key(a->h, a->h.m.id),
                                                 a->h.varsize, a->h.ws);
@@ -380,14 +384,14 @@ static int decompress(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *er
         return fc_fail(err, FC_ERR_STATE, "internal: decompress() takes a one-chunk geometry, an "
                        "fp32 output of its length and a slot of at least a header");
     const cudaStream_t s = f.s;
-    FC_TRY(frame_start(ctx, m, &f, a->h, FC_TIME_DECOMPRESS, NULL, a, 1, err));
+    FC_TRY(frame_start(ctx, m, &f, a->h, FC_TIME_DECOMPRESS, NULL, a, m->fused_decode ? 0 : 1, err));
     {
         fc_cu_dec d = dec_of(a);
         d.add = 1;
         d.alpha = a->alpha;
         // a data-dependent method walks its headers itself (its payload may be `none`'s, as the
-        // CPU's payload_method allows), as in the collective's decode
-        if (!a->h.varsize) {
+        // CPU's payload_method allows), as in the collective's decode; so does a fused decode
+        if (!a->h.varsize && !m->fused_decode) {
             check_headers<<<1, 32, 0, s>>>(a->h.geo, a->recv, a->slot, 1, fc_cu_header_key(a->h, a->h.m.id), a->h.varsize, a->h.ws);
             FC_CHECK_LAUNCH(err, error);
         }

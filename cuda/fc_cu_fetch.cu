@@ -106,22 +106,24 @@ __global__ void fetch_residual_sq(fc_cuda_fetch_args a)
     *t = 0;
 }
 
-// Whether the finish's sum passes NaN/Inf (fc_fetch.c's `passed`): the own chunk's, in "pass"
-// mode, or any value received; into ws->passed (zeroed before).
+// Whether any value received is NaN/Inf (fc_fetch.c's `passed`: then every element's NaN/Inf
+// goes through, as a flagged payload's); into ws->passed (zeroed before). The own chunk's pass
+// at their own elements (fc_output_passes), decided where each is stored.
 __global__ void finish_passed(fc_cuda_fetch_args a, int64_t values)
 {
-    int64_t start, n;
-    fc_cu_span(a.h.geo, a.h.geo.rank, &start, &n);
     int bad = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     const int64_t t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (a.h.geo.skip_own && !a.h.nonfinite_zero)
-        for (int64_t i = t0; i < n && !bad; i += stride)
-            bad = !(fc_abs_bits(fc_cu_load(a.h.grad, a.h.grad_dtype, start + i)) < FC_INF_BITS);
     for (int64_t j = t0; j < values && !bad; j += stride)
         bad = !(fc_abs_bits(a.values[j]) < FC_INF_BITS);
     if (bad)
         a.h.ws->passed = 1;
+}
+
+// The own chunk's NaN/Inf pass at their elements: it was added exact, in "pass" mode.
+__device__ __forceinline__ int fetch_own_pass(const fc_cuda_fetch_args &a)
+{
+    return a.h.geo.skip_own && !a.h.nonfinite_zero;
 }
 
 // The own chunk's element as fc_core_add_own adds it (0 in "zero" mode for a NaN/Inf).
@@ -137,7 +139,7 @@ __global__ void finish_dense(fc_cuda_fetch_args a)
     int64_t start, n;
     fc_cu_span(a.h.geo, a.h.geo.rank, &start, &n);
     const float w = (float)a.h.geo.world;
-    const int passed = a.h.ws->passed != 0;
+    const int passed = a.h.ws->passed != 0, own_pass = fetch_own_pass(a);
     int64_t nonfinite = 0, sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.out_numel; i += stride) {
@@ -146,7 +148,7 @@ __global__ void finish_dense(fc_cuda_fetch_args a)
         float acc = 0.0f;
         if (a.h.geo.skip_own)
             acc += fetch_own(a, start + i);
-        fc_cu_store_out(a.out, a.out_dtype, i, acc / w, passed, &nonfinite, &sat);
+        fc_cu_store_out(a.out, a.out_dtype, i, acc / w, fc_output_passes(passed, own_pass, acc), &nonfinite, &sat);
     }
     fc_cu_count(&a.h.ws->nonfinite_out, nonfinite);
     fc_cu_count(&a.h.ws->saturated, sat);
@@ -160,7 +162,7 @@ __global__ void finish_picks(fc_cuda_fetch_args a)
     fc_cu_span(a.h.geo, a.h.geo.rank, &start, &n);
     const uint32_t *picks = fetch_own_picks(a.h.x.fetch);
     const float w = (float)a.h.geo.world;
-    const int passed = a.h.ws->passed != 0;
+    const int passed = a.h.ws->passed != 0, own_pass = fetch_own_pass(a);
     int64_t was = 0, now = 0, was_sat = 0, now_sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < a.n_picks; j += stride) {
@@ -178,8 +180,9 @@ __global__ void finish_picks(fc_cuda_fetch_args a)
         }
         if (a.h.geo.skip_own)
             before += own;
-        fc_cu_store_out(a.out, a.out_dtype, i, before / w, passed, &was, &was_sat); // finish_dense's
-        fc_cu_store_out(a.out, a.out_dtype, i, acc / w, passed, &now, &now_sat);
+        const int p = fc_output_passes(passed, own_pass, before); // before: 0 + own, or 0
+        fc_cu_store_out(a.out, a.out_dtype, i, before / w, p, &was, &was_sat); // finish_dense's
+        fc_cu_store_out(a.out, a.out_dtype, i, acc / w, p, &now, &now_sat);
     }
     // the counts move by now - was (negative where fewer: the unsigned add wraps, a subtraction)
     fc_cu_count(&a.h.ws->nonfinite_out, now - was);
@@ -256,12 +259,11 @@ int fc_cu_fetch_finish(fc_cuda_ctx *ctx, const fc_cuda_fetch_args *a, fc_err *er
         return fc_cu_frame_leave(&f, FC_OK);
     f.t = fc_cu_timer_start(ctx, FC_TIME_DECOMPRESS, s);
     {
-        int64_t start, n, values = 0;
-        fc_cu_span(a->h.geo, a->h.geo.rank, &start, &n);
+        int64_t values = 0;
         for (int r = 0; r < a->h.geo.world; r++)
             values += fetch_sends(a->h.geo, r, a->h.geo.rank) ? a->n_picks : 0;
         FC_CHECK_CUDA(cudaMemsetAsync(&a->h.ws->passed, 0, sizeof(unsigned int), s), err, error);
-        finish_passed<<<fc_cu_blocks(n > values ? n : values, FETCH_THREADS * 4), FETCH_THREADS, 0, s>>>(*a, values);
+        finish_passed<<<fc_cu_blocks(values, FETCH_THREADS * 4), FETCH_THREADS, 0, s>>>(*a, values);
         FC_CHECK_LAUNCH(err, error);
     }
     finish_dense<<<fc_cu_blocks(a->out_numel, FETCH_THREADS * 4), FETCH_THREADS, 0, s>>>(*a);

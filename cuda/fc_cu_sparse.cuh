@@ -454,7 +454,7 @@ int fc_cu_res_fix(const fc_cu_enc &e, const int64_t *idx, const float *xv, const
 
 // ---- decode of sparse payloads: an fp32 accumulator of the own chunk, scatter-adds in rank
 // order, then out = acc / W in out's dtype (FSDP's tail zeroed; fc_cu_store_out's rules: NaN/Inf
-// pass only where the sum brought them, fc_cu_sum_passes).
+// pass only where the sum brought them, fc_output_passes of fc_cu_sum_passes and the own element).
 
 // own 0: acc = 0 (the CPU's sum starts from zero); own 1: acc += own where the own chunk comes
 // in rank order (its exact values, when it is not sent); then out = acc / W.
@@ -485,11 +485,12 @@ struct fc_cu_at_picks {
     const fc_cu_dec &d;
     int64_t start, n;
     float w;
-    int passed;
+    int passed, own_pass;
     int64_t was, now, was_sat, now_sat;
 
     __device__ explicit fc_cu_at_picks(const fc_cu_dec &dec)
-        : d(dec), w((float)dec.geo.world), passed(fc_cu_sum_passes(dec)), was(0), now(0), was_sat(0), now_sat(0)
+        : d(dec), w((float)dec.geo.world), passed(fc_cu_sum_passes(dec)), own_pass(fc_cu_own_pass(dec)), was(0),
+          now(0), was_sat(0), now_sat(0)
     {
         fc_cu_span(d.geo, d.geo.rank, &start, &n);
     }
@@ -497,9 +498,10 @@ struct fc_cu_at_picks {
     __device__ void put(int64_t i, float t)
     {
         float acc = fc_cu_own_first(d, start + i);
-        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &was, &was_sat); // what fc_cu_own_dense counted
+        const int p = fc_output_passes(passed, own_pass, acc); // acc: 0 + own, its NaN/Inf as own's
+        fc_cu_store_out(d.out, d.odt, i, acc / w, p, &was, &was_sat); // what fc_cu_own_dense counted
         acc += t;
-        fc_cu_store_out(d.out, d.odt, i, acc / w, passed, &now, &now_sat);
+        fc_cu_store_out(d.out, d.odt, i, acc / w, p, &now, &now_sat);
     }
 
     // the counts move by now - was (negative where fewer: the unsigned add wraps, a subtraction)

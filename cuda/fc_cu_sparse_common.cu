@@ -257,15 +257,17 @@ __global__ void acc_own(fc_cu_dec d, float *acc, int own, int64_t start, int64_t
         acc[i] = own ? acc[i] + fc_cu_own(d, start + i) : 0.0f;
 }
 
-__global__ void acc_write(fc_cu_dec d, const float *acc, int64_t n)
+__global__ void acc_write(fc_cu_dec d, const float *acc, int64_t start, int64_t n)
 {
     const float w = (float)d.geo.world;
-    const int passed = fc_cu_sum_passes(d);
+    const int passed = fc_cu_sum_passes(d), own_pass = fc_cu_own_pass(d);
     int64_t nonfinite = 0, sat = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d.out_numel; i += stride) {
         if (i < n) {
-            fc_cu_store_out(d.out, d.odt, i, acc[i] / w, passed, &nonfinite, &sat);
+            const float v = acc[i] / w; // the own chunk's element read only where v is not finite
+            const int p = fc_abs_bits(v) < FC_INF_BITS || fc_output_passes(passed, own_pass, own_pass ? fc_cu_own(d, start + i) : 0.0f);
+            fc_cu_store_out(d.out, d.odt, i, v, p, &nonfinite, &sat);
         } else if (d.odt == FC_CU_F32) { // FSDP's padded tail of the output
             ((float *)d.out)[i] = 0.0f;
         } else {
@@ -314,7 +316,7 @@ int fc_cu_acc_write(const fc_cu_dec &d, const float *acc, cudaStream_t s, fc_err
     int64_t start, n;
     fc_cu_span(d.geo, d.geo.rank, &start, &n);
     if (d.out_numel > 0) {
-        acc_write<<<fc_cu_blocks(d.out_numel, SP_THREADS * 4), SP_THREADS, 0, s>>>(d, acc, n);
+        acc_write<<<fc_cu_blocks(d.out_numel, SP_THREADS * 4), SP_THREADS, 0, s>>>(d, acc, start, n);
         FC_CHECK_LAUNCH(err, error);
     }
 error:

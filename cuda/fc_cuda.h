@@ -63,9 +63,10 @@ typedef struct {
     int sample_chunk;            /* this call's sampled chunk, picked on the device after the
                                   * non-finite count: the first sent one that carries no NaN/Inf
                                   * (the CPU's rule), -1 when every sent chunk does */
-    unsigned int passed;         /* this decode's sum brought NaN/Inf (the own chunk in "pass"
-                                  * mode, or a payload whose header says so): they go through
-                                  * to the output; otherwise a non-finite sum saturates */
+    unsigned int passed;         /* this decode's payloads brought NaN/Inf (a header flagged, or
+                                  * a second round's value): every output's go through; the own
+                                  * chunk's pass at their own elements (fc_output_passes), and
+                                  * a fused decode keeps its flag in registers instead */
     double unit_sq[FC_CUDA_MAX_UNITS];
     unsigned int bad[FC_CUDA_MAX_WORLD]; /* non-finite count per chunk of this call */
     /* ABI 10: what a one-pass encode (cuda/fc_cu_onepass.cuh) keeps while it runs. Its last block

@@ -192,7 +192,7 @@ int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf
     /* Rank order, starting from zero: the same summation order on every rank and as a plain
      * sequential reference, so `none` is exact against it. */
     int64_t own_bad = 0; /* counted once the call succeeds */
-    int passed = 0;
+    int passed = 0, own_exact = 0; /* a flagged payload; the own chunk added exact */
     const uint8_t *p = (const uint8_t *)recv->data;
     const uint8_t *end = p + recv->numel;
     for (int r = 0; r < world; r++) {
@@ -200,7 +200,7 @@ int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf
             break;
         if (recvs[r] == 0) { /* the own chunk, exact */
             own_bad = fc_core_add_own(s, grad, start, n, acc);
-            passed |= own_bad != 0 && s->common.nonfinite == FC_NONFINITE_PASS;
+            own_exact = 1;
             continue;
         }
         int64_t slot = varsize ? (int64_t)(end - p) : recvs[r], body = 0;
@@ -229,7 +229,7 @@ int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf
     if (senders > 0) /* one decode of the summed compressed payloads */
         FC_TRY(m->decode_agg(&c0, (const uint8_t *)s->agg, senders, 1.0f, acc, err));
     s->ctr.nonfinite_in += own_bad;
-    fc_core_write_out(s, acc, n, world, out, passed);
+    fc_core_write_out(s, acc, n, world, out, passed, own_exact ? grad : NULL, start);
     return FC_OK;
 error:
     return rc;
@@ -260,6 +260,7 @@ int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, f
         d->key = key;
         d->k = d->piece = 0;
         d->passed = 0;
+        d->own_exact = 0;
         d->own_bad = 0;
         /* every other rank sends this chunk cut the same way; the own one may be one exact part */
         d->parts = fc_core_chunk_parts(s, m, N, world, (rank + 1) % world, rank, &d->len);
@@ -283,7 +284,7 @@ int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, f
                        "plan says %lld", src, piece, (long long)payload->numel, (long long)want));
     if (exact) {
         d->own_bad = fc_core_add_own(s, grad, start, n, s->acc);
-        d->passed |= d->own_bad != 0 && s->common.nonfinite == FC_NONFINITE_PASS;
+        d->own_exact = 1;
     } else if (n > 0) {
         const int64_t a = piece * d->len, np = n - a < d->len ? n - a : d->len;
         const uint32_t id = (uint32_t)rank + (uint32_t)world * (uint32_t)piece;
@@ -298,7 +299,7 @@ int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, f
     }
     if (d->k == world) {
         s->ctr.nonfinite_in += d->own_bad;
-        fc_core_write_out(s, s->acc, n, world, out, d->passed);
+        fc_core_write_out(s, s->acc, n, world, out, d->passed, d->own_exact ? grad : NULL, start);
         d->open = 0;
     }
     s->ctr.decompress_s += fc_core_now_s() - t0;
@@ -334,17 +335,23 @@ int64_t fc_core_add_own(const fc_core *s, const fc_buf *grad, int64_t start, int
     return bad;
 }
 
-/* The outputs write_out left non-finite, fixed: with `passed` a NaN/Inf of the inputs goes
- * through (a NaN as the canonical one, counted as nonfinite_out); without, acc overflowed from
- * finite terms and the output saturates (Inf: the dtype's largest value of its sign, NaN: 0). */
-static void fix_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *out, int passed)
+/* The outputs write_out left non-finite, fixed: where an input of the element's sum brought
+ * NaN/Inf (fc_output_passes: a flagged payload, `passed`, or the own chunk's element in "pass"
+ * mode, read from `own` at own_start + i) it goes through (a NaN as the canonical one, counted as
+ * nonfinite_out); elsewhere acc overflowed from finite terms and the output saturates (Inf: the
+ * dtype's largest value of its sign, NaN: 0). */
+static void fix_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *out, int passed,
+                    const fc_buf *own, int64_t own_start)
 {
     const float w = (float)world;
+    const int own_pass = own != NULL && s->common.nonfinite == FC_NONFINITE_PASS;
     for (int64_t i = 0; i < n; i++) {
         float v = acc[i] / w;
         if (fc_abs_bits(v) < FC_INF_BITS)
             continue;
-        v = fc_output_fix(v, passed, &s->ctr.nonfinite_out, &s->ctr.saturated);
+        const float g = own_pass ? fc_core_elem_f32(own->data, own->dtype, own_start + i) : 0.0f;
+        v = fc_output_fix(v, fc_output_passes(passed, own_pass, g), &s->ctr.nonfinite_out,
+                          &s->ctr.saturated);
         if (out->dtype == FC_F32)
             ((float *)out->data)[i] = v;
         else /* the narrow conversions saturate +-fp32 max and keep the canonical NaN */
@@ -352,7 +359,8 @@ static void fix_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *
     }
 }
 
-void fc_core_write_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *out, int passed)
+void fc_core_write_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *out, int passed,
+                       const fc_buf *own, int64_t own_start)
 {
     const float w = (float)world;
     int64_t bad = 0, sat = 0;
@@ -375,7 +383,7 @@ void fc_core_write_out(fc_core *s, const float *acc, int64_t n, int world, fc_bu
     }
     s->ctr.saturated += sat;
     if (bad)
-        fix_out(s, acc, n, world, out, passed);
+        fix_out(s, acc, n, world, out, passed, own, own_start);
     /* FSDP pads `out` only when the shard is the padded one; anything past the shard is zero. */
     if (out->numel > n)
         memset((uint8_t *)out->data + n * fc_dtype_size(out->dtype), 0,

@@ -58,8 +58,20 @@ FC_HOSTDEV float fc_residual(float x, float dneg, int64_t *sat)
     return fc_abs_bits(e) < FC_INF_BITS ? e : fc_residual_nonfinite(x, dneg, e, sat);
 }
 
-/* An output v = sum / W that came out NaN/Inf. With `passed` (the own chunk or a flagged payload
- * brought NaN/Inf into the sum) it goes through, a NaN as the canonical one (*nonfinite);
+/* Whether an output element's NaN/Inf goes through (fc_output_fix's `passed`), decided per
+ * element so that one pass over the own chunk can decide it as it adds the element: a payload of
+ * the sum flagged NONFINITE by its sender (`payloads`: its NaN/Inf are on the wire, and a block
+ * codec spreads one over its block, so the whole payload counts), or the own chunk, kept exact in
+ * "pass" mode (`own_pass`), holds NaN/Inf at this very element (`own`: its value there). A NaN of
+ * the own chunk elsewhere does not make this element's overflow of finite terms pass
+ * (docs/decisions.md, "The output's NaN/Inf rule per element"). */
+FC_HOSTDEV int fc_output_passes(int payloads, int own_pass, float own)
+{
+    return payloads || (own_pass && !(fc_abs_bits(own) < FC_INF_BITS));
+}
+
+/* An output v = sum / W that came out NaN/Inf. With `passed` (fc_output_passes: an input of this
+ * element's sum brought NaN/Inf) it goes through, a NaN as the canonical one (*nonfinite);
  * otherwise finite terms overflowed fp32: its largest value of the sign, 0 for a NaN (+Inf and
  * -Inf met), counted in *sat. */
 FC_HOSTDEV float fc_output_fix(float v, int passed, int64_t *nonfinite, int64_t *sat)

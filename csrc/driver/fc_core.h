@@ -95,7 +95,8 @@ typedef struct {
     int parts, own_parts; /* pieces per sender, and for the own chunk (1 when kept exact) */
     int64_t len;          /* elements per piece */
     float *ust;
-    int passed;           /* an input of this sum held NaN/Inf (own chunk, or a header's flag) */
+    int passed;           /* a payload of this sum was flagged NONFINITE (its header) */
+    int own_exact;        /* the own chunk was added exact (its NaN/Inf pass per element) */
     int64_t own_bad;      /* NaN/Inf of the own chunk: counted when the call completes */
 } fc_decode_call;
 
@@ -234,10 +235,14 @@ int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, f
                         int world, int rank, uint32_t unit, int src, int piece, fc_err *err);
 
 /* out = acc / world in out's dtype (zero past n). A value the output cannot hold saturates
- * (counted); where acc is not finite, `passed` (an input of the sum held NaN/Inf) lets it
- * through, canonical and counted as nonfinite_out, else it is the overflow of finite terms:
- * saturated (NaN: 0). */
-void fc_core_write_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *out, int passed);
+ * (counted); where acc is not finite, fc_output_passes decides per element whether it goes
+ * through, canonical and counted as nonfinite_out, or is the overflow of finite terms:
+ * saturated (NaN: 0). `passed`: a payload of the sum was flagged NONFINITE (every element
+ * passes); `own`: the gradient whose chunk [own_start, own_start + n) the sum took exact (NULL
+ * when the own chunk was compressed too), whose NaN/Inf pass at their own elements in "pass"
+ * mode. */
+void fc_core_write_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *out, int passed,
+                       const fc_buf *own, int64_t own_start);
 /* acc += the exact own chunk (grad[start, start + n)), its NaN/Inf zeroed in "zero" mode (a
  * NaN passed as the canonical one); returns how many there were (the caller counts them once
  * its call succeeds). */

@@ -188,12 +188,14 @@ int fc_cpu_fetch_finish(fc_core *s, const fc_exec *x, const float *recv, const f
     fc_chunk_span(grad->numel, world, rank, &start, &n);
     float *acc = s->acc; /* grown to n by the decode that picked */
     memset(acc, 0, (size_t)n * 4);
-    int passed = 0; /* NaN/Inf among the summands (the own chunk's were counted by decode) */
+    /* NaN/Inf among the values received pass everywhere, as a flagged payload's do; the own
+     * chunk's (counted by decode) at their own elements (fc_output_passes) */
+    int passed = 0, own_exact = 0;
     /* rank order, as the one-round decode: the same sum on every rank */
     for (int r = 0; r < world && n > 0; r++) {
         if (!sends(s, r, rank)) {
-            passed |= fc_core_add_own(s, grad, start, n, acc) != 0 &&
-                      s->common.nonfinite == FC_NONFINITE_PASS;
+            (void)fc_core_add_own(s, grad, start, n, acc);
+            own_exact = 1;
             continue;
         }
         for (int64_t j = 0; j < s->n_picks; j++) {
@@ -202,6 +204,6 @@ int fc_cpu_fetch_finish(fc_core *s, const fc_exec *x, const float *recv, const f
         }
         recv += s->n_picks;
     }
-    fc_core_write_out(s, acc, n, world, out, passed);
+    fc_core_write_out(s, acc, n, world, out, passed, own_exact ? grad : NULL, start);
     return FC_OK;
 }

@@ -121,6 +121,35 @@ def test_a_nonfinite_input_still_passes_through_the_sum():
     assert torch.isinf(outs[0]).all(), "a chunk that brought an Inf passes Inf (pass mode)"
 
 
+def test_an_own_nan_passes_at_its_own_element_only():
+    """The own chunk's NaN/Inf pass through the sum at their own elements only (fc_output_passes,
+    docs/decisions.md "The output's NaN/Inf rule per element"): rank 0's own NaN at element 0
+    passes, while elements 1-3, sums of two finite 3e38 (rank 1's payload is finite, its header
+    not flagged), saturate at fp32's largest value. Until 2026-11-28 any NaN of the own chunk let
+    every overflowed sum of it pass as Inf, a rule the fused CUDA decode could not decide in one
+    pass. Both CPU paths: decode (rank order) and decode_part (one payload at a time)."""
+    g = [torch.full((8,), 3e38), torch.full((8,), 3e38)]
+    g[0][0] = float("nan")
+    states = [fsdpcomp.CommState("none"), fsdpcomp.CommState("none")]
+    outs = [torch.empty(4), torch.empty(4)]
+    exchange(states, g, outs)
+    assert torch.isnan(outs[0][0]) and torch.equal(outs[0][1:], torch.full((3,), FMAX)), outs[0]
+    c = states[0].counters()
+    assert (c["nonfinite_in"], c["nonfinite_out"], c["saturated"]) == (1, 1, 3)
+    sender, s = fsdpcomp.CommState("none"), fsdpcomp.CommState("none")
+    unit = s._core.begin(8)
+    sender._core.begin(8)
+    sends, _ = sender._core.plan(g[1], 2, 1)
+    buf = torch.empty(sum(sends), dtype=torch.uint8)
+    sender._core.encode(g[1], buf, 2, 1, unit)
+    out = torch.empty(4)
+    s._core.decode_part(torch.empty(0, dtype=torch.uint8), g[0], out, 2, 0, unit, 0, 0)  # the own chunk
+    s._core.decode_part(buf[:sends[0]], g[0], out, 2, 0, unit, 1, 0)
+    assert torch.equal(out.view(torch.int32), outs[0].view(torch.int32))
+    c = s.counters()
+    assert (c["nonfinite_in"], c["nonfinite_out"], c["saturated"]) == (1, 1, 3)
+
+
 NANS = [0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF, 0x7FA00000]
 
 

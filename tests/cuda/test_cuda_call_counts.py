@@ -45,16 +45,16 @@ N, WORLD = WarmCalls.N, WarmCalls.WORLD
 # targets beside them: a dense codec's encode at most 2 launches and no memset, its decode 1 launch.
 COLLECTIVE = {
     # the one-pass encodes (issue 37 item 1: the count, the codec, the headers by the last block)
-    "none": (1, 0, 3, 2),     # decode target (1, 0)
-    "fp16": (1, 0, 3, 2),     # decode target (1, 0)
-    "bf16": (1, 0, 3, 2),     # decode target (1, 0)
-    "int8": (1, 0, 3, 2),     # decode target (1, 0)
-    "fp8": (1, 0, 3, 2),      # decode target (1, 0)
-    "intN": (1, 0, 3, 2),     # decode target (1, 0)
-    "qsgd": (1, 0, 3, 2),     # decode target (1, 0)
-    "nc": (1, 0, 3, 2),       # decode target (1, 0)
+    "none": (1, 0, 1, 0),     # the fused decode
+    "fp16": (1, 0, 1, 0),     # the fused decode
+    "bf16": (1, 0, 1, 0),     # the fused decode
+    "int8": (1, 0, 1, 0),     # the fused decode
+    "fp8": (1, 0, 1, 0),      # the fused decode
+    "intN": (1, 0, 1, 0),     # the fused decode
+    "qsgd": (1, 0, 1, 0),     # the fused decode
+    "nc": (1, 0, 1, 0),       # the fused decode
     "signsgd": (1, 0, 3, 2),  # decode target (1, 0)
-    "onebit": (1, 0, 3, 2),   # decode target (1, 0)
+    "onebit": (1, 0, 1, 0),   # the fused decode
     # the others: the driver's count and headers (2 launches, 1 memset) beside their own kernels
     "topk": (10, 2, 10, 2),   # was (20, 3, ...): its own 8 (a radix select in 6, the values' codec, the
                               # residual at the kept), no memset, beside the driver's (issue 37 item 5)
@@ -66,9 +66,9 @@ COLLECTIVE = {
 }
 # The same for compress() / decompress(): {method: (launches, memsets, launches, memsets)}.
 SINGLE = {
-    "none": (1, 0, 2, 1), "fp16": (1, 0, 2, 1), "bf16": (1, 0, 2, 1), "int8": (1, 0, 2, 1),
-    "fp8": (1, 0, 2, 1), "intN": (1, 0, 2, 1), "qsgd": (1, 0, 2, 1), "nc": (1, 0, 2, 1),
-    "signsgd": (1, 0, 2, 1), "onebit": (1, 0, 2, 1), "topk": (9, 1, 6, 1), "randomk": (10, 1, 8, 1),
+    "none": (1, 0, 1, 0), "fp16": (1, 0, 1, 0), "bf16": (1, 0, 1, 0), "int8": (1, 0, 1, 0),
+    "fp8": (1, 0, 1, 0), "intN": (1, 0, 1, 0), "qsgd": (1, 0, 1, 0), "nc": (1, 0, 1, 0),
+    "signsgd": (1, 0, 2, 1), "onebit": (1, 0, 1, 0), "topk": (9, 1, 6, 1), "randomk": (10, 1, 8, 1),
     "thresholdv": (11, 1, 5, 1), "sketch": (6, 1, 10, 1), "gradiveq": (4, 1, 2, 1), "dct": (6, 1, 3, 1),
 }
 # The one wait a call may make, by design: {method: (encode, decode, compress, decompress)}.

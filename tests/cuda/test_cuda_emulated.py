@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import fsdpcomp
-from helpers.cuda_cases import DTYPES, NEEDS_HOST, check_decode, check_encode, check_sum_order, cpu_encode, cuda_cases, make_grad
+from helpers.cuda_cases import (DTYPES, NEEDS_HOST, check_decode, check_encode, check_sum_order, cpu_encode, cpu_payloads,
+                                cuda_cases, make_grad)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cuda_emu"))
 import build as emu_build  # noqa: E402
@@ -249,6 +250,54 @@ def test_emulated_decode_of_overflowing_and_nonfinite_sums_matches_cpu(emu, meth
     check_decode(emu, method, cfg, torch.float32, 3, 2, 1031, gen, huge=True, own_nonfinite=True)
     check_decode(emu, method, cfg, torch.float32, 3, 2, 1031, gen, huge=True, own_nonfinite=True, mode="zero")
     check_decode(emu, method, cfg, torch.float32, 3, 0, 1031, gen, huge=True, nonfinite=True, mode="zero")
+
+
+FUSED = [("none", {}), ("bf16", {}), ("fp16", {}), ("int8", {}), ("fp8", {"block_size": 8}), ("intN", {"bits": 3}),
+         ("qsgd", {"levels": 1000, "bucket_size": 8}), ("nc", {}), ("onebit", {"block_size": 8})]
+
+
+@pytest.mark.parametrize("method,cfg", FUSED, ids=[m + "".join(f"-{k}={v}" for k, v in c.items()) for m, c in FUSED])
+def test_emulated_fused_decode_over_a_grid_smaller_than_its_runs(emu, method, cfg, gen):
+    """The fused decode (cuda/fc_cu_decode.cuh) sizes its grid to the device, and the emulated one
+    holds four blocks of 256 threads (2 SMs of 2, tests/cuda_emu/cuda_runtime.h): an own chunk of
+    20001 elements (1251 runs of 16) takes all four, each checking every header itself, and loops.
+    The own chunk then starts 4 bytes past a 16-byte boundary (narrower loads of the own values),
+    its last run is cut (the element-wise path), blocks of 8 put two scales in one run; at W=3 the
+    codes lie at any alignment the layout gives and NaN/Inf come from the own chunk and a payload."""
+    check_decode(emu, method, cfg, torch.float32, 2, 1, 2 * 20001, gen, huge=True)
+    check_decode(emu, method, cfg, torch.bfloat16, 3, 2, 3 * 6000 - 7, gen, nonfinite=True, own_nonfinite=True)
+
+
+def test_emulated_fused_decode_rejects_a_header_in_every_block(emu, gen):
+    """A payload for another world size, among the runs of four blocks: the whole own chunk is NaN
+    (no block decodes what another rejected), FSDP's tail stays zero, and the rejection is the
+    workspace's payload error (counters() raises it), with its rank."""
+    cfg = {"compress_own_chunk": False}
+    n, world = 2 * 20001, 2
+    grads = [make_grad(n, torch.float32, gen) for _ in range(world)]
+    st = fsdpcomp.CommState("int8", cfg)
+    send = cpu_encode(st, grads[0], world, 0, st._core.begin(n))
+    bad = send[-st._core.plan(grads[0], world, 0)[0][1]:].clone()  # rank 0's payload to rank 1
+    bad[6] ^= 0x01  # the header's world
+    out, code, rank = emu.decode("int8", cfg, bad, grads[1], 20001 + 5, world, 1, expect_error=True)
+    assert (code, rank) == (FC_PAYLOAD_WORLD, 0)
+    assert torch.isnan(out[:20001]).all() and torch.equal(out[20001:], torch.zeros(5))
+
+
+@pytest.mark.parametrize("method", ["none", "bf16", "int8"])
+def test_emulated_own_nan_passes_at_its_own_element_only(emu, method):
+    """The output rule per element (fc_output_passes), on the device as on the CPU: the own
+    chunk's NaN passes at its element, the other elements' overflow of finite terms (3e38 + 3e38,
+    the payload's header not flagged) saturates at fp32's largest value."""
+    cfg = {"compress_own_chunk": False}
+    grads = [torch.full((64,), 3e38), torch.full((64,), 3e38)]
+    grads[1][40] = float("nan")  # rank 1's own chunk is [32, 64)
+    recv = cpu_payloads(method, cfg, grads, 2, 1)
+    out, counts = emu.decode(method, cfg, recv, grads[1], 32, 2, 1)
+    want = torch.full((32,), torch.finfo(torch.float32).max)
+    want[8] = float("nan")
+    assert torch.equal(out.view(torch.int32), want.view(torch.int32)), out
+    assert (counts["nonfinite_in"], counts["nonfinite_out"], counts["saturated"]) == (1, 1, 31)
 
 
 SINGLE = ("none", "fp16", "bf16", "int8", "fp8", "intN", "qsgd", "nc", "onebit")  # single-payload kernels

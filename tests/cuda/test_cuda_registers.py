@@ -1,7 +1,8 @@
-"""Registers of the lean one-pass encode kernels, as ptxas allocates them for sm_90 with the
-build's flags (setup.py's nvcc): at most 64 per thread and no spills, so that four blocks of 256
-threads stay resident on an SM (cuda/fc_cu_dense.cuh's __launch_bounds__(256, 4) caps them at
-64: over that they spill, which this test refuses). A CPU test: it needs nvcc, not a GPU.
+"""Registers of the lean one-pass encode kernels and of the fused decodes (cuda/fc_cu_decode.cuh:
+the collective's and decompress()'s of every dense method), as ptxas allocates them for sm_90
+with the build's flags (setup.py's nvcc): at most 64 per thread and no spills, so that four
+blocks of 256 threads stay resident on an SM (their __launch_bounds__(256, 4) caps them at 64:
+over that they spill, which this test refuses). A CPU test: it needs nvcc, not a GPU.
 
 Compiled: the dense codecs' lean kernels instantiated alone from fc_cu_dense.cuh (the kernel files'
 templates; their error-feedback and sampled kernels are the slow part of fc_cu_blocks.cu and are
@@ -31,6 +32,9 @@ EXPECTED = (
     [f"void fc_cu_encode_dense<{c}, {k}>" for c in CODECS + ["sign_scaled_codec", "sign_vote_codec"] for k in LEAN]
     + [f"void cast_encode<{m}, {w}, {k}>" for m, w, k in (("none_code<0>", 4, 0), ("none_code<1>", 2, 1))]
     + [f"void cast_encode<{m}, 2, {k}>" for m in ("fc_cu_fp16_code", "bf16_code") for k in LEAN])
+# every fused decode kernel: the block codecs' (instantiated below) and the casts' (fc_cu_cast.cu)
+DECODES = [f"void fc_cu_{kind}_fused<{v}{' ' if v.endswith('>') else ''}>" for kind in ("decode", "decompress")
+           for v in [f"{c}::dec" for c in CODECS] + ["none_code<-1>", "fc_cu_fp16_code", "bf16_code"]]
 
 if NVCC is None:
     pytest.skip("no nvcc: the register check compiles the kernels for sm_90", allow_module_level=True)
@@ -72,6 +76,8 @@ def compile_all(tmp: str) -> list[str]:
         for c in CODECS:
             for k in LEAN.values():
                 f.write(f"template __global__ void fc_cu_encode_dense<{c}, {k}>(fc_cu_enc, {c});\n")
+            for kind in ("decode", "decompress"):
+                f.write(f"template __global__ void fc_cu_{kind}_fused<{c}::dec>(fc_cu_dec, {c}::dec);\n")
     srcs = [tu, os.path.join(ROOT, "cuda", "fc_cu_signsgd.cu"), os.path.join(ROOT, "cuda", "fc_cu_cast.cu")]
     procs = [subprocess.Popen([NVCC, "-c", s, "-o", os.path.join(tmp, f"{i}.o")] + FLAGS, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for i, s in enumerate(srcs)]
@@ -97,6 +103,20 @@ def test_every_lean_encode_kernel_is_compiled(table):
 
 @pytest.mark.parametrize("kernel", EXPECTED)
 def test_lean_encode_kernel_fits_64_registers_without_spills(table, kernel):
+    row = table.get(kernel)
+    if row is None:
+        pytest.fail(f"{kernel} not compiled")
+    assert row.get("regs", 10**6) <= MAX_REGS, f"{kernel}: {row}"
+    assert row.get("spill_stores") == 0 and row.get("spill_loads") == 0, f"{kernel} spills: {row}"
+
+
+def test_every_fused_decode_kernel_is_compiled(table):
+    missing = [k for k in DECODES if k not in table]
+    assert not missing, f"fused decode kernels not found in ptxas' output: {missing}; found {sorted(table)}"
+
+
+@pytest.mark.parametrize("kernel", DECODES)
+def test_fused_decode_kernel_fits_64_registers_without_spills(table, kernel):
     row = table.get(kernel)
     if row is None:
         pytest.fail(f"{kernel} not compiled")

@@ -47,6 +47,7 @@
 // every __shared__ variable in one section, poisoned before each block (fc_emu_poison_shared)
 #define __shared__ static __attribute__((section("fc_emu_shared")))
 #define __launch_bounds__(...)
+#define __noinline__ __attribute__((noinline)) // a rare path kept out of a loop's registers
 
 struct dim3 {
     unsigned x, y, z;
