@@ -55,8 +55,8 @@ class CodecReducer(Reducer):
     def state_dict(self) -> dict[str, Any]:
         return {"gather_residuals": self.exchange.shard_gather.state_dict(), "method_state": {}}
 
-    def check(self, mine: "_checkpoint.RankState", n_units: int) -> dict[int, torch.Tensor]:
-        return ShardGather.check(mine.gather_residuals, n_units)
+    def check(self, mine: "_checkpoint.RankState", units: list[int]) -> dict[int, torch.Tensor]:
+        return ShardGather.check(self.core, mine.gather_residuals, len(units))
 
     def restore(self, checked: dict[int, torch.Tensor] | None) -> None:
         self.exchange.shard_gather.restore(checked or {})

@@ -113,9 +113,9 @@ class PowerSGDReducer(Reducer):
         return {"gather_residuals": {},
                 "method_state": {NAME: {"version": STATE_VERSION, **self.factors.state_dict()}}}
 
-    def check(self, mine: "_checkpoint.RankState", n_units: int) -> tuple[dict, dict]:
-        ShardGather.check(mine.gather_residuals, n_units)  # none are kept: checked as the codecs'
-        return Factors.check(_own_part(mine.method_state), n_units)
+    def check(self, mine: "_checkpoint.RankState", units: list[int]) -> tuple[dict, dict]:
+        ShardGather.check(self.core, mine.gather_residuals, len(units))  # none are kept: checked as the codecs'
+        return Factors.check(self.core, _own_part(mine.method_state), units)
 
     def restore(self, checked: tuple[dict, dict] | None) -> None:
         self.factors.restore(*(checked or ({}, {})))  # residuals="drop": Q and e afresh too

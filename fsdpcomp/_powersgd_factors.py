@@ -272,10 +272,13 @@ class Factors:
                 "e": {u: e.detach().clone() for u, e in self.e.items()}}
 
     @staticmethod
-    def check(saved: Any, n_units: int) -> tuple[dict, dict]:
-        """A checkpoint's PowerSGD state, checked and copied; TypeError / ValueError naming what."""
+    def check(core, saved: Any, units: list[int]) -> tuple[dict, dict]:
+        """A checkpoint's PowerSGD state, checked and copied; TypeError / ValueError naming what.
+        Each e through the core's check_residual (the State's own residuals' check: its unit's
+        size, dtype, finite values and 8-bit scales, on any device)."""
         if not isinstance(saved, Mapping) or not {"q", "e"} <= set(saved):
             raise ValueError("state_dict 'powersgd' must be a dict with 'q' and 'e' (Factors.state_dict())")
+        n_units = len(units)
         out = []
         for name in ("q", "e"):
             table = saved[name]
@@ -285,16 +288,18 @@ class Factors:
             for u, v in table.items():
                 if isinstance(u, bool) or not isinstance(u, int) or not 0 <= u < n_units:
                     raise ValueError(f"state_dict 'powersgd'['{name}'] is keyed by unit (0 to {n_units - 1}), got {u!r}")
-                items = v if name == "q" else [v]
-                packed_ok = name == "e"  # an int8 residual is kept packed, as uint8
-                if not isinstance(items, (list, tuple)) or not all(
-                        isinstance(t, torch.Tensor) and (t.is_floating_point() or packed_ok and t.dtype == torch.uint8)
-                        for t in items):
-                    raise TypeError(f"state_dict 'powersgd'['{name}'][{u}] must hold float tensors")
-                for t in items:
-                    if t.is_floating_point() and not bool(torch.isfinite(t.float()).all()):
-                        raise ValueError(f"state_dict 'powersgd'['{name}'][{u}] holds NaN/Inf (a corrupted checkpoint?)")
-                copied[u] = [t.detach().clone() for t in v] if name == "q" else v.detach().clone()
+                if name == "e":
+                    if not isinstance(v, torch.Tensor):
+                        raise TypeError(f"state_dict 'powersgd'['e'][{u}] must be a tensor, got {type(v).__name__}")
+                    core.check_residual(v, f"state_dict powersgd e[{u}]", units[u])
+                    copied[u] = v.detach().clone()
+                    continue
+                if not isinstance(v, (list, tuple)) or not all(
+                        isinstance(t, torch.Tensor) and t.is_floating_point() for t in v):
+                    raise TypeError(f"state_dict 'powersgd'['q'][{u}] must hold float tensors")
+                if not all(bool(torch.isfinite(t.float()).all()) for t in v):
+                    raise ValueError(f"state_dict 'powersgd'['q'][{u}] holds NaN/Inf (a corrupted checkpoint?)")
+                copied[u] = [t.detach().clone() for t in v]
             out.append(copied)
         return out[0], out[1]
 

@@ -109,8 +109,9 @@ class Reducer(ABC):
         """{"gather_residuals": ..., "method_state": ...}, cloned."""
 
     @abstractmethod
-    def check(self, mine, n_units: int) -> Any:
-        """A RankState's fields of this reducer, checked and copied, for restore()."""
+    def check(self, mine, units: list[int]) -> Any:
+        """A RankState's fields of this reducer (units: each unit's elements, checked), checked
+        and copied, for restore(); every residual through the core's one check_residual."""
 
     @abstractmethod
     def restore(self, checked: Any | None) -> None:

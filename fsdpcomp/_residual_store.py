@@ -23,9 +23,7 @@ def as_float(core, e: torch.Tensor) -> torch.Tensor:
     """A kept residual in fp32 (unpacked when it is packed int8)."""
     if e.dtype != torch.uint8:
         return e.float()
-    n = e.numel() * 64 // 68  # the values a packed residual of e.numel() bytes holds: found upwards
-    while core.residual_numel(n) < e.numel():
-        n += 1
+    n = core.residual_values(e.numel())
     out = torch.empty(n, dtype=torch.float32, device=e.device)
     core.unpack_residual(e, out)
     return out

@@ -19,7 +19,6 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ._dist import all_gather_single as _all_gather_single
-from ._units import refuse_nonfinite
 
 # What a compressed all-gather attempt came to.
 _SENT, _NO_GAIN, _NO_CODEC = "sent", "no gain", "no codec"
@@ -155,9 +154,10 @@ class ShardGather:
         return {u: r.clone() for u, r in self.residuals.items()}
 
     @staticmethod
-    def check(saved: Any, n_units: int) -> dict[int, torch.Tensor]:
-        """A checkpoint's all-gather residuals, checked and copied: TypeError / ValueError naming
-        what is wrong, NaN/Inf included."""
+    def check(core, saved: Any, n_units: int) -> dict[int, torch.Tensor]:
+        """A checkpoint's all-gather residuals, checked (the core's check_residual: dtype, a packed
+        size, NaN/Inf values and 8-bit scales, on any device) and copied: TypeError / ValueError
+        naming what is wrong."""
         if not isinstance(saved, Mapping):
             raise TypeError(f"state_dict 'gather_residuals' must be a dict of unit -> tensor, got "
                             f"{type(saved).__name__}")
@@ -169,8 +169,8 @@ class ShardGather:
             if not isinstance(r, torch.Tensor) or not (r.is_floating_point() or r.dtype == torch.uint8):
                 raise TypeError(f"state_dict 'gather_residuals'[{unit}] must be a float tensor (uint8: "
                                 f"an int8 residual, packed), got {type(r).__name__}")
+            core.check_residual(r, f"state_dict gather_residuals[{unit}]")
             out[unit] = r.detach().clone() if r.dtype == torch.uint8 else r.detach().clone().float()
-            refuse_nonfinite(f"gather_residuals[{unit}]", out[unit])
         return out
 
     def restore(self, residuals: dict[int, torch.Tensor]) -> None:

@@ -149,7 +149,7 @@ class CommState:
             if self._units.keys:
                 _checkpoint.check_same_units(self._units.keys, self._core.units(), mine)
             units = self._units.check(_checkpoint.unit_fields(mine, saved.step))
-            checked = reducer.check(mine, len(units.units))
+            checked = reducer.check(mine, list(units.units))
         self._units.restore(units)
         reducer.restore(checked)  # None (residuals="drop"): every residual afresh
 

@@ -38,6 +38,15 @@ FC_HOSTDEV int64_t fc_res8_bytes(int64_t n)
     return 4 * fc_res8_blocks(n) + n;
 }
 
+/* The n whose residual is `bytes` long (fc_res8_bytes(n) == bytes), or -1 where no n is: the
+ * blocks are ceil(bytes / 68), since 68 (b - 1) < fc_res8_bytes(n) <= 68 b for b blocks. */
+FC_HOSTDEV int64_t fc_res8_numel(int64_t bytes)
+{
+    const int64_t blocks = (bytes + FC_RES8_BLOCK + 3) / (FC_RES8_BLOCK + 4);
+    const int64_t n = bytes - 4 * blocks;
+    return bytes >= 0 && n >= 0 && fc_res8_bytes(n) == bytes ? n : -1;
+}
+
 /* The stream's key from (seed, step, unit, salt). */
 FC_HOSTDEV uint32_t fc_res8_key(uint64_t seed, uint32_t step, uint32_t unit, uint32_t salt)
 {

@@ -35,6 +35,7 @@ typedef struct {
     int emulate_cuda;     /* tests only: CPU tensors take the CUDA path (tests/cuda_emu's library) */
     fc_cuda_host cuda_host; /* what the CUDA backend asks of the State (its records freed here) */
     PyObject *part_ws;    /* the open per-peer call's unpacked 8-bit residual (state_residual.c) */
+    PyObject *res_ws;     /* an 8-bit residual's fp32 workspace, reused by every call (state_residual.c) */
     int64_t res_ws_peak;  /* bytes of the largest such workspace: counted in scratch_bytes */
 } StateObject;
 
@@ -128,8 +129,8 @@ int fc_state_residual(StateObject *self, uint32_t unit, PyObject *grad, const fc
                       fc_res_hold *h, fc_err *err);
 /* A caller's residual (compress()): fp32 of x's numel, or packed uint8 of fc_res8_bytes(numel). */
 int fc_res_adopt(PyObject *res, const fc_view *x, fc_res_hold *h, fc_err *err);
-/* For an 8-bit residual, the fp32 workspace of its numel (through the allocator, on its
- * device): h->buf then points at it. Holds the GIL; fc_res_unpack fills it. */
+/* For an 8-bit residual, the fp32 workspace of its numel (the State's one, made through the
+ * allocator when it first needs it or grows): h->buf then points at it. Holds the GIL; fc_res_unpack fills it. */
 int fc_res_workspace(StateObject *self, PyObject *grad, int64_t numel, fc_res_hold *h,
                      fc_err *err);
 /* Without the GIL: unpack before the work, pack after it; no-ops for an fp32/bf16 residual. */
@@ -139,9 +140,10 @@ int fc_res_pack(StateObject *self, const fc_exec *x, fc_res_hold *h, uint32_t un
 void fc_res_release(fc_res_hold *h);
 /* The calls for the residuals Python keeps (PowerSGD's error): sizes, pack, unpack. */
 PyObject *fc_state_residual_numel(StateObject *self, PyObject *arg);
+PyObject *fc_state_residual_values(StateObject *self, PyObject *arg);
 PyObject *fc_state_pack_residual(StateObject *self, PyObject *args, PyObject *kwds);
 PyObject *fc_state_unpack_residual(StateObject *self, PyObject *args);
-extern const char fc_state_residual_numel_doc[], fc_state_pack_residual_doc[],
+extern const char fc_state_residual_numel_doc[], fc_state_residual_values_doc[], fc_state_pack_residual_doc[],
     fc_state_unpack_residual_doc[];
 
 /* ---- state_exec.c, state_cuda.c: a call's backend, and what a call on CUDA tensors prepares */
@@ -219,7 +221,8 @@ PyObject *fc_state_units(StateObject *self, PyObject *ignored);
 PyObject *fc_state_residuals(StateObject *self, PyObject *ignored);
 PyObject *fc_state_unit_states(StateObject *self, PyObject *ignored);
 PyObject *fc_state_restore(StateObject *self, PyObject *args);
+PyObject *fc_state_check_residual(StateObject *self, PyObject *args, PyObject *kwds);
 extern const char fc_state_units_doc[], fc_state_residuals_doc[], fc_state_unit_states_doc[],
-    fc_state_restore_doc[];
+    fc_state_restore_doc[], fc_state_check_residual_doc[];
 
 #endif

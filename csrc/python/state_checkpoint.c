@@ -26,13 +26,20 @@ PyObject *fc_state_units(StateObject *self, PyObject *Py_UNUSED(ignored))
     return list;
 }
 
-FC_DOCSTRING(fc_state_residuals_doc, "residuals() -> list\n\nThe residual tensor of each unit (None where there is none yet). The tensors are the live ones.");
+FC_DOCSTRING(fc_state_residuals_doc,
+"residuals() -> list\n\n"
+"The residual tensor of each unit, one entry per unit (None where there is none yet), so a\n"
+"checkpoint of it reads back as it was saved. The tensors are the live ones.");
 
 PyObject *fc_state_residuals(StateObject *self, PyObject *Py_UNUSED(ignored))
 {
     if (!fc_state_ready(self))
         return NULL;
-    return PyList_GetSlice(self->residuals, 0, PyList_Size(self->residuals));
+    const Py_ssize_t n = self->core.n_units, kept = PyList_Size(self->residuals);
+    PyObject *list = PyList_New(n);
+    for (Py_ssize_t u = 0; list != NULL && u < n; u++)
+        PyList_SetItem(list, u, Py_NewRef(u < kept ? PyList_GetItem(self->residuals, u) : Py_None));
+    return list;
 }
 
 FC_DOCSTRING(fc_state_unit_states_doc,
@@ -97,25 +104,93 @@ static int load_unit_states(StateObject *self, PyObject *states, fc_unit *table,
     return 0;
 }
 
-/* A residual the driver could have written: every element finite (CPU tensors; the Python
- * side checks device ones with torch). 0, or -1 with ValueError naming residuals[u]. */
-static int check_residual_values(const fc_view *v, Py_ssize_t u, int64_t numel)
+/* A NaN/Inf at element i of what: ValueError (-1). */
+static int refuse_nonfinite(const char *what, const char *part, int64_t i, float x)
 {
-    if (v->device_type != kDLCPU)
-        return 0;
-    /* an 8-bit residual's scales (fc_res8.h) are fp32 and finite; any code is a valid one */
-    const int64_t count = v->buf.dtype == FC_U8 ? fc_res8_blocks(numel) : v->buf.numel;
+    PyErr_Format(PyExc_ValueError, "%s%s %lld is %s: a residual never holds NaN/Inf (a corrupted "
+                 "checkpoint?)", what, part, (long long)i,
+                 fc_abs_bits(x) > FC_INF_BITS ? "nan" : x > 0 ? "inf" : "-inf");
+    return -1;
+}
+
+/* Every value of a residual on the host finite: fp32 and bf16 elements, an 8-bit residual's
+ * scales (fc_res8.h; any code is a valid one). 0, or -1 with ValueError naming what. */
+static int check_host_values(const fc_view *v, int64_t numel, const char *what)
+{
+    const int packed = v->buf.dtype == FC_U8;
+    const int64_t count = packed ? fc_res8_blocks(numel) : v->buf.numel;
     for (int64_t i = 0; i < count; i++) {
         const float x = v->buf.dtype != FC_BF16 ? ((const float *)v->buf.data)[i]
                                                : fc_bf16_to_f32(((const uint16_t *)v->buf.data)[i]);
-        if (!(fc_abs_bits(x) < FC_INF_BITS)) {
-            PyErr_Format(PyExc_ValueError, "restore: residuals[%zd] element %lld is %s: a residual "
-                         "never holds NaN/Inf (a corrupted checkpoint?)", u, (long long)i,
-                         fc_abs_bits(x) > FC_INF_BITS ? "nan" : x > 0 ? "inf" : "-inf");
-            return -1;
-        }
+        if (!(fc_abs_bits(x) < FC_INF_BITS))
+            return refuse_nonfinite(what, packed ? "'s scale of block" : " element", i, x);
     }
     return 0;
+}
+
+/* The one check of a residual a checkpoint brings, whichever home keeps it (the State's per
+ * unit, the all-gather half's, PowerSGD's error): a tensor of one of `dtypes`, holding numel
+ * values (-1: as many as its size holds; a packed size no residual has is refused), every value
+ * finite and, packed, every block's scale finite. A device tensor (and, under emulation, any)
+ * is copied to the host for the values: a restore's cost, once, not a call's. Returns the
+ * values' count, or -1 with TypeError/ValueError naming what. */
+static int64_t check_residual(StateObject *self, PyObject *r, unsigned dtypes, int64_t numel,
+                              const char *what)
+{
+    fc_view v = {0};
+    fc_err err = {0};
+    if (fc_view_get(r, what, dtypes, &v, &err) != FC_OK) {
+        STATE_ERR(self, &err);
+        return -1;
+    }
+    const int packed = v.buf.dtype == FC_U8;
+    const int64_t values = packed ? fc_res8_numel(v.buf.numel) : v.buf.numel;
+    const int on_host = v.device_type == kDLCPU && !self->emulate_cuda;
+    fc_view_release(&v);
+    if (values < 0) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd bytes: no 8-bit residual is that long (4 bytes "
+                     "per 64 values, then one per value)", what, (Py_ssize_t)v.buf.numel);
+        return -1;
+    }
+    if (numel >= 0 && values != numel) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd elements, its unit needs %lld%s", what,
+                     (Py_ssize_t)v.buf.numel, (long long)(packed ? fc_res8_bytes(numel) : numel),
+                     packed ? " (an 8-bit residual of that many values: fc_res8_bytes)" : "");
+        return -1;
+    }
+    PyObject *host = on_host ? Py_NewRef(r) : PyObject_CallMethod(r, "cpu", NULL);
+    if (host == NULL)
+        return -1;
+    int bad = fc_view_get(host, what, dtypes, &v, &err) != FC_OK;
+    if (bad)
+        STATE_ERR(self, &err);
+    else
+        bad = check_host_values(&v, values, what);
+    fc_view_release(&v);
+    Py_DECREF(host);
+    return bad ? -1 : values;
+}
+
+FC_DOCSTRING(fc_state_check_residual_doc,
+"check_residual(r, what, numel=-1) -> int\n\n"
+"The restore check of a residual that a home other than this State keeps (the all-gather\n"
+"half's, PowerSGD's error), the one restore() applies to the State's own: r fp32, bf16 or, with\n"
+"residual_dtype int8, packed uint8; numel values (-1: as many as its size holds); every value\n"
+"and every 8-bit scale finite, on any device. Returns the values' count; ValueError/TypeError\n"
+"naming `what`.");
+
+PyObject *fc_state_check_residual(StateObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"r", "what", "numel", NULL};
+    PyObject *r;
+    const char *what;
+    long long numel = -1;
+    if (!fc_state_ready(self) ||
+        !PyArg_ParseTupleAndKeywords(args, kwds, "Os|L:check_residual", kwlist, &r, &what, &numel))
+        return NULL;
+    const unsigned dtypes = FC_DT_F32 | FC_DT_BF16 | (fc_state_residual_dtype(self) == FC_U8 ? FC_DT_U8 : 0);
+    const int64_t values = check_residual(self, r, dtypes, numel, what);
+    return values < 0 ? NULL : PyLong_FromLongLong(values);
 }
 
 FC_DOCSTRING(fc_state_restore_doc,
@@ -179,25 +254,10 @@ PyObject *fc_state_restore(StateObject *self, PyObject *args)
         }
         table[u].numel = numel;
         PyObject *r = u < PyList_Size(residuals) ? PyList_GetItem(residuals, u) : Py_None;
-        if (r != Py_None) {
-            fc_view v;
-            fc_err err = {0};
-            if (fc_view_get(r, "residual", 1u << rdt, &v, &err) != FC_OK) {
-                STATE_ERR(self, &err);
-                goto error;
-            }
-            const int64_t got = v.buf.numel, want = rdt == FC_U8 ? fc_res8_bytes(numel) : numel;
-            const int bad = got == want && check_residual_values(&v, u, numel);
-            fc_view_release(&v);
-            if (bad)
-                goto error;
-            if (got != want) {
-                PyErr_Format(PyExc_ValueError, "restore: residual %zd has %lld elements, unit has "
-                             "%lld%s", u, (long long)got, numel,
-                             rdt == FC_U8 ? " (an 8-bit residual holds fc_res8_bytes of them)" : "");
-                goto error;
-            }
-        }
+        char what[48];
+        snprintf(what, sizeof(what), "state_dict residuals[%zd]", u);
+        if (r != Py_None && check_residual(self, r, 1u << rdt, numel, what) < 0)
+            goto error;
         if (PyList_Append(new_list, r) < 0)
             goto error;
         restored[u] = r != Py_None; /* the checkpoint's tensor, on the device it was saved from:

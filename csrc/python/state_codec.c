@@ -267,6 +267,11 @@ PyObject *fc_state_encode_part(StateObject *self, PyObject *args)
                 fc_fail(&err, FC_ERR_STATE, "the open per-peer call lost its residual workspace");
             goto error;
         }
+        if (e.r.w.buf.numel < e.g.buf.numel) {
+            fc_fail(&err, FC_ERR_STATE, "the open per-peer call's residual workspace is too short");
+            goto error;
+        }
+        e.r.w.buf.numel = e.g.buf.numel; /* the State's workspace: this unit's part of it */
         e.r.ws = Py_NewRef(self->part_ws);
         e.r.buf = &e.r.w.buf;
     }

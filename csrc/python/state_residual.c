@@ -1,6 +1,6 @@
 /* state_residual.c: the error-feedback residuals a State owns, one tensor per unit made by its
  * allocator, and the fp32 workspace an 8-bit residual (residual_dtype "int8", fc_res8.h) is
- * unpacked into for the length of one call: the backends only ever see fp32 or bf16 residuals,
+ * unpacked into for the length of one call (one per State, reused): the backends only ever see fp32 or bf16 residuals,
  * so every method's encode, the second round and compress() keep one code path. */
 #include "python/state.h" /* first: it includes Python.h */
 
@@ -107,21 +107,53 @@ int fc_res_adopt(PyObject *res, const fc_view *x, fc_res_hold *h, fc_err *err)
     return view_residual(h, FC_DT_F32 | FC_DT_U8, x, x->buf.numel, "residual", err);
 }
 
+/* The cached workspace (self->res_ws) when it can serve h: on h's residual's device, at least
+ * numel long, and not held by an open per-peer call (part_ws: unpacked values it still needs). */
+static int workspace_fits(const StateObject *self, const fc_res_hold *h, int64_t numel, fc_view *w,
+                          fc_err *err)
+{
+    if (self->res_ws == NULL || self->res_ws == self->part_ws)
+        return 0;
+    if (fc_view_get_own(self->res_ws, "residual workspace", FC_DT_F32, w, err) != FC_OK)
+        return -1;
+    if (w->buf.numel >= numel && w->device_type == h->r.device_type && w->device_id == h->r.device_id)
+        return 1;
+    fc_view_release(w);
+    return 0;
+}
+
 int fc_res_workspace(StateObject *self, PyObject *grad, int64_t numel, fc_res_hold *h,
                      fc_err *err)
 {
     if (!h->packed)
         return FC_OK;
-    if (self->allocator == Py_None)
-        return fc_fail(err, FC_ERR_STATE, "an 8-bit residual is unpacked into a workspace from the "
-                       "allocator (State(..., allocator=...)); fsdpcomp.CommState provides one");
-    if (4 * numel > self->res_ws_peak)
-        self->res_ws_peak = 4 * numel;
-    h->ws = PyObject_CallFunction(self->allocator, "LsO", (long long)numel, "float32", grad);
-    if (h->ws == NULL)
-        return fc_fail(err, FC_ERR_PYTHON, "");
-    if (fc_view_get(h->ws, "residual workspace", FC_DT_F32, &h->w, err) != FC_OK)
+    /* One workspace per State, reused by every call (one call at a time: fc_state_enter), so a
+     * warm call asks the allocator for nothing; it grows to the largest unit seen, on the device
+     * of the last call that needed another. */
+    const int fits = workspace_fits(self, h, numel, &h->w, err);
+    if (fits < 0)
         return err->code;
+    if (fits) {
+        h->ws = Py_NewRef(self->res_ws);
+    }
+    else {
+        if (self->allocator == Py_None)
+            return fc_fail(err, FC_ERR_STATE, "an 8-bit residual is unpacked into a workspace from the "
+                           "allocator (State(..., allocator=...)); fsdpcomp.CommState provides one");
+        h->ws = PyObject_CallFunction(self->allocator, "LsO", (long long)numel, "float32", grad);
+        if (h->ws == NULL)
+            return fc_fail(err, FC_ERR_PYTHON, "");
+        if (fc_view_get_own(h->ws, "residual workspace", FC_DT_F32, &h->w, err) != FC_OK)
+            return err->code;
+        if (self->res_ws != self->part_ws || self->res_ws == NULL) { /* an open call's stays its own */
+            PyObject *old = self->res_ws;
+            self->res_ws = Py_NewRef(h->ws);
+            Py_XDECREF(old);
+        }
+        if (4 * numel > self->res_ws_peak)
+            self->res_ws_peak = 4 * numel;
+    }
+    h->w.buf.numel = numel; /* the call's part of it */
     h->buf = &h->w.buf;
     return FC_OK;
 }
@@ -164,6 +196,25 @@ PyObject *fc_state_residual_numel(StateObject *self, PyObject *arg)
     if (!fc_state_ready(self) || fc_check_numel(n, 0, "numel", &err) != FC_OK)
         return err.code != FC_OK ? STATE_ERR(self, &err) : NULL;
     return PyLong_FromLongLong(stored_numel(fc_state_residual_dtype(self), n));
+}
+
+FC_DOCSTRING(fc_state_residual_values_doc,
+"residual_values(stored) -> int\n\n"
+"The values a residual tensor of `stored` elements holds in this State's residual_dtype:\n"
+"residual_numel's inverse (ValueError for a packed size no residual has).");
+
+PyObject *fc_state_residual_values(StateObject *self, PyObject *arg)
+{
+    long long n = PyLong_AsLongLong(arg);
+    fc_err err = {0};
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (!fc_state_ready(self) || fc_check_numel(n, 0, "stored", &err) != FC_OK)
+        return err.code != FC_OK ? STATE_ERR(self, &err) : NULL;
+    const int64_t values = fc_state_residual_dtype(self) == FC_U8 ? fc_res8_numel(n) : n;
+    if (values < 0)
+        return PyErr_Format(PyExc_ValueError, "residual_values: no 8-bit residual is %lld bytes long", n);
+    return PyLong_FromLongLong(values);
 }
 
 FC_DOCSTRING(fc_state_pack_residual_doc,

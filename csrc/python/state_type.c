@@ -74,6 +74,7 @@ static int State_traverse(StateObject *self, visitproc visit, void *arg)
     Py_VISIT(self->cuda_ws);
     Py_VISIT(self->cuda_extra);
     Py_VISIT(self->part_ws);
+    Py_VISIT(self->res_ws);
     return 0;
 }
 
@@ -85,6 +86,7 @@ static int State_clear(StateObject *self)
     Py_CLEAR(self->cuda_ws);
     Py_CLEAR(self->cuda_extra);
     Py_CLEAR(self->part_ws);
+    Py_CLEAR(self->res_ws);
     return 0;
 }
 
@@ -239,6 +241,8 @@ GUARD2(fc_state_fetch)
 GUARD2(fc_state_finish)
 GUARD2(fc_state_emulate_cuda)
 GUARD2(fc_state_residual_numel)
+GUARD2(fc_state_residual_values)
+GUARD3(fc_state_check_residual)
 GUARD3(fc_state_pack_residual)
 GUARD2(fc_state_unpack_residual)
 
@@ -275,6 +279,9 @@ static PyMethodDef State_methods[] = {
     {"finish", (PyCFunction)fc_state_finish_guarded, METH_VARARGS, fc_state_finish_doc},
     {"_emulate_cuda", (PyCFunction)fc_state_emulate_cuda_guarded, METH_O, fc_state_emulate_cuda_doc},
     {"residual_numel", (PyCFunction)fc_state_residual_numel_guarded, METH_O, fc_state_residual_numel_doc},
+    {"residual_values", (PyCFunction)fc_state_residual_values_guarded, METH_O, fc_state_residual_values_doc},
+    {"check_residual", (PyCFunction)(void (*)(void))fc_state_check_residual_guarded, METH_VARARGS | METH_KEYWORDS,
+     fc_state_check_residual_doc},
     {"pack_residual", (PyCFunction)(void (*)(void))fc_state_pack_residual_guarded, METH_VARARGS | METH_KEYWORDS,
      fc_state_pack_residual_doc},
     {"unpack_residual", (PyCFunction)fc_state_unpack_residual_guarded, METH_VARARGS, fc_state_unpack_residual_doc},

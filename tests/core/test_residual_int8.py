@@ -9,7 +9,7 @@ import torch
 
 import fsdpcomp
 from fsdpcomp._layout import Layout
-from helpers.ckpt import own
+from helpers.ckpt import own, with_own
 
 EF = {"error_feedback": True, "compress_own_chunk": True, "residual_dtype": "int8"}
 METHODS = [("topk", {"ratio": 0.05}), ("int8", {}), ("onebit", {}), ("signsgd", {}),
@@ -149,6 +149,42 @@ def test_restore_refuses_a_packed_residual_of_the_wrong_size_or_a_nan_scale():
         st._core.restore([100], [bad], 0)
     with pytest.raises(TypeError):
         st._core.restore([100], [torch.zeros(100)], 0)  # an fp32 residual for an int8 state
+
+
+def _nan_scale(n: int) -> torch.Tensor:
+    bad = torch.zeros(packed_bytes(n), dtype=torch.uint8)
+    bad[4:8].view(torch.float32)[0] = float("nan")  # block 1's scale
+    return bad
+
+
+@pytest.mark.parametrize("device", ["cpu", "device (emulated)"])
+@pytest.mark.parametrize("home", ["residuals", "gather_residuals", "powersgd e"])
+def test_every_home_refuses_a_nan_scale_on_restore(home, device, gen):
+    """One check (the core's check_residual) for every residual a checkpoint brings: a NaN scale
+    of an 8-bit residual is refused by name, whichever home keeps it, and on a device tensor too
+    (the emulated State takes the device branch: a copy to the host for the check). The codes'
+    bytes are any values, so r.float() of the packed tensor, the old Python check, never saw it."""
+    method, cfg = ("powersgd", {"residual_dtype": "int8", "start_iter": 0}) if home == "powersgd e" else ("topk", EF)
+    st = fsdpcomp.CommState(method, cfg)
+    st.reduce_scatter(torch.randn(200, generator=gen), torch.empty(200), "w")
+    st.end_step()
+    sd, n = st.state_dict(), 200
+    if home == "residuals":
+        bad = with_own(sd, residuals=[_nan_scale(n)])
+    elif home == "gather_residuals":
+        bad = with_own(sd, gather_residuals={0: _nan_scale(n)})
+    else:
+        bad = with_own(sd, method_state={"powersgd": {"version": 1, "q": {}, "e": {0: _nan_scale(n)}}})
+    fresh = fsdpcomp.CommState(method, cfg)
+    if device != "cpu":
+        fresh._core._emulate_cuda(True)
+    before = fresh.state_dict()
+    name = {"residuals": r"residuals\[0\]", "gather_residuals": r"gather_residuals\[0\]",
+            "powersgd e": r"powersgd e\[0\]"}[home]
+    with pytest.raises(ValueError, match=name + "'s scale of block 1 is nan"):
+        fresh.load_state_dict(bad)
+    assert fresh.state_dict() == before  # nothing restored
+    fresh.load_state_dict(sd)  # the good one loads
 
 
 def test_compress_and_pack_refuse_a_residual_of_the_wrong_size():
