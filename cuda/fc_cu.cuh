@@ -331,7 +331,7 @@ static inline dim3 fc_cu_grid(int64_t units_per_chunk, int per_block, int world)
 // CPU decode_add's contribution alpha * D(body)[i], so the sum matches the CPU bit for bit; it
 // sets poison for a code no encoder writes (the CPU raises PayloadError there).
 
-// Output element i = v as the CPU's fc_core_write_out stores it: a NaN/Inf passes (canonical,
+// Output element i = v as the CPU's fc_cpu_write_out stores it: a NaN/Inf passes (canonical,
 // *nonfinite) when the sum brought one (`passed`), else it is the overflow of finite terms and
 // saturates (*sat, fc_output_fix); a narrow output saturates at its format's largest value.
 __device__ __forceinline__ void fc_cu_store_out(void *out, int odt, int64_t i, float v, int passed,
@@ -359,7 +359,7 @@ __device__ __forceinline__ bool fc_cu_out_tail(void *out, int odt, int64_t i, in
     return true;
 }
 
-// The own chunk's element as the CPU's fc_core_add_own adds it: a NaN/Inf is 0 in "zero" mode,
+// The own chunk's element as the CPU's fc_cpu_add_own adds it: a NaN/Inf is 0 in "zero" mode,
 // else passed on, a NaN as the canonical one.
 __device__ __forceinline__ float fc_cu_own(const fc_cu_dec &d, int64_t i)
 {

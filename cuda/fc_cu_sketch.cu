@@ -290,7 +290,7 @@ __global__ void sk_estimates(fc_cu_dec d, sk_cfg cfg, fc_rng shared, const float
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float v = fc_sketch_estimate(tt, cfg.rows, cfg.cols, keys, i);
-        if (own) { // the CPU's acc: 0 + the own chunk as fc_core_add_own adds it
+        if (own) { // the CPU's acc: 0 + the own chunk as fc_cpu_add_own adds it
             float o = 0.0f;
             if (d.geo.skip_own)
                 o += fc_cu_own(d, start + i);
