@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "common/fc_chunk_rules.h"
-#include "fc_cuda.h"
+#include "backend_cuda/fc_cuda.h"
 #include "common/fc_half.h"
 #include "common/fc_quant.h"
 #include "common/fc_range.h"

@@ -109,3 +109,19 @@ def test_driver_reaches_the_backends_through_their_table_only():
                 calls.append(f"driver/{name} calls {fn} ({defined[fn]}): a table entry, or the driver's own function")
     assert not calls, "\n".join(calls)
 
+
+
+def test_no_include_climbs_out_of_its_include_directory():
+    """csrc/ and cuda/ are the include directories; a header is named from one of them, never
+    with `../` past it."""
+    root = os.path.dirname(CSRC)
+    bad = []
+    for top in ("csrc", "cuda"):
+        for d, _, names in os.walk(os.path.join(root, top)):
+            for name in sorted(names):
+                if name.endswith((".c", ".h", ".cu", ".cuh")):
+                    with open(os.path.join(d, name), encoding="utf-8") as f:
+                        for inc in INCLUDE.findall(f.read()):
+                            if ".." in inc.split("/"):
+                                bad.append(f"{os.path.relpath(os.path.join(d, name), root)}: #include \"{inc}\"")
+    assert not bad, "\n".join(bad)
