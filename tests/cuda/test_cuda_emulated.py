@@ -190,7 +190,7 @@ class Emulated:
 # The methods with kernels in cuda/ (the emulation needs no nvcc, so not the build's "cuda" flag;
 # test_emulated_table_is_the_source_list checks the list against the compiled table), but those
 # that need the host glue (device scratch, unit state, data-dependent sizes): their cases run in
-# test_cuda_sparse_emulated.py, through the real _C.
+# test_cuda_sparse.py under test_cuda_files_emulated.py, through the real _C.
 CASES = cuda_cases(sorted(set(fsdpcomp._CUDA_METHODS) - NEEDS_HOST))
 IDS = [m + "".join(f"-{k}={v}" for k, v in c.items()) for m, c in CASES]
 
