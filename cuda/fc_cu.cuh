@@ -62,6 +62,17 @@ __host__ __device__ __forceinline__ int fc_cu_sent(const fc_cuda_geom &g, int c,
     return fc_chunk_sent(n, c, g.rank, g.skip_own);
 }
 
+// f(f(f(0.0f, r0), r1), ...) over the ranks r that sent the own chunk a payload, in rank order (the
+// own rank's is absent where its chunk is kept exact): a receiver's sum over the senders.
+template <class F> __device__ __forceinline__ float fc_cu_fold_senders(const fc_cuda_geom &g, F f)
+{
+    float a = 0.0f;
+    for (int r = 0; r < g.world; r++)
+        if (!(g.skip_own && r == g.rank))
+            a = f(a, r);
+    return a;
+}
+
 // Byte offset of chunk c's payload in the send buffer: every sent chunk before it is full.
 __host__ __device__ __forceinline__ int64_t fc_cu_send_off(const fc_cuda_geom &g, int c)
 {
@@ -131,6 +142,23 @@ __device__ __forceinline__ void fc_cu_store_res(void *res, int rdt, int64_t i, f
         *sat += fc_bf16_saturates(e);
         ((uint16_t *)res)[i] = fc_f32_to_bf16(e);
     }
+}
+
+// The first position of the ascending a[0, count) whose value is not below v (count if none):
+// the kept indices of a selection, a group's sorted sketch keys. v converts to T, as a[]'s.
+template <class T> struct fc_cu_type { typedef T type; };
+template <class T>
+__device__ __forceinline__ int64_t fc_cu_lower_bound(const T *a, int64_t count, typename fc_cu_type<T>::type v)
+{
+    int64_t lo = 0, hi = count;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (a[mid] < v)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
 }
 
 template <class T> __device__ __forceinline__ T fc_cu_warp_sum(T v)
