@@ -181,7 +181,7 @@ ext = Extension(
     "fsdpcomp._C",
     sources=sorted(glob.glob(os.path.join("csrc", "*", "*.c"))),  # csrc/<layer>/: docs/design.md
     include_dirs=["csrc"],
-    depends=sorted(glob.glob(os.path.join("csrc", "*", "*.h"))) + [os.path.join("cuda", "fc_cuda.h")],
+    depends=sorted(glob.glob(os.path.join("csrc", "*", "*.h"))),
     libraries=["dl", "pthread"],  # dlopen of the CUDA library; a no-op on glibc >= 2.34
     define_macros=[("Py_LIMITED_API", "0x%08X" % LIMITED_API)],
     py_limited_api=True,

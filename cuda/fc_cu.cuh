@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "common/fc_chunk_rules.h"
-#include "fc_cuda.h"
+#include "backend_cuda/fc_cuda.h"
 #include "common/fc_half.h"
 #include "common/fc_quant.h"
 #include "common/fc_range.h"
@@ -60,6 +60,17 @@ __host__ __device__ __forceinline__ void fc_cu_span(const fc_cuda_geom &g, int c
 __host__ __device__ __forceinline__ int fc_cu_sent(const fc_cuda_geom &g, int c, int64_t n)
 {
     return fc_chunk_sent(n, c, g.rank, g.skip_own);
+}
+
+// f(f(f(0.0f, r0), r1), ...) over the ranks r that sent the own chunk a payload, in rank order (the
+// own rank's is absent where its chunk is kept exact): a receiver's sum over the senders.
+template <class F> __device__ __forceinline__ float fc_cu_fold_senders(const fc_cuda_geom &g, F f)
+{
+    float a = 0.0f;
+    for (int r = 0; r < g.world; r++)
+        if (!(g.skip_own && r == g.rank))
+            a = f(a, r);
+    return a;
 }
 
 // Byte offset of chunk c's payload in the send buffer: every sent chunk before it is full.
@@ -131,6 +142,23 @@ __device__ __forceinline__ void fc_cu_store_res(void *res, int rdt, int64_t i, f
         *sat += fc_bf16_saturates(e);
         ((uint16_t *)res)[i] = fc_f32_to_bf16(e);
     }
+}
+
+// The first position of the ascending a[0, count) whose value is not below v (count if none):
+// the kept indices of a selection, a group's sorted sketch keys. v converts to T, as a[]'s.
+template <class T> struct fc_cu_type { typedef T type; };
+template <class T>
+__device__ __forceinline__ int64_t fc_cu_lower_bound(const T *a, int64_t count, typename fc_cu_type<T>::type v)
+{
+    int64_t lo = 0, hi = count;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (a[mid] < v)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
 }
 
 template <class T> __device__ __forceinline__ T fc_cu_warp_sum(T v)
@@ -331,7 +359,7 @@ static inline dim3 fc_cu_grid(int64_t units_per_chunk, int per_block, int world)
 // CPU decode_add's contribution alpha * D(body)[i], so the sum matches the CPU bit for bit; it
 // sets poison for a code no encoder writes (the CPU raises PayloadError there).
 
-// Output element i = v as the CPU's fc_core_write_out stores it: a NaN/Inf passes (canonical,
+// Output element i = v as the CPU's fc_cpu_write_out stores it: a NaN/Inf passes (canonical,
 // *nonfinite) when the sum brought one (`passed`), else it is the overflow of finite terms and
 // saturates (*sat, fc_output_fix); a narrow output saturates at its format's largest value.
 __device__ __forceinline__ void fc_cu_store_out(void *out, int odt, int64_t i, float v, int passed,
@@ -359,7 +387,7 @@ __device__ __forceinline__ bool fc_cu_out_tail(void *out, int odt, int64_t i, in
     return true;
 }
 
-// The own chunk's element as the CPU's fc_core_add_own adds it: a NaN/Inf is 0 in "zero" mode,
+// The own chunk's element as the CPU's fc_cpu_add_own adds it: a NaN/Inf is 0 in "zero" mode,
 // else passed on, a NaN as the canonical one.
 __device__ __forceinline__ float fc_cu_own(const fc_cu_dec &d, int64_t i)
 {

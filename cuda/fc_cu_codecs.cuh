@@ -166,6 +166,29 @@ struct fc_cu_scale_blk {
     }
 };
 
+// int8's and fp8's decode: element i is alpha * its block's scale (the meta) * code(byte i of
+// the codes), one per byte; they differ only in what a byte means (code).
+template <class Code> struct fc_cu_scale8_dec {
+    int64_t meta;
+    int shift;
+    Code code;
+    __device__ float term(const uint8_t *b, int64_t i, float alpha, int *) const
+    {
+        const float s = alpha * ((const float *)b)[i >> shift];
+        return s * code(b[meta + i]);
+    }
+    __device__ void add16(const uint8_t *b, int64_t i0, float alpha, float acc[16], uint32_t *) const
+    {
+        uint32_t u[4];
+        fc_cu_ld_words<4>(b + meta + i0, u);
+        for (int g = 0; g < 2; g++) {
+            const float s = alpha * ((const float *)b)[(i0 + 8 * g) >> shift];
+            for (int j = 0; j < 8; j++)
+                acc[8 * g + j] += s * code((uint8_t)(u[2 * g + (j >> 2)] >> (8 * (j & 3))));
+        }
+    }
+};
+
 // ---- int8 (m_int8.c): per block s = amax / 127, q = round(x / s) or floor(x / s + u)
 
 struct fc_cu_int8_codec : fc_cu_amax_codec {
@@ -207,26 +230,11 @@ struct fc_cu_int8_codec : fc_cu_amax_codec {
         fc_cu_store_bytes(body + meta_bytes(n) + i, q8, m);
     }
 
-    struct dec {
-        int64_t meta;
-        int shift;
-        __device__ float term(const uint8_t *b, int64_t i, float alpha, int *) const
-        {
-            const float s = alpha * ((const float *)b)[i >> shift];
-            return s * (float)((const int8_t *)(b + meta))[i];
-        }
-        __device__ void add16(const uint8_t *b, int64_t i0, float alpha, float acc[16], uint32_t *) const
-        {
-            uint32_t u[4];
-            fc_cu_ld_words<4>(b + meta + i0, u);
-            for (int g = 0; g < 2; g++) {
-                const float s = alpha * ((const float *)b)[(i0 + 8 * g) >> shift];
-                for (int j = 0; j < 8; j++)
-                    acc[8 * g + j] += s * (float)(int8_t)(u[2 * g + (j >> 2)] >> (8 * (j & 3)));
-            }
-        }
+    struct code { // q's byte as the signed integer it is
+        __device__ float operator()(uint8_t q) const { return (float)(int8_t)q; }
     };
-    __host__ __device__ dec at(int64_t n) const { return dec{meta_bytes(n), fc_cu_log2(bs)}; }
+    struct dec : fc_cu_scale8_dec<code> {};
+    __host__ __device__ dec at(int64_t n) const { return dec{{meta_bytes(n), fc_cu_log2(bs), code{}}}; }
 };
 
 // ---- fp8 (m_fp8.c): per block s = amax / fmax, code = fp8(x / s)
@@ -254,26 +262,12 @@ struct fc_cu_fp8_codec : fc_cu_amax_codec {
         fc_cu_store_bytes(body + meta_bytes(n) + i, q8, m);
     }
 
-    struct dec {
-        int64_t meta;
-        int shift, fmt;
-        __device__ float term(const uint8_t *b, int64_t i, float alpha, int *) const
-        {
-            const float s = alpha * ((const float *)b)[i >> shift];
-            return s * fc_fp8_to_f32(b[meta + i], fmt);
-        }
-        __device__ void add16(const uint8_t *b, int64_t i0, float alpha, float acc[16], uint32_t *) const
-        {
-            uint32_t u[4];
-            fc_cu_ld_words<4>(b + meta + i0, u);
-            for (int g = 0; g < 2; g++) {
-                const float s = alpha * ((const float *)b)[(i0 + 8 * g) >> shift];
-                for (int j = 0; j < 8; j++)
-                    acc[8 * g + j] += s * fc_fp8_to_f32((uint8_t)(u[2 * g + (j >> 2)] >> (8 * (j & 3))), fmt);
-            }
-        }
+    struct code { // q's byte as the fp8 value it encodes
+        int fmt;
+        __device__ float operator()(uint8_t q) const { return fc_fp8_to_f32(q, fmt); }
     };
-    __host__ __device__ dec at(int64_t n) const { return dec{meta_bytes(n), fc_cu_log2(bs), fmt}; }
+    struct dec : fc_cu_scale8_dec<code> {};
+    __host__ __device__ dec at(int64_t n) const { return dec{{meta_bytes(n), fc_cu_log2(bs), code{fmt}}}; }
 };
 
 // ---- nc (m_nc.c): per block the largest exponent, per element sign + stochastic power of two

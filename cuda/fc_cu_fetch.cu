@@ -126,7 +126,7 @@ __device__ __forceinline__ int fetch_own_pass(const fc_cuda_fetch_args &a)
     return a.h.geo.skip_own && !a.h.nonfinite_zero;
 }
 
-// The own chunk's element as fc_core_add_own adds it (0 in "zero" mode for a NaN/Inf).
+// The own chunk's element as fc_cpu_add_own adds it (0 in "zero" mode for a NaN/Inf).
 __device__ __forceinline__ float fetch_own(const fc_cuda_fetch_args &a, int64_t i)
 {
     const float g = fc_cu_load(a.h.grad, a.h.grad_dtype, i);

@@ -69,6 +69,29 @@ __device__ __forceinline__ int64_t gvq_slice_of(int64_t i, int m, double inv)
     return s;
 }
 
+// A thread's walk over a tile's elements j = threadIdx.x, + GVQ_THREADS, ...: slice s and index i
+// of element j (j = s * m + i) carried along, without a division per step.
+struct gvq_walk {
+    int j, s, i;
+    int step_s, step_i, m;
+
+    __device__ static gvq_walk start(int m)
+    {
+        const int tid = threadIdx.x, s = tid / m, step_s = GVQ_THREADS / m;
+        return gvq_walk{tid, s, tid - s * m, step_s, GVQ_THREADS - step_s * m, m};
+    }
+    __device__ __forceinline__ void next()
+    {
+        j += GVQ_THREADS;
+        s += step_s;
+        i += step_i;
+        if (i >= m) {
+            i -= m;
+            s++;
+        }
+    }
+};
+
 // ---- encode: coefficients and residual of a tile of slices per block iteration
 
 // coef[s*k + j] = sum_i U[j][i] * v_s[i] from 0.0f, i ascending (v zero past the chunk), as the
@@ -100,21 +123,14 @@ __global__ void __launch_bounds__(GVQ_THREADS) gvq_encode_tiles(fc_cu_enc e, gvq
     fc_cu_res_sink sink = fc_cu_res_sink::make(e, start, fc_cu_sampled(e, c));
     const int64_t ns = (n + m - 1) / m, tiles = (ns + ts - 1) / ts;
     const int tid = threadIdx.x;
-    const int step_s = GVQ_THREADS / m, step_i = GVQ_THREADS - step_s * m; // j += GVQ_THREADS
-    const int tid_s = tid / m, tid_i = tid - tid_s * m;
+    const gvq_walk walk = gvq_walk::start(m);
     for (int64_t tl = blockIdx.x; tl < tiles; tl += gridDim.x) {
         const int64_t s0 = tl * ts, lo0 = s0 * m;
         const int cnt = (int)(ns - s0 < ts ? ns - s0 : ts), len = cnt * m;
-        for (int j = tid, s = tid_s, i = tid_i; j < len; j += GVQ_THREADS) {
-            const float v = lo0 + j < n ? e.src.x(start + lo0 + j) : 0.0f;
-            xs[j] = v;
-            vs[s * mv + i] = v;
-            s += step_s;
-            i += step_i;
-            if (i >= m) {
-                i -= m;
-                s++;
-            }
+        for (gvq_walk w = walk; w.j < len; w.next()) {
+            const float v = lo0 + w.j < n ? e.src.x(start + lo0 + w.j) : 0.0f;
+            xs[w.j] = v;
+            vs[w.s * mv + w.i] = v;
         }
         __syncthreads();
         for (int t = tid; t < cnt * k; t += GVQ_THREADS) {
@@ -138,17 +154,11 @@ __global__ void __launch_bounds__(GVQ_THREADS) gvq_encode_tiles(fc_cu_enc e, gvq
         __syncthreads();
         if (sink.on()) { // uniform: the chunk's
             float *rs = vs; // the slices are read: d per element of the tile, contiguous
-            for (int j = tid, s = tid_s, i = tid_i; j < len; j += GVQ_THREADS) {
+            for (gvq_walk w = walk; w.j < len; w.next()) {
                 float d = 0.0f;
                 for (int q = 0; q < k; q++)
-                    d += uu[q * ustr + i] * cs[s * k + q];
-                rs[j] = -1.0f * d;
-                s += step_s;
-                i += step_i;
-                if (i >= m) {
-                    i -= m;
-                    s++;
-                }
+                    d += uu[q * ustr + w.i] * cs[w.s * k + q];
+                rs[w.j] = -1.0f * d;
             }
             __syncthreads();
             for (int j = 8 * tid; j < len; j += 8 * GVQ_THREADS) {
@@ -334,14 +344,10 @@ __global__ void gvq_aggregate(fc_cu_dec d, int64_t coefs, float *agg)
     int64_t sat = 0; // the senders' sum saturating: not counted
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < coefs; t += stride) {
-        float a = 0.0f;
-        for (int r = 0; r < d.geo.world; r++) {
-            if (d.geo.skip_own && r == d.geo.rank)
-                continue;
+        agg[t] = fc_cu_fold_senders(d.geo, [&](float a, int r) {
             const float *coef = (const float *)(d.recv + fc_cu_recv_off(d.geo, r, d.slot) + FC_HEADER_BYTES);
-            a = fc_add_sat(a, coef[t], &sat);
-        }
-        agg[t] = a;
+            return fc_add_sat(a, coef[t], &sat);
+        });
     }
 }
 
@@ -382,7 +388,8 @@ __global__ void __launch_bounds__(GVQ_THREADS) gvq_add(fc_cu_dec d, gvq_cfg g, c
     const int m = g.m, k = g.k, ts = gvq_tile_slices(m);
     const int64_t n = d.out_numel, ns = (n + m - 1) / m, tiles = (ns + ts - 1) / ts;
     const int bad = d.bad[0] != 0;
-    const int tid = threadIdx.x, step_s = GVQ_THREADS / m, step_i = GVQ_THREADS - step_s * m;
+    const int tid = threadIdx.x;
+    const gvq_walk walk = gvq_walk::start(m);
     for (int64_t tl = blockIdx.x; tl < tiles; tl += gridDim.x) {
         const int64_t s0 = tl * ts, lo0 = s0 * m;
         const int cnt = (int)(ns - s0 < ts ? ns - s0 : ts);
@@ -391,20 +398,14 @@ __global__ void __launch_bounds__(GVQ_THREADS) gvq_add(fc_cu_dec d, gvq_cfg g, c
                 cs[t] = coef[s0 * k + t];
         __syncthreads();
         const int len = (int)(n - lo0 < (int64_t)cnt * m ? n - lo0 : (int64_t)cnt * m);
-        for (int j = tid, s = tid / m, i = tid - (tid / m) * m; j < len; j += GVQ_THREADS) {
+        for (gvq_walk w = walk; w.j < len; w.next()) {
             if (bad) {
-                fc_cu_add_canon(out + lo0 + j, fc_bits_f32(FC_NAN_BITS));
+                fc_cu_add_canon(out + lo0 + w.j, fc_bits_f32(FC_NAN_BITS));
             } else {
                 float dd = 0.0f;
                 for (int q = 0; q < k; q++)
-                    dd += uu[q * ustr + i] * cs[s * k + q];
-                fc_cu_add_canon(out + lo0 + j, d.alpha * dd);
-            }
-            s += step_s;
-            i += step_i;
-            if (i >= m) {
-                i -= m;
-                s++;
+                    dd += uu[q * ustr + w.i] * cs[w.s * k + q];
+                fc_cu_add_canon(out + lo0 + w.j, d.alpha * dd);
             }
         }
         __syncthreads();

@@ -443,13 +443,10 @@ __global__ void rk_picks(fc_cu_dec d, fc_cu_vc vc, const int64_t *idx, int64_t k
     fc_cu_at_picks out(d);
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < k; j += stride) {
-        float sum = 0.0f;
-        for (int r = 0; r < d.geo.world; r++) {
-            if (d.geo.skip_own && r == d.geo.rank)
-                continue;
+        const float sum = fc_cu_fold_senders(d.geo, [&](float s, int r) {
             int bad = 0;
-            sum += vc.term(rk_values(d, r), k, j, 1.0f, &bad); // fc_vcodec_decode_add into the sum
-        }
+            return s + vc.term(rk_values(d, r), k, j, 1.0f, &bad); // fc_vcodec_decode_add into the sum
+        });
         out.put(idx[j], a * sum);
     }
     out.done();

@@ -81,26 +81,13 @@ __global__ void sel_init(fc_cu_sel_space sp, uint32_t thr, fc_cu_sel_chunk *ch)
     }
 }
 
-// Counted selections: chunk c's kept indices are those of idx in [start, start + n).
-__device__ __forceinline__ int64_t sel_lower_bound(const int64_t *idx, int64_t count, int64_t v)
-{
-    int64_t lo = 0, hi = count;
-    while (lo < hi) {
-        const int64_t mid = lo + (hi - lo) / 2;
-        if (idx[mid] < v)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
 __global__ void sel_count(fc_cu_sel_chunk *ch, int chunks, const int64_t *idx, const int64_t *num)
 {
     const int64_t total = *num;
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += gridDim.x * blockDim.x) {
-        const int64_t a = sel_lower_bound(idx, total, ch[c].start);
-        const int64_t b = sel_lower_bound(idx, total, ch[c].start + ch[c].n);
+        // counted selections: chunk c's kept indices are those of idx in [start, start + n)
+        const int64_t a = fc_cu_lower_bound(idx, total, ch[c].start);
+        const int64_t b = fc_cu_lower_bound(idx, total, ch[c].start + ch[c].n);
         ch[c].off = a;
         ch[c].k = ch[c].on ? b - a : 0;
     }

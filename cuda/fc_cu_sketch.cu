@@ -52,19 +52,6 @@ __global__ void sk_pairs(fc_cu_enc e, sk_cfg cfg, int j, int g0, int gc, int64_t
     }
 }
 
-__device__ __forceinline__ int64_t sk_lower_bound(const uint32_t *k, int64_t count, uint32_t v)
-{
-    int64_t lo = 0, hi = count;
-    while (lo < hi) {
-        const int64_t mid = lo + (hi - lo) / 2;
-        if (k[mid] < v)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
 // One thread per bucket of each chunk of the group: its terms in index order from 0.0f, each
 // added as the CPU's `row[col] = fc_add_sat(row[col], term)` (a bucket beyond fp32 saturates;
 // the codec's own count, not kept on the device), a NaN bucket written as the canonical NaN.
@@ -79,7 +66,7 @@ __global__ void sk_buckets(fc_cu_enc e, sk_cfg cfg, int j, int g0, int gc, const
         const int64_t col = t - (int64_t)(c - g0) * cfg.cols, width = sk_width(cfg, n);
         if (!fc_cu_sent(e.geo, c, n) || col >= width) // a shorter last chunk: a narrower table
             continue;
-        const int64_t lo = sk_lower_bound(keys, count, (uint32_t)t), hi = sk_lower_bound(keys, count, (uint32_t)t + 1);
+        const int64_t lo = fc_cu_lower_bound(keys, count, (uint32_t)t), hi = fc_cu_lower_bound(keys, count, (uint32_t)t + 1);
         float acc = 0.0f;
         int64_t sat = 0;
         for (int64_t q = lo; q < hi; q++)
@@ -290,7 +277,7 @@ __global__ void sk_estimates(fc_cu_dec d, sk_cfg cfg, fc_rng shared, const float
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float v = fc_sketch_estimate(tt, cfg.rows, cfg.cols, keys, i);
-        if (own) { // the CPU's acc: 0 + the own chunk as fc_core_add_own adds it
+        if (own) { // the CPU's acc: 0 + the own chunk as fc_cpu_add_own adds it
             float o = 0.0f;
             if (d.geo.skip_own)
                 o += fc_cu_own(d, start + i);

@@ -127,30 +127,45 @@ __device__ __forceinline__ bool skt_chunk(const skt_pass &t, const sk_cfg &cfg, 
     return true;
 }
 
+// A per-tile kernel's chunk (blockIdx.y): its span, table width, groups and tiles.
+struct skt_span {
+    int64_t start, n, tiles;
+    uint32_t w;
+    int groups;
+};
+
+// The opening of a per-tile kernel: chunk c's span and the like into *s, and its row keys into
+// keys; false (for the whole block) where the chunk is not sent or the block has no tile of it.
+__device__ __forceinline__ bool skt_block(const skt_pass &t, const sk_cfg &cfg, fc_rng shared, int c, uint32_t *keys,
+                                          skt_span *s)
+{
+    if (!skt_chunk(t, cfg, c, &s->start, &s->n, &s->w, &s->groups))
+        return false;
+    s->tiles = (s->n + SKT_TILE - 1) / SKT_TILE;
+    if ((int64_t)blockIdx.x >= s->tiles)
+        return false;
+    sk_keys(shared, c, cfg.rows, keys);
+    return true;
+}
+
 // Per tile of chunk blockIdx.y: the terms of each (row, group), into the counts' columns.
 __global__ void __launch_bounds__(SKT_THREADS) skt_count(skt_pass t, sk_cfg cfg, fc_rng shared, uint32_t *cnt)
 {
     __shared__ uint32_t keys[SK_MAX_ROWS];
     __shared__ unsigned hist[SKT_ROWS * SKT_MAX_GROUPS];
     const int c = blockIdx.y;
-    int64_t start, n;
-    uint32_t w;
-    int groups;
-    if (!skt_chunk(t, cfg, c, &start, &n, &w, &groups))
+    skt_span ch;
+    if (!skt_block(t, cfg, shared, c, keys, &ch))
         return;
-    const int64_t tiles = (n + SKT_TILE - 1) / SKT_TILE;
-    if ((int64_t)blockIdx.x >= tiles) // the whole block
-        return;
-    sk_keys(shared, c, cfg.rows, keys);
     const int nb = t.rows * t.gc;
-    for (int64_t tl = blockIdx.x; tl < tiles; tl += gridDim.x) {
+    for (int64_t tl = blockIdx.x; tl < ch.tiles; tl += gridDim.x) {
         for (int b = threadIdx.x; b < nb; b += SKT_THREADS)
             hist[b] = 0;
         __syncthreads();
-        for (int q = threadIdx.x; q < SKT_TILE && tl * SKT_TILE + q < n; q += SKT_THREADS) {
+        for (int q = threadIdx.x; q < SKT_TILE && tl * SKT_TILE + q < ch.n; q += SKT_THREADS) {
             const uint64_t i = (uint64_t)(tl * SKT_TILE + q);
             for (int jj = 0; jj < t.rows; jj++) {
-                const uint32_t col = fc_sketch_col(fc_sketch_hash(i, keys[t.j0 + jj]), w);
+                const uint32_t col = fc_sketch_col(fc_sketch_hash(i, keys[t.j0 + jj]), ch.w);
                 atomicAdd(&hist[jj * t.gc + (int)(col / SKT_GROUP)], 1u);
             }
         }
@@ -216,33 +231,27 @@ __global__ void __launch_bounds__(SKT_THREADS) skt_scatter(fc_cu_enc e, skt_pass
     __shared__ float st[SKT_TILE];
     __shared__ uint16_t sk[SKT_TILE];
     const int c = blockIdx.y;
-    int64_t start, n;
-    uint32_t w;
-    int groups;
-    if (!skt_chunk(t, cfg, c, &start, &n, &w, &groups))
+    skt_span ch;
+    if (!skt_block(t, cfg, shared, c, keys, &ch))
         return;
-    const int64_t tiles = (n + SKT_TILE - 1) / SKT_TILE;
-    if ((int64_t)blockIdx.x >= tiles)
-        return;
-    sk_keys(shared, c, cfg.rows, keys);
-    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, bits = skt_bits((unsigned)groups - 1u);
+    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, bits = skt_bits((unsigned)ch.groups - 1u);
     const int64_t obase = skt_obase(t, c);
-    for (int64_t tl = blockIdx.x; tl < tiles; tl += gridDim.x) {
+    for (int64_t tl = blockIdx.x; tl < ch.tiles; tl += gridDim.x) {
         const int64_t i0 = tl * SKT_TILE;
         float x[SKT_PER];
 #pragma unroll
         for (int k = 0; k < SKT_PER; k++) {
             const int64_t i = i0 + wp * (SKT_TILE / SKT_WARPS) + k * 32 + lane;
-            x[k] = i < n ? e.src.x(start + i) : 0.0f;
+            x[k] = i < ch.n ? e.src.x(ch.start + i) : 0.0f;
         }
         for (int jj = 0; jj < t.rows; jj++) {
             if (wp == 0) { // where this tile's terms of each group go: the run's start + the tile's offset
-                const int per = (groups + 31) / 32;
+                const int per = (ch.groups + 31) / 32;
                 const int64_t col0 = skt_col(t, c, jj, 0);
                 int64_t sum = 0;
                 for (int x2 = 0; x2 < per; x2++) {
                     const int g = lane * per + x2;
-                    if (g < groups)
+                    if (g < ch.groups)
                         sum += tot[col0 + g];
                 }
                 int64_t incl = sum;
@@ -251,16 +260,16 @@ __global__ void __launch_bounds__(SKT_THREADS) skt_scatter(fc_cu_enc e, skt_pass
                     if (lane >= o)
                         incl += y;
                 }
-                int64_t run = obase + jj * n + incl - sum;
+                int64_t run = obase + jj * ch.n + incl - sum;
                 for (int x2 = 0; x2 < per; x2++) {
                     const int g = lane * per + x2;
-                    if (g < groups) {
+                    if (g < ch.groups) {
                         base[g] = run + off[(col0 + g) * t.tpc + tl];
                         run += tot[col0 + g];
                     }
                 }
             }
-            for (int b = lane; b < groups; b += 32)
+            for (int b = lane; b < ch.groups; b += 32)
                 wc[wp][b] = 0;
             __syncwarp();
             const uint32_t key = keys[t.j0 + jj];
@@ -269,23 +278,23 @@ __global__ void __launch_bounds__(SKT_THREADS) skt_scatter(fc_cu_enc e, skt_pass
 #pragma unroll
             for (int k = 0; k < SKT_PER; k++) {
                 const int64_t row = i0 + wp * (SKT_TILE / SKT_WARPS) + k * 32, i = row + lane;
-                kk[k] = (unsigned)(groups - 1) << 5; // past the end: the last group, after its terms
+                kk[k] = (unsigned)(ch.groups - 1) << 5; // past the end: the last group, after its terms
                 tm[k] = 0.0f;
-                if (i < n) {
+                if (i < ch.n) {
                     const uint32_t h = fc_sketch_hash((uint64_t)i, key);
-                    kk[k] = fc_sketch_col(h, w); // group << 5 | bucket in the group
+                    kk[k] = fc_sketch_col(h, ch.w); // group << 5 | bucket in the group
                     tm[k] = fc_sketch_sign(h) * x[k];
                 }
-                if (row < n) // a row of the warp wholly past the end takes no place
+                if (row < ch.n) // a row of the warp wholly past the end takes no place
                     rk[k] = skt_warp_rank(kk[k] >> 5, bits, wc[wp]);
             }
             __syncthreads();
             if (wp == 0)
-                skt_places(wc, groups, loc);
+                skt_places(wc, ch.groups, loc);
             __syncthreads();
 #pragma unroll
             for (int k = 0; k < SKT_PER; k++) {
-                if (i0 + wp * (SKT_TILE / SKT_WARPS) + k * 32 < n) {
+                if (i0 + wp * (SKT_TILE / SKT_WARPS) + k * 32 < ch.n) {
                     const unsigned p = wc[wp][kk[k] >> 5] + rk[k];
                     st[p] = tm[k];
                     sk[p] = (uint16_t)kk[k];
@@ -293,7 +302,7 @@ __global__ void __launch_bounds__(SKT_THREADS) skt_scatter(fc_cu_enc e, skt_pass
             }
             __syncthreads();
             // the tile's terms (those past the end take the last places) out, runs of a group coalesced
-            const unsigned valid = (unsigned)(n - i0 < SKT_TILE ? n - i0 : SKT_TILE);
+            const unsigned valid = (unsigned)(ch.n - i0 < SKT_TILE ? ch.n - i0 : SKT_TILE);
             for (unsigned p = threadIdx.x; p < valid; p += SKT_THREADS) {
                 const int g = sk[p] >> 5;
                 const int64_t at = base[g] + (p - loc[g]);

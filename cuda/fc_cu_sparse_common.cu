@@ -132,14 +132,7 @@ error:
 // Whether global index i is among the kept ones: idx[0, total) ascending (chunk by chunk).
 __device__ __forceinline__ int res_kept(const int64_t *idx, int64_t total, int64_t i)
 {
-    int64_t lo = 0, hi = total;
-    while (lo < hi) {
-        const int64_t mid = lo + (hi - lo) / 2;
-        if (idx[mid] < i)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    const int64_t lo = fc_cu_lower_bound(idx, total, i);
     return lo < total && idx[lo] == i;
 }
 

@@ -1,9 +1,7 @@
-/* fc_backend_cpu.c: the CPU backend's table (fc_backend.h): the loops of fc_encode.c, fc_decode.c,
- * fc_res8.c and the driver's second round (fc_fetch.c), and the entries the CPU needs no work
- * for. Here, with the loops, as fc_backend_cuda sits with the CUDA backend (fc_cuda_path.c). */
-#include "driver/fc_core_impl.h"
-
-#include "driver/fc_backend.h"
+/* fc_backend_cpu.c: the CPU backend's table (fc_backend.h): the loops of fc_encode.c (the per-peer
+ * parts too), fc_decode.c, fc_fetch_cpu.c (the second round) and fc_res8.c, and the entries the
+ * CPU needs no work for. Here, with the loops, as fc_backend_cuda sits with the CUDA backend (fc_cuda_path.c). */
+#include "backend_cpu/fc_cpu.h"
 
 /* The CPU backend's scratch grows inside each call, and its counters are the host's. */
 static int cpu_prepare(fc_core *s, const fc_exec *x, const fc_prep *p, fc_err *err)
@@ -33,6 +31,8 @@ const fc_backend fc_backend_cpu = {
     cpu_read_counters,
     cpu_reset_counters,
     fc_cpu_encode,
+    fc_cpu_encode_parts_open,
+    fc_cpu_encode_piece,
     fc_cpu_decode,
     fc_cpu_compress,
     fc_cpu_decompress,

@@ -1,7 +1,7 @@
 /* fc_decode.c: the driver's decode on the CPU: header checks, rank-order accumulation (or the
  * compressed-domain sum), the owner's picks of a second round, the output's cast and range rules
  * (fc_drive_decode, its per-peer parts, decompress()). */
-#include "driver/fc_core_impl.h"
+#include "backend_cpu/fc_cpu.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -148,23 +148,6 @@ static int pick_coordinates(fc_core *s, const fc_method *m, const fc_chunk *c0, 
     return FC_OK;
 }
 
-int fc_core_check_recv(const fc_core *s, int64_t numel, int dtype, int world, int rank,
-                       int64_t have, int64_t *recvs, fc_err *err)
-{
-    const fc_method *m = fc_core_wire_method(s, numel, world, dtype);
-    const int varsize = (m->flags & FC_VARSIZE) != 0;
-    int64_t sends[FC_MAX_WORLD], total = 0;
-    fc_core_plan(s, numel, dtype, world, rank, sends, recvs);
-    for (int r = 0; r < world; r++)
-        total += recvs[r];
-    /* data-dependent sizes: the plan is an upper bound and the payloads lie back to back */
-    if (varsize ? have > total : have != total)
-        return fc_fail(err, FC_ERR_PAYLOAD, "receive buffer has %lld bytes, the plan for %lld "
-                       "elements over %d ranks needs %s%lld", (long long)have, (long long)numel,
-                       world, varsize ? "at most " : "", (long long)total);
-    return FC_OK;
-}
-
 int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf *grad,
                   fc_buf *out, int world, int rank, uint32_t unit, const int64_t *recvs,
                   fc_err *err)
@@ -199,7 +182,7 @@ int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf
         if (n == 0)
             break;
         if (recvs[r] == 0) { /* the own chunk, exact */
-            own_bad = fc_core_add_own(s, grad, start, n, acc);
+            own_bad = fc_cpu_add_own(s, grad, start, n, acc);
             own_exact = 1;
             continue;
         }
@@ -229,14 +212,14 @@ int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf
     if (senders > 0) /* one decode of the summed compressed payloads */
         FC_TRY(m->decode_agg(&c0, (const uint8_t *)s->agg, senders, 1.0f, acc, err));
     s->ctr.nonfinite_in += own_bad;
-    fc_core_write_out(s, acc, n, world, out, passed, own_exact ? grad : NULL, start);
+    fc_cpu_write_out(s, acc, n, world, out, passed, own_exact ? grad : NULL, start);
     return FC_OK;
 error:
     return rc;
 }
 
-int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, fc_buf *out,
-                        int world, int rank, uint32_t unit, int src, int piece, fc_err *err)
+int fc_cpu_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, fc_buf *out,
+                       int world, int rank, uint32_t unit, int src, int piece, fc_err *err)
 {
     int rc = FC_OK;
     const double t0 = fc_core_now_s();
@@ -283,7 +266,7 @@ int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, f
         FC_TRY(fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d (piece %d) has %lld bytes, the "
                        "plan says %lld", src, piece, (long long)payload->numel, (long long)want));
     if (exact) {
-        d->own_bad = fc_core_add_own(s, grad, start, n, s->acc);
+        d->own_bad = fc_cpu_add_own(s, grad, start, n, s->acc);
         d->own_exact = 1;
     } else if (n > 0) {
         const int64_t a = piece * d->len, np = n - a < d->len ? n - a : d->len;
@@ -299,7 +282,7 @@ int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, f
     }
     if (d->k == world) {
         s->ctr.nonfinite_in += d->own_bad;
-        fc_core_write_out(s, s->acc, n, world, out, d->passed, d->own_exact ? grad : NULL, start);
+        fc_cpu_write_out(s, s->acc, n, world, out, d->passed, d->own_exact ? grad : NULL, start);
         d->open = 0;
     }
     s->ctr.decompress_s += fc_core_now_s() - t0;
@@ -309,7 +292,7 @@ error:
     return rc;
 }
 
-int64_t fc_core_add_own(const fc_core *s, const fc_buf *grad, int64_t start, int64_t n, float *acc)
+int64_t fc_cpu_add_own(const fc_core *s, const fc_buf *grad, int64_t start, int64_t n, float *acc)
 {
     const int zero = s->common.nonfinite == FC_NONFINITE_ZERO;
     int64_t bad = 0;
@@ -359,8 +342,8 @@ static void fix_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *
     }
 }
 
-void fc_core_write_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *out, int passed,
-                       const fc_buf *own, int64_t own_start)
+void fc_cpu_write_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *out, int passed,
+                      const fc_buf *own, int64_t own_start)
 {
     const float w = (float)world;
     int64_t bad = 0, sat = 0;

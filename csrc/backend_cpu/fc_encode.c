@@ -1,7 +1,7 @@
 /* fc_encode.c: the CPU backend's encode: g' = g + e, payloads and headers, the residual update
  * and the error statistics (fc_cpu_encode, the per-peer parts, compress()); the driver
  * (fc_drive.c) decides and counts around it for CPU and CUDA tensors alike. */
-#include "driver/fc_core_impl.h"
+#include "backend_cpu/fc_cpu.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -460,14 +460,17 @@ error:
     return rc;
 }
 
-int fc_cpu_encode_parts_open(fc_core *s, const fc_buf *grad, fc_err *err)
+int fc_cpu_encode_parts_open(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_err *err)
 {
+    (void)x;
     return encode_scratch(s, grad, s->enc.key.world, s->enc.key.rank, 1, err);
 }
 
-int fc_cpu_encode_piece(fc_core *s, const fc_buf *grad, fc_buf *residual, int chunk, int piece,
-                        int64_t len, uint8_t *p, int64_t cap, fc_sent *out, fc_err *err)
+int fc_cpu_encode_piece(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *residual,
+                        int chunk, int piece, int64_t len, uint8_t *p, int64_t cap, fc_sent *out,
+                        fc_err *err)
 {
+    (void)x;
     return encode_chunk(s, grad, residual, chunk, piece, len, p, cap, out, err);
 }
 

@@ -4,7 +4,7 @@
 
 #include <string.h>
 
-#include "driver/fc_core_impl.h"
+#include "backend_cpu/fc_cpu.h"
 #include "methods/fc_simd.h"
 
 /* An AVX2 clone where the CPU has it: floorf is one vroundss there, a libm call in baseline

@@ -3,7 +3,7 @@
 #ifndef FC_CUDA_LOADER_H
 #define FC_CUDA_LOADER_H
 
-#include "../../cuda/fc_cuda.h"
+#include "backend_cuda/fc_cuda.h"
 #include "common/fc_status.h"
 
 /* The table, loading the library on first use; NULL with err filled when there is none. */

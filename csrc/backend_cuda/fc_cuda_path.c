@@ -584,6 +584,8 @@ const fc_backend fc_backend_cuda = {
     cuda_read_counters,
     cuda_reset_counters,
     cuda_encode,
+    NULL, /* the per-peer parts run on the host only (fc_drive_encode_part) */
+    NULL,
     cuda_decode,
     cuda_compress,
     cuda_decompress,

@@ -1,6 +1,6 @@
 /* fc_backend.h: the one call path from the State to the element work: the driver's entries
  * (fc_drive_*: plan, checks, decisions, counters, timing) and the backend table they call, one
- * for CPU tensors (the loops of fc_encode.c, fc_decode.c, fc_fetch.c) and one for CUDA tensors
+ * for CPU tensors (backend_cpu/: fc_backend_cpu.c's table over its loops) and one for CUDA tensors
  * (kernel launches through the CUDA library, fc_cuda_path.c), picked once per call by the
  * tensors' device. */
 #ifndef FC_BACKEND_H
@@ -53,6 +53,13 @@ struct fc_backend {
     /* every chunk of the open call s->enc into send, back to back; sent[c] per chunk */
     int (*encode)(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *send,
                   fc_buf *residual, fc_sent *sent, fc_err *err);
+    /* the per-peer parts of the open call s->enc (fc_drive_encode_part), NULL where a backend
+     * has none (CUDA): its scratch and per-peer layout once per call, then one piece of `len`
+     * elements of chunk `chunk` into p (cap bytes), what went out in *out */
+    int (*encode_parts_open)(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_err *err);
+    int (*encode_piece)(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *residual,
+                        int chunk, int piece, int64_t len, uint8_t *p, int64_t cap, fc_sent *out,
+                        fc_err *err);
     /* sum in rank order of the own chunk and the payloads (recvs: the plan's receive sizes),
      * / W, into out; a unit with a second round only picks (the driver keeps the count) */
     int (*decode)(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf *grad,
@@ -85,8 +92,6 @@ extern const fc_backend fc_backend_cuda; /* fc_cuda_path.c */
 
 /* The driver's entries, one for CPU and CUDA tensors: sizes[c] the bytes of the payload for
  * rank c (0 for none), back to back in send; below the plan's bounds for FC_VARSIZE methods. */
-/* sizes[c]: bytes of the payload for rank c (0 for none); they lie back to back in send. For
- * FC_VARSIZE methods they are smaller than the plan's bounds. */
 int fc_drive_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *send,
                     fc_buf *residual, int world, int rank, uint32_t unit, int64_t *sizes,
                     fc_err *err);
@@ -120,14 +125,14 @@ double fc_drive_residual_sq(const fc_core *s, const double *dev, int32_t n_dev);
 int fc_drive_uses_residual(const fc_core *s, int64_t numel, int world, int dtype);
 
 /* The same encode one payload at a time, for an exchange that overlaps the wire with the codec
- * (CPU tensors): piece `piece` of chunk `chunk` into its slot of send (*size 0: no payload).
+ * (a backend with encode_piece: CPU tensors): piece `piece` of chunk `chunk` into its slot of send (*size 0: no payload).
  * Every part comes once: chunks in any order, a chunk's pieces in order. With one piece per
  * chunk the bytes are those fc_drive_encode writes; the call is counted when its last part is
  * done. fc_drive_part_opens: whether a part of this call opens a new one (none is open, or
  * another one is). */
 int fc_drive_part_opens(const fc_core *s, uint32_t unit, int world, int rank, int64_t numel);
-int fc_drive_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual,
-                         int world, int rank, uint32_t unit, int chunk, int piece, int64_t *size,
+int fc_drive_encode_part(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *send,
+                         fc_buf *residual, int world, int rank, uint32_t unit, int chunk, int piece, int64_t *size,
                          fc_err *err);
 
 #endif

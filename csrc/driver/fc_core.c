@@ -1,6 +1,6 @@
 /* fc_core.c: the driver of the compressed reduce-scatter, method-agnostic: state, units and
  * their method state, the wire method and `none` fallback, the plan and its per-peer layout;
- * the CPU encode and decode are fc_encode.c and fc_decode.c. */
+ * the element work is a backend's, through fc_backend.h. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "driver/fc_core_impl.h"
 
@@ -328,6 +328,23 @@ void fc_core_plan(const fc_core *s, int64_t numel, int dtype, int world, int ran
         send_splits[c] = skip ? 0 : fc_plan_payload(&p, len);
         recv_splits[c] = skip ? 0 : p_own;
     }
+}
+
+int fc_core_check_recv(const fc_core *s, int64_t numel, int dtype, int world, int rank,
+                       int64_t have, int64_t *recvs, fc_err *err)
+{
+    const fc_method *m = fc_core_wire_method(s, numel, world, dtype);
+    const int varsize = (m->flags & FC_VARSIZE) != 0;
+    int64_t sends[FC_MAX_WORLD], total = 0;
+    fc_core_plan(s, numel, dtype, world, rank, sends, recvs);
+    for (int r = 0; r < world; r++)
+        total += recvs[r];
+    /* data-dependent sizes: the plan is an upper bound and the payloads lie back to back */
+    if (varsize ? have > total : have != total)
+        return fc_fail(err, FC_ERR_PAYLOAD, "receive buffer has %lld bytes, the plan for %lld "
+                       "elements over %d ranks needs %s%lld", (long long)have, (long long)numel,
+                       world, varsize ? "at most " : "", (long long)total);
+    return FC_OK;
 }
 
 /* ---- units and steps ---- */

@@ -226,27 +226,8 @@ int fc_core_per_peer_ok(const fc_core *s, int64_t numel, int world);
  * without payload). What rank r receives from rank s: piece plan of chunk r as rank s. */
 void fc_core_piece_plan(const fc_core *s, int64_t numel, int dtype, int world, int rank, int chunk,
                         int64_t *sizes, int *count);
-/* The per-peer encode is the driver's: fc_drive_encode_part (fc_backend.h). */
-/* Adds piece `piece` of the payload from rank `src` (empty for an own chunk kept exact). src =
- * rank opens the call, then rank+1, rank+2, ... (mod world), each sender's pieces in order: a
- * fixed order, so every run sums the same way; it differs from fc_drive_decode's rank order
- * (0, 1, ...) for world > 2 in rounding only. The last part writes `out`. */
-int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, fc_buf *out,
-                        int world, int rank, uint32_t unit, int src, int piece, fc_err *err);
-
-/* out = acc / world in out's dtype (zero past n). A value the output cannot hold saturates
- * (counted); where acc is not finite, fc_output_passes decides per element whether it goes
- * through, canonical and counted as nonfinite_out, or is the overflow of finite terms:
- * saturated (NaN: 0). `passed`: a payload of the sum was flagged NONFINITE (every element
- * passes); `own`: the gradient whose chunk [own_start, own_start + n) the sum took exact (NULL
- * when the own chunk was compressed too), whose NaN/Inf pass at their own elements in "pass"
- * mode. */
-void fc_core_write_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *out, int passed,
-                       const fc_buf *own, int64_t own_start);
-/* acc += the exact own chunk (grad[start, start + n)), its NaN/Inf zeroed in "zero" mode (a
- * NaN passed as the canonical one); returns how many there were (the caller counts them once
- * its call succeeds). */
-int64_t fc_core_add_own(const fc_core *s, const fc_buf *grad, int64_t start, int64_t n, float *acc);
+/* The per-peer encode is the driver's: fc_drive_encode_part (fc_backend.h); the per-peer
+ * decode is the CPU backend's (fc_cpu_decode_part, backend_cpu/fc_cpu.h). */
 
 /* Frees every unit's method state (before the unit table is replaced or freed). */
 void fc_core_free_unit_states(fc_core *s);

@@ -1,6 +1,6 @@
-/* fc_core_impl.h: what the driver's own files (fc_core.c, fc_encode.c, fc_decode.c) share
- * beyond fc_core.h: buffers, unit state, chunk contexts and the per-peer layout. Not for
- * anything outside the driver. */
+/* fc_core_impl.h: what the driver's files (fc_core.c, fc_drive.c, fc_fetch.c) and the backends
+ * working over its state share beyond fc_core.h: buffers, unit state, chunk contexts and the
+ * per-peer layout. Not for the glue or the methods. */
 #ifndef FC_CORE_IMPL_H
 #define FC_CORE_IMPL_H
 
@@ -27,39 +27,16 @@ int64_t fc_core_chunk_part_bytes(const fc_core *s, const fc_method *m, int64_t N
                                  int world, int rank, int c);
 const char *fc_core_not_per_peer(const fc_core *s, const fc_method *m, int64_t N, int world);
 
-/* The CPU backend's entries (fc_backend.h), in fc_encode.c, fc_decode.c, fc_fetch.c and
- * fc_res8.c. */
-int fc_cpu_res8_pack(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *packed, uint32_t key,
-                     fc_err *err);
 /* g' = g + d e: the residual's decay (`ef_decay`; 1 is plain error feedback). */
 static inline float fc_core_ef_decay(const fc_core *s)
 {
     return (float)s->common.ef_decay;
 }
 
-int fc_cpu_res8_unpack(fc_core *s, const fc_exec *x, const fc_buf *packed, fc_buf *e, fc_err *err);
-int fc_cpu_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *send,
-                  fc_buf *residual, fc_sent *sent, fc_err *err);
-/* The per-peer parts of the open call s->enc (fc_drive_encode_part opens, counts and closes it):
- * the CPU's scratch and per-peer layout once per call, then one piece of `len` elements of a
- * chunk into p (cap bytes), what went out in *out. */
-int fc_cpu_encode_parts_open(fc_core *s, const fc_buf *grad, fc_err *err);
-int fc_cpu_encode_piece(fc_core *s, const fc_buf *grad, fc_buf *residual, int chunk, int piece,
-                        int64_t len, uint8_t *p, int64_t cap, fc_sent *out, fc_err *err);
-int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf *grad,
-                  fc_buf *out, int world, int rank, uint32_t unit, const int64_t *recvs,
-                  fc_err *err);
-int fc_cpu_compress(fc_core *s, const fc_exec *x, const fc_buf *in, fc_buf *payload,
-                    fc_buf *residual, uint32_t unit, uint32_t chunk, int world, int rank, int64_t *written,
-                    fc_err *err);
-int fc_cpu_decompress(fc_core *s, const fc_exec *x, const fc_buf *payload, fc_buf *acc,
-                      float alpha, uint32_t unit, uint32_t chunk, int world, fc_err *err);
-int fc_cpu_fetch_picks(const fc_core *s, const fc_exec *x, uint32_t unit, uint32_t *out,
-                       int64_t kmax, fc_err *err);
-int fc_cpu_fetch_values(fc_core *s, const fc_exec *x, const uint32_t *all_picks, int64_t kmax,
-                        const fc_buf *grad, fc_buf *residual, int world, int rank, uint32_t unit,
-                        float *send, const int64_t *send_splits, fc_err *err);
-int fc_cpu_fetch_finish(fc_core *s, const fc_exec *x, const float *recv, const fc_buf *grad,
-                        fc_buf *out, int world, int rank, uint32_t unit, fc_err *err);
+/* Whether rank `from` sends chunk `to` a payload, and so values in a second round. */
+static inline int fc_core_sends(const fc_core *s, int from, int to)
+{
+    return from != to || s->common.compress_own_chunk;
+}
 
 #endif

@@ -100,9 +100,9 @@ int fc_drive_part_opens(const fc_core *s, uint32_t unit, int world, int rank, in
     return !s->enc.open || !fc_core_same_call(&s->enc.key, &key);
 }
 
-int fc_drive_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *residual,
-                         int world, int rank, uint32_t unit, int chunk, int piece, int64_t *size,
-                         fc_err *err)
+int fc_drive_encode_part(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *send,
+                         fc_buf *residual, int world, int rank, uint32_t unit, int chunk, int piece,
+                         int64_t *size, fc_err *err)
 {
     int rc = FC_OK;
     const double t0 = fc_core_now_s();
@@ -111,6 +111,9 @@ int fc_drive_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *r
     *size = 0;
     const fc_method *m = fc_core_wire_method(s, N, world, grad->dtype);
     /* bad arguments leave an open call as it was; only a failed encode drops it */
+    if (x->b->encode_piece == NULL)
+        return fc_fail(err, FC_ERR_TYPE, "encode_part runs on CPU tensors only; encode all chunks "
+                       "at once with encode()");
     if (chunk < 0 || chunk >= world)
         return fc_fail(err, FC_ERR_VALUE, "chunk must be in [0, %d), got %d", world, chunk);
     int64_t start, n, len;
@@ -125,7 +128,7 @@ int fc_drive_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *r
             return fc_fail(err, FC_ERR_VALUE, "method '%s' %s: encode all chunks at once with "
                            "encode()", m->name, why);
         encode_open(s, grad, residual, world, rank, unit);
-        FC_TRY(fc_cpu_encode_parts_open(s, grad, err));
+        FC_TRY(x->b->encode_parts_open(s, x, grad, err));
     }
     if (send->numel != e->at[world])
         return fc_fail(err, FC_ERR_VALUE, "send has %lld bytes, the parts of this call need %lld "
@@ -137,8 +140,8 @@ int fc_drive_encode_part(fc_core *s, const fc_buf *grad, fc_buf *send, fc_buf *r
     if (fc_core_has_payload(s, N, world, rank, chunk)) {
         const int64_t off = e->at[chunk] + piece * fc_core_piece_bytes(s, m, n, len, 0, grad->dtype);
         fc_sent p;
-        FC_TRY(fc_cpu_encode_piece(s, grad, residual, chunk, piece, len,
-                                   (uint8_t *)send->data + off, send->numel - off, &p, err));
+        FC_TRY(x->b->encode_piece(s, x, grad, residual, chunk, piece, len,
+                                  (uint8_t *)send->data + off, send->numel - off, &p, err));
         const int64_t np = n - piece * len < len ? n - piece * len : len;
         count_sent(s, &p, np, grad->dtype);
         *size = p.size;

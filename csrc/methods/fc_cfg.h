@@ -1,5 +1,5 @@
 /* fc_cfg.h: every method's parsed config, one struct per method, included by the CPU method
- * (csrc/m_<method>.c, whose key table fills it and holds the defaults) and by its CUDA kernels
+ * (csrc/methods/m_<method>.c, whose key table fills it and holds the defaults) and by its CUDA kernels
  * (cuda/fc_cu_<method>.cu, or fc_cu_blocks.cu for the block codecs, which read the fields): the
  * CUDA library receives the struct's bytes as the C side parsed them, so no key is looked up by
  * name and no default is written twice.

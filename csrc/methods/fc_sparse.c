@@ -16,8 +16,9 @@ static const fc_method *const quant_methods[] = {
 };
 
 /* The value method's keys at their defaults (its own table, so the defaults stay its own). */
-int fc_vcodec_init(fc_vcodec *v, fc_err *err)
+int fc_vcodec_init(fc_vcodec *v, int quantize, fc_err *err)
 {
+    v->quantize = quantize;
     const fc_method *m = quant_methods[v->quantize];
     if (m->cfg_size > FC_SUB_CFG)
         return fc_fail(err, FC_ERR_VALUE, "internal: %s's config does not fit the value codec", m->name);
@@ -111,6 +112,18 @@ int fc_vcodec_decode_add(const fc_vcodec *v, const fc_chunk *parent, const uint8
     fc_chunk c = sub_chunk(v, parent, k);
     return quant_methods[v->quantize]->decode_add(&c, in, fc_vcodec_bytes(v, parent, k), alpha,
                                                   vals, err);
+}
+
+int fc_vcodec_decode_scatter(const fc_vcodec *v, const fc_chunk *parent, const uint8_t *in, int64_t k,
+                             const uint32_t *idx, float alpha, float *vals, float *acc, fc_err *err)
+{
+    memset(vals, 0, (size_t)k * 4);
+    int rc = fc_vcodec_decode_add(v, parent, in, k, alpha, vals, err);
+    if (rc != FC_OK)
+        return rc;
+    for (int64_t j = 0; j < k; j++)
+        acc[idx[j]] += vals[j];
+    return FC_OK;
 }
 
 static int index_width(int64_t n)

@@ -10,9 +10,9 @@
 
 extern const char *const fc_sparse_quant_names[]; /* none, fp16, int8, qsgd, nc, intN */
 
-/* The value codec (fc_vcodec, fc_cfg.h): fills sub (the value method's defaults) and shape. */
-
-int fc_vcodec_init(fc_vcodec *v, fc_err *err);
+/* The value codec (fc_vcodec, fc_cfg.h) of the config's `quantize` choice: fills sub (the value
+ * method's defaults) and shape; a method's config check ends with it. */
+int fc_vcodec_init(fc_vcodec *v, int quantize, fc_err *err);
 /* value_bytes and meta_bytes of k values (index_bytes and kept untouched) */
 void fc_vcodec_layout(const fc_vcodec *v, const fc_chunk *parent, int64_t k, fc_layout *out);
 int64_t fc_vcodec_bytes(const fc_vcodec *v, const fc_chunk *parent, int64_t k);
@@ -22,6 +22,10 @@ int fc_vcodec_encode(const fc_vcodec *v, const fc_chunk *parent, const float *va
 /* vals[j] += alpha * decoded value j */
 int fc_vcodec_decode_add(const fc_vcodec *v, const fc_chunk *parent, const uint8_t *in, int64_t k,
                          float alpha, float *vals, fc_err *err);
+/* acc[idx[j]] += alpha * decoded value j of the k at `in`, in j order (vals: k floats of scratch,
+ * the values decoded from 0.0f first): a sparsifier's decode at its kept coordinates. */
+int fc_vcodec_decode_scatter(const fc_vcodec *v, const fc_chunk *parent, const uint8_t *in, int64_t k,
+                             const uint32_t *idx, float alpha, float *vals, float *acc, fc_err *err);
 
 /* Index coding of k ascending coordinates in [0, n): a bitmap when that is smaller, else
  * 16-bit absolute indices when n <= 65536, else 32-bit; padded to 4 bytes (counted as index). */

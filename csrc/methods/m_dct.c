@@ -40,8 +40,7 @@ static int dct_check(void *cfg, fc_err *err)
         return fc_fail(err, FC_ERR_VALUE, "dct: value_bits must be 2, 3 or 4 (0: intN's default)");
     if (d->value_stochastic && d->quantize != FC_VC_INTN && d->quantize != FC_VC_INT8)
         return fc_fail(err, FC_ERR_VALUE, "dct: value_stochastic applies to quantize='int8' or 'intN' only");
-    d->vc.quantize = d->quantize;
-    int rc = fc_vcodec_init(&d->vc, err);
+    int rc = fc_vcodec_init(&d->vc, d->quantize, err);
     if (rc != FC_OK)
         return rc;
     /* the value codec at its defaults, but for the width and rounding asked for here; intN's

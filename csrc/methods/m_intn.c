@@ -8,7 +8,7 @@
  * Two encoders and two decoders: the scalar reference (element by element, fc_pack8, the
  * definition a CUDA kernel follows) and the fast path (a stretch of 64 codes computed
  * branch-free into an L1 buffer, then packed 8 at a time with shifts), which must write the
- * same bytes and decode to the same floats (tests/test_fastpath.py). */
+ * same bytes and decode to the same floats (tests/core/test_fastpath.py). */
 #include <math.h>
 #include <string.h>
 #include "methods/fc_block.h"

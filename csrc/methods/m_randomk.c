@@ -20,8 +20,7 @@ static const fc_key randk_keys[] = {
 static int randk_check(void *cfg, fc_err *err)
 {
     fc_randomk_cfg *t = (fc_randomk_cfg *)cfg;
-    t->vc.quantize = t->quantize;
-    return fc_vcodec_init(&t->vc, err);
+    return fc_vcodec_init(&t->vc, t->quantize, err);
 }
 
 static int64_t randk_k(const fc_chunk *c)

@@ -31,8 +31,7 @@ static int thrv_check(void *cfg, fc_err *err)
         return fc_fail(err, FC_ERR_VALUE, "thresholdv config key 'threshold' must be > 0 with "
                        "\"values\": \"sign\" (kept elements decode to +-threshold), got %g",
                        t->threshold);
-    t->vc.quantize = t->quantize;
-    return fc_vcodec_init(&t->vc, err);
+    return fc_vcodec_init(&t->vc, t->quantize, err);
 }
 
 static void layout_k(const fc_chunk *c, int64_t k, fc_layout *out)
@@ -132,13 +131,8 @@ static int thrv_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
     if (cfg->values == FC_THRV_SIGN)
         return sign_decode_add(body + 4 + fc_index_bytes(n, k), idx, k, (float)cfg->threshold,
                                alpha, acc, err);
-    memset(vals, 0, (size_t)k * 4);
-    rc = fc_vcodec_decode_add(&cfg->vc, c, body + 4 + fc_index_bytes(n, k), k, alpha, vals, err);
-    if (rc != FC_OK)
-        return rc;
-    for (int64_t j = 0; j < k; j++)
-        acc[idx[j]] += vals[j];
-    return FC_OK;
+    return fc_vcodec_decode_scatter(&cfg->vc, c, body + 4 + fc_index_bytes(n, k), k, idx, alpha, vals,
+                                    acc, err);
 }
 
 const fc_method fc_method_thresholdv = {

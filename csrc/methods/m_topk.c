@@ -17,8 +17,7 @@ static const fc_key topk_keys[] = {
 static int topk_check(void *cfg, fc_err *err)
 {
     fc_topk_cfg *t = (fc_topk_cfg *)cfg;
-    t->vc.quantize = t->quantize;
-    return fc_vcodec_init(&t->vc, err);
+    return fc_vcodec_init(&t->vc, t->quantize, err);
 }
 
 static int64_t topk_k(const fc_chunk *c)
@@ -68,15 +67,8 @@ static int topk_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
     uint32_t *idx = (uint32_t *)c->scratch + n;
     float *vals = (float *)(idx + n);
     int rc = fc_index_decode(body, n, k, idx, err);
-    if (rc != FC_OK)
-        return rc;
-    memset(vals, 0, (size_t)k * 4);
-    rc = fc_vcodec_decode_add(&cfg->vc, c, body + fc_index_bytes(n, k), k, alpha, vals, err);
-    if (rc != FC_OK)
-        return rc;
-    for (int64_t j = 0; j < k; j++)
-        acc[idx[j]] += vals[j];
-    return FC_OK;
+    return rc != FC_OK ? rc : fc_vcodec_decode_scatter(&cfg->vc, c, body + fc_index_bytes(n, k), k, idx,
+                                                        alpha, vals, acc, err);
 }
 
 const fc_method fc_method_topk = {

@@ -3,6 +3,7 @@
 #include "python/state.h" /* first: it includes Python.h */
 #include <string.h>
 
+#include "backend_cpu/fc_cpu.h"
 #include "common/fc_res8.h"
 
 static int64_t plan_total(const int64_t *splits, int world)
@@ -278,8 +279,8 @@ PyObject *fc_state_encode_part(StateObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     rc = packed && opens ? fc_res_unpack(self, &x, &e.r, &err) : FC_OK;
     if (rc == FC_OK)
-        rc = fc_drive_encode_part(&self->core, &e.g.buf, &e.s.buf, e.use_ef ? e.r.buf : NULL, world,
-                                 rank, (uint32_t)unit, chunk, piece, &size, &err);
+        rc = fc_drive_encode_part(&self->core, &x, &e.g.buf, &e.s.buf, e.use_ef ? e.r.buf : NULL,
+                                  world, rank, (uint32_t)unit, chunk, piece, &size, &err);
     if (rc == FC_OK && packed && !self->core.enc.open) /* its last part: packed back */
         rc = fc_res_pack(self, &x, &e.r, (uint32_t)unit, FC_RES8_SALT_SCATTER, &err);
     Py_END_ALLOW_THREADS
@@ -316,8 +317,8 @@ PyObject *fc_state_decode_part(StateObject *self, PyObject *args)
         (c.v.buf.numel > 0 && (rc = fc_check_aligned(&c.v, "payload", &c.err)) != FC_OK))
         goto error;
     Py_BEGIN_ALLOW_THREADS
-    rc = fc_core_decode_part(&self->core, &c.v.buf, &c.g.buf, &c.o.buf, c.world, c.rank,
-                             (uint32_t)c.unit, c.src, c.piece, &c.err);
+    rc = fc_cpu_decode_part(&self->core, &c.v.buf, &c.g.buf, &c.o.buf, c.world, c.rank,
+                            (uint32_t)c.unit, c.src, c.piece, &c.err);
     Py_END_ALLOW_THREADS
 error: /* and success: rc says which */
     return fc_state_out_done(self, rc, &c);

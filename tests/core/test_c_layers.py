@@ -80,3 +80,48 @@ def test_error_feedback_is_decided_by_the_driver_only():
             for i, line in enumerate(_read(os.path.join("python", name)).splitlines(), 1)
             if "common.error_feedback" in line]
     assert not hits, "the glue decides error feedback itself (ask fc_drive_uses_residual): " + ", ".join(hits)
+
+
+# a function a C file defines for other files: its return type and name open a line, not `static`
+DEFINITION = re.compile(r"^(?!static\b|FC_CLONES static\b)[A-Za-z_][\w \t\*]*?\b(\w+)\s*\([^;{}]*\)\s*\{",
+                        re.M)
+COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
+
+
+def _c_files(layer):
+    return sorted(n for n in os.listdir(os.path.join(CSRC, layer)) if n.endswith(".c"))
+
+
+def test_driver_reaches_the_backends_through_their_table_only():
+    """The driver calls no function a backend defines: its element work goes through the table
+    (driver/fc_backend.h), so a backend can change without the driver knowing its names."""
+    defined = {}
+    for layer in ("backend_cpu", "backend_cuda"):
+        for name in _c_files(layer):
+            for fn in DEFINITION.findall(COMMENT.sub("", _read(os.path.join(layer, name)))):
+                defined[fn] = f"{layer}/{name}"
+    assert "fc_cpu_decode" in defined and "fc_cpu_encode" in defined, sorted(defined)  # the scan sees them
+    calls = []
+    for name in _c_files("driver"):
+        src = COMMENT.sub("", _read(os.path.join("driver", name)))
+        for fn in sorted(defined):
+            if re.search(r"\b%s\s*\(" % fn, src):
+                calls.append(f"driver/{name} calls {fn} ({defined[fn]}): a table entry, or the driver's own function")
+    assert not calls, "\n".join(calls)
+
+
+
+def test_no_include_climbs_out_of_its_include_directory():
+    """csrc/ and cuda/ are the include directories; a header is named from one of them, never
+    with `../` past it."""
+    root = os.path.dirname(CSRC)
+    bad = []
+    for top in ("csrc", "cuda"):
+        for d, _, names in os.walk(os.path.join(root, top)):
+            for name in sorted(names):
+                if name.endswith((".c", ".h", ".cu", ".cuh")):
+                    with open(os.path.join(d, name), encoding="utf-8") as f:
+                        for inc in INCLUDE.findall(f.read()):
+                            if ".." in inc.split("/"):
+                                bad.append(f"{os.path.relpath(os.path.join(d, name), root)}: #include \"{inc}\"")
+    assert not bad, "\n".join(bad)

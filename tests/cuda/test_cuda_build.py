@@ -42,11 +42,11 @@ def test_library_exports_only_the_table():
 
 
 def cuda_abi() -> int:
-    """FC_CUDA_ABI as cuda/fc_cuda.h defines it: the one number _C and the library must share."""
+    """FC_CUDA_ABI as csrc/backend_cuda/fc_cuda.h defines it: the one number _C and the library must share."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's
-    with open(os.path.join(root, "cuda", "fc_cuda.h")) as f:
+    with open(os.path.join(root, "csrc", "backend_cuda", "fc_cuda.h")) as f:
         m = re.search(r"#define FC_CUDA_ABI (\d+)", f.read())
-    assert m, "FC_CUDA_ABI not found in cuda/fc_cuda.h"
+    assert m, "FC_CUDA_ABI not found in csrc/backend_cuda/fc_cuda.h"
     return int(m.group(1))
 
 

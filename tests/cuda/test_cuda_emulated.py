@@ -26,7 +26,7 @@ import build as emu_build  # noqa: E402
 if not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")):
     pytest.skip("no C++ compiler for the CUDA emulation", allow_module_level=True)
 
-# byte offsets in fc_cuda_ws (cuda/fc_cuda.h)
+# byte offsets in fc_cuda_ws (csrc/backend_cuda/fc_cuda.h)
 WS_NONFINITE_IN, WS_NONFINITE_OUT, WS_PAYLOAD_ERROR, WS_SATURATED = 0, 8, 48, 64
 # a one-pass encode's per-call part (enc_ticket .. enc_sum) to the struct's end: left zero by every
 # encode, so that the next one needs no memset (cuda/fc_cu_onepass.cuh)
@@ -190,7 +190,7 @@ class Emulated:
 # The methods with kernels in cuda/ (the emulation needs no nvcc, so not the build's "cuda" flag;
 # test_emulated_table_is_the_source_list checks the list against the compiled table), but those
 # that need the host glue (device scratch, unit state, data-dependent sizes): their cases run in
-# test_cuda_sparse_emulated.py, through the real _C.
+# test_cuda_sparse.py under test_cuda_files_emulated.py, through the real _C.
 CASES = cuda_cases(sorted(set(fsdpcomp._CUDA_METHODS) - NEEDS_HOST))
 IDS = [m + "".join(f"-{k}={v}" for k, v in c.items()) for m, c in CASES]
 

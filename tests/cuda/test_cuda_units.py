@@ -1,5 +1,5 @@
 """A CUDA State's units past the device's table of residual norms (FC_CUDA_MAX_UNITS in
-cuda/fc_cuda.h): with error feedback such a unit is refused, with a ValueError that names the
+csrc/backend_cuda/fc_cuda.h): with error feedback such a unit is refused, with a ValueError that names the
 limit and the way out, where its residual_norm used to read 0 in counters() with nothing said;
 without error feedback nothing is kept per unit, and it encodes as any other.
 

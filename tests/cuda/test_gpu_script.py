@@ -122,7 +122,7 @@ def test_carried_libraries_of_other_sources_or_abi_are_refused(prepared, tmp_pat
     checkout's FC_CUDA_ABI is not the one the library answers, or the manifest's archs are not
     the library's."""
     csrc = prepared / "csrc" / "driver" / "fc_drive.c"
-    header = prepared / "cuda" / "fc_cuda.h"
+    header = prepared / "csrc" / "backend_cuda" / "fc_cuda.h"
     manifest = prepared / ".gpu" / "manifest.json"
     saved = {p: p.read_text() for p in (csrc, header, manifest)}
     try:

@@ -24,6 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 CUDA = os.environ.get("FSDPCOMP_EMU_CUDA_SRC") or os.path.join(ROOT, "cuda")
 CSRC = os.path.join(ROOT, "csrc")
 COMMON = os.path.join(CSRC, "common")  # the shared rules: copied and rewritten as cuda/ is
+# the library's contract with _C (csrc/backend_cuda/fc_cuda.h): copied and rewritten alike
+CONTRACT = os.path.join("backend_cuda", "fc_cuda.h")
 LAUNCH = re.compile(r"([A-Za-z_]\w*(?:<[^<>;]*>)?)<<<(.*?)>>>\(")
 SKIP = {"fc_cu_cub.cu"}  # CUB: emu_stubs.cpp stands in
 # __CUDA_ARCH__: the rules' device branches (fc_quant.h's fc_floor_i32), as a GPU runs them
@@ -105,12 +107,15 @@ def _build(out_dir: str, shared: bool) -> str:
     src = os.path.join(out_dir, "src-" + tag)
     os.makedirs(src, exist_ok=True)
     tmp = f".tmp{os.getpid()}"
-    # cuda/, the shared rules (src/common/ comes before csrc/ on the include path) and the two
-    # emulator files that include cuda/'s headers, rewritten alike: one float type throughout
+    # cuda/, the shared rules and the library's contract (src/common/ and src/backend_cuda/ come
+    # before csrc/ on the include path) and the two emulator files that include cuda/'s headers,
+    # rewritten alike: one float type throughout
     copies = [(CUDA, f, f) for f in sources()]
     copies += [(COMMON, f, os.path.join("common", f)) for f in sorted(os.listdir(COMMON)) if f.endswith(".h")]
+    copies += [(CSRC, CONTRACT, CONTRACT)]
     copies += [(HERE, f, f) for f in ("emu_stubs.cpp", "emu_main.cpp")]
-    os.makedirs(os.path.join(src, "common"), exist_ok=True)
+    for d in ("common", "backend_cuda"):
+        os.makedirs(os.path.join(src, d), exist_ok=True)
     for d, f, to in copies:
         with open(os.path.join(d, f)) as fh:
             text = rewrite(fh.read())

@@ -1,6 +1,6 @@
 // emu_main.cpp (tests only): runs the CUDA library's encode or decode (fc_cuda_get_api, the real
 // driver and kernels of cuda/, built against the host emulation in cuda_runtime.h) on buffers
-// in a directory, for tests/test_cuda_emulated.py; and the codecs of fc_cu_codecs.cuh alone on
+// in a directory, for tests/cuda/test_cuda_emulated.py; and the codecs of fc_cu_codecs.cuh alone on
 // an fp32 array, as a sparsifier's value codec uses them.
 //   emu encode DIR: args.txt, grad.bin [, res.bin] -> send.bin [, res.bin rewritten], ws.bin
 //   emu decode DIR: args.txt, recv.bin, grad.bin -> out.bin, ws.bin

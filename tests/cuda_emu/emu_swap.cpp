@@ -1,5 +1,5 @@
 // emu_swap.cpp (tests only): the emulation's fiber switch, apart from the CUDA library's stubs so
-// that a program of its own (tests/test_cuda_emu_adversarial.py) links it alone.
+// that a program of its own (tests/cuda/test_cuda_emu_adversarial.py) links it alone.
 #include "cuda_runtime.h"
 
 #ifdef FC_EMU_FAST

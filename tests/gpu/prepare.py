@@ -70,10 +70,10 @@ def source_hashes(root: str) -> dict[str, str]:
 
 
 def cuda_abi(root: str) -> int:
-    with open(os.path.join(root, "cuda", "fc_cuda.h")) as f:
+    with open(os.path.join(root, "csrc", "backend_cuda", "fc_cuda.h")) as f:
         m = re.search(r"#define FC_CUDA_ABI (\d+)", f.read())
     if not m:
-        raise Refused("FC_CUDA_ABI not found in cuda/fc_cuda.h")
+        raise Refused("FC_CUDA_ABI not found in csrc/backend_cuda/fc_cuda.h")
     return int(m.group(1))
 
 

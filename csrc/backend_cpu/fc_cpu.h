@@ -1,0 +1,59 @@
+/* fc_cpu.h: the CPU backend's functions: the entries of its table (fc_backend_cpu, fc_backend.h)
+ * in fc_encode.c, fc_decode.c, fc_fetch_cpu.c and fc_res8.c, the loops they share, and the
+ * per-peer decode the glue calls for CPU tensors. The driver reaches none of them but through
+ * the table. */
+#ifndef FC_CPU_H
+#define FC_CPU_H
+
+#include "driver/fc_core_impl.h"
+
+int fc_cpu_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *send,
+                  fc_buf *residual, fc_sent *sent, fc_err *err);
+/* The per-peer parts of the open call s->enc (fc_drive_encode_part opens, counts and closes it):
+ * the CPU's scratch and per-peer layout once per call, then one piece of `len` elements of a
+ * chunk into p (cap bytes), what went out in *out. */
+int fc_cpu_encode_parts_open(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_err *err);
+int fc_cpu_encode_piece(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *residual,
+                        int chunk, int piece, int64_t len, uint8_t *p, int64_t cap, fc_sent *out,
+                        fc_err *err);
+int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf *grad,
+                  fc_buf *out, int world, int rank, uint32_t unit, const int64_t *recvs,
+                  fc_err *err);
+int fc_cpu_compress(fc_core *s, const fc_exec *x, const fc_buf *in, fc_buf *payload,
+                    fc_buf *residual, uint32_t unit, uint32_t chunk, int world, int rank, int64_t *written,
+                    fc_err *err);
+int fc_cpu_decompress(fc_core *s, const fc_exec *x, const fc_buf *payload, fc_buf *acc,
+                      float alpha, uint32_t unit, uint32_t chunk, int world, fc_err *err);
+int fc_cpu_fetch_picks(const fc_core *s, const fc_exec *x, uint32_t unit, uint32_t *out,
+                       int64_t kmax, fc_err *err);
+int fc_cpu_fetch_values(fc_core *s, const fc_exec *x, const uint32_t *all_picks, int64_t kmax,
+                        const fc_buf *grad, fc_buf *residual, int world, int rank, uint32_t unit,
+                        float *send, const int64_t *send_splits, fc_err *err);
+int fc_cpu_fetch_finish(fc_core *s, const fc_exec *x, const float *recv, const fc_buf *grad,
+                        fc_buf *out, int world, int rank, uint32_t unit, fc_err *err);
+int fc_cpu_res8_pack(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *packed, uint32_t key,
+                     fc_err *err);
+int fc_cpu_res8_unpack(fc_core *s, const fc_exec *x, const fc_buf *packed, fc_buf *e, fc_err *err);
+
+/* Adds piece `piece` of the payload from rank `src` (empty for an own chunk kept exact). src =
+ * rank opens the call, then rank+1, rank+2, ... (mod world), each sender's pieces in order: a
+ * fixed order, so every run sums the same way; it differs from fc_drive_decode's rank order
+ * (0, 1, ...) for world > 2 in rounding only. The last part writes `out`. */
+int fc_cpu_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, fc_buf *out,
+                       int world, int rank, uint32_t unit, int src, int piece, fc_err *err);
+
+/* out = acc / world in out's dtype (zero past n). A value the output cannot hold saturates
+ * (counted); where acc is not finite, fc_output_passes decides per element whether it goes
+ * through, canonical and counted as nonfinite_out, or is the overflow of finite terms:
+ * saturated (NaN: 0). `passed`: a payload of the sum was flagged NONFINITE (every element
+ * passes); `own`: the gradient whose chunk [own_start, own_start + n) the sum took exact (NULL
+ * when the own chunk was compressed too), whose NaN/Inf pass at their own elements in "pass"
+ * mode. */
+void fc_cpu_write_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *out, int passed,
+                      const fc_buf *own, int64_t own_start);
+/* acc += the exact own chunk (grad[start, start + n)), its NaN/Inf zeroed in "zero" mode (a
+ * NaN passed as the canonical one); returns how many there were (the caller counts them once
+ * its call succeeds). */
+int64_t fc_cpu_add_own(const fc_core *s, const fc_buf *grad, int64_t start, int64_t n, float *acc);
+
+#endif
