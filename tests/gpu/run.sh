@@ -7,6 +7,7 @@
 #   bash tests/gpu/run.sh quick                  # there, first:  ~7 min, the most telling
 #   bash tests/gpu/run.sh rest                   # there, second: <= 8 min, the sanitizers and the rest
 #   bash tests/gpu/run.sh GROUP...               # single groups, full size (reruns)
+#   bash tests/gpu/run.sh quick:bench quick:train # single items of a profile, at its size
 #   bash tests/gpu/run.sh --emulated quick rest  # no GPU: the emulated CUDA library (CI)
 #
 # When .gpu/manifest.json is there (FSDPCOMP_GPU_PREPARED names another folder) the run uses the
@@ -106,6 +107,11 @@ for g in "$@"; do
         sanitize) items+=(:memcheck :initcheck :racecheck :synccheck) ;;
         build|pytest|bytes|driver|memcheck|initcheck|racecheck|synccheck|train|bench) items+=(":$g") ;;
         prereq) ;;  # always runs first
+        quick:*|rest:*)  # one item of a profile, at its size (a short window: `quick:bench quick:pytest`)
+            case " ${QUICK_ITEMS[*]} ${REST_ITEMS[*]} " in
+                *" $g "*) items+=("$g") ;;
+                *) echo "unknown item '$g' (${QUICK_ITEMS[*]} ${REST_ITEMS[*]})"; exit 2 ;;
+            esac ;;
         *) echo "unknown group '$g' (prepare, quick, rest, all, prereq, build, pytest, bytes, driver, train, bench, sanitize, memcheck, initcheck, racecheck, synccheck)"; exit 2 ;;
     esac
 done
