@@ -111,14 +111,30 @@ static int64_t agg_bytes_of(const fc_method *m, const fc_chunk *c)
     return m->aggregate != NULL && m->agg_bytes != NULL ? m->agg_bytes(c) : 0;
 }
 
-/* Checks the output against the shard of n elements and grows the accumulator and the method
- * scratch for it. */
-static int decode_scratch(fc_core *s, const fc_method *m, int64_t n, const fc_buf *out, fc_err *err)
+int fc_core_acc(fc_core *s, const fc_buf *grad, fc_buf *out, int64_t n, float **acc, fc_err *err)
+{
+    const uintptr_t o = (uintptr_t)out->data, g = (uintptr_t)grad->data;
+    const uintptr_t o_end = o + (uintptr_t)out->numel * (uintptr_t)fc_dtype_size(out->dtype);
+    const uintptr_t g_end = g + (uintptr_t)grad->numel * (uintptr_t)fc_dtype_size(grad->dtype);
+    if (out->dtype == FC_F32 && out->numel >= n && (o_end <= g || g_end <= o)) {
+        fc_memhint_fresh_output(out->data, (size_t)n * 4); /* before the sum first touches it */
+        *acc = (float *)out->data;
+        return FC_OK;
+    }
+    int rc = fc_core_grow_f32(&s->acc, &s->acc_cap, n, err);
+    *acc = s->acc;
+    return rc;
+}
+
+/* Checks the output against the shard of n elements, finds where the sum runs (fc_core_acc)
+ * and grows the method scratch for it. */
+static int decode_scratch(fc_core *s, const fc_method *m, int64_t n, const fc_buf *grad,
+                          fc_buf *out, float **acc, fc_err *err)
 {
     if (out->numel < n)
         return fc_fail(err, FC_ERR_VALUE, "output has %lld elements, the shard needs %lld",
                        (long long)out->numel, (long long)n);
-    int rc = fc_core_grow_f32(&s->acc, &s->acc_cap, n, err);
+    int rc = fc_core_acc(s, grad, out, n, acc, err);
     if (rc == FC_OK && m->scratch_bytes != NULL)
         rc = fc_core_grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err);
     return rc;
@@ -175,9 +191,9 @@ int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf
     int64_t start, n;
     (void)x;
     fc_chunk_span(N, world, rank, &start, &n);
-    FC_TRY(decode_scratch(s, m, n, out, err));
+    float *acc = NULL;
+    FC_TRY(decode_scratch(s, m, n, grad, out, &acc, err));
     const int varsize = (m->flags & FC_VARSIZE) != 0;
-    float *acc = s->acc;
     memset(acc, 0, (size_t)n * 4);
     float *ust;
     FC_TRY(fc_core_ustate(s, m, unit, &ust, err));
@@ -254,9 +270,9 @@ int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, f
         if (why != NULL)
             return fc_fail(err, FC_ERR_VALUE, "method '%s' %s: decode all payloads at once with "
                            "decode()", m->name, why);
-        FC_TRY(decode_scratch(s, m, n, out, err));
+        FC_TRY(decode_scratch(s, m, n, grad, out, &d->acc, err));
         FC_TRY(fc_core_ustate(s, m, unit, &d->ust, err));
-        memset(s->acc, 0, (size_t)n * 4);
+        memset(d->acc, 0, (size_t)n * 4);
         d->key = key;
         d->k = d->piece = 0;
         d->passed = 0;
@@ -270,6 +286,10 @@ int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, f
         return fc_fail(err, FC_ERR_STATE, "decode_part: the own chunk (src=%d) comes first, then "
                        "the others in cyclic order; got src=%d with no call open for unit %u",
                        rank, src, unit);
+    } else if (d->acc != s->acc && d->acc != (float *)out->data) {
+        /* the sum runs in the output the own chunk came with: every part brings that one */
+        return fc_fail(err, FC_ERR_VALUE, "decode_part: every part of a call takes the output "
+                       "its own chunk (src=%d) came with, which holds the running sum", rank);
     }
     const int expected = (rank + d->k) % world;
     if (src != expected || piece != d->piece) /* a misordered part leaves the call as it was */
@@ -283,14 +303,14 @@ int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, f
         FC_TRY(fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d (piece %d) has %lld bytes, the "
                        "plan says %lld", src, piece, (long long)payload->numel, (long long)want));
     if (exact) {
-        d->own_bad = fc_core_add_own(s, grad, start, n, s->acc);
+        d->own_bad = fc_core_add_own(s, grad, start, n, d->acc);
         d->own_exact = 1;
     } else if (n > 0) {
         const int64_t a = piece * d->len, np = n - a < d->len ? n - a : d->len;
         const uint32_t id = (uint32_t)rank + (uint32_t)world * (uint32_t)piece;
         fc_chunk c = fc_core_make_chunk(s, m, np, world, grad->dtype, unit, id, src);
         c.ustate = d->ust;
-        FC_TRY(decode_one(s, m, &c, (const uint8_t *)payload->data, want, src, 1.0f, s->acc + a,
+        FC_TRY(decode_one(s, m, &c, (const uint8_t *)payload->data, want, src, 1.0f, d->acc + a,
                           &d->passed, err));
     }
     if (++d->piece == (src == rank ? d->own_parts : d->parts)) {
@@ -299,7 +319,7 @@ int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, f
     }
     if (d->k == world) {
         s->ctr.nonfinite_in += d->own_bad;
-        fc_core_write_out(s, s->acc, n, world, out, d->passed, d->own_exact ? grad : NULL, start);
+        fc_core_write_out(s, d->acc, n, world, out, d->passed, d->own_exact ? grad : NULL, start);
         d->open = 0;
     }
     s->ctr.decompress_s += fc_core_now_s() - t0;
@@ -345,8 +365,9 @@ static void fix_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *
 {
     const float w = (float)world;
     const int own_pass = own != NULL && s->common.nonfinite == FC_NONFINITE_PASS;
+    const int in_place = acc == (const float *)out->data; /* write_out divided it already */
     for (int64_t i = 0; i < n; i++) {
-        float v = acc[i] / w;
+        float v = in_place ? acc[i] : acc[i] / w;
         if (fc_abs_bits(v) < FC_INF_BITS)
             continue;
         const float g = own_pass ? fc_core_elem_f32(own->data, own->dtype, own_start + i) : 0.0f;
