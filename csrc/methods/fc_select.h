@@ -5,8 +5,8 @@
 
 #include <stdint.h>
 
-/* Writes the k indices of the largest |x| (NaN counts as largest) to idx, ascending.
- * keys: n uint32 of scratch. 0 < k <= n. */
-void fc_topk_indices(const float *x, int64_t n, int64_t k, uint32_t *keys, uint32_t *idx);
+/* Writes the k indices of the largest |x| (NaN counts as largest) to idx, ascending. Reads x
+ * four times and needs no scratch beyond idx (k uint32). 0 < k <= n. */
+void fc_topk_indices(const float *x, int64_t n, int64_t k, uint32_t *idx);
 
 #endif

@@ -56,8 +56,8 @@ static void sketch_layout(const fc_chunk *c, fc_layout *out)
 
 static size_t sketch_scratch(const void *cfg, int64_t n)
 {
-    (void)cfg;
-    return (size_t)n * 12 + 64; /* estimates, keys, indices */
+    const int64_t k = ((const fc_sketch_cfg *)cfg)->k;
+    return (size_t)(n + (k == 0 || k > n ? n : k)) * 4 + 64; /* n estimates, k indices */
 }
 
 /* The row keys: one shared draw per row, so every rank hashes alike. */
@@ -107,14 +107,14 @@ static int unsketch(const fc_chunk *c, const float *t, float alpha, float *acc)
 {
     const int64_t n = c->n, k = sketch_k(c);
     float *est = (float *)c->scratch;
-    uint32_t *keys = (uint32_t *)(est + n), *idx = keys + n;
+    uint32_t *idx = (uint32_t *)(est + n);
     estimate(c, t, est);
     if (k == n) {
         for (int64_t i = 0; i < n; i++)
             acc[i] += alpha * est[i];
         return FC_OK;
     }
-    fc_topk_indices(est, n, k, keys, idx);
+    fc_topk_indices(est, n, k, idx);
     for (int64_t j = 0; j < k; j++)
         acc[idx[j]] += alpha * est[idx[j]];
     return FC_OK;
@@ -144,11 +144,10 @@ static int sketch_pick(const fc_chunk *c, const uint8_t *agg, const float *own, 
     (void)err;
     const int64_t n = c->n;
     float *est = (float *)c->scratch;
-    uint32_t *keys = (uint32_t *)(est + n);
     estimate(c, (const float *)agg, est);
     for (int64_t i = 0; i < n; i++)
         est[i] += own[i];
-    fc_topk_indices(est, n, sketch_k(c), keys, idx);
+    fc_topk_indices(est, n, sketch_k(c), idx);
     return FC_OK;
 }
 
