@@ -140,10 +140,10 @@ static int decode_scratch(fc_core *s, const fc_method *m, int64_t n, const fc_bu
     return rc;
 }
 
-/* The owner's picks for its chunk (c0) into s->picks, from the summed payloads in s->agg and
+/* The owner's picks for its chunk (c0) into s->picks, from the summed payloads in agg and
  * the exact own chunk `own`. */
-static int pick_coordinates(fc_core *s, const fc_method *m, const fc_chunk *c0, const float *own,
-                            uint32_t unit, fc_err *err)
+static int pick_coordinates(fc_core *s, const fc_method *m, const fc_chunk *c0, const uint8_t *agg,
+                            const float *own, uint32_t unit, fc_err *err)
 {
     const int64_t k = fc_core_fetch_k(s, m, c0->n);
     if (k > s->picks_cap) {
@@ -155,7 +155,7 @@ static int pick_coordinates(fc_core *s, const fc_method *m, const fc_chunk *c0, 
     }
     s->picks_unit = -1;
     if (k > 0) {
-        int rc = m->pick(c0, (const uint8_t *)s->agg, own, s->picks, err);
+        int rc = m->pick(c0, agg, own, s->picks, err);
         if (rc != FC_OK)
             return rc;
     }
@@ -201,9 +201,14 @@ int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf
     c0.ustate = ust;
     const int64_t ab = n > 0 ? agg_bytes_of(m, &c0) : 0;
     int senders = 0;
+    /* The compressed-domain sum lives in s->x: the encode's working copy of g' is only ever
+     * held within an encode call (load_chunk fills it, the residual update empties it), so a
+     * decode may use it, and no second chunk-sized buffer is kept for the sum. */
+    uint8_t *agg = NULL;
     if (ab > 0) {
-        FC_TRY(fc_core_grow(&s->agg, &s->agg_cap, (size_t)ab, err));
-        memset(s->agg, 0, (size_t)ab);
+        FC_TRY(fc_core_grow_f32(&s->x, &s->x_cap, (ab + 3) / 4, err));
+        agg = (uint8_t *)s->x;
+        memset(agg, 0, (size_t)ab);
     }
     /* Rank order, starting from zero: the same summation order on every rank and as a plain
      * sequential reference, so `none` is exact against it. */
@@ -225,7 +230,7 @@ int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf
         c.ustate = ust;
         FC_TRY(check_payload(s, pm, &c, p, slot, r, &body, &passed, err));
         if (ab > 0) {
-            FC_TRY(m->aggregate(&c, (uint8_t *)s->agg, p + FC_HEADER_BYTES, body, err));
+            FC_TRY(m->aggregate(&c, agg, p + FC_HEADER_BYTES, body, err));
             senders++;
         } else {
             FC_TRY(pm->decode_add(&c, p + FC_HEADER_BYTES, body, 1.0f, acc, err));
@@ -238,12 +243,12 @@ int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf
     if (fc_core_fetch_kmax(s, N, world) > 0) {
         /* a second round follows: pick the coordinates, write nothing yet. acc holds the
          * exact own chunk, or zeros when it was compressed too. */
-        FC_TRY(pick_coordinates(s, m, &c0, acc, unit, err));
+        FC_TRY(pick_coordinates(s, m, &c0, agg, acc, unit, err));
         s->ctr.nonfinite_in += own_bad;
         return FC_OK;
     }
     if (senders > 0) /* one decode of the summed compressed payloads */
-        FC_TRY(m->decode_agg(&c0, (const uint8_t *)s->agg, senders, 1.0f, acc, err));
+        FC_TRY(m->decode_agg(&c0, agg, senders, 1.0f, acc, err));
     s->ctr.nonfinite_in += own_bad;
     fc_core_write_out(s, acc, n, world, out, passed, own_exact ? grad : NULL, start);
     return FC_OK;

@@ -46,11 +46,18 @@ static uint32_t kth_largest(const float *x, int64_t n, int64_t k, int64_t *above
     return prefix;
 }
 
-void fc_topk_indices(const float *x, int64_t n, int64_t k, uint32_t *idx)
+uint32_t fc_topk_threshold(const float *x, int64_t n, int64_t k, int64_t *ties)
 {
     int64_t above;
     const uint32_t thr = kth_largest(x, n, k, &above);
-    int64_t ties = k - above, m = 0;
+    *ties = k - above;
+    return thr;
+}
+
+void fc_topk_indices(const float *x, int64_t n, int64_t k, uint32_t *idx)
+{
+    int64_t ties, m = 0;
+    const uint32_t thr = fc_topk_threshold(x, n, k, &ties);
     for (int64_t i = 0; i < n && m < k; i++) {
         uint32_t a = fc_abs_bits(x[i]);
         if (a > thr || (a == thr && ties-- > 0))
