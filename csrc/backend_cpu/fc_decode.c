@@ -126,18 +126,25 @@ int fc_core_acc(fc_core *s, const fc_buf *grad, fc_buf *out, int64_t n, float **
     return rc;
 }
 
-/* Checks the output against the shard of n elements, finds where the sum runs (fc_core_acc)
- * and grows the method scratch for it. */
-static int decode_scratch(fc_core *s, const fc_method *m, int64_t n, const fc_buf *grad,
-                          fc_buf *out, float **acc, fc_err *err)
+int fc_core_take_x(fc_core *s, int64_t n, fc_err *err)
+{
+    if (s->dec_call.open) { /* its running sum is in s->x: the call cannot go on */
+        s->dec_call.open = 0;
+        s->dec_call.lost = 1;
+    }
+    return fc_core_grow_f32(&s->x, &s->x_cap, n, err);
+}
+
+/* Checks the output against the shard of n elements and grows the method scratch for it. */
+static int decode_scratch(fc_core *s, const fc_method *m, int64_t n, const fc_buf *out,
+                          fc_err *err)
 {
     if (out->numel < n)
         return fc_fail(err, FC_ERR_VALUE, "output has %lld elements, the shard needs %lld",
                        (long long)out->numel, (long long)n);
-    int rc = fc_core_acc(s, grad, out, n, acc, err);
-    if (rc == FC_OK && m->scratch_bytes != NULL)
-        rc = fc_core_grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err);
-    return rc;
+    if (m->scratch_bytes != NULL)
+        return fc_core_grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err);
+    return FC_OK;
 }
 
 /* The owner's picks for its chunk (c0) into s->picks, from the summed payloads in agg and
@@ -191,24 +198,28 @@ int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf
     int64_t start, n;
     (void)x;
     fc_chunk_span(N, world, rank, &start, &n);
-    float *acc = NULL;
-    FC_TRY(decode_scratch(s, m, n, grad, out, &acc, err));
+    FC_TRY(decode_scratch(s, m, n, out, err));
     const int varsize = (m->flags & FC_VARSIZE) != 0;
-    memset(acc, 0, (size_t)n * 4);
     float *ust;
     FC_TRY(fc_core_ustate(s, m, unit, &ust, err));
     fc_chunk c0 = fc_core_make_chunk(s, m, n, world, grad->dtype, unit, (uint32_t)rank, 0);
     c0.ustate = ust;
     const int64_t ab = n > 0 ? agg_bytes_of(m, &c0) : 0;
     int senders = 0;
-    /* The compressed-domain sum lives in s->x: the encode's working copy of g' is only ever
-     * held within an encode call (load_chunk fills it, the residual update empties it), so a
-     * decode may use it, and no second chunk-sized buffer is kept for the sum. */
+    /* The sum runs in s->x (fc_core_take_x), the encode's working copy, free outside an encode
+     * call: no second chunk-sized buffer is held. A compressed-domain sum (agg) takes s->x
+     * instead, and the values then sum in the output itself (fc_core_acc) once every payload
+     * was taken: only the own chunk and the one decode of agg go there, so a refused payload
+     * leaves the output as it was. */
     uint8_t *agg = NULL;
+    float *acc = NULL;
+    FC_TRY(fc_core_take_x(s, ab > 0 ? (ab + 3) / 4 : n, err));
     if (ab > 0) {
-        FC_TRY(fc_core_grow_f32(&s->x, &s->x_cap, (ab + 3) / 4, err));
         agg = (uint8_t *)s->x;
         memset(agg, 0, (size_t)ab);
+    } else {
+        acc = s->x;
+        memset(acc, 0, (size_t)n * 4);
     }
     /* Rank order, starting from zero: the same summation order on every rank and as a plain
      * sequential reference, so `none` is exact against it. */
@@ -219,8 +230,9 @@ int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf
     for (int r = 0; r < world; r++) {
         if (n == 0)
             break;
-        if (recvs[r] == 0) { /* the own chunk, exact */
-            own_bad = fc_core_add_own(s, grad, start, n, acc);
+        if (recvs[r] == 0) { /* the own chunk, exact (with agg: once the payloads are in) */
+            if (ab == 0)
+                own_bad = fc_core_add_own(s, grad, start, n, acc);
             own_exact = 1;
             continue;
         }
@@ -240,6 +252,12 @@ int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf
     if (p != end && n > 0)
         return fc_fail(err, FC_ERR_PAYLOAD, "receive buffer has %lld bytes, its payloads use %lld",
                        (long long)recv->numel, (long long)(p - (const uint8_t *)recv->data));
+    if (ab > 0) { /* zeros, then the own chunk: the order the loop would have added them in */
+        FC_TRY(fc_core_acc(s, grad, out, n, &acc, err));
+        memset(acc, 0, (size_t)n * 4);
+        if (own_exact)
+            own_bad = fc_core_add_own(s, grad, start, n, acc);
+    }
     if (fc_core_fetch_kmax(s, N, world) > 0) {
         /* a second round follows: pick the coordinates, write nothing yet. acc holds the
          * exact own chunk, or zeros when it was compressed too. */
@@ -275,8 +293,11 @@ int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, f
         if (why != NULL)
             return fc_fail(err, FC_ERR_VALUE, "method '%s' %s: decode all payloads at once with "
                            "decode()", m->name, why);
-        FC_TRY(decode_scratch(s, m, n, grad, out, &d->acc, err));
+        FC_TRY(decode_scratch(s, m, n, out, err));
         FC_TRY(fc_core_ustate(s, m, unit, &d->ust, err));
+        FC_TRY(fc_core_take_x(s, n, err)); /* the running sum, as decode's */
+        d->acc = s->x;
+        d->lost = 0;
         memset(d->acc, 0, (size_t)n * 4);
         d->key = key;
         d->k = d->piece = 0;
@@ -287,14 +308,14 @@ int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, f
         d->parts = fc_core_chunk_parts(s, m, N, world, (rank + 1) % world, rank, &d->len);
         d->own_parts = fc_core_has_payload(s, N, world, rank, rank) ? d->parts : 1;
         d->open = 1;
+    } else if (!d->open && d->lost) {
+        return fc_fail(err, FC_ERR_STATE, "decode_part: an encode or decode call on this state ran "
+                       "after the own chunk (src=%d) opened this one and took its running sum; "
+                       "finish a unit's decode_part calls before the next call", rank);
     } else if (!d->open || !fc_core_same_call(&d->key, &key)) {
         return fc_fail(err, FC_ERR_STATE, "decode_part: the own chunk (src=%d) comes first, then "
                        "the others in cyclic order; got src=%d with no call open for unit %u",
                        rank, src, unit);
-    } else if (d->acc != s->acc && d->acc != (float *)out->data) {
-        /* the sum runs in the output the own chunk came with: every part brings that one */
-        return fc_fail(err, FC_ERR_VALUE, "decode_part: every part of a call takes the output "
-                       "its own chunk (src=%d) came with, which holds the running sum", rank);
     }
     const int expected = (rank + d->k) % world;
     if (src != expected || piece != d->piece) /* a misordered part leaves the call as it was */

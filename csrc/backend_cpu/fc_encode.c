@@ -392,7 +392,7 @@ static int encode_scratch(fc_core *s, const fc_buf *grad, int world, int rank, i
     const int64_t N = grad->numel;
     const fc_method *m = e->method;
     const int64_t per = fc_chunk_per(N, world);
-    FC_TRY(fc_core_grow_f32(&s->x, &s->x_cap, per, err));
+    FC_TRY(fc_core_take_x(s, per, err));
     if (m->scratch_bytes != NULL)
         FC_TRY(fc_core_grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, per), err));
     FC_TRY(fc_core_ustate(s, m, e->key.unit, &e->ust, err));
@@ -508,7 +508,7 @@ int fc_cpu_compress(fc_core *s, const fc_exec *ex, const fc_buf *in, fc_buf *pay
     (void)ex;
     if (m->scratch_bytes != NULL)
         FC_TRY(fc_core_grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err));
-    FC_TRY(fc_core_grow_f32(&s->x, &s->x_cap, n, err));
+    FC_TRY(fc_core_take_x(s, n, err));
     fc_chunk c = fc_core_make_chunk(s, m, n, world, FC_F32, unit, chunk, rank);
     FC_TRY(fc_core_ustate(s, m, unit, &c.ustate, err));
     fc_layout used;

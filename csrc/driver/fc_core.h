@@ -98,7 +98,8 @@ typedef struct {
     int passed;           /* a payload of this sum was flagged NONFINITE (its header) */
     int own_exact;        /* the own chunk was added exact (its NaN/Inf pass per element) */
     int64_t own_bad;      /* NaN/Inf of the own chunk: counted when the call completes */
-    float *acc;           /* where the sum runs: the output itself, or s->acc (fc_core_acc) */
+    float *acc;           /* the running sum: s->x (fc_core_take_x) */
+    int lost;             /* another call took s->x while this one was open */
 } fc_decode_call;
 
 /* The plan of one unit shape (numel, dtype, world), a pure function of it and the State's
@@ -244,10 +245,14 @@ int fc_core_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, f
  * mode. */
 void fc_core_write_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *out, int passed,
                        const fc_buf *own, int64_t own_start);
-/* Where a decode sums the shard of n elements: an fp32 output that holds them and shares no
- * byte with the gradient is summed in place (write_out then divides it where it lies), so no
- * chunk-sized accumulator is held; any other output gets s->acc, grown to n. */
+/* Where a decode that keeps s->x for a compressed-domain sum adds the values of the shard of n
+ * elements: an fp32 output that holds them and shares no byte with the gradient is summed in
+ * place (write_out then divides it where it lies); any other output gets s->acc, grown to n. */
 int fc_core_acc(fc_core *s, const fc_buf *grad, fc_buf *out, int64_t n, float **acc, fc_err *err);
+/* s->x (the encode's working copy of g', a decode's running sum: one call's at a time), grown
+ * to n floats for the call about to use it. An open decode_part call, whose sum it holds, is
+ * closed (its next part is refused, saying so). */
+int fc_core_take_x(fc_core *s, int64_t n, fc_err *err);
 /* acc += the exact own chunk (grad[start, start + n)), its NaN/Inf zeroed in "zero" mode (a
  * NaN passed as the canonical one); returns how many there were (the caller counts them once
  * its call succeeds). */

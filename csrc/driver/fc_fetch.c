@@ -185,10 +185,10 @@ int fc_cpu_fetch_finish(fc_core *s, const fc_exec *x, const float *recv, const f
     (void)x;
     (void)unit;
     fc_chunk_span(grad->numel, world, rank, &start, &n);
-    float *acc = NULL;
-    int rc = fc_core_acc(s, grad, out, n, &acc, err);
+    int rc = fc_core_take_x(s, n, err); /* the sum: s->x, free since the decode that picked */
     if (rc != FC_OK)
         return rc;
+    float *acc = s->x;
     memset(acc, 0, (size_t)n * 4);
     /* NaN/Inf among the values received pass everywhere, as a flagged payload's do; the own
      * chunk's (counted by decode) at their own elements (fc_output_passes) */
