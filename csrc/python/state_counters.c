@@ -9,9 +9,11 @@
 #include "backend_cuda/fc_cuda_path.h"
 #include "common/fc_res8.h"
 
-/* The C core's own host memory: its grow-only scratch (g', the accumulator, the sampled
- * decode, the method's scratch, the compressed-domain sum, the second round's picks), and the
- * largest fp32 workspace an 8-bit residual was unpacked into (held only during a call). */
+/* The C core's own host memory: its grow-only scratch (x: g' on encode, a decode's sum or
+ * compressed-domain sum; the accumulator of a bf16/fp16 output; the rare and sampled decodes
+ * into dec; the method's scratch; agg, no longer grown: the sum is in x; the second round's
+ * picks), and the largest fp32 workspace an 8-bit residual was unpacked into (held only during
+ * a call). */
 static long long scratch_bytes(const StateObject *self)
 {
     const fc_core *c = &self->core;
