@@ -49,3 +49,42 @@ def test_per_peer_reduce_scatter_keeps_the_bound(case):
     state.end_step()
     got = state.counters()["scratch_bytes"]
     assert got <= 8 * N + ALLOWANCE, f"{got} bytes, {got / N:.2f} B per element of the chunk"
+
+
+def test_a_call_between_decode_parts_closes_the_open_one_and_says_so():
+    """decode_part's running sum lives in the scratch an encode uses: an encode on the same state
+    between a unit's parts closes that call, and its next part is refused with the reason (the
+    collective never interleaves them: every encode of a unit comes before its decodes)."""
+    g = torch.Generator().manual_seed(9)
+    grads = [torch.randn(64, generator=g), torch.randn(64, generator=g)]
+    sender, s = fsdpcomp.CommState("int8"), fsdpcomp.CommState("int8")
+    unit = s._core.begin(64)
+    sender._core.begin(64)
+    sends, _ = sender._core.plan(grads[1], 2, 1)
+    buf = torch.empty(sum(sends), dtype=torch.uint8)
+    sender._core.encode(grads[1], buf, 2, 1, unit)
+    out = torch.empty(32)
+    s._core.decode_part(torch.empty(0, dtype=torch.uint8), grads[0], out, 2, 0, unit, 0, 0)
+    mine, _ = s._core.plan(grads[0], 2, 0)
+    s._core.encode(grads[0], torch.empty(sum(mine), dtype=torch.uint8), 2, 0, unit)
+    with pytest.raises(Exception, match="took its running sum"):
+        s._core.decode_part(buf[:sends[0]], grads[0], out, 2, 0, unit, 1, 0)
+
+
+@pytest.mark.parametrize("case", [("signsgd", {"mode": "majority"}), ("dct", {}), ("topk", {"ratio": 0.05}),
+                                  ("randomk", {"ratio": 0.1})], ids=case_id)
+def test_an_fp32_output_summed_in_place_is_the_bf16_outputs_sum(case):
+    """The decode sums in the scratch, or (a compressed-domain sum: signsgd majority, dct, randomk)
+    in an fp32 output in place, while a bf16 output takes an fp32 accumulator: the same sum, so
+    the bf16 output is the fp32 one rounded, element for element."""
+    method, cfg = case
+    world = 2
+    g = torch.Generator().manual_seed(10)
+    grads = [torch.randn(4096, generator=g).to(torch.bfloat16) for _ in range(world)]
+    outs = {}
+    for odt in (torch.float32, torch.bfloat16):
+        states = [fsdpcomp.CommState(method, dict(cfg, error_feedback=False)) for _ in range(world)]
+        outs[odt] = [torch.empty(2048, dtype=odt) for _ in range(world)]
+        wire_sim.exchange(states, [x.to(odt) for x in grads], outs[odt])
+    for a, b in zip(outs[torch.float32], outs[torch.bfloat16]):
+        assert torch.equal(a.to(torch.bfloat16), b)
