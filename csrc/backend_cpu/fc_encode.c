@@ -285,16 +285,17 @@ static float gprime_at(const fc_core *s, const fc_buf *grad, const fc_buf *res, 
 
 /* The residual's rare path: the elements of e = s->x (g' + -D, in place) from `from` on that came
  * out NaN/Inf, decided one by one (fc_residual_nonfinite) from g' read again (gprime_at: res
- * still holds the old residual there) and D decoded into zeros (s->dec, grown only here and for
- * the samples of sample_error: the common path holds no second chunk-sized copy). */
+ * still holds the old residual there) and D decoded into zeros (in s->acc, a decode's accumulator,
+ * free within an encode call: grown only here, for sample_error's samples and for a bf16/fp16
+ * output's compressed-domain sum, so the common path holds no second chunk-sized copy). */
 static int fix_residual(fc_core *s, const fc_method *m, const fc_chunk *c, const uint8_t *p,
                         const fc_buf *grad, const fc_buf *res, int64_t start, int64_t from,
                         int64_t *sat, fc_err *err)
 {
-    int rc = fc_core_grow_f32(&s->dec, &s->dec_cap, c->n, err);
+    int rc = fc_core_grow_f32(&s->acc, &s->acc_cap, c->n, err);
     if (rc != FC_OK)
         return rc;
-    float *d = s->dec, *e = s->x;
+    float *d = s->acc, *e = s->x;
     memset(d, 0, (size_t)c->n * 4);
     rc = m->decode_add(c, p + FC_HEADER_BYTES, header_body_bytes(p), 1.0f, d, err);
     if (rc != FC_OK)
@@ -350,16 +351,17 @@ error:
 
 /* Without error feedback: decode into scratch and compare, on the sampled calls only. The
  * decode goes to s->x where g' was read in place from the gradient (the common case: s->x is
- * then free), else into s->dec, grown for it. */
+ * then free), else into s->acc (a decode's accumulator, free within an encode call), grown for
+ * it. */
 static int sample_error(fc_core *s, const fc_method *m, const fc_chunk *c, const float *xs,
                         const uint8_t *p, fc_err *err)
 {
     float *dec = s->x;
     if (xs == s->x) {
-        int rc = fc_core_grow_f32(&s->dec, &s->dec_cap, c->n, err);
+        int rc = fc_core_grow_f32(&s->acc, &s->acc_cap, c->n, err);
         if (rc != FC_OK)
             return rc;
-        dec = s->dec;
+        dec = s->acc;
     }
     memset(dec, 0, (size_t)c->n * 4);
     int rc = m->decode_add(c, p + FC_HEADER_BYTES, header_body_bytes(p), 1.0f, dec, err);

@@ -62,20 +62,16 @@ void fc_core_free(fc_core *s)
     free(s->units);
     free(s->x);
     free(s->acc);
-    free(s->dec);
     free(s->mscr);
-    free(s->agg);
     free(s->picks);
     s->picks = NULL;
     s->picks_cap = s->n_picks = 0;
     s->picks_unit = s->bad_unit = -1;
-    s->agg = NULL;
-    s->agg_cap = 0;
     s->units = NULL;
-    s->x = s->acc = s->dec = NULL;
+    s->x = s->acc = NULL;
     s->mscr = NULL;
     s->n_units = s->cap_units = 0;
-    s->x_cap = s->acc_cap = s->dec_cap = 0;
+    s->x_cap = s->acc_cap = 0;
     s->mscr_cap = 0;
 }
 
