@@ -252,16 +252,37 @@ int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf
     if (p != end && n > 0)
         return fc_fail(err, FC_ERR_PAYLOAD, "receive buffer has %lld bytes, its payloads use %lld",
                        (long long)recv->numel, (long long)(p - (const uint8_t *)recv->data));
-    if (ab > 0) { /* zeros, then the own chunk: the order the loop would have added them in */
+    const int fetch = fc_core_fetch_kmax(s, N, world) > 0;
+    const float *own = acc; /* what the picks of a second round add: the exact own chunk */
+    if (ab > 0 && fetch) {
+        /* the output is not written before the second round: the own chunk is read where it
+         * lies when the sum would hold it unchanged (fp32, finite; 0 + g differs only in a
+         * zero's sign, which no pick sees), else summed into s->acc; NULL: zeros */
+        own = NULL;
+        if (own_exact && n > 0) {
+            const float *g = (const float *)grad->data + start;
+            int64_t bad = 0;
+            if (grad->dtype == FC_F32)
+                for (int64_t i = 0; i < n; i++)
+                    bad += !(fc_abs_bits(g[i]) < FC_INF_BITS);
+            if (grad->dtype == FC_F32 && bad == 0) {
+                own = g;
+            } else {
+                FC_TRY(fc_core_grow_f32(&s->acc, &s->acc_cap, n, err));
+                memset(s->acc, 0, (size_t)n * 4);
+                own_bad = fc_core_add_own(s, grad, start, n, s->acc);
+                own = s->acc;
+            }
+        }
+    } else if (ab > 0) { /* zeros, then the own chunk: the order the loop would have added them */
         FC_TRY(fc_core_acc(s, grad, out, n, &acc, err));
         memset(acc, 0, (size_t)n * 4);
         if (own_exact)
             own_bad = fc_core_add_own(s, grad, start, n, acc);
     }
-    if (fc_core_fetch_kmax(s, N, world) > 0) {
-        /* a second round follows: pick the coordinates, write nothing yet. acc holds the
-         * exact own chunk, or zeros when it was compressed too. */
-        FC_TRY(pick_coordinates(s, m, &c0, agg, acc, unit, err));
+    if (fetch) {
+        /* a second round follows: pick the coordinates, write nothing yet. */
+        FC_TRY(pick_coordinates(s, m, &c0, agg, own, unit, err));
         s->ctr.nonfinite_in += own_bad;
         return FC_OK;
     }

@@ -151,8 +151,9 @@ static int sketch_pick(const fc_chunk *c, const uint8_t *agg, const float *own, 
     const int64_t n = c->n;
     float *est = (float *)c->scratch;
     estimate(c, (const float *)agg, est);
-    for (int64_t i = 0; i < n; i++)
-        est[i] += own[i];
+    if (own != NULL) /* NULL: zeros (the own chunk was compressed too); + 0 picks the same */
+        for (int64_t i = 0; i < n; i++)
+            est[i] += own[i];
     fc_topk_indices(est, n, sketch_k(c), idx);
     return FC_OK;
 }
