@@ -221,6 +221,14 @@ def sections(results_dir: str, rel: str, brief: bool = False) -> list[str]:
         for path in sorted(glob.glob(os.path.join(results_dir, "mem_bench_*.json"))):
             data = load(path)
             lines += results_mem.mem_section(data, reproduce_cmd(data["meta"], results_mem.MEM_CMD))
+        fc_mem = os.path.join(results_dir, "memory_per_rank.json")
+        if os.path.exists(fc_mem):
+            fc_data = load(fc_mem)
+            lines += results_mem.fsdpcomp_section(
+                fc_data, reproduce_cmd(fc_data["meta"], results_mem.FSDPCOMP_MEM_CMD))
+        else:
+            lines += ["## fsdpcomp's own memory per rank", "",
+                      f"No {fc_mem} yet: run `{results_mem.FSDPCOMP_MEM_CMD}`.", ""]
     trains = sorted(glob.glob(os.path.join(results_dir, "train_bench_*.json")))
     for path in trains:
         lines += train_section(load(path), rel)

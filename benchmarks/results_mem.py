@@ -83,3 +83,55 @@ def mem_section(data: dict, reproduce: str) -> list[str]:
                    + " do not." if missed else "."), ""]
     out += measured_lines(data) + computed_lines(data)
     return out + ["Reproduce:", "", "```", reproduce, "```", ""]
+
+
+FSDPCOMP_MEM_CMD = "python benchmarks/memory_per_rank.py --world 2 4"
+_FC_PARTS = ("residual_bytes", "buffer_bytes", "scratch_bytes")
+
+
+def _label(r: dict) -> str:
+    return f"{r['method']} {r['residual_dtype']}"
+
+
+def fsdpcomp_section(data: dict, reproduce: str = FSDPCOMP_MEM_CMD) -> list[str]:
+    """docs/results.md's table of fsdpcomp's own memory per rank (benchmarks/memory_per_rank.py):
+    residual + buffers + the C core's scratch per parameter, measured and computed to W = 1024."""
+    m, n = data["meta"], data["params"]
+    out = ["## fsdpcomp's own memory per rank: residual + buffers + scratch (benchmarks/memory_per_rank.py)", "",
+           f"Measured {m['date']} on `{m['machine']}` ({m['cores']} cores), torch {m['torch']}, fsdpcomp "
+           f"{m['fsdpcomp']}: a small MLP ({n:,} parameters in {data['units']} FSDP2 units: three blocks of "
+           "Linear(256, 1024) + Linear(1024, 256) and the root's Linear(256, 10) head) under fully_shard on W "
+           "gloo CPU ranks, fsdpcomp.register, three SGD steps. Bytes per parameter from each rank's "
+           "counters() (`residual_bytes`, `buffer_bytes`, `scratch_bytes`), the rank that holds most; "
+           "`computed` is the formula below for that W; the last column is scratch_bytes per element of the "
+           "largest chunk (the largest unit's shard), which issue 38 holds to <= 8 B.", ""]
+    rows = [[r["method"], r["residual_dtype"], str(r["world"]), *(f"{r[p] / n:.3f}" for p in _FC_PARTS),
+             f"{sum(r[p] for p in _FC_PARTS) / n:.3f}", f"{sum(r['computed'][p] for p in _FC_PARTS) / n:.3f}",
+             f"{r['scratch_bytes'] / r['largest_chunk']:.2f}"] for r in data["measured"]]
+    out += md_table(["method", "residual", "W", "residual", "buffers", "scratch", "total", "computed total",
+                     "scratch, B per element of the largest chunk"], rows) + [""]
+    out += ["Computed for any W from the units' shapes (FSDP2 pads dim 0 to a multiple of W; rank 0's shard is "
+            "the largest), S = the largest unit's shard, r = the residual dtype's bytes (fp32 4, int8 1 + 4/64):", "",
+            "- residual: r per element of every unit's whole padded gradient, r * sum_u W * shard_u: it does not "
+            "divide by W, so it is ~r per parameter at any W (more once FSDP2's padding grows, W >= 512 here).",
+            "- buffers: a send and a receive buffer grown to the largest unit's payloads to the W - 1 other "
+            "ranks, 2 (W - 1) payload(S): ~2 payload bytes per element, times (W - 1) / W of the largest unit.",
+            "- scratch: the fp32 working copy of the chunk being encoded, which a decode reuses for its sum (4 S), "
+            "plus the method's own scratch for a chunk of S (int8: none; topk: k indices and k values, "
+            "8 k(S) + 64), each rounded up to 64 bytes: <= 8 B per element of the largest chunk, so it divides "
+            "by W. With the int8 residual, add the fp32 workspace the largest unit's residual is unpacked into "
+            "for a call, 4 W S (~4 B per element of the largest unit, whatever W): not yet chunk-sized.", ""]
+    cols = data["computed"][0]["rows"]
+    head = ["W"] + [f"total {_label(r)}" for r in cols] + [f"scratch {_label(r)}" for r in cols]
+    rows = [[str(t["world"])] + [f"{sum(r[p] for p in _FC_PARTS) / n:.3f}" for r in t["rows"]]
+            + [f"{r['scratch_bytes'] / n:.3f}" for r in t["rows"]] for t in data["computed"]]
+    out += [f"Computed, bytes per parameter per rank ({cols[0]['method']}: {json_cfg(cols[0]['config'])}; "
+            f"{cols[-1]['method']}: {json_cfg(cols[-1]['config'])}):", ""]
+    out += md_table(head, rows) + [""]
+    out += ["Reproduce:", "", "```", reproduce, "```", ""]
+    return out
+
+
+def json_cfg(cfg: dict) -> str:
+    import json
+    return json.dumps(cfg)

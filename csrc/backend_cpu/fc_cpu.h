@@ -55,5 +55,13 @@ void fc_cpu_write_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf
  * NaN passed as the canonical one); returns how many there were (the caller counts them once
  * its call succeeds). */
 int64_t fc_cpu_add_own(const fc_core *s, const fc_buf *grad, int64_t start, int64_t n, float *acc);
+/* Where a decode that keeps s->x for a compressed-domain sum adds the values of the shard of n
+ * elements: an fp32 output that holds them and shares no byte with the gradient is summed in
+ * place (write_out then divides it where it lies); any other output gets s->acc, grown to n. */
+int fc_cpu_acc(fc_core *s, const fc_buf *grad, fc_buf *out, int64_t n, float **acc, fc_err *err);
+/* s->x (the encode's working copy of g', a decode's running sum: one call's at a time), grown
+ * to n floats for the call about to use it. An open decode_part call, whose sum it holds, is
+ * closed (its next part is refused, saying so). */
+int fc_cpu_take_x(fc_core *s, int64_t n, fc_err *err);
 
 #endif

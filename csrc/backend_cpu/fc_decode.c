@@ -111,23 +111,46 @@ static int64_t agg_bytes_of(const fc_method *m, const fc_chunk *c)
     return m->aggregate != NULL && m->agg_bytes != NULL ? m->agg_bytes(c) : 0;
 }
 
-/* Checks the output against the shard of n elements and grows the accumulator and the method
- * scratch for it. */
-static int decode_scratch(fc_core *s, const fc_method *m, int64_t n, const fc_buf *out, fc_err *err)
+int fc_cpu_acc(fc_core *s, const fc_buf *grad, fc_buf *out, int64_t n, float **acc, fc_err *err)
+{
+    const uintptr_t o = (uintptr_t)out->data, g = (uintptr_t)grad->data;
+    const uintptr_t o_end = o + (uintptr_t)out->numel * (uintptr_t)fc_dtype_size(out->dtype);
+    const uintptr_t g_end = g + (uintptr_t)grad->numel * (uintptr_t)fc_dtype_size(grad->dtype);
+    if (out->dtype == FC_F32 && out->numel >= n && (o_end <= g || g_end <= o)) {
+        fc_memhint_fresh_output(out->data, (size_t)n * 4); /* before the sum first touches it */
+        *acc = (float *)out->data;
+        return FC_OK;
+    }
+    int rc = fc_core_grow_f32(&s->acc, &s->acc_cap, n, err);
+    *acc = s->acc;
+    return rc;
+}
+
+int fc_cpu_take_x(fc_core *s, int64_t n, fc_err *err)
+{
+    if (s->dec_call.open) { /* its running sum is in s->x: the call cannot go on */
+        s->dec_call.open = 0;
+        s->dec_call.lost = 1;
+    }
+    return fc_core_grow_f32(&s->x, &s->x_cap, n, err);
+}
+
+/* Checks the output against the shard of n elements and grows the method scratch for it. */
+static int decode_scratch(fc_core *s, const fc_method *m, int64_t n, const fc_buf *out,
+                          fc_err *err)
 {
     if (out->numel < n)
         return fc_fail(err, FC_ERR_VALUE, "output has %lld elements, the shard needs %lld",
                        (long long)out->numel, (long long)n);
-    int rc = fc_core_grow_f32(&s->acc, &s->acc_cap, n, err);
-    if (rc == FC_OK && m->scratch_bytes != NULL)
-        rc = fc_core_grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err);
-    return rc;
+    if (m->scratch_bytes != NULL)
+        return fc_core_grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err);
+    return FC_OK;
 }
 
-/* The owner's picks for its chunk (c0) into s->picks, from the summed payloads in s->agg and
+/* The owner's picks for its chunk (c0) into s->picks, from the summed payloads in agg and
  * the exact own chunk `own`. */
-static int pick_coordinates(fc_core *s, const fc_method *m, const fc_chunk *c0, const float *own,
-                            uint32_t unit, fc_err *err)
+static int pick_coordinates(fc_core *s, const fc_method *m, const fc_chunk *c0, const uint8_t *agg,
+                            const float *own, uint32_t unit, fc_err *err)
 {
     const int64_t k = fc_core_fetch_k(s, m, c0->n);
     if (k > s->picks_cap) {
@@ -139,7 +162,7 @@ static int pick_coordinates(fc_core *s, const fc_method *m, const fc_chunk *c0, 
     }
     s->picks_unit = -1;
     if (k > 0) {
-        int rc = m->pick(c0, (const uint8_t *)s->agg, own, s->picks, err);
+        int rc = m->pick(c0, agg, own, s->picks, err);
         if (rc != FC_OK)
             return rc;
     }
@@ -160,17 +183,26 @@ int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf
     fc_chunk_span(N, world, rank, &start, &n);
     FC_TRY(decode_scratch(s, m, n, out, err));
     const int varsize = (m->flags & FC_VARSIZE) != 0;
-    float *acc = s->acc;
-    memset(acc, 0, (size_t)n * 4);
     float *ust;
     FC_TRY(fc_core_ustate(s, m, unit, &ust, err));
     fc_chunk c0 = fc_core_make_chunk(s, m, n, world, grad->dtype, unit, (uint32_t)rank, 0);
     c0.ustate = ust;
     const int64_t ab = n > 0 ? agg_bytes_of(m, &c0) : 0;
     int senders = 0;
+    /* The sum runs in s->x (fc_cpu_take_x), the encode's working copy, free outside an encode
+     * call: no second chunk-sized buffer is held. A compressed-domain sum (agg) takes s->x
+     * instead, and the values then sum in the output itself (fc_cpu_acc) once every payload
+     * was taken: only the own chunk and the one decode of agg go there, so a refused payload
+     * leaves the output as it was. */
+    uint8_t *agg = NULL;
+    float *acc = NULL;
+    FC_TRY(fc_cpu_take_x(s, ab > 0 ? (ab + 3) / 4 : n, err));
     if (ab > 0) {
-        FC_TRY(fc_core_grow(&s->agg, &s->agg_cap, (size_t)ab, err));
-        memset(s->agg, 0, (size_t)ab);
+        agg = (uint8_t *)s->x;
+        memset(agg, 0, (size_t)ab);
+    } else {
+        acc = s->x;
+        memset(acc, 0, (size_t)n * 4);
     }
     /* Rank order, starting from zero: the same summation order on every rank and as a plain
      * sequential reference, so `none` is exact against it. */
@@ -181,8 +213,9 @@ int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf
     for (int r = 0; r < world; r++) {
         if (n == 0)
             break;
-        if (recvs[r] == 0) { /* the own chunk, exact */
-            own_bad = fc_cpu_add_own(s, grad, start, n, acc);
+        if (recvs[r] == 0) { /* the own chunk, exact (with agg: once the payloads are in) */
+            if (ab == 0)
+                own_bad = fc_cpu_add_own(s, grad, start, n, acc);
             own_exact = 1;
             continue;
         }
@@ -192,7 +225,7 @@ int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf
         c.ustate = ust;
         FC_TRY(check_payload(s, pm, &c, p, slot, r, &body, &passed, err));
         if (ab > 0) {
-            FC_TRY(m->aggregate(&c, (uint8_t *)s->agg, p + FC_HEADER_BYTES, body, err));
+            FC_TRY(m->aggregate(&c, agg, p + FC_HEADER_BYTES, body, err));
             senders++;
         } else {
             FC_TRY(pm->decode_add(&c, p + FC_HEADER_BYTES, body, 1.0f, acc, err));
@@ -202,15 +235,42 @@ int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf
     if (p != end && n > 0)
         return fc_fail(err, FC_ERR_PAYLOAD, "receive buffer has %lld bytes, its payloads use %lld",
                        (long long)recv->numel, (long long)(p - (const uint8_t *)recv->data));
-    if (fc_core_fetch_kmax(s, N, world) > 0) {
-        /* a second round follows: pick the coordinates, write nothing yet. acc holds the
-         * exact own chunk, or zeros when it was compressed too. */
-        FC_TRY(pick_coordinates(s, m, &c0, acc, unit, err));
+    const int fetch = fc_core_fetch_kmax(s, N, world) > 0;
+    const float *own = acc; /* what the picks of a second round add: the exact own chunk */
+    if (ab > 0 && fetch) {
+        /* the output is not written before the second round: the own chunk is read where it
+         * lies when the sum would hold it unchanged (fp32, finite; 0 + g differs only in a
+         * zero's sign, which no pick sees), else summed into s->acc; NULL: zeros */
+        own = NULL;
+        if (own_exact && n > 0) {
+            const float *g = (const float *)grad->data + start;
+            int64_t bad = 0;
+            if (grad->dtype == FC_F32)
+                for (int64_t i = 0; i < n; i++)
+                    bad += !(fc_abs_bits(g[i]) < FC_INF_BITS);
+            if (grad->dtype == FC_F32 && bad == 0) {
+                own = g;
+            } else {
+                FC_TRY(fc_core_grow_f32(&s->acc, &s->acc_cap, n, err));
+                memset(s->acc, 0, (size_t)n * 4);
+                own_bad = fc_cpu_add_own(s, grad, start, n, s->acc);
+                own = s->acc;
+            }
+        }
+    } else if (ab > 0) { /* zeros, then the own chunk: the order the loop would have added them */
+        FC_TRY(fc_cpu_acc(s, grad, out, n, &acc, err));
+        memset(acc, 0, (size_t)n * 4);
+        if (own_exact)
+            own_bad = fc_cpu_add_own(s, grad, start, n, acc);
+    }
+    if (fetch) {
+        /* a second round follows: pick the coordinates, write nothing yet. */
+        FC_TRY(pick_coordinates(s, m, &c0, agg, own, unit, err));
         s->ctr.nonfinite_in += own_bad;
         return FC_OK;
     }
     if (senders > 0) /* one decode of the summed compressed payloads */
-        FC_TRY(m->decode_agg(&c0, (const uint8_t *)s->agg, senders, 1.0f, acc, err));
+        FC_TRY(m->decode_agg(&c0, agg, senders, 1.0f, acc, err));
     s->ctr.nonfinite_in += own_bad;
     fc_cpu_write_out(s, acc, n, world, out, passed, own_exact ? grad : NULL, start);
     return FC_OK;
@@ -239,7 +299,10 @@ int fc_cpu_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, fc
                            "decode()", m->name, why);
         FC_TRY(decode_scratch(s, m, n, out, err));
         FC_TRY(fc_core_ustate(s, m, unit, &d->ust, err));
-        memset(s->acc, 0, (size_t)n * 4);
+        FC_TRY(fc_cpu_take_x(s, n, err)); /* the running sum, as decode's */
+        d->acc = s->x;
+        d->lost = 0;
+        memset(d->acc, 0, (size_t)n * 4);
         d->key = key;
         d->k = d->piece = 0;
         d->passed = 0;
@@ -249,6 +312,10 @@ int fc_cpu_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, fc
         d->parts = fc_core_chunk_parts(s, m, N, world, (rank + 1) % world, rank, &d->len);
         d->own_parts = fc_core_has_payload(s, N, world, rank, rank) ? d->parts : 1;
         d->open = 1;
+    } else if (!d->open && d->lost) {
+        return fc_fail(err, FC_ERR_STATE, "decode_part: an encode or decode call on this state ran "
+                       "after the own chunk (src=%d) opened this one and took its running sum; "
+                       "finish a unit's decode_part calls before the next call", rank);
     } else if (!d->open || !fc_core_same_call(&d->key, &key)) {
         return fc_fail(err, FC_ERR_STATE, "decode_part: the own chunk (src=%d) comes first, then "
                        "the others in cyclic order; got src=%d with no call open for unit %u",
@@ -266,14 +333,14 @@ int fc_cpu_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, fc
         FC_TRY(fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d (piece %d) has %lld bytes, the "
                        "plan says %lld", src, piece, (long long)payload->numel, (long long)want));
     if (exact) {
-        d->own_bad = fc_cpu_add_own(s, grad, start, n, s->acc);
+        d->own_bad = fc_cpu_add_own(s, grad, start, n, d->acc);
         d->own_exact = 1;
     } else if (n > 0) {
         const int64_t a = piece * d->len, np = n - a < d->len ? n - a : d->len;
         const uint32_t id = (uint32_t)rank + (uint32_t)world * (uint32_t)piece;
         fc_chunk c = fc_core_make_chunk(s, m, np, world, grad->dtype, unit, id, src);
         c.ustate = d->ust;
-        FC_TRY(decode_one(s, m, &c, (const uint8_t *)payload->data, want, src, 1.0f, s->acc + a,
+        FC_TRY(decode_one(s, m, &c, (const uint8_t *)payload->data, want, src, 1.0f, d->acc + a,
                           &d->passed, err));
     }
     if (++d->piece == (src == rank ? d->own_parts : d->parts)) {
@@ -282,7 +349,7 @@ int fc_cpu_decode_part(fc_core *s, const fc_buf *payload, const fc_buf *grad, fc
     }
     if (d->k == world) {
         s->ctr.nonfinite_in += d->own_bad;
-        fc_cpu_write_out(s, s->acc, n, world, out, d->passed, d->own_exact ? grad : NULL, start);
+        fc_cpu_write_out(s, d->acc, n, world, out, d->passed, d->own_exact ? grad : NULL, start);
         d->open = 0;
     }
     s->ctr.decompress_s += fc_core_now_s() - t0;
@@ -328,8 +395,9 @@ static void fix_out(fc_core *s, const float *acc, int64_t n, int world, fc_buf *
 {
     const float w = (float)world;
     const int own_pass = own != NULL && s->common.nonfinite == FC_NONFINITE_PASS;
+    const int in_place = acc == (const float *)out->data; /* write_out divided it already */
     for (int64_t i = 0; i < n; i++) {
-        float v = acc[i] / w;
+        float v = in_place ? acc[i] : acc[i] / w;
         if (fc_abs_bits(v) < FC_INF_BITS)
             continue;
         const float g = own_pass ? fc_core_elem_f32(own->data, own->dtype, own_start + i) : 0.0f;

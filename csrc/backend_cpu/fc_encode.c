@@ -215,10 +215,11 @@ FC_CLONES static int64_t store_sum_sq_f32(float *dst, const float *e, int64_t n,
     return n;
 }
 
-FC_CLONES static void dots3_f32(const float *e, const float *x, int64_t n, double *ee, double *xx,
-                                double *xe)
+/* dots3 over x[0..n) into the lanes a, b, c (carried across blocks of a multiple of 8, the
+ * tail only in the last): the same sums in the same order as one pass over the whole chunk. */
+FC_CLONES static void dots3_lanes(const float *e, const float *x, int64_t n, double *a, double *b,
+                                  double *c)
 {
-    double a[8] = {0}, b[8] = {0}, c[8] = {0};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
         for (int j = 0; j < 8; j++) {
@@ -232,6 +233,23 @@ FC_CLONES static void dots3_f32(const float *e, const float *x, int64_t n, doubl
         a[j] += ej * ej;
         b[j] += xj * xj;
         c[j] += xj * ej;
+    }
+}
+
+/* ||e||^2, ||g'||^2 and g' . e (8 lanes, combined in a fixed order) with g' = g + d r loaded
+ * again from the untouched gradient and residual (load_f32 then add_f32, the same float
+ * operations), a block of 2048 at a time on the stack: no chunk-sized copy of g' is held for
+ * the sampled calls. */
+static void dots3_gprime(const fc_core *s, const float *e, const fc_buf *grad, const fc_buf *res,
+                         int64_t start, int64_t n, double *ee, double *xx, double *xe)
+{
+    double a[8] = {0}, b[8] = {0}, c[8] = {0};
+    float g[2048];
+    for (int64_t lo = 0; lo < n; lo += 2048) {
+        const int64_t len = n - lo < 2048 ? n - lo : 2048;
+        load_f32(grad->data, grad->dtype, start + lo, len, g);
+        add_f32(res->data, res->dtype, start + lo, len, fc_core_ef_decay(s), g);
+        dots3_lanes(e + lo, g, len, a, b, c);
     }
     *ee = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
     *xx = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
@@ -267,14 +285,19 @@ static float gprime_at(const fc_core *s, const fc_buf *grad, const fc_buf *res, 
 
 /* The residual's rare path: the elements of e = s->x (g' + -D, in place) from `from` on that came
  * out NaN/Inf, decided one by one (fc_residual_nonfinite) from g' read again (gprime_at: res
- * still holds the old residual there) and D decoded into zeros (s->dec). */
+ * still holds the old residual there) and D decoded into zeros (in s->acc, a decode's accumulator,
+ * free within an encode call: grown only here, for sample_error's samples and for a bf16/fp16
+ * output's compressed-domain sum, so the common path holds no second chunk-sized copy). */
 static int fix_residual(fc_core *s, const fc_method *m, const fc_chunk *c, const uint8_t *p,
                         const fc_buf *grad, const fc_buf *res, int64_t start, int64_t from,
                         int64_t *sat, fc_err *err)
 {
-    float *d = s->dec, *e = s->x;
+    int rc = fc_core_grow_f32(&s->acc, &s->acc_cap, c->n, err);
+    if (rc != FC_OK)
+        return rc;
+    float *d = s->acc, *e = s->x;
     memset(d, 0, (size_t)c->n * 4);
-    int rc = m->decode_add(c, p + FC_HEADER_BYTES, header_body_bytes(p), 1.0f, d, err);
+    rc = m->decode_add(c, p + FC_HEADER_BYTES, header_body_bytes(p), 1.0f, d, err);
     if (rc != FC_OK)
         return rc;
     for (int64_t i = from; i < c->n; i++)
@@ -308,22 +331,16 @@ static int update_residual(fc_core *s, const fc_method *m, const fc_chunk *c, co
         s->ctr.saturated += sat;
         return FC_OK;
     }
-    if (dots) {
-        float *g = s->dec; /* g' again, into the decode scratch, to pair it with e */
-        load_f32(grad->data, grad->dtype, start, n, g);
-        add_f32(res->data, res->dtype, start, n, fc_core_ef_decay(s), g);
-        dots3_f32(s->x, g, n, e_sq, x_sq, x_dot_e);
+    if (dots) { /* g' again, from the inputs, to pair it with e */
+        dots3_gprime(s, s->x, grad, res, start, n, e_sq, x_sq, x_dot_e);
     } else {
         *e_sq = sum_sq_f32(s->x, n);
     }
     if (!isfinite(*e_sq)) { /* rare: ||e||^2 is finite exactly when every e is */
         FC_TRY(fix_residual(s, m, c, p, grad, res, start, 0, &sat, err));
         *e_sq = sum_sq_f32(s->x, n);
-        if (dots) { /* fix_residual decoded into s->dec: g' once more */
-            load_f32(grad->data, grad->dtype, start, n, s->dec);
-            add_f32(res->data, res->dtype, start, n, fc_core_ef_decay(s), s->dec);
-            dots3_f32(s->x, s->dec, n, e_sq, x_sq, x_dot_e);
-        }
+        if (dots) /* the fixed e against g' once more */
+            dots3_gprime(s, s->x, grad, res, start, n, e_sq, x_sq, x_dot_e);
     }
     store_residual(res, start, s->x, n, &sat);
     s->ctr.saturated += sat;
@@ -332,17 +349,27 @@ error:
     return rc;
 }
 
-/* Without error feedback: decode into scratch and compare, on the sampled calls only. */
+/* Without error feedback: decode into scratch and compare, on the sampled calls only. The
+ * decode goes to s->x where g' was read in place from the gradient (the common case: s->x is
+ * then free), else into s->acc (a decode's accumulator, free within an encode call), grown for
+ * it. */
 static int sample_error(fc_core *s, const fc_method *m, const fc_chunk *c, const float *xs,
                         const uint8_t *p, fc_err *err)
 {
-    memset(s->dec, 0, (size_t)c->n * 4);
-    int rc = m->decode_add(c, p + FC_HEADER_BYTES, header_body_bytes(p), 1.0f, s->dec, err);
+    float *dec = s->x;
+    if (xs == s->x) {
+        int rc = fc_core_grow_f32(&s->acc, &s->acc_cap, c->n, err);
+        if (rc != FC_OK)
+            return rc;
+        dec = s->acc;
+    }
+    memset(dec, 0, (size_t)c->n * 4);
+    int rc = m->decode_add(c, p + FC_HEADER_BYTES, header_body_bytes(p), 1.0f, dec, err);
     if (rc != FC_OK)
         return rc;
     double dd = 0, xx = 0, xd = 0, ee = 0;
     for (int64_t i = 0; i < c->n; i++) {
-        double x = xs[i], d = s->dec[i];
+        double x = xs[i], d = dec[i];
         xx += x * x;
         dd += d * d;
         xd += x * d;
@@ -367,8 +394,7 @@ static int encode_scratch(fc_core *s, const fc_buf *grad, int world, int rank, i
     const int64_t N = grad->numel;
     const fc_method *m = e->method;
     const int64_t per = fc_chunk_per(N, world);
-    FC_TRY(fc_core_grow_f32(&s->x, &s->x_cap, per, err));
-    FC_TRY(fc_core_grow_f32(&s->dec, &s->dec_cap, per, err));
+    FC_TRY(fc_cpu_take_x(s, per, err));
     if (m->scratch_bytes != NULL)
         FC_TRY(fc_core_grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, per), err));
     FC_TRY(fc_core_ustate(s, m, e->key.unit, &e->ust, err));
@@ -487,7 +513,7 @@ int fc_cpu_compress(fc_core *s, const fc_exec *ex, const fc_buf *in, fc_buf *pay
     (void)ex;
     if (m->scratch_bytes != NULL)
         FC_TRY(fc_core_grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, n), err));
-    FC_TRY(fc_core_grow_f32(&s->x, &s->x_cap, n, err));
+    FC_TRY(fc_cpu_take_x(s, n, err));
     fc_chunk c = fc_core_make_chunk(s, m, n, world, FC_F32, unit, chunk, rank);
     FC_TRY(fc_core_ustate(s, m, unit, &c.ustate, err));
     fc_layout used;
@@ -495,7 +521,6 @@ int fc_cpu_compress(fc_core *s, const fc_exec *ex, const fc_buf *in, fc_buf *pay
     unsigned flags = 0;
     int64_t bad = 0, sat = 0;
     if (residual != NULL) { /* g' = x + e by the collective's rules; NaN/Inf not counted */
-        FC_TRY(fc_core_grow_f32(&s->dec, &s->dec_cap, n, err));
         x = load_chunk(s, in, residual, 0, n, &bad, &sat);
         s->ctr.saturated += sat;
         bad = bad != 0 && s->common.nonfinite == FC_NONFINITE_PASS; /* went on the wire */

@@ -89,9 +89,11 @@ int fc_cpu_fetch_finish(fc_core *s, const fc_exec *x, const float *recv, const f
     int64_t start, n;
     (void)x;
     (void)unit;
-    (void)err;
     fc_chunk_span(grad->numel, world, rank, &start, &n);
-    float *acc = s->acc; /* grown to n by the decode that picked */
+    int rc = fc_cpu_take_x(s, n, err); /* the sum: s->x, free since the decode that picked */
+    if (rc != FC_OK)
+        return rc;
+    float *acc = s->x;
     memset(acc, 0, (size_t)n * 4);
     /* NaN/Inf among the values received pass everywhere, as a flagged payload's do; the own
      * chunk's (counted by decode) at their own elements (fc_output_passes) */

@@ -62,30 +62,27 @@ void fc_core_free(fc_core *s)
     free(s->units);
     free(s->x);
     free(s->acc);
-    free(s->dec);
     free(s->mscr);
-    free(s->agg);
     free(s->picks);
     s->picks = NULL;
     s->picks_cap = s->n_picks = 0;
     s->picks_unit = s->bad_unit = -1;
-    s->agg = NULL;
-    s->agg_cap = 0;
     s->units = NULL;
-    s->x = s->acc = s->dec = NULL;
+    s->x = s->acc = NULL;
     s->mscr = NULL;
     s->n_units = s->cap_units = 0;
-    s->x_cap = s->acc_cap = s->dec_cap = 0;
+    s->x_cap = s->acc_cap = 0;
     s->mscr_cap = 0;
 }
 
-/* Grows a reusable buffer; buffers only grow, so steady-state calls never allocate. */
+/* Grows a reusable buffer to what is needed (64-byte multiples), no slack: buffers only grow,
+ * so steady-state calls never allocate, and scratch_bytes is what the largest chunk needs (a
+ * unit larger than every earlier one regrows once; a slack would be held for good). */
 int fc_core_grow(void **p, size_t *cap, size_t need, fc_err *err)
 {
     if (need <= *cap)
         return FC_OK;
-    size_t want = need + need / 4 + 64;
-    want = (want + 63) / 64 * 64;
+    size_t want = (need + 63) / 64 * 64;
     void *q = aligned_alloc(64, want);
     if (q == NULL)
         return fc_fail(err, FC_ERR_NOMEM, "could not allocate %zu bytes of scratch", want);

@@ -98,6 +98,8 @@ typedef struct {
     int passed;           /* a payload of this sum was flagged NONFINITE (its header) */
     int own_exact;        /* the own chunk was added exact (its NaN/Inf pass per element) */
     int64_t own_bad;      /* NaN/Inf of the own chunk: counted when the call completes */
+    float *acc;           /* the running sum: s->x (fc_cpu_take_x) */
+    int lost;             /* another call took s->x while this one was open */
 } fc_decode_call;
 
 /* The plan of one unit shape (numel, dtype, world), a pure function of it and the State's
@@ -133,15 +135,17 @@ typedef struct {
     uint32_t cursor; /* index of the next unit within this step */
     fc_unit *units;
     int32_t n_units, cap_units;
-    float *x;      /* g' of one chunk, reused */
-    float *acc;    /* fp32 accumulator of the own chunk, reused */
-    float *dec;    /* decode for the sampled error statistics */
+    /* The CPU's grow-only scratch, at most 8 B per element of the largest chunk (fc_decode.c's
+     * fc_cpu_take_x, fc_cpu_acc): x holds one call's chunk-sized fp32 work at a time: g' of
+     * the chunk being encoded, or a decode's running sum, or its compressed-domain sum (the
+     * aggregate path); acc is the fp32 sum of a bf16/fp16 output's compressed-domain decode,
+     * and, within an encode call, the rare residual fix's and the sampled error's decode. */
+    float *x;
+    float *acc;
     void *mscr;    /* method scratch */
-    void *agg;     /* the compressed-domain sum of the received payloads (aggregate path) */
-    size_t agg_cap;
     float *loose;  /* unit state for compress/decompress of a unit the collective never saw */
     int64_t loose_unit;
-    int64_t x_cap, acc_cap, dec_cap;
+    int64_t x_cap, acc_cap;
     size_t mscr_cap;
     /* the second round: the owner's picks from the latest decode (fc_drive_decode writes them,
      * fc_fetch.c reads them), and the unit of the latest encode (whose residuals hold g') */

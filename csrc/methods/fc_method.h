@@ -141,7 +141,7 @@ typedef struct fc_method {
     int (*unit_check)(const void *cfg, const float *ustate, fc_err *err);
     /* Optional second round (Sketched-SGD, driven by fc_fetch.c): when fetch_k(c) > 0, the owner
      * of chunk c does not decode the summed payloads but picks fetch_k(c) coordinates from them
-     * (own: its exact chunk, zeros when that was compressed too; idx: ascending), and the
+     * (own: its exact chunk, NULL for zeros when that was compressed too; idx: ascending), and the
      * senders send their exact values there and keep the rest as residual. decode_add of such a
      * config adds nothing: no value comes from the first round. */
     int64_t (*fetch_k)(const fc_chunk *c);

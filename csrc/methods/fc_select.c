@@ -1,51 +1,63 @@
-/* fc_select.c: exact top-k by magnitude: a quickselect over |x|'s bit patterns finds the k-th
- * largest magnitude, then one ascending pass takes everything above it and the lowest-index
- * ties at it. O(n) expected, no sort of the values. */
+/* fc_select.c: exact top-k by magnitude: a radix select over |x|'s bit patterns (three
+ * histogram passes over x, 11 + 10 + 10 bits) finds the k-th largest magnitude and how many lie
+ * above it, then one ascending pass takes everything above it and the lowest-index ties at it.
+ * O(n), read-only on x: no copy of the keys, no sort of the values. */
 #include "methods/fc_select.h"
+
+#include <string.h>
 
 #include "common/fc_quant.h"
 
-/* k-th largest (1-based) of a[0..n) by iterative quickselect; a is permuted. */
-static uint32_t kth_largest(uint32_t *a, int64_t n, int64_t k)
+/* The k-th largest (1-based) of the keys |x|'s bits (< 2^31: the sign is cleared) and, in
+ * *above, how many keys are larger. Each pass histograms the next digit of the keys that share
+ * the digits found so far, from the top. */
+static uint32_t kth_largest(const float *x, int64_t n, int64_t k, int64_t *above)
 {
-    int64_t lo = 0, hi = n - 1, want = k - 1; /* position in descending order */
-    uint32_t seed = 0x9E3779B9u;
-    while (lo < hi) {
-        seed = seed * 1664525u + 1013904223u; /* pivot choice: fixed sequence, deterministic */
-        uint32_t pivot = a[lo + (int64_t)(seed % (uint32_t)(hi - lo + 1))];
-        /* three-way partition into > pivot | == pivot | < pivot */
-        int64_t i = lo, lt = lo, gt = hi;
-        while (i <= gt) {
-            if (a[i] > pivot) {
-                uint32_t t = a[lt]; a[lt] = a[i]; a[i] = t;
-                lt++;
-                i++;
-            } else if (a[i] < pivot) {
-                uint32_t t = a[gt]; a[gt] = a[i]; a[i] = t;
-                gt--;
-            } else {
-                i++;
+    static const int shift[3] = {20, 10, 0}, bits[3] = {11, 10, 10};
+    uint32_t hist[2048];
+    uint32_t prefix = 0, mask = 0;
+    int64_t want = k; /* the rank sought among the keys that match prefix */
+    *above = 0;
+    for (int level = 0; level < 3; level++) {
+        const int sh = shift[level];
+        const uint32_t nb = 1u << bits[level];
+        memset(hist, 0, sizeof(uint32_t) * nb);
+        if (level == 0) {
+            for (int64_t i = 0; i < n; i++)
+                hist[fc_abs_bits(x[i]) >> sh]++;
+        } else {
+            for (int64_t i = 0; i < n; i++) {
+                const uint32_t a = fc_abs_bits(x[i]);
+                if ((a & mask) == prefix)
+                    hist[(a >> sh) & (nb - 1)]++;
             }
         }
-        if (want < lt)
-            hi = lt - 1;
-        else if (want > gt)
-            lo = gt + 1;
-        else
-            return pivot;
+        uint32_t b = nb - 1;
+        int64_t cum = 0;
+        while (cum + (int64_t)hist[b] < want) { /* k <= the keys matching: a bin is found */
+            cum += hist[b];
+            b--;
+        }
+        want -= cum;
+        *above += cum;
+        prefix |= b << sh;
+        mask |= (nb - 1) << sh;
     }
-    return a[lo];
+    return prefix;
 }
 
-void fc_topk_indices(const float *x, int64_t n, int64_t k, uint32_t *keys, uint32_t *idx)
+uint32_t fc_topk_threshold(const float *x, int64_t n, int64_t k, int64_t *ties)
 {
-    for (int64_t i = 0; i < n; i++)
-        keys[i] = fc_abs_bits(x[i]);
-    uint32_t thr = kth_largest(keys, n, k);
-    int64_t above = 0;
-    for (int64_t i = 0; i < n; i++)
-        above += fc_abs_bits(x[i]) > thr;
-    int64_t ties = k - above, m = 0;
+    int64_t above;
+    const uint32_t thr = kth_largest(x, n, k, &above);
+    *ties = k - above;
+    return thr;
+}
+
+void fc_topk_indices(const float *x, int64_t n, int64_t k, uint32_t *idx)
+{
+    int64_t ties, m = 0;
+    const uint32_t thr = fc_topk_threshold(x, n, k, &ties);
     for (int64_t i = 0; i < n && m < k; i++) {
         uint32_t a = fc_abs_bits(x[i]);
         if (a > thr || (a == thr && ties-- > 0))

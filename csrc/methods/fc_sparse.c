@@ -192,6 +192,68 @@ int fc_index_decode(const uint8_t *in, int64_t n, int64_t k, uint32_t *idx, fc_e
     return FC_OK;
 }
 
+int fc_index_coding(int64_t n, int64_t k)
+{
+    return use_bitmap(n, k) ? 0 : index_width(n);
+}
+
+int fc_index_check(const uint8_t *in, int64_t n, int64_t k, fc_err *err)
+{
+    if (use_bitmap(n, k)) {
+        int64_t m = 0;
+        for (int64_t i = 0; i < n; i++)
+            if ((in[i >> 3] >> (i & 7)) & 1u) {
+                if (m == k)
+                    return fc_fail(err, FC_ERR_PAYLOAD, "sparse payload: bitmap has more than the "
+                                   "%lld coordinates announced (corrupted)", (long long)k);
+                m++;
+            }
+        if (m != k)
+            return fc_fail(err, FC_ERR_PAYLOAD, "sparse payload: bitmap has %lld coordinates, "
+                           "expected %lld (corrupted)", (long long)m, (long long)k);
+        return FC_OK;
+    }
+    uint32_t prev = 0;
+    for (int64_t j = 0; j < k; j++) {
+        uint32_t v;
+        if (index_width(n) == 2) {
+            uint16_t h;
+            memcpy(&h, in + 2 * j, 2);
+            v = h;
+        } else {
+            memcpy(&v, in + 4 * j, 4);
+        }
+        if ((int64_t)v >= n || (j > 0 && v <= prev))
+            return fc_fail(err, FC_ERR_PAYLOAD, "sparse payload: index %u at position %lld is out "
+                           "of range [0, %lld) or not ascending (corrupted)", v, (long long)j,
+                           (long long)n);
+        prev = v;
+    }
+    return FC_OK;
+}
+
+void fc_index_add(const uint8_t *in, int64_t n, int64_t k, const float *vals, float *acc)
+{
+    if (use_bitmap(n, k)) {
+        int64_t m = 0;
+        for (int64_t i = 0; i < n && m < k; i++)
+            if ((in[i >> 3] >> (i & 7)) & 1u)
+                acc[i] += vals[m++];
+    } else if (index_width(n) == 2) {
+        for (int64_t j = 0; j < k; j++) {
+            uint16_t h;
+            memcpy(&h, in + 2 * j, 2);
+            acc[h] += vals[j];
+        }
+    } else {
+        for (int64_t j = 0; j < k; j++) {
+            uint32_t v;
+            memcpy(&v, in + 4 * j, 4);
+            acc[v] += vals[j];
+        }
+    }
+}
+
 int64_t fc_sparse_k(int64_t n, int64_t k, double ratio)
 {
     return fc_rule_sparse_k(n, k, ratio);

@@ -33,6 +33,13 @@ int64_t fc_index_bytes(int64_t n, int64_t k);
 void fc_index_encode(const uint32_t *idx, int64_t n, int64_t k, uint8_t *out);
 /* Checks the coordinates are in range and strictly ascending. */
 int fc_index_decode(const uint8_t *in, int64_t n, int64_t k, uint32_t *idx, fc_err *err);
+/* The same coding with no index array (thresholdv, whose k may reach n): which coding k of n
+ * take (0: the bitmap, else the bytes per index: 2 or 4), so an encoder writes each index
+ * into the zeroed coding as it finds it; fc_index_decode's checks alone; and acc[idx[j]] +=
+ * vals[j] read from a checked coding, ascending. */
+int fc_index_coding(int64_t n, int64_t k);
+int fc_index_check(const uint8_t *in, int64_t n, int64_t k, fc_err *err);
+void fc_index_add(const uint8_t *in, int64_t n, int64_t k, const float *vals, float *acc);
 
 /* k from the config: k > 0 wins (capped at n), else max(1, ceil(ratio * n)). */
 int64_t fc_sparse_k(int64_t n, int64_t k, double ratio);

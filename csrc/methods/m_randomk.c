@@ -54,10 +54,10 @@ static void randk_layout(const fc_chunk *c, fc_layout *out)
     out->kept = k;
 }
 
-static size_t randk_scratch(const void *cfg, int64_t n)
+static size_t randk_scratch(const void *cfg_, int64_t n)
 {
-    (void)cfg;
-    return (size_t)n * 8 + 64; /* indices, values */
+    const fc_randomk_cfg *cfg = (const fc_randomk_cfg *)cfg_;
+    return (size_t)fc_sparse_k(n, cfg->k, cfg->ratio) * 8 + 64; /* k indices, k values */
 }
 
 static float randk_factor(const fc_chunk *c, int64_t k)
@@ -71,7 +71,7 @@ static int randk_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_lay
     const fc_randomk_cfg *cfg = (const fc_randomk_cfg *)c->cfg;
     const int64_t k = randk_k(c);
     uint32_t *idx = (uint32_t *)c->scratch;
-    float *vals = (float *)(idx + c->n);
+    float *vals = (float *)(idx + k);
     randk_indices(c, k, idx);
     for (int64_t j = 0; j < k; j++)
         vals[j] = x[idx[j]];
@@ -102,7 +102,7 @@ static int randk_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body
     (void)body_bytes;
     const fc_randomk_cfg *cfg = (const fc_randomk_cfg *)c->cfg;
     const int64_t k = randk_k(c);
-    float *vals = (float *)((uint32_t *)c->scratch + c->n);
+    float *vals = (float *)((uint32_t *)c->scratch + k);
     memset(vals, 0, (size_t)k * 4);
     int rc = fc_vcodec_decode_add(&cfg->vc, c, body, k, 1.0f, vals, err);
     if (rc == FC_OK)

@@ -57,7 +57,7 @@ static void sketch_layout(const fc_chunk *c, fc_layout *out)
 static size_t sketch_scratch(const void *cfg, int64_t n)
 {
     (void)cfg;
-    return (size_t)n * 12 + 64; /* estimates, keys, indices */
+    return (size_t)n * 4 + 64; /* the n estimates (the second round's picks are s->picks) */
 }
 
 /* The row keys: one shared draw per row, so every rank hashes alike. */
@@ -107,16 +107,22 @@ static int unsketch(const fc_chunk *c, const float *t, float alpha, float *acc)
 {
     const int64_t n = c->n, k = sketch_k(c);
     float *est = (float *)c->scratch;
-    uint32_t *keys = (uint32_t *)(est + n), *idx = keys + n;
     estimate(c, t, est);
     if (k == n) {
         for (int64_t i = 0; i < n; i++)
             acc[i] += alpha * est[i];
         return FC_OK;
     }
-    fc_topk_indices(est, n, k, keys, idx);
-    for (int64_t j = 0; j < k; j++)
-        acc[idx[j]] += alpha * est[idx[j]];
+    /* fc_topk_indices' picks, ascending, added as they are found: no index array */
+    int64_t ties, m = 0;
+    const uint32_t thr = fc_topk_threshold(est, n, k, &ties);
+    for (int64_t i = 0; i < n && m < k; i++) {
+        const uint32_t a = fc_abs_bits(est[i]);
+        if (a > thr || (a == thr && ties-- > 0)) {
+            acc[i] += alpha * est[i];
+            m++;
+        }
+    }
     return FC_OK;
 }
 
@@ -144,11 +150,11 @@ static int sketch_pick(const fc_chunk *c, const uint8_t *agg, const float *own, 
     (void)err;
     const int64_t n = c->n;
     float *est = (float *)c->scratch;
-    uint32_t *keys = (uint32_t *)(est + n);
     estimate(c, (const float *)agg, est);
-    for (int64_t i = 0; i < n; i++)
-        est[i] += own[i];
-    fc_topk_indices(est, n, sketch_k(c), keys, idx);
+    if (own != NULL) /* NULL: zeros (the own chunk was compressed too); + 0 picks the same */
+        for (int64_t i = 0; i < n; i++)
+            est[i] += own[i];
+    fc_topk_indices(est, n, sketch_k(c), idx);
     return FC_OK;
 }
 

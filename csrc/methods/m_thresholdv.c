@@ -53,10 +53,12 @@ static void thrv_layout(const fc_chunk *c, fc_layout *out)
     layout_k(c, c->n, out);
 }
 
+/* The kept values (k <= n): the indices go straight into the payload's coding (fc_sparse.h's
+ * fc_index_coding, fc_index_add), so no index array is held. */
 static size_t thrv_scratch(const void *cfg, int64_t n)
 {
     (void)cfg;
-    return (size_t)n * 8 + 64;
+    return (size_t)n * 4 + 64;
 }
 
 static int thrv_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
@@ -64,17 +66,30 @@ static int thrv_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layo
     const fc_thresholdv_cfg *cfg = (const fc_thresholdv_cfg *)c->cfg;
     const int64_t n = c->n;
     const float v = (float)cfg->threshold;
-    uint32_t *idx = (uint32_t *)c->scratch;
-    float *vals = (float *)(idx + n);
+    float *vals = (float *)c->scratch;
     int64_t k = 0;
-    for (int64_t i = 0; i < n; i++)
-        if (fc_rule_thrv_keep(x[i], v)) { /* NaN is sent: passed through, not lost */
-            idx[k] = (uint32_t)i;
-            vals[k++] = x[i];
-        }
+    for (int64_t i = 0; i < n; i++) /* NaN is sent: passed through, not lost */
+        k += fc_rule_thrv_keep(x[i], v) != 0;
     uint32_t k32 = (uint32_t)k;
     memcpy(body, &k32, 4);
-    fc_index_encode(idx, n, k, body + 4);
+    uint8_t *ib = body + 4; /* fc_index_encode's coding, written as the indices are found */
+    memset(ib, 0, (size_t)fc_index_bytes(n, k));
+    const int coding = fc_index_coding(n, k);
+    int64_t m = 0;
+    for (int64_t i = 0; i < n && m < k; i++) {
+        if (!fc_rule_thrv_keep(x[i], v))
+            continue;
+        if (coding == 0) {
+            ib[i >> 3] |= (uint8_t)(1u << (i & 7));
+        } else if (coding == 2) {
+            const uint16_t h = (uint16_t)i;
+            memcpy(ib + 2 * m, &h, 2);
+        } else {
+            const uint32_t w = (uint32_t)i;
+            memcpy(ib + 4 * m, &w, 4);
+        }
+        vals[m++] = x[i];
+    }
     uint8_t *vb = body + 4 + fc_index_bytes(n, k);
     int rc = FC_OK;
     int64_t sat = 0;
@@ -90,16 +105,16 @@ static int thrv_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layo
     return rc;
 }
 
-/* acc[idx[j]] += alpha * (+-v) from the sign bits; bits past k must be zero. */
-static int sign_decode_add(const uint8_t *bits, const uint32_t *idx, int64_t k, float v,
-                           float alpha, float *acc, fc_err *err)
+/* vals[j] = alpha * (+-v) from the sign bits; bits past k must be zero. */
+static int sign_values(const uint8_t *bits, int64_t k, float v, float alpha, float *vals,
+                       fc_err *err)
 {
     if ((k & 7) != 0 && (bits[k >> 3] >> (k & 7)) != 0)
         return fc_fail(err, FC_ERR_PAYLOAD, "thresholdv payload: sign bits past the %lld kept "
                        "elements are set (corrupted)", (long long)k);
     const float pos = alpha * v, neg = alpha * -v;
     for (int64_t j = 0; j < k; j++)
-        acc[idx[j]] += (bits[j >> 3] >> (j & 7)) & 1u ? neg : pos;
+        vals[j] = (bits[j >> 3] >> (j & 7)) & 1u ? neg : pos;
     return FC_OK;
 }
 
@@ -123,16 +138,22 @@ static int thrv_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
         return fc_fail(err, FC_ERR_PAYLOAD, "thresholdv payload: body of %lld bytes, a count of "
                        "%lld needs %lld (corrupted)", (long long)body_bytes, (long long)k,
                        (long long)fc_layout_bytes(&l));
-    uint32_t *idx = (uint32_t *)c->scratch;
-    float *vals = (float *)(idx + n);
-    int rc = fc_index_decode(body + 4, n, k, idx, err);
+    float *vals = (float *)c->scratch;
+    int rc = fc_index_check(body + 4, n, k, err);
     if (rc != FC_OK)
         return rc;
-    if (cfg->values == FC_THRV_SIGN)
-        return sign_decode_add(body + 4 + fc_index_bytes(n, k), idx, k, (float)cfg->threshold,
-                               alpha, acc, err);
-    return fc_vcodec_decode_scatter(&cfg->vc, c, body + 4 + fc_index_bytes(n, k), k, idx, alpha, vals,
-                                    acc, err);
+    if (cfg->values == FC_THRV_SIGN) {
+        rc = sign_values(body + 4 + fc_index_bytes(n, k), k, (float)cfg->threshold, alpha, vals,
+                         err);
+    } else {
+        memset(vals, 0, (size_t)k * 4);
+        rc = fc_vcodec_decode_add(&cfg->vc, c, body + 4 + fc_index_bytes(n, k), k, alpha, vals,
+                                  err);
+    }
+    if (rc != FC_OK)
+        return rc;
+    fc_index_add(body + 4, n, k, vals, acc);
+    return FC_OK;
 }
 
 const fc_method fc_method_thresholdv = {

@@ -35,19 +35,21 @@ static void topk_layout(const fc_chunk *c, fc_layout *out)
     out->kept = k;
 }
 
-static size_t topk_scratch(const void *cfg, int64_t n)
+/* The k indices and the k values of a chunk of n: k is largest for the largest chunk, which
+ * the scratch is sized for (the selection itself reads x in place: fc_select.h). */
+static size_t topk_scratch(const void *cfg_, int64_t n)
 {
-    (void)cfg;
-    return (size_t)n * 12 + 64; /* keys, indices, values */
+    const fc_topk_cfg *cfg = (const fc_topk_cfg *)cfg_;
+    return (size_t)fc_sparse_k(n, cfg->k, cfg->ratio) * 8 + 64;
 }
 
 static int topk_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layout *used, fc_err *err)
 {
     const fc_topk_cfg *cfg = (const fc_topk_cfg *)c->cfg;
     const int64_t k = topk_k(c), n = c->n;
-    uint32_t *keys = (uint32_t *)c->scratch, *idx = keys + n;
-    float *vals = (float *)(idx + n);
-    fc_topk_indices(x, n, k, keys, idx);
+    uint32_t *idx = (uint32_t *)c->scratch;
+    float *vals = (float *)(idx + k);
+    fc_topk_indices(x, n, k, idx);
     for (int64_t j = 0; j < k; j++)
         vals[j] = x[idx[j]];
     fc_index_encode(idx, n, k, body);
@@ -64,8 +66,8 @@ static int topk_decode_add(const fc_chunk *c, const uint8_t *body, int64_t body_
     (void)body_bytes;
     const fc_topk_cfg *cfg = (const fc_topk_cfg *)c->cfg;
     const int64_t k = topk_k(c), n = c->n;
-    uint32_t *idx = (uint32_t *)c->scratch + n;
-    float *vals = (float *)(idx + n);
+    uint32_t *idx = (uint32_t *)c->scratch;
+    float *vals = (float *)(idx + k);
     int rc = fc_index_decode(body, n, k, idx, err);
     return rc != FC_OK ? rc : fc_vcodec_decode_scatter(&cfg->vc, c, body + fc_index_bytes(n, k), k, idx,
                                                         alpha, vals, acc, err);

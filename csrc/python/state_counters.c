@@ -9,14 +9,14 @@
 #include "backend_cuda/fc_cuda_path.h"
 #include "common/fc_res8.h"
 
-/* The C core's own host memory: its grow-only scratch (g', the accumulator, the sampled
- * decode, the method's scratch, the compressed-domain sum, the second round's picks), and the
- * largest fp32 workspace an 8-bit residual was unpacked into (held only during a call). */
+/* The C core's own host memory: its grow-only scratch (fc_core.h: x, acc, the method's scratch,
+ * the second round's picks), and the largest fp32 workspace an 8-bit residual was unpacked
+ * into (held only during a call). */
 static long long scratch_bytes(const StateObject *self)
 {
     const fc_core *c = &self->core;
-    return (long long)(4 * (c->x_cap + c->acc_cap + c->dec_cap + c->picks_cap) +
-                       (int64_t)c->mscr_cap + (int64_t)c->agg_cap) + (long long)self->res_ws_peak;
+    return (long long)(4 * (c->x_cap + c->acc_cap + c->picks_cap) + (int64_t)c->mscr_cap) +
+           (long long)self->res_ws_peak;
 }
 
 /* The counters' backend (the device's, once the State did work there) reads them into *tot and
