@@ -160,6 +160,7 @@ void fc_index_encode(const uint32_t *idx, int64_t n, int64_t k, uint8_t *out)
 
 int fc_index_decode(const uint8_t *in, int64_t n, int64_t k, uint32_t *idx, fc_err *err)
 {
+    /* idx NULL: the checks alone (fc_index_check) */
     if (use_bitmap(n, k)) {
         int64_t m = 0;
         for (int64_t i = 0; i < n; i++)
@@ -167,45 +168,8 @@ int fc_index_decode(const uint8_t *in, int64_t n, int64_t k, uint32_t *idx, fc_e
                 if (m == k)
                     return fc_fail(err, FC_ERR_PAYLOAD, "sparse payload: bitmap has more than the "
                                    "%lld coordinates announced (corrupted)", (long long)k);
-                idx[m++] = (uint32_t)i;
-            }
-        if (m != k)
-            return fc_fail(err, FC_ERR_PAYLOAD, "sparse payload: bitmap has %lld coordinates, "
-                           "expected %lld (corrupted)", (long long)m, (long long)k);
-        return FC_OK;
-    }
-    for (int64_t j = 0; j < k; j++) {
-        uint32_t v;
-        if (index_width(n) == 2) {
-            uint16_t h;
-            memcpy(&h, in + 2 * j, 2);
-            v = h;
-        } else {
-            memcpy(&v, in + 4 * j, 4);
-        }
-        if ((int64_t)v >= n || (j > 0 && v <= idx[j - 1]))
-            return fc_fail(err, FC_ERR_PAYLOAD, "sparse payload: index %u at position %lld is out "
-                           "of range [0, %lld) or not ascending (corrupted)", v, (long long)j,
-                           (long long)n);
-        idx[j] = v;
-    }
-    return FC_OK;
-}
-
-int fc_index_coding(int64_t n, int64_t k)
-{
-    return use_bitmap(n, k) ? 0 : index_width(n);
-}
-
-int fc_index_check(const uint8_t *in, int64_t n, int64_t k, fc_err *err)
-{
-    if (use_bitmap(n, k)) {
-        int64_t m = 0;
-        for (int64_t i = 0; i < n; i++)
-            if ((in[i >> 3] >> (i & 7)) & 1u) {
-                if (m == k)
-                    return fc_fail(err, FC_ERR_PAYLOAD, "sparse payload: bitmap has more than the "
-                                   "%lld coordinates announced (corrupted)", (long long)k);
+                if (idx != NULL)
+                    idx[m] = (uint32_t)i;
                 m++;
             }
         if (m != k)
@@ -227,9 +191,21 @@ int fc_index_check(const uint8_t *in, int64_t n, int64_t k, fc_err *err)
             return fc_fail(err, FC_ERR_PAYLOAD, "sparse payload: index %u at position %lld is out "
                            "of range [0, %lld) or not ascending (corrupted)", v, (long long)j,
                            (long long)n);
+        if (idx != NULL)
+            idx[j] = v;
         prev = v;
     }
     return FC_OK;
+}
+
+int fc_index_coding(int64_t n, int64_t k)
+{
+    return use_bitmap(n, k) ? 0 : index_width(n);
+}
+
+int fc_index_check(const uint8_t *in, int64_t n, int64_t k, fc_err *err)
+{
+    return fc_index_decode(in, n, k, NULL, err);
 }
 
 void fc_index_add(const uint8_t *in, int64_t n, int64_t k, const float *vals, float *acc)

@@ -31,7 +31,7 @@ int fc_vcodec_decode_scatter(const fc_vcodec *v, const fc_chunk *parent, const u
  * 16-bit absolute indices when n <= 65536, else 32-bit; padded to 4 bytes (counted as index). */
 int64_t fc_index_bytes(int64_t n, int64_t k);
 void fc_index_encode(const uint32_t *idx, int64_t n, int64_t k, uint8_t *out);
-/* Checks the coordinates are in range and strictly ascending. */
+/* Checks the coordinates are in range and strictly ascending; writes them to idx unless NULL. */
 int fc_index_decode(const uint8_t *in, int64_t n, int64_t k, uint32_t *idx, fc_err *err);
 /* The same coding with no index array (thresholdv, whose k may reach n): which coding k of n
  * take (0: the bitmap, else the bytes per index: 2 or 4), so an encoder writes each index

@@ -144,17 +144,17 @@ static int64_t check_residual(StateObject *self, PyObject *r, unsigned dtypes, i
         return -1;
     }
     const int packed = v.buf.dtype == FC_U8;
-    const int64_t values = packed ? fc_res8_numel(v.buf.numel) : v.buf.numel;
+    const int64_t stored = v.buf.numel, values = packed ? fc_res8_numel(stored) : stored;
     const int on_host = v.device_type == kDLCPU && !self->emulate_cuda;
     fc_view_release(&v);
     if (values < 0) {
         PyErr_Format(PyExc_ValueError, "%s has %zd bytes: no 8-bit residual is that long (4 bytes "
-                     "per 64 values, then one per value)", what, (Py_ssize_t)v.buf.numel);
+                     "per 64 values, then one per value)", what, (Py_ssize_t)stored);
         return -1;
     }
     if (numel >= 0 && values != numel) {
         PyErr_Format(PyExc_ValueError, "%s has %zd elements, its unit needs %lld%s", what,
-                     (Py_ssize_t)v.buf.numel, (long long)(packed ? fc_res8_bytes(numel) : numel),
+                     (Py_ssize_t)stored, (long long)(packed ? fc_res8_bytes(numel) : numel),
                      packed ? " (an 8-bit residual of that many values: fc_res8_bytes)" : "");
         return -1;
     }
