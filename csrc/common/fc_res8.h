@@ -73,10 +73,18 @@ FC_HOSTDEV float fc_res8_u(uint32_t key, int64_t i)
     return fc_res8_u_low(fc_res8_u_high(key, i), i);
 }
 
-/* The block's scale from its largest |e| (a residual is always finite): code 127 is amax. */
+/* The block's scale from its largest |e| (a residual is always finite): code 127 is amax. Where
+ * 127 * scale rounds past fp32 (amax within a few ulps of its largest value, which a saturated
+ * residual holds: fc_max_like), the scale is one ulp smaller, so an unpacked residual stays
+ * finite (127 * scale is then about 2 ulps below fp32's largest). An infinite amax (pack_residual
+ * of any tensor) keeps its infinite scale: every code 0. */
 FC_HOSTDEV float fc_res8_scale(float amax)
 {
-    return amax / (float)FC_RES8_CODE_MAX;
+    const float scale = amax / (float)FC_RES8_CODE_MAX;
+    const float top = (float)FC_RES8_CODE_MAX * scale;
+    if (fc_abs_bits(scale) < FC_INF_BITS && !(fc_abs_bits(top) < FC_INF_BITS))
+        return fc_bits_f32(fc_f32_bits(scale) - 1u);
+    return scale;
 }
 
 /* floor(e / scale + u), clamped (e / scale can round a hair past 127, + u past it too). A
