@@ -39,14 +39,9 @@ def optimizer_bytes(opt: torch.optim.Optimizer) -> int:
 
 def residual_tensors(state) -> list[torch.Tensor]:
     """Every residual tensor a CommState keeps (private members, read on purpose: the point is to
-    count what is there, not what the counters say): the C core's per unit, the all-gather
-    halves', powersgd's e."""
-    reducer = state._reducer
-    out = [t for t in state._core.residuals() if t is not None]
-    out += list(reducer.exchange.shard_gather.residuals.values())
-    if hasattr(reducer, "factors"):
-        out += list(reducer.factors.e.values())
-    return out
+    count what is there, not what the counters say): the C core's, every slot (the
+    reduce-scatter's, the all-gather halves', powersgd's e)."""
+    return [t for slot in ("scatter", "gather", "factors") for t in state._core.residuals(slot) if t is not None]
 
 
 def residual_bytes(state) -> int:

@@ -477,6 +477,7 @@ int fc_cu_copy(fc_cuda_ctx *ctx, int device, void *stream, void *dst, const void
                int to_host, fc_err *err);
 int fc_cu_res8(fc_cuda_ctx *ctx, int device, void *stream, int pack, float *e, int64_t n,
                uint8_t *packed, uint32_t key, fc_err *err);
+int fc_cu_ef(fc_cuda_ctx *ctx, const fc_cuda_ef_args *a, fc_err *err); // fc_cu_ef.cu
 
 #ifndef FC_CUDA_BUILD_INFO
 #define FC_CUDA_BUILD_INFO "unknown"
@@ -505,6 +506,8 @@ static const fc_cuda_api api = {
     fc_cu_copy,
     // ABI 7: the 8-bit residual
     fc_cu_res8,
+    // ABI 11: error feedback outside a codec
+    fc_cu_ef,
 };
 
 // The library's only exported symbol.

@@ -1,10 +1,14 @@
-"""The checkpoint format of a CommState (format 2): what is the same on every rank at the top,
+"""The checkpoint format of a CommState (format 3): what is the same on every rank at the top,
 each rank's own state (residuals, unit states) under a key naming the rank, so that
 torch.distributed.checkpoint (DCP) and a plain torch.save per rank both give every rank its own
 back, and a load that does not fit is refused by name before anything changes.
 
-    {"format": 2, "method": "int8", "config": '{"block_size": 256, ...}' (JSON),
+    {"format": 3, "method": "int8", "config": '{"block_size": 256, ...}' (JSON),
      "world_size": 2, "step": 10, "rank1": RankState(...)}
+
+Format 3 keeps every residual in one field, RankState.residuals, by the C State's slots (each a
+list, one entry per unit); format 2 kept the all-gather half's in `gather_residuals` and
+PowerSGD's error in its method_state, and still loads (from_format2 moves them).
 
 Why this shape (docs/decisions.md has the longer story): DCP writes a value whose key is the
 same on every rank once (one rank's), and reads it into every rank; it needs the shape of every
@@ -24,7 +28,8 @@ import torch
 from . import _C
 from ._dist import Ranks
 
-FORMAT = 2  # 1: the flat dict of fsdpcomp 0.1 (no "format" key, no rank, no world size)
+FORMAT = 3  # 2: residuals in three fields; 1: the flat dict of fsdpcomp 0.1 (no "format" key, no rank)
+SLOTS = ("scatter", "gather", "factors")  # the C State's residual slots (csrc/python/state.h)
 DROP_HINT = ("to resume at another world size, or from another rank's state, drop the "
              "residuals on purpose: state.load_state_dict(sd, residuals=\"drop\"), or "
              "dcp.load({..., \"fsdpcomp\": state.without_residuals()})")
@@ -33,16 +38,15 @@ DROP_HINT = ("to resume at another world size, or from another rank's state, dro
 @dataclass
 class RankState:
     """One rank's part of a CommState checkpoint: its unit table (each unit's size and key, the
-    keys claimed in the open step), its residuals and the units' method state (gradiveq's
-    basis), the all-gather residuals (allgather_compress), and method_state: a method's own
-    extra state keyed by the method's name, each a dict with its own "version" (room for
-    methods that keep more than a residual, e.g. PowerSGD's Q and error)."""
+    keys claimed in the open step), its residuals (slot -> one entry per unit: the
+    reduce-scatter's, the all-gather half's, PowerSGD's error), the units' method state
+    (gradiveq's basis), and method_state: a method's own extra state keyed by the method's
+    name, each a dict with its own "version" (PowerSGD's Q)."""
     units: list
     unit_keys: list
     open_keys: list
-    residuals: list
+    residuals: dict
     unit_states: list | None
-    gather_residuals: dict
     method_state: dict = field(default_factory=dict)
 
 
@@ -89,7 +93,7 @@ def unpack(sd: Any, method: str, config: Mapping[str, Any], residuals: str) -> S
         if key not in sd:
             raise ValueError(f"fsdpcomp state_dict is missing '{key}'")
     fmt = sd.get("format", 1)
-    if fmt not in (1, FORMAT):
+    if fmt not in (1, 2, FORMAT):
         raise ValueError(f"fsdpcomp state_dict has format {fmt!r}; this fsdpcomp reads format {FORMAT}")
     if sd["method"] != method:
         raise ValueError(f"state_dict is for method '{sd['method']}', this state is '{method}'")
@@ -125,7 +129,42 @@ def unpack(sd: Any, method: str, config: Mapping[str, Any], residuals: str) -> S
                          f"torch.distributed.checkpoint); {DROP_HINT}")
     if not isinstance(mine, RankState):
         raise TypeError(f"state_dict '{rank_key(rank)}' must be a fsdpcomp RankState, got {type(mine).__name__}")
-    return Saved(step, mine)
+    return Saved(step, from_format2(mine, config.get("residual_dtype")) if fmt == 2 else mine)
+
+
+def from_format2(mine: RankState, residual_dtype: str | None) -> RankState:
+    """A format-2 RankState (the reduce-scatter's residuals a list, the all-gather half's in
+    `gather_residuals`, unit -> tensor, PowerSGD's error in method_state["powersgd"]["e"] of its
+    version 1) as format 3's: every residual by slot. The values are checked where format 3's
+    are (the core's restore); the shapes of the old fields here, by their old names. Format 2's
+    all-gather half kept fp32 where residual_dtype was "bf16"; one dtype rule now, so those are
+    rounded to bf16 here (the only value a format-2 load changes)."""
+    n = len(mine.units) if isinstance(mine.units, (list, tuple)) else 0
+
+    def by_unit(table: Any, name: str) -> list:
+        if not isinstance(table, Mapping):
+            raise TypeError(f"state_dict '{name}' must be a dict of unit -> tensor, got {type(table).__name__}")
+        out = [None] * n
+        for unit, r in table.items():
+            if isinstance(unit, bool) or not isinstance(unit, int) or not 0 <= unit < n:
+                raise ValueError(f"state_dict '{name}' is keyed by unit (0 to {n - 1}), got {unit!r}")
+            if not isinstance(r, torch.Tensor):
+                raise TypeError(f"state_dict '{name}'[{unit}] must be a tensor, got {type(r).__name__}")
+            out[unit] = r.to(torch.bfloat16) if residual_dtype == "bf16" and r.dtype == torch.float32 else r
+        return out
+
+    method_state = getattr(mine, "method_state", {})
+    if not isinstance(method_state, Mapping):
+        raise TypeError(f"state_dict RankState.method_state must be a dict, got {type(method_state).__name__}")
+    method_state = dict(method_state)
+    factors = [None] * n
+    part = method_state.get("powersgd")
+    if isinstance(part, Mapping) and part.get("version") == 1:  # its e moves to the factors slot
+        factors = by_unit(part.get("e", {}), "powersgd'['e")
+        method_state["powersgd"] = {"version": 2, **{k: v for k, v in part.items() if k not in ("version", "e")}}
+    residuals = {"scatter": mine.residuals, "gather": by_unit(getattr(mine, "gather_residuals", {}), "gather_residuals"),
+                 "factors": factors}
+    return RankState(mine.units, mine.unit_keys, mine.open_keys, residuals, mine.unit_states, method_state)
 
 
 def _config_of(saved: Any) -> dict[str, Any]:
@@ -163,7 +202,7 @@ def check_same_units(keys: tuple, sizes: list, mine: RankState) -> None:
 def check_rank_state(mine: RankState, own_method: str | None = None) -> None:
     """Fields of the right kinds; the values are checked by UnitTable.check and the core (and
     own_method's entry of method_state by that method)."""
-    kinds = {"gather_residuals": (dict,), "method_state": (dict,), "unit_states": (list, type(None))}
+    kinds = {"residuals": (dict,), "method_state": (dict,), "unit_states": (list, type(None))}
     for f in fields(RankState):
         value, want = getattr(mine, f.name, None), kinds.get(f.name, (list,))
         if not isinstance(value, want):

@@ -27,10 +27,15 @@ def normalize_config(config: Mapping[str, Any] | str | None) -> dict[str, Any]:
 
 
 def gather_default(config: dict[str, Any]) -> dict[str, Any]:
-    """The config with `allgather_compress` resolved where its default cannot hold: a unit with a
-    second round (sketch's `second_round`) is decoded from all payloads together, never from one
-    alone, so its all-reduce's all-gather half goes uncompressed unless the key is given (and
-    then the state refuses the pair by name)."""
-    if config.get("second_round") is True and "allgather_compress" not in config:
+    """The config with `allgather_compress` resolved where its default cannot hold, the one home
+    of that rule: a unit with a second round (sketch's `second_round`) is decoded from all
+    payloads together, never from one alone, so its all-reduce's all-gather half goes
+    uncompressed; asked for by name with it, the pair is refused (ValueError)."""
+    if config.get("second_round") is not True:
+        return config
+    if "allgather_compress" not in config:
         return dict(config, allgather_compress=False)
+    if config["allgather_compress"] is True:
+        raise ValueError("config key 'allgather_compress' cannot be combined with 'second_round': the "
+                         "compressed all-gather decodes single payloads")
     return config

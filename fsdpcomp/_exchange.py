@@ -38,14 +38,12 @@ class Wire:
     gather_compressed: bool  # allgather_compress
     gather_explicit: bool  # allgather_compress set by name, not by default
     min_numel: int
-    residual_int8: bool  # residual_dtype "int8": the all-gather half keeps its residual packed
 
     @staticmethod
     def of(core, given: Mapping[str, Any]) -> "Wire":
         cfg = core.config
         return Wire(bool(core.flags["varsize"]), cfg["pipeline"], cfg["error_feedback"], cfg["nonfinite"] == "zero",
-                    cfg["allgather_compress"], "allgather_compress" in given, cfg["min_numel"],
-                    cfg["residual_dtype"] == "int8")
+                    cfg["allgather_compress"], "allgather_compress" in given, cfg["min_numel"])
 
 
 class _Shape(NamedTuple):

@@ -17,10 +17,11 @@ from ._dist import Ranks
 from ._layout import Layout
 from ._powersgd_factors import Config, Factors
 from ._reducer import Reducer
-from ._shard_gather import ShardGather
 
 NAME = "powersgd"
-STATE_VERSION = 1  # RankState.method_state["powersgd"]'s layout
+# RankState.method_state["powersgd"]'s layout: 2 holds Q (e went to the core's residuals with
+# checkpoint format 3); 1 (format 2) held e too, and _checkpoint's format-2 reader moves it
+STATE_VERSION = 2
 
 # The method's own keys, in method_info's format (csrc/python/fc_config.c's tables for the codecs).
 KEYS = [
@@ -61,7 +62,7 @@ def _core(config: Mapping[str, Any]) -> "_C.State":
 
 
 class PowerSGDReducer(Reducer):
-    """PowerSGD (see the module docstring); its residual e lives in its Factors, and nowhere else."""
+    """PowerSGD (see the module docstring); its residual e lives in its core's "factors" slot."""
 
     name = NAME
     takes_layout = True  # the matrices it factors
@@ -76,8 +77,7 @@ class PowerSGDReducer(Reducer):
         core = _core(config)
         super().__init__(core, config, dict(own, error_feedback=ef))
         c = core.config
-        cfg = Config(own["rank"], own["start_iter"], own["min_compression_rate"], ef, float(c["ef_decay"]),
-                     c["residual_dtype"], own["factor_dtype"] == "bf16")
+        cfg = Config(own["rank"], own["start_iter"], own["min_compression_rate"], ef, own["factor_dtype"] == "bf16")
         self.factors = Factors(cfg, c["seed"], c["error_stats_every"], core)
 
     def signature(self, grad: torch.Tensor, ranks: Ranks, layout: Layout | None) -> tuple:
@@ -102,23 +102,22 @@ class PowerSGDReducer(Reducer):
 
     def _count(self, c: dict[str, Any]) -> None:
         c["method"] = NAME
-        self.factors.merge_counters(c)  # residual_bytes: its e's (its `none` core keeps none)
+        self.factors.merge_counters(c)  # residual_bytes: the core's, its e's included
 
     def reset_counters(self) -> None:
         super().reset_counters()
         self.factors.reset_counts()
 
     def state_dict(self) -> dict[str, Any]:
-        """method_state {"powersgd": {"version": 1, "q": unit -> [Q per matrix], "e": unit -> e}}."""
-        return {"gather_residuals": {},
-                "method_state": {NAME: {"version": STATE_VERSION, **self.factors.state_dict()}}}
+        """method_state {"powersgd": {"version": 2, "q": unit -> [Q per matrix]}} (e: the core's
+        residuals, slot "factors")."""
+        return {"method_state": {NAME: {"version": STATE_VERSION, **self.factors.state_dict()}}}
 
-    def check(self, mine: "_checkpoint.RankState", units: list[int]) -> tuple[dict, dict]:
-        ShardGather.check(self.core, mine.gather_residuals, len(units))  # none are kept: checked as the codecs'
-        return Factors.check(self.core, _own_part(mine.method_state), units)
+    def check(self, mine: "_checkpoint.RankState", units: list[int]) -> dict:
+        return Factors.check(_own_part(mine.method_state), len(units))
 
-    def restore(self, checked: tuple[dict, dict] | None) -> None:
-        self.factors.restore(*(checked or ({}, {})))  # residuals="drop": Q and e afresh too
+    def restore(self, checked: dict | None) -> None:
+        self.factors.restore(checked or {})  # residuals="drop": Q afresh too
 
 
 def _own_part(method_state: Mapping[str, Any]) -> Any:
@@ -126,7 +125,7 @@ def _own_part(method_state: Mapping[str, Any]) -> Any:
     before its first call) restores none; another version is refused."""
     part = method_state.get(NAME)
     if part is None:
-        return {"q": {}, "e": {}}
+        return {"q": {}}
     version = part.get("version") if isinstance(part, Mapping) else None
     if version != STATE_VERSION:
         raise ValueError(f"state_dict powersgd state has version {version!r}, this fsdpcomp reads "

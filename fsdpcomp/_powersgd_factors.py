@@ -4,9 +4,10 @@ P, orthogonalise P, Q = M^T P, all-reduce Q, mean = P Q^T, e = M - P Q^T. Vector
 too small to pay go exactly, in the first all-reduce beside the P's; so a unit costs two
 all-reduces, whatever its number of matrices.
 
-The factor arithmetic and what it keeps per unit (Q of each matrix, the residual e: PowerSGD's
-one home of residuals), in torch ops (BLAS / cuBLAS, CPU and CUDA alike). _powersgd.py makes it
-a Reducer: its keys, its warm-up through the core's exchange, its counters and checkpoint.
+The factor arithmetic and what it keeps per unit (Q of each matrix), in torch ops (BLAS /
+cuBLAS, CPU and CUDA alike); its residual e is the C State's, in the unit's "factors" slot, kept,
+counted and checkpointed as every method's residual is. _powersgd.py makes it a Reducer: its
+keys, its warm-up through the core's exchange, its counters and checkpoint.
 """
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from typing import Any, Callable, Mapping
 import torch
 import torch.distributed as dist
 
-from . import _residual_store
 from ._dist import Ranks
 from ._layout import Layout
 
@@ -30,8 +30,6 @@ class Config:
     start_iter: int
     min_compression_rate: float
     error_feedback: bool
-    ef_decay: float  # g' = g + ef_decay * e (the core validated it: a common key)
-    residual_dtype: str  # "fp32", "bf16" or "int8" (packed by the core: csrc/common/fc_res8.h)
     wire_bf16: bool
 
 
@@ -82,15 +80,14 @@ def ring_bytes(numel: int, world: int, elem: int = 4) -> int:
 
 
 class Factors:
-    """PowerSGD's arithmetic and state: per unit, Q per matrix and the residual e."""
+    """PowerSGD's arithmetic and state: per unit, Q per matrix (the residual e: the core's)."""
 
-    def __init__(self, cfg: Config, seed: int, stats_every: int, core=None):
+    def __init__(self, cfg: Config, seed: int, stats_every: int, core):
         self.cfg = cfg
-        self._core = core  # the `none` _C.State: it packs an int8 residual
+        self._core = core  # the `none` _C.State: it keeps e (slot "factors") and packs an int8 one
         self._seed = seed
         self._stats_every = stats_every
         self.q: dict[int, list[torch.Tensor]] = {}
-        self.e: dict[int, torch.Tensor] = {}
         self._plans: dict[tuple, _Plan] = {}
         self.reset_counts()
 
@@ -164,9 +161,8 @@ class Factors:
             return
         blocks = layout.blocks
         xv = x.view(blocks, n // blocks)
-        if self.cfg.error_feedback and unit in self.e:
-            x.add_(_residual_store.as_float(self._core, self.e[unit]).to(x.device).view_as(x),
-                   alpha=self.cfg.ef_decay)
+        if self.cfg.error_feedback:  # g' = g + ef_decay e by the codecs' rules (none at the first step)
+            self._core.ef_add(x, unit)
         r = self.cfg.rank
         mats = [xv[:, off:off + rows * cols].reshape(blocks * rows, cols) for off, rows, cols in plan.mats]
         qs = self.q.get(unit)
@@ -208,10 +204,13 @@ class Factors:
             mean[:, off:off + rows * cols] = (p @ q.t()).view(blocks, rows * cols)
         self.q[unit] = [q.clone() for q in new_qs]
         if self.cfg.error_feedback:
-            e = xv.sub_(mean)  # x is this call's own copy: it becomes e
+            # e = g' - mean by the codecs' residual rule; the exactly summed elements keep none
+            # (what arrived of them is g' itself)
+            ref = mean
             if plan.exact is not None:
-                e[:, exact_mask] = 0
-            self.e[unit] = _residual_store.keep(self._core, self.e.get(unit), x, self.cfg.residual_dtype, unit)
+                ref = mean.clone()
+                ref[:, exact_mask] = xv[:, exact_mask]
+            self._core.ef_keep(x, ref.view(-1), unit)
         self._write(mean.view(-1), target, ranks, scatter)
 
     def _all_reduce(self, buf: torch.Tensor, ranks: Ranks, timed, **count) -> None:
@@ -260,49 +259,44 @@ class Factors:
             c["grad_rel_error"] = math.sqrt(k["err_sq"] / k["ref_sq"]) if k["ref_sq"] > 0 else 0.0
             c["grad_cos_sim"] = k["cos_sum"] / k["samples"]
             c["error_samples"] = k["samples"]
-        c["residual_norm"] = math.sqrt(sum(float(_residual_store.as_float(self._core, e).pow(2).sum())
-                                           for e in self.e.values()))
-        c["residual_bytes"] = sum(e.numel() * e.element_size() for e in self.e.values())
+        # residual_bytes is the core's (every slot); the norm of e, which the core's counters
+        # read from the codecs' own work, is summed here
+        c["residual_norm"] = math.sqrt(sum(float(self._values(e).pow(2).sum())
+                                           for e in self._core.residuals("factors") if e is not None))
+
+    def _values(self, e: torch.Tensor) -> torch.Tensor:
+        """A kept e in fp32 (unpacked when residual_dtype is int8), for its norm."""
+        if e.dtype != torch.uint8:
+            return e.float()
+        out = torch.empty(self._core.residual_values(e.numel()), dtype=torch.float32, device=e.device)
+        self._core.unpack_residual(e, out)
+        return out
 
     # ---- checkpoints
 
     def state_dict(self) -> dict[str, Any]:
-        """Per unit: Q of each matrix and the residual e (cloned)."""
-        return {"q": {u: [q.detach().clone() for q in qs] for u, qs in self.q.items()},
-                "e": {u: e.detach().clone() for u, e in self.e.items()}}
+        """Per unit: Q of each matrix (cloned)."""
+        return {"q": {u: [q.detach().clone() for q in qs] for u, qs in self.q.items()}}
 
     @staticmethod
-    def check(core, saved: Any, units: list[int]) -> tuple[dict, dict]:
-        """A checkpoint's PowerSGD state, checked and copied; TypeError / ValueError naming what.
-        Each e through the core's check_residual (the State's own residuals' check: its unit's
-        size, dtype, finite values and 8-bit scales, on any device)."""
-        if not isinstance(saved, Mapping) or not {"q", "e"} <= set(saved):
-            raise ValueError("state_dict 'powersgd' must be a dict with 'q' and 'e' (Factors.state_dict())")
-        n_units = len(units)
-        out = []
-        for name in ("q", "e"):
-            table = saved[name]
-            if not isinstance(table, Mapping):
-                raise TypeError(f"state_dict 'powersgd'['{name}'] must be a dict of unit -> tensors")
-            copied = {}
-            for u, v in table.items():
-                if isinstance(u, bool) or not isinstance(u, int) or not 0 <= u < n_units:
-                    raise ValueError(f"state_dict 'powersgd'['{name}'] is keyed by unit (0 to {n_units - 1}), got {u!r}")
-                if name == "e":
-                    if not isinstance(v, torch.Tensor):
-                        raise TypeError(f"state_dict 'powersgd'['e'][{u}] must be a tensor, got {type(v).__name__}")
-                    core.check_residual(v, f"state_dict powersgd e[{u}]", units[u])
-                    copied[u] = v.detach().clone()
-                    continue
-                if not isinstance(v, (list, tuple)) or not all(
-                        isinstance(t, torch.Tensor) and t.is_floating_point() for t in v):
-                    raise TypeError(f"state_dict 'powersgd'['q'][{u}] must hold float tensors")
-                if not all(bool(torch.isfinite(t.float()).all()) for t in v):
-                    raise ValueError(f"state_dict 'powersgd'['q'][{u}] holds NaN/Inf (a corrupted checkpoint?)")
-                copied[u] = [t.detach().clone() for t in v]
-            out.append(copied)
-        return out[0], out[1]
+    def check(saved: Any, n_units: int) -> dict:
+        """A checkpoint's Q factors, checked and copied; TypeError / ValueError naming what."""
+        if not isinstance(saved, Mapping) or set(saved) != {"q"}:
+            raise ValueError("state_dict 'powersgd' must be a dict with 'q' (Factors.state_dict())")
+        table = saved["q"]
+        if not isinstance(table, Mapping):
+            raise TypeError("state_dict 'powersgd'['q'] must be a dict of unit -> tensors")
+        copied = {}
+        for u, v in table.items():
+            if isinstance(u, bool) or not isinstance(u, int) or not 0 <= u < n_units:
+                raise ValueError(f"state_dict 'powersgd'['q'] is keyed by unit (0 to {n_units - 1}), got {u!r}")
+            if not isinstance(v, (list, tuple)) or not all(
+                    isinstance(t, torch.Tensor) and t.is_floating_point() for t in v):
+                raise TypeError(f"state_dict 'powersgd'['q'][{u}] must hold float tensors")
+            if not all(bool(torch.isfinite(t.float()).all()) for t in v):
+                raise ValueError(f"state_dict 'powersgd'['q'][{u}] holds NaN/Inf (a corrupted checkpoint?)")
+            copied[u] = [t.detach().clone() for t in v]
+        return copied
 
-    def restore(self, q: dict, e: dict) -> None:
-        self.q, self.e = q, e
-
+    def restore(self, q: dict) -> None:
+        self.q = q

@@ -102,17 +102,17 @@ class Reducer(ABC):
         self.core.reset_counters()
         self.exchange.buffers.reset_peak()
 
-    # ---- checkpoints: the RankState fields beyond the unit table (_checkpoint.py)
+    # ---- checkpoints: the RankState field beyond the unit table and the residuals, which the
+    # core keeps for every method (_checkpoint.py): a method's own state (PowerSGD's Q)
 
-    @abstractmethod
     def state_dict(self) -> dict[str, Any]:
-        """{"gather_residuals": ..., "method_state": ...}, cloned."""
+        """{"method_state": ...}, cloned: none for a codec (its state is the core's)."""
+        return {"method_state": {}}
 
-    @abstractmethod
     def check(self, mine, units: list[int]) -> Any:
-        """A RankState's fields of this reducer (units: each unit's elements, checked), checked
-        and copied, for restore(); every residual through the core's one check_residual."""
+        """RankState.method_state's entry of this reducer (units: each unit's elements, checked),
+        checked and copied, for restore()."""
+        return None
 
-    @abstractmethod
     def restore(self, checked: Any | None) -> None:
-        """Takes check()'s result; None starts every residual and method state afresh."""
+        """Takes check()'s result; None starts the method state afresh."""

@@ -2,7 +2,7 @@
 reduced shards go back to every rank compressed with the state's method (`allgather_compress`,
 the default) or in the gradient's dtype. Compressed, every rank, the owner included, decodes
 every payload, so the replicas stay bit-identical; the shard's own error-feedback residual
-(when error feedback is on) is kept per unit in ``residuals``.
+(when error feedback is on) is the C State's, in its unit's "gather" slot.
 
 The uncompressed all-gather is used where compressing would not pay or cannot run: a unit below
 `min_numel`; a payload no smaller than the raw shard (`none`, 16-bit casts of 16-bit gradients,
@@ -14,7 +14,7 @@ TypeError instead). On CUDA tensors every step queues on the current stream, wit
 wait on the host, except a data-dependent method's size exchange."""
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Callable
 
 import torch
 
@@ -25,16 +25,15 @@ _SENT, _NO_GAIN, _NO_CODEC = "sent", "no gain", "no codec"
 
 
 class ShardGather:
-    """The all-gather half of one Exchange: its C core's single-payload codec, the Exchange's
-    wire config, buffers and counted collectives, and the half's own state: each unit's
-    residual and, per device type, whether the codec took tensors there."""
+    """The all-gather half of one Exchange: its C core's single-payload codec (and residual
+    store), the Exchange's wire config, buffers and counted collectives, and per device type
+    whether the codec took tensors there."""
 
     def __init__(self, core, wire, buffers, timed: Callable[..., None]):
         self._core = core
         self._wire = wire
         self._buffers = buffers
         self._timed = timed  # Exchange.timed: one counted collective
-        self.residuals: dict[int, torch.Tensor] = {}  # per unit, with error feedback
         # whether compress() took tensors of a device type: learned from the first call there
         # (its argument checks run before anything changes, so a refusal costs nothing)
         self._device_ok: dict[str, bool] = {}
@@ -96,16 +95,11 @@ class ShardGather:
         x = buffers.typed("gather_x", shard, torch.float32, dev)
         x.copy_(reduced)  # the encode input
         e, kept = None, None
-        if wire.error_feedback:  # the unit's residual, kept once the payloads went out
-            # fp32, or with residual_dtype "int8" packed as compress() takes it (csrc/common/fc_res8.h)
-            numel, dtype = (core.residual_numel(shard), torch.uint8) if wire.residual_int8 else (shard, torch.float32)
-            e = self.residuals.get(unit)
-            if e is None or e.numel() != numel or e.dtype != dtype:
-                e = torch.zeros(numel, dtype=dtype, device=dev)
-            elif e.device != dev:  # a checkpoint's, saved on another device: it moves here, once
-                e = self.residuals[unit] = e.to(dev)
-            elif wire.varsize:
-                kept = buffers.typed("gather_e_kept", numel, dtype, dev)
+        if wire.error_feedback:  # the unit's residual in the State's "gather" slot, in place
+            # in residual_dtype (int8: packed as compress() takes it, csrc/common/fc_res8.h)
+            e = core.residual(unit, "gather", x)
+            if wire.varsize:
+                kept = buffers.typed("gather_e_kept", e.numel(), e.dtype, dev)
                 kept.copy_(e)  # restored if the payloads do not pay
         elif wire.zero_nonfinite:  # "zero" mode's NaN/Inf of the shard become e = 0
             e = buffers.typed("gather_e0", shard, torch.float32, dev)
@@ -133,8 +127,6 @@ class ShardGather:
         for r in range(world):
             core.decompress(recv[r * slot:r * slot + slot], full[r * shard:(r + 1) * shard],
                             unit=unit, chunk=world + r, world=world)
-        if wire.error_feedback:
-            self.residuals[unit] = e
         grad.copy_(full[:n].view_as(grad))
         return _SENT
 
@@ -146,32 +138,3 @@ class ShardGather:
         self._timed(lambda e, m: _all_gather_single(e, m, group=ranks.group), every, mine,
                     bytes_sent=8 * (ranks.world - 1), extra=True)
         return int(every.max())
-
-    # ---- checkpoints
-
-    def state_dict(self) -> dict[int, torch.Tensor]:
-        """The residuals, cloned (RankState.gather_residuals)."""
-        return {u: r.clone() for u, r in self.residuals.items()}
-
-    @staticmethod
-    def check(core, saved: Any, n_units: int) -> dict[int, torch.Tensor]:
-        """A checkpoint's all-gather residuals, checked (the core's check_residual: dtype, a packed
-        size, NaN/Inf values and 8-bit scales, on any device) and copied: TypeError / ValueError
-        naming what is wrong."""
-        if not isinstance(saved, Mapping):
-            raise TypeError(f"state_dict 'gather_residuals' must be a dict of unit -> tensor, got "
-                            f"{type(saved).__name__}")
-        out = {}
-        for unit, r in saved.items():
-            if isinstance(unit, bool) or not isinstance(unit, int) or not 0 <= unit < n_units:
-                raise ValueError(f"state_dict 'gather_residuals' is keyed by unit (0 to {n_units - 1}), "
-                                 f"got {unit!r}")
-            if not isinstance(r, torch.Tensor) or not (r.is_floating_point() or r.dtype == torch.uint8):
-                raise TypeError(f"state_dict 'gather_residuals'[{unit}] must be a float tensor (uint8: "
-                                f"an int8 residual, packed), got {type(r).__name__}")
-            core.check_residual(r, f"state_dict gather_residuals[{unit}]")
-            out[unit] = r.detach().clone() if r.dtype == torch.uint8 else r.detach().clone().float()
-        return out
-
-    def restore(self, residuals: dict[int, torch.Tensor]) -> None:
-        self.residuals = residuals

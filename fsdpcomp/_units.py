@@ -21,6 +21,8 @@ from typing import Any, Hashable, Mapping
 
 import torch
 
+SLOTS = ("scatter", "gather", "factors")  # the C State's residual slots (csrc/python/state.h)
+
 
 @dataclass(frozen=True)
 class SavedUnits:
@@ -29,7 +31,7 @@ class SavedUnits:
     keys: list
     open_keys: list
     step: Any
-    residuals: list
+    residuals: dict  # slot -> one residual (tensor or None) per unit
     unit_states: list | None
 
 
@@ -154,14 +156,15 @@ class UnitTable:
     # ---- checkpoints
 
     def state_dict(self) -> dict[str, Any]:
-        """Step, unit sizes and keys, the keys claimed in the open step, residuals (cloned) and
-        the units' method state (gradiveq's basis)."""
+        """Step, unit sizes and keys, the keys claimed in the open step, every residual by slot
+        (cloned) and the units' method state (gradiveq's basis)."""
         return {
             "step": self._core.step,
             "units": self._core.units(),
             "unit_keys": list(self._keys),
             "open_keys": [k for k in self._keys if k in self._claimed],
-            "residuals": [None if r is None else r.detach().clone() for r in self._core.residuals()],
+            "residuals": {slot: [None if r is None else r.detach().clone() for r in self._core.residuals(slot)]
+                          for slot in SLOTS},
             "unit_states": [None if b is None else torch.frombuffer(bytearray(b), dtype=torch.float32)
                             for b in self._core.unit_states()],
         }
@@ -176,20 +179,31 @@ class UnitTable:
         for key in ("step", "units", "residuals"):
             if key not in state_dict:
                 raise ValueError(f"fsdpcomp state_dict is missing '{key}'")
-        for key, kinds in (("units", (list, tuple)), ("residuals", (list, tuple)),
+        for key, kinds in (("units", (list, tuple)), ("residuals", (dict, list, tuple)),
                            ("unit_states", (list, tuple, type(None)))):
             value = state_dict.get(key)
             if not isinstance(value, kinds):
                 raise TypeError(f"state_dict '{key}' must be a {' or '.join(k.__name__ for k in kinds)}, "
                                 f"got {type(value).__name__}")
-        for key in ("residuals", "unit_states"):
-            for u, r in enumerate(state_dict.get(key) or []):
+        by_slot = state_dict["residuals"]
+        if not isinstance(by_slot, Mapping):  # a list: the reduce-scatter's (a state without slots)
+            by_slot = {"scatter": by_slot}
+        for slot, table in by_slot.items():
+            if slot not in SLOTS:
+                raise ValueError(f"state_dict 'residuals' is keyed by slot ({', '.join(SLOTS)}), got {slot!r}")
+            if not isinstance(table, (list, tuple)):
+                raise TypeError(f"state_dict residuals['{slot}'] must be a list, one entry per unit, got "
+                                f"{type(table).__name__}")
+        tables = {f"residuals['{slot}']": table for slot, table in by_slot.items()}
+        for key, table in (*tables.items(), ("unit_states", state_dict.get("unit_states") or [])):
+            for u, r in enumerate(table):
                 if r is not None and not isinstance(r, torch.Tensor):
                     raise TypeError(f"state_dict {key}[{u}] must be a tensor or None, got {type(r).__name__}")
         units = list(state_dict["units"])
         keys, open_keys = _check_keys(len(units), state_dict.get("unit_keys"), state_dict.get("open_keys"))
         # their sizes, dtypes and values: the core's restore (check_residual), before it changes anything
-        residuals = [None if r is None else r.detach().clone() for r in state_dict["residuals"]]
+        residuals = {slot: [None if r is None else r.detach().clone() for r in table]
+                     for slot, table in by_slot.items()}
         unit_states = state_dict.get("unit_states")
         if unit_states is not None:
             unit_states = [None if t is None else torch.as_tensor(t).detach().cpu().contiguous()

@@ -11,29 +11,13 @@ import torch
 import torch.distributed as dist
 
 from . import _C, _checkpoint, _methods
-from ._buffers import ELEMENT_SIZE
 from ._config import normalize_config
-from ._cuda_check import require_cuda
 from ._dist import Ranks
+from ._cuda_check import require_cuda
 from ._layout import Layout
+from ._tensor_checks import check_grad
 from ._units import UnitTable
 from .counters import Counters
-
-
-def _check_tensor(t: Any, name: str) -> None:
-    """What every gradient tensor a hook call reduces must be, checked before the call claims
-    its unit: TypeError for what it is (not a tensor, dtype, device), ValueError for its layout."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in ELEMENT_SIZE:
-        raise TypeError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
-    if t.device.type not in ("cpu", "cuda"):
-        raise TypeError(f"{name} must be on the CPU or a CUDA device, got {t.device}")
-    if t.device.type == "cuda":
-        require_cuda(f"{name} is")  # CudaError: no CUDA library, or a driver too old for it
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (call .contiguous()), got shape "
-                         f"{tuple(t.shape)} with strides {t.stride()}")
 
 
 class CommState:
@@ -119,9 +103,9 @@ class CommState:
         self._units.end_step()
 
     def state_dict(self) -> dict[str, Any]:
-        """A checkpoint of this state (format 2, fsdpcomp/_checkpoint.py): method, config,
+        """A checkpoint of this state (format 3, fsdpcomp/_checkpoint.py): method, config,
         world size and step, and under ``"rank<r>"`` this rank's RankState: each unit's size
-        and key, the residuals (cloned) and the units' method state (gradiveq's basis: a
+        and key, every residual by slot (cloned) and the units' method state (gradiveq's basis: a
         resumed run encodes as the uninterrupted one would). A CommState is a DCP ``Stateful``:
         ``dcp.save({"model": ..., "fsdpcomp": state})`` gives every rank its own back; so does a
         torch.save of this dict per rank."""
@@ -167,14 +151,14 @@ class CommState:
 
     def _check_call(self, grad: Any, output: Any, world: int) -> None:
         """Everything a reduce-scatter call's tensors must be, before it claims a unit."""
-        _check_tensor(grad, "grad")
+        check_grad(grad, "grad")
         device = grad.device
         if self._device is not None and device != self._device:
             raise TypeError(f"grad is on {device} but this CommState's units live on {self._device}: "
                             "one state serves one device")
         if output is None:
             return
-        _check_tensor(output, "output")
+        check_grad(output, "output")
         if output.device != device:
             raise TypeError(f"output is on {output.device} but grad is on {device}: all tensors of "
                             "a call must share a device")

@@ -41,4 +41,5 @@ const fc_backend fc_backend_cpu = {
     fc_cpu_fetch_finish,
     fc_cpu_res8_pack,
     fc_cpu_res8_unpack,
+    fc_cpu_ef,
 };

@@ -34,6 +34,9 @@ int fc_cpu_fetch_finish(fc_core *s, const fc_exec *x, const float *recv, const f
 int fc_cpu_res8_pack(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *packed, uint32_t key,
                      fc_err *err);
 int fc_cpu_res8_unpack(fc_core *s, const fc_exec *x, const fc_buf *packed, fc_buf *e, fc_err *err);
+/* fc_ef_cpu.c: the table's `ef` (fc_backend.h) */
+int fc_cpu_ef(fc_core *s, const fc_exec *x, int op, fc_buf *xb, const fc_buf *ref, fc_buf *res,
+              fc_err *err);
 
 /* Adds piece `piece` of the payload from rank `src` (empty for an own chunk kept exact). src =
  * rank opens the call, then rank+1, rank+2, ... (mod world), each sender's pieces in order: a

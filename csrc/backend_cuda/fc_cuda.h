@@ -25,8 +25,9 @@ extern "C" {
  * 9: the NCCL transport's entries gone (nccl_*: every collective is torch.distributed's), with
  * FC_ERR_NCCL and FC_PAYLOAD_ABORTED (the fc_status.h and fc_wire.h codes after them renumbered);
  * 10: the one-pass encode's per-call scratch at the end of the workspace (enc_ticket, enc_bad,
- * enc_unit_sq, enc_sum), the fields before them where they were */
-#define FC_CUDA_ABI 10
+ * enc_unit_sq, enc_sum), the fields before them where they were; 11: ef, error feedback for a
+ * residual no codec reads (PowerSGD's e: common/fc_ef.h) */
+#define FC_CUDA_ABI 11
 #define FC_CUDA_MAX_WORLD 1024 /* equals FC_MAX_WORLD of the CPU driver */
 #define FC_CUDA_MAX_UNITS 4096 /* units whose residual norm the device keeps: error feedback on a
                                 * unit past them is refused (fc_cu_driver.cu encode) */
@@ -167,6 +168,18 @@ struct fc_cuda_sent {
 
 /* The second round of a two-round method (sketch's second_round, fc_fetch.c on the CPU). The
  * picks of a chunk of n are min(kmax, n): kmax is those of the longest chunk. */
+/* Error feedback outside a codec (ABI 11): head (device, stream, workspace, nonfinite mode) */
+typedef struct {
+    fc_cuda_head h;
+    int op;          /* FC_EF_ADD or FC_EF_KEEP (common/fc_ef.h) */
+    float *x;        /* n fp32 values: g, made g' (ADD); g' (KEEP) */
+    const float *ref; /* KEEP: what the mean delivered of each */
+    void *residual;  /* n values of res_dtype (fp32 or bf16) */
+    int res_dtype;
+    int64_t n;
+    float ef_decay;
+} fc_cuda_ef_args;
+
 typedef struct {
     fc_cuda_head h;         /* h.x.fetch: the State's fetch buffer (own picks, encode's flags) */
     int64_t kmax;           /* picks per rank in the all-gather */
@@ -260,6 +273,10 @@ typedef struct {
      * rounds e (n fp32 values) into packed with the draws of `key`; pack 0 unpacks packed into e */
     int (*res8)(fc_cuda_ctx *ctx, int device, void *stream, int pack, float *e, int64_t n,
                 uint8_t *packed, uint32_t key, fc_err *err);
+
+    /* ---- ABI 11: common/fc_ef.h's op on a.x (fp32, a.n), queued on the head's stream: FC_EF_ADD
+     * x += ef_decay * residual, FC_EF_KEEP residual = x - ref; counted in the head's workspace */
+    int (*ef)(fc_cuda_ctx *ctx, const fc_cuda_ef_args *a, fc_err *err);
 } fc_cuda_api;
 
 typedef const fc_cuda_api *(*fc_cuda_get_api_fn)(int abi);

@@ -415,6 +415,21 @@ static int cuda_res8_unpack(fc_core *s, const fc_exec *x, const fc_buf *packed, 
                            (uint8_t *)packed->data, 0, err);
 }
 
+static int cuda_ef(fc_core *s, const fc_exec *x, int op, fc_buf *xb, const fc_buf *ref, fc_buf *res,
+                   fc_err *err)
+{
+    fc_cuda_ef_args a;
+    call_head(s, x->k, s->method, xb, 0, 0, &a.h);
+    a.op = op;
+    a.x = (float *)xb->data;
+    a.ref = ref != NULL ? (const float *)ref->data : NULL;
+    a.residual = res->data;
+    a.res_dtype = res->dtype;
+    a.n = xb->numel;
+    a.ef_decay = (float)s->common.ef_decay; /* fc_core_ef_decay's float: the CPU's product */
+    return x->k->api->ef(x->k->ctx, &a, err);
+}
+
 /* ---- what a call needs on the device, and the counters the device keeps */
 
 /* The device buffer `name`, shared by every call of the State (grown, never shrunk). */
@@ -594,6 +609,7 @@ const fc_backend fc_backend_cuda = {
     cuda_fetch_finish,
     cuda_res8_pack,
     cuda_res8_unpack,
+    cuda_ef,
 };
 
 void fc_cuda_probe(const fc_core *s, const fc_cuda_api *api, int64_t numel, int dtype, int world,

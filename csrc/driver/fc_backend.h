@@ -85,6 +85,10 @@ struct fc_backend {
     int (*res8_pack)(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *packed, uint32_t key,
                      fc_err *err);
     int (*res8_unpack)(fc_core *s, const fc_exec *x, const fc_buf *packed, fc_buf *e, fc_err *err);
+    /* error feedback for a residual no codec reads (fc_ef.h, op FC_EF_*): x += ef_decay * res,
+     * or res = x - ref; x and ref fp32, res fp32 or bf16, all of x's length */
+    int (*ef)(fc_core *s, const fc_exec *x, int op, fc_buf *xb, const fc_buf *ref, fc_buf *res,
+              fc_err *err);
 };
 
 extern const fc_backend fc_backend_cpu;
@@ -114,6 +118,14 @@ int fc_drive_res8_unpack(fc_core *s, const fc_exec *x, const fc_buf *packed, fc_
                          fc_err *err);
 int fc_drive_res8_pack(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *packed,
                        uint32_t unit, uint32_t salt, fc_err *err);
+
+/* Error feedback for a residual that no codec's encode reads (PowerSGD's error e), by the
+ * codecs' rules (common/fc_ef.h): FC_EF_ADD makes x (fp32) g' = x + ef_decay * res, its NaN/Inf
+ * counted in nonfinite_in ("zero" mode: e there) and overflowing sums saturated; FC_EF_KEEP
+ * stores res = x - ref (ref fp32), never NaN/Inf, a bf16 one saturated. res fp32 or bf16 (an
+ * 8-bit one is unpacked around the call, as for every call), every buffer of x's length. */
+int fc_drive_ef(fc_core *s, const fc_exec *x, int op, fc_buf *xb, const fc_buf *ref, fc_buf *res,
+                fc_err *err);
 
 /* The sum of the units' residual norms squared: unit u's from dev[u] for u < n_dev (a backend
  * that keeps them itself), else the host's; a negative one (rounding noise of a sum corrected

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "driver/fc_backend.h"
+#include "common/fc_ef.h"
 #include "common/fc_res8.h"
 #include "common/fc_wire.h"
 
@@ -241,6 +242,21 @@ int fc_drive_res8_pack(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *pa
     int rc = res8_sizes(packed, e, err);
     const uint32_t key = fc_res8_key((uint64_t)s->common.seed, s->step, unit, salt);
     return rc != FC_OK ? rc : x->b->res8_pack(s, x, e, packed, key, err);
+}
+
+int fc_drive_ef(fc_core *s, const fc_exec *x, int op, fc_buf *xb, const fc_buf *ref, fc_buf *res,
+                fc_err *err)
+{
+    if (op != FC_EF_ADD && op != FC_EF_KEEP)
+        return fc_fail(err, FC_ERR_VALUE, "error feedback: no operation %d", op);
+    if (xb->dtype != FC_F32 || (res->dtype != FC_F32 && res->dtype != FC_BF16) ||
+        (op == FC_EF_KEEP && (ref == NULL || ref->dtype != FC_F32)))
+        return fc_fail(err, FC_ERR_TYPE, "error feedback takes fp32 x and ref and an fp32 or bf16 residual");
+    if (res->numel != xb->numel || (op == FC_EF_KEEP && ref->numel != xb->numel))
+        return fc_fail(err, FC_ERR_VALUE, "error feedback: x has %lld elements, the residual %lld%s",
+                       (long long)xb->numel, (long long)res->numel,
+                       op == FC_EF_KEEP && ref->numel != xb->numel ? ", ref another count" : "");
+    return x->b->ef(s, x, op, xb, ref, res, err);
 }
 
 double fc_drive_residual_sq(const fc_core *s, const double *dev, int32_t n_dev)

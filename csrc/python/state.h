@@ -18,13 +18,22 @@ typedef struct {
     PyObject *cuda_error;    /* RuntimeError subclass */
 } module_state;
 
+/* The residuals a unit can have, each in its own slot of the State (state_residual.c): the
+ * reduce-scatter's error feedback (the codec's, per unit), the all-gather half's (an all-reduce's
+ * second half, _shard_gather.py: its own shard's), PowerSGD's error e (_powersgd_factors.py).
+ * One store, one dtype rule, one byte count and one checkpoint field for all three. */
+enum { FC_SLOT_SCATTER, FC_SLOT_GATHER, FC_SLOT_FACTORS, FC_SLOTS };
+extern const char *const fc_slot_names[FC_SLOTS]; /* "scatter", "gather", "factors" */
+/* A slot named by a Python str: 0, or -1 with ValueError listing the names. */
+int fc_slot_parse(PyObject *name, int *slot);
+
 typedef struct {
     PyObject_HEAD
     fc_core core;
     PyObject *allocator; /* callable(numel, dtype_name, like) -> zeroed tensor */
-    PyObject *residuals; /* list, one entry per unit: a tensor or None */
-    /* per unit (n_restored of them): 1 while its residual is a checkpoint's, not yet moved into
-     * the State's own memory on the device of its first call (state_residual.c) */
+    PyObject *residuals[FC_SLOTS]; /* per slot a list, one entry per unit: a tensor or None */
+    /* per (unit, slot), at unit * FC_SLOTS + slot (n_restored units): 1 while the residual is a
+     * checkpoint's, not yet moved into the State's own memory on the device of its first call */
     uint8_t *restored;
     Py_ssize_t n_restored;
     PyObject *config;    /* dict: the resolved config, defaults included */
@@ -122,10 +131,11 @@ typedef struct {
 
 /* The dtype a State keeps residuals in (FC_F32, FC_BF16, or FC_U8: packed, fc_res8.h). */
 int fc_state_residual_dtype(const StateObject *self);
-/* The residual tensor of a unit, allocated through the allocator on first use (a checkpoint's,
- * restored: moved into a tensor from the allocator on grad's device, once), checked against
- * grad's device: h->res and h->r (and h->buf = &h->r.buf). 0, or a status with err set. */
-int fc_state_residual(StateObject *self, uint32_t unit, PyObject *grad, const fc_view *g,
+/* The residual tensor of (unit, slot), of g's numel values, allocated through the allocator on
+ * first use (a checkpoint's, restored: moved into a tensor from the allocator on grad's device,
+ * once), checked against grad's device: h->res and h->r (and h->buf = &h->r.buf). 0, or a
+ * status with err set. */
+int fc_state_residual(StateObject *self, uint32_t unit, int slot, PyObject *grad, const fc_view *g,
                       fc_res_hold *h, fc_err *err);
 /* A caller's residual (compress()): fp32 of x's numel, or packed uint8 of fc_res8_bytes(numel). */
 int fc_res_adopt(PyObject *res, const fc_view *x, fc_res_hold *h, fc_err *err);
@@ -138,13 +148,20 @@ int fc_res_unpack(StateObject *self, const fc_exec *x, fc_res_hold *h, fc_err *e
 int fc_res_pack(StateObject *self, const fc_exec *x, fc_res_hold *h, uint32_t unit, uint32_t salt,
                 fc_err *err);
 void fc_res_release(fc_res_hold *h);
-/* The calls for the residuals Python keeps (PowerSGD's error): sizes, pack, unpack. */
+/* The calls for the residuals Python works on (the all-gather half's, PowerSGD's error): the
+ * live tensor of a slot, sizes, pack, unpack. */
+PyObject *fc_state_residual_of(StateObject *self, PyObject *args, PyObject *kwds);
 PyObject *fc_state_residual_numel(StateObject *self, PyObject *arg);
 PyObject *fc_state_residual_values(StateObject *self, PyObject *arg);
 PyObject *fc_state_pack_residual(StateObject *self, PyObject *args, PyObject *kwds);
 PyObject *fc_state_unpack_residual(StateObject *self, PyObject *args);
-extern const char fc_state_residual_numel_doc[], fc_state_residual_values_doc[], fc_state_pack_residual_doc[],
-    fc_state_unpack_residual_doc[];
+extern const char fc_state_residual_of_doc[], fc_state_residual_numel_doc[], fc_state_residual_values_doc[],
+    fc_state_pack_residual_doc[], fc_state_unpack_residual_doc[];
+
+/* ---- state_ef.c: error feedback for a residual no codec reads (PowerSGD's e) */
+PyObject *fc_state_ef_add(StateObject *self, PyObject *args, PyObject *kwds);
+PyObject *fc_state_ef_keep(StateObject *self, PyObject *args, PyObject *kwds);
+extern const char fc_state_ef_add_doc[], fc_state_ef_keep_doc[];
 
 /* ---- state_exec.c, state_cuda.c: a call's backend, and what a call on CUDA tensors prepares */
 
@@ -218,7 +235,7 @@ extern const char fc_state_counters_doc[], fc_state_reset_counters_doc[], fc_sta
 
 /* state_checkpoint.c */
 PyObject *fc_state_units(StateObject *self, PyObject *ignored);
-PyObject *fc_state_residuals(StateObject *self, PyObject *ignored);
+PyObject *fc_state_residuals(StateObject *self, PyObject *args);
 PyObject *fc_state_unit_states(StateObject *self, PyObject *ignored);
 PyObject *fc_state_restore(StateObject *self, PyObject *args);
 PyObject *fc_state_check_residual(StateObject *self, PyObject *args, PyObject *kwds);

@@ -27,18 +27,23 @@ PyObject *fc_state_units(StateObject *self, PyObject *Py_UNUSED(ignored))
 }
 
 FC_DOCSTRING(fc_state_residuals_doc,
-"residuals() -> list\n\n"
-"The residual tensor of each unit, one entry per unit (None where there is none yet), so a\n"
-"checkpoint of it reads back as it was saved. The tensors are the live ones.");
+"residuals(slot='scatter') -> list\n\n"
+"The residual tensor of each unit in one slot ('scatter': the reduce-scatter's, 'gather': the\n"
+"all-gather half's, 'factors': PowerSGD's error), one entry per unit (None where there is none\n"
+"yet), so a checkpoint of it reads back as it was saved. The tensors are the live ones.");
 
-PyObject *fc_state_residuals(StateObject *self, PyObject *Py_UNUSED(ignored))
+PyObject *fc_state_residuals(StateObject *self, PyObject *args)
 {
-    if (!fc_state_ready(self))
+    PyObject *slot_obj = NULL;
+    int slot = FC_SLOT_SCATTER;
+    if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "|O:residuals", &slot_obj) ||
+        (slot_obj != NULL && fc_slot_parse(slot_obj, &slot) < 0))
         return NULL;
-    const Py_ssize_t n = self->core.n_units, kept = PyList_Size(self->residuals);
+    PyObject *kept = self->residuals[slot];
+    const Py_ssize_t n = self->core.n_units, have = PyList_Size(kept);
     PyObject *list = PyList_New(n);
     for (Py_ssize_t u = 0; list != NULL && u < n; u++)
-        PyList_SetItem(list, u, Py_NewRef(u < kept ? PyList_GetItem(self->residuals, u) : Py_None));
+        PyList_SetItem(list, u, Py_NewRef(u < have ? PyList_GetItem(kept, u) : Py_None));
     return list;
 }
 
@@ -195,38 +200,81 @@ PyObject *fc_state_check_residual(StateObject *self, PyObject *args, PyObject *k
 
 FC_DOCSTRING(fc_state_restore_doc,
 "restore(units, residuals, step, unit_states=None)\n\n"
-"Loads a checkpoint: the unit sizes, one residual (tensor or None) per unit, the step (in\n"
-"[0, 2^32)), and the units' method states (fp32 CPU tensors or None, from unit_states(); None\n"
-"restarts them from the seed). Everything is validated before anything is changed: sizes,\n"
-"dtypes, finite residuals, the step's range. The residuals are kept as given until their unit's\n"
-"first call, which moves each into a tensor from the allocator on that call's device (a\n"
-"checkpoint saved on a GPU resumes on the CPU, and the other way).");
+"Loads a checkpoint: the unit sizes; the residuals, a dict of slot -> one residual (tensor or\n"
+"None) per unit (slots 'scatter', 'gather', 'factors'; a list: the 'scatter' slot's); the step\n"
+"(in [0, 2^32)), and the units' method states (fp32 CPU tensors or None, from unit_states();\n"
+"None restarts them from the seed). Everything is validated before anything is changed: sizes,\n"
+"dtypes, finite residuals and 8-bit scales, the step's range; a slot not given starts empty.\n"
+"The residuals are kept as given until their first call, which moves each into a tensor from\n"
+"the allocator on that call's device (a checkpoint saved on a GPU resumes on the CPU, and the\n"
+"other way).");
+
+/* restore()'s residuals argument as one list (borrowed) or NULL per slot: -1 with the error. */
+static int residuals_by_slot(PyObject *residuals, Py_ssize_t n, PyObject *lists[FC_SLOTS])
+{
+    for (int slot = 0; slot < FC_SLOTS; slot++)
+        lists[slot] = NULL;
+    if (PyList_Check(residuals)) {
+        lists[FC_SLOT_SCATTER] = residuals;
+    }
+    else if (PyDict_Check(residuals)) {
+        PyObject *key, *value;
+        Py_ssize_t pos = 0;
+        int slot;
+        while (PyDict_Next(residuals, &pos, &key, &value)) {
+            if (fc_slot_parse(key, &slot) < 0)
+                return -1;
+            if (!PyList_Check(value)) {
+                PyErr_Format(PyExc_TypeError, "restore: residuals['%s'] must be a list, one entry per unit, "
+                             "got %s", fc_slot_names[slot], FC_TYPE_NAME(value));
+                return -1;
+            }
+            lists[slot] = value;
+        }
+    }
+    else {
+        PyErr_Format(PyExc_TypeError, "restore: residuals must be a dict of slot -> list (or a list), got %s",
+                     FC_TYPE_NAME(residuals));
+        return -1;
+    }
+    for (int slot = 0; slot < FC_SLOTS; slot++)
+        if (lists[slot] != NULL && PyList_Size(lists[slot]) > n) {
+            PyErr_Format(PyExc_ValueError, "restore: %zd '%s' residuals for %zd units",
+                         PyList_Size(lists[slot]), fc_slot_names[slot], n);
+            return -1;
+        }
+    return 0;
+}
+
+/* The step restore() was given: [0, 2^32) as an int, or -1 with ValueError. */
+static long long step_arg(PyObject *step_obj)
+{
+    int overflow = 0;
+    long long s = PyLong_Check(step_obj) ? PyLong_AsLongLongAndOverflow(step_obj, &overflow) : -1;
+    if (PyErr_Occurred())
+        return -1;
+    if (!PyLong_Check(step_obj) || PyBool_Check(step_obj) || overflow || s < 0 || s > (long long)UINT32_MAX) {
+        PyObject *r = PyObject_Repr(step_obj);
+        if (r != NULL)
+            PyErr_Format(PyExc_ValueError, "restore: step must be in [0, 2^32) (an int), got %U", r);
+        Py_XDECREF(r);
+        return -1;
+    }
+    return s;
+}
 
 PyObject *fc_state_restore(StateObject *self, PyObject *args)
 {
-    PyObject *units, *residuals, *states = Py_None, *new_list = NULL, *step_obj;
-    unsigned long long step;
+    PyObject *units, *residuals, *states = Py_None, *step_obj, *lists[FC_SLOTS], *fresh[FC_SLOTS] = {0};
     fc_unit *table = NULL;
     uint8_t *restored = NULL;
     Py_ssize_t n = 0;
-    if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "O!O!O|O:restore", &PyList_Type, &units, &PyList_Type,
-                                                   &residuals, &step_obj, &states))
+    if (!fc_state_ready(self) ||
+        !PyArg_ParseTuple(args, "O!OO|O:restore", &PyList_Type, &units, &residuals, &step_obj, &states))
         return NULL;
-    {
-        int overflow = 0;
-        long long s = PyLong_Check(step_obj) ? PyLong_AsLongLongAndOverflow(step_obj, &overflow) : -1;
-        if (PyErr_Occurred())
-            return NULL;
-        if (!PyLong_Check(step_obj) || PyBool_Check(step_obj) || overflow || s < 0 ||
-            s > (long long)UINT32_MAX) {
-            PyObject *r = PyObject_Repr(step_obj);
-            if (r != NULL)
-                PyErr_Format(PyExc_ValueError, "restore: step must be in [0, 2^32) (an int), got %U", r);
-            Py_XDECREF(r);
-            return NULL;
-        }
-        step = (unsigned long long)s;
-    }
+    const long long step = step_arg(step_obj);
+    if (step < 0)
+        return NULL;
     if (states != Py_None && !PyList_Check(states)) {
         PyErr_Format(PyExc_TypeError, "restore: unit_states must be a list or None, got %s",
                      FC_TYPE_NAME(states));
@@ -234,17 +282,17 @@ PyObject *fc_state_restore(StateObject *self, PyObject *args)
     }
     n = PyList_Size(units);
     const int rdt = fc_state_residual_dtype(self);
-    if (PyList_Size(residuals) > n) {
-        PyErr_Format(PyExc_ValueError, "restore: %zd residuals for %zd units", PyList_Size(residuals), n);
+    if (residuals_by_slot(residuals, n, lists) < 0)
         return NULL;
-    }
     table = (fc_unit *)calloc((size_t)(n > 0 ? n : 1), sizeof(fc_unit));
-    restored = (uint8_t *)calloc((size_t)(n > 0 ? n : 1), 1);
-    new_list = PyList_New(0);
-    if (table == NULL || restored == NULL || new_list == NULL) {
+    restored = (uint8_t *)calloc((size_t)(n > 0 ? n : 1) * FC_SLOTS, 1);
+    if (table == NULL || restored == NULL) {
         PyErr_NoMemory();
         goto error;
     }
+    for (int slot = 0; slot < FC_SLOTS; slot++)
+        if ((fresh[slot] = PyList_New(0)) == NULL)
+            goto error;
     for (Py_ssize_t u = 0; u < n; u++) {
         long long numel = PyLong_AsLongLong(PyList_GetItem(units, u));
         if ((numel == -1 && PyErr_Occurred()) || numel < 0 || numel > FC_MAX_NUMEL) {
@@ -253,15 +301,21 @@ PyObject *fc_state_restore(StateObject *self, PyObject *args)
             goto error;
         }
         table[u].numel = numel;
-        PyObject *r = u < PyList_Size(residuals) ? PyList_GetItem(residuals, u) : Py_None;
-        char what[48];
-        snprintf(what, sizeof(what), "state_dict residuals[%zd]", u);
-        if (r != Py_None && check_residual(self, r, 1u << rdt, numel, what) < 0)
-            goto error;
-        if (PyList_Append(new_list, r) < 0)
-            goto error;
-        restored[u] = r != Py_None; /* the checkpoint's tensor, on the device it was saved from:
-                                       state_residual.c moves it at the unit's first call */
+        for (int slot = 0; slot < FC_SLOTS; slot++) {
+            PyObject *list = lists[slot];
+            PyObject *r = list != NULL && u < PyList_Size(list) ? PyList_GetItem(list, u) : Py_None;
+            char what[64];
+            snprintf(what, sizeof(what), "state_dict residuals['%s'][%zd]", fc_slot_names[slot], u);
+            /* the all-gather half's holds its shard, whose size the world decides: any size */
+            const int64_t values = slot == FC_SLOT_GATHER ? -1 : numel;
+            if (r != Py_None && check_residual(self, r, 1u << rdt, values, what) < 0)
+                goto error;
+            if (PyList_Append(fresh[slot], r) < 0)
+                goto error;
+            /* the checkpoint's tensor, on the device it was saved from: state_residual.c moves it
+               at its first call */
+            restored[u * FC_SLOTS + slot] = r != Py_None;
+        }
     }
     if (states != Py_None && load_unit_states(self, states, table, n) < 0)
         goto error;
@@ -276,15 +330,18 @@ PyObject *fc_state_restore(StateObject *self, PyObject *args)
     free(self->restored);
     self->restored = restored;
     self->n_restored = n;
-    PyObject *old = self->residuals; /* Py_SETREF's order: the field is never left dangling */
-    self->residuals = new_list;
-    Py_DECREF(old);
+    for (int slot = 0; slot < FC_SLOTS; slot++) {
+        PyObject *old = self->residuals[slot]; /* Py_SETREF's order: never left dangling */
+        self->residuals[slot] = fresh[slot];
+        Py_DECREF(old);
+    }
     Py_RETURN_NONE;
 error:
     for (Py_ssize_t u = 0; table != NULL && u < n; u++)
         free(table[u].ustate);
     free(table);
     free(restored);
-    Py_XDECREF(new_list);
+    for (int slot = 0; slot < FC_SLOTS; slot++)
+        Py_XDECREF(fresh[slot]);
     return NULL;
 }

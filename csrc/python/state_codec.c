@@ -87,7 +87,7 @@ static int encode_views(StateObject *self, PyObject *grad, PyObject *send, int w
         return fc_fail(err, FC_ERR_VALUE, "send has %lld bytes, plan() needs %lld",
                        (long long)e->s.buf.numel, (long long)plan_total(ss, world));
     e->use_ef = fc_drive_uses_residual(&self->core, e->g.buf.numel, world, e->g.buf.dtype);
-    if (e->use_ef && fc_state_residual(self, (uint32_t)unit, grad, &e->g, &e->r, err) != FC_OK)
+    if (e->use_ef && fc_state_residual(self, (uint32_t)unit, FC_SLOT_SCATTER, grad, &e->g, &e->r, err) != FC_OK)
         return err->code != FC_OK ? err->code : FC_ERR_PYTHON;
     return FC_OK;
 }

@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "backend_cuda/fc_cuda_path.h"
-#include "common/fc_res8.h"
 
 /* The C core's own host memory: its grow-only scratch (fc_core.h: x, acc, the method's scratch,
  * the second round's picks), and the largest fp32 workspace an 8-bit residual was unpacked
@@ -50,14 +49,17 @@ PyObject *fc_state_counters(StateObject *self, PyObject *Py_UNUSED(ignored))
     fc_err err = {0};
     if (counters_call(self, &tot, &res_sq, &err) != FC_OK)
         return STATE_ERR(self, &err);
-    for (Py_ssize_t i = 0; i < PyList_Size(self->residuals); i++) {
-        PyObject *t = PyList_GetItem(self->residuals, i); /* borrowed */
-        if (t != Py_None) { /* the bytes kept: an 8-bit residual's scales included */
-            const int64_t n = self->core.units[i].numel;
-            const int rdt = fc_state_residual_dtype(self);
-            res_bytes += rdt == FC_U8 ? fc_res8_bytes(n) : n * fc_dtype_size(rdt);
+    for (int slot = 0; slot < FC_SLOTS; slot++) /* every home's bytes: 8-bit scales included */
+        for (Py_ssize_t i = 0; i < PyList_Size(self->residuals[slot]); i++) {
+            PyObject *t = PyList_GetItem(self->residuals[slot], i); /* borrowed */
+            PyObject *nb = t != Py_None ? PyObject_GetAttrString(t, "nbytes") : NULL;
+            if (t != Py_None && nb == NULL)
+                return NULL;
+            res_bytes += nb != NULL ? PyLong_AsLongLong(nb) : 0;
+            Py_XDECREF(nb);
         }
-    }
+    if (PyErr_Occurred())
+        return NULL;
     double ratio = k->bytes_sent > 0 ? (double)k->bytes_raw / (double)k->bytes_sent : 1.0;
     double rel = k->ref_sq > 0 ? sqrt(k->err_sq / k->ref_sq) : 0.0;
     rel_o = k->stats_samples ? PyFloat_FromDouble(rel) : (Py_INCREF(Py_None), Py_None);

@@ -115,7 +115,7 @@ PyObject *fc_state_fetch(StateObject *self, PyObject *args)
     /* the driver's decision, as the encode of round 1 took it (a unit with a second round goes
      * out with its method whatever the dtype: fc_core_wire_method) */
     const int use_ef = fc_drive_uses_residual(&self->core, g.buf.numel, world, g.buf.dtype);
-    if (use_ef && fc_state_residual(self, (uint32_t)unit, grad, &g, &r, &err) != FC_OK)
+    if (use_ef && fc_state_residual(self, (uint32_t)unit, FC_SLOT_SCATTER, grad, &g, &r, &err) != FC_OK)
         goto error;
     if (round_backend(self, grad, &g, &k, &x, &err) != FC_OK ||
         (use_ef && fc_res_workspace(self, grad, g.buf.numel, &r, &err) != FC_OK))

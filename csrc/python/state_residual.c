@@ -1,10 +1,27 @@
-/* state_residual.c: the error-feedback residuals a State owns, one tensor per unit made by its
- * allocator, and the fp32 workspace an 8-bit residual (residual_dtype "int8", fc_res8.h) is
+/* state_residual.c: the error-feedback residuals a State owns, one tensor per (unit, slot) made by
+ * its allocator (state.h's slots: the reduce-scatter's, the all-gather half's, PowerSGD's error),
+ * and the fp32 workspace an 8-bit residual (residual_dtype "int8", fc_res8.h) is
  * unpacked into for the length of one call (one per State, reused): the backends only ever see fp32 or bf16 residuals,
  * so every method's encode, the second round and compress() keep one code path. */
 #include "python/state.h" /* first: it includes Python.h */
 
 #include "common/fc_res8.h"
+
+const char *const fc_slot_names[FC_SLOTS] = {"scatter", "gather", "factors"};
+
+int fc_slot_parse(PyObject *name, int *slot)
+{
+    for (int i = 0; PyUnicode_Check(name) && i < FC_SLOTS; i++)
+        if (PyUnicode_CompareWithASCIIString(name, fc_slot_names[i]) == 0) {
+            *slot = i;
+            return 0;
+        }
+    PyObject *r = PyObject_Repr(name);
+    if (r != NULL)
+        PyErr_Format(PyExc_ValueError, "residual slot must be 'scatter', 'gather' or 'factors', got %U", r);
+    Py_XDECREF(r);
+    return -1;
+}
 
 int fc_state_residual_dtype(const StateObject *self)
 {
@@ -43,13 +60,14 @@ static int view_residual(fc_res_hold *h, unsigned dtypes, const fc_view *g, int6
  * resumes on the CPU, or the other way, or on another GPU; the residual follows the first call
  * that uses it, moved once (the list then holds the moved tensor, counted once in
  * residual_bytes), into memory the State's allocator made as it makes every other residual. */
-static int move_restored(StateObject *self, uint32_t unit, PyObject *grad, fc_err *err)
+static int move_restored(StateObject *self, uint32_t unit, int slot, PyObject *grad, fc_err *err)
 {
-    if ((Py_ssize_t)unit >= self->n_restored || !self->restored[unit])
+    uint8_t *restored = (Py_ssize_t)unit < self->n_restored ? &self->restored[unit * FC_SLOTS + slot] : NULL;
+    if (restored == NULL || !*restored)
         return FC_OK;
-    PyObject *old = PyList_GetItem(self->residuals, unit); /* borrowed */
+    PyObject *old = PyList_GetItem(self->residuals[slot], unit); /* borrowed */
     if (old == Py_None || self->allocator == Py_None) { /* no allocator: kept where it is */
-        self->restored[unit] = 0;
+        *restored = 0;
         return FC_OK;
     }
     const int rdt = fc_state_residual_dtype(self);
@@ -65,23 +83,24 @@ static int move_restored(StateObject *self, uint32_t unit, PyObject *grad, fc_er
         return fc_fail(err, FC_ERR_PYTHON, "");
     }
     Py_DECREF(done);
-    if (PyList_SetItem(self->residuals, unit, moved) < 0) /* steals moved */
+    if (PyList_SetItem(self->residuals[slot], unit, moved) < 0) /* steals moved */
         return fc_fail(err, FC_ERR_PYTHON, "");
-    self->restored[unit] = 0;
+    *restored = 0;
     return FC_OK;
 }
 
-int fc_state_residual(StateObject *self, uint32_t unit, PyObject *grad, const fc_view *g,
+int fc_state_residual(StateObject *self, uint32_t unit, int slot, PyObject *grad, const fc_view *g,
                       fc_res_hold *h, fc_err *err)
 {
     const int rdt = fc_state_residual_dtype(self);
     const int64_t numel = g->buf.numel;
-    while (PyList_Size(self->residuals) <= (Py_ssize_t)unit)
-        if (PyList_Append(self->residuals, Py_None) < 0)
+    PyObject *list = self->residuals[slot];
+    while (PyList_Size(list) <= (Py_ssize_t)unit)
+        if (PyList_Append(list, Py_None) < 0)
             return fc_fail(err, FC_ERR_PYTHON, "");
-    if (move_restored(self, unit, grad, err) != FC_OK)
+    if (move_restored(self, unit, slot, grad, err) != FC_OK)
         return err->code;
-    PyObject *res = PyList_GetItem(self->residuals, unit); /* borrowed */
+    PyObject *res = PyList_GetItem(list, unit); /* borrowed */
     if (res == Py_None) {
         if (self->allocator == Py_None)
             return fc_fail(err, FC_ERR_STATE, "error feedback needs a residual allocator (State(..., "
@@ -90,13 +109,13 @@ int fc_state_residual(StateObject *self, uint32_t unit, PyObject *grad, const fc
                                     fc_dtype_name(rdt), grad);
         if (res == NULL)
             return fc_fail(err, FC_ERR_PYTHON, "");
-        if (PyList_SetItem(self->residuals, unit, res) < 0) /* steals res */
+        if (PyList_SetItem(list, unit, res) < 0) /* steals res */
             return fc_fail(err, FC_ERR_PYTHON, "");
     }
     Py_INCREF(res);
     h->res = res;
-    char what[48];
-    snprintf(what, sizeof(what), "residual of unit %u", unit);
+    char what[64];
+    snprintf(what, sizeof(what), "residual of unit %u (slot %s)", unit, fc_slot_names[slot]);
     return view_residual(h, 1u << rdt, g, numel, what, err);
 }
 
@@ -104,7 +123,7 @@ int fc_res_adopt(PyObject *res, const fc_view *x, fc_res_hold *h, fc_err *err)
 {
     Py_INCREF(res);
     h->res = res;
-    return view_residual(h, FC_DT_F32 | FC_DT_U8, x, x->buf.numel, "residual", err);
+    return view_residual(h, FC_DT_F32 | FC_DT_BF16 | FC_DT_U8, x, x->buf.numel, "residual", err);
 }
 
 /* The cached workspace (self->res_ws) when it can serve h: on h's residual's device, at least
@@ -179,7 +198,47 @@ void fc_res_release(fc_res_hold *h)
     h->buf = NULL;
 }
 
-/* ---------------------------------------------------------------- the calls for Python's homes */
+/* ---------------------------------------------------------------- the calls for Python's users */
+
+FC_DOCSTRING(fc_state_residual_of_doc,
+"residual(unit, slot, like, create=True) -> Tensor | None\n\n"
+"The live residual of (unit, slot) ('scatter', 'gather' or 'factors') for a call on `like`\n"
+"(its number of values and its device), in this State's residual_dtype (int8: packed uint8):\n"
+"made zero by the allocator at first use, a checkpoint's moved to like's device once. With\n"
+"create=False, None where the slot holds none yet. The caller works on it in place (the\n"
+"all-gather half passes it to compress(); PowerSGD adds it and writes its error back); the\n"
+"State keeps it, counts it and checkpoints it.");
+
+PyObject *fc_state_residual_of(StateObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"unit", "slot", "like", "create", NULL};
+    unsigned unit;
+    int slot, create = 1;
+    PyObject *slot_obj, *like;
+    fc_err err = {0};
+    fc_view v = {0};
+    fc_res_hold h = {0};
+    if (!fc_state_ready(self) ||
+        !PyArg_ParseTupleAndKeywords(args, kwds, "IOO|p:residual", kwlist, &unit, &slot_obj, &like, &create) ||
+        fc_slot_parse(slot_obj, &slot) < 0)
+        return NULL;
+    if ((long long)unit >= (long long)self->core.n_units)
+        return PyErr_Format(PyExc_ValueError, "residual: unit %u is not one begin() gave out (%d units)",
+                            unit, (int)self->core.n_units);
+    PyObject *list = self->residuals[slot];
+    if (!create && (PyList_Size(list) <= (Py_ssize_t)unit || PyList_GetItem(list, unit) == Py_None))
+        Py_RETURN_NONE;
+    if (fc_view_get(like, "like", FC_DT_F32 | FC_DT_BF16 | FC_DT_F16, &v, &err) != FC_OK ||
+        fc_state_residual(self, unit, slot, like, &v, &h, &err) != FC_OK) {
+        fc_view_release(&v);
+        fc_res_release(&h);
+        return STATE_ERR(self, &err);
+    }
+    PyObject *out = Py_NewRef(h.res);
+    fc_view_release(&v);
+    fc_res_release(&h);
+    return out;
+}
 
 FC_DOCSTRING(fc_state_residual_numel_doc,
 "residual_numel(numel) -> int\n\n"

@@ -52,9 +52,9 @@ static int State_init(StateObject *self, PyObject *args, PyObject *kwds)
     if (resolved == NULL || fc_config_to_dict(m->keys, cfg, resolved) < 0 ||
         fc_config_to_dict(fc_common_keys, &common, resolved) < 0)
         goto error;
-    self->residuals = PyList_New(0);
-    if (self->residuals == NULL)
-        goto error;
+    for (int slot = 0; slot < FC_SLOTS; slot++)
+        if ((self->residuals[slot] = PyList_New(0)) == NULL)
+            goto error;
     fc_core_init(&self->core, m, &common, cfg, fc_config_fingerprint(m, &common, cfg));
     Py_INCREF(allocator);
     self->allocator = allocator;
@@ -69,7 +69,8 @@ static int State_traverse(StateObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->allocator);
-    Py_VISIT(self->residuals);
+    for (int slot = 0; slot < FC_SLOTS; slot++)
+        Py_VISIT(self->residuals[slot]);
     Py_VISIT(self->config);
     Py_VISIT(self->cuda_ws);
     Py_VISIT(self->cuda_extra);
@@ -81,7 +82,8 @@ static int State_traverse(StateObject *self, visitproc visit, void *arg)
 static int State_clear(StateObject *self)
 {
     Py_CLEAR(self->allocator);
-    Py_CLEAR(self->residuals);
+    for (int slot = 0; slot < FC_SLOTS; slot++)
+        Py_CLEAR(self->residuals[slot]);
     Py_CLEAR(self->config);
     Py_CLEAR(self->cuda_ws);
     Py_CLEAR(self->cuda_extra);
@@ -240,6 +242,9 @@ GUARD2(fc_state_fetch_picks)
 GUARD2(fc_state_fetch)
 GUARD2(fc_state_finish)
 GUARD2(fc_state_emulate_cuda)
+GUARD3(fc_state_residual_of)
+GUARD3(fc_state_ef_add)
+GUARD3(fc_state_ef_keep)
 GUARD2(fc_state_residual_numel)
 GUARD2(fc_state_residual_values)
 GUARD3(fc_state_check_residual)
@@ -270,7 +275,13 @@ static PyMethodDef State_methods[] = {
     {"add_param_gather", (PyCFunction)(void (*)(void))fc_state_add_param_gather_guarded, METH_VARARGS | METH_KEYWORDS,
      fc_state_add_param_gather_doc},
     {"units", (PyCFunction)fc_state_units_guarded, METH_NOARGS, fc_state_units_doc},
-    {"residuals", (PyCFunction)fc_state_residuals_guarded, METH_NOARGS, fc_state_residuals_doc},
+    {"residuals", (PyCFunction)fc_state_residuals_guarded, METH_VARARGS, fc_state_residuals_doc},
+    {"residual", (PyCFunction)(void (*)(void))fc_state_residual_of_guarded, METH_VARARGS | METH_KEYWORDS,
+     fc_state_residual_of_doc},
+    {"ef_add", (PyCFunction)(void (*)(void))fc_state_ef_add_guarded, METH_VARARGS | METH_KEYWORDS,
+     fc_state_ef_add_doc},
+    {"ef_keep", (PyCFunction)(void (*)(void))fc_state_ef_keep_guarded, METH_VARARGS | METH_KEYWORDS,
+     fc_state_ef_keep_doc},
     {"restore", (PyCFunction)fc_state_restore_guarded, METH_VARARGS, fc_state_restore_doc},
     {"unit_states", (PyCFunction)fc_state_unit_states_guarded, METH_NOARGS, fc_state_unit_states_doc},
     {"fetch_kmax", (PyCFunction)fc_state_fetch_kmax_guarded, METH_VARARGS, fc_state_fetch_kmax_doc},

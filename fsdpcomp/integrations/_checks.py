@@ -8,9 +8,8 @@ from typing import Any
 import torch
 
 from .._cuda_check import require_cuda
+from .._tensor_checks import check_flat, check_kind  # noqa: F401 (the integrations' tensor rules)
 from ..state import CommState
-
-FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def check_state(state: Any, who: str) -> None:
@@ -31,16 +30,6 @@ def check_cuda_model(model: torch.nn.Module) -> None:
     params = model.parameters() if isinstance(model, torch.nn.Module) else ()
     if any(p.device.type == "cuda" for p in params):
         require_cuda(f"{type(model).__name__}'s parameters are")
-
-
-def check_flat(t: Any, name: str, floats: bool = True, hint: str = "") -> None:
-    """A flat contiguous tensor; floats: of a dtype the codecs read."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if floats and t.dtype not in FLOATS:
-        raise TypeError(f"{name} must be float32, bfloat16 or float16{hint}, got {t.dtype}")
-    if t.dim() != 1 or not t.is_contiguous():
-        raise ValueError(f"{name} must be a flat contiguous tensor, got shape {tuple(t.shape)}")
 
 
 def check_alike(output: torch.Tensor, input: torch.Tensor) -> None:

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from .._dist import Ranks, settled
 from .._layout import Layout
 from ..state import CommState
-from ._checks import FLOATS, check_state, refuse_param_gather
+from ._checks import check_kind, check_state, refuse_param_gather
 
 # DDP buckets its parameters once when it is built and again, in the order their gradients
 # became ready, before its second forward (unless find_unused_parameters without static_graph):
@@ -102,9 +102,7 @@ def ddp_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tenso
     if not isinstance(bucket, dist.GradBucket):
         raise TypeError(f"ddp_hook's bucket must be a torch.distributed.GradBucket, got {type(bucket).__name__}")
     buf = bucket.buffer()
-    if buf.dtype not in FLOATS:
-        raise TypeError(f"ddp_hook: gradient bucket {bucket.index()} must be float32, bfloat16 or "
-                         f"float16, got {buf.dtype}")
+    check_kind(buf, f"ddp_hook: gradient bucket {bucket.index()}")
     if isinstance(state, DDPHookState):
         state.reduce(bucket, buf)
     else:

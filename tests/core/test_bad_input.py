@@ -80,7 +80,7 @@ def used_state(gen):
 
 def _snapshot(s):
     sd = s.state_dict()
-    return sd["step"], own(sd).units, [None if r is None else r.clone() for r in own(sd).residuals], s.counters()["calls"], s._core.cursor
+    return sd["step"], own(sd).units, [None if r is None else r.clone() for r in own(sd).residuals["scatter"]], s.counters()["calls"], s._core.cursor
 
 
 def _unchanged(s, snap):
@@ -175,15 +175,15 @@ def test_misaligned_buffer_is_refused(gen):
 def test_load_state_dict_validates_before_changing(used_state):
     sd = used_state.state_dict()
     snap = _snapshot(used_state)
-    bad = with_own(sd, residuals=[torch.zeros(5)])
-    with pytest.raises(ValueError, match=r"residuals\[0\] has 5 elements, its unit needs 256"):
+    bad = with_own(sd, residuals={"scatter": [torch.zeros(5)]})
+    with pytest.raises(ValueError, match=r"residuals\['scatter'\]\[0\] has 5 elements, its unit needs 256"):
         used_state.load_state_dict(bad)
     with pytest.raises(ValueError, match="missing 'step'"):
         used_state.load_state_dict({k: v for k, v in sd.items() if k != "step"})
     with pytest.raises(ValueError, match="holds the state of no rank, this is rank 0"):
         used_state.load_state_dict({k: v for k, v in sd.items() if k != "rank0"})
-    bad = with_own(sd, residuals=[torch.zeros(256, dtype=torch.float64)])
-    with pytest.raises(TypeError, match=r"residuals\[0\] must be float32"):
+    bad = with_own(sd, residuals={"scatter": [torch.zeros(256, dtype=torch.float64)]})
+    with pytest.raises(TypeError, match=r"residuals\['scatter'\]\[0\] must be float32"):
         used_state.load_state_dict(bad)
     _unchanged(used_state, snap)
 
@@ -198,7 +198,7 @@ def test_nonfinite_gradients_are_counted_and_never_poison_the_residual(gen):
     out = torch.empty(64)
     fsdpcomp.fsdp_hook(s, torch.randn(64, generator=gen), out)
     s.end_step()
-    before = own(s.state_dict()).residuals[0]
+    before = own(s.state_dict()).residuals["scatter"][0]
     g = torch.randn(64, generator=gen)
     g[3] = float("nan")
     g[40] = float("inf")
@@ -206,7 +206,7 @@ def test_nonfinite_gradients_are_counted_and_never_poison_the_residual(gen):
     c = s.counters()
     assert c["nonfinite_in"] == 2
     assert torch.isnan(out[:8]).all(), "NaN passes through (pass mode) to its block"
-    after = own(s.state_dict()).residuals[0]
+    after = own(s.state_dict()).residuals["scatter"][0]
     # never poisoned, and never the old one (it went out inside g'): test_nonfinite.py has the rule
     assert torch.isfinite(after).all() and not torch.equal(after, before)
     z = fsdpcomp.CommState("int8", {"nonfinite": "zero", "compress_own_chunk": True})

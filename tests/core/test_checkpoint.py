@@ -27,7 +27,7 @@ def _ran(n=256, key="a", steps=2, seed=0):
 
 def _summary(s):
     sd = s.state_dict()
-    return sd["step"], own(sd).units, own(sd).unit_keys, [r.clone() for r in own(sd).residuals]
+    return sd["step"], own(sd).units, own(sd).unit_keys, [r.clone() for r in own(sd).residuals["scatter"]]
 
 
 def _same(a, b):
@@ -43,7 +43,7 @@ def test_round_trip_through_torch_save_with_weights_only():
     t = fsdpcomp.CommState("int8", CFG)
     t.load_state_dict(sd)
     assert _same(_summary(t), _summary(s)) and t.step == 2
-    assert sd["format"] == 2 and sd["world_size"] == 1 and own(sd).unit_keys == ["a"]
+    assert sd["format"] == 3 and sd["world_size"] == 1 and own(sd).unit_keys == ["a"]
 
 
 @pytest.mark.parametrize("change,pattern", [
@@ -52,7 +52,7 @@ def test_round_trip_through_torch_save_with_weights_only():
      r"holds the state of rank3, this is rank 0.*each rank loads its own"),
     (lambda sd: _ran(512).state_dict(), r"unit 'a' has 512 elements, this state's has 256: a checkpoint of other units"),
     (lambda sd: _ran(key=None).state_dict(), r"unit 0 \(call order\) has 256 elements, this state's has 128"),
-    (lambda sd: dict(sd, format=3), r"format 3; this fsdpcomp reads format 2"),
+    (lambda sd: dict(sd, format=4), r"format 4; this fsdpcomp reads format 3"),
     (lambda sd: {k: v for k, v in sd.items() if k not in ("format", "world_size")}, r"no 'format' key.*fsdpcomp 0.1"),
     (lambda sd: dict(sd, config=sd["config"].replace('"block_size": 16', '"block_size": 32')),
      r"config differs from this state's in \{'block_size': \(32, 16\)\}"),
@@ -79,7 +79,7 @@ def test_drop_keeps_method_config_and_step_and_starts_the_residuals_afresh():
     sd["rank1"] = sd.pop("rank0")
     s = _ran(seed=3)
     s.load_state_dict(sd, residuals="drop")
-    assert s.step == 2 and s.unit_keys == () and own(s.state_dict()).residuals == []
+    assert s.step == 2 and s.unit_keys == () and own(s.state_dict()).residuals["scatter"] == []
     out = torch.empty(256)
     s.reduce_scatter(torch.randn(256), out, "a")  # the first call claims the unit afresh
     assert s.unit_keys == ("a",) and torch.isfinite(out).all()

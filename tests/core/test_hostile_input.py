@@ -24,7 +24,7 @@ def used():
 
 def _same(a, b):
     return (a["step"] == b["step"] and own(a).units == own(b).units
-            and all(torch.equal(x, y) for x, y in zip(own(a).residuals, own(b).residuals)))
+            and all(torch.equal(x, y) for x, y in zip(own(a).residuals["scatter"], own(b).residuals["scatter"])))
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
@@ -36,10 +36,10 @@ def test_restore_refuses_a_nonfinite_residual(value, dtype):
     s.end_step()
     sd = s.state_dict()
     before = s.state_dict()
-    bad = own(sd).residuals[0].clone()
+    bad = own(sd).residuals["scatter"][0].clone()
     bad[17] = value
-    with pytest.raises(ValueError, match=r"residuals\[0\].*element 17.*(nan|inf)"):
-        s.load_state_dict(with_own(sd, residuals=[bad]))
+    with pytest.raises(ValueError, match=r"residuals\['scatter'\]\[0\].*element 17.*(nan|inf)"):
+        s.load_state_dict(with_own(sd, residuals={"scatter": [bad]}))
     assert _same(s.state_dict(), before)
 
 

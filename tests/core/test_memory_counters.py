@@ -15,11 +15,8 @@ def _bytes(tensors) -> int:
 
 
 def _held(state):
-    residuals = [t for t in state._core.residuals() if t is not None]
-    reducer = state._reducer
-    residuals += list(reducer.exchange.shard_gather.residuals.values())
-    residuals += list(reducer.factors.e.values()) if hasattr(reducer, "factors") else []
-    return _bytes(residuals), _bytes(reducer.exchange.buffers._bufs.values())
+    residuals = [t for slot in ("scatter", "gather", "factors") for t in state._core.residuals(slot) if t is not None]
+    return _bytes(residuals), _bytes(state._reducer.exchange.buffers._bufs.values())
 
 
 def test_buffers_count_what_they_hold_and_the_peak_of_a_regrowth():

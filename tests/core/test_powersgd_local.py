@@ -75,7 +75,7 @@ def test_one_rank_is_its_own_low_rank_approximation_with_error_feedback():
     # P orthonormal: P P^T M is the projection of M on P's span, and e = M - that
     p = torch.linalg.qr(out[:240].view(24, 10))[0][:, :2]
     assert torch.allclose(out[:240].view(24, 10), p @ p.t() @ m, atol=1e-5)
-    e = own(state.state_dict()).method_state["powersgd"]["e"][0]
+    e = own(state.state_dict()).residuals["factors"][0]
     assert torch.allclose(e[:240], g[:240] - out[:240], atol=1e-6) and not e[240:].any()
     c = state.counters()
     assert c["calls"] == 2 and c["calls_uncompressed"] == 1 and c["elements"] == 500
@@ -93,7 +93,7 @@ def test_decayed_residual_is_what_the_next_step_gets():
     for _ in range(3):
         g = torch.randn(240, generator=gen)
         out = _call(state, g, layout)
-        e_new = own(state.state_dict()).method_state["powersgd"]["e"][0]
+        e_new = own(state.state_dict()).residuals["factors"][0]
         torch.testing.assert_close(out + e_new, g + d * e, atol=1e-5, rtol=0)
         e = e_new
 
@@ -134,19 +134,20 @@ def test_checkpoint_round_trip_and_refusal():
         _call(a, g, layout)
     saved = a.state_dict()
     part = own(saved).method_state["powersgd"]
-    assert set(part) == {"version", "q", "e"} and part["q"][0][0].shape == (10, 1)
+    assert set(part) == {"version", "q"} and part["q"][0][0].shape == (10, 1)
+    assert own(saved).residuals["factors"][0].shape == (240,)  # e: the core's, in the factors slot
     b = fsdpcomp.CommState("powersgd", {"rank": 1, "start_iter": 0})
     b.load_state_dict(saved)
     for g in gs[2:]:
         assert torch.equal(_call(a, g, layout), _call(b, g, layout))
-    bad = with_own(saved, method_state={"powersgd": {"version": 1, "q": {0: [torch.full((10, 1), float("nan"))]}, "e": {}}})
+    bad = with_own(saved, method_state={"powersgd": {"version": 2, "q": {0: [torch.full((10, 1), float("nan"))]}}})
     c = fsdpcomp.CommState("powersgd", {"rank": 1, "start_iter": 0})
     with pytest.raises(ValueError, match="NaN"):
         c.load_state_dict(bad)
     with pytest.raises(ValueError, match="unit"):
-        c.load_state_dict(with_own(saved, method_state={"powersgd": {"version": 1, "q": {7: []}, "e": {}}}))
-    with pytest.raises(ValueError, match="version"):
-        c.load_state_dict(with_own(saved, method_state={"powersgd": {"version": 2, "q": {}, "e": {}}}))
+        c.load_state_dict(with_own(saved, method_state={"powersgd": {"version": 2, "q": {7: []}}}))
+    with pytest.raises(ValueError, match="version"):  # format 3 holds version 2 only
+        c.load_state_dict(with_own(saved, method_state={"powersgd": {"version": 1, "q": {}, "e": {}}}))
     with pytest.raises(ValueError, match="int8"):  # another method's state is not powersgd's
         c.load_state_dict(with_own(saved, method_state={"int8": {}}))
-    assert c.step == 0 and own(c.state_dict()).method_state["powersgd"] == {"version": 1, "q": {}, "e": {}}
+    assert c.step == 0 and own(c.state_dict()).method_state["powersgd"] == {"version": 2, "q": {}}

@@ -83,6 +83,33 @@ def test_all_zero_and_tiny_blocks_pack_to_zero_codes():
     assert not p.any()
 
 
+def test_a_saturated_residual_unpacks_finite_and_is_not_taken_for_a_gradient_nan(gen):
+    """A residual that saturated holds fp32's largest value (fc_max_like); its 8-bit block's
+    scale amax / 127 made code 127 unpack to Inf before (127 * scale rounded past fp32), so the
+    next g' counted a NaN/Inf the gradient never had, and "zero" mode sent that Inf as e."""
+    st = fsdpcomp.CommState("topk", {"ratio": 0.1, "residual_dtype": "int8"})
+    top = torch.finfo(torch.float32).max
+    for amax in (top, 3.4028232e38, 3e38, 1.0):
+        e = torch.randn(130, generator=gen) * (amax / 4)
+        e[::7] = amax
+        e[3] = -amax
+        packed = torch.zeros(st._core.residual_numel(130), dtype=torch.uint8)
+        st._core.pack_residual(e, packed)
+        out = torch.empty(130)
+        st._core.unpack_residual(packed, out)
+        assert torch.isfinite(out).all(), amax
+        assert (out - e).abs().max() <= amax / 127 * 1.01, amax  # within one code step still
+    # through a codec: what topk does not send stays in e, so g + e overflows and the residual
+    # saturates at fp32's largest value
+    for mode in ("pass", "zero"):
+        s = fsdpcomp.CommState("topk", dict(EF, ratio=0.01, nonfinite=mode))
+        for _ in range(3):
+            g = torch.full((256,), 3e38)
+            s.reduce_scatter(g, torch.empty(256), "w")
+            s.end_step()
+        assert s.counters()["nonfinite_in"] == 0 and s.counters()["saturated"] > 0, mode
+
+
 def test_error_feedback_keeps_what_was_not_sent_to_the_residual_step(gen):
     st = fsdpcomp.CommState("topk", dict(EF, ratio=0.05))
     n = 3000
@@ -131,7 +158,7 @@ def test_checkpoint_keeps_the_packed_bytes(gen):
     buf.seek(0)
     b = fsdpcomp.CommState("topk", cfg)
     b.load_state_dict(torch.load(buf))
-    assert torch.equal(own(b.state_dict()).residuals[0], a._core.residuals()[0])
+    assert torch.equal(own(b.state_dict()).residuals["scatter"][0], a._core.residuals()[0])
     g = torch.randn(777, generator=gen)
     oa, ob = torch.empty(777), torch.empty(777)
     a.reduce_scatter(g, oa, "w")
@@ -169,18 +196,13 @@ def test_every_home_refuses_a_nan_scale_on_restore(home, device, gen):
     st.reduce_scatter(torch.randn(200, generator=gen), torch.empty(200), "w")
     st.end_step()
     sd, n = st.state_dict(), 200
-    if home == "residuals":
-        bad = with_own(sd, residuals=[_nan_scale(n)])
-    elif home == "gather_residuals":
-        bad = with_own(sd, gather_residuals={0: _nan_scale(n)})
-    else:
-        bad = with_own(sd, method_state={"powersgd": {"version": 1, "q": {}, "e": {0: _nan_scale(n)}}})
+    slot = {"residuals": "scatter", "gather_residuals": "gather", "powersgd e": "factors"}[home]
+    bad = with_own(sd, residuals=dict(own(sd).residuals, **{slot: [_nan_scale(n)]}))
     fresh = fsdpcomp.CommState(method, cfg)
     if device != "cpu":
         fresh._core._emulate_cuda(True)
     before = fresh.state_dict()
-    name = {"residuals": r"residuals\[0\]", "gather_residuals": r"gather_residuals\[0\]",
-            "powersgd e": r"powersgd e\[0\]"}[home]
+    name = rf"residuals\['{slot}'\]\[0\]"
     with pytest.raises(ValueError, match=name + "'s scale of block 1 is nan"):
         fresh.load_state_dict(bad)
     assert fresh.state_dict() == before  # nothing restored

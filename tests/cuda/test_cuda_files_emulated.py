@@ -25,10 +25,11 @@ if not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")):
 # through the reduce-scatter, every method's single payloads (State.compress/decompress), and
 # FSDP2's compressed parameter all-gathers, 8-bit residuals, dct's own cases with ef_decay's, and
 # the units past the device's table of residual norms, the one-pass encodes' decisions over calls,
-# and what one call asks of the runtime (launches, memsets, events, waits: the emulated runtime's counts).
+# what one call asks of the runtime (launches, memsets, events, waits: the emulated runtime's counts),
+# and PowerSGD's error feedback (ef_add, ef_keep).
 FILES = ["cuda/test_cuda_sparse.py", "cuda/test_cuda_single.py", "cuda/test_cuda_param_gather.py",
          "cuda/test_cuda_res8.py", "cuda/test_cuda_dct.py", "cuda/test_cuda_units.py",
-         "cuda/test_cuda_onepass.py", "cuda/test_cuda_call_counts.py"]
+         "cuda/test_cuda_onepass.py", "cuda/test_cuda_call_counts.py", "cuda/test_cuda_ef.py"]
 
 
 # The emulator runs a kernel's threads as fibers on one core, and this process only waits: the

@@ -124,8 +124,8 @@ def test_corrupted_basis_is_refused_and_nothing_changes(learned, gen, how, exc, 
         learned.load_state_dict(_corrupt(sd, how))
     assert learned.step == step
     assert torch.equal(own(learned.state_dict()).unit_states[0], own(sd).unit_states[0])
-    assert torch.equal(own(learned.state_dict()).residuals[0], own(sd).residuals[0])
-    learned._core.restore(own(sd).units, own(sd).residuals, sd["step"], own(sd).unit_states)
+    assert torch.equal(own(learned.state_dict()).residuals["scatter"][0], own(sd).residuals["scatter"][0])
+    learned._core.restore(own(sd).units, own(sd).residuals["scatter"], sd["step"], own(sd).unit_states)
     assert torch.equal(_payload(learned, x), before)
 
 

@@ -71,7 +71,7 @@ def _all_reduce(rank, world):
             state.all_reduce(torch.randn(n, generator=g), key=n)
         state.end_step()
     core = sum(t.numel() * t.element_size() for t in state._core.residuals() if t is not None)
-    gather = sum(t.numel() * t.element_size() for t in state._reducer.exchange.shard_gather.residuals.values())
+    gather = sum(t.numel() * t.element_size() for t in state._core.residuals("gather") if t is not None)
     return {"counters": dict(state.counters()), "core": core, "gather": gather,
             "residual": mem_count.residual_bytes(state), "by_kind": mem_count.buffer_bytes(state)}
 

@@ -25,7 +25,7 @@ def _same(a, b):
     """Two states that saw the same good calls hold the same step, units and residual bits."""
     sa, sb = a.state_dict(), b.state_dict()
     assert (sa["step"], own(sa).units, own(sa).unit_keys) == (sb["step"], own(sb).units, own(sb).unit_keys)
-    assert all(torch.equal(x, y) for x, y in zip(own(sa).residuals, own(sb).residuals))
+    assert all(torch.equal(x, y) for x, y in zip(own(sa).residuals["scatter"], own(sb).residuals["scatter"]))
     ca, cb = a.counters(), b.counters()
     assert (ca["calls"], ca["units"], ca["step"]) == (cb["calls"], cb["units"], cb["step"])
 
@@ -100,14 +100,15 @@ def test_refused_load_state_dict_changes_nothing(gen):
     fsdpcomp.fsdp_hook(target, _good(gen), torch.empty(N))
     before = target.state_dict()
     good = source.state_dict()
-    for key, value, names in [("gather_residuals", {"unit0": torch.zeros(3)}, "gather_residuals"),
-                              ("gather_residuals", {0: [1.0, 2.0]}, "gather_residuals"),
+    for key, value, names in [("residuals", {"gather0": [torch.zeros(3)]}, "keyed by slot"),
+                              ("residuals", {"gather": [[1.0, 2.0]]}, r"residuals\['gather'\]\[0\]"),
+                              ("residuals", {"gather": [torch.zeros(3, dtype=torch.float64)]}, r"residuals\['gather'\]\[0\]"),
                               ("unit_keys", ["a", "b"], "unit_keys")]:
         with pytest.raises((ValueError, TypeError), match=names):
             target.load_state_dict(with_own(good, **{key: value}))
         now = target.state_dict()
         assert (now["step"], own(now).units) == (before["step"], own(before).units)
-        assert all(torch.equal(a, b) for a, b in zip(own(now).residuals, own(before).residuals))
+        assert all(torch.equal(a, b) for a, b in zip(own(now).residuals["scatter"], own(before).residuals["scatter"]))
 
 
 def _distributed(rank, world):
@@ -146,7 +147,7 @@ def _distributed(rank, world):
     except Exception as e:  # DDP re-raises the hook's error from backward
         errors["ddp float64"] = (type(e).__name__, str(e))
     summary = lambda s: (s.step, own(s.state_dict()).units, s.counters()["calls"],  # noqa: E731
-                         [r.clone() for r in own(s.state_dict()).residuals])
+                         [r.clone() for r in own(s.state_dict()).residuals["scatter"]])
     return errors, summary(states["refused"]), summary(states["clean"]), ddp_state.counters()["calls"]
 
 

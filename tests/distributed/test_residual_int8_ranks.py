@@ -49,7 +49,7 @@ def _train(kind, residual_dtype, rank):
         losses.append(float(loss))
     units = state._core.units()
     kept = [t for t in state._core.residuals() if t is not None]
-    gather = list(state._reducer.exchange.shard_gather.residuals.values())
+    gather = [t for t in state._core.residuals("gather") if t is not None]
     return {"losses": losses, "bytes": state.counters()["residual_bytes"],
             "elements": sum(n for n, t in zip(units, state._core.residuals()) if t is not None),
             "dtypes": sorted({str(t.dtype) for t in kept + gather}), "gather": len(gather),

@@ -38,7 +38,7 @@ def _run(rank, world, n, seed, steps):
         tiny_out = torch.empty(-(-4 // world))
         state.reduce_scatter(tiny, tiny_out)
         state.end_step()
-        e_new = own(state.state_dict()).residuals[0].clone()
+        e_new = own(state.state_dict()).residuals["scatter"][0].clone()
         exact = sum(torch.arange(4, dtype=torch.float32) * (r + 1) + step for r in range(world)) / world
         lo = rank * len(tiny_out)
         assert torch.allclose(tiny_out[:max(0, min(4, lo + len(tiny_out)) - lo)],
@@ -114,7 +114,7 @@ def _loopback(gen_seed):
 
 def test_one_rank_loopback_keeps_the_error_feedback_identity():
     g, out, state = _loopback(3)
-    e = own(state.state_dict()).residuals[0]
+    e = own(state.state_dict()).residuals["scatter"][0]
     assert int((out != 0).sum()) == K and torch.equal(out + e, g)
     assert torch.equal(out[out != 0], g[out != 0])
     assert state.counters()["extra_collectives"] == 0  # nothing crossed a process boundary

@@ -72,7 +72,7 @@ def test_residual_keeps_exactly_what_was_not_sent(gen):
         kept = x.abs() > V
         sent = torch.where(kept, torch.sign(x) * V, torch.zeros(()))
         assert torch.equal(out, sent)
-        e = own(state.state_dict()).residuals[0]
+        e = own(state.state_dict()).residuals["scatter"][0]
         assert torch.equal(e, x - sent)
         assert kept.any() and (~kept).any()
 
@@ -105,7 +105,7 @@ def test_nan_is_counted_and_never_reaches_the_residual(gen):
     g = torch.randn(64, generator=gen)
     state.reduce_scatter(g, torch.empty(64))
     state.end_step()
-    e = own(state.state_dict()).residuals[0].clone()
+    e = own(state.state_dict()).residuals["scatter"][0].clone()
     g[3] = float("nan")
     out = torch.empty(64)
     state.reduce_scatter(g, out)
@@ -113,7 +113,7 @@ def test_nan_is_counted_and_never_reaches_the_residual(gen):
     assert out[3].abs() == V  # a sign bit carries no NaN: sent as +-v (as a vote would)
     # the old residual went out inside g' = g + e: it is replaced, never kept (delivered twice);
     # the NaN's own entry becomes 0, the others g' - D as always
-    r = own(state.state_dict()).residuals[0]
+    r = own(state.state_dict()).residuals["scatter"][0]
     assert torch.isfinite(r).all() and r[3] == 0
     rest = torch.arange(64) != 3
     torch.testing.assert_close((out + r)[rest], (g + e)[rest])

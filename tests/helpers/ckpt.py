@@ -1,4 +1,4 @@
-"""A CommState checkpoint (format 2, fsdpcomp/_checkpoint.py) as the tests read and corrupt it:
+"""A CommState checkpoint (format 3, fsdpcomp/_checkpoint.py) as the tests read and corrupt it:
 this process's RankState, and a copy of a state_dict with fields of it changed."""
 import dataclasses
 

@@ -372,17 +372,21 @@ def fuzz_restore(tally, rng, method, cfg, count):
     own = good["rank0"]
     for _ in range(count):
         sd = dict(good)
-        mine = dataclasses.replace(own, residuals=[None if r is None else r.clone() for r in own.residuals])
+        mine = dataclasses.replace(own, residuals={slot: [None if r is None else r.clone() for r in table]
+                                                   for slot, table in own.residuals.items()})
         kind = rng.randrange(9)
-        if kind == 0 and mine.residuals and mine.residuals[0] is not None:
-            mine.residuals[0][rng.randrange(300)] = rng.choice([float("nan"), float("inf"), -float("inf")])
+        scatter = mine.residuals["scatter"]
+        if kind == 0 and scatter and scatter[0] is not None:
+            scatter[0][rng.randrange(300)] = rng.choice([float("nan"), float("inf"), -float("inf")])
         elif kind == 1:
             sd["step"] = rng.choice([-1, 2**32, 2**32 + 3, 2**70, 1.5, "3", None, True, 2**32 - 1, 0])
         elif kind == 2:
             mine.units = rng.choice([[-1], [2**60], ["a"], [300, 300], [], [300.0], "x"])
         elif kind == 3:
-            mine.residuals = rng.choice([[torch.zeros(5)], [torch.zeros(300, dtype=torch.float64)],
-                                         [torch.zeros(300)] * 3, [None], "x"])
+            mine.residuals = rng.choice([{"scatter": [torch.zeros(5)]}, {"scatter": [torch.zeros(300, dtype=torch.float64)]},
+                                         {"scatter": [torch.zeros(300)] * 3}, {"scatter": [None]}, "x",
+                                         {"gather": [torch.full((150,), float("nan"))]}, {"other": []},
+                                         {"factors": "x"}, [torch.zeros(300)]])
         elif kind == 4:
             sd["config"] = rng.choice([good["config"].replace('"seed": ', '"seed": 1'), "{", "[]", 3])
         elif kind == 5:
