@@ -107,9 +107,9 @@ def find_nvcc12():
 def parse_archs(var, default):
     """The arch list in $var (e.g. "75;90"), else default's."""
     archs = [a.strip() for a in (os.environ.get(var) or default).replace(",", ";").split(";") if a.strip()]
-    bad = [a for a in archs if not a.isdigit()]
+    bad = [a for a in archs if not re.fullmatch(r"\d+[af]?", a)]  # 90a: arch-specific features
     if bad:
-        raise ValueError("%s must list compute capabilities like 75;90, got %r" % (var, os.environ.get(var)))
+        raise ValueError("%s must list compute capabilities like 75;90 (or 90a), got %r" % (var, os.environ.get(var)))
     return archs or default.split(";")
 
 
@@ -187,20 +187,23 @@ class BuildExt(build_ext):
                 raise RuntimeError("FSDPCOMP_CUDA=1 but " + why)
             BuildExt.summary.append("CUDA: skipped, " + why + "; the CPU path is complete without it")
             return
-        self.build_cuda_lib(nvcc, sources, parse_archs("FSDPCOMP_CUDA_ARCHS", DEFAULT_ARCHS), CUDA_LIBS["cu13"])
         mode12 = os.environ.get("FSDPCOMP_CUDA12", "auto").strip().lower()
-        if mode12 in ("0", "off", "no", "false"):
+        if mode12 not in ("auto", "0", "off", "no", "false", "1", "on", "yes", "true"):
+            raise ValueError("FSDPCOMP_CUDA12 must be auto, 0 or 1, got %r" % os.environ["FSDPCOMP_CUDA12"])
+        archs, archs12 = parse_archs("FSDPCOMP_CUDA_ARCHS", DEFAULT_ARCHS), parse_archs("FSDPCOMP_CUDA12_ARCHS",
+                                                                                        DEFAULT_ARCHS12)
+        nvcc12, why = (None, None) if mode12 in ("0", "off", "no", "false") else find_nvcc12()
+        if nvcc12 is None and mode12 in ("1", "on", "yes", "true"):
+            raise RuntimeError("FSDPCOMP_CUDA12=1 but " + why)  # before minutes of the CUDA 13 build
+        self.build_cuda_lib(nvcc, sources, archs, CUDA_LIBS["cu13"])
+        if why is None and nvcc12 is None:
             BuildExt.summary.append("CUDA 12: skipped (FSDPCOMP_CUDA12=0)")
             return
-        nvcc12, why = find_nvcc12()
         if nvcc12 is None:
-            if mode12 in ("1", "on", "yes", "true"):
-                raise RuntimeError("FSDPCOMP_CUDA12=1 but " + why)
             BuildExt.summary.append("CUDA 12: skipped, " + why + "; the wheel's CUDA path then needs a "
                                     "driver of the 580 branch or newer (docs/wheel.md)")
             return
-        self.build_cuda_lib(nvcc12, sources, parse_archs("FSDPCOMP_CUDA12_ARCHS", DEFAULT_ARCHS12),
-                            CUDA_LIBS["cu12"])
+        self.build_cuda_lib(nvcc12, sources, archs12, CUDA_LIBS["cu12"])
 
     def build_cuda_lib(self, nvcc, sources, archs, lib_name):
         gencode = []

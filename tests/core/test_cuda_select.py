@@ -98,11 +98,17 @@ def _run(code, **env):
     return r.stdout.split()
 
 
+# _C alone, without the package (and so without torch's import: these subprocesses start fast)
+BARE_C = ("import importlib.util, sys\n"
+          "spec = importlib.util.spec_from_file_location('fsdpcomp._C', %r)\n"
+          "C = importlib.util.module_from_spec(spec); spec.loader.exec_module(C)\n"
+          "assert 'torch' not in sys.modules\n" % fsdpcomp._C.__file__)
+
+
 def test_loader_opens_the_chosen_file(tmp_path):
     """_C's loader (csrc/backend_cuda/fc_cuda_loader.c) opens the file fsdpcomp chose, once."""
     chosen = str(tmp_path / "chosen.so")
-    out = _run("import fsdpcomp._C as C, sys\n"
-               f"print(C._cuda_choose({chosen!r}))\n"
+    out = _run(BARE_C + f"print(C._cuda_choose({chosen!r}))\n"
                "i = C.cuda_info(); print(i['path'], i['available'], 'chosen.so' in i['error'])\n"
                "print(C._cuda_choose('/elsewhere.so'), C.cuda_info()['path'])\n"
                "for bad in (5, ''):\n"
@@ -114,20 +120,41 @@ def test_loader_opens_the_chosen_file(tmp_path):
 @pytest.mark.parametrize("forced, file", [("cu12", "_fsdpcomp_cuda12.so"), ("cu13", "_fsdpcomp_cuda.so")])
 def test_loader_reads_the_forced_name(forced, file):
     """_C.cuda_info() called first (tests, tools) opens the forced file too."""
-    out = _run("import fsdpcomp._C as C, os; print(os.path.basename(C.cuda_info()['path']))",
+    out = _run(BARE_C + "import os; print(os.path.basename(C.cuda_info()['path']))",
                FSDPCOMP_CUDA_LIBRARY=forced)
     assert out == [file]
 
 
 def test_loader_refuses_another_name():
-    out = _run("import fsdpcomp._C as C; i = C.cuda_info(); print(i['available'], '|', i['error'])",
+    out = _run(BARE_C + "i = C.cuda_info(); print(i['available'], '|', i['error'])",
                FSDPCOMP_CUDA_LIBRARY="cu11")
     assert out[:2] == ["False", "|"] and " ".join(out[2:]) == "FSDPCOMP_CUDA_LIBRARY must be cu13 or cu12, got 'cu11'"
 
 
-def test_cuda_info_says_which_library():
-    out = _run("import fsdpcomp, json; i = fsdpcomp.cuda_info()\n"
-               "print(i['library'], i['driver_cuda_version'], i['available'] == bool(i['built']), "
-               "fsdpcomp._cuda_check.loaded_library())", FSDPCOMP_FAKE_CUDA_DRIVER_VERSION="13000")
-    built = os.path.exists(os.path.join(os.path.dirname(fsdpcomp._C.__file__), "_fsdpcomp_cuda.so"))
-    assert out == ["cu13", "13000", "True", "cu13" if built else "None"]
+def test_a_12x_driver_loads_the_cuda12_file(tmp_path):
+    """End to end on the real CUDA library (loads without a GPU: cudart is static and finds the
+    driver only on its first call): copied in as both files, the CUDA 12 copy's nvcc mark made
+    12.9 (same length), a faked 12.8 driver gets _C to dlopen the CUDA 12 file, 13.0 the other."""
+    real = os.path.join(os.path.dirname(fsdpcomp._C.__file__), "_fsdpcomp_cuda.so")
+    if not os.path.exists(real):
+        pytest.skip("a build without the CUDA library")
+    data = open(real, "rb").read()
+    mark = _cuda_check._NVCC_MARK.search(data)
+    (tmp_path / "_fsdpcomp_cuda.so").write_bytes(data)
+    (tmp_path / "_fsdpcomp_cuda12.so").write_bytes(
+        data[:mark.start()] + data[mark.start():].replace(mark.group(0), b"Cuda compilation tools, release 12.9"))
+    code = ("import fsdpcomp, os; fsdpcomp._cuda_check.library_dir = lambda: %r\n"
+            "i = fsdpcomp.cuda_info(); print(os.path.basename(i['path']), i['available'], i['library'], "
+            "fsdpcomp._cuda_check.loaded_library(), i['driver_cuda_version'], *i['built'])" % str(tmp_path))
+    assert _run(code, FSDPCOMP_FAKE_CUDA_DRIVER_VERSION="12080") == [
+        "_fsdpcomp_cuda12.so", "True", "cu12", "cu12", "12080", "cu12", "cu13"]
+    assert _run(code, FSDPCOMP_FAKE_CUDA_DRIVER_VERSION="13000") == [
+        "_fsdpcomp_cuda.so", "True", "cu13", "cu13", "13000", "cu12", "cu13"]
+
+
+def test_cuda_info_without_a_library():
+    """A build without CUDA: cuda_info says which library it would have loaded, and why not."""
+    if _cuda_check.built_libraries() or os.environ.get("FSDPCOMP_CUDA_LIB"):
+        pytest.skip("this build has a CUDA library (the test above loads it, in a subprocess)")
+    info = fsdpcomp.cuda_info()
+    assert info["available"] is False and info["library"] == "cu13" and info["built"] == [], info
