@@ -32,9 +32,9 @@ MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580"}
 # nvcc writes this into every fatbinary it links; the static cudart comes from the same toolkit
 _NVCC_MARK = re.compile(rb"Cuda compilation tools, release (\d+)\.(\d+)")
 _ready: set[tuple[str, str | None]] = set()  # (library, faked driver) found usable: checked once
+_versions: dict[tuple[str, int, int], tuple[int, int] | None] = {}  # _built_version's reads
 # The CUDA libraries a build can hold, newest first: name -> (file next to _C, CUDA major). The
 # file names are also in csrc/backend_cuda/fc_cuda_loader.c (FSDPCOMP_CUDA_LIBRARY) and setup.py.
-_versions: dict[tuple[str, int, int], tuple[int, int] | None] = {}
 LIBRARIES = {"cu13": ("_fsdpcomp_cuda.so", 13), "cu12": ("_fsdpcomp_cuda12.so", 12)}
 
 
@@ -176,7 +176,8 @@ def cuda_problem(what: str, *, path: str, built: tuple[int, int] | None, driver:
 def require_cuda(what: str) -> None:
     """Raises fsdpcomp.CudaError with cuda_problem's message when this machine cannot run
     fsdpcomp on CUDA tensors; once a library has passed, later calls return at once."""
-    path = library_path()
+    # a library loaded already (a _C.cuda_info() call came first) is the one the process runs
+    path = _C.cuda_info()["path"] if _C.cuda_loaded() else library_path()
     key = (path, os.environ.get("FSDPCOMP_FAKE_CUDA_DRIVER_VERSION"))
     if key in _ready:
         return
