@@ -7,11 +7,6 @@ cp310-abi3, serves every CPython >= 3.10 (`python -m build`, then auditwheel: do
 Environment:
   FSDPCOMP_CUDA       auto (default): build CUDA if nvcc is found; 0: never; 1: required
   FSDPCOMP_CUDA_ARCHS e.g. "80;90;100" (default below), PTX is added for the newest
-  FSDPCOMP_CUDA12     auto (default): also build the CUDA 12 library (_fsdpcomp_cuda12.so, for
-                      drivers older than the 580 branch) when a CUDA 12 nvcc is found; 0: never;
-                      1: required (the release wheel)
-  FSDPCOMP_NVCC12, CUDA12_HOME  where the CUDA 12 nvcc is looked for, before /usr/local/cuda-12.*
-  FSDPCOMP_CUDA12_ARCHS the CUDA 12 library's archs (default DEFAULT_ARCHS12), PTX of the newest
   NVCC, CUDA_HOME     where nvcc is looked for, before PATH
   FSDPCOMP_DEBUG=1    -O0 -g;  FSDPCOMP_SANITIZE=1  ASan + UBSan on the C code
   FSDPCOMP_NATIVE=1   -march=native for the CPU kernels (not for wheels you ship)
@@ -19,10 +14,8 @@ Environment:
 """
 import glob
 import os
-import re
 import shutil
 import subprocess
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 from setuptools import Extension, setup
@@ -33,12 +26,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LIMITED_API = 0x030A0000
 # The architectures torch's own CUDA 13 wheels target; PTX of the last one runs on newer GPUs.
 DEFAULT_ARCHS = "75;80;86;90;100;120"
-# The CUDA 12 library's: Turing to Hopper as cubins, so no driver has to JIT PTX (a driver runs
-# only PTX of its own CUDA version or older, and 12.9's PTX is newer than a 12.2 driver); the
-# GPUs after Hopper come with drivers that run the CUDA 13 library.
-DEFAULT_ARCHS12 = "75;80;86;90"
-# The library file each toolkit builds (fsdpcomp/_cuda_check.py's LIBRARIES, the C loader's names)
-CUDA_LIBS = {"cu13": "_fsdpcomp_cuda.so", "cu12": "_fsdpcomp_cuda12.so"}
 
 
 def env_flag(name, default="0"):
@@ -72,45 +59,6 @@ def find_nvcc():
         if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
             return cand
     return None
-
-
-def nvcc_release(nvcc):
-    """'13.0' from `nvcc --version`'s "release 13.0, V13.0.88", or None when it does not say."""
-    try:
-        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    found = re.search(r"release (\d+\.\d+)", out)
-    return found.group(1) if found else None
-
-
-def find_nvcc12():
-    """A CUDA 12 nvcc and None, or None and why there is none. Looked for in FSDPCOMP_NVCC12, then
-    $CUDA12_HOME/bin, then /usr/local/cuda-12.*/bin (newest first). pip's nvidia-cuda-nvcc-cu12
-    has ptxas only (no nvcc, cicc, cudafe++, fatbinary, nvlink), so it cannot build this."""
-    cands = [os.environ.get("FSDPCOMP_NVCC12")]
-    if os.environ.get("CUDA12_HOME"):
-        cands.append(os.path.join(os.environ["CUDA12_HOME"], "bin", "nvcc"))
-    minor = lambda p: int(re.search(r"cuda-12\.(\d+)", p).group(1)) if re.search(r"cuda-12\.(\d+)", p) else -1
-    cands += sorted(glob.glob("/usr/local/cuda-12.*/bin/nvcc"), key=minor, reverse=True)
-    seen = []
-    for cand in cands:
-        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
-            release = nvcc_release(cand)
-            if release and release.split(".")[0] == "12":
-                return cand, None
-            seen.append("%s is CUDA %s" % (cand, release or "of unknown release"))
-    return None, ("no CUDA 12 nvcc found (FSDPCOMP_NVCC12, CUDA12_HOME, /usr/local/cuda-12.*)"
-                  + (": " + "; ".join(seen) if seen else ""))
-
-
-def parse_archs(var, default):
-    """The arch list in $var (e.g. "75;90"), else default's."""
-    archs = [a.strip() for a in (os.environ.get(var) or default).replace(",", ";").split(";") if a.strip()]
-    bad = [a for a in archs if not re.fullmatch(r"\d+[af]?", a)]  # 90a: arch-specific features
-    if bad:
-        raise ValueError("%s must list compute capabilities like 75;90 (or 90a), got %r" % (var, os.environ.get(var)))
-    return archs or default.split(";")
 
 
 def build_jobs(n: int) -> int:
@@ -172,9 +120,6 @@ class BuildExt(build_ext):
         print("================================\n")
 
     def build_cuda(self):
-        """The CUDA 13 library (_fsdpcomp_cuda.so, nvcc as found) and, beside it, the CUDA 12 one
-        (_fsdpcomp_cuda12.so) when a CUDA 12 nvcc is found: fsdpcomp loads the newest one the
-        driver runs (fsdpcomp/_cuda_check.py), so drivers of the 525-570 branches get CUDA too."""
         mode = os.environ.get("FSDPCOMP_CUDA", "auto").strip().lower()
         sources = sorted(glob.glob(os.path.join(HERE, "cuda", "*.cu")))
         if mode in ("0", "off", "no", "false"):
@@ -187,25 +132,8 @@ class BuildExt(build_ext):
                 raise RuntimeError("FSDPCOMP_CUDA=1 but " + why)
             BuildExt.summary.append("CUDA: skipped, " + why + "; the CPU path is complete without it")
             return
-        mode12 = os.environ.get("FSDPCOMP_CUDA12", "auto").strip().lower()
-        if mode12 not in ("auto", "0", "off", "no", "false", "1", "on", "yes", "true"):
-            raise ValueError("FSDPCOMP_CUDA12 must be auto, 0 or 1, got %r" % os.environ["FSDPCOMP_CUDA12"])
-        archs, archs12 = parse_archs("FSDPCOMP_CUDA_ARCHS", DEFAULT_ARCHS), parse_archs("FSDPCOMP_CUDA12_ARCHS",
-                                                                                        DEFAULT_ARCHS12)
-        nvcc12, why = (None, None) if mode12 in ("0", "off", "no", "false") else find_nvcc12()
-        if nvcc12 is None and mode12 in ("1", "on", "yes", "true"):
-            raise RuntimeError("FSDPCOMP_CUDA12=1 but " + why)  # before minutes of the CUDA 13 build
-        self.build_cuda_lib(nvcc, sources, archs, CUDA_LIBS["cu13"])
-        if why is None and nvcc12 is None:
-            BuildExt.summary.append("CUDA 12: skipped (FSDPCOMP_CUDA12=0)")
-            return
-        if nvcc12 is None:
-            BuildExt.summary.append("CUDA 12: skipped, " + why + "; the wheel's CUDA path then needs a "
-                                    "driver of the 580 branch or newer (docs/wheel.md)")
-            return
-        self.build_cuda_lib(nvcc12, sources, archs12, CUDA_LIBS["cu12"])
-
-    def build_cuda_lib(self, nvcc, sources, archs, lib_name):
+        archs = [a.strip() for a in (os.environ.get("FSDPCOMP_CUDA_ARCHS") or DEFAULT_ARCHS).replace(",", ";").split(";")
+                 if a.strip()] or DEFAULT_ARCHS.split(";")
         gencode = []
         for a in archs:
             gencode.append("-gencode=arch=compute_%s,code=sm_%s" % (a, a))
@@ -214,8 +142,7 @@ class BuildExt(build_ext):
         if self.inplace or getattr(self, "fc_inplace", False):
             out_dir = os.path.join(HERE, "fsdpcomp")
         os.makedirs(out_dir, exist_ok=True)
-        # one object folder per library: the two toolkits' objects must not mix
-        obj_dir = os.path.join(self.build_temp, "cuda_" + lib_name.split(".")[0].lstrip("_"))
+        obj_dir = os.path.join(self.build_temp, "cuda")
         os.makedirs(obj_dir, exist_ok=True)
         incs = ["-I" + os.path.join(HERE, "csrc"), "-I" + os.path.join(HERE, "cuda")]
         defs = ['-DFC_CUDA_BUILD_INFO="archs %s"' % ",".join(archs)]
@@ -228,7 +155,6 @@ class BuildExt(build_ext):
         # nvcc compiles one file at a time (every arch in turn): the files go in parallel, one
         # per core, each job's output printed whole when it ends so errors read in one piece
         jobs = build_jobs(len(sources))
-        start = time.monotonic()
 
         def compile_one(src_obj):
             src, obj = src_obj
@@ -240,15 +166,15 @@ class BuildExt(build_ext):
 
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             list(pool.map(compile_one, zip(sources, objs)))
-        lib = os.path.join(out_dir, lib_name)
+        lib = os.path.join(out_dir, "_fsdpcomp_cuda.so")
         # cudart static: no libcudart.so to find at load time
         cmd = [nvcc, "-shared", "-o", lib] + objs + gencode + ["-cudart", "static", "-ldl", "-lpthread"]
         print(" ".join(cmd))
         subprocess.check_call(cmd)
         BuildExt.summary.append(
-            "CUDA: built %s (nvcc %s, CUDA %s, archs %s + PTX %s, %d files on %d jobs, %.0f s)"
-            % (os.path.relpath(lib, HERE) if lib.startswith(HERE) else lib, nvcc, nvcc_release(nvcc),
-               ",".join(archs), archs[-1], len(sources), jobs, time.monotonic() - start))
+            "CUDA: built %s (nvcc %s, archs %s + PTX %s, %d files on %d jobs)"
+            % (os.path.relpath(lib, HERE) if lib.startswith(HERE) else lib, nvcc, ",".join(archs), archs[-1],
+               len(sources), jobs))
 
 
 ext = Extension(

@@ -68,7 +68,7 @@ except ModuleNotFoundError as _err:
         raise  # torch is there, one of its own imports is not: Python's message names it
     raise _no_torch() from _err
 from . import _methods, _powersgd
-from ._cuda_check import choose_library, cuda_info
+from ._cuda_check import library_path
 from .cli import add_argparse_args, from_args
 from .counters import Counters
 from .integrations import (AllGather, AllReduceHook, DDPHookState, ReduceScatter, UnitHookState, ddp_hook,
@@ -96,9 +96,8 @@ _CUDA_METHODS = frozenset({"none", "fp16", "bf16", "int8", "fp8", "intN", "qsgd"
 
 
 def _cuda_built() -> bool:
-    """Whether this build has a CUDA library (where the loader looks for it; not loaded; the
-    driver not asked: any of the two the wheel can hold)."""
-    return os.path.exists(choose_library(None))
+    """Whether this build has the CUDA library (where the loader looks for it; not loaded)."""
+    return os.path.exists(library_path())
 
 
 def method_info(name: str) -> dict[str, Any]:
@@ -116,6 +115,6 @@ def method_info(name: str) -> dict[str, Any]:
 __all__ = [
     "AllGather", "AllReduceHook", "CommState", "Counters", "CudaError", "DDPHookState", "PayloadError",
     "ReduceScatter", "UnitHookState", "__version__", "add_argparse_args", "append_result", "build_record",
-    "codecs", "combine_counters", "cuda_info", "ddp_hook", "from_args", "fsdp_hook", "method_info", "methods",
+    "codecs", "combine_counters", "ddp_hook", "from_args", "fsdp_hook", "method_info", "methods",
     "read_results", "register", "register_replicate",
 ]

@@ -21,7 +21,7 @@ OPTIONAL_FIELDS = (
     "compress_time_ms", "decompress_time_ms", "extra_collectives", "extra_collective_time_ms",
     "fallback_units", "index_bytes", "density", "residual_norm", "grad_rel_error", "grad_cos_sim",
     "mem_peak_alloc_gb", "mem_peak_reserved_gb", "time_to_target_ppl_s", "ppl_at_fixed_time",
-    "nonfinite_steps", "saturated", "torch_version", "fsdpcomp_version", "device", "cuda_library",
+    "nonfinite_steps", "saturated", "torch_version", "fsdpcomp_version", "device",
     "param_gather_calls", "param_gather_bytes_raw_total", "param_gather_bytes_sent_total",
     "param_gather_ratio", "param_gather_time_ms", "param_gather_codec_time_ms",
     "warmup_steps_exact", "warmup_calls_exact", "residual_bytes_by_rank", "buffer_bytes_by_rank",
@@ -191,11 +191,6 @@ def build_record(*, run: Mapping[str, Any], step_times_s: Iterable[float], token
     if rec.get("fsdpcomp_version") is None:
         rec["fsdpcomp_version"] = __version__
     rec.setdefault("python_version", platform.python_version())
-    if rec.get("cuda_library") is None:
-        # which of the wheel's CUDA libraries ran (cu13, cu12; None: none loaded, a CPU run or
-        # a FSDPCOMP_CUDA_LIB file), read without loading one (issue 40)
-        from ._cuda_check import loaded_library
-        rec["cuda_library"] = loaded_library()
     return {k: _finite_or_none(v) for k, v in rec.items()}
 
 

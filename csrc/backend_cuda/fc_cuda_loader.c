@@ -1,9 +1,5 @@
-/* fc_cuda_loader.c: dlopen() of the CUDA library, once, on the first CUDA tensor: import fsdpcomp
- * never needs CUDA. Which file: $FSDPCOMP_CUDA_LIB (a path: tests' emulated library), else the one
- * fsdpcomp chose for the driver (fc_cuda_lib_choose, from fsdpcomp/_cuda_check.py), else the one
- * $FSDPCOMP_CUDA_LIBRARY names (cu13: _fsdpcomp_cuda.so, cu12: _fsdpcomp_cuda12.so), else the
- * CUDA 13 one, each next to _C's own file. The choice is read here too, not only in Python, so
- * that _C.cuda_info() called first (tests, tools) loads the same file a forced run would. */
+/* fc_cuda_loader.c: dlopen() of _fsdpcomp_cuda.so from the directory _C was loaded from (or
+ * $FSDPCOMP_CUDA_LIB), once, on the first CUDA tensor: import fsdpcomp never needs CUDA. */
 #define _GNU_SOURCE /* dladdr */
 #include "backend_cuda/fc_cuda_loader.h"
 
@@ -16,37 +12,17 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static const fc_cuda_api *api = NULL;
 static char path[4096];
 static char why[800];
-static char chosen[4096]; /* set by fc_cuda_lib_choose before the first load */
-static int tried;         /* load() has run: the choice is made for the life of the process */
-
-/* The file name $FSDPCOMP_CUDA_LIBRARY asks for; NULL with why filled for a value it is not. */
-static const char *library_name(void)
-{
-    const char *lib = getenv("FSDPCOMP_CUDA_LIBRARY");
-    if (lib == NULL || lib[0] == '\0' || strcmp(lib, "cu13") == 0)
-        return "_fsdpcomp_cuda.so";
-    if (strcmp(lib, "cu12") == 0)
-        return "_fsdpcomp_cuda12.so";
-    snprintf(why, sizeof(why), "FSDPCOMP_CUDA_LIBRARY must be cu13 or cu12, got '%.100s'", lib);
-    return NULL;
-}
 
 static void load(void)
 {
     const char *env = getenv("FSDPCOMP_CUDA_LIB");
     Dl_info info;
-    const char *name = NULL;
-    tried = 1;
     if (env != NULL && env[0] != '\0') {
         snprintf(path, sizeof(path), "%s", env);
-    } else if (chosen[0] != '\0') {
-        snprintf(path, sizeof(path), "%s", chosen);
-    } else if ((name = library_name()) == NULL) {
-        return;
     } else if (dladdr((void *)&fc_cuda_api_get, &info) != 0 && info.dli_fname != NULL) {
         const char *slash = strrchr(info.dli_fname, '/');
         int dir = slash ? (int)(slash - info.dli_fname) : 1;
-        snprintf(path, sizeof(path), "%.*s/%s", dir, slash ? info.dli_fname : ".", name);
+        snprintf(path, sizeof(path), "%.*s/_fsdpcomp_cuda.so", dir, slash ? info.dli_fname : ".");
     } else {
         snprintf(why, sizeof(why), "could not find where fsdpcomp._C was loaded from");
         return;
@@ -75,16 +51,6 @@ const fc_cuda_api *fc_cuda_api_get(fc_err *err)
     if (api == NULL)
         fc_fail(err, FC_ERR_CUDA, "%s", why);
     return api;
-}
-
-int fc_cuda_lib_choose(const char *file)
-{
-    /* pthread_once has no "already ran?" query, hence tried; the GIL serialises this against the
-     * first fc_cuda_api_get, which Python reaches only after choosing */
-    if (tried || strlen(file) >= sizeof(chosen))
-        return -1;
-    snprintf(chosen, sizeof(chosen), "%s", file);
-    return 0;
 }
 
 const fc_cuda_api *fc_cuda_api_loaded(void)

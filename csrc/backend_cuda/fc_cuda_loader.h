@@ -10,9 +10,6 @@
 const fc_cuda_api *fc_cuda_api_get(fc_err *err);
 /* The table if already loaded, else NULL (never loads: for destructors). */
 const fc_cuda_api *fc_cuda_api_loaded(void);
-/* Names the library file the first load will open (fsdpcomp's choice for the driver); 0, or -1
- * when a load was already tried (the process keeps that one) or the path is too long. */
-int fc_cuda_lib_choose(const char *file);
 /* The path tried (or used), for messages and tests. */
 const char *fc_cuda_lib_path(void);
 

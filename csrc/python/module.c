@@ -2,7 +2,6 @@
  * translator from fc_err to exceptions (the State type lives in state_*.c). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <string.h>
 
 #include "python/state.h"
 #include "python/fc_config.h"
@@ -124,25 +123,6 @@ static PyObject *mod_cuda_loaded(PyObject *mod, PyObject *Py_UNUSED(ignored))
     return PyBool_FromLong(fc_cuda_api_loaded() != NULL);
 }
 
-PyDoc_STRVAR(cuda_choose_doc,
-"_cuda_choose(path) -> bool\n\nNames the CUDA library file the first load will open (fsdpcomp's\n"
-"choice for the driver: fsdpcomp/_cuda_check.py); False when a load was already tried, whose\n"
-"file the process keeps.");
-
-static PyObject *mod_cuda_choose(PyObject *mod, PyObject *arg)
-{
-    (void)mod;
-    if (!PyUnicode_Check(arg))
-        return PyErr_Format(PyExc_TypeError, "_cuda_choose takes a path (str), got %R", (PyObject *)Py_TYPE(arg));
-    Py_ssize_t len = 0;
-    const char *file = PyUnicode_AsUTF8AndSize(arg, &len);
-    if (file == NULL)
-        return NULL;
-    if ((size_t)len != strlen(file) || len == 0)
-        return PyErr_Format(PyExc_ValueError, "_cuda_choose takes a non-empty path without NUL characters");
-    return PyBool_FromLong(fc_cuda_lib_choose(file) == 0);
-}
-
 PyDoc_STRVAR(reference_kernels_doc,
 "_reference_kernels(on) -> bool\n\nTests only: True sends every CPU encode/decode to the scalar\n"
 "reference loops instead of the fast paths (which must give the same bytes); returns the\n"
@@ -198,7 +178,6 @@ static PyMethodDef module_functions[] = {
     {"method_info", mod_method_info, METH_O, method_info_doc},
     {"cuda_info", mod_cuda_info, METH_NOARGS, cuda_info_doc},
     {"cuda_loaded", mod_cuda_loaded, METH_NOARGS, cuda_loaded_doc},
-    {"_cuda_choose", mod_cuda_choose, METH_O, cuda_choose_doc},
     {"_reference_kernels", mod_reference_kernels, METH_O, reference_kernels_doc},
     {"near_name", mod_near_name, METH_VARARGS, near_name_doc},
     {NULL},

@@ -17,7 +17,7 @@ REACH = re.compile(r"\b(?!self\b|cls\b|torch\b|_C\b|_?distributed_c10d\b|Variabl
 def _modules():
     # the compiled modules are known by name: a fresh checkout (CI imports the installed package)
     # has no .so beside the sources, and `from . import _C` must not read as the package itself
-    mods, ext = {}, {"fsdpcomp._C", "fsdpcomp._fsdpcomp_cuda", "fsdpcomp._fsdpcomp_cuda12"}
+    mods, ext = {}, {"fsdpcomp._C", "fsdpcomp._fsdpcomp_cuda"}
     for d, _, files in os.walk(PKG):
         rel = os.path.relpath(d, os.path.dirname(PKG)).split(os.sep)
         for f in files:
