@@ -203,15 +203,14 @@ class Factors:
         for (off, rows, cols), p, q in zip(plan.mats, ps, new_qs):
             mean[:, off:off + rows * cols] = (p @ q.t()).view(blocks, rows * cols)
         self.q[unit] = [q.clone() for q in new_qs]
-        if self.cfg.error_feedback:
-            # e = g' - mean by the codecs' residual rule; the exactly summed elements keep none
-            # (what arrived of them is g' itself)
-            ref = mean
-            if plan.exact is not None:
-                ref = mean.clone()
-                ref[:, exact_mask] = xv[:, exact_mask]
-            self._core.ef_keep(x, ref.view(-1), unit)
         self._write(mean.view(-1), target, ranks, scatter)
+        if self.cfg.error_feedback:
+            # e = g' - mean by the codecs' residual rule; the exactly summed elements keep none:
+            # what arrived of them is taken as g' itself (mean is written out, so it is free to
+            # take that, with no copy)
+            if plan.exact is not None:
+                mean[:, exact_mask] = xv[:, exact_mask]
+            self._core.ef_keep(x, mean.view(-1), unit)
 
     def _all_reduce(self, buf: torch.Tensor, ranks: Ranks, timed, **count) -> None:
         """Sums buf (fp32) over ranks in place, in factor_dtype on the wire; counted."""

@@ -25,10 +25,8 @@ static PyObject *ef_call(StateObject *self, int op, PyObject *x_obj, PyObject *r
     if ((long long)unit >= (long long)self->core.n_units)
         return PyErr_Format(PyExc_ValueError, "%s: unit %u is not one begin() gave out (%d units)",
                             op == FC_EF_ADD ? "ef_add" : "ef_keep", unit, (int)self->core.n_units);
-    PyObject *list = self->residuals[slot];
-    const int restored = (Py_ssize_t)unit < self->n_restored && self->restored[unit * FC_SLOTS + slot];
-    if (op == FC_EF_ADD && !restored &&
-        (PyList_Size(list) <= (Py_ssize_t)unit || PyList_GetItem(list, unit) == Py_None))
+    PyObject *list = self->residuals[slot]; /* a restored residual is in it already */
+    if (op == FC_EF_ADD && (PyList_Size(list) <= (Py_ssize_t)unit || PyList_GetItem(list, unit) == Py_None))
         Py_RETURN_NONE; /* the unit's first step: no residual yet, g' = g */
     if (fc_view_get(x_obj, "x", FC_DT_F32, &xv, &err) != FC_OK)
         goto error;

@@ -201,33 +201,29 @@ void fc_res_release(fc_res_hold *h)
 /* ---------------------------------------------------------------- the calls for Python's users */
 
 FC_DOCSTRING(fc_state_residual_of_doc,
-"residual(unit, slot, like, create=True) -> Tensor | None\n\n"
+"residual(unit, slot, like) -> Tensor\n\n"
 "The live residual of (unit, slot) ('scatter', 'gather' or 'factors') for a call on `like`\n"
 "(its number of values and its device), in this State's residual_dtype (int8: packed uint8):\n"
-"made zero by the allocator at first use, a checkpoint's moved to like's device once. With\n"
-"create=False, None where the slot holds none yet. The caller works on it in place (the\n"
-"all-gather half passes it to compress(); PowerSGD adds it and writes its error back); the\n"
-"State keeps it, counts it and checkpoints it.");
+"made zero by the allocator at first use, a checkpoint's moved to like's device once. The\n"
+"caller works on it in place (the all-gather half passes it to compress()); the State keeps\n"
+"it, counts it and checkpoints it.");
 
 PyObject *fc_state_residual_of(StateObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"unit", "slot", "like", "create", NULL};
+    static char *kwlist[] = {"unit", "slot", "like", NULL};
     unsigned unit;
-    int slot, create = 1;
+    int slot;
     PyObject *slot_obj, *like;
     fc_err err = {0};
     fc_view v = {0};
     fc_res_hold h = {0};
     if (!fc_state_ready(self) ||
-        !PyArg_ParseTupleAndKeywords(args, kwds, "IOO|p:residual", kwlist, &unit, &slot_obj, &like, &create) ||
+        !PyArg_ParseTupleAndKeywords(args, kwds, "IOO:residual", kwlist, &unit, &slot_obj, &like) ||
         fc_slot_parse(slot_obj, &slot) < 0)
         return NULL;
     if ((long long)unit >= (long long)self->core.n_units)
         return PyErr_Format(PyExc_ValueError, "residual: unit %u is not one begin() gave out (%d units)",
                             unit, (int)self->core.n_units);
-    PyObject *list = self->residuals[slot];
-    if (!create && (PyList_Size(list) <= (Py_ssize_t)unit || PyList_GetItem(list, unit) == Py_None))
-        Py_RETURN_NONE;
     if (fc_view_get(like, "like", FC_DT_F32 | FC_DT_BF16 | FC_DT_F16, &v, &err) != FC_OK ||
         fc_state_residual(self, unit, slot, like, &v, &h, &err) != FC_OK) {
         fc_view_release(&v);
