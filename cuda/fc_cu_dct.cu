@@ -1,7 +1,8 @@
 // fc_cu_dct.cu: kernels of `dct` (m_dct.c). One thread per block of `block` elements, every sent
 // chunk at once, calls fc_dct.h's rules in the CPU's order (g' loaded with the last block's zero
 // padding, the forward transform, the pick, the clamp), so the indices and values are the CPU's;
-// the indices are packed one thread per group of 8 and the values go through the sparsifiers'
+// the positions are coded one thread per group of 8 (8 blocks' ranks, or 8 plain indices where
+// fc_dct_rank.h's rule says so) and the values go through the sparsifiers'
 // value codec (fc_cu_sparse_common.cu). Receivers sum the senders' coefficients per block in rank
 // order (the coefficient domain: m_dct.c's aggregate) and invert each block once (decode_agg),
 // all in one thread per block: the sum never leaves the thread, so no aggregate buffer.
@@ -16,6 +17,7 @@ static_assert(8 << (DCT_SIZES - 1) == FC_DCT_MAX_BLOCK, "a table for every block
 
 struct dct_cfg {
     int B, k, wbits;
+    int rbits; // bits of a block's rank; 0: plain indices (fc_dct_ranked)
     fc_cu_vc vc;
 };
 
@@ -32,6 +34,7 @@ static int config(const fc_cuda_method_cfg *m, int world, dct_cfg *c, fc_err *er
     c->B = (int)d->block;
     c->k = (int)d->k;
     c->wbits = fc_dct_index_bits(c->B);
+    c->rbits = fc_dct_ranked(c->B, c->k) ? fc_dct_rank_bits(c->B, c->k) : 0;
     return fc_cu_vc_read(&d->vc, world, &c->vc, err);
 }
 
@@ -86,7 +89,7 @@ __host__ __device__ __forceinline__ dct_span dct_span_of(const dct_cfg &c, int64
     dct_span s;
     s.nb = fc_dct_blocks(n, c.B);
     s.K = fc_dct_kept(n, c.B, c.k);
-    s.ib = fc_dct_index_bytes(s.K, c.B);
+    s.ib = fc_dct_index_bytes(s.nb, c.B, c.k);
     return s;
 }
 
@@ -119,9 +122,10 @@ __global__ void __launch_bounds__(DCT_THREADS) dct_forward(fc_cu_enc e, dct_cfg 
     }
 }
 
-// The indices of each sent chunk, one thread per group of 8 (fc_pack8 writes its group's bytes
-// whole: no two threads share a byte), codes past K zero as the CPU's last group; the padding to
-// 4 bytes zeroed, as the CPU's memset leaves it.
+// The positions of each sent chunk, one thread per group of 8 (8 blocks' ranks in c.rbits bytes,
+// or 8 plain indices in c.wbits; either written whole: no two threads share a byte), past the
+// last block or index zero as the CPU's last group; the padding to 4 bytes zeroed, as the CPU's
+// memset leaves it.
 __global__ void dct_pack(fc_cu_enc e, dct_cfg c, int64_t slot, const uint32_t *idx)
 {
     const int ci = blockIdx.y;
@@ -130,16 +134,24 @@ __global__ void dct_pack(fc_cu_enc e, dct_cfg c, int64_t slot, const uint32_t *i
     if (body == NULL)
         return;
     const dct_span sp = dct_span_of(c, n);
-    const int64_t groups = (sp.K + 7) / 8, stride = (int64_t)gridDim.x * blockDim.x;
+    const int64_t items = c.rbits ? sp.nb : sp.K, width = c.rbits ? c.rbits : c.wbits;
+    const int64_t groups = (items + 7) / 8, stride = (int64_t)gridDim.x * blockDim.x;
     const int64_t t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     for (int64_t g = t0; g < groups; g += stride) {
-        uint32_t codes[8];
-        for (int j = 0; j < 8; j++)
-            codes[j] = 8 * g + j < sp.K ? idx[ci * slot + 8 * g + j] : 0u;
-        fc_pack8(codes, c.wbits, body + g * c.wbits);
+        if (c.rbits) {
+            uint64_t ranks[8];
+            for (int j = 0; j < 8; j++)
+                ranks[j] = 8 * g + j < sp.nb ? fc_dct_rank(idx + ci * slot + (8 * g + j) * c.k, c.k) : 0u;
+            fc_dct_pack_ranks8(ranks, c.rbits, body + g * c.rbits);
+        } else {
+            uint32_t codes[8];
+            for (int j = 0; j < 8; j++)
+                codes[j] = 8 * g + j < sp.K ? idx[ci * slot + 8 * g + j] : 0u;
+            fc_pack8(codes, c.wbits, body + g * c.wbits);
+        }
     }
     if (t0 == 0)
-        for (int64_t b = fc_pack_bytes(sp.K, c.wbits); b < sp.ib; b++)
+        for (int64_t b = fc_pack_bytes(items, (int)width); b < sp.ib; b++)
             body[b] = 0;
 }
 
@@ -243,7 +255,8 @@ static int encode(const fc_cuda_encode_args *a, const fc_cu_enc *e, const dct_cf
         const dim3 blocks = fc_cu_grid(fc_dct_blocks(a->h.geo.per, c.B), DCT_THREADS, W);
         dct_forward<<<blocks, DCT_THREADS, 0, s>>>(*e, c, tab, p.slot, p.idx, p.vals);
         FC_CHECK_LAUNCH(err, error);
-        dct_pack<<<fc_cu_grid((p.slot + 7) / 8, FC_CU_THREADS, W), FC_CU_THREADS, 0, s>>>(*e, c, p.slot, p.idx);
+        const int64_t items = c.rbits ? fc_dct_blocks(a->h.geo.per, c.B) : p.slot; // ranks, or indices
+        dct_pack<<<fc_cu_grid((items + 7) / 8, FC_CU_THREADS, W), FC_CU_THREADS, 0, s>>>(*e, c, p.slot, p.idx);
         FC_CHECK_LAUNCH(err, error);
         dct_jobs<<<1, 256, 0, s>>>(*e, c, p.slot, p.vals, p.jobs);
         FC_CHECK_LAUNCH(err, error);
@@ -264,7 +277,7 @@ __device__ __forceinline__ const uint8_t *dct_body(const fc_cu_dec &d, int r)
     return d.recv + fc_cu_recv_off(d.geo, r, d.slot) + FC_HEADER_BYTES;
 }
 
-// Index j of a body's packed indices (its group unpacked, fc_pack.h).
+// Index j of a body's packed indices (its group unpacked, fc_pack.h): plain coding only.
 __device__ __forceinline__ uint32_t dct_index(const uint8_t *body, int wbits, int64_t j)
 {
     uint32_t codes[8];
@@ -272,9 +285,39 @@ __device__ __forceinline__ uint32_t dct_index(const uint8_t *body, int wbits, in
     return codes[j & 7];
 }
 
+// A block's positions one at a time, in whichever order its coding gives them cheapest: a rank
+// unranks largest first (fc_dct_unrank_next: no array of k positions per thread), plain indices
+// come in order. next() returns the position of coefficient b k + j (j its return through *j).
+struct dct_positions {
+    const uint8_t *body;
+    int64_t b;
+    int B, k, wbits, rbits;
+    uint64_t r;
+    int c, left;
+
+    __device__ __forceinline__ dct_positions(const uint8_t *body_, const dct_cfg &cfg, int64_t b_)
+        : body(body_), b(b_), B(cfg.B), k(cfg.k), wbits(cfg.wbits), rbits(cfg.rbits), r(0), c(cfg.B - 1), left(cfg.k)
+    {
+        if (rbits)
+            r = fc_dct_rank_at(body, rbits, b);
+    }
+
+    __device__ __forceinline__ uint32_t next(int *j)
+    {
+        --left;
+        if (rbits) {
+            *j = left;
+            return fc_dct_unrank_next(&r, &c, left + 1);
+        }
+        *j = k - 1 - left;
+        return dct_index(body, wbits, b * k + *j);
+    }
+};
+
 // What the CPU's read_body refuses before it adds anything (PayloadError there, the payload's
-// rejection here: its sum is poisoned): indices not ascending within a block (read_indices; each
-// fits its block by its width) and value codes no encoder writes. Grid y: the senders' ranks.
+// rejection here: its sum is poisoned): a block's rank not below C(B, k) (read_ranks) or plain
+// indices not ascending within a block (read_indices; each fits its block by its width), and
+// value codes no encoder writes. Grid y: the senders' ranks.
 __global__ void dct_check(fc_cu_dec d, dct_cfg c, int64_t K, uint32_t unit, uint32_t step)
 {
     const int r = blockIdx.y;
@@ -283,10 +326,14 @@ __global__ void dct_check(fc_cu_dec d, dct_cfg c, int64_t K, uint32_t unit, uint
     const uint8_t *body = dct_body(d, r);
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < K; j += stride) {
-        if (j % c.k != 0 && dct_index(body, c.wbits, j) <= dct_index(body, c.wbits, j - 1))
+        if (c.rbits) {
+            if (j % c.k == 0 && !fc_dct_rank_ok(fc_dct_rank_at(body, c.rbits, j / c.k), c.B, c.k))
+                fc_cu_reject(d.ws, d.ws->bad, r, FC_PAYLOAD_INDEX, unit, step);
+        } else if (j % c.k != 0 && dct_index(body, c.wbits, j) <= dct_index(body, c.wbits, j - 1)) {
             fc_cu_reject(d.ws, d.ws->bad, r, FC_PAYLOAD_INDEX, unit, step);
+        }
         int bad = 0;
-        (void)c.vc.term(body + fc_dct_index_bytes(K, c.B), K, j, 1.0f, &bad);
+        (void)c.vc.term(body + fc_dct_index_bytes(K / c.k, c.B, c.k), K, j, 1.0f, &bad);
         if (bad)
             fc_cu_reject(d.ws, d.ws->bad, r, FC_PAYLOAD_CODES, unit, step);
     }
@@ -319,10 +366,12 @@ __global__ void __launch_bounds__(DCT_THREADS) dct_decode_blocks(fc_cu_dec d, dc
                 if (d.geo.skip_own && r == d.geo.rank)
                     continue;
                 const uint8_t *body = dct_body(d, r);
-                for (int j = 0; j < c.k; j++) {
-                    const int64_t jj = b * c.k + j;
+                dct_positions pos(body, c, b); // each position once: the order of the adds is free
+                for (int q = 0; q < c.k; q++) {
+                    int j;
+                    const uint32_t at_j = pos.next(&j);
                     int bad = 0;
-                    t[dct_index(body, c.wbits, jj)] += 0.0f + c.vc.term(body + sp.ib, sp.K, jj, 1.0f, &bad);
+                    t[at_j] += 0.0f + c.vc.term(body + sp.ib, sp.K, b * c.k + j, 1.0f, &bad);
                 }
             }
             fc_dct_inverse(t, u, c.B, f);
@@ -364,10 +413,12 @@ __global__ void __launch_bounds__(DCT_THREADS) dct_add(fc_cu_dec d, dct_cfg c, d
         }
         for (int i = 0; i < c.B; i++)
             t[i] = 0.0f;
-        for (int j = 0; j < c.k; j++) {
-            const int64_t jj = b * c.k + j;
+        dct_positions pos(body, c, b);
+        for (int q = 0; q < c.k; q++) {
+            int j;
+            const uint32_t at_j = pos.next(&j);
             int bad = 0;
-            t[dct_index(body, c.wbits, jj)] = 0.0f + c.vc.term(body + sp.ib, sp.K, jj, d.alpha, &bad);
+            t[at_j] = 0.0f + c.vc.term(body + sp.ib, sp.K, b * c.k + j, d.alpha, &bad);
         }
         fc_dct_inverse(t, u, c.B, f);
         for (int64_t i = 0; i < len; i++)

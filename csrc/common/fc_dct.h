@@ -2,7 +2,7 @@
  * method (m_dct.c) and the CUDA kernels (cuda/fc_cu_dct.cu) alike, so both write the same bytes:
  * the orthonormal DCT-II of a block and its inverse (a fast transform: Lee's factorisation,
  * B/2 log2 B multiplies, not a B x B product), the factors it uses, the pick of the k largest
- * coefficients and the index coding.
+ * coefficients and the index bytes (the coding itself: fc_dct_rank.h).
  *
  * Why the factors are computed, not read from libm: cos() of the host's libm and the device's
  * may differ in the last bit, and one differing factor changes every payload byte after it. A
@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include "common/fc_hostdev.h"
 #include "common/fc_pack.h"
+#include "common/fc_dct_rank.h" /* the index coding */
 #include "common/fc_quant.h" /* fc_abs_bits, fc_f32_bits, FC_MAX_BITS, fc_canon_nan */
 
 #define FC_DCT_MAX_BLOCK 256 /* the kernels keep a block in registers/local memory */
@@ -252,11 +253,14 @@ FC_HOSTDEV int fc_dct_index_bits(int B)
     return w;
 }
 
-/* Bytes of the indices of K kept coefficients: fc_pack.h's groups of 8, padded to 4 bytes so
- * the values that follow start aligned. */
-FC_HOSTDEV int64_t fc_dct_index_bytes(int64_t K, int B)
+/* Bytes of the positions of nb blocks of k kept coefficients: one rank per block where
+ * fc_dct_rank.h's rule allows, else log2(B)-bit indices; either in fc_pack.h's groups of 8
+ * (blocks or indices), padded to 4 bytes so the values that follow start aligned. */
+FC_HOSTDEV int64_t fc_dct_index_bytes(int64_t nb, int B, int k)
 {
-    return (fc_pack_bytes(K, fc_dct_index_bits(B)) + 3) / 4 * 4;
+    const int64_t bytes = fc_dct_ranked(B, k) ? fc_pack_bytes(nb, fc_dct_rank_bits(B, k))
+                                              : fc_pack_bytes(nb * k, fc_dct_index_bits(B));
+    return (bytes + 3) / 4 * 4;
 }
 
 /* Blocks of B elements covering n (the last one zero-padded). */

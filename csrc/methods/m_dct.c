@@ -1,8 +1,9 @@
 /* m_dct.c: `dct`, DeMo's transform codec (Peng, Quesnelle, Kingma 2024, arXiv 2411.19870) as a
  * chunk codec: the chunk is cut into blocks of `block` elements (the last one zero-padded), each
  * block goes through the orthonormal DCT-II, and the k coefficients of largest magnitude of each
- * block travel. Body: the indices (log2(block) bits each, fc_dct.h), then the nblocks * k values
- * through the value codec (`quantize`, as the sparsifiers' hybrids; intN's width `value_bits`).
+ * block travel. Body: the positions (one rank per block among the C(block, k) subsets, or
+ * log2(block) bits each where that does not fit 64 bits: fc_dct_rank.h), then the nblocks * k
+ * values through the value codec (`quantize`, as the sparsifiers' hybrids; intN's width `value_bits`).
  *
  * The receivers sum the coefficients of every sender in the coefficient domain (the transform is
  * linear) and invert each block once. With error feedback the residual is what the transform
@@ -16,7 +17,8 @@
 
 static const fc_key dct_keys[] = {
     /* the defaults: the best >= 32x config measured with AdamW (docs/methods.md, "32x with
-     * AdamW"): 12 of 128 coefficients in 3 bits, 33.7x */
+     * AdamW"): 12 of 128 coefficients in 3 bits, 44.3x (33.7x before the positions went as
+     * ranks: fc_dct_rank.h) */
     FC_INT(fc_dct_cfg, block, 128, 8, FC_DCT_MAX_BLOCK, FC_KEY_POW2,
            "elements per transform; a power of two"),
     FC_INT(fc_dct_cfg, k, 12, 1, FC_DCT_MAX_BLOCK, 0, "coefficients kept per block"),
@@ -71,7 +73,7 @@ static void dct_layout(const fc_chunk *c, fc_layout *out)
     const fc_dct_cfg *cfg = (const fc_dct_cfg *)c->cfg;
     const int64_t K = dct_kept(c);
     fc_vcodec_layout(&cfg->vc, c, K, out);
-    out->index_bytes = fc_dct_index_bytes(K, (int)cfg->block);
+    out->index_bytes = fc_dct_index_bytes(fc_dct_blocks(c->n, (int)cfg->block), (int)cfg->block, (int)cfg->k);
     out->kept = K < c->n ? K : c->n;
 }
 
@@ -151,12 +153,22 @@ static int dct_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layou
     int64_t sat = 0;
     for (int64_t b0 = 0; b0 < nb; b0 += LANES)
         encode_group(x, n, B, k, b0, &w, &sat);
-    const int64_t ib = fc_dct_index_bytes(K, B);
+    const int64_t ib = fc_dct_index_bytes(nb, B, k);
     memset(body, 0, (size_t)ib);
-    for (int64_t g = 0; g < K; g += 8) {
-        uint32_t codes[8] = {0};
-        memcpy(codes, w.idx + g, (size_t)(K - g < 8 ? K - g : 8) * 4);
-        fc_pack8(codes, wbits, body + g / 8 * wbits);
+    if (fc_dct_ranked(B, k)) {
+        const int rbits = fc_dct_rank_bits(B, k);
+        for (int64_t g = 0; g < nb; g += 8) {
+            uint64_t ranks[8] = {0}; /* past the last block: zero, as the CUDA pack writes */
+            for (int64_t b = g; b < nb && b < g + 8; b++)
+                ranks[b - g] = fc_dct_rank(w.idx + b * k, k);
+            fc_dct_pack_ranks8(ranks, rbits, body + g / 8 * rbits);
+        }
+    } else {
+        for (int64_t g = 0; g < K; g += 8) {
+            uint32_t codes[8] = {0};
+            memcpy(codes, w.idx + g, (size_t)(K - g < 8 ? K - g : 8) * 4);
+            fc_pack8(codes, wbits, body + g / 8 * wbits);
+        }
     }
     int rc = fc_vcodec_encode(&cfg->vc, c, w.vals, K, body + ib, &sat, err);
     dct_layout(c, used);
@@ -164,13 +176,33 @@ static int dct_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layou
     return rc;
 }
 
-/* The K indices of a body, checked: within a block strictly ascending (each fits its block by
- * its width). */
+/* The K indices of a body from one rank per block, each checked below C(B, k) first (a larger
+ * one names no subset; the unranking would still stay in the block, fc_dct_rank.h). */
+static int read_ranks(const fc_chunk *c, const uint8_t *body, uint32_t *idx, fc_err *err)
+{
+    const fc_dct_cfg *cfg = (const fc_dct_cfg *)c->cfg;
+    const int B = (int)cfg->block, k = (int)cfg->k, rbits = fc_dct_rank_bits(B, k);
+    const int64_t nb = fc_dct_blocks(c->n, B);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint64_t r = fc_dct_rank_at(body, rbits, b);
+        if (!fc_dct_rank_ok(r, B, k))
+            return fc_fail(err, FC_ERR_PAYLOAD, "dct payload: block %lld's position rank %llu is not "
+                           "below C(%d, %d) = %llu (corrupted)", (long long)b, (unsigned long long)r, B, k,
+                           (unsigned long long)fc_binom(B, k));
+        fc_dct_unrank(r, B, k, idx + b * k);
+    }
+    return FC_OK;
+}
+
+/* The K indices of a body, checked: ranks (read_ranks), or plain indices within a block
+ * strictly ascending (each fits its block by its width). */
 static int read_indices(const fc_chunk *c, const uint8_t *body, uint32_t *idx, fc_err *err)
 {
     const fc_dct_cfg *cfg = (const fc_dct_cfg *)c->cfg;
     const int B = (int)cfg->block, k = (int)cfg->k, wbits = fc_dct_index_bits(B);
     const int64_t K = dct_kept(c);
+    if (fc_dct_ranked(B, k))
+        return read_ranks(c, body, idx, err);
     for (int64_t g = 0; g < K; g += 8) {
         uint32_t codes[8];
         fc_unpack8(body + g / 8 * wbits, wbits, codes);
@@ -192,7 +224,7 @@ static int read_body(const fc_chunk *c, const uint8_t *body, float alpha, dct_wo
     if (rc != FC_OK)
         return rc;
     memset(w->vals, 0, (size_t)K * 4);
-    return fc_vcodec_decode_add(&cfg->vc, c, body + fc_dct_index_bytes(K, (int)cfg->block), K,
+    return fc_vcodec_decode_add(&cfg->vc, c, body + fc_dct_index_bytes(fc_dct_blocks(c->n, (int)cfg->block), (int)cfg->block, (int)cfg->k), K,
                                 alpha, w->vals, err);
 }
 
@@ -280,8 +312,9 @@ const fc_method fc_method_dct = {
      * (+16-70% against +2-4% without; docs/methods.md); random only through a stochastic
      * value codec */
     .flags = FC_RANDOM,
-    .summary = "DeMo's transform codec: block DCT-II, the k largest coefficients per block; indices "
-               "(log2 block bits) + values (intN 3-bit default, fp32/fp16/int8/qsgd/nc)",
+    .summary = "DeMo's transform codec: block DCT-II, the k largest coefficients per block; positions "
+               "(one rank of the C(block, k) subsets per block where it fits 64 bits, else log2 block bits "
+               "each) + values (intN 3-bit default, fp32/fp16/int8/qsgd/nc)",
     .cfg_size = sizeof(fc_dct_cfg),
     .keys = dct_keys,
     .check = dct_check,

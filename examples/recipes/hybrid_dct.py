@@ -1,6 +1,6 @@
 """Recipe: the hybrid shape for slow links between nodes (FlexDeMo's, arXiv 2502.06728): FSDP2
 shards inside a node with torch's own exact reduce-scatter, and the mean across nodes (the
-replica all-reduce) goes through the `dct` codec (33.7x fewer bytes). docs/recipes.md;
+replica all-reduce) goes through the `dct` codec (44.3x fewer bytes). docs/recipes.md;
 tested by tests/distributed/test_recipes.py.
 
     torchrun --nproc_per_node=4 examples/recipes/hybrid_dct.py     # 2 "nodes" of 2 ranks

@@ -91,9 +91,13 @@ def expected_body(method, cfg, n, x=None):
         return cdiv(n, 8) + (4 * cdiv(n, c["block_size"]) if c["mode"] == "scaled" else 0)
     if method == "onebit":
         return cdiv(n, 8) + 8 * cdiv(n, c["block_size"])
-    if method == "dct":  # log2(block)-bit indices in groups of 8, padded to 4; then the values
-        K = cdiv(n, c["block"]) * c["k"]
-        idx = cdiv(cdiv(K, 8) * int(math.log2(c["block"])), 4) * 4
+    if method == "dct":  # positions in groups of 8, padded to 4; then the values
+        B, k = c["block"], c["k"]
+        nb, K = cdiv(n, B), cdiv(n, B) * k
+        if 2 * k <= B and math.comb(B, k) < 2**64 - 1:  # one rank per block, of the C(B, k) subsets
+            idx = cdiv(cdiv(nb, 8) * (math.comb(B, k) - 1).bit_length(), 4) * 4
+        else:  # log2(B) bits per index
+            idx = cdiv(cdiv(K, 8) * int(math.log2(B)), 4) * 4
         if c["quantize"] == "intN":  # value_bits 0: 3 bits
             return idx + (c["value_bits"] or 3) * cdiv(K, 8) + 4 * cdiv(K, 256)
         return idx + value_bytes(c["quantize"], K)

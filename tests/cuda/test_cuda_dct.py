@@ -19,7 +19,8 @@ skip_without_device()
 
 BACKEND = OnDevice()
 
-# the smallest and largest blocks, k = block (every coefficient), k = 1, and each value codec;
+# the smallest and largest blocks, k = block (every coefficient), k = 1, each value codec, and
+# positions as ranks and as plain indices;
 # fp32 values at half of each block of 8: three senders often keep one coefficient, and their sum
 # shows the rank order (fp16's values sum exactly in fp32 in any order)
 DCT = [
@@ -27,6 +28,10 @@ DCT = [
     ("dct", {"block": 8, "k": 4, "quantize": "none"}),
     ("dct", {"block": 256, "k": 5, "quantize": "qsgd"}), ("dct", {"block": 16, "k": 3, "quantize": "nc"}),
     ("dct", {"block": 128, "k": 7, "quantize": "intN"}), ("dct", {"block": 64, "k": 2, "quantize": "fp16"}),
+    # the index coding's edges (csrc/common/fc_dct_rank.h): the widest rank (61 bits), plain
+    # indices past 64 bits, and past block / 2 (k = 8 of 8 above is one too)
+    ("dct", {"block": 64, "k": 32, "quantize": "none"}), ("dct", {"block": 256, "k": 12, "quantize": "none"}),
+    ("dct", {"block": 32, "k": 17, "quantize": "int8"}),
 ]
 IDS = [m + "".join(f"-{k}={v}" for k, v in c.items()) for m, c in DCT]
 
@@ -86,11 +91,14 @@ def corrupt_decode(cfg: dict, n: int, edit) -> None:
 
 
 def test_dct_payloads_that_the_cpu_rejects_are_rejected():
-    # the first group of 6-bit indices zeroed: block 0's second index is not above its first
-    corrupt_decode({}, 1000, lambda p: p.__setitem__(slice(32, 38), 0))
+    # block 0's 55-bit rank all ones: not below C(128, 12) ~ 2^54.4
+    corrupt_decode({}, 1000, lambda p: p.__setitem__(slice(32, 39), 0xFF))
+    # plain indices (k > block / 2): the first group of 6-bit indices zeroed, block 0's second
+    # index is not above its first
+    corrupt_decode({"block": 64, "k": 40, "quantize": "none"}, 1000, lambda p: p.__setitem__(slice(32, 38), 0))
     # a value code no encoder writes (intN's default 4-bit codes stop at 14): 1000 elements keep
-    # 32 coefficients, 24 bytes of indices
-    corrupt_decode({"quantize": "intN"}, 1000, lambda p: p.__setitem__(32 + 24 + 4, 0xFF))
+    # 8 blocks of 12 coefficients, 56 bytes of ranks (8 of 55 bits)
+    corrupt_decode({"quantize": "intN"}, 1000, lambda p: p.__setitem__(32 + 56 + 4, 0xFF))
 
 
 # ---- ef_decay: the cast, block-codec (tile), sparse and transform kernels' loads of g'
