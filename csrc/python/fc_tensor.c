@@ -174,6 +174,21 @@ static int is_neg_view(PyObject *obj)
 static int view_get(PyObject *obj, const char *arg, unsigned dtypes, int own, fc_view *v,
                     fc_err *err);
 
+/* A DLPack dtype as torch names it (float64, int32, uint8, bool, complex64): what the user
+ * passed, in the words they know; the raw triple only for what has no such name. */
+static void dlpack_dtype_text(DLDataType d, char *buf, size_t cap)
+{
+    static const char *const kinds[] = {"int", "uint", "float", NULL, "bfloat", "complex", "bool"};
+    const char *kind = d.code < sizeof(kinds) / sizeof(kinds[0]) ? kinds[d.code] : NULL;
+    if (kind != NULL && d.lanes == 1 && d.code == 6)
+        snprintf(buf, cap, "bool");
+    else if (kind != NULL && d.lanes == 1)
+        snprintf(buf, cap, "%s%u", kind, (unsigned)d.bits);
+    else
+        snprintf(buf, cap, "DLPack dtype (code %u, %u bits, %u lanes)", (unsigned)d.code,
+                 (unsigned)d.bits, (unsigned)d.lanes);
+}
+
 int fc_view_get(PyObject *obj, const char *arg, unsigned dtypes, fc_view *v, fc_err *err)
 {
     return view_get(obj, arg, dtypes, 0, v, err);
@@ -208,9 +223,9 @@ static int view_get(PyObject *obj, const char *arg, unsigned dtypes, int own, fc
         char want[96];
         dtypes_text(dtypes, want, sizeof(want));
         fc_view_release(v);
-        return fc_fail(err, FC_ERR_TYPE, "%s must be %s, got DLPack dtype (code %u, %u bits, %u lanes)%s%s",
-                       arg, want, t.dtype.code, t.dtype.bits, t.dtype.lanes,
-                       dt >= 0 ? " = " : "", dt >= 0 ? fc_dtype_name(dt) : "");
+        char got[64];
+        dlpack_dtype_text(t.dtype, got, sizeof(got));
+        return fc_fail(err, FC_ERR_TYPE, "%s must be %s, got %s", arg, want, got);
     }
     int64_t numel = 1, expect = 1;
     int contiguous = 1;

@@ -66,6 +66,17 @@ def test_a_load_that_does_not_fit_is_refused_by_name_and_changes_nothing(change,
     assert _same(_summary(s), before)
 
 
+def test_a_residual_of_another_dtype_is_refused_by_torchs_name_for_it():
+    """The message names the dtype as the user knows it (float64), not DLPack's code triple."""
+    s = _ran(seed=1)
+    before = _summary(s)
+    sd = _ran(seed=2).state_dict()
+    own(sd).residuals["scatter"][0] = own(sd).residuals["scatter"][0].double()
+    with pytest.raises(TypeError, match=r"residuals\['scatter'\]\[0\] must be float32, got float64$"):
+        s.load_state_dict(sd)
+    assert _same(_summary(s), before)
+
+
 def test_a_fresh_state_meets_other_units_at_its_first_call():
     s = fsdpcomp.CommState("int8", CFG)
     s.load_state_dict(_ran(256).state_dict())
