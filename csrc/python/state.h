@@ -127,6 +127,7 @@ typedef struct {
     fc_view r, w;
     fc_buf *buf;
     int packed;
+    int in_place; /* packed, and read and packed in place by the backend: no workspace */
 } fc_res_hold;
 
 /* The dtype a State keeps residuals in (FC_F32, FC_BF16, or FC_U8: packed, fc_res8.h). */
@@ -139,6 +140,11 @@ int fc_state_residual(StateObject *self, uint32_t unit, int slot, PyObject *grad
                       fc_res_hold *h, fc_err *err);
 /* A caller's residual (compress()): fp32 of x's numel, or packed uint8 of fc_res8_bytes(numel). */
 int fc_res_adopt(PyObject *res, const fc_view *x, fc_res_hold *h, fc_err *err);
+/* Whether x's backend reads and packs h's 8-bit residual where it lies (the CPU: fc_res8.c,
+ * no unit-sized copy; a device's is unpacked into the workspace around the call): then sets the
+ * core's rounding key for (unit, salt), and fc_res_workspace/unpack/pack do nothing. */
+int fc_res_in_place(StateObject *self, const fc_exec *x, fc_res_hold *h, uint32_t unit,
+                    uint32_t salt);
 /* For an 8-bit residual, the fp32 workspace of its numel (the State's one, made through the
  * allocator when it first needs it or grows): h->buf then points at it. Holds the GIL; fc_res_unpack fills it. */
 int fc_res_workspace(StateObject *self, PyObject *grad, int64_t numel, fc_res_hold *h,

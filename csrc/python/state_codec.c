@@ -117,6 +117,8 @@ PyObject *fc_state_encode(StateObject *self, PyObject *args)
     const fc_prep p = {FC_PREP_ENCODE, &e.g.buf, NULL, NULL, world, rank, (uint32_t)unit, 0};
     if (fc_state_exec(self, grad, &e.g, &p, &k, &x, &err) != FC_OK)
         goto error;
+    if (e.use_ef)
+        (void)fc_res_in_place(self, &x, &e.r, (uint32_t)unit, FC_RES8_SALT_SCATTER);
     if (e.use_ef && fc_res_workspace(self, grad, e.g.buf.numel, &e.r, &err) != FC_OK)
         goto error;
     Py_CLEAR(self->part_ws); /* an open per-peer call is dropped, as the core drops it */
@@ -256,7 +258,9 @@ PyObject *fc_state_encode_part(StateObject *self, PyObject *args)
         fc_check_cpu(&e.g, "grad", &err))
         goto error;
     const fc_exec x = {&fc_backend_cpu, NULL};
-    const int packed = e.use_ef && e.r.packed;
+    /* the host packs an 8-bit residual in place: no workspace is held between the parts */
+    const int packed = e.use_ef && e.r.packed &&
+                       !fc_res_in_place(self, &x, &e.r, (uint32_t)unit, FC_RES8_SALT_SCATTER);
     /* an 8-bit residual stays unpacked in part_ws from the call's first part to its last */
     const int opens = fc_drive_part_opens(&self->core, (uint32_t)unit, world, rank, e.g.buf.numel);
     if (packed && opens && fc_res_workspace(self, grad, e.g.buf.numel, &e.r, &err) != FC_OK)

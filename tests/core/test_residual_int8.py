@@ -241,7 +241,10 @@ def test_powersgd_keeps_its_error_packed(gen):
     assert torch.equal(out_a, out_b)
 
 
-def test_scratch_bytes_count_the_core_buffers_and_the_unpacked_workspace(gen):
+def test_scratch_bytes_hold_no_unpacked_workspace_on_the_cpu(gen):
+    """The CPU reads and packs an 8-bit residual in place: no unit-sized fp32 workspace beside
+    the core's buffers (only a carry of straddling blocks, 0 here: the pieces of 4096 of a
+    single rank start at multiples of 64)."""
     n = 70001
     got = {}
     for dt in ("fp32", "int8"):
@@ -249,4 +252,4 @@ def test_scratch_bytes_count_the_core_buffers_and_the_unpacked_workspace(gen):
         st.reduce_scatter(torch.randn(n, generator=gen), torch.empty(n))
         got[dt] = st.counters()["scratch_bytes"]
     assert got["fp32"] >= 4 * n  # at least g' of the chunk in fp32
-    assert got["int8"] - got["fp32"] == 4 * n  # the fp32 workspace of the packed residual
+    assert got["int8"] == got["fp32"]
