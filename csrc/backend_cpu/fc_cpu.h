@@ -57,6 +57,9 @@ void fc_cpu_res_add(const fc_buf *r, int64_t off, int64_t n, float d, float *dst
 int fc_cpu_update_residual(fc_core *s, const fc_method *m, const fc_chunk *c, const uint8_t *p,
                            const fc_buf *grad, fc_buf *res, int64_t start, int dots,
                            double *e_sq, double *x_sq, double *x_dot_e, fc_err *err);
+/* g' of element k as the encode's load made it: g (+ d e), NaN/Inf fixed (fc_gprime_fix, not
+ * counted); res NULL: no residual. The rare paths read it again from the untouched inputs. */
+float fc_cpu_gprime_at(const fc_core *s, const fc_buf *grad, const fc_buf *res, int64_t k);
 /* x[0..n) = the fp32 values of src[off..off + n) (fp32, bf16 or fp16). */
 void fc_cpu_load_f32(const void *src, int dt, int64_t off, int64_t n, float *dst);
 /* The body bytes a payload's header says. */

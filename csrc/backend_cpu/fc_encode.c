@@ -189,26 +189,22 @@ int64_t fc_cpu_body_bytes(const uint8_t *p)
 }
 
 /* Without error feedback: decode into scratch and compare, on the sampled calls only. The
- * decode goes to s->x where g' was read in place from the gradient (the common case: s->x is
- * then free), else into s->acc (a decode's accumulator, free within an encode call), grown for
- * it. */
+ * decode goes to s->x: where g' was read in place from the gradient (the common case) s->x is
+ * free; where s->x holds a copy (a bf16/fp16 gradient, a NaN/Inf fixed), that copy is a pure
+ * function of the gradient (load_chunk's rules, no residual), so each g' is read again from
+ * the gradient beside the decode instead of keeping a second chunk-sized buffer. */
 static int sample_error(fc_core *s, const fc_method *m, const fc_chunk *c, const float *xs,
-                        const uint8_t *p, fc_err *err)
+                        const uint8_t *p, const fc_buf *grad, int64_t start, fc_err *err)
 {
+    const int again = xs == s->x;
     float *dec = s->x;
-    if (xs == s->x) {
-        int rc = fc_core_grow_f32(&s->acc, &s->acc_cap, c->n, err);
-        if (rc != FC_OK)
-            return rc;
-        dec = s->acc;
-    }
     memset(dec, 0, (size_t)c->n * 4);
     int rc = m->decode_add(c, p + FC_HEADER_BYTES, fc_cpu_body_bytes(p), 1.0f, dec, err);
     if (rc != FC_OK)
         return rc;
     double dd = 0, xx = 0, xd = 0, ee = 0;
     for (int64_t i = 0; i < c->n; i++) {
-        double x = xs[i], d = dec[i];
+        double x = again ? fc_cpu_gprime_at(s, grad, NULL, start + i) : xs[i], d = dec[i];
         xx += x * x;
         dd += d * d;
         xd += x * d;
@@ -328,7 +324,7 @@ static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci
         }
     } else if (e->sample && fc_sample_picks(e->sampled, passed)) {
         /* "zero" mode's chunk is finite now */
-        FC_TRY(sample_error(s, wm, &c, x, p, err));
+        FC_TRY(sample_error(s, wm, &c, x, p, grad, start, err));
         e->sampled = 1;
     }
     return FC_OK;

@@ -115,7 +115,7 @@ static int store_residual(fc_core *s, fc_buf *res, int64_t start, const float *e
 
 /* g' of element k as load_chunk made it: g + d e, NaN/Inf fixed by fc_gprime_fix (no count: the
  * load counted them). The residual's rare path reads it again where the decode overwrote it. */
-static float gprime_at(const fc_core *s, const fc_buf *grad, const fc_buf *res, int64_t k)
+float fc_cpu_gprime_at(const fc_core *s, const fc_buf *grad, const fc_buf *res, int64_t k)
 {
     const float g = fc_core_elem_f32(grad->data, grad->dtype, k);
     const float e = res == NULL ? 0.0f : fc_core_ef_decay(s) * fc_cpu_res_at(res, k);
@@ -145,7 +145,7 @@ static int fix_residual(fc_core *s, const fc_method *m, const fc_chunk *c, const
         return rc;
     for (int64_t i = from; i < c->n; i++)
         if (!(fc_abs_bits(e[i]) < FC_INF_BITS))
-            e[i] = fc_residual_nonfinite(gprime_at(s, grad, res, start + i), -d[i], e[i], sat);
+            e[i] = fc_residual_nonfinite(fc_cpu_gprime_at(s, grad, res, start + i), -d[i], e[i], sat);
     return FC_OK;
 }
 
