@@ -14,8 +14,7 @@ static int ef_res8(fc_core *s, int op, fc_buf *xb, const fc_buf *ref, fc_buf *re
     for (int64_t lo = 0; lo < xb->numel; lo += 64) {
         const int64_t len = xb->numel - lo < 64 ? xb->numel - lo : 64;
         if (op == FC_EF_ADD) {
-            for (int64_t i = 0; i < len; i++)
-                e[i] = fc_cpu_res8_at(res, lo + i);
+            fc_cpu_res8_values(res, lo, len, e);
             for (int64_t i = 0; i < len; i++)
                 v[lo + i] = fc_ef_add(v[lo + i], e[i], fc_core_ef_decay(s),
                                       s->common.nonfinite == FC_NONFINITE_ZERO, &bad, &sat);

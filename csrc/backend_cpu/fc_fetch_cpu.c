@@ -46,8 +46,7 @@ static void take_res8(fc_core *s, const uint32_t *all_picks, int64_t kmax, fc_bu
     fc_chunk_span(N, world, 0, &start, &len);
     for (int64_t lo = 0; lo < N; lo += FC_RES8_BLOCK) {
         const int64_t hi = N - lo < FC_RES8_BLOCK ? N : lo + FC_RES8_BLOCK;
-        for (int64_t i = lo; i < hi; i++)
-            v[i - lo] = fc_cpu_res8_at(residual, i);
+        fc_cpu_res8_values(residual, lo, hi - lo, v);
         for (;;) { /* the picks that fall in [lo, hi) */
             while (c < world && j >= send_splits[c]) {
                 if (++c < world)

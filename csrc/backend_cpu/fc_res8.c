@@ -81,10 +81,15 @@ int fc_cpu_res8_unpack(fc_core *s, const fc_exec *x, const fc_buf *packed, fc_bu
 
 /* ---------------------------------------------------------------- in place */
 
+void fc_cpu_res8_values(const fc_buf *r, int64_t start, int64_t len, float *v)
+{
+    unpack_range((const uint8_t *)r->data, fc_res8_numel(r->numel), start, len, v);
+}
+
 float fc_cpu_res8_at(const fc_buf *r, int64_t i)
 {
     float v;
-    unpack_range((const uint8_t *)r->data, fc_res8_numel(r->numel), i, 1, &v);
+    fc_cpu_res8_values(r, i, 1, &v);
     return v;
 }
 

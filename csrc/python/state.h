@@ -43,8 +43,7 @@ typedef struct {
     PyObject *cuda_extra; /* dict of device tensors for the sparse/stateful methods (state_cuda.c) */
     int emulate_cuda;     /* tests only: CPU tensors take the CUDA path (tests/cuda_emu's library) */
     fc_cuda_host cuda_host; /* what the CUDA backend asks of the State (its records freed here) */
-    PyObject *part_ws;    /* the open per-peer call's unpacked 8-bit residual (state_residual.c) */
-    PyObject *res_ws;     /* an 8-bit residual's fp32 workspace, reused by every call (state_residual.c) */
+    PyObject *res_ws;     /* a device's 8-bit residual's fp32 workspace, reused by every call (state_residual.c) */
     int64_t res_ws_peak;  /* bytes of the largest such workspace: counted in scratch_bytes */
 } StateObject;
 

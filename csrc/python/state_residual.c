@@ -129,11 +129,11 @@ int fc_res_adopt(PyObject *res, const fc_view *x, fc_res_hold *h, fc_err *err)
 }
 
 /* The cached workspace (self->res_ws) when it can serve h: on h's residual's device, at least
- * numel long, and not held by an open per-peer call (part_ws: unpacked values it still needs). */
+ * numel long. */
 static int workspace_fits(const StateObject *self, const fc_res_hold *h, int64_t numel, fc_view *w,
                           fc_err *err)
 {
-    if (self->res_ws == NULL || self->res_ws == self->part_ws)
+    if (self->res_ws == NULL)
         return 0;
     if (fc_view_get_own(self->res_ws, "residual workspace", FC_DT_F32, w, err) != FC_OK)
         return -1;
@@ -176,11 +176,9 @@ int fc_res_workspace(StateObject *self, PyObject *grad, int64_t numel, fc_res_ho
             return fc_fail(err, FC_ERR_PYTHON, "");
         if (fc_view_get_own(h->ws, "residual workspace", FC_DT_F32, &h->w, err) != FC_OK)
             return err->code;
-        if (self->res_ws != self->part_ws || self->res_ws == NULL) { /* an open call's stays its own */
-            PyObject *old = self->res_ws;
-            self->res_ws = Py_NewRef(h->ws);
-            Py_XDECREF(old);
-        }
+        PyObject *old = self->res_ws; /* Py_XSETREF's order, outside the limited API */
+        self->res_ws = Py_NewRef(h->ws);
+        Py_XDECREF(old);
         if (4 * numel > self->res_ws_peak)
             self->res_ws_peak = 4 * numel;
     }
