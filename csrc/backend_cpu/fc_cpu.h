@@ -37,7 +37,7 @@ int fc_cpu_res8_pack(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *pack
 int fc_cpu_res8_unpack(fc_core *s, const fc_exec *x, const fc_buf *packed, fc_buf *e, fc_err *err);
 /* An 8-bit residual (an FC_U8 buffer of fc_res8_bytes(n) bytes) read and written in place,
  * without a unit-sized fp32 copy (fc_res8.c): element i's value, or those of [start, start +
- * len) into v; dst[i] += d * e[start + i];
+ * len) into v; dst[i] += d * e[start + i]; x = g + d e (an fp32 chunk g) counting NaN/Inf;
  * new values of [start, start + len) packed with s->res8_key as their blocks fill (a block cut
  * by a part boundary staged in s->carry meanwhile); a range rounded again unchanged (a chunk
  * the call does not encode). fc_cpu_res8_open sizes and clears the carry for a call that stages
@@ -45,6 +45,8 @@ int fc_cpu_res8_unpack(fc_core *s, const fc_exec *x, const fc_buf *packed, fc_bu
 float fc_cpu_res8_at(const fc_buf *r, int64_t i);
 void fc_cpu_res8_values(const fc_buf *r, int64_t start, int64_t len, float *v);
 void fc_cpu_res8_add(const fc_buf *r, int64_t start, int64_t len, float d, float *dst);
+int64_t fc_cpu_res8_load_sum(const float *g, const fc_buf *r, int64_t start, int64_t len, float d,
+                             float *x);
 int fc_cpu_res8_store(fc_core *s, fc_buf *r, int64_t start, int64_t len, const float *e,
                       fc_err *err);
 int fc_cpu_res8_keep(fc_core *s, fc_buf *r, int64_t start, int64_t len, fc_err *err);

@@ -115,6 +115,9 @@ static const float *load_chunk(fc_core *s, const fc_buf *grad, const fc_buf *res
     if (res != NULL && grad->dtype == FC_F32 && res->dtype == FC_F32) {
         nf = load_sum_f32((const float *)grad->data + start, (const float *)res->data + start, n,
                           fc_core_ef_decay(s), x);
+    } else if (res != NULL && grad->dtype == FC_F32 && res->dtype == FC_U8) {
+        nf = fc_cpu_res8_load_sum((const float *)grad->data + start, res, start, n,
+                                  fc_core_ef_decay(s), x);
     } else {
         fc_cpu_load_f32(grad->data, grad->dtype, start, n, x);
         if (res != NULL)

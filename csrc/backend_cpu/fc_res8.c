@@ -51,13 +51,19 @@ FC_CLONES static void pack_host(const float *e, int64_t n, uint8_t *dst, uint32_
         pack_block(dst, n, b, e + b * FC_RES8_BLOCK, key);
 }
 
-/* Values [start, start + len) of a packed residual of n values into e. */
+/* Values [start, start + len) of a packed residual of n values into e, a block's scale at a
+ * time. */
 static void unpack_range(const uint8_t *src, int64_t n, int64_t start, int64_t len, float *e)
 {
     const float *scales = (const float *)src;
     const int8_t *codes = (const int8_t *)(src + 4 * fc_res8_blocks(n));
-    for (int64_t i = 0; i < len; i++)
-        e[i] = fc_res8_value(codes[start + i], scales[(start + i) / FC_RES8_BLOCK]);
+    for (int64_t k = start; k < start + len;) {
+        const int64_t b = k / FC_RES8_BLOCK, hi = (b + 1) * FC_RES8_BLOCK;
+        const int64_t end = hi < start + len ? hi : start + len;
+        const float scale = scales[b];
+        for (; k < end; k++)
+            e[k - start] = fc_res8_value(codes[k], scale);
+    }
 }
 
 int fc_cpu_res8_pack(fc_core *s, const fc_exec *x, const fc_buf *e, fc_buf *packed, uint32_t key,
@@ -93,6 +99,28 @@ float fc_cpu_res8_at(const fc_buf *r, int64_t i)
     return v;
 }
 
+/* x[i] = g[i] + d * e[start + i] (g: fp32, start's chunk), counting the non-finite results:
+ * load_sum_f32's float operations on the values an unpack would make, in one pass. */
+FC_CLONES int64_t fc_cpu_res8_load_sum(const float *g, const fc_buf *r, int64_t start, int64_t len,
+                                       float d, float *x)
+{
+    const int64_t n = fc_res8_numel(r->numel);
+    const float *scales = (const float *)r->data;
+    const int8_t *codes = codes_of((uint8_t *)r->data, n);
+    int64_t bad = 0;
+    for (int64_t k = start; k < start + len;) {
+        const int64_t b = k / FC_RES8_BLOCK, hi = (b + 1) * FC_RES8_BLOCK;
+        const int64_t end = hi < start + len ? hi : start + len;
+        const float scale = scales[b];
+        for (; k < end; k++) {
+            const float v = g[k - start] + d * fc_res8_value(codes[k], scale);
+            x[k - start] = v;
+            bad += !(fc_abs_bits(v) < FC_INF_BITS);
+        }
+    }
+    return bad;
+}
+
 /* dst[i] += d * e[start + i]: add_f32's float operations on the values an unpack would make. */
 FC_CLONES void fc_cpu_res8_add(const fc_buf *r, int64_t start, int64_t len, float d, float *dst)
 {
@@ -110,7 +138,7 @@ FC_CLONES void fc_cpu_res8_add(const fc_buf *r, int64_t start, int64_t len, floa
 
 /* `len` new values of block b from its element `off` on: into the block's carry slot (taken at
  * its first values), packed from there once the block has all of them. */
-static int stage(fc_core *s, uint8_t *p, int64_t n, int64_t b, int64_t off, const float *v,
+FC_CLONES static int stage(fc_core *s, uint8_t *p, int64_t n, int64_t b, int64_t off, const float *v,
                  int64_t len, fc_err *err)
 {
     fc_res8_slot *slot = NULL;
@@ -138,8 +166,9 @@ static int stage(fc_core *s, uint8_t *p, int64_t n, int64_t b, int64_t off, cons
 
 /* e (the new values of [start, start + len)) into the packed residual: whole blocks packed at
  * once, a block's part staged. Every element is written once per call, after its part read its
- * old value, so a block is packed exactly when all of its new values are there. */
-int fc_cpu_res8_store(fc_core *s, fc_buf *r, int64_t start, int64_t len, const float *e,
+ * old value, so a block is packed exactly when all of its new values are there. An AVX2 clone,
+ * as pack_host: floorf inlined. */
+FC_CLONES int fc_cpu_res8_store(fc_core *s, fc_buf *r, int64_t start, int64_t len, const float *e,
                       fc_err *err)
 {
     const int64_t n = fc_res8_numel(r->numel);
@@ -161,13 +190,15 @@ int fc_cpu_res8_store(fc_core *s, fc_buf *r, int64_t start, int64_t len, const f
 }
 
 /* [start, start + len) keeps its values (a chunk the call does not encode) but is rounded
- * again with this call's draws, as a whole-tensor unpack and pack would: a block at a time. */
+ * again with this call's draws, as a whole-tensor unpack and pack would: 32 blocks at a time
+ * through the stack (a block's values are all read before it is packed over). */
 int fc_cpu_res8_keep(fc_core *s, fc_buf *r, int64_t start, int64_t len, fc_err *err)
 {
+    enum { SPAN = 32 * FC_RES8_BLOCK };
     const int64_t n = fc_res8_numel(r->numel);
-    float v[FC_RES8_BLOCK];
+    float v[SPAN];
     for (int64_t k = start; k < start + len;) {
-        const int64_t hi = (k / FC_RES8_BLOCK + 1) * FC_RES8_BLOCK;
+        const int64_t hi = (k / SPAN + 1) * SPAN;
         const int64_t end = hi < start + len ? hi : start + len;
         unpack_range((const uint8_t *)r->data, n, k, end - k, v);
         int rc = fc_cpu_res8_store(s, r, k, end - k, v, err);
