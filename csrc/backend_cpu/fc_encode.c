@@ -249,10 +249,16 @@ static int packs_res8(const fc_core *s, const fc_buf *residual)
     return s->enc.use_ef && residual != NULL && residual->dtype == FC_U8;
 }
 
+/* The cut blocks an 8-bit residual's carry holds at once in the per-peer parts of _exchange.py's
+ * order (chunks rank - 1, rank - 2, ... then the own one, a chunk's pieces in order): the own
+ * chunk's two ends (kept at open, or encoded last) and the head of the chunk being encoded,
+ * whatever W. Another order may need more: fc_res8.c adds slots then (grow-only). */
+#define RES8_OPEN_PARTS 3
+
 /* The CPU's scratch for the open call s->enc, grown for its largest chunk, the unit's method
  * state, an 8-bit residual's carry and, for the per-peer parts (`pieces`), the call's layout.
- * The whole encode writes its chunks in order, so one block at a time is staged; the parts come
- * in any order, so each cut block may be. */
+ * The whole encode writes its chunks in order, so one block at a time is staged; the parts may
+ * come in any order (RES8_OPEN_PARTS). */
 static int encode_scratch(fc_core *s, const fc_buf *grad, const fc_buf *residual, int world,
                           int rank, int pieces, fc_err *err)
 {
@@ -265,9 +271,10 @@ static int encode_scratch(fc_core *s, const fc_buf *grad, const fc_buf *residual
     if (m->scratch_bytes != NULL)
         FC_TRY(fc_core_grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, per), err));
     FC_TRY(fc_core_ustate(s, m, e->key.unit, &e->ust, err));
-    if (packs_res8(s, residual)) {
+    if (packs_res8(s, residual)) { /* at most RES8_OPEN_PARTS cut blocks open in FSDP's order */
         const int64_t cut = cut_blocks(s, m, N, world, rank, pieces);
-        FC_TRY(fc_cpu_res8_open(s, pieces || cut == 0 ? cut : 1, err));
+        const int64_t most = pieces ? RES8_OPEN_PARTS : 1;
+        FC_TRY(fc_cpu_res8_open(s, cut < most ? cut : most, err));
     }
     e->todo = world;
     if (pieces) { /* the per-peer layout, once per call: every part then finds its slot in O(1) */

@@ -9,6 +9,7 @@
  * values, with the same draws. */
 #include "common/fc_res8.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend_cpu/fc_cpu.h"
@@ -136,6 +137,26 @@ FC_CLONES void fc_cpu_res8_add(const fc_buf *r, int64_t start, int64_t len, floa
     }
 }
 
+/* One more carry slot, the staged blocks kept: the parts came in an order that leaves more cut
+ * blocks open at once than the call was opened for (fc_cpu_res8_open). Grow-only, so a warm call
+ * in the same order allocates nothing. */
+static int more_slots(fc_core *s, fc_err *err)
+{
+    const size_t bytes = ((size_t)(s->carry_cap + 1) * sizeof(fc_res8_slot) + 63) / 64 * 64;
+    fc_res8_slot *q = (fc_res8_slot *)aligned_alloc(64, bytes);
+    if (q == NULL)
+        return fc_fail(err, FC_ERR_NOMEM, "could not allocate %zu bytes of scratch", bytes);
+    if (s->carry_cap > 0)
+        memcpy(q, s->carry, (size_t)s->carry_cap * sizeof(fc_res8_slot));
+    const int64_t cap = (int64_t)(bytes / sizeof(fc_res8_slot));
+    for (int64_t j = s->carry_cap; j < cap; j++)
+        q[j].block = -1;
+    free(s->carry);
+    s->carry = q;
+    s->carry_cap = cap;
+    return FC_OK;
+}
+
 /* `len` new values of block b from its element `off` on: into the block's carry slot (taken at
  * its first values), packed from there once the block has all of them. */
 FC_CLONES static int stage(fc_core *s, uint8_t *p, int64_t n, int64_t b, int64_t off, const float *v,
@@ -145,15 +166,19 @@ FC_CLONES static int stage(fc_core *s, uint8_t *p, int64_t n, int64_t b, int64_t
     for (int64_t j = 0; j < s->carry_cap && slot == NULL; j++)
         if (s->carry[j].block == b)
             slot = &s->carry[j];
-    for (int64_t j = 0; j < s->carry_cap && slot == NULL; j++)
-        if (s->carry[j].block < 0) {
-            slot = &s->carry[j];
-            slot->block = b;
-            slot->have = 0;
+    if (slot == NULL) {
+        int64_t j = 0;
+        while (j < s->carry_cap && s->carry[j].block >= 0)
+            j++;
+        if (j == s->carry_cap) {
+            int rc = more_slots(s, err);
+            if (rc != FC_OK)
+                return rc;
         }
-    if (slot == NULL)
-        return fc_fail(err, FC_ERR_STATE, "internal: no carry slot for block %lld of an 8-bit "
-                       "residual (%lld slots)", (long long)b, (long long)s->carry_cap);
+        slot = &s->carry[j];
+        slot->block = b;
+        slot->have = 0;
+    }
     memcpy(slot->v + off, v, (size_t)len * 4);
     slot->have += len;
     const int64_t lo = b * FC_RES8_BLOCK;
@@ -209,8 +234,9 @@ int fc_cpu_res8_keep(fc_core *s, fc_buf *r, int64_t start, int64_t len, fc_err *
     return FC_OK;
 }
 
-/* The carry for a call that stages at most `slots` blocks at once, grown once (a warm call
- * allocates nothing) and cleared: a dropped call's slots are void. */
+/* The carry for a call that stages `slots` blocks at once (more_slots adds one where the parts'
+ * order needs it), grown once (a warm call allocates nothing) and cleared: a dropped call's
+ * slots are void. */
 int fc_cpu_res8_open(fc_core *s, int64_t slots, fc_err *err)
 {
     if (slots > s->carry_cap) {
