@@ -31,16 +31,27 @@ static inline void pack_block(uint8_t *p, int64_t n, int64_t b, const float *v, 
     int8_t *codes = codes_of(p, n);
     const int64_t lo = b * FC_RES8_BLOCK;
     const int64_t len = n - lo < FC_RES8_BLOCK ? n - lo : FC_RES8_BLOCK;
-    float amax = 0.0f;
-    for (int64_t i = 0; i < len; i++) {
+    /* amax over 8 lanes: one running max was a latency-bound chain (most of the pack's time);
+     * the largest non-NaN |v| is the same in any order, so the scale's bits are too */
+    float lane[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= len; i += 8)
+        for (int j = 0; j < 8; j++) {
+            const float a = fabsf(v[i + j]);
+            lane[j] = a > lane[j] ? a : lane[j];
+        }
+    for (; i < len; i++) {
         const float a = fabsf(v[i]);
-        amax = a > amax ? a : amax;
+        lane[0] = a > lane[0] ? a : lane[0];
     }
+    float amax = lane[0];
+    for (int j = 1; j < 8; j++)
+        amax = lane[j] > amax ? lane[j] : amax;
     const float scale = fc_res8_scale(amax);
     scales_of(p)[b] = scale;
     /* a block never straddles 2^32 (64 divides it): one high-word hash per block */
     const uint32_t high = fc_res8_u_high(key, lo);
-    for (int64_t i = 0; i < len; i++)
+    for (i = 0; i < len; i++)
         codes[lo + i] = fc_res8_code(v[i], scale, fc_res8_u_low(high, lo + i));
 }
 
