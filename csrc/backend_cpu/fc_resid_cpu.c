@@ -128,9 +128,9 @@ float fc_cpu_gprime_at(const fc_core *s, const fc_buf *grad, const fc_buf *res, 
 
 /* The residual's rare path: the elements of e = s->x (g' + -D, in place) from `from` on that came
  * out NaN/Inf, decided one by one (fc_residual_nonfinite) from g' read again (gprime_at: res
- * still holds the old residual there) and D decoded into zeros (in s->acc, a decode's accumulator,
- * free within an encode call: grown only here, for sample_error's samples and for a bf16/fp16
- * output's compressed-domain sum, so the common path holds no second chunk-sized copy). */
+ * still holds the old residual there) and D decoded into zeros (in s->acc, free within an
+ * encode call: grown to a chunk only here, on this rare path, so the common path holds no
+ * second chunk-sized copy). */
 static int fix_residual(fc_core *s, const fc_method *m, const fc_chunk *c, const uint8_t *p,
                         const fc_buf *grad, const fc_buf *res, int64_t start, int64_t from,
                         int64_t *sat, fc_err *err)

@@ -146,8 +146,9 @@ typedef struct {
     /* The CPU's grow-only scratch, at most 8 B per element of the largest chunk (fc_decode.c's
      * fc_cpu_take_x, fc_cpu_acc): x holds one call's chunk-sized fp32 work at a time: g' of
      * the chunk being encoded, or a decode's running sum, or its compressed-domain sum (the
-     * aggregate path); acc is the fp32 sum of a bf16/fp16 output's compressed-domain decode,
-     * and, within an encode call, the rare residual fix's and the sampled error's decode. */
+     * aggregate path); acc is a bf16/fp16 output's compressed-domain sum kept apart from the
+     * fp32 sum in x (its own size: fc_decode.c's AGG_APART), and, within an encode call, the
+     * rare residual fix's decode. */
     float *x;
     float *acc;
     void *mscr;    /* method scratch */
