@@ -6,7 +6,8 @@ Measured: a small MLP (three blocks of Linear(256, 1024) + Linear(1024, 256), ea
 unit, and a root with a Linear(256, 10) head) under fully_shard on W gloo CPU ranks, with
 fsdpcomp.register, three steps of SGD. Each rank reads its counters(): residual_bytes (the
 error-feedback residuals it keeps), buffer_bytes (its send/receive buffers) and scratch_bytes
-(the C core's grow-only scratch, and the fp32 workspace an 8-bit residual is unpacked into);
+(the C core's grow-only scratch; on the CPU an 8-bit residual is packed in place, with no
+unpacked workspace);
 the rank that holds most is reported, divided by the model's parameters.
 
 Computed, for any W, from the units' shapes (FSDP2 pads dim 0 to a multiple of W; rank 0's
@@ -18,8 +19,11 @@ shard is the largest), with S = the largest unit's shard (elements of the larges
   other ranks: 2 (W - 1) payload(S) (benchmarks/mem_model.py's rule).
 - scratch: the fp32 working copy of the chunk being encoded, which a decode reuses for its
   sum, 4 S, plus the method's own scratch for a chunk of S (int8: none; topk: k indices and k
-  values, 8 k(S) + 64), each rounded up to 64 bytes; with the int8 residual also the fp32
-  workspace the largest unit's residual is unpacked into for a call, 4 W S.
+  values, 8 k(S) + 64), each rounded up to 64 bytes; with the int8 residual also its carry:
+  the per-peer parts (FSDP's path on the CPU) stage a block of 64 that a chunk start cuts,
+  272 bytes a block (64 fp32 values and the block's index), at most 3 at once in their order,
+  whatever W (before 2026-11-29: the fp32 workspace the largest unit's residual was unpacked
+  into for a call, 4 W S).
 """
 from __future__ import annotations
 
@@ -120,8 +124,8 @@ def computed(method: str, cfg: dict, rdt: str, world: int, payload) -> dict:
     if method == "topk":
         k = max(1, min(S, math.ceil(cfg["ratio"] * S)))
         scratch += _up64(8 * k + 64)
-    if rdt == "int8":
-        scratch += 4 * world * S
+    if rdt == "int8":  # the carry (fc_res8.c): a slot per block a chunk start cuts, at most 3
+        scratch += max(_up64(272 * min(3, sum(c * s % 64 != 0 for c in range(1, world)))) for s in shards)
     return {"residual_bytes": pr["residual_" + rdt], "buffer_bytes": pr["buffers"], "scratch_bytes": scratch}
 
 

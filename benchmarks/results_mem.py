@@ -119,8 +119,10 @@ def fsdpcomp_section(data: dict, reproduce: str = FSDPCOMP_MEM_CMD) -> list[str]
             "- scratch: the fp32 working copy of the chunk being encoded, which a decode reuses for its sum (4 S), "
             "plus the method's own scratch for a chunk of S (int8: none; topk: k indices and k values, "
             "8 k(S) + 64), each rounded up to 64 bytes: <= 8 B per element of the largest chunk, so it divides "
-            "by W. With the int8 residual, add the fp32 workspace the largest unit's residual is unpacked into "
-            "for a call, 4 W S (~4 B per element of the largest unit, whatever W): not yet chunk-sized.", ""]
+            "by W. The int8 residual is read and packed in place on the CPU (no unpacked workspace since "
+            "2026-11-29): add only its carry, 272 bytes (64 fp32 values and an index) per block of 64 that a chunk "
+            "start cuts, at most 3 at once in the per-peer path's order (the whole encode: 1), whatever W; on a GPU the fp32 workspace the largest unit's residual is unpacked "
+            "into for a call, 4 W S, is still held.", ""]
     cols = data["computed"][0]["rows"]
     head = ["W"] + [f"total {_label(r)}" for r in cols] + [f"scratch {_label(r)}" for r in cols]
     rows = [[str(t["world"])] + [f"{sum(r[p] for p in _FC_PARTS) / n:.3f}" for r in t["rows"]]

@@ -111,12 +111,19 @@ static int64_t agg_bytes_of(const fc_method *m, const fc_chunk *c)
     return m->aggregate != NULL && m->agg_bytes != NULL ? m->agg_bytes(c) : 0;
 }
 
-int fc_cpu_acc(fc_core *s, const fc_buf *grad, fc_buf *out, int64_t n, float **acc, fc_err *err)
+/* Whether an fp32 output holds the shard's n values and shares no byte with the gradient: the
+ * sum can then run in it. */
+static int out_sums(const fc_buf *grad, const fc_buf *out, int64_t n)
 {
     const uintptr_t o = (uintptr_t)out->data, g = (uintptr_t)grad->data;
     const uintptr_t o_end = o + (uintptr_t)out->numel * (uintptr_t)fc_dtype_size(out->dtype);
     const uintptr_t g_end = g + (uintptr_t)grad->numel * (uintptr_t)fc_dtype_size(grad->dtype);
-    if (out->dtype == FC_F32 && out->numel >= n && (o_end <= g || g_end <= o)) {
+    return out->dtype == FC_F32 && out->numel >= n && (o_end <= g || g_end <= o);
+}
+
+int fc_cpu_acc(fc_core *s, const fc_buf *grad, fc_buf *out, int64_t n, float **acc, fc_err *err)
+{
+    if (out_sums(grad, out, n)) {
         fc_memhint_fresh_output(out->data, (size_t)n * 4); /* before the sum first touches it */
         *acc = (float *)out->data;
         return FC_OK;
@@ -150,7 +157,7 @@ static int decode_scratch(fc_core *s, const fc_method *m, int64_t n, const fc_bu
 /* The owner's picks for its chunk (c0) into s->picks, from the summed payloads in agg and
  * the exact own chunk `own`. */
 static int pick_coordinates(fc_core *s, const fc_method *m, const fc_chunk *c0, const uint8_t *agg,
-                            const float *own, uint32_t unit, fc_err *err)
+                            const fc_own *own, uint32_t unit, fc_err *err)
 {
     const int64_t k = fc_core_fetch_k(s, m, c0->n);
     if (k > s->picks_cap) {
@@ -168,6 +175,79 @@ static int pick_coordinates(fc_core *s, const fc_method *m, const fc_chunk *c0, 
     }
     s->n_picks = k;
     s->picks_unit = unit;
+    return FC_OK;
+}
+
+/* Where a compressed-domain sum (agg, ab bytes) lies (fc_cpu_decode). The sum runs in s->x
+ * (fc_cpu_take_x), the encode's working copy, free outside an encode call: no second
+ * chunk-sized buffer is held. A compressed-domain sum takes s->x instead, and the values then
+ * sum in an fp32 output itself (fc_cpu_acc) once every payload was taken: only the own chunk
+ * and the one decode of agg go there, so a refused payload leaves the output as it was
+ * (AGG_X; a second round's pick reads agg there too, the own chunk from the gradient). An
+ * output that cannot hold that sum (bf16/fp16, or one that overlaps the gradient) gets it in
+ * s->x: a method that decodes agg over itself (FC_AGG_IN_PLACE: dct, sketch, whose agg or
+ * scratch are chunk-sized) keeps agg there, any other has it apart in s->acc, grown to its
+ * own size only (at most 4 B per element: signsgd majority's counts). Within 8 B per element
+ * either way. */
+enum { AGG_NONE, AGG_X, AGG_IN_PLACE, AGG_APART };
+
+static int agg_place(const fc_method *m, const fc_buf *grad, const fc_buf *out, int64_t n,
+                     int64_t ab, int fetch)
+{
+    if (ab == 0)
+        return AGG_NONE;
+    if (fetch || out_sums(grad, out, n))
+        return AGG_X;
+    return m->flags & FC_AGG_IN_PLACE ? AGG_IN_PLACE : AGG_APART;
+}
+
+/* The floats s->x holds for the decode: the sum of n values, agg, or both over each other. */
+static int64_t x_floats(int where, int64_t n, int64_t ab)
+{
+    const int64_t a = (ab + 3) / 4;
+    return where == AGG_X ? a : where == AGG_IN_PLACE && a > n ? a : n;
+}
+
+/* The own chunk's NaN/Inf (the decode counts them once its call succeeds). */
+static int64_t count_bad(const fc_buf *grad, int64_t start, int64_t n)
+{
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++)
+        bad += !(fc_abs_bits(fc_core_elem_f32(grad->data, grad->dtype, start + i)) < FC_INF_BITS);
+    return bad;
+}
+
+/* The sum of a compressed-domain decode into *acc: zeros, the own chunk, then the decode of
+ * agg, the order the payload loop would have added them. In place (agg in s->x, the sum over
+ * it), agg's decode comes first and the own chunk is added to it from the gradient: the same two
+ * terms per element, and a + b = b + a in IEEE arithmetic (a zero's sign too: 0 + a is added
+ * first either way); only a NaN's payload could differ, and the output writes the canonical
+ * one. */
+static int agg_combine(fc_core *s, const fc_method *m, const fc_chunk *c0, const fc_buf *grad,
+                       fc_buf *out, int64_t start, int where, uint8_t *agg, int senders,
+                       int own_exact, float **acc, int64_t *own_bad, fc_err *err)
+{
+    const int64_t n = c0->n;
+    int rc;
+    if (where == AGG_IN_PLACE) {
+        *acc = s->x;
+        if (senders == 0)
+            memset(*acc, 0, (size_t)n * 4);
+        else if ((rc = m->decode_agg(c0, agg, senders, 1.0f, *acc, err)) != FC_OK)
+            return rc;
+        if (own_exact)
+            *own_bad = fc_cpu_add_own(s, grad, start, n, *acc);
+        return FC_OK;
+    }
+    if (where == AGG_APART)
+        *acc = s->x;
+    else if ((rc = fc_cpu_acc(s, grad, out, n, acc, err)) != FC_OK)
+        return rc;
+    memset(*acc, 0, (size_t)n * 4);
+    if (own_exact)
+        *own_bad = fc_cpu_add_own(s, grad, start, n, *acc);
+    if (senders > 0) /* one decode of the summed compressed payloads */
+        return m->decode_agg(c0, agg, senders, 1.0f, *acc, err);
     return FC_OK;
 }
 
@@ -189,16 +269,21 @@ int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf
     c0.ustate = ust;
     const int64_t ab = n > 0 ? agg_bytes_of(m, &c0) : 0;
     int senders = 0;
-    /* The sum runs in s->x (fc_cpu_take_x), the encode's working copy, free outside an encode
-     * call: no second chunk-sized buffer is held. A compressed-domain sum (agg) takes s->x
-     * instead, and the values then sum in the output itself (fc_cpu_acc) once every payload
-     * was taken: only the own chunk and the one decode of agg go there, so a refused payload
-     * leaves the output as it was. */
+    const int fetch = fc_core_fetch_kmax(s, N, world) > 0;
+    int own_exact = 0; /* the own chunk is summed exact (a sender of nothing) */
+    for (int r = 0; r < world && n > 0; r++)
+        own_exact |= recvs[r] == 0;
+    const int where = agg_place(m, grad, out, n, ab, fetch);
     uint8_t *agg = NULL;
     float *acc = NULL;
-    FC_TRY(fc_cpu_take_x(s, ab > 0 ? (ab + 3) / 4 : n, err));
-    if (ab > 0) {
+    FC_TRY(fc_cpu_take_x(s, x_floats(where, n, ab), err));
+    if (where == AGG_APART) {
+        FC_TRY(fc_core_grow_f32(&s->acc, &s->acc_cap, (ab + 3) / 4, err));
+        agg = (uint8_t *)s->acc;
+    } else if (where != AGG_NONE) {
         agg = (uint8_t *)s->x;
+    }
+    if (agg != NULL) {
         memset(agg, 0, (size_t)ab);
     } else {
         acc = s->x;
@@ -207,7 +292,7 @@ int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf
     /* Rank order, starting from zero: the same summation order on every rank and as a plain
      * sequential reference, so `none` is exact against it. */
     int64_t own_bad = 0; /* counted once the call succeeds */
-    int passed = 0, own_exact = 0; /* a flagged payload; the own chunk added exact */
+    int passed = 0; /* a flagged payload */
     const uint8_t *p = (const uint8_t *)recv->data;
     const uint8_t *end = p + recv->numel;
     for (int r = 0; r < world; r++) {
@@ -216,7 +301,6 @@ int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf
         if (recvs[r] == 0) { /* the own chunk, exact (with agg: once the payloads are in) */
             if (ab == 0)
                 own_bad = fc_cpu_add_own(s, grad, start, n, acc);
-            own_exact = 1;
             continue;
         }
         int64_t slot = varsize ? (int64_t)(end - p) : recvs[r], body = 0;
@@ -235,42 +319,18 @@ int fc_cpu_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf
     if (p != end && n > 0)
         return fc_fail(err, FC_ERR_PAYLOAD, "receive buffer has %lld bytes, its payloads use %lld",
                        (long long)recv->numel, (long long)(p - (const uint8_t *)recv->data));
-    const int fetch = fc_core_fetch_kmax(s, N, world) > 0;
-    const float *own = acc; /* what the picks of a second round add: the exact own chunk */
-    if (ab > 0 && fetch) {
-        /* the output is not written before the second round: the own chunk is read where it
-         * lies when the sum would hold it unchanged (fp32, finite; 0 + g differs only in a
-         * zero's sign, which no pick sees), else summed into s->acc; NULL: zeros */
-        own = NULL;
-        if (own_exact && n > 0) {
-            const float *g = (const float *)grad->data + start;
-            int64_t bad = 0;
-            if (grad->dtype == FC_F32)
-                for (int64_t i = 0; i < n; i++)
-                    bad += !(fc_abs_bits(g[i]) < FC_INF_BITS);
-            if (grad->dtype == FC_F32 && bad == 0) {
-                own = g;
-            } else {
-                FC_TRY(fc_core_grow_f32(&s->acc, &s->acc_cap, n, err));
-                memset(s->acc, 0, (size_t)n * 4);
-                own_bad = fc_cpu_add_own(s, grad, start, n, s->acc);
-                own = s->acc;
-            }
-        }
-    } else if (ab > 0) { /* zeros, then the own chunk: the order the loop would have added them */
-        FC_TRY(fc_cpu_acc(s, grad, out, n, &acc, err));
-        memset(acc, 0, (size_t)n * 4);
-        if (own_exact)
-            own_bad = fc_cpu_add_own(s, grad, start, n, acc);
-    }
     if (fetch) {
-        /* a second round follows: pick the coordinates, write nothing yet. */
-        FC_TRY(pick_coordinates(s, m, &c0, agg, own, unit, err));
-        s->ctr.nonfinite_in += own_bad;
+        /* a second round follows: pick the coordinates, write nothing yet (the output is not
+         * written before the second round); the own chunk is read where it lies */
+        const fc_own own = {own_exact ? grad->data : NULL, grad->dtype,
+                            s->common.nonfinite == FC_NONFINITE_ZERO, start};
+        FC_TRY(pick_coordinates(s, m, &c0, agg, &own, unit, err));
+        s->ctr.nonfinite_in += ab > 0 && own_exact ? count_bad(grad, start, n) : own_bad;
         return FC_OK;
     }
-    if (senders > 0) /* one decode of the summed compressed payloads */
-        FC_TRY(m->decode_agg(&c0, agg, senders, 1.0f, acc, err));
+    if (ab > 0)
+        FC_TRY(agg_combine(s, m, &c0, grad, out, start, where, agg, senders, own_exact, &acc,
+                           &own_bad, err));
     s->ctr.nonfinite_in += own_bad;
     fc_cpu_write_out(s, acc, n, world, out, passed, own_exact ? grad : NULL, start);
     return FC_OK;

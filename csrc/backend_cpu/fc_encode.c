@@ -11,6 +11,7 @@
 #include "backend_cpu/fc_memhint.h"
 #include "common/fc_quant.h"
 #include "common/fc_range.h"
+#include "common/fc_res8.h"
 #include "methods/fc_simd.h"
 #include "common/fc_wire.h"
 
@@ -18,7 +19,7 @@ extern const fc_method fc_method_none;
 
 /* ---- dtype conversion loops (one per dtype so each vectorises) ---- */
 
-static void load_f32(const void *src, int dt, int64_t off, int64_t n, float *dst)
+void fc_cpu_load_f32(const void *src, int dt, int64_t off, int64_t n, float *dst)
 {
     if (dt == FC_F32) {
         memcpy(dst, (const float *)src + off, (size_t)n * 4);
@@ -45,6 +46,20 @@ static void add_f32(const void *src, int dt, int64_t off, int64_t n, float d, fl
         for (int64_t i = 0; i < n; i++)
             dst[i] += d * (dt == FC_BF16 ? fc_bf16_to_f32(s[i]) : fc_f16_to_f32(s[i]));
     }
+}
+
+/* A residual's element k: an 8-bit one's code * scale (fc_res8.h), read where it is packed. */
+float fc_cpu_res_at(const fc_buf *r, int64_t k)
+{
+    return r->dtype == FC_U8 ? fc_cpu_res8_at(r, k) : fc_core_elem_f32(r->data, r->dtype, k);
+}
+
+void fc_cpu_res_add(const fc_buf *r, int64_t off, int64_t n, float d, float *dst)
+{
+    if (r->dtype == FC_U8)
+        fc_cpu_res8_add(r, off, n, d, dst);
+    else
+        add_f32(r->data, r->dtype, off, n, d, dst);
 }
 
 /* ---- encode ---- */
@@ -74,8 +89,7 @@ static int64_t fix_nonfinite(const fc_core *s, const fc_buf *grad, const fc_buf 
         if (fc_abs_bits(x[i]) < FC_INF_BITS)
             continue;
         const float g = fc_core_elem_f32(grad->data, grad->dtype, start + i);
-        const float e = res == NULL ? 0.0f
-                        : fc_core_ef_decay(s) * fc_core_elem_f32(res->data, res->dtype, start + i);
+        const float e = res == NULL ? 0.0f : fc_core_ef_decay(s) * fc_cpu_res_at(res, start + i);
         x[i] = fc_gprime_fix(x[i], g, e, zero, &bad, sat);
     }
     return bad;
@@ -101,10 +115,13 @@ static const float *load_chunk(fc_core *s, const fc_buf *grad, const fc_buf *res
     if (res != NULL && grad->dtype == FC_F32 && res->dtype == FC_F32) {
         nf = load_sum_f32((const float *)grad->data + start, (const float *)res->data + start, n,
                           fc_core_ef_decay(s), x);
+    } else if (res != NULL && grad->dtype == FC_F32 && res->dtype == FC_U8) {
+        nf = fc_cpu_res8_load_sum((const float *)grad->data + start, res, start, n,
+                                  fc_core_ef_decay(s), x);
     } else {
-        load_f32(grad->data, grad->dtype, start, n, x);
+        fc_cpu_load_f32(grad->data, grad->dtype, start, n, x);
         if (res != NULL)
-            add_f32(res->data, res->dtype, start, n, fc_core_ef_decay(s), x);
+            fc_cpu_res_add(res, start, n, fc_core_ef_decay(s), x);
         nf = 0;
         for (int64_t i = 0; i < n; i++)
             nf += !(fc_abs_bits(x[i]) < FC_INF_BITS);
@@ -167,209 +184,30 @@ static int encode_one(fc_core *s, const fc_method *m, const fc_chunk *c, const f
     return FC_OK;
 }
 
-static int64_t header_body_bytes(const uint8_t *p)
+int64_t fc_cpu_body_bytes(const uint8_t *p)
 {
     fc_header h;
     memcpy(&h, p, sizeof(h));
     return (int64_t)fc_header_body(&h);
 }
 
-/* Sums of squares and products in double over 8 interleaved partial sums, combined in a fixed
- * order. One running sum is a loop-carried chain that -O3 may not reassociate, which made these
- * loops latency-bound: 3/4 of what error feedback cost per element. Statistics only: no payload
- * byte depends on them. */
-FC_CLONES static double sum_sq_f32(const float *a, int64_t n)
-{
-    double acc[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++)
-            acc[j] += (double)a[i + j] * (double)a[i + j];
-    for (int j = 0; i < n; i++, j++)
-        acc[j] += (double)a[i] * (double)a[i];
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
-/* dst = e and ||e||^2 (as sum_sq_f32, the same lanes in the same order) in one pass, a block of
- * 2048 at a time: a block is stored only once the sum over it is finite (so is each of its e),
- * so from the first block that holds a NaN/Inf on, dst is still the old residual for
- * update_residual's rare path. Returns where that block starts: n when every block was stored,
- * *e_sq then their ||e||^2. */
-FC_CLONES static int64_t store_sum_sq_f32(float *dst, const float *e, int64_t n, double *e_sq)
-{
-    double acc[8] = {0};
-    for (int64_t lo = 0; lo < n; lo += 2048) {
-        const int64_t hi = n - lo < 2048 ? n : lo + 2048;
-        int64_t i = lo;
-        for (; i + 8 <= hi; i += 8)
-            for (int j = 0; j < 8; j++)
-                acc[j] += (double)e[i + j] * (double)e[i + j];
-        for (int j = 0; i < hi; i++, j++)
-            acc[j] += (double)e[i] * (double)e[i];
-        *e_sq = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-        if (!isfinite(*e_sq))
-            return lo;
-        memcpy(dst + lo, e + lo, (size_t)(hi - lo) * 4);
-    }
-    *e_sq = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    return n;
-}
-
-/* dots3 over x[0..n) into the lanes a, b, c (carried across blocks of a multiple of 8, the
- * tail only in the last): the same sums in the same order as one pass over the whole chunk. */
-FC_CLONES static void dots3_lanes(const float *e, const float *x, int64_t n, double *a, double *b,
-                                  double *c)
-{
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) {
-            const double ej = e[i + j], xj = x[i + j];
-            a[j] += ej * ej;
-            b[j] += xj * xj;
-            c[j] += xj * ej;
-        }
-    for (int j = 0; i < n; i++, j++) {
-        const double ej = e[i], xj = x[i];
-        a[j] += ej * ej;
-        b[j] += xj * xj;
-        c[j] += xj * ej;
-    }
-}
-
-/* ||e||^2, ||g'||^2 and g' . e (8 lanes, combined in a fixed order) with g' = g + d r loaded
- * again from the untouched gradient and residual (load_f32 then add_f32, the same float
- * operations), a block of 2048 at a time on the stack: no chunk-sized copy of g' is held for
- * the sampled calls. */
-static void dots3_gprime(const fc_core *s, const float *e, const fc_buf *grad, const fc_buf *res,
-                         int64_t start, int64_t n, double *ee, double *xx, double *xe)
-{
-    double a[8] = {0}, b[8] = {0}, c[8] = {0};
-    float g[2048];
-    for (int64_t lo = 0; lo < n; lo += 2048) {
-        const int64_t len = n - lo < 2048 ? n - lo : 2048;
-        load_f32(grad->data, grad->dtype, start + lo, len, g);
-        add_f32(res->data, res->dtype, start + lo, len, fc_core_ef_decay(s), g);
-        dots3_lanes(e + lo, g, len, a, b, c);
-    }
-    *ee = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-    *xx = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
-    *xe = ((c[0] + c[1]) + (c[2] + c[3])) + ((c[4] + c[5]) + (c[6] + c[7]));
-}
-
-/* Stores e (n fp32 values) as the residual in res's dtype, a bf16 one saturated (*sat). */
-static void store_residual(fc_buf *res, int64_t start, const float *e, int64_t n, int64_t *sat)
-{
-    if (res->dtype == FC_F32) {
-        memcpy((float *)res->data + start, e, (size_t)n * 4);
-        return;
-    }
-    uint16_t *r = (uint16_t *)res->data + start;
-    for (int64_t i = 0; i < n; i++) {
-        *sat += fc_bf16_saturates(e[i]);
-        r[i] = fc_f32_to_bf16(e[i]);
-    }
-}
-
-/* g' of element k as load_chunk made it: g + d e, NaN/Inf fixed by fc_gprime_fix (no count: the
- * load counted them). The residual's rare path reads it again where the decode overwrote it. */
-static float gprime_at(const fc_core *s, const fc_buf *grad, const fc_buf *res, int64_t k)
-{
-    const float g = fc_core_elem_f32(grad->data, grad->dtype, k);
-    const float e = res == NULL ? 0.0f : fc_core_ef_decay(s) * fc_core_elem_f32(res->data, res->dtype, k);
-    const float x = res == NULL ? g : g + e;
-    int64_t bad = 0, sat = 0;
-    return fc_abs_bits(x) < FC_INF_BITS
-               ? x
-               : fc_gprime_fix(x, g, e, s->common.nonfinite == FC_NONFINITE_ZERO, &bad, &sat);
-}
-
-/* The residual's rare path: the elements of e = s->x (g' + -D, in place) from `from` on that came
- * out NaN/Inf, decided one by one (fc_residual_nonfinite) from g' read again (gprime_at: res
- * still holds the old residual there) and D decoded into zeros (in s->acc, a decode's accumulator,
- * free within an encode call: grown only here, for sample_error's samples and for a bf16/fp16
- * output's compressed-domain sum, so the common path holds no second chunk-sized copy). */
-static int fix_residual(fc_core *s, const fc_method *m, const fc_chunk *c, const uint8_t *p,
-                        const fc_buf *grad, const fc_buf *res, int64_t start, int64_t from,
-                        int64_t *sat, fc_err *err)
-{
-    int rc = fc_core_grow_f32(&s->acc, &s->acc_cap, c->n, err);
-    if (rc != FC_OK)
-        return rc;
-    float *d = s->acc, *e = s->x;
-    memset(d, 0, (size_t)c->n * 4);
-    rc = m->decode_add(c, p + FC_HEADER_BYTES, header_body_bytes(p), 1.0f, d, err);
-    if (rc != FC_OK)
-        return rc;
-    for (int64_t i = from; i < c->n; i++)
-        if (!(fc_abs_bits(e[i]) < FC_INF_BITS))
-            e[i] = fc_residual_nonfinite(gprime_at(s, grad, res, start + i), -d[i], e[i], sat);
-    return FC_OK;
-}
-
-/* After encode, turns s->x into e = g' - D(C(g')) by fc_range.h's per-element rule (fc_residual:
- * the decode added in place, alpha = -1; where that came out NaN/Inf, fix_residual) and stores
- * it; returns ||e||^2. With `dots` (the sampled calls), also ||g'||^2 and g' . e, for which g'
- * is loaded again from the untouched inputs; the other calls skip that pass. A residual is
- * always finite. */
-static int update_residual(fc_core *s, const fc_method *m, const fc_chunk *c, const uint8_t *p,
-                           const fc_buf *grad, fc_buf *res, int64_t start, int dots,
-                           double *e_sq, double *x_sq, double *x_dot_e, fc_err *err)
-{
-    *x_sq = *x_dot_e = 0;
-    int rc = m->decode_add(c, p + FC_HEADER_BYTES, header_body_bytes(p), -1.0f, s->x, err);
-    if (rc != FC_OK)
-        return rc;
-    const int64_t n = c->n;
-    int64_t sat = 0;
-    if (!dots && res->dtype == FC_F32) { /* stored as it is summed, up to a NaN/Inf */
-        const int64_t from = store_sum_sq_f32((float *)res->data + start, s->x, n, e_sq);
-        if (from == n)
-            return FC_OK;
-        FC_TRY(fix_residual(s, m, c, p, grad, res, start, from, &sat, err));
-        *e_sq = sum_sq_f32(s->x, n);
-        memcpy((float *)res->data + start + from, s->x + from, (size_t)(n - from) * 4);
-        s->ctr.saturated += sat;
-        return FC_OK;
-    }
-    if (dots) { /* g' again, from the inputs, to pair it with e */
-        dots3_gprime(s, s->x, grad, res, start, n, e_sq, x_sq, x_dot_e);
-    } else {
-        *e_sq = sum_sq_f32(s->x, n);
-    }
-    if (!isfinite(*e_sq)) { /* rare: ||e||^2 is finite exactly when every e is */
-        FC_TRY(fix_residual(s, m, c, p, grad, res, start, 0, &sat, err));
-        *e_sq = sum_sq_f32(s->x, n);
-        if (dots) /* the fixed e against g' once more */
-            dots3_gprime(s, s->x, grad, res, start, n, e_sq, x_sq, x_dot_e);
-    }
-    store_residual(res, start, s->x, n, &sat);
-    s->ctr.saturated += sat;
-    return FC_OK;
-error:
-    return rc;
-}
-
 /* Without error feedback: decode into scratch and compare, on the sampled calls only. The
- * decode goes to s->x where g' was read in place from the gradient (the common case: s->x is
- * then free), else into s->acc (a decode's accumulator, free within an encode call), grown for
- * it. */
+ * decode goes to s->x: where g' was read in place from the gradient (the common case) s->x is
+ * free; where s->x holds a copy (a bf16/fp16 gradient, a NaN/Inf fixed), that copy is a pure
+ * function of the gradient (load_chunk's rules, no residual), so each g' is read again from
+ * the gradient beside the decode instead of keeping a second chunk-sized buffer. */
 static int sample_error(fc_core *s, const fc_method *m, const fc_chunk *c, const float *xs,
-                        const uint8_t *p, fc_err *err)
+                        const uint8_t *p, const fc_buf *grad, int64_t start, fc_err *err)
 {
+    const int again = xs == s->x;
     float *dec = s->x;
-    if (xs == s->x) {
-        int rc = fc_core_grow_f32(&s->acc, &s->acc_cap, c->n, err);
-        if (rc != FC_OK)
-            return rc;
-        dec = s->acc;
-    }
     memset(dec, 0, (size_t)c->n * 4);
-    int rc = m->decode_add(c, p + FC_HEADER_BYTES, header_body_bytes(p), 1.0f, dec, err);
+    int rc = m->decode_add(c, p + FC_HEADER_BYTES, fc_cpu_body_bytes(p), 1.0f, dec, err);
     if (rc != FC_OK)
         return rc;
     double dd = 0, xx = 0, xd = 0, ee = 0;
     for (int64_t i = 0; i < c->n; i++) {
-        double x = xs[i], d = dec[i];
+        double x = again ? fc_cpu_gprime_at(s, grad, NULL, start + i) : xs[i], d = dec[i];
         xx += x * x;
         dd += d * d;
         xd += x * d;
@@ -384,10 +222,45 @@ static int sample_error(fc_core *s, const fc_method *m, const fc_chunk *c, const
     return FC_OK;
 }
 
+/* The blocks of 64 of an 8-bit residual that the call's part boundaries cut: chunk starts, and
+ * with `pieces` the starts of the pieces too (ascending, so a block cut twice counts once). */
+static int64_t cut_blocks(const fc_core *s, const fc_method *m, int64_t N, int world, int rank,
+                          int pieces)
+{
+    int64_t cut = 0, last = -1;
+    for (int c = 0; c < world; c++) {
+        int64_t start, n, len = 0;
+        fc_chunk_span(N, world, c, &start, &n);
+        const int parts = pieces ? fc_core_chunk_parts(s, m, N, world, rank, c, &len) : 1;
+        for (int p = 0; p < parts; p++) {
+            const int64_t at = start + p * len;
+            if (at > 0 && at < N && at % FC_RES8_BLOCK != 0 && at / FC_RES8_BLOCK != last) {
+                last = at / FC_RES8_BLOCK;
+                cut++;
+            }
+        }
+    }
+    return cut;
+}
+
+/* Whether the open call packs an 8-bit residual in place. */
+static int packs_res8(const fc_core *s, const fc_buf *residual)
+{
+    return s->enc.use_ef && residual != NULL && residual->dtype == FC_U8;
+}
+
+/* The cut blocks an 8-bit residual's carry holds at once in the per-peer parts of _exchange.py's
+ * order (chunks rank - 1, rank - 2, ... then the own one, a chunk's pieces in order): the own
+ * chunk's two ends (kept at open, or encoded last) and the head of the chunk being encoded,
+ * whatever W. Another order may need more: fc_res8.c adds slots then (grow-only). */
+#define RES8_OPEN_PARTS 3
+
 /* The CPU's scratch for the open call s->enc, grown for its largest chunk, the unit's method
- * state and, for the per-peer parts (`pieces`), the call's layout. */
-static int encode_scratch(fc_core *s, const fc_buf *grad, int world, int rank, int pieces,
-                          fc_err *err)
+ * state, an 8-bit residual's carry and, for the per-peer parts (`pieces`), the call's layout.
+ * The whole encode writes its chunks in order, so one block at a time is staged; the parts may
+ * come in any order (RES8_OPEN_PARTS). */
+static int encode_scratch(fc_core *s, const fc_buf *grad, const fc_buf *residual, int world,
+                          int rank, int pieces, fc_err *err)
 {
     int rc = FC_OK;
     fc_encode_call *e = &s->enc;
@@ -398,6 +271,11 @@ static int encode_scratch(fc_core *s, const fc_buf *grad, int world, int rank, i
     if (m->scratch_bytes != NULL)
         FC_TRY(fc_core_grow(&s->mscr, &s->mscr_cap, m->scratch_bytes(s->cfg, per), err));
     FC_TRY(fc_core_ustate(s, m, e->key.unit, &e->ust, err));
+    if (packs_res8(s, residual)) { /* at most RES8_OPEN_PARTS cut blocks open in FSDP's order */
+        const int64_t cut = cut_blocks(s, m, N, world, rank, pieces);
+        const int64_t most = pieces ? RES8_OPEN_PARTS : 1;
+        FC_TRY(fc_cpu_res8_open(s, cut < most ? cut : most, err));
+    }
     e->todo = world;
     if (pieces) { /* the per-peer layout, once per call: every part then finds its slot in O(1) */
         e->todo = 0;
@@ -445,7 +323,7 @@ static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci
     if (e->use_ef) { /* a residual is always replaced: the old one went out inside g' */
         const int dots = e->stats && fc_sample_picks(e->sampled, passed);
         double ee, xx, xe;
-        FC_TRY(update_residual(s, wm, &c, p, grad, residual, start, dots, &ee, &xx, &xe, err));
+        FC_TRY(fc_cpu_update_residual(s, wm, &c, p, grad, residual, start, dots, &ee, &xx, &xe, err));
         e->e_sq += ee;
         if (dots) { /* D = x - e: ||x - D||^2 = ||e||^2 */
             s->ctr.err_sq += ee;
@@ -456,7 +334,7 @@ static int encode_chunk(fc_core *s, const fc_buf *grad, fc_buf *residual, int ci
         }
     } else if (e->sample && fc_sample_picks(e->sampled, passed)) {
         /* "zero" mode's chunk is finite now */
-        FC_TRY(sample_error(s, wm, &c, x, p, err));
+        FC_TRY(sample_error(s, wm, &c, x, p, grad, start, err));
         e->sampled = 1;
     }
     return FC_OK;
@@ -470,26 +348,45 @@ int fc_cpu_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *send
     int rc = FC_OK;
     const fc_call_key k = s->enc.key;
     (void)x;
-    FC_TRY(encode_scratch(s, grad, k.world, k.rank, 0, err));
+    FC_TRY(encode_scratch(s, grad, residual, k.world, k.rank, 0, err));
+    const int packed = packs_res8(s, residual);
     uint8_t *out = (uint8_t *)send->data;
     int64_t off = 0;
     for (int ci = 0; ci < k.world; ci++) {
-        if (!fc_core_has_payload(s, grad->numel, k.world, k.rank, ci))
-            continue;
         int64_t start, n;
         fc_chunk_span(grad->numel, k.world, ci, &start, &n);
+        if (!fc_core_has_payload(s, grad->numel, k.world, k.rank, ci)) {
+            if (packed) /* in its turn: the chunks' blocks fill in order */
+                FC_TRY(fc_cpu_res8_keep(s, residual, start, n, err));
+            continue;
+        }
         FC_TRY(encode_chunk(s, grad, residual, ci, 0, n, out + off, send->numel - off, &sent[ci],
                             err));
         off += sent[ci].size;
     }
+    if (packed)
+        FC_TRY(fc_cpu_res8_close(s, err));
 error:
     return rc;
 }
 
-int fc_cpu_encode_parts_open(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_err *err)
+/* The parts' call opened; an 8-bit residual's chunks that no part encodes (the own one, kept
+ * exact) are rounded again now, as the whole encode does: no later part reads them. */
+int fc_cpu_encode_parts_open(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *residual,
+                             fc_err *err)
 {
+    int rc = FC_OK;
+    const fc_call_key k = s->enc.key;
     (void)x;
-    return encode_scratch(s, grad, s->enc.key.world, s->enc.key.rank, 1, err);
+    FC_TRY(encode_scratch(s, grad, residual, k.world, k.rank, 1, err));
+    for (int ci = 0; packs_res8(s, residual) && ci < k.world; ci++) {
+        int64_t start, n;
+        fc_chunk_span(grad->numel, k.world, ci, &start, &n);
+        if (!fc_core_has_payload(s, grad->numel, k.world, k.rank, ci))
+            FC_TRY(fc_cpu_res8_keep(s, residual, start, n, err));
+    }
+error:
+    return rc;
 }
 
 int fc_cpu_encode_piece(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *residual,
@@ -540,7 +437,7 @@ int fc_cpu_compress(fc_core *s, const fc_exec *ex, const fc_buf *in, fc_buf *pay
     s->ctr.saturated += used.saturated;
     if (residual != NULL) { /* e = g' - D(C(g')), always finite (s->x holds g') */
         double ee, xx, xe;
-        FC_TRY(update_residual(s, wm, &c, (const uint8_t *)payload->data, in, residual, 0, 0, &ee,
+        FC_TRY(fc_cpu_update_residual(s, wm, &c, (const uint8_t *)payload->data, in, residual, 0, 0, &ee,
                                &xx, &xe, err));
     }
     return FC_OK;

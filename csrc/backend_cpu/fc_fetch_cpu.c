@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/fc_quant.h"
+#include "common/fc_res8.h"
 
 #define NO_PICK 0xFFFFFFFFu
 
@@ -30,6 +31,36 @@ static int check_picks(const uint32_t *p, int64_t k, int64_t len, int owner, fc_
                            "position %lld is out of range [0, %lld) or not ascending (corrupted)",
                            owner, p[j], (long long)j, (long long)len);
     return FC_OK;
+}
+
+/* An 8-bit residual with the values at every owner's picks taken out (0), rounded again with
+ * s->res8_key as an unpack, zeroing and pack of the whole unit would: a block of 64 at a time
+ * on the stack, the picks (ascending within a chunk, the chunks in order) walked alongside. */
+static void take_res8(fc_core *s, const uint32_t *all_picks, int64_t kmax, fc_buf *residual,
+                      int world, const int64_t *send_splits)
+{
+    const int64_t N = fc_res8_numel(residual->numel);
+    float v[FC_RES8_BLOCK];
+    int c = 0;
+    int64_t j = 0, start = 0, len = 0;
+    fc_chunk_span(N, world, 0, &start, &len);
+    for (int64_t lo = 0; lo < N; lo += FC_RES8_BLOCK) {
+        const int64_t hi = N - lo < FC_RES8_BLOCK ? N : lo + FC_RES8_BLOCK;
+        fc_cpu_res8_values(residual, lo, hi - lo, v);
+        for (;;) { /* the picks that fall in [lo, hi) */
+            while (c < world && j >= send_splits[c]) {
+                if (++c < world)
+                    fc_chunk_span(N, world, c, &start, &len);
+                j = 0;
+            }
+            if (c == world || start + all_picks[c * kmax + j] >= hi)
+                break;
+            v[start + all_picks[c * kmax + j] - lo] = 0.0f;
+            j++;
+        }
+        fc_err ignored = {0}; /* a whole block is packed at once: no carry, no failure */
+        (void)fc_cpu_res8_store(s, residual, lo, hi - lo, v, &ignored);
+    }
 }
 
 /* The CPU's work of fc_fetch_values: the picks checked first (on CUDA the device checks them),
@@ -59,11 +90,11 @@ int fc_cpu_fetch_values(fc_core *s, const fc_exec *x, const uint32_t *all_picks,
             const float g = fc_core_elem_f32(grad->data, grad->dtype, i);
             float v;
             if (residual != NULL) { /* round 1 left e = g' where g' is finite, 0 elsewhere */
-                v = fc_core_elem_f32(residual->data, residual->dtype, i);
+                v = fc_cpu_res_at(residual, i);
                 if (residual->dtype == FC_F32)
                     ((float *)residual->data)[i] = 0.0f;
-                else
-                    ((uint16_t *)residual->data)[i] = 0;
+                else if (residual->dtype == FC_BF16)
+                    ((uint16_t *)residual->data)[i] = 0; /* 8-bit: take_res8 below */
                 taken_sq += (double)v * v;
             } else {
                 v = g;
@@ -76,6 +107,8 @@ int fc_cpu_fetch_values(fc_core *s, const fc_exec *x, const uint32_t *all_picks,
         }
         off += send_splits[c];
     }
+    if (residual != NULL && residual->dtype == FC_U8)
+        take_res8(s, all_picks, kmax, residual, world, send_splits);
     if (residual != NULL) {
         double e = s->units[unit].residual_sq - taken_sq;
         s->units[unit].residual_sq = e > 0 ? e : 0;

@@ -56,7 +56,8 @@ struct fc_backend {
     /* the per-peer parts of the open call s->enc (fc_drive_encode_part), NULL where a backend
      * has none (CUDA): its scratch and per-peer layout once per call, then one piece of `len`
      * elements of chunk `chunk` into p (cap bytes), what went out in *out */
-    int (*encode_parts_open)(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_err *err);
+    int (*encode_parts_open)(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *residual,
+                             fc_err *err);
     int (*encode_piece)(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf *residual,
                         int chunk, int piece, int64_t len, uint8_t *p, int64_t cap, fc_sent *out,
                         fc_err *err);

@@ -65,6 +65,9 @@ void fc_core_free(fc_core *s)
     free(s->mscr);
     free(s->picks);
     s->picks = NULL;
+    free(s->carry);
+    s->carry = NULL;
+    s->carry_cap = 0;
     s->picks_cap = s->n_picks = 0;
     s->picks_unit = s->bad_unit = -1;
     s->units = NULL;

@@ -123,6 +123,14 @@ typedef struct {
  * again (the same result), never wrong. */
 #define FC_PLAN_SLOTS 256
 
+/* One block of 64 of an 8-bit residual that straddles a part boundary of the call being encoded
+ * (fc_res8.c): its new values, staged until the last of them is written, then packed. */
+typedef struct {
+    int64_t block; /* -1: free */
+    int64_t have;  /* values staged so far */
+    float v[64];   /* FC_RES8_BLOCK */
+} fc_res8_slot;
+
 typedef struct {
     const fc_method *method;
     fc_common common;
@@ -138,8 +146,9 @@ typedef struct {
     /* The CPU's grow-only scratch, at most 8 B per element of the largest chunk (fc_decode.c's
      * fc_cpu_take_x, fc_cpu_acc): x holds one call's chunk-sized fp32 work at a time: g' of
      * the chunk being encoded, or a decode's running sum, or its compressed-domain sum (the
-     * aggregate path); acc is the fp32 sum of a bf16/fp16 output's compressed-domain decode,
-     * and, within an encode call, the rare residual fix's and the sampled error's decode. */
+     * aggregate path); acc is a bf16/fp16 output's compressed-domain sum kept apart from the
+     * fp32 sum in x (its own size: fc_decode.c's AGG_APART), and, within an encode call, the
+     * rare residual fix's decode. */
     float *x;
     float *acc;
     void *mscr;    /* method scratch */
@@ -152,6 +161,12 @@ typedef struct {
     uint32_t *picks;
     int64_t picks_cap, n_picks;
     int64_t picks_unit, bad_unit; /* -1: none */
+    /* An 8-bit residual read and packed in place by the CPU (fc_res8.c), no unit-sized fp32
+     * copy: res8_key is the call's rounding stream (fc_res8_key, set by the caller), carry the
+     * straddling blocks of the open call (carry_cap slots, grow-only, in scratch_bytes). */
+    uint32_t res8_key;
+    fc_res8_slot *carry;
+    int64_t carry_cap;
     fc_encode_call enc;
     fc_decode_call dec_call;
     fc_plan plans[FC_PLAN_SLOTS]; /* fc_core_plan_of's memo: a cache, filled through const */

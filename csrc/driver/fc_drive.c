@@ -63,7 +63,8 @@ static void encode_close(fc_core *s, int on_host, const fc_buf *residual)
     if (e->use_ef) {
         if (on_host) /* a CUDA unit's norm stays in the device workspace */
             s->units[e->key.unit].residual_sq = e->e_sq;
-        s->units[e->key.unit].residual_elems = residual->numel;
+        s->units[e->key.unit].residual_elems =
+            residual->dtype == FC_U8 ? fc_res8_numel(residual->numel) : residual->numel;
     }
     fc_core_count_call(s, e->method, e->key.numel, e->fell_back, e->raw);
     e->open = 0;
@@ -129,7 +130,7 @@ int fc_drive_encode_part(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_bu
             return fc_fail(err, FC_ERR_VALUE, "method '%s' %s: encode all chunks at once with "
                            "encode()", m->name, why);
         encode_open(s, grad, residual, world, rank, unit);
-        FC_TRY(x->b->encode_parts_open(s, x, grad, err));
+        FC_TRY(x->b->encode_parts_open(s, x, grad, residual, err));
     }
     if (send->numel != e->at[world])
         return fc_fail(err, FC_ERR_VALUE, "send has %lld bytes, the parts of this call need %lld "
@@ -193,10 +194,12 @@ int fc_drive_compress(fc_core *s, const fc_exec *x, const fc_buf *in, fc_buf *pa
     if (payload->numel < need)
         return fc_fail(err, FC_ERR_VALUE, "payload buffer holds %lld bytes, need %lld",
                        (long long)payload->numel, (long long)need);
-    /* fp32: the caller's view (state_chunk.c) */
-    if (residual != NULL && residual->numel != in->numel)
+    /* fp32, or on the host a packed 8-bit one: the caller's view (state_chunk.c) */
+    const int64_t want = residual != NULL && residual->dtype == FC_U8 ? fc_res8_bytes(in->numel)
+                                                                      : in->numel;
+    if (residual != NULL && residual->numel != want)
         return fc_fail(err, FC_ERR_VALUE, "residual must have x's %lld elements, got %lld",
-                       (long long)in->numel, (long long)residual->numel);
+                       (long long)want, (long long)residual->numel);
     const double t0 = fc_core_now_s(); /* the all-gather stage's encodes count as the collective's */
     int rc = x->b->compress(s, x, in, payload, residual, unit, chunk, world, rank, written, err);
     if (rc == FC_OK && x->b->on_host)
@@ -249,10 +252,13 @@ int fc_drive_ef(fc_core *s, const fc_exec *x, int op, fc_buf *xb, const fc_buf *
 {
     if (op != FC_EF_ADD && op != FC_EF_KEEP)
         return fc_fail(err, FC_ERR_VALUE, "error feedback: no operation %d", op);
-    if (xb->dtype != FC_F32 || (res->dtype != FC_F32 && res->dtype != FC_BF16) ||
+    /* a packed 8-bit residual (FC_U8) on the host only: a device's is unpacked around the call */
+    const int packed = res->dtype == FC_U8 && x->b->on_host;
+    if (xb->dtype != FC_F32 || (res->dtype != FC_F32 && res->dtype != FC_BF16 && !packed) ||
         (op == FC_EF_KEEP && (ref == NULL || ref->dtype != FC_F32)))
         return fc_fail(err, FC_ERR_TYPE, "error feedback takes fp32 x and ref and an fp32 or bf16 residual");
-    if (res->numel != xb->numel || (op == FC_EF_KEEP && ref->numel != xb->numel))
+    if (res->numel != (packed ? fc_res8_bytes(xb->numel) : xb->numel) ||
+        (op == FC_EF_KEEP && ref->numel != xb->numel))
         return fc_fail(err, FC_ERR_VALUE, "error feedback: x has %lld elements, the residual %lld%s",
                        (long long)xb->numel, (long long)res->numel,
                        op == FC_EF_KEEP && ref->numel != xb->numel ? ", ref another count" : "");

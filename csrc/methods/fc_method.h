@@ -91,12 +91,27 @@ static inline void fc_layout_set(fc_layout *out, int64_t meta, int64_t value, in
     out->kept = kept;
 }
 
+/* The exact own chunk a second round's pick adds to its estimates: values [start, start + n) of
+ * data (fp32, bf16 or fp16: FC_F32, FC_BF16, FC_F16), read where they lie rather than converted
+ * into a chunk-sized copy; a NaN/Inf as the decode's sum takes it (0 in "zero" mode, else the
+ * canonical NaN); data NULL: zeros. */
+typedef struct {
+    const void *data;
+    int dtype;
+    int zero_bad;
+    int64_t start;
+} fc_own;
+
 #define FC_UNBIASED 1u    /* E[D(C(x))] = x */
 #define FC_LINEAR 2u      /* payloads of different ranks may be summed before one decode */
 #define FC_RANDOM 4u      /* uses the counter-based RNG */
 #define FC_VARSIZE 8u     /* body size is data-dependent: layout() is an upper bound */
 #define FC_EF_DEFAULT 16u /* error feedback on unless the config turns it off */
 #define FC_PIECEWISE 32u  /* encodes element- or block-wise: a chunk may go as independent pieces */
+/* decode_agg also takes acc == agg (an fp32 sum of the chunk's length at least): then it sets acc
+ * to alpha * D(agg) instead of adding, reading each part of agg before it writes over it. A
+ * bf16/fp16 output's decode then needs no accumulator beside the sum (fc_decode.c). */
+#define FC_AGG_IN_PLACE 64u
 
 typedef struct fc_method {
     const char *name;
@@ -141,11 +156,12 @@ typedef struct fc_method {
     int (*unit_check)(const void *cfg, const float *ustate, fc_err *err);
     /* Optional second round (Sketched-SGD, driven by fc_fetch.c): when fetch_k(c) > 0, the owner
      * of chunk c does not decode the summed payloads but picks fetch_k(c) coordinates from them
-     * (own: its exact chunk, NULL for zeros when that was compressed too; idx: ascending), and the
+     * (own: its exact chunk, read from the gradient, its data NULL for zeros when that was
+     * compressed too; idx: ascending), and the
      * senders send their exact values there and keep the rest as residual. decode_add of such a
      * config adds nothing: no value comes from the first round. */
     int64_t (*fetch_k)(const fc_chunk *c);
-    int (*pick)(const fc_chunk *c, const uint8_t *agg, const float *own, uint32_t *idx,
+    int (*pick)(const fc_chunk *c, const uint8_t *agg, const fc_own *own, uint32_t *idx,
                 fc_err *err);
     /* Optional: whether error feedback is on by default for this parsed config (NULL: the flag
      * FC_EF_DEFAULT decides). For a method whose receivers, in some modes, apply something else

@@ -286,7 +286,9 @@ static int dct_aggregate(const fc_chunk *c, uint8_t *agg, const uint8_t *body, i
     return FC_OK;
 }
 
-/* acc += the inverse of each block of the summed coefficients, scaled by alpha first. */
+/* acc += the inverse of each block of the summed coefficients, scaled by alpha first; acc == agg
+ * (FC_AGG_IN_PLACE): a group's coefficients are read before its values are written over them
+ * (block b's at the same offset in both), so acc = the inverse. */
 static int dct_decode_agg(const fc_chunk *c, const uint8_t *agg, int senders, float alpha,
                           float *acc, fc_err *err)
 {
@@ -300,6 +302,8 @@ static int dct_decode_agg(const fc_chunk *c, const uint8_t *agg, int senders, fl
         for (int l = 0; l < LANES && b0 + l < nb; l++)
             for (int64_t i = 0; i < B; i++)
                 w.tf[i * LANES + l] = sum[(b0 + l) * B + i] * alpha;
+        for (int l = 0; acc == sum && l < LANES && b0 + l < nb; l++)
+            memset(acc + (b0 + l) * B, 0, (size_t)block_len(n, B, b0 + l) * 4);
         inverse_add_group(n, B, b0, &w, acc);
     }
     return FC_OK;
@@ -311,7 +315,7 @@ const fc_method fc_method_dct = {
     /* biased, but error feedback off by default: with AdamW it made every dct config worse
      * (+16-70% against +2-4% without; docs/methods.md); random only through a stochastic
      * value codec */
-    .flags = FC_RANDOM,
+    .flags = FC_RANDOM | FC_AGG_IN_PLACE,
     .summary = "DeMo's transform codec: block DCT-II, the k largest coefficients per block; positions "
                "(one rank of the C(block, k) subsets per block where it fits 64 bits, else log2 block bits "
                "each) + values (intN 3-bit default, fp32/fp16/int8/qsgd/nc)",

@@ -11,6 +11,7 @@
  * sender's own heavy hitters (the residual's reference), so from 2 senders on (W >= 3) a
  * sender's residual is not what was left out. */
 #include <string.h>
+#include "common/fc_half.h"
 #include "common/fc_hash.h"
 #include "methods/fc_method.h"
 #include "common/fc_quant.h"
@@ -102,12 +103,15 @@ static void estimate(const fc_chunk *c, const float *t, float *est)
         est[i] = fc_sketch_estimate(t, (int)r, cols, rk, i);
 }
 
-/* acc += alpha * the k largest estimates read from table t */
+/* acc += alpha * the k largest estimates read from table t; acc == t (FC_AGG_IN_PLACE): the
+ * table is read whole into the estimates first, then acc = those picks (zeros elsewhere). */
 static int unsketch(const fc_chunk *c, const float *t, float alpha, float *acc)
 {
     const int64_t n = c->n, k = sketch_k(c);
     float *est = (float *)c->scratch;
     estimate(c, t, est);
+    if (acc == t)
+        memset(acc, 0, (size_t)n * 4);
     if (k == n) {
         for (int64_t i = 0; i < n; i++)
             acc[i] += alpha * est[i];
@@ -144,16 +148,29 @@ static int64_t sketch_fetch_k(const fc_chunk *c)
 /* The heavy coordinates of the total: the estimates of the senders' sum plus the exact own
  * chunk (what the owner adds anyway), so a coordinate heavy only in the owner's chunk is not
  * spent on. */
-static int sketch_pick(const fc_chunk *c, const uint8_t *agg, const float *own, uint32_t *idx,
+/* Element i of the exact own chunk as the decode's sum from zero holds it, up to a zero's sign
+ * (which no pick sees): a bf16/fp16 value converts exactly. */
+static float own_value(const fc_own *o, int64_t i)
+{
+    const int64_t k = o->start + i;
+    const float v = o->dtype == FC_F32    ? ((const float *)o->data)[k]
+                    : o->dtype == FC_BF16 ? fc_bf16_to_f32(((const uint16_t *)o->data)[k])
+                                          : fc_f16_to_f32(((const uint16_t *)o->data)[k]);
+    if (fc_abs_bits(v) < FC_INF_BITS)
+        return v;
+    return o->zero_bad ? 0.0f : fc_canon_nan(v);
+}
+
+static int sketch_pick(const fc_chunk *c, const uint8_t *agg, const fc_own *own, uint32_t *idx,
                        fc_err *err)
 {
     (void)err;
     const int64_t n = c->n;
     float *est = (float *)c->scratch;
     estimate(c, (const float *)agg, est);
-    if (own != NULL) /* NULL: zeros (the own chunk was compressed too); + 0 picks the same */
+    if (own->data != NULL) /* NULL: zeros (the own chunk was compressed too); + 0 picks the same */
         for (int64_t i = 0; i < n; i++)
-            est[i] += own[i];
+            est[i] += own_value(own, i);
     fc_topk_indices(est, n, sketch_k(c), idx);
     return FC_OK;
 }
@@ -181,7 +198,7 @@ static int sketch_ef_default(const void *cfg)
 const fc_method fc_method_sketch = {
     .name = "sketch",
     .id = FC_ID_SKETCH,
-    .flags = FC_LINEAR | FC_RANDOM,
+    .flags = FC_LINEAR | FC_RANDOM | FC_AGG_IN_PLACE,
     .summary = "count sketch (rows x cols fp32), summed compressed; heavy hitters of the summed "
                "sketch decoded, or with second_round their exact values fetched (Sketched-SGD)",
     .cfg_size = sizeof(fc_sketch_cfg),

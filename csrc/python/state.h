@@ -43,8 +43,7 @@ typedef struct {
     PyObject *cuda_extra; /* dict of device tensors for the sparse/stateful methods (state_cuda.c) */
     int emulate_cuda;     /* tests only: CPU tensors take the CUDA path (tests/cuda_emu's library) */
     fc_cuda_host cuda_host; /* what the CUDA backend asks of the State (its records freed here) */
-    PyObject *part_ws;    /* the open per-peer call's unpacked 8-bit residual (state_residual.c) */
-    PyObject *res_ws;     /* an 8-bit residual's fp32 workspace, reused by every call (state_residual.c) */
+    PyObject *res_ws;     /* a device's 8-bit residual's fp32 workspace, reused by every call (state_residual.c) */
     int64_t res_ws_peak;  /* bytes of the largest such workspace: counted in scratch_bytes */
 } StateObject;
 
@@ -127,6 +126,7 @@ typedef struct {
     fc_view r, w;
     fc_buf *buf;
     int packed;
+    int in_place; /* packed, and read and packed in place by the backend: no workspace */
 } fc_res_hold;
 
 /* The dtype a State keeps residuals in (FC_F32, FC_BF16, or FC_U8: packed, fc_res8.h). */
@@ -139,6 +139,11 @@ int fc_state_residual(StateObject *self, uint32_t unit, int slot, PyObject *grad
                       fc_res_hold *h, fc_err *err);
 /* A caller's residual (compress()): fp32 of x's numel, or packed uint8 of fc_res8_bytes(numel). */
 int fc_res_adopt(PyObject *res, const fc_view *x, fc_res_hold *h, fc_err *err);
+/* Whether x's backend reads and packs h's 8-bit residual where it lies (the CPU: fc_res8.c,
+ * no unit-sized copy; a device's is unpacked into the workspace around the call): then sets the
+ * core's rounding key for (unit, salt), and fc_res_workspace/unpack/pack do nothing. */
+int fc_res_in_place(StateObject *self, const fc_exec *x, fc_res_hold *h, uint32_t unit,
+                    uint32_t salt);
 /* For an 8-bit residual, the fp32 workspace of its numel (the State's one, made through the
  * allocator when it first needs it or grows): h->buf then points at it. Holds the GIL; fc_res_unpack fills it. */
 int fc_res_workspace(StateObject *self, PyObject *grad, int64_t numel, fc_res_hold *h,

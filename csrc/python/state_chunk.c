@@ -120,8 +120,11 @@ PyObject *fc_state_compress(StateObject *self, PyObject *args, PyObject *kwds)
         return NULL;
     if (single_views(self, &a, "x", 0) != FC_OK)
         goto error;
-    if (res != Py_None && (fc_res_adopt(res, &a.tv, &r, &a.err) != FC_OK ||
-                           fc_res_workspace(self, a.t, a.tv.buf.numel, &r, &a.err) != FC_OK))
+    if (res != Py_None && fc_res_adopt(res, &a.tv, &r, &a.err) != FC_OK)
+        goto error;
+    if (res != Py_None)
+        (void)fc_res_in_place(self, &a.x, &r, a.unit, FC_RES8_SALT_GATHER);
+    if (res != Py_None && fc_res_workspace(self, a.t, a.tv.buf.numel, &r, &a.err) != FC_OK)
         goto error;
     Py_BEGIN_ALLOW_THREADS
     rc = r.buf != NULL ? fc_res_unpack(self, &a.x, &r, &a.err) : FC_OK;

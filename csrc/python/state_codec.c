@@ -117,9 +117,10 @@ PyObject *fc_state_encode(StateObject *self, PyObject *args)
     const fc_prep p = {FC_PREP_ENCODE, &e.g.buf, NULL, NULL, world, rank, (uint32_t)unit, 0};
     if (fc_state_exec(self, grad, &e.g, &p, &k, &x, &err) != FC_OK)
         goto error;
+    if (e.use_ef)
+        (void)fc_res_in_place(self, &x, &e.r, (uint32_t)unit, FC_RES8_SALT_SCATTER);
     if (e.use_ef && fc_res_workspace(self, grad, e.g.buf.numel, &e.r, &err) != FC_OK)
         goto error;
-    Py_CLEAR(self->part_ws); /* an open per-peer call is dropped, as the core drops it */
     Py_BEGIN_ALLOW_THREADS
     rc = e.use_ef ? fc_res_unpack(self, &x, &e.r, &err) : FC_OK;
     if (rc == FC_OK)
@@ -256,41 +257,14 @@ PyObject *fc_state_encode_part(StateObject *self, PyObject *args)
         fc_check_cpu(&e.g, "grad", &err))
         goto error;
     const fc_exec x = {&fc_backend_cpu, NULL};
-    const int packed = e.use_ef && e.r.packed;
-    /* an 8-bit residual stays unpacked in part_ws from the call's first part to its last */
-    const int opens = fc_drive_part_opens(&self->core, (uint32_t)unit, world, rank, e.g.buf.numel);
-    if (packed && opens && fc_res_workspace(self, grad, e.g.buf.numel, &e.r, &err) != FC_OK)
-        goto error;
-    if (packed && !opens) {
-        if (self->part_ws == NULL ||
-            fc_view_get(self->part_ws, "residual workspace", FC_DT_F32, &e.r.w, &err) != FC_OK) {
-            if (err.code == FC_OK)
-                fc_fail(&err, FC_ERR_STATE, "the open per-peer call lost its residual workspace");
-            goto error;
-        }
-        if (e.r.w.buf.numel < e.g.buf.numel) {
-            fc_fail(&err, FC_ERR_STATE, "the open per-peer call's residual workspace is too short");
-            goto error;
-        }
-        e.r.w.buf.numel = e.g.buf.numel; /* the State's workspace: this unit's part of it */
-        e.r.ws = Py_NewRef(self->part_ws);
-        e.r.buf = &e.r.w.buf;
-    }
+    /* the parts run on the host, which packs an 8-bit residual in place as they write it (a
+     * block cut between two parts waits in the core's carry): nothing is held between them */
+    if (e.use_ef)
+        (void)fc_res_in_place(self, &x, &e.r, (uint32_t)unit, FC_RES8_SALT_SCATTER);
     Py_BEGIN_ALLOW_THREADS
-    rc = packed && opens ? fc_res_unpack(self, &x, &e.r, &err) : FC_OK;
-    if (rc == FC_OK)
-        rc = fc_drive_encode_part(&self->core, &x, &e.g.buf, &e.s.buf, e.use_ef ? e.r.buf : NULL,
-                                  world, rank, (uint32_t)unit, chunk, piece, &size, &err);
-    if (rc == FC_OK && packed && !self->core.enc.open) /* its last part: packed back */
-        rc = fc_res_pack(self, &x, &e.r, (uint32_t)unit, FC_RES8_SALT_SCATTER, &err);
+    rc = fc_drive_encode_part(&self->core, &x, &e.g.buf, &e.s.buf, e.use_ef ? e.r.buf : NULL, world,
+                              rank, (uint32_t)unit, chunk, piece, &size, &err);
     Py_END_ALLOW_THREADS
-    if (packed && self->core.enc.open && rc == FC_OK && self->part_ws != e.r.ws) {
-        PyObject *old = self->part_ws; /* Py_XSETREF's order, outside the limited API */
-        self->part_ws = Py_NewRef(e.r.ws);
-        Py_XDECREF(old);
-    }
-    else if (packed && !self->core.enc.open)
-        Py_CLEAR(self->part_ws); /* closed, or dropped by a failed part */
 error: /* and success: rc says which */
     encode_release(&e);
     return rc == FC_OK ? PyLong_FromLongLong(size) : STATE_ERR(self, &err);

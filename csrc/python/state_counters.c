@@ -9,12 +9,14 @@
 #include "backend_cuda/fc_cuda_path.h"
 
 /* The C core's own host memory: its grow-only scratch (fc_core.h: x, acc, the method's scratch,
- * the second round's picks), and the largest fp32 workspace an 8-bit residual was unpacked
- * into (held only during a call). */
+ * the second round's picks, an 8-bit residual's carry, as allocated: 64-byte multiples), and
+ * the largest fp32 workspace a device's 8-bit residual was unpacked into (held only during a
+ * call). */
 static long long scratch_bytes(const StateObject *self)
 {
     const fc_core *c = &self->core;
-    return (long long)(4 * (c->x_cap + c->acc_cap + c->picks_cap) + (int64_t)c->mscr_cap) +
+    const int64_t carry = (c->carry_cap * (int64_t)sizeof(fc_res8_slot) + 63) / 64 * 64;
+    return (long long)(4 * (c->x_cap + c->acc_cap + c->picks_cap) + (int64_t)c->mscr_cap + carry) +
            (long long)self->res_ws_peak;
 }
 

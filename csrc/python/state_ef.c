@@ -2,7 +2,8 @@
  * the State's "factors" slot): g' = g + ef_decay e before the method's own arithmetic, and
  * e = g' - what the mean delivered after it, by the codecs' NaN/Inf and saturation rules
  * (common/fc_ef.h) and counters, on the CPU or the device, in every residual_dtype (an 8-bit one
- * unpacked into the State's workspace around the call, as for a codec). So no numerics of a
+ * read and packed in place on the CPU, unpacked into the State's workspace around a device's
+ * call, as for a codec). So no numerics of a
  * residual are written in Python. */
 #include "python/state.h" /* first: it includes Python.h */
 
@@ -38,8 +39,10 @@ static PyObject *ef_call(StateObject *self, int op, PyObject *x_obj, PyObject *r
                              fc_check_same_device(&rv, &xv, "ref", &err) != FC_OK))
         goto error;
     if (fc_state_exec(self, x_obj, &xv, NULL, &k, &ex, &err) != FC_OK ||
-        fc_state_residual(self, unit, slot, x_obj, &xv, &h, &err) != FC_OK ||
-        fc_res_workspace(self, x_obj, xv.buf.numel, &h, &err) != FC_OK)
+        fc_state_residual(self, unit, slot, x_obj, &xv, &h, &err) != FC_OK)
+        goto error;
+    (void)fc_res_in_place(self, &ex, &h, unit, FC_RES8_SALT_POWERSGD);
+    if (fc_res_workspace(self, x_obj, xv.buf.numel, &h, &err) != FC_OK)
         goto error;
     Py_BEGIN_ALLOW_THREADS
     rc = op == FC_EF_ADD ? fc_res_unpack(self, &ex, &h, &err) : FC_OK;

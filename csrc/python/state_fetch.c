@@ -117,8 +117,11 @@ PyObject *fc_state_fetch(StateObject *self, PyObject *args)
     const int use_ef = fc_drive_uses_residual(&self->core, g.buf.numel, world, g.buf.dtype);
     if (use_ef && fc_state_residual(self, (uint32_t)unit, FC_SLOT_SCATTER, grad, &g, &r, &err) != FC_OK)
         goto error;
-    if (round_backend(self, grad, &g, &k, &x, &err) != FC_OK ||
-        (use_ef && fc_res_workspace(self, grad, g.buf.numel, &r, &err) != FC_OK))
+    if (round_backend(self, grad, &g, &k, &x, &err) != FC_OK)
+        goto error;
+    if (use_ef)
+        (void)fc_res_in_place(self, &x, &r, (uint32_t)unit, FC_RES8_SALT_FETCH);
+    if (use_ef && fc_res_workspace(self, grad, g.buf.numel, &r, &err) != FC_OK)
         goto error;
     Py_BEGIN_ALLOW_THREADS
     rc = use_ef ? fc_res_unpack(self, &x, &r, &err) : FC_OK;

@@ -1,8 +1,10 @@
 /* state_residual.c: the error-feedback residuals a State owns, one tensor per (unit, slot) made by
  * its allocator (state.h's slots: the reduce-scatter's, the all-gather half's, PowerSGD's error),
- * and the fp32 workspace an 8-bit residual (residual_dtype "int8", fc_res8.h) is
- * unpacked into for the length of one call (one per State, reused): the backends only ever see fp32 or bf16 residuals,
- * so every method's encode, the second round and compress() keep one code path. */
+ * and, for a device only, the fp32 workspace an 8-bit residual (residual_dtype "int8",
+ * fc_res8.h) is unpacked into for the length of one call (one per State, reused). The CPU reads
+ * and packs an 8-bit residual in place (backend_cpu/fc_res8.c): its scratch stays within 8 B
+ * per element of the largest chunk, where a unit-sized workspace is 4 B per element of the
+ * unit (4 W per element of a chunk). */
 #include "python/state.h" /* first: it includes Python.h */
 
 #include "common/fc_res8.h"
@@ -127,11 +129,11 @@ int fc_res_adopt(PyObject *res, const fc_view *x, fc_res_hold *h, fc_err *err)
 }
 
 /* The cached workspace (self->res_ws) when it can serve h: on h's residual's device, at least
- * numel long, and not held by an open per-peer call (part_ws: unpacked values it still needs). */
+ * numel long. */
 static int workspace_fits(const StateObject *self, const fc_res_hold *h, int64_t numel, fc_view *w,
                           fc_err *err)
 {
-    if (self->res_ws == NULL || self->res_ws == self->part_ws)
+    if (self->res_ws == NULL)
         return 0;
     if (fc_view_get_own(self->res_ws, "residual workspace", FC_DT_F32, w, err) != FC_OK)
         return -1;
@@ -141,10 +143,20 @@ static int workspace_fits(const StateObject *self, const fc_res_hold *h, int64_t
     return 0;
 }
 
+int fc_res_in_place(StateObject *self, const fc_exec *x, fc_res_hold *h, uint32_t unit,
+                    uint32_t salt)
+{
+    h->in_place = h->packed && x->b->on_host;
+    if (h->in_place)
+        self->core.res8_key = fc_res8_key((uint64_t)self->core.common.seed, self->core.step,
+                                          unit, salt);
+    return h->in_place;
+}
+
 int fc_res_workspace(StateObject *self, PyObject *grad, int64_t numel, fc_res_hold *h,
                      fc_err *err)
 {
-    if (!h->packed)
+    if (!h->packed || h->in_place)
         return FC_OK;
     /* One workspace per State, reused by every call (one call at a time: fc_state_enter), so a
      * warm call asks the allocator for nothing; it grows to the largest unit seen, on the device
@@ -164,11 +176,9 @@ int fc_res_workspace(StateObject *self, PyObject *grad, int64_t numel, fc_res_ho
             return fc_fail(err, FC_ERR_PYTHON, "");
         if (fc_view_get_own(h->ws, "residual workspace", FC_DT_F32, &h->w, err) != FC_OK)
             return err->code;
-        if (self->res_ws != self->part_ws || self->res_ws == NULL) { /* an open call's stays its own */
-            PyObject *old = self->res_ws;
-            self->res_ws = Py_NewRef(h->ws);
-            Py_XDECREF(old);
-        }
+        PyObject *old = self->res_ws; /* Py_XSETREF's order, outside the limited API */
+        self->res_ws = Py_NewRef(h->ws);
+        Py_XDECREF(old);
         if (4 * numel > self->res_ws_peak)
             self->res_ws_peak = 4 * numel;
     }
@@ -179,13 +189,13 @@ int fc_res_workspace(StateObject *self, PyObject *grad, int64_t numel, fc_res_ho
 
 int fc_res_unpack(StateObject *self, const fc_exec *x, fc_res_hold *h, fc_err *err)
 {
-    return h->packed ? fc_drive_res8_unpack(&self->core, x, &h->r.buf, &h->w.buf, err) : FC_OK;
+    return h->packed && !h->in_place ? fc_drive_res8_unpack(&self->core, x, &h->r.buf, &h->w.buf, err) : FC_OK;
 }
 
 int fc_res_pack(StateObject *self, const fc_exec *x, fc_res_hold *h, uint32_t unit, uint32_t salt,
                 fc_err *err)
 {
-    return h->packed ? fc_drive_res8_pack(&self->core, x, &h->w.buf, &h->r.buf, unit, salt, err)
+    return h->packed && !h->in_place ? fc_drive_res8_pack(&self->core, x, &h->w.buf, &h->r.buf, unit, salt, err)
                      : FC_OK;
 }
 

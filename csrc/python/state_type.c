@@ -74,7 +74,6 @@ static int State_traverse(StateObject *self, visitproc visit, void *arg)
     Py_VISIT(self->config);
     Py_VISIT(self->cuda_ws);
     Py_VISIT(self->cuda_extra);
-    Py_VISIT(self->part_ws);
     Py_VISIT(self->res_ws);
     return 0;
 }
@@ -87,7 +86,6 @@ static int State_clear(StateObject *self)
     Py_CLEAR(self->config);
     Py_CLEAR(self->cuda_ws);
     Py_CLEAR(self->cuda_extra);
-    Py_CLEAR(self->part_ws);
     Py_CLEAR(self->res_ws);
     return 0;
 }
