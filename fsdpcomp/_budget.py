@@ -98,14 +98,16 @@ def choose(costs: Sequence[Sequence[Cost]], budget_bytes: int, bins: int = 4096)
                          f"({cheapest} bytes): add cheaper candidates or raise the budget")
     inf = float("inf")
     # best[b]: the least error of the weights so far within b units; pick[l][b] its choice at l
+    # each option's bins, rounded up (in whole numbers): what the budget sees, here and below
+    widths = [[-(-c.bytes * bins // budget_bytes) for c in row] for row in costs]
     best = torch.zeros(bins + 1, dtype=torch.float64)
     picks = []
-    for row in costs:
+    for row, width in zip(costs, widths):
         nxt = torch.full((bins + 1,), inf, dtype=torch.float64)
         arg = torch.full((bins + 1,), -1, dtype=torch.long)
         order = sorted(range(len(row)), key=lambda i: row[i].bytes)  # ties: the fewer bytes first
         for i in order:
-            w = -(-row[i].bytes * bins // budget_bytes)  # ceil, in whole numbers
+            w = width[i]
             if w > bins:
                 continue
             cand = torch.full((bins + 1,), inf, dtype=torch.float64)
@@ -122,5 +124,5 @@ def choose(costs: Sequence[Sequence[Cost]], budget_bytes: int, bins: int = 4096)
     for layer in range(len(costs) - 1, -1, -1):
         i = int(picks[layer][b])
         choice[layer] = i
-        b -= -(-costs[layer][i].bytes * bins // budget_bytes)
+        b -= widths[layer][i]
     return choice

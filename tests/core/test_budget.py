@@ -46,6 +46,24 @@ def test_coarse_bins_still_never_exceed_the_budget():
         assert sum(costs[l][i].bytes for l, i in enumerate(pick)) <= budget
 
 
+def test_bytes_are_rounded_up_so_coarse_bins_never_let_a_choice_past_the_budget():
+    """In bins of budget / 8 bytes a weight's bytes are rounded up: rounded down, several that
+    each just fit a bin would be taken together past the budget (84 of these 300 instances)."""
+    kept = 0
+    for seed in range(300):
+        rnd = random.Random(seed)
+        costs = [[Cost(rnd.randint(1, 100), rnd.random()) for _ in range(3)] for _ in range(4)]
+        budget = rnd.randint(sum(min(c.bytes for c in r) for r in costs), sum(max(c.bytes for c in r) for r in costs))
+        try:
+            pick = choose(costs, budget, bins=8)
+        except ValueError as e:  # no choice fits once rounded up: said so
+            assert "raise bins" in str(e)
+            continue
+        kept += 1
+        assert sum(costs[l][i].bytes for l, i in enumerate(pick)) <= budget, seed
+    assert kept > 150
+
+
 def test_a_budget_below_the_cheapest_choice_is_refused_with_the_numbers():
     costs = [[Cost(10, 0.0), Cost(5, 1.0)], [Cost(7, 0.5)]]
     with pytest.raises(ValueError, match="11 bytes is below the cheapest choice \\(12 bytes\\)"):
