@@ -66,6 +66,7 @@ class Sim:
         self.raw = 0
         self.sent_per_step: list[int] = []  # one rank's bytes, step by step
         self.history: list[dict] = []
+        self.chosen_at = -1  # the step whose choice is made: once, by its first weight
         self.group = dist.new_group(backend="gloo")  # the costs' all-reduce, apart from DDP's
         self.rank = dist.get_rank()
 
@@ -92,9 +93,9 @@ class Sim:
     def _choose(self, step: int) -> None:
         """Every rank the same choice: the costs summed over ranks, then the one knapsack. The first
         weight to get its gradient at the step after a measurement makes it, for all."""
-        if getattr(self, "_chosen_at", None) == step:
+        if self.chosen_at == step:
             return
-        self._chosen_at = step
+        self.chosen_at = step
         errs = torch.tensor([[c.err_sq for c in self.costs[n]] for n in self.names], dtype=torch.float64)
         norms = torch.tensor([self.norms[n] for n in self.names], dtype=torch.float64)
         dist.all_reduce(errs, group=self.group)

@@ -148,12 +148,14 @@ FC_CLONES void fc_cpu_res8_add(const fc_buf *r, int64_t start, int64_t len, floa
     }
 }
 
-/* One more carry slot, the staged blocks kept: the parts came in an order that leaves more cut
- * blocks open at once than the call was opened for (fc_cpu_res8_open). Grow-only, so a warm call
- * in the same order allocates nothing. */
-static int more_slots(fc_core *s, fc_err *err)
+/* The carry grown to at least `slots` slots, the staged blocks kept and the new slots free:
+ * fc_cpu_res8_open sizes it for a call, stage adds one where the parts came in an order that
+ * leaves more cut blocks open at once. Grow-only, so a warm call allocates nothing. */
+static int grow_carry(fc_core *s, int64_t slots, fc_err *err)
 {
-    const size_t bytes = ((size_t)(s->carry_cap + 1) * sizeof(fc_res8_slot) + 63) / 64 * 64;
+    if (slots <= s->carry_cap)
+        return FC_OK;
+    const size_t bytes = ((size_t)slots * sizeof(fc_res8_slot) + 63) / 64 * 64;
     fc_res8_slot *q = (fc_res8_slot *)aligned_alloc(64, bytes);
     if (q == NULL)
         return fc_fail(err, FC_ERR_NOMEM, "could not allocate %zu bytes of scratch", bytes);
@@ -182,7 +184,7 @@ FC_CLONES static int stage(fc_core *s, uint8_t *p, int64_t n, int64_t b, int64_t
         while (j < s->carry_cap && s->carry[j].block >= 0)
             j++;
         if (j == s->carry_cap) {
-            int rc = more_slots(s, err);
+            int rc = grow_carry(s, s->carry_cap + 1, err);
             if (rc != FC_OK)
                 return rc;
         }
@@ -245,18 +247,14 @@ int fc_cpu_res8_keep(fc_core *s, fc_buf *r, int64_t start, int64_t len, fc_err *
     return FC_OK;
 }
 
-/* The carry for a call that stages `slots` blocks at once (more_slots adds one where the parts'
+/* The carry for a call that stages `slots` blocks at once (stage adds one where the parts'
  * order needs it), grown once (a warm call allocates nothing) and cleared: a dropped call's
  * slots are void. */
 int fc_cpu_res8_open(fc_core *s, int64_t slots, fc_err *err)
 {
-    if (slots > s->carry_cap) {
-        size_t cap = (size_t)s->carry_cap * sizeof(fc_res8_slot);
-        int rc = fc_core_grow((void **)&s->carry, &cap, (size_t)slots * sizeof(fc_res8_slot), err);
-        if (rc != FC_OK)
-            return rc;
-        s->carry_cap = (int64_t)(cap / sizeof(fc_res8_slot));
-    }
+    int rc = grow_carry(s, slots, err);
+    if (rc != FC_OK)
+        return rc;
     for (int64_t j = 0; j < s->carry_cap; j++)
         s->carry[j].block = -1;
     return FC_OK;

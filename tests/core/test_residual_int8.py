@@ -147,6 +147,17 @@ def test_per_peer_parts_send_and_keep_what_encode_does(gen):
         parts.end_step()
 
 
+def _encode_parts(state, g, world, rank, order):
+    """One call's per-peer parts, the chunks in `order`, each chunk's pieces in turn: the send buffer."""
+    unit = state._core.begin(g.numel())
+    send, _ = state._core.pieces(g, world, rank)
+    b = torch.zeros(sum(sum(p) for p in send), dtype=torch.uint8)
+    for c in order:
+        for piece in range(len(send[c])):
+            state._core.encode_part(g, b, world, rank, unit, c, piece)
+    return b
+
+
 @pytest.mark.parametrize("own", [True, False], ids=["own-compressed", "own-exact"])
 def test_parts_in_any_order_pack_the_same_bytes(own, gen):
     """The CPU packs in place: a 64-block that a chunk or piece boundary cuts waits in a carry until
@@ -162,13 +173,7 @@ def test_parts_in_any_order_pack_the_same_bytes(own, gen):
         g = torch.randn(n, generator=gen)
         sends = []
         for st, order in zip(states, orders):
-            unit = st._core.begin(n)
-            send, _ = st._core.pieces(g, world, rank)
-            b = torch.zeros(sum(sum(p) for p in send), dtype=torch.uint8)
-            for c in order:
-                for piece in range(len(send[c])):
-                    st._core.encode_part(g, b, world, rank, unit, c, piece)
-            sends.append(b)
+            sends.append(_encode_parts(st, g, world, rank, order))
         for st, b in zip(states[1:], sends[1:]):
             assert torch.equal(sends[0], b)
             assert torch.equal(states[0]._core.residuals()[0], st._core.residuals()[0])
@@ -176,12 +181,7 @@ def test_parts_in_any_order_pack_the_same_bytes(own, gen):
             st.end_step()
     x = states[0].counters()["scratch_bytes"]
     fresh = fsdpcomp.CommState("int8", dict(cfg, residual_dtype="fp32"))
-    unit = fresh._core.begin(n)
-    send, _ = fresh._core.pieces(g, world, rank)
-    b = torch.zeros(sum(sum(p) for p in send), dtype=torch.uint8)
-    for c in fsdp:
-        for piece in range(len(send[c])):
-            fresh._core.encode_part(g, b, world, rank, unit, c, piece)
+    _encode_parts(fresh, g, world, rank, fsdp)
     assert x - fresh.counters()["scratch_bytes"] == 3 * 272 + 16  # three slots, 64-byte rounded
 
 
