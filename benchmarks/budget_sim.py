@@ -8,15 +8,17 @@ What it answers before a wire format is built: does a per-weight codec choice un
 budget (fsdpcomp._budget: L-GreCo's knapsack over measured errors) train better than one codec
 for every weight at the same bytes? It is a simulation, not the library's method:
 
-- Every rank's gradient of every weight is replaced, before DDP averages it exactly, by its
-  codec's roundtrip D(C(g)) (fsdpcomp._budget.roundtrip: the library's encode and decode of the
-  whole weight as one chunk). The real collective compresses per chunk and sends a rank's own
-  chunk exact; here every element of every rank's gradient goes through the codec, so both
-  arms carry more error than the library's runs would: compare the arms with each other.
+- Every rank's gradient of every weight is replaced, before DDP averages it exactly, by what
+  the library's reduce-scatter would make of it: the weight cut in W chunks, the chunk the rank
+  owns kept exact, every other chunk through its codec's roundtrip D(C(g))
+  (fsdpcomp._budget.roundtrip: the library's encode and decode of one chunk). The real
+  collective cuts a flat unit of several weights, so chunk edges differ; the error per element
+  carried is the same. `"sim_own": "codec"` sends the own chunk through the codec too (the
+  first runs, with about twice the error variance).
 - `"sim": "budget"`: every `sim_every` steps (50) each rank measures every candidate of
-  fsdpcomp._budget.LADDER on each weight's gradient; the costs are summed over ranks (one
-  all-reduce on a group of its own), and every rank solves the same knapsack for bytes =
-  raw / `sim_ratio`, minimising `sim_objective` ("l-greco": summed squared error, or
+  fsdpcomp._budget.LADDER on the chunks of each weight it sends; the bytes and errors are summed
+  over ranks (all-reduces on a group of their own), and every rank solves the same knapsack for
+  bytes = what `none` would send / `sim_ratio`, minimising `sim_objective` ("l-greco": summed squared error, or
   "per-param": each weight's relative error times its parameters). Step 0 goes exact (it is
   the first measurement); the choice holds until the next.
 - `"sim": "<candidate name>"` (e.g. "dct 15/128", "intN 3-bit"): that codec for every weight.
@@ -66,9 +68,14 @@ class Sim:
         self.raw = 0
         self.sent_per_step: list[int] = []  # one rank's bytes, step by step
         self.history: list[dict] = []
+        self.budget = 0  # all ranks' bytes per step under the latest choice
         self.chosen_at = -1  # the step whose choice is made: once, by its first weight
         self.group = dist.new_group(backend="gloo")  # the costs' all-reduce, apart from DDP's
         self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.own = spec.get("sim_own", "exact")
+        if self.own not in ("exact", "codec"):
+            raise ValueError(f"sim_own must be 'exact' or 'codec', got {self.own!r}")
 
     def hook(self, name: str):
         def apply(grad: torch.Tensor) -> torch.Tensor:
@@ -78,17 +85,47 @@ class Sim:
                 self._choose(step)
             g = grad.detach().reshape(-1).float().contiguous()
             if self.kind == "budget" and step % self.every == 0:
-                self.costs[name] = measure(g)
+                self.costs[name] = self._measure(g)
                 self.norms[name] = float((g.double() ** 2).sum())
             c = LADDER[self.choice[name]]
-            out, size = (grad, 4 * g.numel() + 32) if c.method == "none" else roundtrip(g, c)
-            self.raw += 4 * g.numel()
+            sent_n = g.numel() - (0 if self.own == "codec" else torch.tensor_split(g, self.world)[self.rank].numel())
+            out, size = (grad, 4 * sent_n + 32) if c.method == "none" else self._send(g, c)
+            self.raw += 4 * sent_n  # what `none` sends of it: the ratio is the library's
             self.sent += size
             while len(self.sent_per_step) <= step:
                 self.sent_per_step.append(0)
             self.sent_per_step[step] += size
             return out if out is grad else out.view_as(grad).to(grad.dtype)
         return apply
+
+    def _sent_chunks(self, g: torch.Tensor) -> list[torch.Tensor]:
+        """The parts of this rank's gradient that go through a codec (see _send)."""
+        if self.own == "codec":
+            return [g]
+        return [ch.contiguous() for q, ch in enumerate(torch.tensor_split(g, self.world))
+                if q != self.rank and ch.numel() > 0]
+
+    def _measure(self, g: torch.Tensor) -> list[Cost]:
+        """Every candidate's bytes and error on what this rank sends: the choice's budget is then
+        in the bytes the run sends."""
+        rows = [measure(ch) for ch in self._sent_chunks(g)]
+        return [Cost(sum(r[j].bytes for r in rows), sum(r[j].err_sq for r in rows)) for j in range(len(LADDER))]
+
+    def _send(self, g: torch.Tensor, c) -> tuple[torch.Tensor, int]:
+        """What the mean over ranks sees of this rank's gradient, and the bytes it sends. "exact"
+        (as the library's reduce-scatter): the weight cut in W chunks as FSDP cuts a flat unit, the
+        chunk this rank owns kept exact, each other chunk through the codec. "codec": all of it."""
+        if self.own == "codec":
+            return roundtrip(g, c)
+        parts, size = [], 0
+        for q, chunk in enumerate(torch.tensor_split(g, self.world)):
+            if q == self.rank or chunk.numel() == 0:
+                parts.append(chunk)
+                continue
+            out, n = roundtrip(chunk.contiguous(), c)
+            parts.append(out)
+            size += n
+        return torch.cat(parts), size
 
     def _choose(self, step: int) -> None:
         """Every rank the same choice: the costs summed over ranks, then the one knapsack. The first
@@ -97,15 +134,17 @@ class Sim:
             return
         self.chosen_at = step
         errs = torch.tensor([[c.err_sq for c in self.costs[n]] for n in self.names], dtype=torch.float64)
+        sizes = torch.tensor([[c.bytes for c in self.costs[n]] for n in self.names], dtype=torch.float64)
         norms = torch.tensor([self.norms[n] for n in self.names], dtype=torch.float64)
-        dist.all_reduce(errs, group=self.group)
-        dist.all_reduce(norms, group=self.group)
+        for t in (errs, sizes, norms):  # summed over ranks: every rank the same numbers
+            dist.all_reduce(t, group=self.group)
         rows = []
         for i, n in enumerate(self.names):
             scale = self.sizes[n] / max(float(norms[i]), 1e-300) if self.objective == "per-param" else 1.0
-            rows.append([Cost(c.bytes, float(errs[i, j]) * scale) for j, c in enumerate(self.costs[n])])
+            rows.append([Cost(int(sizes[i, j]), float(errs[i, j]) * scale) for j in range(len(LADDER))])
         raw = sum(r[BY_NAME["fp32"]].bytes for r in rows)
-        pick = choose(rows, int(raw / self.ratio))
+        self.budget = int(raw / self.ratio)  # all ranks' bytes per step
+        pick = choose(rows, self.budget)
         self.choice = dict(zip(self.names, pick))
         self.history.append({"step": step, "choice": {n: LADDER[i].name for n, i in self.choice.items()}})
 
@@ -143,7 +182,7 @@ def main(argv=None) -> int:
         out = os.path.join(where, f"budget_sim_{_arg(argv, '--run_name', 'run')}.json")
         with open(out, "w") as f:
             json.dump({"spec": spec, "raw_bytes": s.raw, "sent_bytes": s.sent, "ratio": s.raw / max(s.sent, 1),
-                       "budget_per_step": int(sum(4 * n + 32 for n in s.sizes.values()) / s.ratio),
+                       "budget_per_step": s.budget // s.world if s.kind == "budget" else None,
                        "sent_per_step": s.sent_per_step, "choices": s.history}, f)
         print(f"budget_sim: {s.raw / max(s.sent, 1):.2f}x ({s.sent:,} of {s.raw:,} bytes); {out}", flush=True)
     return rc
