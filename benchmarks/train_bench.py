@@ -223,6 +223,25 @@ def train_all(args, methods: list[str], link, link_note: str) -> list[dict]:
     return runs
 
 
+def baseline_runs(args) -> list[dict]:
+    """--baseline: the `none` runs of earlier invocations (their curves files) for this one's seeds,
+    instead of training them again; refused where those ran other settings or lack a seed."""
+    runs = []
+    for stem in args.baseline:
+        with open(os.path.join(args.out_dir, f"{stem}.json"), encoding="utf-8") as f:
+            meta = json.load(f)["meta"]
+        for key in ("setting", "model", "world", "max_steps", "batch_size", "max_length"):
+            if meta[key] != getattr(args, key):
+                raise SystemExit(f"--baseline {stem} ran {key} = {meta[key]!r}, this run {getattr(args, key)!r}")
+        runs += [r for r in results_io.read_curves(os.path.join(args.curves_dir, f"{stem}.json.gz"))
+                 if r["method"] == "none" and r["seed"] in args.seeds]
+    missing = sorted(set(args.seeds) - {r["seed"] for r in runs})
+    if missing:
+        raise SystemExit(f"--baseline {' '.join(args.baseline)} has no `none` run of seed(s) {missing}")
+    by_seed = {r["seed"]: r for r in runs}  # one per seed, the last stem's where several have it
+    return [by_seed[s] for s in args.seeds]
+
+
 def merged_runs(args, argv) -> tuple[list[dict], list[str], list[int]]:
     """--merge: the runs of earlier invocations (their curves files), their seeds, and the first
     one's command line with every seed, which reproduces them in one invocation."""
@@ -273,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--merge", nargs="+", default=None, metavar="STEM",
                    help="train nothing: summarise the runs of earlier invocations' curves (e.g. one per seed, "
                         "run one after another) as if they were one")
+    p.add_argument("--baseline", nargs="+", default=None, metavar="STEM",
+                   help="take `none`'s runs from earlier invocations' curves (same settings and seeds) "
+                        "instead of training them again")
     p.add_argument("train_args", nargs=argparse.REMAINDER, help="after --: passed to fsdp_train.py unchanged")
     args = p.parse_args(argv)
     exit_on_sigterm()
@@ -309,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out_dir, exist_ok=True)
     if args.merge:
         runs, argv, args.seeds = merged_runs(args, argv)
+    elif args.baseline:
+        runs = baseline_runs(args)
+        runs += train_all(args, [m for m in methods if m != "none"], link, link_note)
     else:
         runs = train_all(args, methods, link, link_note)
     rows = summarise(runs)

@@ -33,3 +33,22 @@ def test_merge_summarises_every_seed_and_reproduces_them_in_one_command(tmp_path
     argv = out["meta"]["argv"]
     assert argv[argv.index("--seeds") + 1:argv.index("--seeds") + 3] == ["0", "1"]
     assert argv[argv.index("--tag") + 1] == "both" and "--curves_dir" not in argv
+
+
+def test_baseline_takes_none_from_an_earlier_invocation_and_refuses_other_settings(tmp_path):
+    """--baseline: `none`'s runs of an earlier invocation stand in for training them again, for the
+    seeds asked; another setting or a missing seed is refused by name."""
+    stem = _invocation(tmp_path, 1, 120.0)
+    common = ["--link", "unshaped", "--out_dir", str(tmp_path), "--curves_dir", str(tmp_path / "curves"),
+              "--max_steps", "10", "--baseline", stem]
+    # only `none` asked: nothing is trained, the summary is the earlier run's
+    assert train_bench.main([*common, "--seeds", "1", "--methods", "none", "--tag", "reuse"]) == 0
+    rows = json.loads((tmp_path / "train_bench_cpu_reuse.json").read_text())["rows"]
+    assert [(r["method"], r["val_ppl"]) for r in rows] == [("none", 120.0)]
+    for extra, named in ((["--seeds", "2"], "seed(s) [2]"), (["--seeds", "1", "--max_steps", "20"], "max_steps")):
+        try:
+            train_bench.main([*common, *extra, "--methods", "none", "--tag", "bad"])
+        except SystemExit as e:
+            assert named in str(e), e
+        else:
+            raise AssertionError(f"{extra} was not refused")
