@@ -149,7 +149,7 @@ static int encode_one(fc_core *s, const fc_method *m, const fc_chunk *c, const f
                       int64_t cap, int fallback, unsigned flags, int64_t *size, fc_layout *used,
                       const fc_method **wm, fc_err *err)
 {
-    int64_t full = fc_payload_bytes(s, m, c->n, c->wire_dtype);
+    int64_t full = fc_core_chunk_bytes(s, m, c);
     *wm = m;
     if (full > cap)
         return fc_fail(err, FC_ERR_VALUE, "payload buffer holds %lld bytes, need %lld",

@@ -21,6 +21,7 @@ enum fc_method_id {
     FC_ID_SIGNSGD = 13,
     FC_ID_ONEBIT = 14,
     FC_ID_DCT = 15,
+    FC_ID_ADAPTIVE = 16,
 };
 
 #endif

@@ -50,6 +50,8 @@ void fc_core_free_unit_states(fc_core *s)
     for (int32_t u = 0; u < s->n_units; u++) {
         free(s->units[u].ustate);
         s->units[u].ustate = NULL;
+        free(s->units[u].parts);
+        s->units[u].parts = NULL;
     }
 }
 
@@ -218,7 +220,8 @@ static int no_smaller(const fc_core *s, const fc_method *m, int64_t n, int dtype
 static const fc_method *wire_rule(const fc_core *s, int64_t numel, int world, int dtype)
 {
     const fc_method *m = fc_core_unit_method(s, numel);
-    if (m == &fc_method_none || (m->flags & FC_VARSIZE) || numel <= 0 || world < 1)
+    /* a parts table's payload is as small as the table makes it: its fp32 parts are exact */
+    if (m == &fc_method_none || (m->flags & (FC_VARSIZE | FC_PARTS)) || numel <= 0 || world < 1)
         return m;
     /* a unit's chunks have two lengths at most: ceil(N / W), and the last non-empty one's */
     const int64_t per = fc_chunk_per(numel, world), last = fc_chunk_last(numel, per);
@@ -252,7 +255,31 @@ fc_chunk fc_core_make_chunk(const fc_core *s, const fc_method *m, int64_t n, int
     c.rng = fc_chunk_sender_rng(c.rng_shared, rank);
     c.scratch = s->mscr;
     c.ustate = NULL;
+    c.at = 0;
+    c.parts = NULL;
+    /* where the chunk lies in its unit, by the plan's chunk rule, for a method that reads the
+     * unit's parts table; a chunk that is not chunk `chunk` of the unit over `world` ranks (a
+     * piece, compress() of another length) has the default table */
+    if ((m->flags & FC_PARTS) && unit < (uint32_t)s->n_units && s->units[unit].parts != NULL &&
+        chunk < (uint32_t)world) {
+        int64_t start, len;
+        fc_chunk_span(s->units[unit].numel, world, (int)chunk, &start, &len);
+        if (len == n) {
+            c.at = start;
+            c.parts = s->units[unit].parts;
+        }
+    }
     return c;
+}
+
+int64_t fc_core_chunk_bytes(const fc_core *s, const fc_method *m, const fc_chunk *c)
+{
+    (void)s;
+    if (c->n == 0)
+        return 0;
+    fc_layout l;
+    m->layout(c, &l);
+    return fc_align_up(FC_HEADER_BYTES + fc_layout_bytes(&l));
 }
 
 int64_t fc_payload_bytes(const fc_core *s, const fc_method *m, int64_t n, int dtype)
@@ -260,9 +287,18 @@ int64_t fc_payload_bytes(const fc_core *s, const fc_method *m, int64_t n, int dt
     if (n == 0)
         return 0;
     fc_chunk c = fc_core_make_chunk(s, m, n, 1, dtype, 0, 0, 0);
-    fc_layout l;
-    m->layout(&c, &l);
-    return fc_align_up(FC_HEADER_BYTES + fc_layout_bytes(&l));
+    c.at = 0; /* a chunk of no unit: the default parts table */
+    c.parts = NULL;
+    return fc_core_chunk_bytes(s, m, &c);
+}
+
+int64_t fc_core_chunk_payload(const fc_core *s, const fc_plan *p, int64_t unit, int c, int64_t n)
+{
+    if (n == 0 || !(p->wire->flags & FC_PARTS))
+        return fc_plan_payload(p, n);
+    const fc_chunk ch = fc_core_make_chunk(s, p->wire, n, p->world, p->dtype,
+                                           unit < 0 ? UINT32_MAX : (uint32_t)unit, (uint32_t)c, 0);
+    return fc_core_chunk_bytes(s, p->wire, &ch);
 }
 
 static int64_t fetch_kmax_rule(const fc_core *s, const fc_method *m, int64_t N, int world);
@@ -314,29 +350,30 @@ fc_plan fc_core_plan_of(const fc_core *s, int64_t numel, int dtype, int world)
     return *slot;
 }
 
-void fc_core_plan(const fc_core *s, int64_t numel, int dtype, int world, int rank,
+void fc_core_plan(const fc_core *s, int64_t numel, int dtype, int world, int rank, int64_t unit,
                   int64_t *send_splits, int64_t *recv_splits)
 {
     const fc_plan p = fc_core_plan_of(s, numel, dtype, world);
     int64_t start, own;
     fc_chunk_span_per(numel, p.per, rank, &start, &own);
-    const int64_t p_own = fc_plan_payload(&p, own);
+    /* every sender's payload of the own chunk: one table, every rank's (the header checks it) */
+    const int64_t p_own = fc_core_chunk_payload(s, &p, unit, rank, own);
     for (int c = 0; c < world; c++) {
         int64_t len;
         fc_chunk_span_per(numel, p.per, c, &start, &len);
         int skip = c == rank && !s->common.compress_own_chunk;
-        send_splits[c] = skip ? 0 : fc_plan_payload(&p, len);
+        send_splits[c] = skip ? 0 : fc_core_chunk_payload(s, &p, unit, c, len);
         recv_splits[c] = skip ? 0 : p_own;
     }
 }
 
 int fc_core_check_recv(const fc_core *s, int64_t numel, int dtype, int world, int rank,
-                       int64_t have, int64_t *recvs, fc_err *err)
+                       int64_t unit, int64_t have, int64_t *recvs, fc_err *err)
 {
     const fc_method *m = fc_core_wire_method(s, numel, world, dtype);
     const int varsize = (m->flags & FC_VARSIZE) != 0;
     int64_t sends[FC_MAX_WORLD], total = 0;
-    fc_core_plan(s, numel, dtype, world, rank, sends, recvs);
+    fc_core_plan(s, numel, dtype, world, rank, unit, sends, recvs);
     for (int r = 0; r < world; r++)
         total += recvs[r];
     /* data-dependent sizes: the plan is an upper bound and the payloads lie back to back */
@@ -402,8 +439,11 @@ int fc_core_has_payload(const fc_core *s, int64_t N, int world, int rank, int ci
 
 fc_header_key fc_core_header_key(const fc_core *s, const fc_method *m, const fc_chunk *c)
 {
+    /* a parts table decides the body's layout: ranks whose tables differ must refuse each
+     * other's payloads, not decode them as garbage */
+    const uint32_t parts = (m->flags & FC_PARTS) && c->parts != NULL ? c->parts->hash : 0u;
     return fc_chunk_header_key(m->id, c->wire_dtype, c->world, c->rng_shared.unit,
-                               c->rng_shared.step, s->fingerprint);
+                               c->rng_shared.step, s->fingerprint ^ parts);
 }
 
 fc_call_key fc_core_call_key(const fc_core *s, uint32_t unit, int world, int rank, int64_t numel)
@@ -493,6 +533,8 @@ const char *fc_core_not_per_peer(const fc_core *s, const fc_method *m, int64_t N
 {
     if (m->flags & FC_VARSIZE)
         return "has data-dependent payload sizes (the receivers learn them in one exchange)";
+    if (m->flags & FC_PARTS) /* pieces would cut the parts table's spans: not built yet */
+        return "cuts its chunks by the unit's parts table, which the per-peer pieces do not follow yet";
     if (fc_core_fetch_kmax(s, N, world) > 0)
         return "has a second round (the owner picks coordinates from all payloads)";
     if (m->aggregate != NULL && m->agg_bytes != NULL)
@@ -566,4 +608,79 @@ int fc_core_stats_due(const fc_core *s, const fc_method *m, int64_t numel, int w
     /* a second round decides what is sent after this call: no error sample from round 1 */
     return m == s->method && s->common.error_stats_every > 0 && !fc_core_fetch_kmax(s, numel, world) &&
            s->ctr.calls % s->common.error_stats_every == 0;
+}
+
+/* ---- the parts table of an FC_PARTS method (adaptive) ---- */
+
+/* FNV-1a over the table's bytes, folded to 32 bits: every rank computes it alike. */
+static uint32_t parts_hash(const int64_t *ends, const uint8_t *rungs, int64_t count)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    const unsigned char *b = (const unsigned char *)ends;
+    for (size_t i = 0; i < (size_t)count * 8; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    for (int64_t i = 0; i < count; i++)
+        h = (h ^ rungs[i]) * 0x100000001b3ull;
+    h = (h ^ (uint64_t)count) * 0x100000001b3ull;
+    return (uint32_t)(h ^ (h >> 32));
+}
+
+int fc_core_set_parts(fc_core *s, int64_t unit, const int64_t *ends, const uint8_t *rungs,
+                      int64_t count, fc_err *err)
+{
+    if (unit < 0 || unit >= s->n_units)
+        return fc_fail(err, FC_ERR_VALUE, "unit must be one begin() gave out, in [0, %d), got %lld",
+                       s->n_units, (long long)unit);
+    const int64_t numel = s->units[unit].numel;
+    const fc_method *m = fc_core_unit_method(s, numel);
+    if (!(s->method->flags & FC_PARTS))
+        return fc_fail(err, FC_ERR_VALUE, "set_parts: method '%s' has no parts table (only "
+                       "'adaptive' has one)", s->method->name);
+    if (!(m->flags & FC_PARTS))
+        return fc_fail(err, FC_ERR_VALUE, "set_parts: unit %lld has %lld elements, below "
+                       "min_numel=%lld: it goes as 'none' and has no parts table", (long long)unit,
+                       (long long)numel, (long long)s->common.min_numel);
+    if ((s->enc.open && s->enc.key.unit == (uint32_t)unit) ||
+        (s->dec_call.open && s->dec_call.key.unit == (uint32_t)unit))
+        return fc_fail(err, FC_ERR_STATE, "set_parts: unit %lld has a call in progress; replace "
+                       "its table between calls", (long long)unit);
+    if (count < 1 || count > (numel > 0 ? numel : 1))
+        return fc_fail(err, FC_ERR_VALUE, "set_parts: a unit of %lld elements has 1 to %lld parts, "
+                       "got %lld", (long long)numel, (long long)(numel > 0 ? numel : 1),
+                       (long long)count);
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t prev = i > 0 ? ends[i - 1] : 0;
+        if (ends[i] <= prev && !(numel == 0 && count == 1))
+            return fc_fail(err, FC_ERR_VALUE, "set_parts: ends must be strictly ascending and "
+                           "positive, got ends[%lld]=%lld after %lld", (long long)i,
+                           (long long)ends[i], (long long)prev);
+        if (rungs[i] >= m->rungs)
+            return fc_fail(err, FC_ERR_VALUE, "set_parts: rungs[%lld]=%d is out of range: '%s' has "
+                           "%d rungs (0 to %d)", (long long)i, rungs[i], m->name, m->rungs,
+                           m->rungs - 1);
+    }
+    if (ends[count - 1] != numel)
+        return fc_fail(err, FC_ERR_VALUE, "set_parts: the last end must be the unit's numel %lld, "
+                       "got %lld", (long long)numel, (long long)ends[count - 1]);
+    fc_parts *p = NULL;
+    if (!(count == 1 && rungs[0] == 0)) { /* the default table is kept as NULL: one hash for it */
+        /* one block: the struct, the ends (8-byte aligned after it), the rungs */
+        const size_t head = (sizeof(fc_parts) + 7) / 8 * 8;
+        unsigned char *b = (unsigned char *)malloc(head + (size_t)count * 9);
+        if (b == NULL)
+            return fc_fail(err, FC_ERR_NOMEM, "could not allocate a parts table of %lld parts",
+                           (long long)count);
+        p = (fc_parts *)b;
+        int64_t *e = (int64_t *)(b + head);
+        uint8_t *r = b + head + (size_t)count * 8;
+        memcpy(e, ends, (size_t)count * 8);
+        memcpy(r, rungs, (size_t)count);
+        p->count = count;
+        p->ends = e;
+        p->rungs = r;
+        p->hash = parts_hash(e, r, count);
+    }
+    free(s->units[unit].parts);
+    s->units[unit].parts = p;
+    return FC_OK;
 }

@@ -42,6 +42,8 @@ typedef struct {
     double residual_sq; /* ||e||^2 after the unit's latest update */
     int64_t residual_elems;
     float *ustate; /* the method's persistent per-unit state (fc_method.unit_floats), or NULL */
+    fc_parts *parts; /* an FC_PARTS method's parts table (fc_core_set_parts); NULL: the default,
+                      * the whole unit one part of rung 0 */
 } fc_unit;
 
 /* A gradient, output, residual or wire buffer, already validated by the glue. */
@@ -181,7 +183,7 @@ void fc_core_count_payload(fc_core *s, const fc_layout *l, int64_t size, int64_t
 void fc_core_count_call(fc_core *s, const fc_method *m, int64_t numel, int fell_back, int64_t raw);
 int fc_core_stats_due(const fc_core *s, const fc_method *m, int64_t numel, int world);
 int fc_core_check_recv(const fc_core *s, int64_t numel, int dtype, int world, int rank,
-                       int64_t have, int64_t *recvs, fc_err *err);
+                       int64_t unit, int64_t have, int64_t *recvs, fc_err *err);
 
 /* fingerprint: fc_config_fingerprint of the same config. */
 void fc_core_init(fc_core *s, const fc_method *m, const fc_common *common, const void *cfg,
@@ -218,9 +220,19 @@ static inline const fc_layout *fc_plan_body(const fc_plan *p, int64_t n)
 {
     return n == p->per ? &p->body_per : &p->body_last;
 }
-/* Bytes this rank sends to / receives from each rank for a unit of `numel` elements. */
-void fc_core_plan(const fc_core *s, int64_t numel, int dtype, int world, int rank,
+/* Bytes this rank sends to / receives from each rank for a unit of `numel` elements. A method
+ * whose bodies follow the unit's parts table (FC_PARTS) sizes each chunk by the table of `unit`
+ * (< 0: the default table). */
+void fc_core_plan(const fc_core *s, int64_t numel, int dtype, int world, int rank, int64_t unit,
                   int64_t *send_splits, int64_t *recv_splits);
+/* Header + body of chunk c (n elements) of a unit, padded (0: empty): the plan's size, or for an
+ * FC_PARTS method the unit's table's. */
+int64_t fc_core_chunk_payload(const fc_core *s, const fc_plan *p, int64_t unit, int c, int64_t n);
+/* Replaces the parts table of `unit` (an FC_PARTS method's, fc_parts): `count` parts, ends
+ * ascending and the last the unit's numel, rungs below the method's; the default table (one part
+ * of rung 0) is kept as NULL. Nothing changes when it is refused. */
+int fc_core_set_parts(fc_core *s, int64_t unit, const int64_t *ends, const uint8_t *rungs,
+                      int64_t count, fc_err *err);
 
 /* Claims a unit for a call of `numel` elements: unit `want` (a unit seen before, or n_units
  * for a new one), or with want < 0 the next one in call order (the cursor). new_step ends the
@@ -248,7 +260,8 @@ void fc_core_piece_plan(const fc_core *s, int64_t numel, int dtype, int world, i
 /* The per-peer encode is the driver's: fc_drive_encode_part (fc_backend.h); the per-peer
  * decode is the CPU backend's (fc_cpu_decode_part, backend_cpu/fc_cpu.h). */
 
-/* Frees every unit's method state (before the unit table is replaced or freed). */
+/* Frees every unit's method state and parts table (before the unit table is replaced or
+ * freed: a restored unit starts from the default table). */
 void fc_core_free_unit_states(fc_core *s);
 /* After decode: the floats of the unit's state to sum over ranks this step (*len 0: none). */
 void fc_core_sync_span(fc_core *s, uint32_t unit, float **data, int64_t *len);

@@ -15,6 +15,8 @@ int fc_core_grow_f32(float **p, int64_t *cap, int64_t n, fc_err *err);
 int fc_core_ustate(fc_core *s, const fc_method *m, uint32_t unit, float **out, fc_err *err);
 fc_chunk fc_core_make_chunk(const fc_core *s, const fc_method *m, int64_t n, int world, int dtype,
                             uint32_t unit, uint32_t chunk, int rank);
+/* Header + body of chunk c as m writes it, padded (0: empty): the chunk's own parts table. */
+int64_t fc_core_chunk_bytes(const fc_core *s, const fc_method *m, const fc_chunk *c);
 /* The header fields of chunk c's payloads written with m (fc_header_make, fc_header_verdict). */
 fc_header_key fc_core_header_key(const fc_core *s, const fc_method *m, const fc_chunk *c);
 fc_call_key fc_core_call_key(const fc_core *s, uint32_t unit, int world, int rank, int64_t numel);

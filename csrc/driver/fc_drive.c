@@ -171,7 +171,7 @@ int fc_drive_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_b
         return fc_fail(err, FC_ERR_VALUE, "output has %lld elements, the shard needs %lld",
                        (long long)out->numel, (long long)n);
     s->dec_call.open = 0; /* the accumulator is reused: a decode_part sequence ends here */
-    FC_TRY(fc_core_check_recv(s, N, grad->dtype, world, rank, recv->numel, recvs, err));
+    FC_TRY(fc_core_check_recv(s, N, grad->dtype, world, rank, unit, recv->numel, recvs, err));
     s->picks_unit = -1;
     FC_TRY(x->b->decode(s, x, recv, grad, out, world, rank, unit, recvs, err));
     if (fc_core_fetch_kmax(s, N, world) > 0) { /* the picks a second round reads next */

@@ -116,4 +116,13 @@ typedef struct {
     fc_vcodec vc;
 } fc_dct_cfg;
 
+enum { FC_ADAPTIVE_LGRECO = 0, FC_ADAPTIVE_PER_PARAM = 1 };
+
+/* adaptive's own keys: what the Python chooser reads (the parts table says what is sent) */
+typedef struct {
+    double ratio;    /* the byte budget: raw bytes / ratio */
+    int64_t every;   /* steps between choices */
+    int objective;   /* FC_ADAPTIVE_LGRECO or FC_ADAPTIVE_PER_PARAM */
+} fc_adaptive_cfg;
+
 #endif

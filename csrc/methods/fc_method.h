@@ -46,12 +46,24 @@ typedef struct {
 
 /* ---- element types of gradients and residuals ---- */
 
-typedef enum { FC_F32 = 0, FC_BF16 = 1, FC_F16 = 2, FC_U8 = 3, FC_DTYPE_COUNT } fc_dtype;
+/* FC_I64: index tensors only (adaptive's parts table), never a gradient or a wire buffer. */
+typedef enum { FC_F32 = 0, FC_BF16 = 1, FC_F16 = 2, FC_U8 = 3, FC_I64 = 4, FC_DTYPE_COUNT } fc_dtype;
 
 static inline int64_t fc_dtype_size(int dt)
 {
-    return dt == FC_F32 ? 4 : dt == FC_U8 ? 1 : 2;
+    return dt == FC_F32 ? 4 : dt == FC_U8 ? 1 : dt == FC_I64 ? 8 : 2;
 }
+
+/* A unit's parts table (adaptive, FC_PARTS): part i covers [ends[i-1], ends[i]) of the unit
+ * (ends[-1] = 0, ends[count-1] = the unit's numel) and goes as ladder rung rungs[i]. hash mixes
+ * into the payload headers' fingerprint, so ranks whose tables differ refuse each other's
+ * payloads. One allocation holds the struct and both arrays (fc_core_set_parts). */
+typedef struct {
+    int64_t count;
+    uint32_t hash;
+    const int64_t *ends;
+    const uint8_t *rungs;
+} fc_parts;
 
 /* ---- one chunk's worth of context handed to a method ---- */
 
@@ -64,6 +76,9 @@ typedef struct {
     fc_rng rng_shared; /* the same on every rank, (seed, step, unit, chunk): shared choices */
     void *scratch;    /* scratch_bytes(cfg, n) bytes, 64-byte aligned, or NULL */
     float *ustate;    /* the unit's persistent method state (unit_floats), or NULL */
+    int64_t at;       /* FC_PARTS methods: the chunk's first element within its unit */
+    const fc_parts *parts; /* FC_PARTS methods: the unit's parts table; NULL otherwise, and for
+                            * the default table (one part of rung 0) */
 } fc_chunk;
 
 /* Where a payload body's bytes go; the header is counted apart. */
@@ -112,6 +127,10 @@ typedef struct {
  * to alpha * D(agg) instead of adding, reading each part of agg before it writes over it. A
  * bf16/fp16 output's decode then needs no accumulator beside the sum (fc_decode.c). */
 #define FC_AGG_IN_PLACE 64u
+/* The body is cut by the unit's parts table (fc_chunk.parts, adaptive): its size depends on the
+ * unit, not only on n, so the driver sizes such payloads per chunk and never falls back to
+ * `none` by the size rule (the table decides what is exact). */
+#define FC_PARTS 128u
 
 typedef struct fc_method {
     const char *name;
@@ -168,11 +187,22 @@ typedef struct fc_method {
      * than the sum of the senders' decodes (a vote, heavy hitters of a summed sketch): there a
      * sender's residual cannot be what was applied (docs/methods.md), so it is off by default. */
     int (*ef_default)(const void *cfg);
+    /* FC_PARTS: how many ladder rungs a parts table may name (rungs 0 .. rungs - 1). */
+    int rungs;
 } fc_method;
 
 /* The aggregate hook of methods whose body is one fp32 array: agg += body (fc_linear.c). */
 int fc_aggregate_add_f32(const fc_chunk *c, uint8_t *agg, const uint8_t *body, int64_t body_bytes,
                          fc_err *err);
+
+/* The defaults of a key table written into a config struct (fc_config.c's parse starts there;
+ * adaptive's ladder builds its rungs' configs from them: fc_keys.c). */
+void fc_keys_defaults(const fc_key *keys, void *cfg);
+/* Sets key `name` of a parsed config: an INT (or BOOL) to `value`, or a CHOICE to the choice
+ * named `choice`. FC_ERR_VALUE when the table has no such key or choice, or the value is out of
+ * its range. */
+int fc_keys_set(const fc_key *keys, void *cfg, const char *name, double value, const char *choice,
+                fc_err *err);
 
 /* The table (methods.c). */
 const fc_method *fc_method_by_name(const char *name);

@@ -6,7 +6,7 @@
 extern const fc_method fc_method_none, fc_method_fp16, fc_method_bf16, fc_method_int8, fc_method_fp8,
     fc_method_intn, fc_method_qsgd, fc_method_nc, fc_method_topk, fc_method_randomk,
     fc_method_thresholdv, fc_method_sketch, fc_method_gradiveq, fc_method_signsgd, fc_method_onebit,
-    fc_method_dct;
+    fc_method_dct, fc_method_adaptive;
 
 static const fc_method *const table[] = {
     &fc_method_none,
@@ -25,6 +25,7 @@ static const fc_method *const table[] = {
     &fc_method_signsgd,
     &fc_method_onebit,
     &fc_method_dct,
+    &fc_method_adaptive,
 };
 
 #define N_METHODS ((int)(sizeof(table) / sizeof(table[0])))

@@ -84,27 +84,6 @@ static const fc_key *find_key(const fc_key *keys, const char *name)
     return NULL;
 }
 
-static void set_defaults(const fc_key *keys, void *dst)
-{
-    for (const fc_key *k = keys; k->name != NULL; k++) {
-        char *p = (char *)dst + k->offset;
-        switch (k->kind) {
-        case FC_KEY_BOOL:
-        case FC_KEY_CHOICE:
-            *(int *)p = (int)k->def;
-            break;
-        case FC_KEY_INT:
-            *(int64_t *)p = (int64_t)k->def;
-            break;
-        case FC_KEY_FLOAT:
-            *(double *)p = k->def;
-            break;
-        default:
-            break;
-        }
-    }
-}
-
 static int choices_text(const fc_key *k, char *buf, size_t cap)
 {
     size_t used = 0;
@@ -352,10 +331,10 @@ PyObject *fc_aliases_info(const fc_method *m)
 
 int fc_config_parse(const fc_method *m, PyObject *config, fc_common *common, void *cfg, fc_err *err)
 {
-    set_defaults(fc_common_keys, common);
+    fc_keys_defaults(fc_common_keys, common);
     common->error_feedback = (m->flags & FC_EF_DEFAULT) != 0;
     memset(cfg, 0, FC_CFG_MAX);
-    set_defaults(m->keys, cfg);
+    fc_keys_defaults(m->keys, cfg);
     if (config == NULL || config == Py_None) {
         if (m->ef_default != NULL)
             common->error_feedback = m->ef_default(cfg);

@@ -8,7 +8,7 @@
 
 const char *fc_dtype_name(int dtype)
 {
-    static const char *const names[] = {"float32", "bfloat16", "float16", "uint8"};
+    static const char *const names[] = {"float32", "bfloat16", "float16", "uint8", "int64"};
     return dtype >= 0 && dtype < FC_DTYPE_COUNT ? names[dtype] : "?";
 }
 
@@ -24,6 +24,8 @@ static int map_dtype(DLDataType t)
         return FC_F16;
     if (t.code == kDLUInt && t.bits == 8)
         return FC_U8;
+    if (t.code == kDLInt && t.bits == 64)
+        return FC_I64;
     return -1;
 }
 

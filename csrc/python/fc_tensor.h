@@ -12,6 +12,7 @@
 #define FC_DT_BF16 (1u << FC_BF16)
 #define FC_DT_F16 (1u << FC_F16)
 #define FC_DT_U8 (1u << FC_U8)
+#define FC_DT_I64 (1u << FC_I64)
 #define FC_DT_FLOATS (FC_DT_F32 | FC_DT_BF16 | FC_DT_F16)
 
 typedef struct {

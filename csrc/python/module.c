@@ -6,6 +6,7 @@
 #include "python/state.h"
 #include "python/fc_config.h"
 #include "python/fc_suggest.h"
+#include "methods/fc_adaptive.h"
 #include "methods/fc_simd.h"
 #include "common/fc_wire.h"
 
@@ -101,6 +102,42 @@ static PyObject *mod_method_info(PyObject *mod, PyObject *arg)
                          fc_aliases_info(m));
 }
 
+PyDoc_STRVAR(adaptive_ladder_doc,
+"adaptive_ladder() -> list[dict]\n\n'adaptive''s ladder, the codecs a parts table names by index:\n"
+"[{'name': str, 'method': str, 'config': dict}, ...] (config: the keys set over the method's\n"
+"defaults). fsdpcomp._budget.LADDER is the same list.");
+
+static PyObject *mod_adaptive_ladder(PyObject *mod, PyObject *Py_UNUSED(ignored))
+{
+    (void)mod;
+    PyObject *list = PyList_New(FC_ADAPTIVE_RUNGS), *cfg = NULL;
+    for (int r = 0; list != NULL && r < FC_ADAPTIVE_RUNGS; r++) {
+        const fc_rung *g = &fc_adaptive_ladder[r];
+        if ((cfg = PyDict_New()) == NULL)
+            goto error;
+        for (int i = 0; i < FC_RUNG_SETS && g->set[i].key != NULL; i++) {
+            PyObject *v = g->set[i].choice ? PyUnicode_FromString(g->set[i].choice)
+                                           : PyLong_FromLongLong((long long)g->set[i].value);
+            if (v == NULL || PyDict_SetItemString(cfg, g->set[i].key, v) < 0) {
+                Py_XDECREF(v);
+                goto error;
+            }
+            Py_DECREF(v);
+        }
+        PyObject *item = Py_BuildValue("{s:s,s:s,s:N}", "name", g->name, "method", g->method,
+                                       "config", cfg);
+        cfg = NULL; /* the item owns it now (N), or it was released with the failure */
+        if (item == NULL)
+            goto error;
+        PyList_SetItem(list, r, item); /* steals item; cannot fail on a fresh list */
+    }
+    return list;
+error:
+    Py_XDECREF(cfg);
+    Py_XDECREF(list);
+    return NULL;
+}
+
 PyDoc_STRVAR(cuda_info_doc,
 "cuda_info() -> dict\n\nLoads the CUDA library if it is not yet loaded and says whether that\n"
 "worked: {'available': bool, 'path': str, 'error': str or None, 'build': str or None}.");
@@ -177,6 +214,7 @@ static PyMethodDef module_functions[] = {
     {"methods", mod_methods, METH_NOARGS, methods_doc},
     {"method_info", mod_method_info, METH_O, method_info_doc},
     {"cuda_info", mod_cuda_info, METH_NOARGS, cuda_info_doc},
+    {"adaptive_ladder", mod_adaptive_ladder, METH_NOARGS, adaptive_ladder_doc},
     {"cuda_loaded", mod_cuda_loaded, METH_NOARGS, cuda_loaded_doc},
     {"_reference_kernels", mod_reference_kernels, METH_O, reference_kernels_doc},
     {"near_name", mod_near_name, METH_VARARGS, near_name_doc},

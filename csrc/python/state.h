@@ -238,6 +238,10 @@ PyObject *fc_state_add_param_gather(StateObject *self, PyObject *args, PyObject 
 extern const char fc_state_counters_doc[], fc_state_reset_counters_doc[], fc_state_add_comm_doc[],
     fc_state_comm_mark_doc[], fc_state_cuda_geometry_doc[], fc_state_add_param_gather_doc[];
 
+/* state_parts.c: adaptive's parts tables */
+PyObject *fc_state_set_parts(StateObject *self, PyObject *args);
+extern const char fc_state_set_parts_doc[];
+
 /* state_checkpoint.c */
 PyObject *fc_state_units(StateObject *self, PyObject *ignored);
 PyObject *fc_state_residuals(StateObject *self, PyObject *args);

@@ -17,22 +17,35 @@ static int64_t plan_total(const int64_t *splits, int world)
 /* ---------------------------------------------------------------- State: the collective */
 
 FC_DOCSTRING(fc_state_plan_doc,
-"plan(grad, world, rank) -> (send_splits, recv_splits)\n\n"
+"plan(grad, world, rank, unit=-1) -> (send_splits, recv_splits)\n\n"
 "Payload bytes this rank sends to and receives from each rank for `grad`: the split sizes of\n"
-"the all-to-all. A pure function of method, config, size, dtype and world size.");
+"the all-to-all. A pure function of method, config, size, dtype and world size, and for\n"
+"'adaptive' of the unit's parts table (set_parts): it needs `unit`.");
 
 PyObject *fc_state_plan(StateObject *self, PyObject *args)
 {
     PyObject *grad, *send = NULL, *recv = NULL;
     int world, rank;
+    long long unit = -1;
     fc_err err = {0};
     fc_view g;
     int64_t ss[FC_MAX_WORLD], rs[FC_MAX_WORLD];
-    if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "Oii:plan", &grad, &world, &rank))
+    if (!fc_state_ready(self) || !PyArg_ParseTuple(args, "Oii|L:plan", &grad, &world, &rank, &unit))
         return NULL;
     if (fc_check_world(world, rank, &err) != FC_OK || fc_view_get(grad, "grad", FC_DT_FLOATS, &g, &err) != FC_OK)
         return STATE_ERR(self, &err);
-    fc_core_plan(&self->core, g.buf.numel, g.buf.dtype, world, rank, ss, rs);
+    /* a parts table sizes each chunk: the unit's, never a guess */
+    if (unit < 0 && (fc_core_unit_method(&self->core, g.buf.numel)->flags & FC_PARTS)) {
+        fc_view_release(&g);
+        PyErr_Format(PyExc_ValueError, "plan: method '%s' sizes its payloads by the unit's parts "
+                     "table: pass the unit, plan(grad, world, rank, unit)", self->core.method->name);
+        return NULL;
+    }
+    if (unit >= 0 && fc_state_check_unit(self, unit, g.buf.numel, &err) != FC_OK) {
+        fc_view_release(&g);
+        return STATE_ERR(self, &err);
+    }
+    fc_core_plan(&self->core, g.buf.numel, g.buf.dtype, world, rank, unit, ss, rs);
     fc_view_release(&g);
     send = PyTuple_New(world);
     recv = PyTuple_New(world);
@@ -82,7 +95,7 @@ static int encode_views(StateObject *self, PyObject *grad, PyObject *send, int w
         fc_check_same_device(&e->s, &e->g, "send", err) || fc_check_aligned(&e->s, "send", err) ||
         fc_check_world(world, rank, err) || fc_state_check_unit(self, unit, e->g.buf.numel, err))
         return err->code != FC_OK ? err->code : FC_ERR_VALUE;
-    fc_core_plan(&self->core, e->g.buf.numel, e->g.buf.dtype, world, rank, ss, rs);
+    fc_core_plan(&self->core, e->g.buf.numel, e->g.buf.dtype, world, rank, unit, ss, rs);
     if (whole && e->s.buf.numel != plan_total(ss, world))
         return fc_fail(err, FC_ERR_VALUE, "send has %lld bytes, plan() needs %lld",
                        (long long)e->s.buf.numel, (long long)plan_total(ss, world));

@@ -232,6 +232,7 @@ GUARD2(fc_state_comm_mark)
 GUARD2(fc_state_cuda_geometry)
 GUARD3(fc_state_add_param_gather)
 GUARD2(fc_state_units)
+GUARD2(fc_state_set_parts)
 GUARD2(fc_state_residuals)
 GUARD2(fc_state_restore)
 GUARD2(fc_state_unit_states)
@@ -252,6 +253,7 @@ GUARD2(fc_state_unpack_residual)
 static PyMethodDef State_methods[] = {
     {"plan", (PyCFunction)fc_state_plan_guarded, METH_VARARGS, fc_state_plan_doc},
     {"begin", (PyCFunction)(void (*)(void))fc_state_begin_guarded, METH_VARARGS | METH_KEYWORDS, fc_state_begin_doc},
+    {"set_parts", (PyCFunction)fc_state_set_parts_guarded, METH_VARARGS, fc_state_set_parts_doc},
     {"end_step", (PyCFunction)fc_state_end_step_guarded, METH_NOARGS, fc_state_end_step_doc},
     {"encode", (PyCFunction)fc_state_encode_guarded, METH_VARARGS, fc_state_encode_doc},
     {"decode", (PyCFunction)fc_state_decode_guarded, METH_VARARGS, fc_state_decode_doc},
