@@ -29,6 +29,11 @@ static const fc_method *payload_method(const fc_method *m, const uint8_t *p, int
 
 /* ---- decode ---- */
 
+static uint32_t k_fingerprint(const fc_core *s, const fc_method *m, const fc_chunk *c)
+{
+    return fc_core_header_key(s, m, c).fingerprint;
+}
+
 /* The PayloadError of a header fc_header_verdict refused (code): which field, what it held. */
 static int header_error(const fc_core *s, const fc_header *h, const fc_method *m, const fc_chunk *c,
                         int64_t slot, int64_t layout, int src, unsigned code, fc_err *err)
@@ -44,6 +49,12 @@ static int header_error(const fc_core *s, const fc_header *h, const fc_method *m
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d: method id %d, expected %d (%s): "
                        "ranks use different methods", src, h->method, m->id, m->name);
     case FC_PAYLOAD_CONFIG:
+        if (m->flags & FC_PARTS) /* the header mixes the unit's parts table into the fingerprint */
+            return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d was encoded under another "
+                           "parts table of unit %u or another config (fingerprint %08x, this "
+                           "rank's %08x with its table): the ranks' parts tables differ; every "
+                           "rank must set_parts() the same table", src, c->rng_shared.unit,
+                           fc_wire_fingerprint(h->fingerprint, h->method), k_fingerprint(s, m, c));
         return fc_fail(err, FC_ERR_PAYLOAD, "payload from rank %d was encoded under another "
                        "config (fingerprint %08x, this rank's %08x): every rank must run the same "
                        "method and config keys", src, fc_wire_fingerprint(h->fingerprint, h->method),

@@ -379,8 +379,10 @@ int fc_core_check_recv(const fc_core *s, int64_t numel, int dtype, int world, in
     /* data-dependent sizes: the plan is an upper bound and the payloads lie back to back */
     if (varsize ? have > total : have != total)
         return fc_fail(err, FC_ERR_PAYLOAD, "receive buffer has %lld bytes, the plan for %lld "
-                       "elements over %d ranks needs %s%lld", (long long)have, (long long)numel,
-                       world, varsize ? "at most " : "", (long long)total);
+                       "elements over %d ranks needs %s%lld%s", (long long)have, (long long)numel,
+                       world, varsize ? "at most " : "", (long long)total,
+                       (m->flags & FC_PARTS) ? " by this rank's parts table of the unit: every rank "
+                       "must set_parts() the same table" : "");
     return FC_OK;
 }
 
