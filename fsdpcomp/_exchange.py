@@ -38,12 +38,14 @@ class Wire:
     gather_compressed: bool  # allgather_compress
     gather_explicit: bool  # allgather_compress set by name, not by default
     min_numel: int
+    parts: bool = False  # payload sizes follow each unit's parts table (adaptive): planned per call
 
     @staticmethod
     def of(core, given: Mapping[str, Any]) -> "Wire":
         cfg = core.config
         return Wire(bool(core.flags["varsize"]), cfg["pipeline"], cfg["error_feedback"], cfg["nonfinite"] == "zero",
-                    cfg["allgather_compress"], "allgather_compress" in given, cfg["min_numel"])
+                    cfg["allgather_compress"], "allgather_compress" in given, cfg["min_numel"],
+                    bool(core.flags["parts"]))
 
 
 class _Shape(NamedTuple):
@@ -136,7 +138,9 @@ class Exchange:
         or all-to-all, the split sizes, the pieces, the size exchange."""
         per_peer = self._pipelined(grad, world)
         pieces = self.core.pieces(grad, world, rank) if per_peer else None
-        return (per_peer, self.core.plan(grad, world, rank), pieces, self.wire.varsize)
+        # a parts table's sizes are the unit's (every rank sets the same one; the headers check)
+        plan = ("parts",) if self.wire.parts else self.core.plan(grad, world, rank)
+        return (per_peer, plan, pieces, self.wire.varsize)
 
     def _pipelined(self, grad: torch.Tensor, world: int) -> bool:
         """The pipelined exchange applies to CPU tensors, over >= 2 ranks, for units whose
@@ -160,7 +164,8 @@ class Exchange:
     def _all_to_all_exchange(self, grad, output, unit: int, ranks: Ranks) -> None:
         """Encode every payload, one all-to-all, decode them all: any method, any device."""
         world, rank = ranks.world, ranks.rank
-        a2a = self._all_to_all_of(grad, world, rank)
+        a2a = self._parts_all_to_all(grad, world, rank, unit) if self.wire.parts else \
+            self._all_to_all_of(grad, world, rank)
         send_splits, recv_splits, send, recv = a2a.send_splits, a2a.recv_splits, a2a.send, a2a.recv
         sizes = self.core.encode(grad, send, world, rank, unit)
         if self.wire.varsize:
@@ -195,6 +200,14 @@ class Exchange:
             self._all_to_all = {}
         a2a = self._all_to_all[shape] = _AllToAll(self.buffers.generation, grad.device, *splits, send, recv, kmax)
         return a2a
+
+    def _parts_all_to_all(self, grad: torch.Tensor, world: int, rank: int, unit: int) -> _AllToAll:
+        """The all-to-all of a unit whose payload sizes follow its parts table (adaptive): planned
+        on every call, since the table may change between two (nothing kept per shape)."""
+        splits = self.core.plan(grad, world, rank, unit)
+        send = self.buffers.bytes("send", sum(splits[0]), grad.device)
+        recv = self.buffers.bytes("recv", sum(splits[1]), grad.device)
+        return _AllToAll(self.buffers.generation, grad.device, *splits, send, recv, 0)
 
     def _exchange_sizes(self, sizes, send, recv, ranks: Ranks):
         """Data-dependent payload sizes (flags['varsize']): every rank learns what it will receive

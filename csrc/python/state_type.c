@@ -139,10 +139,12 @@ static PyObject *State_get_flags(StateObject *self, void *Py_UNUSED(c))
     if (!fc_state_ready(self))
         return NULL;
     unsigned f = self->core.method->flags;
-    return Py_BuildValue("{s:O,s:O,s:O,s:O}", "unbiased", (f & FC_UNBIASED) ? Py_True : Py_False,
+    /* parts: payload sizes follow each unit's parts table (adaptive): plan() needs the unit */
+    return Py_BuildValue("{s:O,s:O,s:O,s:O,s:O}", "unbiased", (f & FC_UNBIASED) ? Py_True : Py_False,
                          "linear", (f & FC_LINEAR) ? Py_True : Py_False, "random",
                          (f & FC_RANDOM) ? Py_True : Py_False, "varsize",
-                         (f & FC_VARSIZE) ? Py_True : Py_False);
+                         (f & FC_VARSIZE) ? Py_True : Py_False, "parts",
+                         (f & FC_PARTS) ? Py_True : Py_False);
 }
 
 static PyObject *State_get_fingerprint(StateObject *self, void *Py_UNUSED(c))

@@ -320,3 +320,24 @@ def test_the_table_goes_with_the_unit_table():
     assert c.plan(g, 1, 0, u)[0][0] < 4 * n
     c.restore([n], {}, 3)
     assert c.plan(g, 1, 0, 0)[0][0] == _align(HEADER + 4 * n, 16)
+
+
+@pytest.mark.parametrize("ef", [False, True])
+def test_the_state_reduce_scatter_follows_the_table(ef):
+    """CommState's own exchange (world 1, own chunk compressed) plans an adaptive unit per call:
+    the bytes follow the table set between two calls; with error feedback the residual is
+    g' - D, as for any method."""
+    n = 1003
+    st = fsdpcomp.CommState("adaptive", {"compress_own_chunk": True, "error_feedback": ef})
+    g = torch.randn(n, generator=torch.Generator().manual_seed(3))
+    out = torch.empty(n)
+    st.reduce_scatter(g, out)
+    assert torch.equal(out, g)  # default table: exact
+    first = st.counters()["bytes_sent"]
+    assert first == _align(HEADER + 4 * n, 16)
+    _table(st._core, 0, MIXED)
+    st._core.end_step()
+    st.reduce_scatter(g, out)
+    ref, size = _reference(MIXED, g, 0)
+    assert st.counters()["bytes_sent"] - first == size
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)

@@ -60,7 +60,9 @@ def test_default_table_on_a_small_unit_keeps_the_count_sketch_bound():
     torch.testing.assert_close(d[heavy], x[heavy], atol=0.5, rtol=0)
 
 
-@pytest.mark.parametrize("method", [m for m in fsdpcomp.codecs() if m != "none"])  # powersgd needs matrices
+# powersgd needs matrices; adaptive sends every unit exact (fp32) until a parts table is set,
+# by design: step 0 goes exact and the chooser (Python) decides from measured errors
+@pytest.mark.parametrize("method", [m for m in fsdpcomp.codecs() if m not in ("none", "adaptive")])
 @pytest.mark.parametrize("n", [72, 2048])
 def test_every_method_compresses_a_small_unit_at_its_defaults(method, n):
     """A small model's units (a 8 x 8 layer and its bias: 72) go compressed at every method's

@@ -34,7 +34,7 @@ CASES = [
 # the wire ids: stable across versions (a payload's header names its method by them)
 WIRE_IDS = {"none": 0, "fp16": 1, "bf16": 2, "int8": 3, "fp8": 4, "intN": 5, "qsgd": 6, "nc": 7,
             "topk": 8, "randomk": 9, "thresholdv": 10, "sketch": 11, "gradiveq": 12,
-            "signsgd": 13, "onebit": 14, "dct": 15}
+            "signsgd": 13, "onebit": 14, "dct": 15, "adaptive": 16}
 
 
 def case_id(case):

@@ -80,8 +80,9 @@ class WarmCalls:
         core, pcore = state._core, peer._core
         g = torch.randn(n, generator=torch.Generator().manual_seed(5)) * 3
         unit, punit = core.begin(n), pcore.begin(n)
-        send = torch.zeros(sum(core.plan(g, world, 0)[0]), dtype=torch.uint8)
-        psend = torch.zeros(sum(pcore.plan(g, world, 1)[0]), dtype=torch.uint8)
+        # the unit: adaptive's sizes follow the unit's parts table
+        send = torch.zeros(sum(core.plan(g, world, 0, unit)[0]), dtype=torch.uint8)
+        psend = torch.zeros(sum(pcore.plan(g, world, 1, punit)[0]), dtype=torch.uint8)
         sizes = pcore.encode(g, psend, world, 1, punit)
         recv = psend[:sizes[0]].clone()  # rank 1's one payload: for chunk 0, rank 0's
         out = torch.zeros(-(-n // world))
