@@ -31,9 +31,10 @@ def _C_has_method(method_id: int) -> bool:
     st = fsdpcomp.CommState(next(m for m in fsdpcomp.codecs() if fsdpcomp.method_info(m)["id"] == method_id),
                             {"compress_own_chunk": True})
     g = torch.randn(64, device="cuda")
-    s, _ = st._core.plan(g, 1, 0)
+    unit = st._core.begin(64)
+    s, _ = st._core.plan(g, 1, 0, unit)  # the unit: adaptive's sizes follow its parts table
     try:
-        st._core.encode(g, torch.empty(sum(s), dtype=torch.uint8, device="cuda"), 1, 0, st._core.begin(64))
+        st._core.encode(g, torch.empty(sum(s), dtype=torch.uint8, device="cuda"), 1, 0, unit)
     except TypeError:
         return False
     return True

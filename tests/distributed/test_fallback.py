@@ -10,12 +10,12 @@ import torch.nn as nn
 import fsdpcomp
 from fsdpcomp import _C
 from helpers.dist_utils import run_ranks
-from helpers.method_cases import CASES
+from helpers.method_cases import CASES, compressing_codecs
 from helpers.tiny_models import TinyLM
 
 SIZES = (1, 2, 3, 5, 8, 17, 100, 255, 1000, 4097, 20001, 70001)
 DTYPES = (torch.float32, torch.bfloat16)
-ALL = [(m, {}) for m in fsdpcomp.codecs()] + CASES
+ALL = [(m, {}) for m in compressing_codecs()] + CASES
 
 
 def _sizes(method, cfg, numel, world, rank, dtype, gen):
@@ -120,7 +120,7 @@ def _every_method(rank, world):
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     out = {}
-    for method in fsdpcomp.codecs():
+    for method in compressing_codecs():
         torch.manual_seed(0)
         model = FSDP(small_lm(), device_id=torch.device("cpu"),
                      auto_wrap_policy=ModuleWrapPolicy({nn.TransformerEncoderLayer}), use_orig_params=True)

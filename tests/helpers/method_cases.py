@@ -37,6 +37,18 @@ WIRE_IDS = {"none": 0, "fp16": 1, "bf16": 2, "int8": 3, "fp8": 4, "intN": 5, "qs
             "signsgd": 13, "onebit": 14, "dct": 15, "adaptive": 16}
 
 
+# adaptive sends every unit exact (its default parts table: fp32) until a chooser sets the tables
+# (issue 39; the Python chooser is not built yet): the tests of what a method does to the bytes at
+# its defaults leave it out, tests/core/test_adaptive.py tests it with tables.
+EXACT_AT_DEFAULTS = ("adaptive",)
+
+
+def compressing_codecs() -> list[str]:
+    """fsdpcomp.codecs() that compress at their defaults (all but EXACT_AT_DEFAULTS)."""
+    import fsdpcomp
+    return [m for m in fsdpcomp.codecs() if m not in EXACT_AT_DEFAULTS]
+
+
 def case_id(case):
     method, cfg = case
     return method + "".join(f"-{k}={v}" for k, v in cfg.items())
