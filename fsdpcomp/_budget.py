@@ -33,6 +33,8 @@ def _dct(k: int) -> Candidate:
     return Candidate(f"dct {k}/128", "dct", {"block": 128, "k": k, "quantize": "intN", "value_bits": 3})
 
 
+# The C core's `adaptive` ladder (csrc/methods/m_adaptive.c, _C.adaptive_ladder()) is this list, rung
+# for rung: a parts table names rungs by their index here (tests/core/test_adaptive.py holds them equal).
 # From exact to ~90x. Error feedback is off throughout: under AdamW every method measured did
 # better without it (docs/methods.md, "32x with AdamW"), and the choice compares one call's error.
 LADDER: tuple[Candidate, ...] = (
