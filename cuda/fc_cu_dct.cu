@@ -89,7 +89,7 @@ __host__ __device__ __forceinline__ dct_span dct_span_of(const dct_cfg &c, int64
     dct_span s;
     s.nb = fc_dct_blocks(n, c.B);
     s.K = fc_dct_kept(n, c.B, c.k);
-    s.ib = fc_dct_index_bytes(s.nb, c.B, c.k);
+    s.ib = fc_dct_index_bytes_w(s.nb, c.k, c.wbits, c.rbits); // = fc_dct_index_bytes(s.nb, c.B, c.k)
     return s;
 }
 
@@ -333,7 +333,7 @@ __global__ void dct_check(fc_cu_dec d, dct_cfg c, int64_t K, uint32_t unit, uint
             fc_cu_reject(d.ws, d.ws->bad, r, FC_PAYLOAD_INDEX, unit, step);
         }
         int bad = 0;
-        (void)c.vc.term(body + fc_dct_index_bytes(K / c.k, c.B, c.k), K, j, 1.0f, &bad);
+        (void)c.vc.term(body + fc_dct_index_bytes_w(K / c.k, c.k, c.wbits, c.rbits), K, j, 1.0f, &bad);
         if (bad)
             fc_cu_reject(d.ws, d.ws->bad, r, FC_PAYLOAD_CODES, unit, step);
     }

@@ -140,9 +140,10 @@ FC_HOSTDEV fc_u128 fc_dct_rank(const uint32_t *idx, int k)
 FC_HOSTDEV uint32_t fc_dct_unrank_next(fc_u128 *r, int *c, int j)
 {
     int x = *c;
-    while (x > j - 1 && fc_u128_lt(*r, fc_binom(x, j)))
-        x--;
-    *r = fc_u128_sub(*r, fc_binom(x, j));
+    fc_u128 cx = fc_binom(x, j);
+    while (x > j - 1 && fc_u128_lt(*r, cx))
+        cx = fc_binom(--x, j);
+    *r = fc_u128_sub(*r, cx);
     *c = x - 1;
     return (uint32_t)x;
 }
