@@ -10,8 +10,8 @@
  * The rule (fc_dct_ranked), the one place it is written: ranked where 1 <= k <= B / 2, k <= 32
  * (the table's rows) and C(B, k) < 2^128 - 1, so a rank is two 64-bit words (fc_u128 below: plain
  * C has no portable 128-bit integer, and the same code must compile for host C and the device).
- * That holds for every k <= B / 2 of B <= 128 (k <= 32 of B = 128: 101 bits) and k <= 29 of
- * B = 256. Elsewhere (k > B / 2 saves little: a complement coding would; k > 32; or the count past
+ * That holds for every k <= B / 2 of B <= 64, k <= 32 of B = 128 (101 bits; 33 would fit 102, the
+ * rows stop it) and k <= 29 of B = 256 (127 bits). Elsewhere (k > B / 2 saves little: a complement coding would; k > 32; or the count past
  * 128 bits) the positions go as before, log2(B) bits each (fc_pack.h's groups of 8). Until ranks
  * had two words the bound was 2^64 - 1 (k <= 15 of 128, k <= 11 of 256); those (B, k) write the
  * same bytes as then: a rank below 2^64 has a zero high word and the same w bits.
