@@ -89,7 +89,7 @@ __host__ __device__ __forceinline__ dct_span dct_span_of(const dct_cfg &c, int64
     dct_span s;
     s.nb = fc_dct_blocks(n, c.B);
     s.K = fc_dct_kept(n, c.B, c.k);
-    s.ib = fc_dct_index_bytes(s.nb, c.B, c.k);
+    s.ib = fc_dct_index_bytes_w(s.nb, c.k, c.wbits, c.rbits); // = fc_dct_index_bytes(s.nb, c.B, c.k)
     return s;
 }
 
@@ -139,9 +139,9 @@ __global__ void dct_pack(fc_cu_enc e, dct_cfg c, int64_t slot, const uint32_t *i
     const int64_t t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     for (int64_t g = t0; g < groups; g += stride) {
         if (c.rbits) {
-            uint64_t ranks[8];
+            fc_u128 ranks[8];
             for (int j = 0; j < 8; j++)
-                ranks[j] = 8 * g + j < sp.nb ? fc_dct_rank(idx + ci * slot + (8 * g + j) * c.k, c.k) : 0u;
+                ranks[j] = 8 * g + j < sp.nb ? fc_dct_rank(idx + ci * slot + (8 * g + j) * c.k, c.k) : fc_u128{0u, 0u};
             fc_dct_pack_ranks8(ranks, c.rbits, body + g * c.rbits);
         } else {
             uint32_t codes[8];
@@ -292,11 +292,11 @@ struct dct_positions {
     const uint8_t *body;
     int64_t b;
     int B, k, wbits, rbits;
-    uint64_t r;
+    fc_u128 r;
     int c, left;
 
     __device__ __forceinline__ dct_positions(const uint8_t *body_, const dct_cfg &cfg, int64_t b_)
-        : body(body_), b(b_), B(cfg.B), k(cfg.k), wbits(cfg.wbits), rbits(cfg.rbits), r(0), c(cfg.B - 1), left(cfg.k)
+        : body(body_), b(b_), B(cfg.B), k(cfg.k), wbits(cfg.wbits), rbits(cfg.rbits), r{0u, 0u}, c(cfg.B - 1), left(cfg.k)
     {
         if (rbits)
             r = fc_dct_rank_at(body, rbits, b);
@@ -333,7 +333,7 @@ __global__ void dct_check(fc_cu_dec d, dct_cfg c, int64_t K, uint32_t unit, uint
             fc_cu_reject(d.ws, d.ws->bad, r, FC_PAYLOAD_INDEX, unit, step);
         }
         int bad = 0;
-        (void)c.vc.term(body + fc_dct_index_bytes(K / c.k, c.B, c.k), K, j, 1.0f, &bad);
+        (void)c.vc.term(body + fc_dct_index_bytes_w(K / c.k, c.k, c.wbits, c.rbits), K, j, 1.0f, &bad);
         if (bad)
             fc_cu_reject(d.ws, d.ws->bad, r, FC_PAYLOAD_CODES, unit, step);
     }

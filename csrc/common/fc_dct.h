@@ -253,14 +253,21 @@ FC_HOSTDEV int fc_dct_index_bits(int B)
     return w;
 }
 
+/* fc_dct_index_bytes with the widths decided: rbits bits per block's rank, or (rbits 0) wbits per
+ * index. The kernels call it with the widths their host config computed once, so no thread
+ * redoes the rule's two-word table lookups. */
+FC_HOSTDEV int64_t fc_dct_index_bytes_w(int64_t nb, int k, int wbits, int rbits)
+{
+    const int64_t bytes = rbits ? fc_pack_bytes(nb, rbits) : fc_pack_bytes(nb * k, wbits);
+    return (bytes + 3) / 4 * 4;
+}
+
 /* Bytes of the positions of nb blocks of k kept coefficients: one rank per block where
  * fc_dct_rank.h's rule allows, else log2(B)-bit indices; either in fc_pack.h's groups of 8
  * (blocks or indices), padded to 4 bytes so the values that follow start aligned. */
 FC_HOSTDEV int64_t fc_dct_index_bytes(int64_t nb, int B, int k)
 {
-    const int64_t bytes = fc_dct_ranked(B, k) ? fc_pack_bytes(nb, fc_dct_rank_bits(B, k))
-                                              : fc_pack_bytes(nb * k, fc_dct_index_bits(B));
-    return (bytes + 3) / 4 * 4;
+    return fc_dct_index_bytes_w(nb, k, fc_dct_index_bits(B), fc_dct_ranked(B, k) ? fc_dct_rank_bits(B, k) : 0);
 }
 
 /* Blocks of B elements covering n (the last one zero-padded). */

@@ -2,7 +2,7 @@
  * chunk codec: the chunk is cut into blocks of `block` elements (the last one zero-padded), each
  * block goes through the orthonormal DCT-II, and the k coefficients of largest magnitude of each
  * block travel. Body: the positions (one rank per block among the C(block, k) subsets, or
- * log2(block) bits each where that does not fit 64 bits: fc_dct_rank.h), then the nblocks * k
+ * log2(block) bits each where that does not fit 128 bits: fc_dct_rank.h), then the nblocks * k
  * values through the value codec (`quantize`, as the sparsifiers' hybrids; intN's width `value_bits`).
  *
  * The receivers sum the coefficients of every sender in the coefficient domain (the transform is
@@ -158,7 +158,7 @@ static int dct_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layou
     if (fc_dct_ranked(B, k)) {
         const int rbits = fc_dct_rank_bits(B, k);
         for (int64_t g = 0; g < nb; g += 8) {
-            uint64_t ranks[8] = {0}; /* past the last block: zero, as the CUDA pack writes */
+            fc_u128 ranks[8] = {{0}}; /* past the last block: zero, as the CUDA pack writes */
             for (int64_t b = g; b < nb && b < g + 8; b++)
                 ranks[b - g] = fc_dct_rank(w.idx + b * k, k);
             fc_dct_pack_ranks8(ranks, rbits, body + g / 8 * rbits);
@@ -176,6 +176,27 @@ static int dct_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_layou
     return rc;
 }
 
+/* v in decimal into out (40 bytes hold 2^128 - 1 and the NUL): for the error messages. */
+static const char *u128_decimal(fc_u128 v, char out[40])
+{
+    char *p = out + 39;
+    *p = '\0';
+    do {
+        /* v / 10 by long division over its four 32-bit limbs, top first */
+        uint64_t rem = 0;
+        uint32_t limb[4] = {(uint32_t)(v.hi >> 32), (uint32_t)v.hi, (uint32_t)(v.lo >> 32), (uint32_t)v.lo};
+        for (int i = 0; i < 4; i++) {
+            const uint64_t cur = rem << 32 | limb[i];
+            limb[i] = (uint32_t)(cur / 10);
+            rem = cur % 10;
+        }
+        v.hi = (uint64_t)limb[0] << 32 | limb[1];
+        v.lo = (uint64_t)limb[2] << 32 | limb[3];
+        *--p = (char)('0' + rem);
+    } while (v.lo != 0 || v.hi != 0);
+    return p;
+}
+
 /* The K indices of a body from one rank per block, each checked below C(B, k) first (a larger
  * one names no subset; the unranking would still stay in the block, fc_dct_rank.h). */
 static int read_ranks(const fc_chunk *c, const uint8_t *body, uint32_t *idx, fc_err *err)
@@ -184,11 +205,13 @@ static int read_ranks(const fc_chunk *c, const uint8_t *body, uint32_t *idx, fc_
     const int B = (int)cfg->block, k = (int)cfg->k, rbits = fc_dct_rank_bits(B, k);
     const int64_t nb = fc_dct_blocks(c->n, B);
     for (int64_t b = 0; b < nb; b++) {
-        const uint64_t r = fc_dct_rank_at(body, rbits, b);
-        if (!fc_dct_rank_ok(r, B, k))
-            return fc_fail(err, FC_ERR_PAYLOAD, "dct payload: block %lld's position rank %llu is not "
-                           "below C(%d, %d) = %llu (corrupted)", (long long)b, (unsigned long long)r, B, k,
-                           (unsigned long long)fc_binom(B, k));
+        const fc_u128 r = fc_dct_rank_at(body, rbits, b);
+        if (!fc_dct_rank_ok(r, B, k)) {
+            char rs[40], cs[40];
+            return fc_fail(err, FC_ERR_PAYLOAD, "dct payload: block %lld's position rank %s is not "
+                           "below C(%d, %d) = %s (corrupted)", (long long)b, u128_decimal(r, rs), B, k,
+                           u128_decimal(fc_binom(B, k), cs));
+        }
         fc_dct_unrank(r, B, k, idx + b * k);
     }
     return FC_OK;
@@ -317,8 +340,8 @@ const fc_method fc_method_dct = {
      * value codec */
     .flags = FC_RANDOM | FC_AGG_IN_PLACE,
     .summary = "DeMo's transform codec: block DCT-II, the k largest coefficients per block; positions "
-               "(one rank of the C(block, k) subsets per block where it fits 64 bits, else log2 block bits "
-               "each) + values (intN 3-bit default, fp32/fp16/int8/qsgd/nc)",
+               "(one rank of the C(block, k) subsets per block where k <= block/2, k <= 32 and it fits 128 "
+               "bits, else log2 block bits each) + values (intN 3-bit default, fp32/fp16/int8/qsgd/nc)",
     .cfg_size = sizeof(fc_dct_cfg),
     .keys = dct_keys,
     .check = dct_check,

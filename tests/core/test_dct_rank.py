@@ -1,10 +1,11 @@
 """`dct`'s positions as one rank per block among the C(block, k) subsets (csrc/common/fc_dct_rank.h):
-the table against math.comb, the ranks the encoder writes against a Python colex rank, any rank
-decoded to the subset Python unranks, the bytes against the bound, the rule's edges (plain
-indices beyond it) and a rank >= C(block, k) refused."""
+the table (two words per entry) against math.comb, the ranks the encoder writes against a Python
+colex rank (one-word and two-word ranks), any rank decoded to the subset Python unranks, the bytes
+against the bound, the rule's edges (plain indices beyond it) and a rank >= C(block, k) refused."""
 import math
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -19,8 +20,8 @@ COMMON = os.path.join(ROOT, "csrc", "common")
 
 
 def ranked(B, k):
-    """fc_dct_ranked's rule, written again: k <= B / 2 and C(B, k) < 2^64 - 1."""
-    return 2 * k <= B and math.comb(B, k) < 2**64 - 1
+    """fc_dct_ranked's rule, written again: 1 <= k <= B / 2, k <= 32 and C(B, k) < 2^128 - 1."""
+    return 1 <= k and 2 * k <= B and k <= 32 and math.comb(B, k) < 2**128 - 1
 
 
 def rank_bits(B, k):
@@ -67,11 +68,14 @@ def test_the_table_is_the_generators_and_math_comb():
                          text=True, check=True).stdout
     with open(os.path.join(COMMON, "fc_binom_table.h")) as f:
         assert f.read() == out
-    nums = [int(t, 16) for t in out.replace("ull,", "").split() if t.startswith("0x")]
-    assert len(nums) == 33 * 257
-    for j in (0, 1, 12, 32):
-        for n in (0, 11, 12, 64, 128, 256):
-            assert nums[j * 257 + n] == min(math.comb(n, j), 2**64 - 1)
+    words = [int(t, 16) for t in re.findall(r"0x[0-9a-f]+(?=ull)", out)]
+    assert len(words) == 2 * 33 * 257  # {low word, high word} per entry
+    nums = [lo + (hi << 64) for lo, hi in zip(words[0::2], words[1::2])]
+    for j in range(33):
+        for n in range(257):
+            assert nums[j * 257 + n] == min(math.comb(n, j), 2**128 - 1), (n, j)
+    # both words exercised: one-word entries, two-word ones and the saturated
+    assert nums[12 * 257 + 128] < 2**64 <= nums[16 * 257 + 128] < 2**128 - 1 == nums[32 * 257 + 256]
 
 
 def signal_of(subsets, B):
@@ -85,10 +89,12 @@ def signal_of(subsets, B):
     return (Y @ C).reshape(-1).float()
 
 
-# every block size; k = 1, the largest ranked k, the first plain one, B - 1 and B
+# every block size; k = 1, the largest ranked k, the first plain one, B - 1 and B; the last one-word
+# ranks (15 of 128: 64 bits, 11 of 256), the first two-word ones (16 of 128: 67 bits, 12 of 256) and
+# more of them, up to the rows' end (32 of 128: 101 bits) and 128 bits' (29 of 256: 127 bits)
 EDGES = [(8, 1), (8, 4), (8, 5), (8, 7), (8, 8), (16, 8), (32, 16), (64, 1), (64, 32), (64, 33), (64, 63),
-         (128, 1), (128, 12), (128, 15), (128, 16), (128, 127), (256, 1), (256, 11), (256, 12), (256, 255),
-         (256, 256)]
+         (128, 1), (128, 12), (128, 15), (128, 16), (128, 17), (128, 24), (128, 32), (128, 33), (128, 127),
+         (256, 1), (256, 11), (256, 12), (256, 16), (256, 29), (256, 30), (256, 255), (256, 256)]
 
 
 @pytest.mark.parametrize("B,k", EDGES)
@@ -145,7 +151,8 @@ def test_any_rank_decodes_to_its_subset(B, k):
 
 
 @pytest.mark.parametrize("B,k,bad", [(128, 12, "top"), (128, 12, "ones"), (64, 32, "top"), (8, 3, "ones"),
-                                     (256, 11, "ones")])
+                                     (256, 11, "ones"), (128, 16, "top"), (128, 17, "ones"), (128, 32, "top"),
+                                     (256, 29, "ones"), (256, 29, "top")])
 def test_a_rank_beyond_the_subsets_is_refused(B, k, bad):
     # (8, 1) has none to corrupt: 3 bits hold exactly the 8 subsets
     nb = 5
@@ -164,9 +171,47 @@ def test_a_rank_beyond_the_subsets_is_refused(B, k, bad):
         s.decompress(p[:w], torch.zeros(n))
 
 
-def test_the_rule_keeps_ranks_within_64_bits():
-    for B in (8, 16, 32, 64, 128, 256):
+def test_the_rule_keeps_ranks_within_128_bits():
+    for B in (4, 8, 16, 32, 64, 128, 256):
         for k in range(1, B + 1):
             if ranked(B, k):
-                assert rank_bits(B, k) <= 64
-    assert [max(k for k in range(1, B + 1) if ranked(B, k)) for B in (64, 128, 256)] == [32, 15, 11]
+                assert rank_bits(B, k) <= 128
+    assert [max(k for k in range(1, B + 1) if ranked(B, k)) for B in (64, 128, 256)] == [32, 32, 29]
+    # the rows, not the bits, stop B = 128: 33 of 128 would fit 102 bits
+    assert rank_bits(128, 32) == 101 and (math.comb(128, 33) - 1).bit_length() == 102
+
+
+def test_the_rule_is_the_payload_size():
+    # fc_dct_ranked decides the size: every k of every block size against the rule written again
+    n = 3 * 256 + 5  # partial blocks, a partial group of 8
+    for B in (4, 8, 16, 32, 64, 128, 256):
+        if B < 8:
+            continue  # the key table's smallest block is 8
+        for k in range(1, B + 1):
+            s = _C.State("dct", {"block": B, "k": k, "quantize": "none"})
+            nb = -(-n // B)
+            exact = _C.HEADER_BYTES + index_bytes(nb, B, k) + 4 * nb * k
+            assert s.payload_bytes(n) == -(-exact // _C.ALIGN) * _C.ALIGN, (B, k)
+
+
+@pytest.mark.parametrize("B,k", [(128, 16), (128, 17), (128, 24), (128, 32), (256, 12), (256, 20), (256, 29)])
+def test_two_word_ranks_of_random_gradients_are_the_colex_rank(B, k):
+    # the encoder's own pick on a random block (not a planted support): its kept positions, read
+    # back from the decode, rank as Python ranks them, and the bits past 64 are in use
+    gen = torch.Generator().manual_seed(B * 100 + k)
+    nb = 10
+    x = torch.randn(nb * B, generator=gen)
+    s = _C.State("dct", {"block": B, "k": k, "quantize": "none"})
+    p = torch.zeros(s.payload_bytes(x.numel()), dtype=torch.uint8)
+    w = s.compress(x, p)
+    d = torch.zeros_like(x)
+    s.decompress(p[:w], d)
+    Y = d.double().view(nb, B) @ dct_matrix(B).T
+    body = p[_C.HEADER_BYTES:w]
+    ib, rb = index_bytes(nb, B, k), rank_bits(B, k)
+    assert rb > 64
+    ranks = [rank_at(body[:ib], rb, b) for b in range(nb)]
+    for b in range(nb):
+        support = (Y[b].abs() > 0.05).nonzero()  # kept: among the largest of B normals; else rounding.flatten().tolist()
+        assert len(support) == k and ranks[b] == colex_rank(support), b
+    assert max(ranks) >= 2**64

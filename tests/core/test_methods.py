@@ -94,7 +94,7 @@ def expected_body(method, cfg, n, x=None):
     if method == "dct":  # positions in groups of 8, padded to 4; then the values
         B, k = c["block"], c["k"]
         nb, K = cdiv(n, B), cdiv(n, B) * k
-        if 2 * k <= B and math.comb(B, k) < 2**64 - 1:  # one rank per block, of the C(B, k) subsets
+        if 2 * k <= B and k <= 32 and math.comb(B, k) < 2**128 - 1:  # one rank per block, of the C(B, k) subsets
             idx = cdiv(cdiv(nb, 8) * (math.comb(B, k) - 1).bit_length(), 4) * 4
         else:  # log2(B) bits per index
             idx = cdiv(cdiv(K, 8) * int(math.log2(B)), 4) * 4

@@ -28,10 +28,13 @@ DCT = [
     ("dct", {"block": 8, "k": 4, "quantize": "none"}),
     ("dct", {"block": 256, "k": 5, "quantize": "qsgd"}), ("dct", {"block": 16, "k": 3, "quantize": "nc"}),
     ("dct", {"block": 128, "k": 7, "quantize": "intN"}), ("dct", {"block": 64, "k": 2, "quantize": "fp16"}),
-    # the index coding's edges (csrc/common/fc_dct_rank.h): the widest rank (61 bits), plain
-    # indices past 64 bits, and past block / 2 (k = 8 of 8 above is one too)
-    ("dct", {"block": 64, "k": 32, "quantize": "none"}), ("dct", {"block": 256, "k": 12, "quantize": "none"}),
-    ("dct", {"block": 32, "k": 17, "quantize": "int8"}),
+    # the index coding's edges (csrc/common/fc_dct_rank.h): B = 64's widest rank (61 bits), the
+    # widest one-word rank (64 bits), two-word ranks (70 bits; 127, the widest), plain indices past
+    # 128 bits, past the table's rows (33 of 128) and past block / 2 (k = 8 of 8 above is one too)
+    ("dct", {"block": 64, "k": 32, "quantize": "none"}), ("dct", {"block": 128, "k": 15, "quantize": "none"}),
+    ("dct", {"block": 128, "k": 17, "quantize": "intN", "value_bits": 3}),
+    ("dct", {"block": 256, "k": 29, "quantize": "none"}), ("dct", {"block": 256, "k": 30, "quantize": "none"}),
+    ("dct", {"block": 128, "k": 33, "quantize": "fp16"}), ("dct", {"block": 32, "k": 17, "quantize": "int8"}),
 ]
 IDS = [m + "".join(f"-{k}={v}" for k, v in c.items()) for m, c in DCT]
 
@@ -93,6 +96,11 @@ def corrupt_decode(cfg: dict, n: int, edit) -> None:
 def test_dct_payloads_that_the_cpu_rejects_are_rejected():
     # block 0's 55-bit rank all ones: not below C(128, 12) ~ 2^54.4
     corrupt_decode({}, 1000, lambda p: p.__setitem__(slice(32, 39), 0xFF))
+    # two-word ranks: block 0's 70-bit rank all ones, then its high word that of C(128, 17) =
+    # 0x21_565d5ccf40dcac80 with the low word all ones (the words compared low after high)
+    k17 = {"block": 128, "k": 17, "quantize": "none"}
+    corrupt_decode(k17, 1000, lambda p: p.__setitem__(slice(32, 41), 0xFF))
+    corrupt_decode(k17, 1000, lambda p: (p.__setitem__(slice(32, 40), 0xFF), p.__setitem__(40, 0x21)))
     # plain indices (k > block / 2): the first group of 6-bit indices zeroed, block 0's second
     # index is not above its first
     corrupt_decode({"block": 64, "k": 40, "quantize": "none"}, 1000, lambda p: p.__setitem__(slice(32, 38), 0))
