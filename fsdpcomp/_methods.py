@@ -7,16 +7,18 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from . import _C, _powersgd
+from . import _C, _adaptive, _powersgd
 from ._codec_reducer import CodecReducer
 from ._reducer import Reducer
 
-# A name here is its own Reducer; every other name is a codec of the C method table.
-_OWN_REDUCERS = {_powersgd.NAME: _powersgd.PowerSGDReducer}
+# A name here is its own Reducer; every other name is a codec of the C method table. adaptive is
+# both: a C codec whose parts tables its reducer chooses.
+_OWN_REDUCERS = {_powersgd.NAME: _powersgd.PowerSGDReducer, _adaptive.NAME: _adaptive.AdaptiveReducer}
 
 
 def names() -> list[str]:
-    return list(_C.methods()) + list(_OWN_REDUCERS)
+    codecs = list(_C.methods())
+    return codecs + [n for n in _OWN_REDUCERS if n not in codecs]
 
 
 def check(name: str) -> None:
