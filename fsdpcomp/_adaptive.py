@@ -2,16 +2,16 @@
 measured on the run's own gradients (issue 39; L-GreCo, Alimohammadi et al., arXiv 2210.17357).
 
 The C method `adaptive` (csrc/methods/m_adaptive.c) sends one payload per chunk made of per-weight
-parts, each part the body of one rung of its ladder (fsdpcomp._budget.LADDER: exact, bf16, int8,
+parts, each part the body of one rung of its ladder (_budget.py's LADDER: exact, bf16, int8,
 intN 4/3/2 bits, dct 32..4 of 128) over that weight's span of the chunk; which rung each span uses
 is the unit's parts table (`core.set_parts`). This reducer keeps those tables right:
 
 - every `every` steps (step 0 first, when every table is still exact) it measures, on each unit's
-  gradient, every rung on every part of the chunks this rank sends (fsdpcomp._budget.measure: the
+  gradient, every rung on every part of the chunks this rank sends (_budget.py's measure: the
   codecs' own bytes and squared error);
 - at the first call of the next step it sums those costs over the ranks (one all-reduce), solves
   one knapsack over every part of every unit for the bytes `none` would send / `ratio`
-  (fsdpcomp._budget.choose), and sets every unit's table. Every rank sums the same numbers and
+  (_budget.py's choose), and sets every unit's table. Every rank sums the same numbers and
   solves the same problem, so every rank sets the same tables; a payload whose sender's table
   differs is refused (the table's hash is in the header).
 
@@ -151,7 +151,7 @@ class AdaptiveReducer(CodecReducer):
     # ---- counters and checkpoints
 
     def _count(self, c: dict[str, Any]) -> None:
-        super()._count(c)
+        super()._count(c)  # the codecs' counters first (warm-up fields)
         parts = []
         for u in sorted(self.rungs):
             start = 0

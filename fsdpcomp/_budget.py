@@ -18,7 +18,9 @@ from typing import Sequence
 
 import torch
 
-from .state import CommState
+from . import _C
+from ._alloc import allocate
+from ._config import gather_default
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ def roundtrip(grad: torch.Tensor, candidate: Candidate) -> tuple[torch.Tensor, i
     cfg = dict(candidate.config, compress_own_chunk=True)
     if candidate.method != "none":
         cfg["error_feedback"] = False
-    core = CommState(candidate.method, cfg)._core
+    core = _C.State(candidate.method, gather_default(cfg), allocate)  # the codec's own core
     unit = core.begin(grad.numel())
     splits, _ = core.plan(grad, 1, 0)
     send = torch.empty(sum(splits), dtype=torch.uint8)

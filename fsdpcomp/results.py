@@ -68,6 +68,8 @@ def combine_counters(per_rank: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         out[key + "_by_rank"] = [c.get(key) for c in per_rank]
     raw, sent = out.get("bytes_raw"), out.get("bytes_compressed")
     out["ratio"] = (raw / sent) if raw and sent else None
+    if per_rank[0].get("adaptive") is not None:  # adaptive's tables: every rank sets the same
+        out["adaptive"] = per_rank[0]["adaptive"]
     return out
 
 
@@ -177,6 +179,8 @@ def build_record(*, run: Mapping[str, Any], step_times_s: Iterable[float], token
                    param_gather_ratio=(ag_raw / ag_sent) if ag_raw and ag_sent else None,
                    param_gather_time_ms=_ms(counters.get("param_gather_time_s")),
                    param_gather_codec_time_ms=_ms(counters.get("param_gather_codec_time_s")))
+    if counters.get("adaptive") is not None:  # the choice: each part's codec, bytes and error
+        rec["adaptive"] = counters["adaptive"]
     for key in OPTIONAL_FIELDS:
         rec.setdefault(key, run.get(key))
     rec.update({k: v for k, v in run.items() if k not in rec})

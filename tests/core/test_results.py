@@ -80,3 +80,15 @@ def test_read_results_names_bad_line(tmp_path):
         read_results(str(path))
     line = append_result(str(tmp_path / "ok.jsonl"), {"x": math.pi})
     assert line.endswith("\n") and json.loads(line)["x"] == math.pi
+
+
+def test_adaptive_choice_reaches_the_results_line():
+    """adaptive's counters (its parts tables: the same on every rank) pass through combine_counters
+    into the record as rank 0's; other methods' records have no such field."""
+    choice = {"chosen_at_step": 50, "choose_time_s": 0.1,
+              "parts": [{"unit": 0, "start": 0, "end": 10, "codec": "int8", "bytes": 20, "err_sq": 0.5}]}
+    per_rank = [{"method": "adaptive", "bytes_raw": 80, "bytes_compressed": 20, "adaptive": choice},
+                {"method": "adaptive", "bytes_raw": 80, "bytes_compressed": 20, "adaptive": choice}]
+    combined = combine_counters(per_rank)
+    assert combined["adaptive"] == choice
+    assert "adaptive" not in combine_counters([{"method": "int8", "bytes_raw": 8, "bytes_compressed": 2}])
