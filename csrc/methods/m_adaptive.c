@@ -149,6 +149,15 @@ static int adaptive_check(void *cfg, fc_err *err)
     return ladder_build(err);
 }
 
+/* out += one part's layout l, placed after `pad` zero bytes of alignment (counted as meta). */
+static void add_part(fc_layout *out, const fc_layout *l, int64_t pad)
+{
+    out->meta_bytes += pad + l->meta_bytes;
+    out->value_bytes += l->value_bytes;
+    out->index_bytes += l->index_bytes;
+    out->kept += l->kept;
+}
+
 /* Each span's sub-layout at an 8-byte aligned offset: a sub-method sees the alignment it would
  * see as a whole body; the padding counts as meta bytes. */
 static void adaptive_layout(const fc_chunk *c, fc_layout *out)
@@ -164,10 +173,7 @@ static void adaptive_layout(const fc_chunk *c, fc_layout *out)
         fc_layout l;
         memset(&l, 0, sizeof(l));
         rung_m[w.rung]->layout(&s, &l);
-        out->meta_bytes += align8(off) - off + l.meta_bytes;
-        out->value_bytes += l.value_bytes;
-        out->index_bytes += l.index_bytes;
-        out->kept += l.kept;
+        add_part(out, &l, align8(off) - off);
         off = align8(off) + fc_layout_bytes(&l);
     }
 }
@@ -209,10 +215,7 @@ static int adaptive_encode(const fc_chunk *c, const float *x, uint8_t *body, fc_
             return fc_fail(err, FC_ERR_STATE, "internal: adaptive's rung '%s' wrote %lld bytes, "
                            "its layout has %lld", fc_adaptive_ladder[w.rung].name,
                            (long long)fc_layout_bytes(&l), (long long)fc_layout_bytes(&want));
-        used->meta_bytes += at - off + l.meta_bytes;
-        used->value_bytes += l.value_bytes;
-        used->index_bytes += l.index_bytes;
-        used->kept += l.kept;
+        add_part(used, &l, at - off);
         used->saturated += l.saturated;
         off = at + fc_layout_bytes(&l);
     }
