@@ -75,7 +75,9 @@ class AdaptiveReducer(CodecReducer):
     def reduce_scatter(self, grad, output, unit: int, ranks: Ranks, step: int, layout: Layout | None) -> None:
         if step > self.measured_at >= 0 and self.chosen_at < self.measured_at:
             self._choose(ranks)
-        ends = self.ends.setdefault(unit, parts_of(layout, grad.numel()))
+        ends = self.ends.get(unit)
+        if ends is None:  # once per unit: a unit's layout does not change
+            ends = self.ends[unit] = parts_of(layout, grad.numel())
         if step % self.every == 0:
             t0 = time.perf_counter()
             self._measure(grad, unit, ranks, ends)
