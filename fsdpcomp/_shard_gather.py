@@ -46,11 +46,19 @@ class ShardGather:
             return self._plain(reduced, grad, ranks, fallback=False)
         # a fixed-size payload no smaller than the raw shard: decided from sizes, alike on every rank
         raw = reduced.numel() * grad.element_size()
-        if not wire.varsize and self._core.payload_bytes(reduced.numel()) >= raw:
+        if not wire.varsize and self._slot(reduced.numel(), unit, ranks.world) >= raw:
             return self._plain(reduced, grad, ranks, fallback=self._core.method != "none")
         outcome = self._compressed(reduced, grad, unit, ranks)
         if outcome != _SENT:
             self._plain(reduced, grad, ranks, fallback=outcome == _NO_GAIN)
+
+    def _slot(self, shard: int, unit: int, world: int) -> int:
+        """Bytes of each rank's payload slot for a fixed-size method: its payload of a shard, or
+        under a parts table (adaptive) the largest of the ranks' shards' payloads, which the
+        table sizes one by one (every rank holds the same table, so all compute the same)."""
+        if not self._wire.parts:
+            return self._core.payload_bytes(shard)
+        return max(self._core.payload_bytes(shard, unit=unit, chunk=world + r, world=world) for r in range(world))
 
     def _plain(self, reduced, grad, ranks, *, fallback: bool) -> None:
         """The all-gather in the gradient's dtype: what an uncompressed all-reduce sends."""
@@ -104,7 +112,7 @@ class ShardGather:
         elif wire.zero_nonfinite:  # "zero" mode's NaN/Inf of the shard become e = 0
             e = buffers.typed("gather_e0", shard, torch.float32, dev)
             e.zero_()
-        bound = core.payload_bytes(shard)
+        bound = self._slot(shard, unit, world) if not wire.varsize else core.payload_bytes(shard)
         send = buffers.bytes("gather_send", bound, dev)
         # g' = x + e and e = g' - D(C(g')) as the C driver's reduce-scatter makes them
         # (csrc/common/fc_range.h)
@@ -119,6 +127,8 @@ class ShardGather:
                     e.copy_(kept)  # the raw shard goes out: the residual waits, as it was
                 return _NO_GAIN  # most values passed on some rank: the raw shards cost less
             send[written:slot].zero_()  # no stale bytes on the wire past a shorter payload
+        elif written < slot:  # a parts table's shorter shard payload: the same
+            send[written:slot].zero_()
         recv = buffers.bytes("gather_recv", slot * world, dev)
         self._timed(lambda r, s: _all_gather_single(r, s, group=ranks.group), recv, send[:slot],
                     bytes_sent=(world - 1) * slot, bytes_raw=(world - 1) * shard * grad.element_size())

@@ -257,13 +257,21 @@ fc_chunk fc_core_make_chunk(const fc_core *s, const fc_method *m, int64_t n, int
     c.ustate = NULL;
     c.at = 0;
     c.parts = NULL;
-    /* where the chunk lies in its unit, by the plan's chunk rule, for a method that reads the
-     * unit's parts table; a chunk that is not chunk `chunk` of the unit over `world` ranks (a
-     * piece, compress() of another length) has the default table */
+    /* where the chunk lies in its unit, for a method that reads the unit's parts table: chunk
+     * c < world is the reduce-scatter's chunk c (the plan's chunk rule); chunk world + r is rank
+     * r's reduced shard in an all-reduce's all-gather half (_shard_gather.py), ceil(numel / world)
+     * elements from r times that, the last shard's tail past the unit in no part (padding). A
+     * chunk of another length (a piece, compress() of other data) has the default table. */
     if ((m->flags & FC_PARTS) && unit < (uint32_t)s->n_units && s->units[unit].parts != NULL &&
-        chunk < (uint32_t)world) {
+        world >= 1) {
+        const int64_t numel = s->units[unit].numel, per = fc_chunk_per(numel, world);
         int64_t start, len;
-        fc_chunk_span(s->units[unit].numel, world, (int)chunk, &start, &len);
+        if (chunk < (uint32_t)world) {
+            fc_chunk_span(numel, world, (int)chunk, &start, &len);
+        } else {
+            start = ((int64_t)chunk - world) * per;
+            len = chunk < 2u * (uint32_t)world ? per : -1;
+        }
         if (len == n) {
             c.at = start;
             c.parts = s->units[unit].parts;
@@ -290,6 +298,14 @@ int64_t fc_payload_bytes(const fc_core *s, const fc_method *m, int64_t n, int dt
     c.at = 0; /* a chunk of no unit: the default parts table */
     c.parts = NULL;
     return fc_core_chunk_bytes(s, m, &c);
+}
+
+int64_t fc_core_single_payload(const fc_core *s, int64_t n, uint32_t unit, uint32_t chunk, int world)
+{
+    if (!(s->method->flags & FC_PARTS))
+        return fc_payload_bytes(s, s->method, n, FC_F32);
+    const fc_chunk c = fc_core_make_chunk(s, s->method, n, world, FC_F32, unit, chunk, 0);
+    return fc_core_chunk_bytes(s, s->method, &c);
 }
 
 int64_t fc_core_chunk_payload(const fc_core *s, const fc_plan *p, int64_t unit, int c, int64_t n)

@@ -228,6 +228,10 @@ void fc_core_plan(const fc_core *s, int64_t numel, int dtype, int world, int ran
 /* Header + body of chunk c (n elements) of a unit, padded (0: empty): the plan's size, or for an
  * FC_PARTS method the unit's table's. */
 int64_t fc_core_chunk_payload(const fc_core *s, const fc_plan *p, int64_t unit, int c, int64_t n);
+/* compress()'s payload of n elements as chunk `chunk` of `unit` over `world` ranks (header,
+ * body, padding): fc_payload_bytes, or for an FC_PARTS method the unit's table's share of it
+ * (fc_core_make_chunk's mapping: the reduce-scatter's chunks, an all-gather half's shards). */
+int64_t fc_core_single_payload(const fc_core *s, int64_t n, uint32_t unit, uint32_t chunk, int world);
 /* Replaces the parts table of `unit` (an FC_PARTS method's, fc_parts): `count` parts, ends
  * ascending and the last the unit's numel, rungs below the method's; the default table (one part
  * of rung 0) is kept as NULL. Nothing changes when it is refused. */

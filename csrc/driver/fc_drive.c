@@ -188,8 +188,9 @@ int fc_drive_compress(fc_core *s, const fc_exec *x, const fc_buf *in, fc_buf *pa
                       fc_buf *residual, uint32_t unit, uint32_t chunk, int world, int rank,
                       int64_t *written, fc_err *err)
 {
-    /* the method as configured, whatever the size: a caller of one chunk decides for itself */
-    const int64_t need = fc_payload_bytes(s, s->method, in->numel, FC_F32);
+    /* the method as configured, whatever the size: a caller of one chunk decides for itself
+     * (an FC_PARTS method: by the unit's table where the chunk is one of its own) */
+    const int64_t need = fc_core_single_payload(s, in->numel, unit, chunk, world);
     *written = 0;
     if (payload->numel < need)
         return fc_fail(err, FC_ERR_VALUE, "payload buffer holds %lld bytes, need %lld",

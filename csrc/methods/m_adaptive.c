@@ -81,6 +81,8 @@ static int walk_first(const fc_chunk *c, walk *w)
         w->rung = 0;
         return 1;
     }
+    if (c->at >= p->ends[p->count - 1])
+        return 0; /* an all-gather shard wholly past the unit: padding, in no part */
     int64_t a = 0, b = p->count - 1; /* the first part whose end lies past c->at */
     while (a < b) {
         const int64_t mid = a + (b - a) / 2;

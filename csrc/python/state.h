@@ -213,7 +213,7 @@ extern const char fc_state_plan_doc[], fc_state_encode_doc[], fc_state_decode_do
     fc_state_decode_part_doc[];
 
 /* state_chunk.c: one chunk outside the collective */
-PyObject *fc_state_payload_bytes(StateObject *self, PyObject *arg);
+PyObject *fc_state_payload_bytes(StateObject *self, PyObject *args, PyObject *kwds);
 PyObject *fc_state_layout(StateObject *self, PyObject *arg);
 PyObject *fc_state_compress(StateObject *self, PyObject *args, PyObject *kwds);
 PyObject *fc_state_decompress(StateObject *self, PyObject *args, PyObject *kwds);

@@ -29,14 +29,29 @@ static int chunk_numel(StateObject *self, PyObject *arg, long long lo, long long
 }
 
 FC_DOCSTRING(fc_state_payload_bytes_doc,
-"payload_bytes(n) -> int\n\nBytes of one fp32 chunk of n elements on the wire: header, body and padding.");
+"payload_bytes(n, unit=-1, chunk=0, world=1) -> int\n\nBytes of one fp32 chunk of n elements on the wire: header, body and padding. With\n"
+"`unit`, compress()'s payload of that unit's `chunk` over `world` ranks: for 'adaptive' the\n"
+"unit's parts table sizes it (chunk c < world: the reduce-scatter's chunk c; world + r: rank\n"
+"r's reduced shard in an all-reduce's all-gather half); other methods are sized by n alone.");
 
-PyObject *fc_state_payload_bytes(StateObject *self, PyObject *arg)
+PyObject *fc_state_payload_bytes(StateObject *self, PyObject *args, PyObject *kwds)
 {
-    long long n;
+    static char *kwlist[] = {"n", "unit", "chunk", "world", NULL};
+    PyObject *arg;
+    long long n, unit = -1;
+    unsigned int chunk = 0;
+    int world = 1;
+    fc_err err = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|LIi:payload_bytes", kwlist, &arg, &unit, &chunk,
+                                     &world))
+        return NULL;
     if (chunk_numel(self, arg, 0, &n) < 0)
         return NULL;
-    return PyLong_FromLongLong(fc_payload_bytes(&self->core, self->core.method, n, FC_F32));
+    if (fc_check_world(world, 0, &err) != FC_OK)
+        return STATE_ERR(self, &err);
+    if (unit < 0 || unit > UINT32_MAX)
+        return PyLong_FromLongLong(fc_payload_bytes(&self->core, self->core.method, n, FC_F32));
+    return PyLong_FromLongLong(fc_core_single_payload(&self->core, n, (uint32_t)unit, chunk, world));
 }
 
 FC_DOCSTRING(fc_state_layout_doc,

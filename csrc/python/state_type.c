@@ -221,7 +221,7 @@ GUARD2(fc_state_per_peer_ok)
 GUARD2(fc_state_pieces)
 GUARD2(fc_state_encode_part)
 GUARD2(fc_state_decode_part)
-GUARD2(fc_state_payload_bytes)
+GUARD3(fc_state_payload_bytes)
 GUARD2(fc_state_layout)
 GUARD3(fc_state_compress)
 GUARD3(fc_state_decompress)
@@ -263,7 +263,7 @@ static PyMethodDef State_methods[] = {
     {"pieces", (PyCFunction)fc_state_pieces_guarded, METH_VARARGS, fc_state_pieces_doc},
     {"encode_part", (PyCFunction)fc_state_encode_part_guarded, METH_VARARGS, fc_state_encode_part_doc},
     {"decode_part", (PyCFunction)fc_state_decode_part_guarded, METH_VARARGS, fc_state_decode_part_doc},
-    {"payload_bytes", (PyCFunction)fc_state_payload_bytes_guarded, METH_O, fc_state_payload_bytes_doc},
+    {"payload_bytes", (PyCFunction)(void (*)(void))fc_state_payload_bytes_guarded, METH_VARARGS | METH_KEYWORDS, fc_state_payload_bytes_doc},
     {"layout", (PyCFunction)fc_state_layout_guarded, METH_O, fc_state_layout_doc},
     {"compress", (PyCFunction)(void (*)(void))fc_state_compress_guarded, METH_VARARGS | METH_KEYWORDS, fc_state_compress_doc},
     {"decompress", (PyCFunction)(void (*)(void))fc_state_decompress_guarded, METH_VARARGS | METH_KEYWORDS, fc_state_decompress_doc},

@@ -131,6 +131,40 @@ def test_each_payload_is_its_spans_own_codecs_and_the_decode_sums_them(world, pa
         torch.testing.assert_close(out, (acc / world).float(), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("world", [2, 3, 4, 7])
+@pytest.mark.parametrize("parts", [MIXED, [(5, "dct 4/128"), (6, "intN 4-bit"), (260, "dct 32/128"),
+                                           (400, "bf16"), (1003, "dct 8/128")]], ids=["mixed", "small"])
+def test_an_all_gather_shard_follows_the_table(world, parts):
+    """An all-reduce's all-gather half (fsdpcomp/_shard_gather.py) sends rank r's reduced shard,
+    ceil(n / world) elements from r times that, as compress() chunk world + r: its payload is
+    the table's spans over the shard, the tail past the unit (padding, world 7: a shard wholly
+    past it) in no part; payload_bytes(unit=, chunk=, world=) says its size before it is written."""
+    n = 1003
+    core = _core()
+    _table(core, core.begin(n), parts)
+    per = -(-n // world)
+    x = torch.randn(per * world, generator=torch.Generator().manual_seed(world))
+    x[n:] = 0  # the reduced shards' padding, as the reduce-scatter leaves it
+    for r in range(world):
+        start = r * per
+        m = max(0, min(per, n - start))
+        shard = x[start:start + per]
+        ref, size = _reference(parts, shard[:m], start) if m else (torch.zeros(0), _align(HEADER, 16))
+        assert core.payload_bytes(per, unit=0, chunk=world + r, world=world) == size
+        with pytest.raises(ValueError, match=f"need {size}"):
+            core.compress(shard, torch.zeros(size - 1, dtype=torch.uint8), unit=0, chunk=world + r, world=world,
+                          rank=r)
+        pay = torch.zeros(size, dtype=torch.uint8)
+        assert core.compress(shard, pay, unit=0, chunk=world + r, world=world, rank=r) == size
+        got = torch.zeros(per)
+        core.decompress(pay, got, unit=0, chunk=world + r, world=world)
+        assert torch.equal(got[:m], ref) and not got[m:].any()
+    # another length, or a chunk id past the all-gather's, is no chunk of the unit: the default table
+    fp32 = core.payload_bytes(per)
+    assert core.payload_bytes(per, unit=0, chunk=2 * world, world=world) == fp32
+    assert core.payload_bytes(per + 1, unit=0, chunk=world, world=world) == core.payload_bytes(per + 1)
+
+
 def test_bytes_are_the_parts_bytes_plus_alignment_and_the_counters_count_them():
     n, world = 1003, 1
     cores, grads = _ranks(world, n, MIXED, {"compress_own_chunk": True})
