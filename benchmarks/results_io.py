@@ -18,6 +18,7 @@ import os
 import repo_path
 
 CURVES_DIR = os.path.join(repo_path.REPO, "runs", "curves")
+SUMMARY_DIGITS = 9  # significant digits of a summary's floats (rounded)
 
 
 def _flat(x) -> bool:
@@ -43,10 +44,23 @@ def dumps(obj, indent: int = 0) -> str:
     return "[\n" + ",\n".join(items) + "\n" + pad + "]" if items else "[]"
 
 
+def rounded(x, digits: int = SUMMARY_DIGITS):
+    """x with every float to `digits` significant digits: a measured time or ratio carries no
+    more (these machines are noisy in the third), and 17-digit reprs took half the bytes of the
+    results git keeps (its cap: tests/tools/test_readme.py)."""
+    if isinstance(x, float):
+        return float(f"{x:.{digits}g}")
+    if isinstance(x, dict):
+        return {k: rounded(v, digits) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [rounded(v, digits) for v in x]
+    return x
+
+
 def write_summary(path: str, summary: dict) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
-        f.write(dumps(summary) + "\n")
+        f.write(dumps(rounded(summary)) + "\n")
 
 
 def write_curves(curves_dir: str, stem: str, curves) -> str:
