@@ -3,14 +3,16 @@
 // single-payload kernels (this library's compress()/decompress() on a one-chunk geometry of the
 // span, so its bytes are the rung's CPU bytes), and the small kernels here do what the driver's
 // do around one method: the chunk's NaN/Inf count and flag, its header and padding, the
-// alignment gaps, the unit's ||e||^2; on the receiving side the header checks, the rank-order sum
-// with the own chunk and the output rules.
+// alignment gaps, the unit's ||e||^2, a sampled call's error statistics (its chunks decoded
+// again); on the receiving side the header checks, the rank-order sum with the own chunk and the
+// output rules.
 //
-// Cost: an encode is about 2 + 2 P + 2 W queued operations (P spans: a rung's compress, which is
+// Cost (tests/cuda/test_cuda_call_counts.py): an encode is about 2 + 2 P + 2 W queued operations (P spans: a rung's compress, which is
 // one launch for the dense rungs and a few for dct, and a device-to-device copy of its body), a
 // decode about 5 + W P (a staging kernel and a rung's decompress per span and sender). One fused
 // dispatch kernel (a switch on each span's rung inside the dense codecs' one-pass encode and fused
 // decode) would be the fast version; this one is the rung kernels as they are, bit for bit.
+#include "common/fc_counters.h"
 #include "fc_cu_ctx.cuh"
 
 extern "C" const fc_cuda_api *fc_cuda_get_api(int abi); // compress()/decompress() of the rungs
@@ -174,11 +176,68 @@ __global__ void parts_out(fc_cu_dec d, const float *acc, const unsigned int *ver
     fc_cu_count(&d.ws->saturated, sat);
 }
 
+// A sampled call's sums over chunk c (sums[0..3]) from its payload decoded into dec: with error
+// feedback ||e||^2, ||x||^2 and x.e of the new residual e, x taken as D + e (the residual is e =
+// x - D where finite, and g' itself is gone: its old residual was replaced); without, ||x - D||^2,
+// ||x||^2, ||D||^2 and x.D of g' read again from the gradient, as the CPU's sample_error.
+__global__ void parts_sample_sums(fc_cuda_geom geo, int c, fc_cu_src src, const float *dec, double *sums)
+{
+    int64_t start, n;
+    fc_cu_span(geo, c, &start, &n);
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const double d = dec[i];
+        if (src.res != NULL) {
+            const double e = fc_cu_load(src.res, src.rdt, start + i), x = d + e;
+            s0 += e * e;
+            s1 += x * x;
+            s2 += x * e;
+        } else {
+            const double x = src.x(start + i);
+            s0 += (x - d) * (x - d);
+            s1 += x * x;
+            s2 += d * d;
+            s3 += x * d;
+        }
+    }
+    s0 = fc_cu_warp_sum(s0), s1 = fc_cu_warp_sum(s1), s2 = fc_cu_warp_sum(s2), s3 = fc_cu_warp_sum(s3);
+    if ((threadIdx.x & 31) == 0) {
+        atomicAdd(&sums[0], s0);
+        atomicAdd(&sums[1], s1);
+        atomicAdd(&sums[2], s2);
+        atomicAdd(&sums[3], s3);
+    }
+}
+
+// The call's sample (the CPU encode's rule: the first sent chunk that passes no NaN/Inf) made one
+// of the error statistics, from its sums.
+__global__ void parts_sample_finish(fc_cuda_geom geo, const unsigned int *flags, int zero, int ef, const double *sums,
+                                    fc_cuda_ws *ws)
+{
+    int pick = -1;
+    for (int c = 0; c < geo.world; c++) {
+        int64_t start, n;
+        fc_cu_span(geo, c, &start, &n);
+        if (fc_cu_sent(geo, c, n) && fc_sample_picks(pick >= 0, fc_chunk_passes(flags[c], zero)))
+            pick = c;
+    }
+    if (pick < 0)
+        return;
+    const double *s = sums + 4 * pick;
+    if (!fc_sample_counts(ef, s[0], s[1]))
+        return;
+    ws->err_sq += s[0];
+    ws->ref_sq += s[1];
+    ws->cos_sum += ef ? fc_sample_cos_of_residual(s[0], s[1], s[2]) : fc_sample_cos(s[1], s[2], s[3]);
+    ws->samples++;
+}
+
 // ---- the call's scratch: the rungs' own (first: 256-aligned as they want it), a span's payload,
 // the flags or verdicts, and a decode's fp32 sum of the own chunk
 
 typedef struct {
-    int64_t sub, stage, flags, acc, total;
+    int64_t sub, stage, flags, acc, sums, total;
 } parts_room;
 
 // The arguments of span p's compress() (into `stage`) from the encode's a.
@@ -230,38 +289,60 @@ static fc_cuda_decode_args sub_decode(const fc_cuda_decode_args *a, const fc_cud
     return s;
 }
 
+// A sampled encode's decode of its own payloads (into fp32, alpha 1): the encode's head.
+static fc_cuda_decode_args decode_of(const fc_cuda_encode_args *a)
+{
+    fc_cuda_decode_args d;
+    memset(&d, 0, sizeof(d));
+    d.h = a->h;
+    d.out_dtype = FC_CU_F32;
+    d.alpha = 1.0f;
+    return d;
+}
+
 static int room(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, parts_room *r, fc_err *err)
 {
     const fc_cuda_head &h = enc != NULL ? enc->h : dec->h;
-    int64_t sub = 0, stage = 0, own = 0;
+    int64_t sub = 0, stage = 0, own = 0, most = 0; // own: a decode's chunk; most: the longest chunk
     for (int64_t i = 0; i < h.x.n_parts; i++) {
         const fc_cuda_part *p = &h.x.parts[i];
         const fc_cu_method *m = fc_cu_method_by_id(p->m.id);
         if (m == NULL)
             return fc_fail(err, FC_ERR_TYPE, "internal: a part's method id %d has no CUDA kernels", p->m.id);
-        int64_t need = 0;
+        int64_t need = 0, back = 0; // the rung's scratch: to encode, to decode
         if (m->scratch != NULL) {
-            int rc;
+            int rc = FC_OK;
             if (enc != NULL) {
                 const fc_cuda_encode_args s = sub_encode(enc, p, NULL, NULL, 0);
                 rc = m->scratch(&s, NULL, &need, err);
-            } else {
-                const fc_cuda_decode_args s = sub_decode(dec, p, NULL, NULL, 1.0f, NULL, 0);
-                rc = m->scratch(NULL, &s, &need, err);
+            }
+            if (rc == FC_OK && (dec != NULL || enc->sample)) { // a sampled encode decodes too
+                const fc_cuda_decode_args from = enc != NULL ? decode_of(enc) : *dec;
+                const fc_cuda_decode_args s = sub_decode(&from, p, NULL, NULL, 1.0f, NULL, 0);
+                rc = m->scratch(NULL, &s, &back, err);
             }
             if (rc != FC_OK)
                 return rc;
         }
+        need = back > need ? back : need;
         sub = need > sub ? need : sub;
         const int64_t pay = fc_align_up(FC_HEADER_BYTES + p->bytes);
         stage = pay > stage ? pay : stage;
         own += p->n;
     }
+    for (int c = 0; c < h.geo.world; c++) {
+        int64_t start, n;
+        fc_cu_span(h.geo, c, &start, &n);
+        most = n > most ? n : most;
+    }
+    // a sampled encode decodes each sent chunk again into acc, its sums per chunk after it
+    const int sample = enc != NULL && enc->sample;
     r->sub = 0;
     r->stage = up256(sub);
     r->flags = r->stage + up256(stage);
     r->acc = r->flags + up256(4 * ((int64_t)h.geo.world + 1));
-    r->total = r->acc + (dec != NULL ? up256(4 * own) : 0);
+    r->sums = r->acc + (dec != NULL ? up256(4 * own) : sample ? up256(4 * most) : 0);
+    r->total = r->sums + (sample ? up256(32 * (int64_t)h.geo.world + 8) : 0);
     return FC_OK;
 }
 
@@ -287,6 +368,59 @@ static int carve(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec,
 
 // ---- the entries (fc_cu_driver.cu hands a call with a parts list here)
 
+// A sampled encode's error statistics: which chunk is the sample is known on the device only
+// (its NaN/Inf count), so every sent chunk is decoded again (its spans staged and decoded by their
+// rungs into acc) and summed, and the last kernel takes the picked chunk's sums.
+static int sample(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, const parts_room *r, uint8_t *base,
+                  const unsigned int *flags, cudaStream_t s, fc_err *err)
+{
+    int rc = FC_OK;
+    const fc_cuda_api *api = fc_cuda_get_api(FC_CUDA_ABI);
+    const fc_cuda_geom &geo = a->h.geo;
+    const fc_cuda_decode_args from = decode_of(a);
+    float *dec = (float *)(base + r->acc);
+    double *sums = (double *)(base + r->sums);
+    const unsigned int *ok = (const unsigned int *)(sums + 4 * geo.world); // a verdict of 0
+    fc_cu_src src;
+    memset(&src, 0, sizeof(src));
+    src.grad = a->h.grad;
+    src.res = a->residual; // the new one: with error feedback the sums read e
+    src.gdt = a->h.grad_dtype;
+    src.rdt = a->res_dtype;
+    src.zero_nonfinite = a->h.nonfinite_zero;
+    FC_CHECK_CUDA(cudaMemsetAsync(sums, 0, 32 * (size_t)geo.world + 8, s), err, error);
+    {
+        int64_t off = 0;
+        for (int64_t i = 0; i < a->h.x.n_parts;) {
+            const int c = a->h.x.parts[i].chunk;
+            const uint8_t *pay = a->send + off;
+            int64_t start, n, end = 0;
+            fc_cu_span(geo, c, &start, &n);
+            FC_CHECK_CUDA(cudaMemsetAsync(dec, 0, sizeof(float) * (size_t)n, s), err, error);
+            for (; i < a->h.x.n_parts && a->h.x.parts[i].chunk == c; i++) {
+                const fc_cuda_part *p = &a->h.x.parts[i];
+                const fc_cuda_decode_args sub = sub_decode(&from, p, base + r->stage, dec + p->lo, 1.0f, base + r->sub,
+                                                           r->stage - r->sub);
+                fc_header h;
+                const fc_header_key key = fc_cu_header_key(sub.h, p->m.id);
+                fc_header_make(&h, &key, (uint64_t)p->n, (uint64_t)p->bytes, 0u);
+                parts_stage<<<fc_cu_grid(p->bytes, FC_CU_THREADS * 4, 1).x, FC_CU_THREADS, 0, s>>>(
+                    base + r->stage, pay + FC_HEADER_BYTES + p->at, p->bytes, h, ok);
+                FC_CHECK_LAUNCH(err, error);
+                FC_TRY(api->decompress(ctx, &sub, err));
+                end = p->at + p->bytes;
+            }
+            parts_sample_sums<<<fc_cu_grid(n, FC_CU_THREADS * 8, 1), FC_CU_THREADS, 0, s>>>(geo, c, src, dec, sums + 4 * c);
+            FC_CHECK_LAUNCH(err, error);
+            off += fc_align_up(FC_HEADER_BYTES + end);
+        }
+    }
+    parts_sample_finish<<<1, 1, 0, s>>>(geo, flags, a->h.nonfinite_zero, a->residual != NULL, sums, a->h.ws);
+    FC_CHECK_LAUNCH(err, error);
+error:
+    return rc;
+}
+
 // The encode of every sent chunk (single: compress()'s one payload, *written its padded size).
 int fc_cu_parts_encode(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int single, int64_t *written, fc_err *err)
 {
@@ -307,8 +441,8 @@ int fc_cu_parts_encode(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int singl
         return fc_fail(err, FC_ERR_VALUE, "error feedback on CUDA counts the residual norm of at most %d units "
                        "per State, and this is unit %u: put the parameters in fewer, larger units, or set "
                        "error_feedback to False", FC_CUDA_MAX_UNITS, a->h.unit);
+    FC_TRY(fc_cu_frame_enter(&f, err)); // the rungs' scratch sizes are the device's (CUB)
     FC_TRY(carve(a, NULL, &r, &base, err));
-    FC_TRY(fc_cu_frame_enter(&f, err));
     {
         const cudaStream_t s = f.s;
         unsigned int *flags = (unsigned int *)(base + r.flags);
@@ -351,6 +485,8 @@ int fc_cu_parts_encode(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int singl
             if (written != NULL)
                 *written = size;
         }
+        if (a->sample && !single)
+            FC_TRY(sample(ctx, a, &r, base, flags, s, err));
         if (ef) {
             parts_unit_sq<<<fc_cu_grid(geo.per, FC_CU_THREADS * 8, W), FC_CU_THREADS, 0, s>>>(
                 geo, a->residual, a->res_dtype, &a->h.ws->unit_sq[a->h.unit]);
@@ -380,8 +516,8 @@ int fc_cu_parts_decode(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, int singl
     if (single && (a->out_dtype != FC_CU_F32 || geo.rank != 0 || geo.numel != a->out_numel || a->slot < FC_HEADER_BYTES))
         return fc_fail(err, FC_ERR_STATE, "internal: decompress() takes a one-chunk geometry, an fp32 output "
                        "of its length and a slot of at least a header");
-    FC_TRY(carve(NULL, a, &r, &base, err));
     FC_TRY(fc_cu_frame_enter(&f, err));
+    FC_TRY(carve(NULL, a, &r, &base, err));
     {
         const cudaStream_t s = f.s;
         const fc_cuda_extra &x = a->h.x;

@@ -113,9 +113,7 @@ static void encode_args(const fc_core *s, const fc_cuda_call *k, const fc_plan *
     a->res_dtype = residual != NULL ? residual->dtype : FC_F32;
     a->ef_decay = (float)s->common.ef_decay; /* fc_core_ef_decay's float: the CPU's product */
     a->send = send != NULL ? (uint8_t *)send->data : NULL;
-    /* a parts method's spans go through their rungs' single-payload kernels, which take no
-     * sample: its error statistics are not sampled on CUDA (docs/design.md, Parts payloads) */
-    a->sample = (m->flags & FC_PARTS) ? 0 : sample;
+    a->sample = sample;
 }
 
 /* Bytes of the fetch buffer a unit's second round keeps on the device. */

@@ -228,3 +228,44 @@ def test_a_payload_under_another_table_is_refused():
     with pytest.raises(fsdpcomp.PayloadError):
         other.counters()
     assert torch.isnan(acc.cpu()).all()
+
+
+@pytest.mark.parametrize("ef", [True, False], ids=["ef", "no_ef"])
+@pytest.mark.parametrize("mode", ["pass", "zero"])
+def test_error_samples_follow_the_cpu(ef, mode, gen):
+    """A sampled call's statistics over calls (error_stats_every 2): the sample is the first sent
+    chunk that passes no NaN/Inf, picked on the device; NaN/Inf move between chunks and one call
+    has them in every sent chunk (no sample in "pass" mode). The device decodes the sent chunks
+    again and sums in another order (with error feedback g' as D + e): counts equal, the
+    statistics to rounding."""
+    world, rank = 4, 1
+    per = -(-N // world)
+    cfg = dict(seed=5, error_feedback=ef, error_stats_every=2, compress_own_chunk=False, nonfinite=mode)
+    cpu, dev = fsdpcomp.CommState("adaptive", cfg), on_device("adaptive", cfg)
+    for step in range(8):
+        g = make_grad(N, torch.float32, gen)
+        if step in (1, 2, 3):
+            g[5 + step] = float("nan") if step != 2 else float("-inf")
+        if step == 4:
+            for c in (0, 2, 3):
+                g[c * per + 3] = float("inf")
+        u, ud = cpu._core.begin(N), dev._core.begin(N)
+        set_table(cpu, u, TABLE)
+        set_table(dev, ud, TABLE)
+        a = cpu_encode(cpu, g, world, rank, u)
+        x = g.to(DEV, copy=True)
+        send = torch.zeros(sum(dev._core.plan(x, world, rank, ud)[0]), dtype=torch.uint8, device=DEV)
+        sizes = dev._core.encode(x, send, world, rank, ud)
+        assert torch.equal(a, send[:sum(sizes)].cpu()), f"step {step}: payload bytes differ"
+        cpu.end_step()
+        dev.end_step()
+    kc, kd = cpu.counters(), dev.counters()
+    assert kc["error_samples"] == (3 if mode == "pass" else 4), kc
+    for key in ("nonfinite_in", "error_samples", "chunks_sent", "bytes_sent"):
+        assert kd[key] == kc[key], f"ef={ef} {mode}: {key} {kd[key]} != the CPU's {kc[key]}"
+    # the CPU's sample with error feedback reads g' again from g + e without zeroing its NaN/Inf
+    # (backend_cpu/fc_resid_cpu.c, dots3_gprime), so in "zero" mode a sampled chunk with one makes
+    # its statistics NaN (int8's too); the device zeroes them as the encode does
+    keys = ("residual_norm",) if ef and mode == "zero" else ("grad_rel_error", "grad_cos_sim", "residual_norm")
+    for key in keys:
+        assert kd[key] == pytest.approx(kc[key], rel=1e-5, abs=1e-9), f"ef={ef} {mode}: {key} {kd[key]} vs {kc[key]}"
