@@ -48,12 +48,14 @@ def test_the_table_has_every_rung():
 
 
 def check_encode(table, world: int, rank: int, dtype=torch.float32, residual_dtype: str = "fp32",
-                 nonfinite: str | None = None, ef: bool = True, steps: int = 2, gen=None) -> None:
-    """`steps` encodes of fresh gradients: payload bytes and residuals the CPU's."""
+                 nonfinite: str | None = None, ef: bool = True, steps: int = 2, gen=None,
+                 huge: bool = False) -> None:
+    """`steps` encodes of fresh gradients: payload bytes and residuals the CPU's; `huge`: values
+    near the dtype's largest (g + e and the casts saturate)."""
     cfg = common_cfg(world, residual_dtype, nonfinite or "pass", ef)
     cpu, dev = fsdpcomp.CommState("adaptive", cfg), on_device("adaptive", cfg)
     for step in range(steps):
-        g = make_grad(N, dtype, gen, nonfinite=nonfinite is not None)
+        g = make_grad(N, dtype, gen, nonfinite=nonfinite is not None, huge=huge)
         u = cpu._core.begin(N)
         set_table(cpu, u, table)
         uc = dev._core.begin(N)
@@ -96,14 +98,16 @@ def test_encode_nonfinite_bf16_matches_cpu(table, gen):
     check_encode(table, 3, 2, nonfinite="zero", gen=gen)
     check_encode(table, 4, 0, nonfinite="pass", ef=False, steps=1, gen=gen)
     check_encode(table, 3, 0, dtype=torch.bfloat16, residual_dtype="bf16", gen=gen)
+    check_encode(table, 3, 1, huge=True, gen=gen)
 
 
 def check_decode(table, world: int, rank: int, dtype=torch.float32, nonfinite: bool = False,
-                 compress_own: bool = False, mode: str = "pass", gen=None) -> None:
+                 compress_own: bool = False, mode: str = "pass", gen=None, huge: bool = False) -> None:
     """W payloads of the CPU's, summed in rank order with the own chunk and / W by the CPU and by
     the device: the same output bits and counts."""
     cfg = dict(seed=7, compress_own_chunk=compress_own, nonfinite=mode)
-    grads = [make_grad(N, dtype, gen, nonfinite=nonfinite and r in (rank, (rank + 1) % world)) for r in range(world)]
+    grads = [make_grad(N, dtype, gen, nonfinite=nonfinite and r in (rank, (rank + 1) % world), huge=huge)
+             for r in range(world)]
     slots = []
     for r, g in enumerate(grads):
         st = fsdpcomp.CommState("adaptive", cfg)
@@ -144,6 +148,8 @@ def test_decode_nonfinite_bf16_matches_cpu(table, gen):
     check_decode(table, 3, 1, nonfinite=True, gen=gen)
     check_decode(table, 3, 2, nonfinite=True, mode="zero", gen=gen)
     check_decode(table, 4, 3, dtype=torch.bfloat16, nonfinite=True, compress_own=True, gen=gen)
+    check_decode(table, 4, 1, huge=True, gen=gen)  # sums beyond fp32: saturated, counted
+    check_decode(table, 3, 2, dtype=torch.bfloat16, huge=True, compress_own=True, gen=gen)
 
 
 def single(table, world: int, chunk: int, rank: int, residual: bool, nonfinite: bool, gen) -> None:
@@ -191,30 +197,37 @@ def test_single_payloads_match_cpu(table, gen):
 
 def test_a_payload_under_another_table_is_refused():
     """A payload a rank wrote under another parts table: the CPU raises PayloadError naming the
-    tables; the device makes the output NaN and counters() raise."""
+    tables; the device makes the output NaN and counters() raise, naming them too where the sizes
+    agree (two fp32 parts cost what the default table's one does: only the fingerprint differs)."""
     g = make_grad(N, torch.float32, torch.Generator().manual_seed(1))
     cfg = {"seed": 5, "compress_own_chunk": True}
-    st = fsdpcomp.CommState("adaptive", cfg)
-    u = st._core.begin(N)
-    set_table(st, u, OTHER)
-    send = cpu_encode(st, g, 1, 0, u)
-    for table in (TABLE, None):
+    fp32_halves = ([500, N], [0, 0])
+    same_size = 0
+    for sender, table in ((OTHER, TABLE), (OTHER, None), (fp32_halves, None)):
+        st = fsdpcomp.CommState("adaptive", cfg)
+        u = st._core.begin(N)
+        set_table(st, u, sender)
+        send = cpu_encode(st, g, 1, 0, u)
         cpu, dev = fsdpcomp.CommState("adaptive", cfg), on_device("adaptive", cfg)
         uc, ud = cpu._core.begin(N), dev._core.begin(N)
         set_table(cpu, uc, table)
         set_table(dev, ud, table)
-        if send.numel() == sum(cpu._core.plan(g, 1, 0, uc)[1]):
-            with pytest.raises(fsdpcomp.PayloadError):
+        splits = sum(cpu._core.plan(g, 1, 0, uc)[1])
+        if send.numel() == splits:
+            same_size += 1
+            with pytest.raises(fsdpcomp.PayloadError, match="parts table"):
                 cpu._core.decode(send, g, torch.empty(N), 1, 0, uc)
         out = torch.zeros(N, device=DEV)
-        splits = sum(dev._core.plan(g.to(DEV), 1, 0, ud)[1])
         recv = torch.zeros(splits, dtype=torch.uint8)
         k = min(splits, send.numel())
         recv[:k] = send[:k]  # the other table's payload in this table's slot
         dev._core.decode(recv.to(DEV), g.to(DEV, copy=True), out, 1, 0, ud)
-        with pytest.raises(fsdpcomp.PayloadError, match="rank 0"):
+        with pytest.raises(fsdpcomp.PayloadError, match="rank 0") as why:
             dev.counters()
+        if send.numel() == splits:  # the same size: the header's fingerprint tells the tables apart
+            assert "parts table" in str(why.value), why.value
         assert torch.isnan(out.cpu()).all()
+    assert same_size == 1
     # and a single payload: decompress() under another table
     cpu, dev = fsdpcomp.CommState("adaptive", cfg), on_device("adaptive", cfg)
     for s in (cpu, dev):
