@@ -7,11 +7,16 @@
 // again); on the receiving side the header checks, the rank-order sum with the own chunk and the
 // output rules.
 //
-// Cost (tests/cuda/test_cuda_call_counts.py): an encode is about 2 + 2 P + 2 W queued operations (P spans: a rung's compress, which is
-// one launch for the dense rungs and a few for dct, and a device-to-device copy of its body), a
-// decode about 5 + W P (a staging kernel and a rung's decompress per span and sender). One fused
-// dispatch kernel (a switch on each span's rung inside the dense codecs' one-pass encode and fused
-// decode) would be the fast version; this one is the rung kernels as they are, bit for bit.
+// Cost per call (counted in tests/cuda/test_cuda_call_counts.py), P the spans of the call's chunks:
+// an encode is a memset and a count launch, per span a rung compress() (1 launch for the dense
+// rungs, 6 for dct), a device-to-device copy and a memset where an alignment gap precedes it, and a
+// header launch per sent chunk (error feedback: a memset and a launch for the residual norm; a
+// sampled call: each sent chunk decoded again as below, and a sum launch each); a decode is two
+// memsets, a header check, two launches for the own chunk, per sender and span a staging launch and
+// a rung decompress() (1 to 3 launches), and the output pass. Each rung call times itself (two event
+// records). One fused dispatch kernel (a switch on each span's rung inside the dense codecs'
+// one-pass encode and fused decode) would be the fast version, one launch a call; this one runs the
+// rung kernels as they are, so its bytes are theirs by construction.
 #include "common/fc_counters.h"
 #include "fc_cu_ctx.cuh"
 

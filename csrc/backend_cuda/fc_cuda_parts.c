@@ -17,7 +17,8 @@ static int room(fc_cuda_host *h, int64_t need, fc_err *err)
         return FC_OK;
     fc_cuda_part *p = (fc_cuda_part *)realloc(h->parts, (size_t)need * sizeof(fc_cuda_part));
     if (p == NULL)
-        return fc_fail(err, FC_ERR_NOMEM, "could not allocate %lld CUDA part records", (long long)need);
+        return fc_fail(err, FC_ERR_NOMEM, "could not allocate %lld CUDA part records",
+                       (long long)need);
     h->parts = p;
     h->parts_cap = need;
     return FC_OK;
@@ -68,7 +69,8 @@ int fc_cuda_parts_unit(const fc_core *s, const fc_cuda_call *k, const fc_method 
     if (!(m->flags & FC_PARTS))
         return FC_OK;
     memset(&last, 0, sizeof(last));
-    int rc = room(k->host, 1, err); /* a list, even of no span: the library's sign of a parts call */
+    /* a list, even of no span: the library's sign of a parts call */
+    int rc = room(k->host, 1, err);
     for (int c = 0; rc == FC_OK && c < world; c++) {
         int64_t start, n;
         fc_chunk_span(numel, world, c, &start, &n);

@@ -602,7 +602,7 @@ static int cuda_read_counters(fc_core *s, const fc_exec *x, fc_counters *tot, do
                      "%u): %s%s; its output was set to NaN (reset_counters() clears this)",
                      dws->payload_error_rank, dws->payload_error_unit, dws->payload_error_step,
                      payload_problem(dws->payload_error),
-                     /* the header mixes the unit's parts table into the fingerprint (fc_decode.c) */
+                     /* the header mixes the unit's parts table into the fingerprint */
                      dws->payload_error == FC_PAYLOAD_CONFIG && (s->method->flags & FC_PARTS)
                          ? ", or another parts table of the unit: every rank must set_parts() the "
                            "same table" : "");

@@ -25,7 +25,7 @@ typedef struct {
 extern const fc_rung fc_adaptive_ladder[FC_ADAPTIVE_RUNGS];
 
 /* One span of a chunk as adaptive's encode and decode walk it (m_adaptive.c's sub_chunk), for a
- * backend that runs each rung's own kernels on it (the CUDA one: csrc/backend_cuda/fc_cuda_parts.c). */
+ * backend that runs each rung's own kernels on it (CUDA's: csrc/backend_cuda/fc_cuda_parts.c). */
 typedef struct {
     const fc_method *m; /* the rung's method */
     const void *cfg;           /* and its parsed config */
