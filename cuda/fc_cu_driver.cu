@@ -256,8 +256,15 @@ error:
     return rc;
 }
 
+// A parts method's calls (adaptive: a->h.x.parts, ABI 12) compose its rungs' compress() and
+// decompress() span by span (fc_cu_parts.cu).
+int fc_cu_parts_encode(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int single, int64_t *written, fc_err *err);
+int fc_cu_parts_decode(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, int single, fc_err *err);
+
 static int encode(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, fc_err *err)
 {
+    if (a->h.x.parts != NULL)
+        return fc_cu_parts_encode(ctx, a, 0, NULL, err);
     const fc_cu_method *m = fc_cu_method_by_id(a->h.m.id);
     fc_cu_frame f;
     int rc = frame_check(m, &f, a->h, err);
@@ -288,6 +295,8 @@ error:
 
 static int decode(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *err)
 {
+    if (a->h.x.parts != NULL)
+        return fc_cu_parts_decode(ctx, a, 0, err);
     const fc_cu_method *m = fc_cu_method_by_id(a->h.m.id);
     fc_cu_frame f;
     int rc = frame_check(m, &f, a->h, err);
@@ -327,6 +336,8 @@ error:
 // saturated sums counted. No sample; the RNG keyed by a.chunk_base and a.geo.rank.
 static int compress(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int64_t *written, fc_err *err)
 {
+    if (a->h.x.parts != NULL)
+        return fc_cu_parts_encode(ctx, a, 1, written, err);
     const fc_cu_method *m = fc_cu_method_by_id(a->h.m.id);
     fc_cu_frame f;
     *written = 0;
@@ -374,6 +385,8 @@ error:
 // state the caller gave (fc_cuda_decode_args.x).
 static int decompress(fc_cuda_ctx *ctx, const fc_cuda_decode_args *a, fc_err *err)
 {
+    if (a->h.x.parts != NULL)
+        return fc_cu_parts_decode(ctx, a, 1, err);
     const fc_cu_method *m = fc_cu_method_by_id(a->h.m.id);
     fc_cu_frame f;
     int rc = frame_check(m, &f, a->h, err);
@@ -464,7 +477,8 @@ static void probe_geometry(const fc_cuda_geom *g, int64_t slot, int64_t *rows)
 
 static int has_method(int id)
 {
-    return fc_cu_method_by_id(id) != NULL;
+    // adaptive has no kernels of its own: its calls carry a parts list of methods that do
+    return fc_cu_method_by_id(id) != NULL || id == FC_ID_ADAPTIVE;
 }
 
 // the sparse, aggregate and stateful methods' entries (fc_cu_sparse_api.cu, fc_cu_fetch.cu)

@@ -3,6 +3,9 @@
 // unit states of gradiveq). The second round's entries are in fc_cu_fetch.cu.
 #include "fc_cu_ctx.cuh"
 
+int fc_cu_parts_scratch(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, int64_t *bytes,
+                        fc_err *err); // fc_cu_parts.cu
+
 int fc_cu_scratch_bytes(const fc_cuda_encode_args *enc, const fc_cuda_decode_args *dec, int64_t *bytes,
                         fc_err *err)
 {
@@ -10,14 +13,16 @@ int fc_cu_scratch_bytes(const fc_cuda_encode_args *enc, const fc_cuda_decode_arg
     fc_cu_device_guard dg = {0, 0};
     const int id = enc != NULL ? enc->h.m.id : dec->h.m.id;
     const fc_cu_method *m = fc_cu_method_by_id(id);
+    const int parts = (enc != NULL ? enc->h.x.parts : dec->h.x.parts) != NULL;
     *bytes = 0;
-    if (m == NULL)
+    if (m == NULL && !parts)
         return fc_fail(err, FC_ERR_TYPE, "method id %d has no CUDA kernels in this build", id);
-    if (m->scratch == NULL)
+    if (!parts && m->scratch == NULL)
         return FC_OK;
     // CUB sizes its temporary storage for the current device
     FC_TRY(fc_cu_device_enter(&dg, enc != NULL ? enc->h.device : dec->h.device, err));
-    rc = m->scratch(enc, dec, bytes, err);
+    // a parts method (adaptive): its rungs' scratch and its own
+    rc = parts ? fc_cu_parts_scratch(enc, dec, bytes, err) : m->scratch(enc, dec, bytes, err);
 error:
     fc_cu_device_leave(&dg);
     return rc;

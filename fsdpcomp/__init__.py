@@ -92,7 +92,8 @@ def codecs() -> list[str]:
 # Methods with CUDA kernels: the table in cuda/fc_cu_methods.cu (tests/cuda/test_cuda_build.py checks
 # this against the built library's own answer).
 _CUDA_METHODS = frozenset({"none", "fp16", "bf16", "int8", "fp8", "intN", "qsgd", "nc", "onebit",
-                           "signsgd", "topk", "randomk", "thresholdv", "sketch", "gradiveq", "dct"})
+                           "signsgd", "topk", "randomk", "thresholdv", "sketch", "gradiveq", "dct",
+                           "adaptive"})
 
 
 def _cuda_built() -> bool:

@@ -26,8 +26,9 @@ extern "C" {
  * FC_ERR_NCCL and FC_PAYLOAD_ABORTED (the fc_status.h and fc_wire.h codes after them renumbered);
  * 10: the one-pass encode's per-call scratch at the end of the workspace (enc_ticket, enc_bad,
  * enc_unit_sq, enc_sum), the fields before them where they were; 11: ef, error feedback for a
- * residual no codec reads (PowerSGD's e: common/fc_ef.h) */
-#define FC_CUDA_ABI 11
+ * residual no codec reads (PowerSGD's e: common/fc_ef.h); 12: the parts list of a method that
+ * cuts its chunks into spans of other methods (adaptive: fc_cuda_extra.parts, fc_cuda_part) */
+#define FC_CUDA_ABI 12
 #define FC_CUDA_MAX_WORLD 1024 /* equals FC_MAX_WORLD of the CPU driver */
 #define FC_CUDA_MAX_UNITS 4096 /* units whose residual norm the device keeps: error feedback on a
                                 * unit past them is refused (fc_cu_driver.cu encode) */
@@ -92,6 +93,18 @@ enum { FC_PAYLOAD_INDEX = 16, FC_PAYLOAD_COUNT = 17, FC_PAYLOAD_PICKS = 18 };
  * holds (csrc/python/state_cuda.c), never from cudaMalloc. */
 typedef struct fc_cuda_sent fc_cuda_sent;
 
+/* ABI 12: one span of a parts method's chunk (adaptive, csrc/methods/m_adaptive.c), as the host
+ * walked the unit's parts table: the library runs the rung's own kernels on it (a single payload
+ * of the span, cuda/fc_cu_parts.cu) and puts its body in place. Host memory, read during the call
+ * only. */
+typedef struct {
+    fc_cuda_method_cfg m; /* the rung's method and parsed config */
+    int chunk;            /* the chunk of the call's geometry it lies in */
+    int64_t lo, n;        /* its elements: [lo, lo + n) of that chunk */
+    int64_t at, bytes;    /* its body: bytes [at, at + bytes) of the chunk's body, at 8-aligned */
+    uint32_t mix;         /* XORed into key0 of its streams (the seed's low word): its own draws */
+} fc_cuda_part;
+
 typedef struct {
     void *scratch; /* scratch_bytes() bytes of device scratch for this call, 256-byte aligned */
     int64_t scratch_bytes;
@@ -107,6 +120,12 @@ typedef struct {
      * payloads back to back, and `slot` is 0 (the method checks the headers it walks). */
     fc_cuda_sent *sent;
     int64_t packed_bytes;
+    /* ABI 12: a parts method's spans (host memory), in chunk order and, within a chunk, in body
+     * order: every sent chunk's for an encode, the own chunk's for a decode, chunk 0's for
+     * compress()/decompress(). NULL for every other method. The chunks' body sizes follow from
+     * them (the last span's at + bytes), and so do an encode's payload sizes and offsets. */
+    const fc_cuda_part *parts;
+    int64_t n_parts;
 } fc_cuda_extra;
 
 /* The call header: what every call from the driver carries, filled in one place

@@ -3,10 +3,12 @@
  * the driver's decisions for the call) and queues the kernels; the driver (fc_drive.c) checks
  * and counts around it as it does for the CPU backend. */
 #include "backend_cuda/fc_cuda_path.h"
+#include "backend_cuda/fc_cuda_parts.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+#include "driver/fc_core_impl.h"
 #include "methods/fc_sparse.h"
 #include "common/fc_wire.h"
 
@@ -152,6 +154,7 @@ static int cuda_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf 
     fc_cuda_encode_args a;
     FC_TRY(check_method(k, m, err));
     encode_args(s, k, &p, grad, send, e->use_ef ? residual : NULL, e->stats, rank, e->key.unit, &a);
+    FC_TRY(fc_cuda_parts_unit(s, k, m, N, grad->dtype, world, rank, e->key.unit, 0, &a.h, err));
     if (varsize) {
         FC_TRY(sent_records(k->host, world, err));
         dev = k->host->sent;
@@ -171,6 +174,11 @@ static int cuda_encode(fc_core *s, const fc_exec *x, const fc_buf *grad, fc_buf 
             sent[c].l.kept = dev[c].kept;
             sent[c].none = dev[c].none != 0;
             sent[c].size = dev[c].size;
+        } else if (m->flags & FC_PARTS) { /* the chunk's own table sizes it (fc_core_plan's) */
+            const fc_chunk ch = fc_core_make_chunk(s, m, n, world, grad->dtype, e->key.unit,
+                                                   (uint32_t)c, rank);
+            m->layout(&ch, &sent[c].l);
+            sent[c].size = fc_core_chunk_bytes(s, m, &ch);
         } else {
             sent[c].l = *fc_plan_body(&p, n);
             sent[c].size = fc_plan_payload(&p, n);
@@ -191,8 +199,11 @@ static void decode_args(const fc_core *s, const fc_cuda_call *k, const fc_plan *
     a->h.x.fetch_k = p->fetch_kmax > 0 ? fc_core_fetch_k(s, m, n) : 0;
     a->h.x.packed_bytes = (m->flags & FC_VARSIZE) && recv != NULL ? recv->numel : 0;
     a->recv = recv != NULL ? (const uint8_t *)recv->data : NULL;
-    /* fixed sizes: every slot a payload of the own chunk; data-dependent: back to back */
-    a->slot = (m->flags & FC_VARSIZE) ? 0 : fc_plan_payload(p, n);
+    /* fixed sizes: every slot a payload of the own chunk (by its parts table: fc_core_plan's);
+     * data-dependent: back to back */
+    a->slot = (m->flags & FC_VARSIZE) ? 0
+              : (m->flags & FC_PARTS) ? fc_core_chunk_payload(s, p, unit, rank, n)
+                                      : fc_plan_payload(p, n);
     a->out = out->data;
     a->out_dtype = out->dtype;
     a->out_numel = out->numel;
@@ -215,12 +226,14 @@ static int unit_needs(const fc_core *s, const fc_cuda_call *k, int decode, const
     if (decode) {
         fc_cuda_decode_args a;
         decode_args(s, k, &p, recv, grad, out, rank, unit, &a);
-        return k->api->scratch_bytes(NULL, &a, scratch, err);
+        rc = fc_cuda_parts_unit(s, k, m, grad->numel, grad->dtype, world, rank, unit, 1, &a.h, err);
+        return rc != FC_OK ? rc : k->api->scratch_bytes(NULL, &a, scratch, err);
     }
     fc_cuda_encode_args a;
     encode_args(s, k, &p, grad, NULL, NULL, fc_core_stats_due(s, m, grad->numel, world), rank, unit,
                 &a);
-    return k->api->scratch_bytes(&a, NULL, scratch, err);
+    rc = fc_cuda_parts_unit(s, k, m, grad->numel, grad->dtype, world, rank, unit, 0, &a.h, err);
+    return rc != FC_OK ? rc : k->api->scratch_bytes(&a, NULL, scratch, err);
 }
 
 static int cuda_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const fc_buf *grad,
@@ -234,6 +247,8 @@ static int cuda_decode(fc_core *s, const fc_exec *x, const fc_buf *recv, const f
     FC_TRY(check_method(k, p.wire, err));
     fc_cuda_decode_args a;
     decode_args(s, k, &p, recv, grad, out, rank, unit, &a);
+    FC_TRY(fc_cuda_parts_unit(s, k, p.wire, grad->numel, grad->dtype, world, rank, unit, 1, &a.h,
+                              err));
     if (fc_core_fetch_kmax(s, grad->numel, world) > 0 && a.h.x.fetch == NULL)
         FC_TRY(fc_fail(err, FC_ERR_STATE, "internal: a second round without its fetch buffer"));
     FC_TRY(k->api->decode(k->ctx, &a, err)); /* a second round's picks stay on the device */
@@ -332,7 +347,9 @@ static int single_encode_args(const fc_core *s, const fc_cuda_call *k, const fc_
     a->res_dtype = FC_F32;
     a->ef_decay = (float)s->common.ef_decay; /* read only when compress() takes a residual */
     a->send = payload != NULL ? (uint8_t *)payload->data : NULL;
-    return check_method(k, s->method, err);
+    int rc = check_method(k, s->method, err);
+    return rc != FC_OK ? rc : fc_cuda_parts_single(s, k, x->numel, world, rank, unit, chunk, &a->h,
+                                                   err);
 }
 
 /* decompress()'s arguments for acc (acc->numel values; data may be NULL when only sizing);
@@ -355,7 +372,10 @@ static int single_decode_args(const fc_core *s, const fc_cuda_call *k, const fc_
     a->out_dtype = FC_F32;
     a->out_numel = acc->numel;
     a->alpha = alpha;
-    return check_method(k, s->method, err);
+    int rc = check_method(k, s->method, err);
+    /* the CPU's decompress() makes its chunk as rank 0's (fc_decode.c) */
+    return rc != FC_OK ? rc : fc_cuda_parts_single(s, k, acc->numel, world, 0, unit, chunk, &a->h,
+                                                   err);
 }
 
 /* The device scratch compress() (decode 0) of n values or decompress() (decode 1) into n needs;
@@ -579,9 +599,13 @@ static int cuda_read_counters(fc_core *s, const fc_exec *x, fc_counters *tot, do
     if (dws->payload_error != 0)
         rc = fc_fail(err, FC_ERR_PAYLOAD,
                      "a CUDA decode rejected the payload from rank %d (header says unit %u, step "
-                     "%u): %s; its output was set to NaN (reset_counters() clears this)",
+                     "%u): %s%s; its output was set to NaN (reset_counters() clears this)",
                      dws->payload_error_rank, dws->payload_error_unit, dws->payload_error_step,
-                     payload_problem(dws->payload_error));
+                     payload_problem(dws->payload_error),
+                     /* the header mixes the unit's parts table into the fingerprint */
+                     dws->payload_error == FC_PAYLOAD_CONFIG && (s->method->flags & FC_PARTS)
+                         ? ", or another parts table of the unit: every rank must set_parts() the "
+                           "same table" : "");
 error:
     free(dws);
     return rc;

@@ -22,6 +22,8 @@ typedef struct {
                   void **ptr, int64_t *have, int *fresh, fc_err *err);
     fc_cuda_sent *sent;
     int sent_cap;
+    fc_cuda_part *parts; /* a parts method's spans of the call (fc_cuda_parts.c), grown when needed */
+    int64_t parts_cap;
 } fc_cuda_host;
 
 typedef struct fc_cuda_call_s {

@@ -112,10 +112,15 @@ static int walk_next(walk *w)
 
 /* The span's own chunk: its rung's config and length, its own random streams (keyed by the part
  * index too, so two spans never draw the same numbers), the composite's scratch. */
+static uint32_t part_mix(int64_t part)
+{
+    return 0x9E3779B9u * (uint32_t)(part + 1);
+}
+
 static fc_chunk sub_chunk(const walk *w)
 {
     fc_chunk s = *w->c;
-    const uint32_t mix = 0x9E3779B9u * (uint32_t)(w->part + 1);
+    const uint32_t mix = part_mix(w->part);
     s.cfg = rung_cfg[w->rung];
     s.n = w->hi - w->lo;
     s.rng.key0 ^= mix;
@@ -254,13 +259,40 @@ static int adaptive_decode_add(const fc_chunk *c, const uint8_t *body, int64_t b
     return FC_OK;
 }
 
+int64_t fc_adaptive_spans(const fc_chunk *c, fc_adaptive_span *out, int64_t cap)
+{
+    fc_err err = {0};
+    if (ladder_build(&err) != FC_OK)
+        return 0;
+    int64_t k = 0, off = 0;
+    walk w;
+    for (int more = walk_first(c, &w); more; more = walk_next(&w), k++) {
+        const fc_chunk s = sub_chunk(&w);
+        fc_layout l;
+        memset(&l, 0, sizeof(l));
+        rung_m[w.rung]->layout(&s, &l);
+        const int64_t at = align8(off);
+        off = at + fc_layout_bytes(&l);
+        if (k >= cap)
+            continue;
+        out[k].m = rung_m[w.rung];
+        out[k].cfg = rung_cfg[w.rung];
+        out[k].lo = w.lo - c->at;
+        out[k].n = s.n;
+        out[k].at = at;
+        out[k].bytes = fc_layout_bytes(&l);
+        out[k].mix = part_mix(w.part); /* sub_chunk's */
+    }
+    return k;
+}
+
 const fc_method fc_method_adaptive = {
     .name = "adaptive",
     .id = FC_ID_ADAPTIVE,
     .flags = FC_PARTS,
     .summary = "per-weight codec choice under a byte budget (L-GreCo): each span of a unit's "
                "parts table goes as one rung of a ladder, fp32 / bf16 / int8 / intN 4-2 bit / "
-               "dct 32-4 of 128; CPU only",
+               "dct 32-4 of 128; CPU and CUDA (each span through its rung's kernels)",
     .cfg_size = sizeof(fc_adaptive_cfg),
     .keys = adaptive_keys,
     .check = adaptive_check,

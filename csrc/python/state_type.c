@@ -101,6 +101,8 @@ static void State_dealloc(StateObject *self)
     self->cuda_ctx = NULL;
     free(self->cuda_host.sent);
     self->cuda_host.sent = NULL;
+    free(self->cuda_host.parts);
+    self->cuda_host.parts = NULL;
     free(self->restored);
     self->restored = NULL;
     freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);

@@ -63,6 +63,9 @@ COLLECTIVE = {
     "sketch": (6, 1, 12, 2),   # its table in 4 launches, no sort; its decode selects through topk's
     "gradiveq": (4, 1, 4, 2),  # decode: the senders' coefficients summed once, then decoded
     "dct": (6, 1, 4, 2),
+    # each span through its rung's single-payload kernels (cuda/fc_cu_parts.cu): the default table
+    # is one fp32 span a chunk; test_adaptive_launches_grow_with_the_parts counts a mixed table
+    "adaptive": (3, 1, 6, 2),
 }
 # The same for compress() / decompress(): {method: (launches, memsets, launches, memsets)}.
 SINGLE = {
@@ -70,10 +73,14 @@ SINGLE = {
     "fp8": (1, 0, 1, 0), "intN": (1, 0, 1, 0), "qsgd": (1, 0, 1, 0), "nc": (1, 0, 1, 0),
     "signsgd": (1, 0, 2, 1), "onebit": (1, 0, 1, 0), "topk": (9, 1, 6, 1), "randomk": (10, 1, 8, 1),
     "thresholdv": (11, 1, 5, 1), "sketch": (6, 1, 10, 1), "gradiveq": (4, 1, 2, 1), "dct": (6, 1, 3, 1),
+    "adaptive": (3, 1, 3, 1),
 }
 # The one wait a call may make, by design: {method: (encode, decode, compress, decompress)}.
 WAITS = {"thresholdv": (1, 0, 1, 0)}
 RECORDS = 2  # event records per timed call: its start and its end
+# adaptive's timed calls per call: each span's rung call times itself (the default table: one span
+# a chunk), and a sampled encode decodes its one sent chunk again: {call: (defaults, sampled)}
+ADAPTIVE_TIMED = {"encode": (1, 2), "decode": (1, 1), "compress": (1, 1), "decompress": (1, 1)}
 CALLS = WarmCalls.CALLS
 
 
@@ -129,7 +136,8 @@ def test_no_wait_no_event_made_no_malloc_once_warm(method, cfg, table, counts):
         assert c["host_syncs"] == wait, f"{method} {call}: {c['host_syncs']} host waits, expected {wait}: {c}"
         assert c["d2h_copies"] == wait, f"{method} {call}: {c['d2h_copies']} device-to-host copies: {c}"
         assert c["event_creates"] == 0, f"{method} {call}: events created on a warm State: {c}"
-        assert c["event_records"] == RECORDS, f"{method} {call}: {c['event_records']} event records: {c}"
+        records = RECORDS * ADAPTIVE_TIMED[call][cfg != {"error_stats_every": 0}] if method == "adaptive" else RECORDS
+        assert c["event_records"] == records, f"{method} {call}: {c['event_records']} event records: {c}"
         assert c["mallocs"] == 0, f"{method} {call}: cudaMalloc called: {c}"
 
 
@@ -163,3 +171,93 @@ def test_no_python_work_in_a_warm_call(method):
         assert work.torch_ops == {}, f"{method} {name}: torch operators run: {work.torch_ops}"
         assert work.torch_functions == {"is_neg": tensors[name]}, \
             f"{method} {name}: torch functions {work.torch_functions}"
+
+
+def _spans(ends, rungs, start, n):
+    """The (rung, length) of each span of the table over [start, start + n)."""
+    out, lo = [], 0
+    for end, rung in zip(ends, rungs):
+        a, b = max(lo, start), min(end, start + n)
+        if a < b:
+            out.append((rung, b - a))
+        lo = end
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_adaptive_launches_grow_with_the_parts(world, counts):
+    """adaptive runs each span through its rung's single-payload kernels (cuda/fc_cu_parts.cu), so
+    a call's launches grow with the spans it has (P spans over S senders' chunks): an encode is
+    1 count + each span's rung compress() + 1 header per sent chunk (memsets: 1 + one per
+    alignment gap + the rungs'), a decode 1 check + 2 for the own chunk + each sender's span
+    staged (1) and decoded by its rung + 1 output pass (memsets: 2 + the rungs'), compress() 2 +
+    its spans' rungs, decompress() 1 + its spans staged and decoded; every span's rung call times
+    itself (2 event records each). Counted here for a mixed table: the rows of SINGLE are the
+    rungs'. One fused dispatch kernel (the rung chosen per span inside the dense codecs' one-pass
+    encode and fused decode) would make it the dense methods' one launch a call."""
+    ladder = fsdpcomp._C.adaptive_ladder()
+    ends, rungs = [1000, 1500, 1777, 2100, 3001, N], [0, 8, 3, 1, 6, 2]
+    cfg = {"error_stats_every": 0}
+    st, peer = on_device("adaptive", cfg), on_device("adaptive", cfg)
+    g = torch.randn(N, generator=torch.Generator().manual_seed(5))
+    for s in (st, peer):
+        u = s._core.begin(N)
+        s._core.set_parts(u, torch.tensor(ends), torch.tensor(rungs, dtype=torch.uint8))
+    core = st._core
+    per = -(-N // world)
+    chunks = [_spans(ends, rungs, c * per, min(per, N - c * per)) for c in range(world)]
+
+    def method(rung):
+        return ladder[rung]["method"]
+
+    def body(rung, n):
+        lay = fsdpcomp.CommState(method(rung), dict(ladder[rung]["config"]))._core.layout(n)
+        return lay["value_bytes"] + lay["meta_bytes"] + lay["index_bytes"]
+
+    def gaps(spans):
+        k, off = 0, 0
+        for rung, n in spans:
+            k += off % 8 != 0
+            off = (off + 7) // 8 * 8 + body(rung, n)
+        return k
+
+    def enc(spans):  # (launches, memsets) of the spans' rung compress() calls
+        return (sum(SINGLE[method(r)][0] for r, _ in spans), sum(SINGLE[method(r)][1] for r, _ in spans))
+
+    def dec(spans):  # the same of their staging and rung decompress() calls
+        return (sum(1 + SINGLE[method(r)][2] for r, _ in spans), sum(SINGLE[method(r)][3] for r, _ in spans))
+
+    sent = chunks[1:]  # rank 0 keeps its own chunk exact
+    want = {
+        "encode": (1 + sum(enc(c)[0] for c in sent) + len(sent), 1 + sum(gaps(c) + enc(c)[1] for c in sent)),
+        "decode": (1 + 2 + (world - 1) * dec(chunks[0])[0] + 1, 2 + (world - 1) * dec(chunks[0])[1]),
+        "compress": (2 + enc(chunks[0])[0], 1 + gaps(chunks[0]) + enc(chunks[0])[1]),
+        "decompress": (1 + dec(chunks[0])[0], 1 + dec(chunks[0])[1]),
+    }
+    spans = {"encode": sum(len(c) for c in sent), "decode": (world - 1) * len(chunks[0]),
+             "compress": len(chunks[0]), "decompress": len(chunks[0])}
+    send = torch.zeros(sum(core.plan(g, world, 0, 0)[0]), dtype=torch.uint8)
+    psend = torch.zeros(sum(peer._core.plan(g, world, 1, 0)[0]), dtype=torch.uint8)
+    sizes = peer._core.encode(g, psend, world, 1, 0)
+    recv = torch.zeros(sum(core.plan(g, world, 0, 0)[1]), dtype=torch.uint8)
+    recv[:sizes[0]] = psend[:sizes[0]]  # rank 1's payload of chunk 0 (the other senders' alike)
+    for r in range(2, world):
+        recv[r * sizes[0] - sizes[0]:r * sizes[0]] = psend[:sizes[0]]
+    x = g[:per].clone()
+    payload = torch.zeros(core.payload_bytes(per) + 64, dtype=torch.uint8)
+    written = core.compress(x, payload, unit=0, chunk=0, world=world, rank=0)
+    one = payload[:written].clone()
+    calls = {
+        "encode": lambda: core.encode(g, send, world, 0, 0),
+        "decode": lambda: core.decode(recv, g, torch.zeros(per), world, 0, 0),
+        "compress": lambda: core.compress(x, payload, unit=0, chunk=0, world=world, rank=0),
+        "decompress": lambda: core.decompress(one, torch.zeros(per), unit=0, chunk=0, world=world),
+    }
+    for call in calls.values():
+        call()  # warm
+    for name, call in calls.items():
+        c = counts.of(call)
+        assert (c["launches"], c["memsets"]) == want[name], f"W={world} {name}: {c}, the formula says {want[name]}"
+        assert c["event_records"] == RECORDS * spans[name], f"W={world} {name}: {c}"
+        assert c["host_syncs"] == 0 and c["mallocs"] == 0, f"W={world} {name}: {c}"
+    st.counters()  # every payload accepted

@@ -26,10 +26,12 @@ if not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")):
 # FSDP2's compressed parameter all-gathers, 8-bit residuals, dct's own cases with ef_decay's, and
 # the units past the device's table of residual norms, the one-pass encodes' decisions over calls,
 # what one call asks of the runtime (launches, memsets, events, waits: the emulated runtime's counts),
-# and PowerSGD's error feedback (ef_add, ef_keep).
+# PowerSGD's error feedback (ef_add, ef_keep), and adaptive's parts payloads (each span through its
+# rung's kernels).
 FILES = ["cuda/test_cuda_sparse.py", "cuda/test_cuda_single.py", "cuda/test_cuda_param_gather.py",
          "cuda/test_cuda_res8.py", "cuda/test_cuda_dct.py", "cuda/test_cuda_units.py",
-         "cuda/test_cuda_onepass.py", "cuda/test_cuda_call_counts.py", "cuda/test_cuda_ef.py"]
+         "cuda/test_cuda_onepass.py", "cuda/test_cuda_call_counts.py", "cuda/test_cuda_ef.py",
+         "cuda/test_cuda_adaptive.py"]
 
 
 # The emulator runs a kernel's threads as fibers on one core, and this process only waits: the

@@ -42,20 +42,3 @@ def test_a_unit_past_the_device_table(ef, gen):
     # the units inside the table are counted as before
     assert st.counters()["residual_norm"] > 0
 
-
-def test_adaptive_has_no_device_path_and_says_so(gen):
-    """adaptive's parts tables are the CPU core's only (no kernels in cuda/ yet): its units on the
-    CUDA path are refused by name, encode, decode and compress alike, not sent as garbage."""
-    st = on_device("adaptive", {"compress_own_chunk": True})
-    n = 512
-    g = make_grad(n, torch.float32, gen).to(DEV)
-    unit = st._core.begin(n)
-    st._core.set_parts(unit, torch.tensor([100, n]), torch.tensor([2, 8], dtype=torch.uint8))
-    splits, _ = st._core.plan(g, 1, 0, unit)
-    send = torch.zeros(sum(splits), dtype=torch.uint8, device=DEV)
-    with pytest.raises(TypeError, match="'adaptive' has no CUDA kernels"):
-        st._core.encode(g, send, 1, 0, unit)
-    with pytest.raises(TypeError, match="'adaptive' has no CUDA kernels"):
-        st._core.decode(send, g, torch.empty(n, device=DEV), 1, 0, unit)
-    with pytest.raises(TypeError, match="'adaptive' has no CUDA kernels"):
-        st._core.compress(g, send, unit=unit)
