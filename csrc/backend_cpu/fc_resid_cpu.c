@@ -87,6 +87,10 @@ static void dots3_gprime(const fc_core *s, const float *e, const fc_buf *grad, c
         const int64_t len = n - lo < 2048 ? n - lo : 2048;
         fc_cpu_load_f32(grad->data, grad->dtype, start + lo, len, g);
         fc_cpu_res_add(res, start + lo, len, fc_core_ef_decay(s), g);
+        for (int64_t i = 0; i < len; i++) /* NaN/Inf as the encode fixed them ("zero" mode: a
+                                           * chunk that held some goes out finite and is sampled) */
+            if (!(fc_abs_bits(g[i]) < FC_INF_BITS))
+                g[i] = fc_cpu_gprime_at(s, grad, res, start + lo + i);
         dots3_lanes(e + lo, g, len, a, b, c);
     }
     *ee = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));

@@ -114,3 +114,26 @@ def test_error_statistics_with_error_feedback(method, cfg, gen):
     torch.testing.assert_close(torch.tensor(c["grad_cos_sim"], dtype=torch.float64), cos, rtol=1e-5, atol=0)
     torch.testing.assert_close(torch.tensor(c["residual_norm"], dtype=torch.float64), e.double().norm(),
                                rtol=1e-5, atol=0)
+
+
+def test_error_statistics_in_zero_mode_skip_the_zeroed_values(gen):
+    # "zero" mode takes this rank's NaN/Inf as 0 and the chunk goes out finite, so it may be the
+    # sampled one: its sums pair e with g' as the encode made it (NaN/Inf as 0), not with g + e
+    # read again from the input (which made every statistic NaN)
+    state = fsdpcomp.CommState("int8", dict(error_feedback=True, compress_own_chunk=True, error_stats_every=1,
+                                            nonfinite="zero"))
+    n = 4099
+    g = torch.randn(n, generator=gen)
+    g[7], g[2000] = float("nan"), float("-inf")
+    out = torch.empty(n)
+    state.reduce_scatter(g, out)
+    state.end_step()
+    e = state._core.residuals()[0]
+    c = state.counters()
+    g64 = torch.nan_to_num(g.double(), nan=0.0, posinf=0.0, neginf=0.0)
+    d64 = out.double()
+    assert torch.isfinite(d64).all()
+    torch.testing.assert_close(torch.tensor(c["grad_rel_error"], dtype=torch.float64),
+                               e.double().norm() / g64.norm(), rtol=1e-5, atol=0)
+    cos = (g64 @ d64) / (g64.norm() * d64.norm())
+    torch.testing.assert_close(torch.tensor(c["grad_cos_sim"], dtype=torch.float64), cos, rtol=1e-5, atol=0)
