@@ -71,6 +71,7 @@ class AdaptiveReducer(CodecReducer):
         self.measured_at = -1
         self.chosen_at = -1
         self.measure_s = 0.0  # seconds spent measuring and choosing (counters)
+        self.history: list[tuple[int, list[int]]] = []  # (step measured, every part's rung) per choice
 
     def reduce_scatter(self, grad, output, unit: int, ranks: Ranks, step: int, layout: Layout | None) -> None:
         if step > self.measured_at >= 0 and self.chosen_at < self.measured_at:
@@ -143,6 +144,7 @@ class AdaptiveReducer(CodecReducer):
             self.costs[u] = costs[at:at + n]  # the summed ones: what counters show
             at += n
         self.chosen_at = self.measured_at
+        self.history.append((self.chosen_at, list(pick)))  # parts in counters' order: units sorted
         self.measure_s += time.perf_counter() - t0
 
     def _set(self, unit: int, rungs: list[int]) -> None:
@@ -163,7 +165,10 @@ class AdaptiveReducer(CodecReducer):
                 parts.append({"unit": u, "start": start, "end": end, "codec": self.ladder[r].name,
                               "bytes": cost.bytes if cost else None, "err_sq": cost.err_sq if cost else None})
                 start = end
-        c["adaptive"] = {"chosen_at_step": self.chosen_at, "choose_time_s": self.measure_s, "parts": parts}
+        # how the choice moved: each choice's rungs (indices into `ladder`), parts in `parts`' order
+        history = [{"step": step, "rungs": rungs} for step, rungs in self.history]
+        c["adaptive"] = {"chosen_at_step": self.chosen_at, "choose_time_s": self.measure_s, "parts": parts,
+                         "ladder": [r.name for r in self.ladder], "history": history}
 
     def state_dict(self) -> dict[str, Any]:
         """method_state {"adaptive": {"version": 1, "chosen_at": step, "units": unit -> {"ends",

@@ -66,6 +66,7 @@ def _scenarios(rank, world):
         opt.zero_grad()
         losses.append(loss.item())
     return {"sent": sent, "parts": c["parts"], "chosen_at": c["chosen_at_step"], "saved_next": (a, b),
+            "history": c["history"], "ladder": c["ladder"],
             "ddp": ddp_state.counters(), "losses": losses,
             "replica": torch.cat([p.detach().flatten() for p in model.parameters()])}
 
@@ -74,6 +75,9 @@ def test_adaptive_on_two_ranks():
     r0, r1 = run_ranks(_scenarios, 2)
     # the same tables on both ranks, chosen after the measurement of step 2
     assert r0["parts"] == r1["parts"] and r0["chosen_at"] == 2
+    # how it moved: one entry per choice (measured at steps 0 and 2), the last one the table now
+    assert [h["step"] for h in r0["history"]] == [0, 2] and r0["history"] == r1["history"]
+    assert [r0["ladder"][i] for i in r0["history"][-1]["rungs"]] == [p["codec"] for p in r0["parts"]]
     codecs = {p["codec"] for p in r0["parts"]}
     assert len(codecs) >= 2, codecs  # uneven energy: not one rung for all
     # step 0 exact (none's bytes: measured there, chosen at step 1's first call); from step 1 the
