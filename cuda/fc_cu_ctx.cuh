@@ -112,4 +112,14 @@ static inline int fc_cu_frame_leave(fc_cu_frame *f, int rc)
     return rc;
 }
 
+// What fc_gprime_fix finds in g' of each sent chunk, before the encode of a method that is not
+// one pass (fc_cu_method.onepass; a one-pass encode counts as it goes): the NaN/Inf of the
+// gradient per chunk into bad_per_chunk[c] (the driver's ws->bad, a parts call's own flags: a
+// chunk with any passes them, flagged in its header, or sends e there in "zero" mode) and, by
+// `count` (COUNT_*), into nonfinite_in and (sums of two finite values beyond fp32) saturated.
+// compress() counts only the saturated sums of x + e, as the CPU's does. (fc_cu_driver.cu)
+enum { COUNT_BAD = 1, COUNT_SAT = 2 };
+__global__ void count_nonfinite(fc_cuda_geom geo, fc_cu_src src, int count, unsigned int *bad_per_chunk,
+                                fc_cuda_ws *ws);
+
 #endif

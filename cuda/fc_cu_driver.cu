@@ -7,14 +7,9 @@
 #include "common/fc_counters.h"
 #include "fc_cu_ctx.cuh"
 
-// What fc_gprime_fix finds in g' of each sent chunk, before the encode of a method that is not
-// one pass (fc_cu_method.onepass; a one-pass encode counts as it goes): the NaN/Inf of the
-// gradient per chunk (ws->bad: a chunk with any passes them, flagged in its header, or sends e
-// there in "zero" mode) and, by `count` (COUNT_*), into nonfinite_in and (sums of two finite
-// values beyond fp32) saturated. compress() counts only the saturated sums of x + e, as the
-// CPU's does.
-enum { COUNT_BAD = 1, COUNT_SAT = 2 };
-__global__ void count_nonfinite(fc_cuda_geom geo, fc_cu_src src, int count, fc_cuda_ws *ws)
+// What fc_gprime_fix finds in g' of each sent chunk (declared with its comment in fc_cu_ctx.cuh).
+__global__ void count_nonfinite(fc_cuda_geom geo, fc_cu_src src, int count, unsigned int *bad_per_chunk,
+                                fc_cuda_ws *ws)
 {
     const int c = blockIdx.y;
     int64_t start, n;
@@ -30,7 +25,7 @@ __global__ void count_nonfinite(fc_cuda_geom geo, fc_cu_src src, int count, fc_c
     }
     const unsigned long long b = fc_cu_warp_sum((unsigned long long)bad);
     if ((threadIdx.x & 31) == 0 && b)
-        atomicAdd(&ws->bad[c], (unsigned int)b);
+        atomicAdd(&bad_per_chunk[c], (unsigned int)b);
     if ((count & COUNT_BAD) && (threadIdx.x & 31) == 0 && b)
         atomicAdd(&ws->nonfinite_in, b);
     if (count & COUNT_SAT)
@@ -239,7 +234,7 @@ static int encode_apart(const fc_cuda_encode_args *a, const fc_cu_method *m, con
     if (e.unit_slot >= 0)
         FC_CHECK_CUDA(cudaMemsetAsync(&a->h.ws->unit_sq[e.unit_slot], 0, sizeof(double), s), err, error);
     count_nonfinite<<<fc_cu_grid(a->h.geo.per, FC_CU_THREADS * 8, a->h.geo.world), FC_CU_THREADS, 0, s>>>(
-        a->h.geo, e.src, count, a->h.ws);
+        a->h.geo, e.src, count, a->h.ws->bad, a->h.ws);
     FC_CHECK_LAUNCH(err, error);
     if (a->sample) {
         pick_sample<<<1, 1, 0, s>>>(a->h.geo, a->h.nonfinite_zero, a->h.ws);

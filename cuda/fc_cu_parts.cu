@@ -47,31 +47,6 @@ static fc_cuda_geom span_geo(int world, int rank, int64_t n, int64_t bytes)
 
 // ---- kernels
 
-// NaN/Inf of g' per sent chunk into flags[c] (the chunk's header flag, fc_gprime_fix's rule) and,
-// for the collective, into nonfinite_in. The saturated sums of g + e are counted by the rungs'
-// encodes, which read each element once.
-__global__ void parts_count(fc_cuda_geom geo, fc_cu_src src, unsigned int *flags, int count_in, fc_cuda_ws *ws)
-{
-    const int c = blockIdx.y;
-    int64_t start, n;
-    fc_cu_span(geo, c, &start, &n);
-    if (!fc_cu_sent(geo, c, n))
-        return;
-    int64_t bad = 0, sat = 0;
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const int64_t k = start + i;
-        (void)src.fix(fc_cu_load(src.grad, src.gdt, k),
-                      src.res != NULL ? src.decayed(fc_cu_load(src.res, src.rdt, k)) : 0.0f, &bad, &sat);
-    }
-    const unsigned long long b = fc_cu_warp_sum((unsigned long long)bad);
-    if ((threadIdx.x & 31) == 0 && b) {
-        atomicAdd(&flags[c], (unsigned int)b);
-        if (count_in)
-            atomicAdd(&ws->nonfinite_in, b);
-    }
-}
-
 // A chunk's header (flagged where its NaN/Inf pass) and the zero padding after its body.
 __global__ void parts_header(uint8_t *p, fc_header_key key, int64_t n, int64_t body, int64_t size,
                              const unsigned int *flag, int zero)
@@ -460,7 +435,9 @@ int fc_cu_parts_encode(fc_cuda_ctx *ctx, const fc_cuda_encode_args *a, int singl
         src.zero_nonfinite = a->h.nonfinite_zero;
         src.decay = a->ef_decay;
         FC_CHECK_CUDA(cudaMemsetAsync(flags, 0, sizeof(unsigned int) * (size_t)W, s), err, error);
-        parts_count<<<fc_cu_grid(geo.per, FC_CU_THREADS * 8, W), FC_CU_THREADS, 0, s>>>(geo, src, flags, !single, a->h.ws);
+        // the chunks' header flags (the saturated sums of g + e: the rungs' encodes count them)
+        count_nonfinite<<<fc_cu_grid(geo.per, FC_CU_THREADS * 8, W), FC_CU_THREADS, 0, s>>>(
+            geo, src, single ? 0 : COUNT_BAD, flags, a->h.ws);
         FC_CHECK_LAUNCH(err, error);
         if (ef)
             FC_CHECK_CUDA(cudaMemsetAsync(&a->h.ws->unit_sq[a->h.unit], 0, sizeof(double), s), err, error);
