@@ -54,9 +54,11 @@ def test_every_method_and_baseline_is_measured_and_correct(bench):
 
 def test_byte_accounting_matches_the_ratio(bench):
     _, data, _ = bench
+    # the summary keeps 9 significant digits of a float (benchmarks/results_io.py's SUMMARY_DIGITS),
+    # the byte counts whole: the ratio agrees with them to rounding in the ninth digit
     for r in data["runs"][0]["sizes"][0]["rows"]:
-        assert r["ratio"] == pytest.approx(r["bytes_raw"] / r["bytes_sent"], rel=1e-9)
-        assert r["ideal_speedup"] == pytest.approx(r["ratio"], rel=1e-9)
+        assert r["ratio"] == pytest.approx(r["bytes_raw"] / r["bytes_sent"], rel=1e-8)
+        assert r["ideal_speedup"] == pytest.approx(r["ratio"], rel=1e-8)
     int8 = next((r for r in data["runs"][0]["sizes"][0]["rows"] if r["method"] == "int8"), None)
     if int8 is not None:
         assert 3.5 < int8["ratio"] < 4.0  # 8 bits + a 32-bit scale per block, vs fp32
