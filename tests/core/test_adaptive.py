@@ -137,8 +137,8 @@ def test_each_payload_is_its_spans_own_codecs_and_the_decode_sums_them(world, pa
 def test_an_all_gather_shard_follows_the_table(world, parts):
     """An all-reduce's all-gather half (fsdpcomp/_shard_gather.py) sends rank r's reduced shard,
     ceil(n / world) elements from r times that, as compress() chunk world + r: its payload is
-    the table's spans over the shard, the tail past the unit (padding, world 7: a shard wholly
-    past it) in no part; payload_bytes(unit=, chunk=, world=) says its size before it is written."""
+    the table's spans over the shard, the last shard's tail past the unit (padding) in no part;
+    payload_bytes(unit=, chunk=, world=) says its size before it is written."""
     n = 1003
     core = _core()
     _table(core, core.begin(n), parts)
@@ -163,6 +163,21 @@ def test_an_all_gather_shard_follows_the_table(world, parts):
     fp32 = core.payload_bytes(per)
     assert core.payload_bytes(per, unit=0, chunk=2 * world, world=world) == fp32
     assert core.payload_bytes(per + 1, unit=0, chunk=world, world=world) == core.payload_bytes(per + 1)
+
+
+def test_an_all_gather_shard_wholly_past_the_unit_is_a_header_alone():
+    """5 elements over 4 ranks: shards of 2, the last one [6, 8) past the unit's end: no span of
+    the table, a payload of the header alone, decoded as zeros."""
+    core = _core(min_numel=1)
+    _table(core, core.begin(5), [(2, "int8"), (5, "bf16")])
+    shard = torch.zeros(2)
+    size = core.payload_bytes(2, unit=0, chunk=4 + 3, world=4)
+    assert size == _align(HEADER, 16)
+    pay = torch.zeros(size, dtype=torch.uint8)
+    assert core.compress(shard, pay, unit=0, chunk=4 + 3, world=4, rank=3) == size
+    got = torch.full((2,), 7.0)
+    core.decompress(pay, got, unit=0, chunk=4 + 3, world=4)
+    assert torch.equal(got, torch.full((2,), 7.0))  # nothing added
 
 
 def test_bytes_are_the_parts_bytes_plus_alignment_and_the_counters_count_them():
